@@ -1,0 +1,1 @@
+"""The command line and the local stack: wires producers, streams, sinks and areal_train."""

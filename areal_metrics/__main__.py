@@ -1,0 +1,5 @@
+import sys
+
+from areal_metrics.cli import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""`areal-metrics VERB ...`: one module per verb under areal_metrics.commands.
+
+Each verb module has `add_arguments(parser)` and `run(args) -> int`, and
+imports heavy libraries (torch, faust, chdb) inside `run`, so that `status`
+or a bad argument answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import NoReturn
+
+from producers.events import ValidationError
+
+from areal_metrics.errors import UserError
+
+# verb -> (module, one-line help); a module may serve several verbs
+VERBS: dict[str, tuple[str, str]] = {
+    "up": ("stack_cmd", "start the local stack (Kafka broker, stream worker, sink)"),
+    "down": ("stack_cmd", "stop the local stack"),
+    "status": ("stack_cmd", "report the local stack; exit 0 when running, 1 when not"),
+    "demo": ("demo", "the main job: stack + distributed PPO training + live view + report"),
+    "train": ("train", "run the distributed PPO trainer, publishing to Kafka"),
+    "watch": ("watch", "live terminal view of running runs"),
+    "alerts": ("alerts", "print alerts as JSON lines (--follow keeps subscribing)"),
+    "sql": ("sql", "run ad hoc SQL against the configured ClickHouse"),
+    "report": ("report", "write the report figures as PNG"),
+    "grafana": ("grafana", "grafana provision: push the datasource and dashboards"),
+    "replay": ("replay", "rebuild the ClickHouse tables from the Kafka log"),
+    "publish": ("publish", "validate JSON events from a file or stdin and publish them"),
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="areal-metrics", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=OneLineParser)
+    sub.required = True
+    for verb, (module_name, help_text) in VERBS.items():
+        try:
+            module = importlib.import_module(f"areal_metrics.commands.{module_name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"areal_metrics.commands.{module_name}":
+                raise
+            continue  # a verb whose module is not written yet
+        verb_parser = sub.add_parser(verb, help=help_text, description=help_text)
+        module.add_arguments(verb_parser, verb)
+        verb_parser.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except (UserError, ValidationError) as exc:
+        print(f"areal-metrics {args.verb}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Settings from the environment (CONTRACT.md, 'Settings').
+
+Secrets (SASL password, TLS key passwords) are read from the environment or a
+file and are never printed: `Settings.__repr__` masks them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from producers.topics import DEFAULT_PREFIX, Topics
+
+DEFAULT_STATE_DIR = ".areal"
+
+
+def state_dir() -> Path:
+    """Where the local stack keeps its state (broker data, store, pids, journals)."""
+    return Path(os.environ.get("AREAL_HOME", DEFAULT_STATE_DIR)).absolute()
+
+
+def _secret(name: str) -> str | None:
+    """A secret from NAME or from the file named by NAME_FILE."""
+    if os.environ.get(name):
+        return os.environ[name]
+    path = os.environ.get(name + "_FILE")
+    if path:
+        return Path(path).read_text().strip()
+    return None
+
+
+def local_bootstrap() -> str | None:
+    """The bootstrap address of the broker that `areal-metrics up` started, if any."""
+    try:
+        info = json.loads((state_dir() / "stack.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = info.get("kafka_bootstrap") if isinstance(info, dict) else None
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class Settings:
+    kafka_bootstrap: str = ""
+    clickhouse_url: str = ""
+    topic_prefix: str = DEFAULT_PREFIX
+    # Kafka security (all optional; PLAINTEXT when unset)
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: str | None = field(default=None, repr=False)
+    kafka_ssl_cafile: str | None = None
+    kafka_ssl_certfile: str | None = None
+    kafka_ssl_keyfile: str | None = None
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        env = os.environ.get
+        return cls(
+            kafka_bootstrap=env("AREAL_KAFKA_BOOTSTRAP") or local_bootstrap() or "127.0.0.1:9092",
+            clickhouse_url=env("AREAL_CLICKHOUSE_URL") or f"chdb://{state_dir() / 'clickhouse'}",
+            topic_prefix=env("AREAL_TOPIC_PREFIX", DEFAULT_PREFIX),
+            kafka_security_protocol=env("AREAL_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),
+            kafka_sasl_mechanism=env("AREAL_KAFKA_SASL_MECHANISM"),
+            kafka_sasl_username=env("AREAL_KAFKA_SASL_USERNAME"),
+            kafka_sasl_password=_secret("AREAL_KAFKA_SASL_PASSWORD"),
+            kafka_ssl_cafile=env("AREAL_KAFKA_SSL_CAFILE"),
+            kafka_ssl_certfile=env("AREAL_KAFKA_SSL_CERTFILE"),
+            kafka_ssl_keyfile=env("AREAL_KAFKA_SSL_KEYFILE"),
+        )
+
+    @property
+    def topics(self) -> Topics:
+        return Topics(self.topic_prefix)
+
+    def kafka_python_config(self) -> dict[str, object]:
+        """Connection settings in kafka-python's (and aiokafka's) spelling."""
+        cfg: dict[str, object] = {
+            "bootstrap_servers": self.kafka_bootstrap.split(","),
+            "security_protocol": self.kafka_security_protocol,
+        }
+        if self.kafka_sasl_mechanism:
+            cfg["sasl_mechanism"] = self.kafka_sasl_mechanism
+            cfg["sasl_plain_username"] = self.kafka_sasl_username
+            cfg["sasl_plain_password"] = self.kafka_sasl_password
+        for name in ("cafile", "certfile", "keyfile"):
+            value = getattr(self, f"kafka_ssl_{name}")
+            if value:
+                cfg[f"ssl_{name}"] = value
+        return cfg
+
+    def public(self) -> dict[str, object]:
+        """Settings safe to print: secrets masked, passwords stripped from URLs."""
+        out: dict[str, object] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if "password" in f.name and value:
+                value = "***"
+            out[f.name] = value
+        out["clickhouse_url"] = mask_url(self.clickhouse_url)
+        return out
+
+
+def mask_url(url: str) -> str:
+    """http://user:secret@host -> http://user:***@host"""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in creds else url
