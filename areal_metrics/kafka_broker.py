@@ -1,0 +1,261 @@
+"""The real Apache Kafka broker (KRaft, one node) from the Maven Central jars.
+
+The broker version lives in one place: `kafka/pom.xml` (`kafka.version`).
+`ensure_jars()` lets Maven fetch `org.apache.kafka:kafka_2.13` and its runtime
+dependencies once into a cache folder; `KafkaBroker` formats the storage with
+`kafka.tools.StorageTool` and runs `kafka.Kafka` on loopback ports.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from areal_metrics.errors import UserError
+
+POM = Path(__file__).with_name("kafka") / "pom.xml"
+JVM_HEAP = os.environ.get("AREAL_KAFKA_HEAP", "-Xmx512m -Xms128m")
+
+
+def kafka_version() -> str:
+    match = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", POM.read_text())
+    assert match, f"no kafka.version in {POM}"
+    return match.group(1)
+
+
+def jars_dir() -> Path:
+    override = os.environ.get("AREAL_KAFKA_JARS")
+    if override:
+        return Path(override)
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return cache / "areal-metrics" / f"kafka-{kafka_version()}"
+
+
+def ensure_jars() -> Path:
+    """The folder of broker jars, fetched by Maven on first use (idempotent)."""
+    target = jars_dir()
+    if any(target.glob("kafka_2.13-*.jar")):
+        return target
+    if shutil.which("java") is None:
+        raise UserError("Java 17+ is needed for the local Kafka broker: `java` is not on PATH")
+    if shutil.which("mvn") is None:
+        raise UserError("Maven is needed to fetch the Kafka jars: `mvn` is not on PATH")
+    partial = target.with_name(target.name + f".partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    result = subprocess.run(
+        ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+         f"-DoutputDirectory={partial}", "-DincludeScope=runtime"],
+        capture_output=True, text=True,
+    )
+    if result.returncode != 0:
+        tail = (result.stdout + result.stderr).strip().splitlines()[-3:]
+        raise UserError(f"Maven could not fetch the Kafka {kafka_version()} jars: {' | '.join(tail)}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        partial.rename(target)  # atomic: a concurrent fetch may have won, which is fine
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
+    return target
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class KafkaBroker:
+    """One KRaft broker+controller whose state lives under `data_dir`."""
+
+    data_dir: Path
+    port: int = 0
+    controller_port: int = 0
+    partitions: int = 3
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir).absolute()
+        self.port = self.port or free_port()
+        self.controller_port = self.controller_port or free_port()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    def _write_config(self) -> Path:
+        logs = self.data_dir / "logs"
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(logs),
+            "num.partitions": str(self.partitions),
+            "auto.create.topics.enable": "true",
+            # a single node: internal topics cannot be replicated
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "5",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "3",
+            "group.initial.rebalance.delay.ms": "0",
+            # Kafka is the source of truth: keep the log, so `replay` can rebuild everything
+            "log.retention.ms": "-1",
+            "log.retention.bytes": "-1",
+        }
+        config = self.data_dir / "server.properties"
+        config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        (self.data_dir / "log4j.properties").write_text(
+            "log4j.rootLogger=INFO, file\n"
+            "log4j.appender.file=org.apache.log4j.FileAppender\n"
+            f"log4j.appender.file.File={self.log_file}\n"
+            "log4j.appender.file.layout=org.apache.log4j.PatternLayout\n"
+            "log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
+            "log4j.logger.kafka=INFO\nlog4j.logger.org.apache.kafka=INFO\n"
+        )
+        return config
+
+    def _java(self, jars: Path, main: str, *args: str) -> list[str]:
+        return [
+            "java", *JVM_HEAP.split(), "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            f"-Dlog4j.configuration=file:{self.data_dir / 'log4j.properties'}",
+            "-cp", f"{jars}/*", main, *args,
+        ]
+
+    def _format(self, jars: Path, config: Path) -> None:
+        if (self.data_dir / "logs" / "meta.properties").exists():
+            return  # formatted earlier: keep the data
+        cluster_id = uuid.uuid4().hex[:22]
+        result = subprocess.run(
+            self._java(jars, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
+            capture_output=True, text=True,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"StorageTool format failed: {result.stdout}{result.stderr}")
+
+    def start(self, timeout: float = 60.0, detach: bool = False) -> None:
+        """Format (first time) and start; returns when the broker serves metadata."""
+        jars = ensure_jars()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        config = self._write_config()
+        self._format(jars, config)
+        out = open(self.data_dir / "broker.stdout", "ab")
+        self.process = subprocess.Popen(
+            self._java(jars, "kafka.Kafka", str(config)),
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=detach,
+        )
+        out.close()
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        from kafka import KafkaAdminClient
+        from kafka.errors import KafkaError
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"Kafka broker exited with {self.process.returncode}; see {self.log_file}")
+            if port_open("127.0.0.1", self.port):
+                try:
+                    admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=3000)
+                    try:
+                        admin.describe_cluster()
+                        return
+                    finally:
+                        admin.close()
+                except KafkaError:
+                    pass
+            time.sleep(0.2)
+        raise TimeoutError(f"Kafka broker not ready after {timeout:.0f}s; see {self.log_file}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.process is None:
+            return
+        stop_pid(self.process.pid, timeout)
+        try:
+            self.process.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
+        self.process = None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child counts as gone
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][:1] != "Z"
+    except OSError:
+        return True
+
+
+def stop_pid(pid: int, timeout: float = 30.0) -> None:
+    """SIGTERM, wait up to `timeout`, then SIGKILL."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def create_topics(bootstrap: str, names: list[str], partitions: int = 3, timeout: float = 30.0) -> None:
+    """Create topics that do not exist yet; waits until they are visible."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    try:
+        existing = set(admin.list_topics())
+        missing = [n for n in names if n not in existing]
+        if missing:
+            try:
+                admin.create_topics([NewTopic(n, partitions, 1) for n in missing], timeout_ms=int(timeout * 1000))
+            except TopicAlreadyExistsError:
+                pass
+        deadline = time.monotonic() + timeout
+        while not set(names) <= set(admin.list_topics()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topics not visible: {sorted(set(names) - set(admin.list_topics()))}")
+            time.sleep(0.1)
+    finally:
+        admin.close()
