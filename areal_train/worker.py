@@ -1,0 +1,79 @@
+"""One rank of a training run: `python -m areal_train.worker` (started by `areal_train.launch`).
+
+The launcher passes the rank layout in the usual torch.distributed variables
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and the run in arguments. This
+shell wires the trainer to Kafka (publisher, control listener) and writes a
+summary JSON when asked to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from areal_train.config import from_mapping
+from areal_train.control import ControlListener
+from areal_train.trainer import node_name, train
+from producers.settings import Settings, state_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m areal_train.worker")
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--config-json", default="{}", help="the full TrainConfig as JSON")
+    parser.add_argument("--since", type=float, required=True, help="launch time: commands from then on apply")
+    parser.add_argument("--summary-dir", default=None)
+    args = parser.parse_args(argv)
+
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s r{rank} %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    cfg = from_mapping(json.loads(args.config_json))
+
+    if world_size > 1:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(minutes=5))
+    settings = Settings.from_env()
+    publisher = None
+    if cfg.publish:
+        from producers.publisher import Publisher
+
+        journal = state_dir() / "journal" / f"{args.run_id}-r{rank}"
+        publisher = Publisher.from_settings(settings, journal_dir=journal)
+
+    def listener_factory(nodes: list[str]) -> ControlListener | None:
+        if publisher is None:
+            return None
+        return ControlListener(settings.kafka_python_config(), settings.topics.control, args.run_id, nodes,
+                               since=args.since, publish=publisher.publish, node=node_name(rank)).start()
+
+    try:
+        summary = train(cfg, args.run_id, args.steps, rank, world_size,
+                        publish=publisher.publish if publisher else None, listener_factory=listener_factory)
+    finally:
+        if publisher is not None:
+            publisher.close(timeout=30)
+    if args.summary_dir:
+        path = Path(args.summary_dir) / f"rank{rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dataclasses.asdict(summary)))
+    logging.getLogger("areal_train").info(
+        "%s rank %d done: %d steps, reward %.3f -> %.3f, %.1f s on %s", args.run_id, rank, summary.steps,
+        summary.first_reward, summary.last_reward, summary.seconds, summary.device)
+    if world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
