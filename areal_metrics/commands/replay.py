@@ -1,0 +1,30 @@
+"""`areal-metrics replay`: rebuild the ClickHouse tables from the Kafka log."""
+
+from __future__ import annotations
+
+import argparse
+
+from areal_metrics.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    parser.description = (
+        "Drop and rebuild every table from the earliest offsets of every topic. "
+        "Works while the stack runs (the running sink performs it) and after."
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from producers.settings import Settings
+    from sinks.query import StoreError
+    from sinks.replay import run_replay
+
+    try:
+        counts = run_replay(Settings.from_env())
+    except StoreError as exc:
+        raise UserError(f"replay failed: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - Kafka or ClickHouse unreachable: one line
+        raise UserError(f"replay failed: {' '.join(str(exc).split()) or type(exc).__name__}") from None
+    for table, n in counts.items():
+        print(f"{table}\t{n}")
+    return 0

@@ -1,0 +1,37 @@
+"""`python -m sinks`: run the ClickHouse sink until SIGTERM/SIGINT.
+
+Environment: AREAL_KAFKA_BOOTSTRAP, AREAL_TOPIC_PREFIX, AREAL_CLICKHOUSE_URL,
+AREAL_HOME; optional AREAL_SINK_MAX_ROWS (default 5000) and
+AREAL_SINK_MAX_WAIT_MS (default 500): the batching policy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+from producers.settings import Settings
+
+from sinks.batching import BatchPolicy
+from sinks.sink import Sink
+
+
+def main() -> int:
+    logging.basicConfig(level=os.environ.get("AREAL_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    policy = BatchPolicy(
+        max_rows=int(os.environ.get("AREAL_SINK_MAX_ROWS", "5000")),
+        max_wait_s=int(os.environ.get("AREAL_SINK_MAX_WAIT_MS", "500")) / 1000,
+    )
+    sink = Sink(Settings.from_env(), policy=policy)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sink.stop())
+    sink.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Kafka messages of one chunk -> rows to store and dead letters to publish (pure).
+
+Each topic carries one event type (`Topics.event_type`). A message that fails
+validation becomes a `rejected` event whose `event_id` is derived from its log
+position, so a chunk decoded twice (a retry after a crash) gives the same dead
+letter, which deduplicates downstream. A bad message read FROM the dead-letter
+topic is stored directly in `deadletter` (never re-published: that would loop).
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from producers.deadletter import rejected
+from producers.events import Event, RejectedEvent, ValidationError, parse_event
+from producers.topics import Topics
+
+from sinks.rows import Located
+
+SINK_NODE = f"sink@{socket.gethostname()}"[:128]
+
+
+class Message(Protocol):
+    """The parts of a Kafka record the sink reads (kafka-python's ConsumerRecord has them)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int  # ms since the epoch, set by the producer or the broker
+
+
+@dataclass(slots=True)
+class Decoded:
+    rows: list[Located] = field(default_factory=list)  # all of one table: the topic's
+    dead_letters: list[RejectedEvent] = field(default_factory=list)  # to publish
+
+
+def dead_letter_id(topic: str, partition: int, offset: int) -> str:
+    """The deterministic event_id of the dead letter for one log position."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"areal-sink:{topic}:{partition}:{offset}").hex
+
+
+def decode(messages: Iterable[Message], topics: Topics, node: str = SINK_NODE) -> Decoded:
+    out = Decoded()
+    for m in messages:
+        expected: type[Event] = topics.event_type(m.topic)
+        raw = m.value if m.value is not None else b""
+        try:
+            if not raw:
+                raise ValidationError("event", "empty message")
+            event = parse_event(raw, expected=expected)
+        except ValidationError as exc:
+            bad = rejected(raw, str(exc), m.topic, node=node, key=m.key)
+            # id and time from the log position, so a second decode gives the same record
+            ts = max(0, getattr(m, "timestamp", 0) or 0) / 1000.0
+            bad = bad.replace(event_id=dead_letter_id(m.topic, m.partition, m.offset), ts=ts)
+            if m.topic == topics.deadletter:
+                out.rows.append(Located(bad, m.topic, m.partition, m.offset))
+            else:
+                out.dead_letters.append(bad)
+            continue
+        out.rows.append(Located(event, m.topic, m.partition, m.offset))
+    return out

@@ -1,0 +1,99 @@
+"""Rebuild every table from the Kafka log (earliest offsets).
+
+Replay drops the per-topic tables, recreates them, and reads every partition of
+every topic from its beginning up to the end offsets seen at the start, with
+no consumer group (nothing is committed; the live sink's offsets are left
+alone). Its inserts carry tokens with a fresh prefix, so ClickHouse does not
+mistake them for the blocks of the dropped tables. Messages that fail
+validation are skipped: the live sink already published their dead letters,
+which replay reads back from the dead-letter topic like every other event.
+
+While the stack runs, the sink that holds an embedded store runs the replay
+(POST /replay on its endpoint); the sink's own inserts that land during the
+replay are deduplicated by `FINAL` and the views.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from producers.settings import Settings
+
+from sinks.batching import Batcher, BatchPolicy, dedup_token
+from sinks.decode import decode
+from sinks.schema import TABLES, SchemaOptions, apply_schema, drop_tables, recreate_tables
+from sinks.writer import insert_rows
+
+log = logging.getLogger("areal.sink.replay")
+STALL_S = 60.0  # give up when the log stops yielding messages before the end offsets
+
+
+def replay_into(client: Any, settings: Settings, schema: SchemaOptions | None = None,
+                policy: BatchPolicy = BatchPolicy(max_rows=20_000, max_wait_s=0)) -> dict[str, int]:
+    """Rebuild the tables through `client`; returns {table: rows (FINAL)}."""
+    from kafka import KafkaConsumer
+    from kafka.structs import TopicPartition
+
+    schema = schema or SchemaOptions()
+    topics = settings.topics
+    consumer = KafkaConsumer(**settings.kafka_python_config(), group_id=None, enable_auto_commit=False,
+                             client_id="areal-replay", isolation_level="read_committed")
+    try:
+        tps = []
+        for topic in topics.all():
+            parts = consumer.partitions_for_topic(topic) or set()
+            tps.extend(TopicPartition(topic, p) for p in sorted(parts))
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps) if tps else {}
+
+        apply_schema(client, schema)
+        drop_tables(client, schema)
+        recreate_tables(client, schema)
+
+        prefix = f"replay-{uuid.uuid4().hex[:12]}:"
+        batcher: Batcher[Any] = Batcher(policy)
+        last_progress = time.monotonic()
+
+        def write_all() -> None:
+            for chunk in batcher.take(time.monotonic()):
+                rows = decode(chunk.items, topics).rows  # invalid input: already dead-lettered live
+                insert_rows(client, schema.database, rows, dedup_token(chunk.topic, chunk.partition, chunk.first, chunk.last, prefix))
+
+        while any(consumer.position(tp) < end[tp] for tp in tps):
+            polled = consumer.poll(timeout_ms=500, max_records=policy.max_rows)
+            now = time.monotonic()
+            for tp, messages in polled.items():
+                for m in messages:
+                    if m.offset < end[tp]:
+                        batcher.add((tp.topic, tp.partition), m.offset, m, now)
+                        last_progress = now
+            if batcher.total:
+                write_all()
+            if now - last_progress > STALL_S:
+                raise RuntimeError(f"replay stalled: no message for {STALL_S:.0f}s before the end offsets")
+        write_all()
+    finally:
+        consumer.close(autocommit=False)
+    return {t.name: int(client.command(f"SELECT count() FROM {schema.database}.{t.name} FINAL")) for t in TABLES}
+
+
+def run_replay(settings: Settings) -> dict[str, int]:
+    """Replay against the configured store: through the running sink when it holds the embedded store."""
+    from sinks.query import OwnerStore, Target, open_client, read_owner
+
+    target = Target.parse(settings.clickhouse_url)
+    if target.kind == "chdb":
+        assert target.path is not None
+        owner = read_owner(target.path)
+        if owner is not None:
+            result = OwnerStore(target, owner, write=True, timeout=3600).call("replay", {})["result"]
+            return {str(k): int(v) for k, v in result.items()}
+    client = open_client(target, readonly=False, use_database=False)
+    try:
+        return replay_into(client, settings, SchemaOptions(database=target.database))
+    finally:
+        client.close()

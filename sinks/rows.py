@@ -1,0 +1,75 @@
+"""Validated records -> column-oriented insert data (pure).
+
+The same records always give the same columns, in the same order: a batch
+retried after a crash is rebuilt identically, which is what lets ClickHouse
+drop it by its deduplication token.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from producers.events import Event
+
+from sinks.schema import TABLES_BY_EVENT_TYPE, Table
+
+UTC = dt.timezone.utc
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """A record and where it was read from in the Kafka log."""
+
+    event: Event
+    topic: str
+    partition: int
+    offset: int
+
+
+def table_for(event: Event) -> Table:
+    return TABLES_BY_EVENT_TYPE[event.type]
+
+
+def _timestamp(seconds: float) -> dt.datetime:
+    # DateTime64(3): millisecond precision; round here so a retry cannot differ
+    return dt.datetime.fromtimestamp(round(seconds, 3), tz=UTC)
+
+
+def _value(event: Event, name: str) -> Any:
+    v = getattr(event, name)
+    if name == "ts":
+        return _timestamp(v)
+    if name == "args":  # free-form object: stored as canonical JSON text
+        return json.dumps(dict(v), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    if name == "metrics":
+        return dict(v)
+    if name in ("verdicts", "dissenters"):
+        return list(v) if v is not None else []
+    return v
+
+
+def build_columns(table: Table, rows: Sequence[Located]) -> tuple[tuple[str, ...], list[list[Any]]]:
+    """(column names, one list per column) for `client.insert(..., column_oriented=True)`.
+
+    Every row must belong to `table`; the provenance columns `_topic`,
+    `_partition`, `_offset` come from the log position.
+    """
+    names = table.insert_columns
+    columns: list[list[Any]] = [[] for _ in names]
+    for loc in rows:
+        if loc.event.type != table.event_type:
+            raise ValueError(f"a {loc.event.type!r} event cannot go into table {table.name}")
+        for i, name in enumerate(names):
+            if name == "_topic":
+                columns[i].append(loc.topic)
+            elif name == "_partition":
+                columns[i].append(loc.partition)
+            elif name == "_offset":
+                columns[i].append(loc.offset)
+            else:
+                columns[i].append(_value(loc.event, name))
+    return names, columns

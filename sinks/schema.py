@@ -1,0 +1,297 @@
+"""The ClickHouse schema: one table per topic, views that read FINAL, migrations.
+
+Everything here is plain SQL text built from `SchemaOptions`, applied by
+`apply_schema(client, options)` to any clickhouse-connect client (embedded chdb
+or a server: the same statements on both paths).
+
+Design (see docs/CLICKHOUSE.md):
+- `ReplacingMergeTree` whose sorting key ends with `event_id`: a redelivered
+  event (same id, same content) collapses into one row in a `FINAL` read, and
+  in the background merges. The leading key columns are the ones the dashboards
+  filter and order by: run first, then step (or time for the sparse tables).
+  Only columns that a re-sent event cannot change are in the key.
+- No time partitioning: `FINAL` deduplicates within a partition only, and a
+  re-emitted derived event may carry a new `ts`.
+- `non_replicated_deduplication_window`: without it a plain MergeTree ignores
+  `insert_deduplication_token`, and a retried batch would be stored twice.
+- Migrations are numbered, each statement is idempotent (`IF NOT EXISTS`), and
+  the applied versions are recorded in `schema_migrations`, so running
+  `apply_schema` twice, or from two processes, is harmless.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+SCHEMA_VERSION = 1
+DEFAULT_DATABASE = "areal"
+DEDUP_WINDOW = 10_000  # insert blocks remembered per table for token deduplication
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class CommandClient(Protocol):
+    def command(self, cmd: str, *args: Any, **kwargs: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type: str
+    # where the value comes from: the record field of the same name (default),
+    # or a Kafka provenance value filled by the sink
+    server_default: str | None = None  # filled by ClickHouse, not sent by the sink
+
+    def ddl(self) -> str:
+        default = f" DEFAULT {self.server_default}" if self.server_default else ""
+        return f"`{self.name}` {self.type}{default}"
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    name: str
+    event_type: str  # the `type` field of the events it stores
+    columns: tuple[Column, ...]
+    order_by: tuple[str, ...]
+
+    @property
+    def insert_columns(self) -> tuple[str, ...]:
+        """Columns the sink sends (those without a server default)."""
+        return tuple(c.name for c in self.columns if c.server_default is None)
+
+    @property
+    def view(self) -> str:
+        return f"v_{self.name}"
+
+
+def _cols(spec: str) -> tuple[Column, ...]:
+    """'name Type, name2 Type2' (types may contain commas inside parentheses)."""
+    out: list[Column] = []
+    depth, start = 0, 0
+    for i, ch in enumerate(spec + ","):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            part = spec[start:i].strip()
+            start = i + 1
+            if part:
+                name, _, typ = part.partition(" ")
+                out.append(Column(name, typ.strip()))
+    return tuple(out)
+
+
+LC = "LowCardinality(String)"
+F = "Nullable(Float64)"
+ENVELOPE = _cols(
+    f"event_id String, run_id {LC}, node {LC}, rank UInt32, ts DateTime64(3, 'UTC'), schema UInt16"
+)
+PROVENANCE = (
+    Column("_topic", LC),
+    Column("_partition", "UInt32"),
+    Column("_offset", "UInt64"),
+    Column("_ingested_at", "DateTime64(3, 'UTC')", server_default="now64(3, 'UTC')"),
+)
+
+
+def _table(name: str, event_type: str, spec: str, order_by: str) -> Table:
+    return Table(name, event_type, ENVELOPE + _cols(spec) + PROVENANCE, tuple(order_by.split(", ")))
+
+
+# Column names are the JSON field names of CONTRACT.md; optional fields are Nullable.
+TABLES: tuple[Table, ...] = (
+    _table(
+        "steps",
+        "step",
+        f"step UInt64, epoch UInt32, reward {F}, reward_std {F}, entropy {F}, advantage_mean {F}, "
+        f"advantage_std {F}, kl {F}, clip_ratio {F}, loss {F}, lr {F}, grad_norm {F}, response_length {F}, "
+        f"tokens Nullable(UInt64), throughput {F}, latency_ms {F}, gpu_mem_bytes Nullable(UInt64), "
+        "metrics Map(String, Float64)",
+        "run_id, step, event_id",
+    ),
+    _table(
+        "evals",
+        "eval",
+        f"eval_id String, step UInt64, dataset {LC}, stage {LC}, status {LC}, accuracy {F}, "
+        f"response_length {F}, reward {F}, n_samples Nullable(UInt32), latency_ms {F}, "
+        "verdicts Array(UInt8), error Nullable(String), replicas UInt32",
+        "run_id, dataset, step, event_id",
+    ),
+    _table(
+        "eval_consensus",
+        "eval_consensus",
+        f"eval_id String, step UInt64, dataset {LC}, stage {LC}, accuracy Float64, response_length {F}, "
+        "votes UInt32, replicas UInt32, agreement Float64, dissenters Array(String), stale Bool, partial Bool",
+        "run_id, dataset, step, event_id",
+    ),
+    _table(
+        "rewards_smoothed",
+        "reward_smoothed",
+        "step UInt64, reward Float64, window UInt32, sliding_avg Float64, ema Float64, slope Float64",
+        "run_id, step, event_id",
+    ),
+    _table(
+        "commands",
+        "command",
+        f"command {LC}, target_node Nullable(String), args String, reason String",
+        "run_id, event_id",
+    ),
+    _table(
+        "alerts",
+        "alert",
+        f"alert_id String, kind {LC}, severity {LC}, message String, step Nullable(UInt64), value {F}, threshold {F}",
+        "run_id, event_id",
+    ),
+    _table(
+        "deadletter",
+        "rejected",
+        f"reason String, source_topic {LC}, raw String",
+        "run_id, event_id",
+    ),
+)
+TABLES_BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
+TABLES_BY_EVENT_TYPE: dict[str, Table] = {t.event_type: t for t in TABLES}
+
+# The sink's own bookkeeping: the last planned batch per partition, so a retry
+# after a crash rebuilds exactly the same batch (same rows, same token).
+BATCH_PLANS = "_sink_batches"
+MIGRATIONS_TABLE = "schema_migrations"
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaOptions:
+    """Where and how to create the schema.
+
+    `cluster`: add `ON CLUSTER <cluster>` to every DDL statement.
+    `replicated`: use `ReplicatedReplacingMergeTree` with the usual
+    `{shard}`/`{replica}` macros (replicated tables deduplicate inserts by
+    token through Keeper, window `replicated_deduplication_window`).
+    """
+
+    database: str = DEFAULT_DATABASE
+    cluster: str | None = None
+    replicated: bool = False
+    zk_path: str = "/clickhouse/tables/{shard}/{database}/{table}"
+
+    def __post_init__(self) -> None:
+        if not _IDENT.fullmatch(self.database):
+            raise ValueError(f"database name {self.database!r} must match {_IDENT.pattern}")
+        if self.cluster is not None and not _IDENT.fullmatch(self.cluster):
+            raise ValueError(f"cluster name {self.cluster!r} must match {_IDENT.pattern}")
+
+    @property
+    def on_cluster(self) -> str:
+        return f" ON CLUSTER {self.cluster}" if self.cluster else ""
+
+    def engine(self, table: str, kind: str = "ReplacingMergeTree", args: str = "") -> str:
+        if self.replicated:
+            path = self.zk_path.replace("{database}", self.database).replace("{table}", table)
+            inner = f"'{path}', '{{replica}}'" + (f", {args}" if args else "")
+            return f"Replicated{kind}({inner})"
+        return f"{kind}({args})"
+
+    def dedup_settings(self) -> str:
+        if self.replicated:
+            return f"replicated_deduplication_window = {DEDUP_WINDOW}"
+        return f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
+
+
+def create_table_sql(table: Table, o: SchemaOptions) -> str:
+    cols = ",\n    ".join(c.ddl() for c in table.columns)
+    return (
+        f"CREATE TABLE IF NOT EXISTS {o.database}.{table.name}{o.on_cluster} (\n    {cols}\n)\n"
+        f"ENGINE = {o.engine(table.name)}\n"
+        f"ORDER BY ({', '.join(table.order_by)})\n"
+        f"SETTINGS {o.dedup_settings()}"
+    )
+
+
+def create_view_sql(table: Table, o: SchemaOptions) -> str:
+    # CREATE OR REPLACE: a later migration may change the view's query
+    return f"CREATE OR REPLACE VIEW {o.database}.{table.view}{o.on_cluster} AS SELECT * FROM {o.database}.{table.name} FINAL"
+
+
+def drop_table_sql(table: Table, o: SchemaOptions) -> str:
+    return f"DROP TABLE IF EXISTS {o.database}.{table.name}{o.on_cluster} SYNC"
+
+
+def _plans_sql(o: SchemaOptions) -> str:
+    return (
+        f"CREATE TABLE IF NOT EXISTS {o.database}.{BATCH_PLANS}{o.on_cluster} (\n"
+        f"    consumer_group String, topic String, partition UInt32,\n"
+        f"    first_offset UInt64, last_offset UInt64, planned_at DateTime64(6, 'UTC') DEFAULT now64(6, 'UTC')\n"
+        f")\nENGINE = {o.engine(BATCH_PLANS, args='planned_at')}\n"
+        f"ORDER BY (consumer_group, topic, partition)"
+    )
+
+
+def _migrations_sql(o: SchemaOptions) -> str:
+    return (
+        f"CREATE TABLE IF NOT EXISTS {o.database}.{MIGRATIONS_TABLE}{o.on_cluster} (\n"
+        f"    version UInt32, description String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3, 'UTC')\n"
+        f")\nENGINE = {o.engine(MIGRATIONS_TABLE)}\nORDER BY version"
+    )
+
+
+def migrations(o: SchemaOptions) -> list[tuple[int, str, list[str]]]:
+    """(version, description, idempotent statements), oldest first."""
+    v1 = [create_table_sql(t, o) for t in TABLES] + [_plans_sql(o)] + [create_view_sql(t, o) for t in TABLES]
+    return [(1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1)]
+
+
+def schema_statements(o: SchemaOptions = SchemaOptions()) -> list[str]:
+    """Every statement `apply_schema` may run, in order (for review and for docs)."""
+    out = [f"CREATE DATABASE IF NOT EXISTS {o.database}{o.on_cluster}", _migrations_sql(o)]
+    for _, _, stmts in migrations(o):
+        out.extend(stmts)
+    return out
+
+
+def applied_version(client: Any, o: SchemaOptions = SchemaOptions()) -> int:
+    """The highest recorded migration, 0 when none (or no database yet)."""
+    exists = client.command(
+        f"SELECT count() FROM system.tables WHERE database = '{o.database}' AND name = '{MIGRATIONS_TABLE}'"
+    )
+    if not int(exists):
+        return 0
+    return int(client.command(f"SELECT max(version) FROM {o.database}.{MIGRATIONS_TABLE}") or 0)
+
+
+def apply_schema(client: CommandClient, options: SchemaOptions = SchemaOptions()) -> int:
+    """Create or upgrade the schema; safe to run any number of times. Returns the version now applied.
+
+    Every statement is idempotent, and a migration is recorded only after all
+    its statements succeeded, so an interrupted run is finished by the next.
+    """
+    o = options
+    client.command(f"CREATE DATABASE IF NOT EXISTS {o.database}{o.on_cluster}")
+    client.command(_migrations_sql(o))
+    current = applied_version(client, o)
+    for version, description, stmts in migrations(o):
+        if version <= current:
+            continue
+        for stmt in stmts:
+            client.command(stmt)
+        escaped = description.replace("\\", "\\\\").replace("'", "\\'")
+        client.command(f"INSERT INTO {o.database}.{MIGRATIONS_TABLE} (version, description) VALUES ({version}, '{escaped}')")
+        current = version
+    return current
+
+
+def drop_tables(client: CommandClient, options: SchemaOptions = SchemaOptions(), names: Sequence[str] | None = None) -> None:
+    """Drop the per-topic tables (for `replay`); the views are recreated by `recreate_tables`."""
+    for t in TABLES:
+        if names is None or t.name in names:
+            client.command(drop_table_sql(t, options))
+
+
+def recreate_tables(client: CommandClient, options: SchemaOptions = SchemaOptions()) -> None:
+    """Create the per-topic tables and their views again after `drop_tables`."""
+    for t in TABLES:
+        client.command(create_table_sql(t, options))
+    for t in TABLES:
+        client.command(create_view_sql(t, options))

@@ -1,0 +1,231 @@
+"""The sink loop: every topic -> its ClickHouse table, exactly once.
+
+Per flush: cut chunks (one per partition, `Batcher`), record their plans,
+insert each chunk with its deduplication token, publish the dead letters,
+and only then commit the Kafka offsets. A crash anywhere in between re-reads
+the same messages from the last committed offset, the plan cuts the same
+chunks, and ClickHouse drops the blocks it already has (and `FINAL` collapses
+any re-sent event by `event_id`). When the store is down the sink retries
+with backoff, holding its position; nothing is committed that is not stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from producers.settings import Settings
+
+from sinks.batching import Backoff, Batcher, BatchPolicy, Chunk, Plan, TopicPartition, dedup_token
+from sinks.decode import decode
+from sinks.query import Target, open_client
+from sinks.schema import SchemaOptions, apply_schema
+from sinks.writer import insert_rows, load_plans, record_plans
+
+log = logging.getLogger("areal.sink")
+R = TypeVar("R")
+
+
+class Stopped(Exception):
+    """The sink was asked to stop while waiting for the store."""
+
+
+def consumer_group(settings: Settings) -> str:
+    return f"{settings.topic_prefix}sink"
+
+
+class Sink:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        policy: BatchPolicy = BatchPolicy(),
+        backoff: Backoff = Backoff(),
+        group: str | None = None,
+        serve_queries: bool = True,
+        schema: SchemaOptions | None = None,
+    ) -> None:
+        self.settings = settings
+        self.topics = settings.topics
+        self.target = Target.parse(settings.clickhouse_url)
+        self.schema = schema or SchemaOptions(database=self.target.database)
+        self.policy = policy
+        self.backoff = backoff
+        self.group = group or consumer_group(settings)
+        self.serve_queries = serve_queries
+        self.stop_event = threading.Event()
+        self.batcher: Batcher[Any] = Batcher(policy)
+        self.plans: dict[TopicPartition, Plan] = {}
+        self.stats = {"rows": 0, "chunks": 0, "dead_letters": 0, "retries": 0, "commits": 0}
+        self.client: Any = None
+        self.consumer: Any = None
+        self.producer: Any = None
+        self.endpoint: Any = None
+
+    # ------------------------------------------------------------ plumbing
+
+    def _retry(self, what: str, fn: Callable[[], R]) -> R:
+        """Run fn until it succeeds, backing off; raise Stopped when asked to stop meanwhile."""
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except Stopped:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the store or broker is down: wait, never drop
+                attempt += 1
+                self.stats["retries"] += 1
+                delay = self.backoff.delay(attempt)
+                log.warning("%s failed (attempt %d, retrying in %.1fs): %s", what, attempt, delay, " ".join(str(exc).split())[:300])
+                if self.stop_event.wait(delay):
+                    raise Stopped from None
+
+    def _open_store(self) -> None:
+        def open_and_migrate() -> Any:
+            client = open_client(self.target, readonly=False, use_database=False)
+            try:
+                apply_schema(client, self.schema)
+            except Exception:
+                client.close()
+                raise
+            return client
+
+        self.client = self._retry("opening the store", open_and_migrate)
+        if self.target.kind == "chdb" and self.serve_queries:
+            from sinks.owner import OwnerEndpoint
+            from sinks.replay import replay_into
+
+            self.endpoint = OwnerEndpoint(
+                self.target, replay=lambda: replay_into(self.endpoint.write_client, self.settings, self.schema)
+            )
+        self.plans = self._retry("loading batch plans", lambda: load_plans(self.client, self.schema.database, self.group))
+
+    def _open_kafka(self) -> None:
+        from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
+
+        sink = self
+
+        class Listener(ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked: Any) -> None:
+                sink.batcher.drop({(tp.topic, tp.partition) for tp in revoked})
+
+            def on_partitions_assigned(self, assigned: Any) -> None:
+                sink.batcher.drop({(tp.topic, tp.partition) for tp in assigned})
+                try:
+                    sink.plans = load_plans(sink.client, sink.schema.database, sink.group)
+                except Exception as exc:  # noqa: BLE001 - keep the plans we have
+                    log.warning("could not reload batch plans: %s", exc)
+
+        cfg = self.settings.kafka_python_config()
+        self.consumer = KafkaConsumer(
+            **cfg,
+            group_id=self.group,
+            client_id="areal-sink",
+            enable_auto_commit=False,  # offsets are committed after the insert, by hand
+            auto_offset_reset="earliest",
+            max_poll_interval_ms=600_000,  # a long store outage must not look like a dead consumer
+            isolation_level="read_committed",
+        )
+        self.consumer.subscribe(self.topics.all(), listener=Listener())
+        self.producer = KafkaProducer(**cfg, client_id="areal-sink-deadletter", acks="all", retries=5, linger_ms=5)
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self) -> None:
+        """Consume until `stop()`; then flush what is buffered (one try) and close."""
+        try:
+            self._open_store()
+            self._open_kafka()
+            log.info("sink running: group %s, topics %s*, store %s", self.group, self.topics.prefix, self.target.kind)
+            last_report = time.monotonic()
+            while not self.stop_event.is_set():
+                now = time.monotonic()
+                timeout_ms = max(10, int(self.batcher.wait_left(now) * 1000))
+                polled = self.consumer.poll(timeout_ms=timeout_ms, max_records=self.policy.max_rows)
+                now = time.monotonic()
+                for tp, messages in polled.items():
+                    for m in messages:
+                        self.batcher.add((tp.topic, tp.partition), m.offset, m, now)
+                if self.batcher.due(now):
+                    self.flush()
+                if now - last_report > 30:
+                    log.info("sink stats: %s", self.stats)
+                    last_report = now
+        except Stopped:
+            pass
+        finally:
+            self._close()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def flush(self) -> None:
+        positions = {}
+        for tp in self.consumer.assignment():
+            if (tp.topic, tp.partition) in self.plans:
+                positions[(tp.topic, tp.partition)] = self.consumer.position(tp)
+        chunks = self.batcher.take(time.monotonic(), self.plans, positions)
+        if chunks:
+            self.write_chunks(chunks)
+
+    def write_chunks(self, chunks: list[Chunk[Any]]) -> None:
+        db = self.schema.database
+        decoded = [(c, decode(c.items, self.topics)) for c in chunks]
+        plans = {(c.topic, c.partition): Plan(c.first, c.last) for c in chunks}
+        self._retry("recording batch plans", lambda: record_plans(self.client, db, self.group, plans))
+        self.plans.update(plans)
+        for c, d in decoded:
+            token = dedup_token(c.topic, c.partition, c.first, c.last)
+            self.stats["rows"] += self._retry(f"inserting {c.topic}[{c.partition}]", lambda: insert_rows(self.client, db, d.rows, token))
+            self.stats["chunks"] += 1
+        dead = [ev for _, d in decoded for ev in d.dead_letters]
+        if dead:
+            self._retry("publishing dead letters", lambda: self._publish(dead))
+            self.stats["dead_letters"] += len(dead)
+        self._commit(chunks)
+
+    def _publish(self, events: list[Any]) -> None:
+        futures = [self.producer.send(self.topics.deadletter, key=e.run_id.encode(), value=e.to_json()) for e in events]
+        self.producer.flush(timeout=30)
+        for f in futures:
+            f.get(timeout=0)  # raises the send error, if any
+
+    def _commit(self, chunks: list[Chunk[Any]]) -> None:
+        from kafka.errors import CommitFailedError, IllegalStateError
+        from kafka.structs import OffsetAndMetadata, TopicPartition
+
+        offsets = {TopicPartition(c.topic, c.partition): OffsetAndMetadata(c.next_offset, "", -1) for c in chunks}
+
+        def commit() -> None:
+            try:
+                self.consumer.commit(offsets)
+            except (CommitFailedError, IllegalStateError) as exc:
+                # the group moved on: the new owner re-reads from the last commit and
+                # our plans make its batches identical, so the inserts deduplicate
+                log.warning("offset commit refused (%s); partitions will be re-read", exc)
+                self.batcher.drop()
+
+        self._retry("committing offsets", commit)
+        self.stats["commits"] += 1
+
+    def _close(self) -> None:
+        if self.consumer is not None and self.client is not None and self.batcher.total:
+            self.stop_event.set()  # one try each: what is not committed is read again next time
+            try:
+                self.flush()
+            except Exception as exc:  # noqa: BLE001 - includes Stopped
+                log.info("stopping with uncommitted messages (read again on restart): %r", exc)
+        for closer in (
+            lambda: self.consumer and self.consumer.close(autocommit=False),
+            lambda: self.producer and self.producer.close(timeout=5),
+            lambda: self.endpoint and self.endpoint.close(),
+            lambda: self.client and self.client.close(),
+        ):
+            try:
+                closer()
+            except Exception as exc:  # noqa: BLE001
+                log.debug("close: %s", exc)
+        log.info("sink stopped: %s", self.stats)
