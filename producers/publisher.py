@@ -1,0 +1,350 @@
+"""The non-blocking publisher the trainers use.
+
+`publish(event)` appends the record to an in-memory queue and returns: no
+serialisation, no I/O, no lock on the caller's thread. A background sender
+thread serialises and hands the messages to kafka-python (acks=all,
+idempotent, key = run_id). When the broker cannot be reached, or the queue is
+full, messages go to an append-only journal on disk (`producers.journal`);
+once the broker answers again the journal is re-sent in order, before any
+newer message. A message leaves the journal only after the broker
+acknowledged it, so nothing is lost; a re-send carries the same event_id, so
+nothing is counted twice downstream.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from producers.events import Event
+from producers.journal import Journal
+from producers.settings import Settings, state_dir
+from producers.topics import Topics
+
+log = logging.getLogger(__name__)
+
+_IDLE_WAIT_S = 0.005  # how long the sender sleeps when there is nothing to do
+_RESEND_CHUNK = 2000  # journal records re-sent per acknowledged chunk
+_STALL_S = 1.0  # oldest message unacknowledged this long: the broker is away, journal new ones
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherStats:
+    queued: int  # publish() calls accepted
+    sent: int  # acknowledged by the broker on the first try
+    spilled: int  # written to the journal
+    resent: int  # acknowledged after coming back from the journal
+    failed: int  # send attempts that failed (each then went to the journal)
+    pending: int  # in memory or journal, not yet acknowledged
+
+
+@dataclass(slots=True)
+class _InFlight:
+    future: Any
+    topic: str
+    key: bytes
+    value: bytes
+    sent_at: float
+
+
+class Publisher:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Topics | None = None,
+        journal_dir: Path | str | None = None,
+        *,
+        max_queue: int = 100_000,
+        max_in_flight: int = 20_000,
+        delivery_timeout_s: float = 600.0,
+        kafka_config: dict[str, Any] | None = None,
+        fsync_journal: bool = False,
+    ) -> None:
+        self.topics = topics or Topics.from_env()
+        self.max_queue = max_queue
+        self._max_in_flight = max_in_flight
+        self._delivery_timeout_s = delivery_timeout_s
+        self._kafka_config = {"bootstrap_servers": bootstrap.split(","), **(kafka_config or {})}
+        self._journal = Journal(Path(journal_dir or state_dir() / "journal" / "default"), fsync=fsync_journal)
+        self._queue: collections.deque[Event] = collections.deque()
+        self._in_flight: collections.deque[_InFlight] = collections.deque()
+        self._queued = itertools.count()  # next() is atomic under the GIL
+        self._n_queued = 0
+        self._sent = self._spilled = self._resent = self._failed = 0
+        self._producer: Any = None
+        self._backoff_until = 0.0
+        self._backoff_s = 0.5
+        self._resending: tuple[list[Any], list[Any]] | None = None
+        self._order_lock = threading.Lock()  # the journal is appended in publish order
+        self._wake = threading.Event()
+        self._closing = False
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="areal-publisher", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None, journal_dir: Path | str | None = None, **kw: Any) -> Publisher:
+        settings = settings or Settings.from_env()
+        config = settings.kafka_python_config()
+        bootstrap = ",".join(config.pop("bootstrap_servers"))  # type: ignore[arg-type]
+        return cls(bootstrap, settings.topics, journal_dir, kafka_config=config, **kw)
+
+    # ------------------------------------------------------------ caller side
+
+    def publish(self, event: Event) -> None:
+        """Enqueue and return at once. Never raises a transport error."""
+        if self._closing:
+            raise RuntimeError("publish() after close()")
+        self._n_queued = next(self._queued) + 1
+        if len(self._queue) < self.max_queue:
+            self._queue.append(event)
+            return
+        # Memory is full (the sender is stuck): move the queue and this event to
+        # the journal, oldest first, so the order per run holds.
+        with self._order_lock:
+            self._queue_to_journal()
+            self._spill(self.topics.for_event(event), event.run_id.encode(), event.to_json())
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until everything published so far is acknowledged; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (not self._queue and not self._in_flight and self._resending is None
+                    and not self._journal.has_pending()):
+                return True
+            if self._stopped.is_set():
+                return False
+            self._wake.set()
+            time.sleep(0.005)
+        return False
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush for up to `timeout`; whatever is still unsent stays in the journal for the next start."""
+        if self._closing:
+            return
+        self.flush(timeout)
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout=max(timeout, 5.0))
+        self._journal.close()
+
+    def stats(self) -> PublisherStats:
+        pending = len(self._queue) + len(self._in_flight)
+        return PublisherStats(
+            queued=self._n_queued,
+            sent=self._sent,
+            spilled=self._spilled,
+            resent=self._resent,
+            failed=self._failed,
+            pending=pending + (1 if self._journal.has_pending() else 0),
+        )
+
+    @property
+    def journal(self) -> Journal:
+        return self._journal
+
+    # ------------------------------------------------------------ sender side
+
+    def _spill(self, topic: str, key: bytes, value: bytes) -> None:
+        self._journal.append(topic, key, value)
+        self._spilled += 1
+
+    def _run(self) -> None:
+        try:
+            while not self._closing:
+                if not self._step():
+                    self._wake.wait(_IDLE_WAIT_S)
+                    self._wake.clear()
+            self._shutdown()
+        except Exception:  # the sender must never die silently: log, keep what is left
+            log.exception("publisher sender thread failed; unsent events stay in the journal")
+            self._shutdown()
+        finally:
+            self._stopped.set()
+
+    def _step(self) -> bool:
+        """One round of work; True when something was done.
+
+        Order of delivery is: in flight (inside kafka-python, which retries in
+        order), then the journal, then the queue. While the broker is away
+        (no producer, a stalled or full pipeline, a journal to re-send), new
+        events go to the end of the journal instead of into kafka-python.
+        """
+        worked = self._reap_in_flight() | self._reap_resend()
+        has_work = bool(self._queue) or self._journal.has_pending()
+        if has_work and self._producer is None and time.monotonic() >= self._backoff_until:
+            self._ensure_producer()
+        if self._blocked():
+            with self._order_lock:
+                worked |= self._queue_to_journal()
+            if (self._producer is not None and not self._in_flight and self._resending is None
+                    and self._journal.has_pending() and time.monotonic() >= self._backoff_until):
+                worked |= self._start_resend()
+            return worked
+        while self._queue and len(self._in_flight) < self._max_in_flight:
+            with self._order_lock:
+                if not self._queue:
+                    break
+                event = self._queue.popleft()
+                self._send(self.topics.for_event(event), event.run_id.encode(), event.to_json())
+            worked = True
+            if self._journal.has_pending():
+                break
+        return worked
+
+    def _blocked(self) -> bool:
+        if self._producer is None or self._resending is not None or self._journal.has_pending():
+            return True
+        if len(self._in_flight) >= self._max_in_flight:
+            return True
+        return bool(self._in_flight) and time.monotonic() - self._in_flight[0].sent_at > _STALL_S
+
+    def _queue_to_journal(self) -> bool:
+        """Caller holds _order_lock."""
+        moved = False
+        while self._queue:
+            event = self._queue.popleft()
+            self._spill(self.topics.for_event(event), event.run_id.encode(), event.to_json())
+            moved = True
+        return moved
+
+    def _ensure_producer(self) -> bool:
+        if self._producer is not None:
+            return True
+        if not self._bootstrap_reachable():
+            self._back_off()
+            return False
+        from kafka import KafkaProducer
+        from kafka.errors import KafkaError
+
+        try:
+            self._producer = KafkaProducer(
+                acks="all",
+                enable_idempotence=True,
+                linger_ms=5,
+                max_block_ms=1000,
+                request_timeout_ms=max(1000, int(self._delivery_timeout_s * 500)),
+                delivery_timeout_ms=int(self._delivery_timeout_s * 1000),
+                **self._kafka_config,
+            )
+        except KafkaError as exc:
+            log.warning("publisher: broker not available (%s); journaling", exc)
+            self._back_off()
+            return False
+        return True
+
+    def _bootstrap_reachable(self) -> bool:
+        for server in self._kafka_config["bootstrap_servers"]:
+            host, _, port = server.rpartition(":")
+            try:
+                with socket.create_connection((host or "localhost", int(port or 9092)), timeout=1.0):
+                    return True
+            except (OSError, ValueError):
+                continue
+        return False
+
+    def _back_off(self) -> None:
+        self._backoff_until = time.monotonic() + self._backoff_s
+        self._backoff_s = min(self._backoff_s * 2, 5.0)
+
+    def _send(self, topic: str, key: bytes, value: bytes) -> None:
+        from kafka.errors import KafkaError
+
+        try:
+            future = self._producer.send(topic, key=key, value=value)
+        except KafkaError as exc:  # metadata or buffer timeout: the broker is away
+            log.warning("publisher: send failed (%s); journaling", exc)
+            self._failed += 1
+            self._spill(topic, key, value)
+            return
+        self._in_flight.append(_InFlight(future, topic, key, value, time.monotonic()))
+
+    def _reap_in_flight(self) -> bool:
+        """Count acknowledged messages; failed ones (delivery timeout) go to the journal."""
+        worked = False
+        while self._in_flight and self._in_flight[0].future.is_done:
+            item = self._in_flight.popleft()
+            worked = True
+            if item.future.succeeded():
+                self._sent += 1
+            else:
+                self._failed += 1
+                self._spill(item.topic, item.key, item.value)
+        return worked
+
+    def _start_resend(self) -> bool:
+        """Hand the oldest journal chunk to kafka-python; `_reap_resend` moves the cursor."""
+        from kafka.errors import KafkaError
+
+        probing = self._backoff_s > 0.5  # after a failure, one record before a whole chunk
+        records = self._journal.read(1 if probing else _RESEND_CHUNK)
+        if not records:
+            return False
+        futures = []
+        try:
+            for r in records:
+                futures.append(self._producer.send(r.topic, key=r.key, value=r.value))
+        except KafkaError as exc:
+            log.warning("publisher: re-send from journal failed (%s); retrying later", exc)
+            self._failed += 1
+            self._back_off()
+        self._resending = (records, futures)
+        return True
+
+    def _reap_resend(self) -> bool:
+        if self._resending is None:
+            return False
+        records, futures = self._resending
+        if not all(f.is_done for f in futures):
+            return False
+        acked = 0
+        for f in futures:
+            if not f.succeeded():
+                break
+            acked += 1
+        if acked:
+            self._journal.advance(records[acked - 1].end)
+            self._resent += acked
+        if acked < len(records):
+            if acked == len(futures):  # send() itself failed part-way: already counted
+                pass
+            else:
+                self._failed += 1
+            self._back_off()
+        else:
+            self._backoff_s = 0.5
+        self._resending = None
+        return True
+
+    def _shutdown(self) -> None:
+        """Keep everything not acknowledged on disk, oldest first, for the next start."""
+        if self._producer is not None:
+            try:
+                self._producer.flush(timeout=1.0)
+            except Exception:  # noqa: BLE001 - a dead broker on exit is expected
+                pass
+            self._reap_in_flight()
+            self._reap_resend()  # journal records stay there until acknowledged
+        older = []
+        for item in self._in_flight:
+            if item.future.succeeded():
+                self._sent += 1
+            else:
+                older.append((item.topic, item.key, item.value))
+        self._in_flight.clear()
+        self._journal.prepend(older)
+        self._spilled += len(older)
+        with self._order_lock:
+            self._queue_to_journal()
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=1.0)
+            except Exception:  # noqa: BLE001
+                pass

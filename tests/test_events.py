@@ -1,0 +1,154 @@
+"""The event contract: records, JSON round trip, and errors that name the field."""
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from producers.events import (
+    EVENT_TYPES,
+    AlertEvent,
+    CommandEvent,
+    EvalConsensusEvent,
+    EvalEvent,
+    RejectedEvent,
+    RewardSmoothedEvent,
+    StepEvent,
+    ValidationError,
+    parse_event,
+)
+from producers.topics import Topics
+
+
+def one_of_each():
+    common = dict(run_id="run-1", node="node-a", rank=1, ts=1700000000.5)
+    return [
+        StepEvent(**common, step=3, epoch=0, reward=0.25, reward_std=0.1, entropy=1.2, kl=0.01, clip_ratio=0.2,
+                  loss=0.5, lr=1e-3, grad_norm=0.7, response_length=4.0, tokens=128, throughput=900.0,
+                  latency_ms=12.5, gpu_mem_bytes=1024, metrics={"value_loss": 0.3}),
+        EvalEvent(**common, eval_id="run-1:3:full", step=3, dataset="arith-1digit", stage="full", accuracy=0.75,
+                  response_length=2.0, reward=0.75, n_samples=4, latency_ms=30.0, verdicts=(1, 0, 1, 1), replicas=3),
+        EvalEvent(**common, eval_id="run-1:4:full", step=4, dataset="arith-2digit", status="failed", error="OOM"),
+        EvalConsensusEvent(**common, eval_id="run-1:3:full", step=3, dataset="arith-1digit", accuracy=0.75, votes=3,
+                           replicas=3, agreement=1.0, dissenters=("node-c",), stale=False, partial=True),
+        RewardSmoothedEvent(**common, step=3, reward=0.25, window=20, sliding_avg=0.2, ema=0.21, slope=0.01),
+        CommandEvent(**common, command="set_eval_interval", args={"steps": 20}, reason="reward moves fast"),
+        CommandEvent(**common, command="scale_lr", target_node="node-b", args={"factor": 0.5}, reason="low reward"),
+        AlertEvent(**common, kind="reward_below_threshold", severity="critical", message="reward 0.1 < 0.2",
+                   step=3, value=0.1, threshold=0.2),
+        RejectedEvent(**common, reason="steps.reward: not finite (nan)", source_topic="areal.steps", raw="{...}"),
+    ]
+
+
+@pytest.mark.parametrize("event", one_of_each(), ids=lambda e: e.type)
+def test_json_round_trip_is_field_by_field_equal(event):
+    back = parse_event(event.to_json())
+    assert back == event
+    assert back.to_dict() == event.to_dict()
+    assert json.loads(event.to_json())["type"] == event.type
+
+
+def test_every_type_has_a_topic():
+    topics = Topics("areal.")
+    assert {topics.for_event(cls) for cls in EVENT_TYPES.values()} == set(topics.all())
+    assert topics.for_event(StepEvent) == "areal.steps"
+    assert topics.event_type("areal.evals.consensus") is EvalConsensusEvent
+
+
+def test_records_are_immutable():
+    event = one_of_each()[0]
+    with pytest.raises(AttributeError):
+        event.reward = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        event.metrics["x"] = 1.0  # type: ignore[index]
+
+
+def test_event_id_generated_unique_and_kept_on_resend():
+    a = StepEvent(run_id="r", step=1, epoch=0)
+    b = StepEvent(run_id="r", step=1, epoch=0)
+    assert a.event_id != b.event_id
+    assert parse_event(a.to_json()).event_id == a.event_id
+    assert a.replace(reward=1.0).event_id == a.event_id
+
+
+def raw_step(**fields):
+    base = {"type": "step", "schema": 1, "event_id": "e1", "run_id": "r1", "node": "n", "rank": 0,
+            "ts": 1.0, "step": 1, "epoch": 0}
+    base.update(fields)
+    return json.dumps(base)
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (raw_step().replace('"step": 1', '"step": 1, "reward": NaN'), "steps.reward: not finite (nan)"),
+        (raw_step(reward=1e309), "steps.reward: not finite (inf)"),
+        (raw_step(step=-1), "steps.step: must be >= 0 (got -1)"),
+        (raw_step(step=1.5), "steps.step: not an integer (float)"),
+        (raw_step(step=True), "steps.step: not an integer (bool)"),
+        (raw_step(type="bogus"), "event.type: unknown event type 'bogus'"),
+        (raw_step(schema=99), "steps.schema: unsupported major 99 (this reader knows 1)"),
+        (raw_step(run_id="x" * 200), "steps.run_id: longer than 128 chars (200)"),
+        (raw_step(run_id="a b"), "steps.run_id: 'a b' does not match"),
+        (raw_step(clip_ratio=2.0), "steps.clip_ratio: must be <= 1 (got 2.0)"),
+        (raw_step(metrics={"a": "x"}), "steps.metrics.a: not a number (str)"),
+        ("not json", "event: not valid JSON"),
+        ("[1, 2]", "event: not a JSON object (list)"),
+        ('{"type": "step", "run_id": "r"}', "steps.step: missing"),
+        (raw_step(event_id=None), "steps.event_id: missing"),
+    ],
+)
+def test_invalid_input_names_the_field_and_rule(raw, message):
+    with pytest.raises(ValidationError) as err:
+        parse_event(raw)
+    assert str(err.value).startswith(message)
+
+
+def test_eval_rules_across_fields():
+    with pytest.raises(ValidationError, match=r"evals.accuracy: missing \(required when status is ok\)"):
+        EvalEvent(run_id="r", eval_id="e", step=1, dataset="d")
+    with pytest.raises(ValidationError, match=r"evals.verdicts\[1\]: must be 0 or 1 \(got 2\)"):
+        EvalEvent(run_id="r", eval_id="e", step=1, dataset="d", accuracy=0.5, verdicts=(1, 2))
+    with pytest.raises(ValidationError, match="evals.verdicts: has 2 entries but n_samples is 3"):
+        EvalEvent(run_id="r", eval_id="e", step=1, dataset="d", accuracy=0.5, verdicts=(1, 0), n_samples=3)
+    with pytest.raises(ValidationError, match="commands.args.steps"):
+        CommandEvent(run_id="r", command="set_eval_interval", args={"steps": 0})
+
+
+def test_expected_type_on_a_topic():
+    with pytest.raises(ValidationError, match="event.type: 'step' does not belong here"):
+        parse_event(raw_step(), expected=EvalEvent)
+
+
+def test_non_utf8_and_deep_json_and_huge_messages_are_rejected_cleanly():
+    with pytest.raises(ValidationError, match="event: not"):
+        parse_event(b"\xff\xfe{")
+    with pytest.raises(ValidationError, match="event: "):
+        parse_event("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValidationError, match="event: message too large"):
+        parse_event(b" " * (2 << 20))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
+def test_random_bytes_never_crash_the_parser(raw):
+    try:
+        event = parse_event(raw)
+    except ValidationError as exc:
+        assert ": " in str(exc)
+    else:
+        assert event.type in EVENT_TYPES
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(allow_nan=True, allow_infinity=True), st.integers(min_value=-5, max_value=10**12))
+def test_numbers_at_the_boundaries(reward, step):
+    raw = raw_step(step=step).replace('"step": %d' % step, '"step": %d, "reward": %r' % (step, reward))
+    raw = raw.replace("nan", "NaN").replace("inf", "Infinity")
+    if math.isfinite(reward) and step >= 0:
+        assert parse_event(raw).reward == reward
+    else:
+        with pytest.raises(ValidationError, match=r"steps\.(reward|step): "):
+            parse_event(raw)
