@@ -1,0 +1,214 @@
+"""Alert rules of one run, each a pure step function over a small frozen state.
+
+- reward_below_threshold: the sliding average under `reward_threshold` (window full).
+  Fires once per breach, together with a `scale_lr` command; the breach ends when the
+  average is back at threshold + reward_recover_margin; a new breach fires only when
+  reward_cooldown_steps have passed since the last alert. Steps, not seconds, so a replay
+  decides the same way.
+- throughput_drop: a step's throughput under (1 - throughput_drop_ratio) x the median of
+  the run's previous throughput_window values; once per drop, with a cooldown in steps.
+- stalled: no step from a run for stall_seconds (clock injected: `now`); once until the
+  run sends a step again.
+- invalid_event: a dead-lettered message; at most one alert per interval, the next one
+  says how many were folded into it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from typing import Any
+
+from streams.config import RunConfig
+from streams.smoothing import SmoothedPoint
+from streams.triggers import CommandDecision
+
+
+@dataclass(frozen=True, slots=True)
+class AlertDecision:
+    """An alert, before it becomes an AlertEvent. `about` makes its id deterministic."""
+
+    kind: str
+    severity: str
+    message: str
+    about: str
+    step: int | None = None
+    value: float | None = None
+    threshold: float | None = None
+
+
+# ------------------------------------------------------------------ breach / cooldown
+
+
+@dataclass(frozen=True, slots=True)
+class BreachState:
+    """Shared shape of a 'once per breach, with a cooldown' rule."""
+
+    in_breach: bool = False
+    last_fired_step: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"in_breach": self.in_breach, "last_fired_step": self.last_fired_step}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BreachState:
+        return cls(**data)
+
+
+def breach_step(state: BreachState, breached: bool, recovered: bool, step: int, cooldown: int) -> tuple[BreachState, bool]:
+    """Advance a breach rule by one observation; True when an alert fires now."""
+    if state.in_breach:
+        return (replace(state, in_breach=False), False) if recovered else (state, False)
+    if not breached:
+        return state, False
+    cooled = state.last_fired_step is None or step - state.last_fired_step >= cooldown
+    if cooled:
+        return BreachState(in_breach=True, last_fired_step=step), True
+    return replace(state, in_breach=True), False
+
+
+def check_reward(
+    state: BreachState, point: SmoothedPoint, cfg: RunConfig
+) -> tuple[BreachState, list[AlertDecision], list[CommandDecision]]:
+    threshold = cfg.reward_threshold
+    if threshold is None or point.window < cfg.window:
+        return state, [], []
+    avg = point.sliding_avg
+    state, fired = breach_step(
+        state, avg < threshold, avg >= threshold + cfg.reward_recover_margin, point.step, cfg.reward_cooldown_steps
+    )
+    if not fired:
+        return state, [], []
+    alert = AlertDecision(
+        kind="reward_below_threshold",
+        severity="critical",
+        message=f"smoothed reward {avg:.4g} fell below {threshold:g} at step {point.step}; asking trainers to scale lr by {cfg.lr_factor:g}",
+        about=f"reward_below_threshold|{point.step}",
+        step=point.step,
+        value=avg,
+        threshold=threshold,
+    )
+    command = CommandDecision(
+        "scale_lr",
+        {"factor": cfg.lr_factor},
+        f"smoothed reward {avg:.4g} below threshold {threshold:g} at step {point.step}",
+        point.step,
+    )
+    return state, [alert], [command]
+
+
+# ------------------------------------------------------------------ throughput
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputState:
+    history: tuple[float, ...] = ()
+    breach: BreachState = BreachState()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"history": list(self.history), "breach": self.breach.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ThroughputState:
+        return cls(tuple(float(x) for x in data["history"]), BreachState.from_dict(data["breach"]))
+
+
+def check_throughput(
+    state: ThroughputState, step: int, throughput: float, cfg: RunConfig
+) -> tuple[ThroughputState, list[AlertDecision]]:
+    alerts: list[AlertDecision] = []
+    breach = state.breach
+    if len(state.history) >= max(1, cfg.throughput_min_samples):
+        median = statistics.median(state.history)
+        limit = (1.0 - cfg.throughput_drop_ratio) * median
+        breach, fired = breach_step(breach, throughput < limit, throughput >= limit, step, cfg.throughput_cooldown_steps)
+        if fired:
+            alerts.append(
+                AlertDecision(
+                    kind="throughput_drop",
+                    severity="warning",
+                    message=(
+                        f"throughput {throughput:.4g} tokens/s at step {step} is under "
+                        f"{1 - cfg.throughput_drop_ratio:.0%} of the run's trailing median {median:.4g}"
+                    ),
+                    about=f"throughput_drop|{step}",
+                    step=step,
+                    value=throughput,
+                    threshold=limit,
+                )
+            )
+    history = (*state.history, throughput)[-max(1, cfg.throughput_window):]
+    return ThroughputState(history, breach), alerts
+
+
+# ------------------------------------------------------------------ stalled
+
+
+@dataclass(frozen=True, slots=True)
+class StallState:
+    last_step_at: float | None = None  # worker clock when the run's last step arrived
+    last_step: int | None = None
+    stalled: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"last_step_at": self.last_step_at, "last_step": self.last_step, "stalled": self.stalled}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StallState:
+        return cls(**data)
+
+
+def saw_step(state: StallState, step: int, now: float) -> StallState:
+    last = step if state.last_step is None else max(step, state.last_step)
+    return StallState(last_step_at=now, last_step=last, stalled=False)
+
+
+def check_stalled(state: StallState, now: float, cfg: RunConfig) -> tuple[StallState, list[AlertDecision]]:
+    if cfg.stall_seconds <= 0 or state.stalled or state.last_step_at is None:
+        return state, []
+    quiet = now - state.last_step_at
+    if quiet < cfg.stall_seconds:
+        return state, []
+    alert = AlertDecision(
+        kind="stalled",
+        severity="critical",
+        message=f"no step for {quiet:.0f} s (last step {state.last_step}; limit {cfg.stall_seconds:g} s)",
+        # One alert per silence: the silence is named by the step it follows.
+        about=f"stalled|{state.last_step}|{state.last_step_at!r}",
+        step=state.last_step,
+        value=quiet,
+        threshold=cfg.stall_seconds,
+    )
+    return replace(state, stalled=True), [alert]
+
+
+# ------------------------------------------------------------------ invalid input
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidState:
+    last_alert_at: float | None = None
+    folded: int = 0  # rejected since the last alert, not alerted on their own
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"last_alert_at": self.last_alert_at, "folded": self.folded}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> InvalidState:
+        return cls(**data)
+
+
+def check_invalid(
+    state: InvalidState, reason: str, source_topic: str, about: str, now: float, cfg: RunConfig
+) -> tuple[InvalidState, list[AlertDecision]]:
+    if state.last_alert_at is not None and now - state.last_alert_at < cfg.invalid_alert_interval_s:
+        return replace(state, folded=state.folded + 1), []
+    more = f" (+{state.folded} more since the last alert)" if state.folded else ""
+    alert = AlertDecision(
+        kind="invalid_event",
+        severity="warning",
+        message=f"dead-lettered input from {source_topic}: {reason}{more}",
+        about=f"invalid_event|{about}",
+        value=float(state.folded + 1),
+    )
+    return InvalidState(last_alert_at=now, folded=0), [alert]

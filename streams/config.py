@@ -1,0 +1,200 @@
+"""Thresholds and knobs of the stream worker, with per-run overrides.
+
+Defaults (every one can be overridden for all runs or for one run):
+
+Smoothing
+  window = 20                  steps in the sliding average (the last W distinct steps)
+  ema_alpha = 0.1              EMA weight of the newest step
+Adaptive evaluation triggers
+  eval_interval = 50           the interval (steps) a run starts with and returns to in normal mode
+  min_eval_interval = 10       never shorter than this
+  max_eval_interval = 200      never longer than this
+  fast_slope = 0.01            |slope| (reward per step) at which the reward "moves fast" ...
+  fast_exit_slope = 0.005      ... and below which it stops moving fast (hysteresis)
+  plateau_slope = 0.001        |slope| at or below which the reward is on a plateau ...
+  plateau_exit_slope = 0.002   ... and above which it leaves the plateau (hysteresis)
+  interval_dwell_steps = 20    at least this many steps between two interval changes in one mode
+  evaluate_delta = 0.1         ask for `evaluate_now` when the smoothed reward moved more than
+                               this since the last evaluation the worker asked for
+Alerts and closed loop
+  reward_threshold = None      `reward_below_threshold` + `scale_lr` when the sliding average
+                               drops below it (None: off)
+  reward_recover_margin = 0.0  the breach ends when the average is back >= threshold + margin
+  reward_cooldown_steps = 50   a new breach within this many steps of the last alert stays quiet
+  lr_factor = 0.5              the `factor` of the `scale_lr` command
+  throughput_window = 50       trailing values the throughput median is taken over
+  throughput_min_samples = 10  no throughput alert before this many values
+  throughput_drop_ratio = 0.5  alert when throughput < (1 - ratio) * trailing median
+  throughput_cooldown_steps = 50
+  stall_seconds = 300.0        `stalled` when a run sends no step for this long (0: off)
+  invalid_alert_interval_s = 60.0  at most one `invalid_event` alert per run and topic per interval
+Cross-node vote
+  vote_timeout_s = 120.0       a round still open this long after its first result closes
+                               (partial consensus with a quorum, else failed)
+  vote_tolerance = 0.02        values (accuracy) within this distance agree
+  divergence_threshold = 0.05  `node_divergence` when a node's share of samples off the consensus
+                               (or its accuracy's distance from it) exceeds this
+
+The file named by AREAL_STREAMS_CONFIG (JSON) may change them:
+
+    {"defaults": {"window": 10, "reward_threshold": 0.2},
+     "runs": {"ppo-7b-*": {"reward_threshold": 0.3}, "ppo-7b-a": {"stall_seconds": 60}}}
+
+`runs` keys are run ids or shell-style patterns; matching entries apply in file order, so a
+later, more specific entry wins. Unknown names are refused with a message naming them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG_ENV = "AREAL_STREAMS_CONFIG"
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    window: int = 20
+    ema_alpha: float = 0.1
+    eval_interval: int = 50
+    min_eval_interval: int = 10
+    max_eval_interval: int = 200
+    fast_slope: float = 0.01
+    fast_exit_slope: float = 0.005
+    plateau_slope: float = 0.001
+    plateau_exit_slope: float = 0.002
+    interval_dwell_steps: int = 20
+    evaluate_delta: float = 0.1
+    reward_threshold: float | None = None
+    reward_recover_margin: float = 0.0
+    reward_cooldown_steps: int = 50
+    lr_factor: float = 0.5
+    throughput_window: int = 50
+    throughput_min_samples: int = 10
+    throughput_drop_ratio: float = 0.5
+    throughput_cooldown_steps: int = 50
+    stall_seconds: float = 300.0
+    invalid_alert_interval_s: float = 60.0
+    vote_timeout_s: float = 120.0
+    vote_tolerance: float = 0.02
+    divergence_threshold: float = 0.05
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name == "reward_threshold":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"streams config {f.name}: not a number ({value!r})")
+            if f.type == "int" and not isinstance(value, int):
+                raise ConfigError(f"streams config {f.name}: not an integer ({value!r})")
+            if not math.isfinite(value):
+                raise ConfigError(f"streams config {f.name}: not finite ({value!r})")
+        if self.window < 1:
+            raise ConfigError(f"streams config window: must be >= 1 (got {self.window})")
+        if not 0 < self.ema_alpha <= 1:
+            raise ConfigError(f"streams config ema_alpha: must be in (0, 1] (got {self.ema_alpha})")
+        if not 1 <= self.min_eval_interval <= self.eval_interval <= self.max_eval_interval:
+            raise ConfigError(
+                "streams config eval_interval: need 1 <= min_eval_interval <= eval_interval <= max_eval_interval"
+            )
+        if not self.fast_exit_slope <= self.fast_slope:
+            raise ConfigError("streams config fast_exit_slope: must be <= fast_slope (hysteresis)")
+        if not self.plateau_slope <= self.plateau_exit_slope <= self.fast_exit_slope:
+            raise ConfigError(
+                "streams config plateau_exit_slope: need plateau_slope <= plateau_exit_slope <= fast_exit_slope"
+            )
+        if not 0 < self.lr_factor <= 100:
+            raise ConfigError(f"streams config lr_factor: must be in (0, 100] (got {self.lr_factor})")
+        if not 0 < self.throughput_drop_ratio < 1:
+            raise ConfigError("streams config throughput_drop_ratio: must be in (0, 1)")
+        for name in ("interval_dwell_steps", "reward_cooldown_steps", "throughput_cooldown_steps",
+                     "throughput_window", "throughput_min_samples"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"streams config {name}: must be >= 0")
+        for name in ("stall_seconds", "invalid_alert_interval_s", "vote_timeout_s", "vote_tolerance",
+                     "divergence_threshold", "evaluate_delta", "reward_recover_margin"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"streams config {name}: must be >= 0")
+
+    def with_overrides(self, overrides: Mapping[str, Any], where: str = "") -> RunConfig:
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError(f"streams config{where}: unknown setting {', '.join(unknown)}")
+        changes = dict(overrides)
+        # JSON has one number type: accept 30.0 where an integer is meant.
+        for f in dataclasses.fields(self):
+            v = changes.get(f.name)
+            if f.type == "int" and isinstance(v, float) and v.is_integer():
+                changes[f.name] = int(v)
+            if f.type == "float" and isinstance(v, int) and not isinstance(v, bool):
+                changes[f.name] = float(v)
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamsConfig:
+    """Defaults for every run plus per-run (or per-pattern) overrides."""
+
+    defaults: RunConfig = field(default_factory=RunConfig)
+    runs: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+    # How often the worker checks clocks (stalled runs, vote timeouts), seconds.
+    tick_interval_s: float = 1.0
+
+    def for_run(self, run_id: str) -> RunConfig:
+        cfg = self.defaults
+        for pattern, overrides in self.runs:
+            if pattern == run_id or fnmatch.fnmatchcase(run_id, pattern):
+                cfg = cfg.with_overrides(overrides, f" runs.{pattern}")
+        return cfg
+
+    @classmethod
+    def from_dict(cls, data: Any) -> StreamsConfig:
+        if not isinstance(data, dict):
+            raise ConfigError("streams config: not a JSON object")
+        unknown = sorted(set(data) - {"defaults", "runs", "tick_interval_s"})
+        if unknown:
+            raise ConfigError(f"streams config: unknown key {', '.join(unknown)}")
+        defaults = data.get("defaults", {})
+        runs = data.get("runs", {})
+        if not isinstance(defaults, dict):
+            raise ConfigError("streams config defaults: not an object")
+        if not isinstance(runs, dict):
+            raise ConfigError("streams config runs: not an object")
+        base = RunConfig().with_overrides(defaults, " defaults")
+        pairs: list[tuple[str, Mapping[str, Any]]] = []
+        for pattern, overrides in runs.items():
+            if not isinstance(overrides, dict):
+                raise ConfigError(f"streams config runs.{pattern}: not an object")
+            base.with_overrides(overrides, f" runs.{pattern}")  # validate now, not at the first step
+            pairs.append((pattern, dict(overrides)))
+        tick = data.get("tick_interval_s", 1.0)
+        if isinstance(tick, bool) or not isinstance(tick, (int, float)) or not 0 < tick <= 3600:
+            raise ConfigError(f"streams config tick_interval_s: must be a number in (0, 3600] (got {tick!r})")
+        return cls(defaults=base, runs=tuple(pairs), tick_interval_s=float(tick))
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> StreamsConfig:
+        """The config from `path`, else from $AREAL_STREAMS_CONFIG, else the defaults."""
+        path = path or os.environ.get(CONFIG_ENV)
+        if not path:
+            return cls()
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"streams config {path}: cannot read ({exc.strerror})") from None
+        except ValueError as exc:
+            raise ConfigError(f"streams config {path}: not valid JSON ({exc})") from None
+        return cls.from_dict(data)

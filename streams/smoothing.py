@@ -1,0 +1,131 @@
+"""Smoothed reward per run: a sliding window over the last W steps and an EMA.
+
+Pure: `add_reward(state, step, reward, window, alpha) -> (state, outcome)`.
+
+Rules
+- One reward per step: the first delivery of a step counts; a repeat (redelivery, or
+  another rank reporting the same step) is a duplicate and gets back the point that was
+  emitted the first time, unchanged, so re-sending it after a crash is exact.
+- Steps may arrive out of order. The window holds the W highest distinct steps seen; a
+  late step that still falls inside it is inserted in its place. A step older than the
+  whole (full) window is too late and ignored.
+- The EMA runs over the distinct steps in step order: `ema_base` is the EMA of every step
+  that has left the window, and the window's rewards are folded onto it. So, as long as
+  steps are not later than the window, the result equals the EMA of the sorted sequence.
+- `slope` is the least-squares slope of reward against step over the window: for a
+  linear trend it is exactly the per-step change of the sliding average.
+- The values emitted for a step describe the window right after that step joined it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+@dataclass(frozen=True, slots=True)
+class SmoothedPoint:
+    step: int
+    reward: float
+    window: int  # steps in the window when this point was emitted (<= W)
+    sliding_avg: float
+    ema: float
+    slope: float
+    source_id: str = ""  # event_id of the step event it came from: a redelivery of it is re-sent
+
+    def to_list(self) -> list[Any]:
+        return [self.step, self.reward, self.window, self.sliding_avg, self.ema, self.slope, self.source_id]
+
+    @classmethod
+    def from_list(cls, data: list[Any]) -> SmoothedPoint:
+        step, reward, window, avg, ema, slope, source_id = data
+        return cls(int(step), float(reward), int(window), float(avg), float(ema), float(slope), str(source_id))
+
+
+@dataclass(frozen=True, slots=True)
+class SmoothingState:
+    points: tuple[SmoothedPoint, ...] = ()  # the window, sorted by step
+    ema_base: float | None = None  # EMA over all steps older than the window
+    max_step: int = -1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"points": [p.to_list() for p in self.points], "ema_base": self.ema_base, "max_step": self.max_step}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SmoothingState:
+        return cls(
+            points=tuple(SmoothedPoint.from_list(p) for p in data.get("points", ())),
+            ema_base=data.get("ema_base"),
+            max_step=int(data.get("max_step", -1)),
+        )
+
+
+Kind = Literal["new", "late", "duplicate", "too_late"]
+
+
+@dataclass(frozen=True, slots=True)
+class SmoothingOutcome:
+    kind: Kind
+    point: SmoothedPoint | None  # to emit (new/late), or the earlier one (duplicate); None when too late
+
+    @property
+    def is_newest(self) -> bool:
+        """A new step beyond every step seen before: the one that moves decisions forward."""
+        return self.kind == "new"
+
+
+def ema_fold(base: float | None, rewards: list[float] | tuple[float, ...], alpha: float) -> float | None:
+    ema = base
+    for r in rewards:
+        ema = r if ema is None else alpha * r + (1.0 - alpha) * ema
+    return ema
+
+
+def ls_slope(steps: list[int], values: list[float]) -> float:
+    n = len(steps)
+    if n < 2:
+        return 0.0
+    mean_x = sum(steps) / n
+    mean_y = sum(values) / n
+    sxx = sum((x - mean_x) ** 2 for x in steps)
+    if sxx == 0:
+        return 0.0
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(steps, values)) / sxx
+
+
+def add_reward(
+    state: SmoothingState, step: int, reward: float, window: int, alpha: float, source_id: str = ""
+) -> tuple[SmoothingState, SmoothingOutcome]:
+    for p in state.points:
+        if p.step == step:
+            return state, SmoothingOutcome("duplicate", p)
+    if step <= state.max_step and (
+        len(state.points) >= window and state.points and step < state.points[0].step
+    ):
+        return state, SmoothingOutcome("too_late", None)
+
+    kind: Kind = "new" if step > state.max_step else "late"
+    # Insert in step order; the placeholder gets its values below.
+    placeholder = SmoothedPoint(step, reward, 0, 0.0, 0.0, 0.0, source_id)
+    points = sorted((*state.points, placeholder), key=lambda p: p.step)
+    ema_base = state.ema_base
+    while len(points) > window:
+        evicted = points.pop(0)
+        ema_base = ema_fold(ema_base, [evicted.reward], alpha)
+
+    rewards = [p.reward for p in points]
+    steps = [p.step for p in points]
+    ema = ema_fold(ema_base, rewards, alpha)
+    assert ema is not None
+    point = SmoothedPoint(
+        step=step,
+        reward=reward,
+        window=len(points),
+        sliding_avg=sum(rewards) / len(rewards),
+        ema=ema,
+        slope=ls_slope(steps, rewards),
+        source_id=source_id,
+    )
+    points = [point if p is placeholder else p for p in points]
+    new_state = SmoothingState(points=tuple(points), ema_base=ema_base, max_step=max(state.max_step, step))
+    return new_state, SmoothingOutcome(kind, point)

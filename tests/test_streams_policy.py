@@ -1,0 +1,266 @@
+"""Trigger policy transitions, alert rules and cooldowns, config overrides, the run processor."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from producers.events import EvalEvent, StepEvent, parse_event
+from producers.deadletter import rejected
+from streams.alerts import (
+    BreachState,
+    InvalidState,
+    StallState,
+    ThroughputState,
+    breach_step,
+    check_invalid,
+    check_reward,
+    check_stalled,
+    check_throughput,
+    saw_step,
+)
+from streams.config import ConfigError, RunConfig, StreamsConfig
+from streams.processor import RunState, derived_id, on_eval, on_rejected, on_step, on_tick
+from streams.smoothing import SmoothedPoint
+from streams.triggers import TriggerState, decide, next_mode
+
+CFG = RunConfig(window=5, eval_interval=40, min_eval_interval=10, max_eval_interval=160, interval_dwell_steps=10,
+                evaluate_delta=0.1)
+
+
+def pt(step: int, avg: float, slope: float, window: int = 5) -> SmoothedPoint:
+    return SmoothedPoint(step, avg, window, avg, avg, slope)
+
+
+# ------------------------------------------------------------------ triggers
+
+
+@pytest.mark.parametrize(
+    "mode,slope,expected",
+    [
+        ("normal", 0.02, "fast"), ("normal", 0.0099, "normal"), ("normal", 0.0005, "plateau"),
+        ("fast", 0.007, "fast"), ("fast", 0.004, "normal"), ("fast", 0.0001, "plateau"),
+        ("plateau", 0.0015, "plateau"), ("plateau", 0.003, "normal"), ("plateau", 0.05, "fast"),
+        ("normal", -0.02, "fast"),
+    ],
+)
+def test_mode_transitions_have_hysteresis(mode, slope, expected) -> None:
+    assert next_mode(mode, abs(slope), RunConfig()) == expected
+
+
+def test_interval_shortens_while_fast_bounded_then_lengthens_on_plateau() -> None:
+    state = TriggerState()
+    seen = []
+    # fast climb: slope 0.02 for 40 steps (the avg moves too, so disable evaluate_now here)
+    cfg = RunConfig(window=5, eval_interval=40, min_eval_interval=10, max_eval_interval=160,
+                    interval_dwell_steps=10, evaluate_delta=100.0)
+    for step in range(5, 45):
+        state, ds = decide(state, pt(step, 0.0, 0.02), cfg)
+        seen += [(d.step, d.args["steps"]) for d in ds]
+    assert seen == [(5, 20), (15, 10)]  # halve at once, again after the dwell, never below 10
+    seen = []
+    for step in range(45, 100):
+        state, ds = decide(state, pt(step, 0.0, 0.0), cfg)
+        seen += [(d.step, d.args["steps"]) for d in ds]
+    assert seen == [(45, 20), (55, 40), (65, 80), (75, 160)]  # doubling on the plateau, capped at 160
+    state, ds = decide(state, pt(100, 0.0, 0.0015), cfg)  # inside the plateau band: no change
+    assert ds == []
+    state, ds = decide(state, pt(101, 0.0, 0.003), cfg)  # leaves the plateau: back to normal
+    assert [(d.command, d.args) for d in ds] == [("set_eval_interval", {"steps": 40})]
+    assert "back to normal" in ds[0].reason and "160 -> 40" in ds[0].reason
+
+
+def test_slope_hovering_at_the_threshold_does_not_flap() -> None:
+    state = TriggerState()
+    changes = 0
+    for step in range(5, 200):
+        slope = 0.0101 if step % 2 else 0.0095  # around fast_slope, above fast_exit_slope
+        state, ds = decide(state, pt(step, 0.0, slope), RunConfig(window=5, evaluate_delta=100.0))
+        changes += len(ds)
+    assert state.mode == "fast"
+    assert changes <= 3  # 50 -> 25 -> 12 -> 10, then nothing
+
+
+def test_evaluate_now_when_reward_moved_since_last_evaluation() -> None:
+    state = TriggerState()
+    cmds = []
+    for step, avg in enumerate([0.1, 0.15, 0.2, 0.21, 0.32, 0.33, 0.2]):
+        state, ds = decide(state, pt(step + 5, avg, 0.005), CFG)
+        cmds += [(d.step, d.command) for d in ds if d.command == "evaluate_now"]
+    assert cmds == [(8, "evaluate_now"), (9, "evaluate_now"), (11, "evaluate_now")]  # 0.1 exactly is not "more"
+    assert state.baseline == 0.2 and state.baseline_step == 11
+
+
+def test_nothing_decided_before_the_window_is_full() -> None:
+    state, ds = decide(TriggerState(), pt(1, 5.0, 1.0, window=2), CFG)
+    assert ds == [] and state == TriggerState()
+
+
+# ------------------------------------------------------------------ alerts
+
+
+def test_breach_fires_once_per_breach_with_cooldown() -> None:
+    s = BreachState()
+    fired = []
+    # breach at 10, recover at 12, breach again at 15 (within cooldown 20), recover, breach at 40
+    pattern = {10: True, 11: True, 12: False, 15: True, 16: False, 40: True, 41: True}
+    for step in range(0, 45):
+        low = pattern.get(step, step in (41,))
+        s, f = breach_step(s, low, not low, step, 20)
+        if f:
+            fired.append(step)
+    assert fired == [10, 40]
+
+
+def test_reward_below_threshold_alerts_and_scales_lr() -> None:
+    cfg = RunConfig(window=5, reward_threshold=0.3, reward_cooldown_steps=100, lr_factor=0.25)
+    s = BreachState()
+    s, alerts, cmds = check_reward(s, pt(10, 0.35, 0.0), cfg)
+    assert alerts == [] and cmds == []
+    s, alerts, cmds = check_reward(s, pt(11, 0.29, 0.0), cfg)
+    assert [a.kind for a in alerts] == ["reward_below_threshold"] and alerts[0].threshold == 0.3
+    assert [(c.command, c.args) for c in cmds] == [("scale_lr", {"factor": 0.25})]
+    s, alerts, cmds = check_reward(s, pt(12, 0.2, 0.0), cfg)
+    assert alerts == [] and cmds == []
+    s, alerts, cmds = check_reward(s, pt(11, 0.29, 0.0, window=3), cfg)  # window not full: ignored
+    assert alerts == []
+    assert check_reward(BreachState(), pt(11, -5.0, 0.0), RunConfig(window=5))[1] == []  # threshold off
+
+
+def test_throughput_drop_against_trailing_median() -> None:
+    cfg = RunConfig(throughput_window=10, throughput_min_samples=5, throughput_drop_ratio=0.5,
+                    throughput_cooldown_steps=0)
+    s = ThroughputState()
+    fired = []
+    values = [100, 110, 90, 105, 95, 40, 42, 100, 100, 30]
+    for step, v in enumerate(values):
+        s, alerts = check_throughput(s, step, float(v), cfg)
+        fired += [(a.step, a.value) for a in alerts]
+    assert fired == [(5, 40.0), (9, 30.0)]
+    assert len(s.history) == 10
+
+
+def test_stalled_once_per_silence_with_injected_clock() -> None:
+    cfg = RunConfig(stall_seconds=60)
+    s = saw_step(StallState(), 7, now=1000.0)
+    s, alerts = check_stalled(s, 1059.0, cfg)
+    assert alerts == []
+    s, alerts = check_stalled(s, 1060.0, cfg)
+    assert [a.kind for a in alerts] == ["stalled"] and alerts[0].step == 7
+    s, alerts = check_stalled(s, 2000.0, cfg)
+    assert alerts == []
+    s = saw_step(s, 8, now=2001.0)
+    s, alerts = check_stalled(s, 2062.0, cfg)
+    assert len(alerts) == 1 and alerts[0].about != "stalled|7|1000.0"
+    assert check_stalled(saw_step(StallState(), 1, 0.0), 1e9, RunConfig(stall_seconds=0))[1] == []
+
+
+def test_invalid_event_alerts_are_rate_limited() -> None:
+    cfg = RunConfig(invalid_alert_interval_s=60)
+    s = InvalidState()
+    kinds = []
+    for now in (0.0, 1.0, 2.0, 59.0, 61.0):
+        s, alerts = check_invalid(s, "steps.reward: missing", "areal.steps", f"m{now}", now, cfg)
+        kinds += [(now, a.message) for a in alerts]
+    assert [k[0] for k in kinds] == [0.0, 61.0]
+    assert "(+3 more since the last alert)" in kinds[1][1]
+
+
+# ------------------------------------------------------------------ config
+
+
+def test_config_overrides_per_run_and_patterns(tmp_path) -> None:
+    path = tmp_path / "streams.json"
+    path.write_text(json.dumps({"defaults": {"window": 10, "reward_threshold": 0.2},
+                                "runs": {"ppo-*": {"reward_threshold": 0.3}, "ppo-a": {"window": 4}}}))
+    cfg = StreamsConfig.load(path)
+    assert cfg.for_run("other").window == 10 and cfg.for_run("other").reward_threshold == 0.2
+    assert cfg.for_run("ppo-b").reward_threshold == 0.3 and cfg.for_run("ppo-b").window == 10
+    assert cfg.for_run("ppo-a").reward_threshold == 0.3 and cfg.for_run("ppo-a").window == 4
+    assert StreamsConfig.load(None).for_run("x") == RunConfig()
+
+
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        ({"defaults": {"windw": 3}}, "unknown setting windw"),
+        ({"runs": {"r": {"window": 0}}}, "window: must be >= 1"),
+        ({"defaults": {"fast_exit_slope": 1.0}}, "fast_exit_slope"),
+        ({"defaults": {"window": "ten"}}, "window: not a number"),
+        ({"extra": 1}, "unknown key extra"),
+    ],
+)
+def test_config_errors_name_the_field(data, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        StreamsConfig.from_dict(data)
+
+
+# ------------------------------------------------------------------ processor
+
+
+def step_ev(step: int, reward: float | None, **kw) -> StepEvent:
+    return StepEvent(run_id="run-a", node="n0", step=step, epoch=0, reward=reward, ts=1000.0 + step,
+                     event_id=kw.pop("event_id", f"s{step}"), **kw)
+
+
+def test_processor_step_outputs_and_state_round_trip() -> None:
+    cfg = RunConfig(window=3, reward_threshold=0.5, evaluate_delta=10.0)
+    state = RunState("run-a")
+    all_out = []
+    for step, r in enumerate([0.9, 0.8, 0.7, 0.3, 0.2, 0.1]):
+        state, out = on_step(state, step_ev(step, r), now=float(step), cfg=cfg)
+        all_out += out
+        state = RunState.from_json(state.to_json())
+    types = [(o.event.type, getattr(o.event, "command", getattr(o.event, "kind", None))) for o in all_out]
+    assert types.count(("reward_smoothed", None)) == 6
+    assert ("alert", "reward_below_threshold") in types and ("command", "scale_lr") in types
+    smoothed = [o.event for o in all_out if o.event.type == "reward_smoothed"]
+    assert smoothed[2].event_id == derived_id("reward_smoothed", "run-a", 2)
+    assert all(not o.must_ack for o in all_out if o.event.type == "reward_smoothed")
+    assert all(o.must_ack for o in all_out if o.event.type != "reward_smoothed")
+    # every output is a valid contract record on the wire
+    for o in all_out:
+        assert parse_event(o.event.to_json()).to_dict() == o.event.to_dict()
+
+
+def test_processor_redelivered_step_resends_the_same_point_other_rank_adds_nothing() -> None:
+    cfg = RunConfig(window=3)
+    state, first = on_step(RunState("run-a"), step_ev(0, 0.5), 0.0, cfg)
+    state, _ = on_step(state, step_ev(1, 0.7), 1.0, cfg)
+    same_state, again = on_step(state, step_ev(0, 0.5), 2.0, cfg)
+    assert [o.event.to_dict() for o in again] == [first[0].event.to_dict()]
+    _, other = on_step(state, step_ev(0, 0.1, event_id="other-rank"), 2.0, cfg)
+    assert other == []
+    assert same_state.smoothing == state.smoothing
+
+
+def test_processor_eval_round_and_tick() -> None:
+    cfg = RunConfig(vote_timeout_s=10)
+    state = RunState("run-a")
+    for node in ("a", "b"):
+        ev = EvalEvent(run_id="run-a", node=node, eval_id="e1", step=5, dataset="d", stage="quick", accuracy=0.5,
+                       verdicts=(1, 0), replicas=3, ts=50.0, event_id=f"ev-{node}")
+        state, out = on_eval(state, ev, now=1.0, cfg=cfg)
+    assert [o.event.type for o in out] == ["eval_consensus"]
+    c = out[0].event
+    assert c.event_id == derived_id("eval_consensus", "run-a", "e1", "d", "quick") and c.votes == 2
+    ev = EvalEvent(run_id="run-a", node="a", eval_id="e2", step=9, dataset="d", stage="quick", accuracy=0.5,
+                   replicas=3, ts=60.0, event_id="x")
+    state, out = on_eval(state, ev, now=2.0, cfg=cfg)
+    assert out == []
+    state, out = on_tick(state, now=12.5, cfg=cfg)
+    assert [(o.event.type, getattr(o.event, "stale", None)) for o in out] == [("eval_consensus", True), ("alert", None)]
+    assert out[0].event.eval_id == "e2" and out[0].event.accuracy == 0.5
+
+
+def test_processor_rejected_dead_letter_and_rate_limited_alert() -> None:
+    cfg = RunConfig(invalid_alert_interval_s=60)
+    state = RunState("run-a")
+    bad = rejected(b'{"type":"step","run_id":"run-a"}', "steps.step: missing", "areal.steps", node="areal-streams")
+    state, out1 = on_rejected(state, bad, "areal.steps/0/17", now=0.0, cfg=cfg)
+    state, out2 = on_rejected(state, bad, "areal.steps/0/18", now=1.0, cfg=cfg)
+    assert [o.event.type for o in out1] == ["rejected", "alert"]
+    assert [o.event.type for o in out2] == ["rejected"]
+    assert out1[0].event.event_id == derived_id("rejected", "areal.steps/0/17")
+    assert "steps.step: missing" in out1[1].event.message
