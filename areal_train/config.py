@@ -49,6 +49,7 @@ class TrainConfig:
     eval_every_epochs: int | None = None
     eval_every_seconds: float | None = None
     eval_at_start: bool = True
+    eval_at_end: bool = True  # a last round after the final step, unless that step was just evaluated
     eval_mode: str = "sync"  # sync | async (a snapshot of the weights, evaluated in a thread)
     two_stage: bool = True  # a quick subset first, then the full set
     quick_size: int = 16

@@ -179,7 +179,7 @@ def train(
             losses.append(float(loss.detach()))
             clipped.append(float(masked_mean(((ratio - 1).abs() > cfg.clip_eps).float(), mask)))
             if ppo_epoch == 0:
-                entropy_first, kl_first = float(masked_mean(entropy, mask)), float(masked_mean(kl, mask))
+                entropy_first, kl_first = float(masked_mean(entropy, mask).detach()), float(masked_mean(kl, mask).detach())
 
         # 6. metrics of this step, published without waiting
         latency = time.perf_counter() - step_started

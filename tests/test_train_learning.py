@@ -1,0 +1,44 @@
+"""The trainer really learns: seeded, with a generous bound."""
+
+from __future__ import annotations
+
+import torch
+
+from areal_train.config import TrainConfig
+from areal_train.trainer import train
+from producers.events import EvalEvent, StepEvent
+
+
+def test_reward_on_the_easy_task_rises_clearly() -> None:
+    events: list = []
+    cfg = TrainConfig(seed=0, batch_prompts=32, eval_every_steps=None, two_stage=False, publish=False)
+    summary = train(cfg, "learn", steps=200, publish=events.append)
+
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    assert [e.step for e in steps] == list(range(1, 201))
+    first = sum(e.reward for e in steps[:20]) / 20
+    last = sum(e.reward for e in steps[-20:]) / 20
+    assert first < 0.15, first  # a random policy rarely writes the exact sum
+    assert last > first + 0.3, (first, last)
+
+    # greedy evaluation before the first update and after the last one agrees
+    easy = {e.step: e.accuracy for e in events if isinstance(e, EvalEvent) and e.dataset == "add_1digit"}
+    assert set(easy) == {0, 200}
+    assert easy[200] > easy[0] + 0.3, easy
+    assert summary.device == "cpu"
+
+
+def test_every_step_reports_the_metrics_and_cpu_memory() -> None:
+    events: list = []
+    cfg = TrainConfig(seed=1, eval_at_start=False, eval_every_steps=None, eval_at_end=False, advantage="gae")
+    train(cfg, "metrics", steps=5, publish=events.append)
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    assert len(steps) == 5 and not [e for e in events if isinstance(e, EvalEvent)]
+    for e in steps:
+        for name in ("reward", "reward_std", "entropy", "advantage_mean", "advantage_std", "kl", "clip_ratio",
+                     "loss", "lr", "grad_norm", "response_length", "tokens", "throughput", "latency_ms"):
+            assert getattr(e, name) is not None, name
+        assert e.tokens > 0 and e.throughput > 0 and e.entropy > 0
+        assert e.gpu_mem_bytes is None and e.metrics["mem_bytes"] > 10e6  # CPU: the process RSS
+    assert steps[-1].clip_ratio > 0 or steps[-1].kl > 0  # the second PPO epoch moves off the sampling policy
+    assert torch.get_num_threads() == 1

@@ -1,0 +1,124 @@
+"""The evaluation scheduler: triggers, independent resets, start, adaptive commands (no broker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal_train.control import apply_commands, applies_to
+from areal_train.scheduler import COMMAND, EPOCH, START, STEP, TIME, EvalScheduler
+from producers.events import CommandEvent
+
+
+def run_steps(s: EvalScheduler, steps: range, epoch_of=lambda step: 0, time_of=lambda step: 0.0) -> dict[int, set[str]]:
+    fired = {}
+    for step in steps:
+        now = time_of(step)
+        reasons = s.after_step(step, epoch_of(step), s.time_due(now), now)
+        if reasons:
+            fired[step] = reasons
+    return fired
+
+
+def test_step_trigger_fires_every_n_steps() -> None:
+    s = EvalScheduler(every_steps=5)
+    assert run_steps(s, range(1, 21)) == {5: {STEP}, 10: {STEP}, 15: {STEP}, 20: {STEP}}
+
+
+def test_epoch_trigger_fires_when_epochs_complete() -> None:
+    s = EvalScheduler(every_epochs=2)
+    fired = run_steps(s, range(1, 31), epoch_of=lambda step: step // 4)  # 4 steps per epoch
+    assert fired == {8: {EPOCH}, 16: {EPOCH}, 24: {EPOCH}}
+
+
+def test_time_trigger_fires_after_the_interval_and_resets_to_the_firing_time() -> None:
+    s = EvalScheduler(every_seconds=10.0, start_time=100.0)
+    fired = run_steps(s, range(1, 13), time_of=lambda step: 100.0 + 3.0 * step)  # 3 s per step
+    assert fired == {4: {TIME}, 8: {TIME}, 12: {TIME}}  # 112 >= 110, then 124 >= 122, 136 >= 134
+    assert s.last_time == 136.0
+
+
+def test_triggers_reset_only_their_own_baseline() -> None:
+    s = EvalScheduler(every_steps=10, every_seconds=25.0, start_time=0.0)
+    # 2 s per step: time fires at step 13 (26 s); steps fire at 10, 20, 30
+    fired = run_steps(s, range(1, 31), time_of=lambda step: 2.0 * step)
+    assert fired[10] == {STEP}
+    assert fired[13] == {TIME}  # the step-triggered eval at 10 did not reset the time baseline
+    assert fired[20] == {STEP}  # nor did the time-triggered eval at 13 reset the step baseline
+    assert fired[26] == {TIME}
+    assert fired[30] == {STEP}
+    assert set(fired) == {10, 13, 20, 26, 30}
+
+
+def test_coinciding_triggers_fire_once_with_both_reasons() -> None:
+    s = EvalScheduler(every_steps=4, every_epochs=1)
+    fired = run_steps(s, range(1, 9), epoch_of=lambda step: step // 4)
+    assert fired == {4: {STEP, EPOCH}, 8: {STEP, EPOCH}}
+
+
+def test_evaluation_before_training_happens_once_and_only_when_asked() -> None:
+    s = EvalScheduler(every_steps=5, at_start=True)
+    assert s.before_training() == {START}
+    assert s.before_training() == set()
+    assert EvalScheduler(every_steps=5).before_training() == set()
+    # the start evaluation does not shift the step trigger
+    assert run_steps(s, range(1, 11)) == {5: {STEP}, 10: {STEP}}
+
+
+def test_no_triggers_means_no_evaluations() -> None:
+    s = EvalScheduler()
+    assert run_steps(s, range(1, 50), epoch_of=lambda step: step, time_of=lambda step: step * 100.0) == {}
+
+
+def test_time_due_is_decided_by_the_caller() -> None:
+    """The trainer passes rank 0's verdict to every rank; a rank's own clock does not matter."""
+    s = EvalScheduler(every_seconds=10.0, start_time=0.0)
+    assert s.after_step(1, 0, time_due=False, now=50.0) == set()  # late locally, but not agreed
+    assert s.after_step(2, 0, time_due=True, now=51.0) == {TIME}
+    assert s.last_time == 51.0
+
+
+def command(name: str, run_id: str = "run-1", **kw) -> CommandEvent:
+    return CommandEvent(run_id=run_id, command=name, **kw)
+
+
+def test_set_eval_interval_changes_the_step_trigger_from_the_last_step_eval() -> None:
+    s = EvalScheduler(every_steps=10)
+    assert run_steps(s, range(1, 13)) == {10: {STEP}}
+    applied = apply_commands([command("set_eval_interval", args={"steps": 3})], s)
+    assert applied.eval_interval == 3
+    assert run_steps(s, range(13, 20)) == {13: {STEP}, 16: {STEP}, 19: {STEP}}
+
+
+def test_set_eval_interval_turns_on_a_step_trigger_that_was_off() -> None:
+    s = EvalScheduler()
+    apply_commands([command("set_eval_interval", args={"steps": 4})], s)
+    assert run_steps(s, range(1, 9)) == {4: {STEP}, 8: {STEP}}
+
+
+def test_evaluate_now_fires_once_without_touching_other_baselines() -> None:
+    s = EvalScheduler(every_steps=10)
+    assert run_steps(s, range(1, 7)) == {}
+    apply_commands([command("evaluate_now")], s)
+    assert run_steps(s, range(7, 21)) == {7: {COMMAND}, 10: {STEP}, 20: {STEP}}
+
+
+def test_scale_lr_and_stop_are_handed_to_the_trainer() -> None:
+    s = EvalScheduler()
+    applied = apply_commands([command("scale_lr", args={"factor": 0.5}), command("scale_lr", args={"factor": 0.5}),
+                              command("stop")], s)
+    assert applied.lr_factor == pytest.approx(0.25)
+    assert applied.stop and applied.count == 3
+    assert not apply_commands([], s).stop
+
+
+def test_commands_for_other_runs_or_nodes_do_not_apply() -> None:
+    nodes = ["host-r0", "host-r1"]
+    assert applies_to(command("stop"), "run-1", nodes)
+    assert applies_to(command("stop", target_node="host-r1"), "run-1", nodes)
+    assert not applies_to(command("stop", target_node="elsewhere"), "run-1", nodes)
+    assert not applies_to(command("stop", run_id="run-2"), "run-1", nodes)
+
+
+def test_a_bad_interval_is_refused() -> None:
+    with pytest.raises(ValueError):
+        EvalScheduler().set_step_interval(0)
