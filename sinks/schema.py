@@ -10,6 +10,8 @@ Design (see docs/CLICKHOUSE.md):
   in the background merges. The leading key columns are the ones the dashboards
   filter and order by: run first, then step (or time for the sparse tables).
   Only columns that a re-sent event cannot change are in the key.
+- Version column `_offset`: of two rows with one `event_id`, the one later in
+  the log wins, the same on every rebuild (live and `replay` agree).
 - No time partitioning: `FINAL` deduplicates within a partition only, and a
   re-emitted derived event may carry a new `ts`.
 - `non_replicated_deduplication_window`: without it a plain MergeTree ignores
@@ -204,7 +206,7 @@ def create_table_sql(table: Table, o: SchemaOptions) -> str:
     cols = ",\n    ".join(c.ddl() for c in table.columns)
     return (
         f"CREATE TABLE IF NOT EXISTS {o.database}.{table.name}{o.on_cluster} (\n    {cols}\n)\n"
-        f"ENGINE = {o.engine(table.name)}\n"
+        f"ENGINE = {o.engine(table.name, args='_offset')}\n"
         f"ORDER BY ({', '.join(table.order_by)})\n"
         f"SETTINGS {o.dedup_settings()}"
     )

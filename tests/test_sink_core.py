@@ -1,0 +1,172 @@
+"""The sink's pure core: batching policy, plans, tokens, backoff, rows, decoding (no broker, no ClickHouse)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import pytest
+
+from producers.events import CommandEvent, EvalEvent, StepEvent
+from producers.topics import Topics
+from sinks.batching import Backoff, Batcher, BatchPolicy, Plan, dedup_token
+from sinks.decode import dead_letter_id, decode
+from sinks.rows import Located, build_columns
+from sinks.schema import TABLES, TABLES_BY_NAME, SchemaOptions, create_table_sql, schema_statements
+
+TOPICS = Topics("x.")
+
+
+@dataclass
+class Msg:
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+    key: bytes | None = b"r1"
+    timestamp: int = 1_700_000_000_000
+
+
+def test_flush_by_rows_or_time_whichever_first() -> None:
+    b: Batcher[int] = Batcher(BatchPolicy(max_rows=3, max_wait_s=1.0))
+    b.add(("t", 0), 0, 0, now=10.0)
+    assert not b.due(10.5)
+    assert b.due(11.0)  # time
+    b.add(("t", 1), 0, 0, now=10.6)
+    b.add(("t", 1), 1, 1, now=10.6)
+    assert b.due(10.6)  # rows
+    assert b.wait_left(10.6) == pytest.approx(0.4)
+
+
+def test_chunks_are_per_partition_contiguous_and_capped() -> None:
+    b: Batcher[int] = Batcher(BatchPolicy(max_rows=2, max_wait_s=0))
+    for o in range(5):
+        b.add(("t", 0), o, o, now=0)
+    b.add(("t", 1), 7, 7, now=0)
+    b.add(("t", 1), 7, 7, now=0)  # re-fetched: ignored
+    chunks = b.take(now=1)
+    assert [(c.partition, c.first, c.last, c.items) for c in chunks] == [(0, 0, 1, (0, 1)), (1, 7, 7, (7,))]
+    assert b.total == 3
+    assert [(c.first, c.last) for c in b.take(now=2)] == [(2, 3)]
+
+
+def test_a_plan_recut_exactly_after_restart() -> None:
+    """After a crash the chunk is cut at the planned end, whatever the timing."""
+    b: Batcher[int] = Batcher(BatchPolicy(max_rows=100, max_wait_s=0))
+    plans = {("t", 0): Plan(first=10, last=14)}
+    for o in range(10, 13):
+        b.add(("t", 0), o, o, now=0)
+    assert b.take(now=1, plans=plans, positions={("t", 0): 13}) == []  # not reached the end: wait
+    for o in range(13, 20):
+        b.add(("t", 0), o, o, now=1)
+    (chunk,) = b.take(now=2, plans=plans)
+    assert (chunk.first, chunk.last, chunk.next_offset) == (10, 14, 15)
+    (rest,) = b.take(now=3, plans=plans)  # beyond the plan: cut freely
+    assert (rest.first, rest.last) == (15, 19)
+
+
+def test_a_plan_whose_end_is_gone_is_cut_at_the_position() -> None:
+    b: Batcher[int] = Batcher(BatchPolicy(max_rows=100, max_wait_s=0))
+    b.add(("t", 0), 10, 10, now=0)
+    (chunk,) = b.take(now=1, plans={("t", 0): Plan(10, 14)}, positions={("t", 0): 20})
+    assert (chunk.first, chunk.last) == (10, 10)
+
+
+def test_drop_forgets_buffered_messages() -> None:
+    b: Batcher[int] = Batcher(BatchPolicy())
+    b.add(("t", 0), 0, 0, now=0)
+    b.add(("t", 1), 0, 0, now=0)
+    b.drop({("t", 0)})
+    assert b.total == 1
+    b.drop()
+    assert b.total == 0 and b.take(now=1) == []
+
+
+def test_token_names_the_log_range() -> None:
+    assert dedup_token("areal.steps", 2, 100, 199) == "areal.steps:2:100-199"
+    assert dedup_token("areal.steps", 2, 100, 199, "replay-1:") == "replay-1:areal.steps:2:100-199"
+
+
+def test_backoff_doubles_up_to_the_cap() -> None:
+    b = Backoff(initial_s=0.5, factor=2, max_s=3)
+    assert [b.delay(i) for i in range(0, 6)] == [0.0, 0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+def test_policy_rejects_nonsense() -> None:
+    with pytest.raises(ValueError):
+        BatchPolicy(max_rows=0)
+
+
+def test_rows_are_column_oriented_and_identical_when_rebuilt() -> None:
+    ev = StepEvent(run_id="r1", step=3, epoch=1, reward=0.25, metrics={"x": 1.5}, ts=1700000000.12345)
+    rows = [Located(ev, "x.steps", 1, 42)]
+    names, cols = build_columns(TABLES_BY_NAME["steps"], rows)
+    assert build_columns(TABLES_BY_NAME["steps"], rows) == (names, cols)
+    got = dict(zip(names, (c[0] for c in cols)))
+    assert got["step"] == 3 and got["reward"] == 0.25 and got["entropy"] is None
+    assert got["metrics"] == {"x": 1.5}
+    assert got["ts"] == dt.datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=dt.timezone.utc)
+    assert (got["_topic"], got["_partition"], got["_offset"]) == ("x.steps", 1, 42)
+    assert "_ingested_at" not in names  # filled by the server
+
+
+def test_command_args_are_canonical_json_and_lists_never_null() -> None:
+    cmd = CommandEvent(run_id="r", command="scale_lr", args={"factor": 0.5, "a": [1]})
+    names, cols = build_columns(TABLES_BY_NAME["commands"], [Located(cmd, "t", 0, 0)])
+    assert dict(zip(names, (c[0] for c in cols)))["args"] == '{"a":[1],"factor":0.5}'
+    ev = EvalEvent(run_id="r", eval_id="e", step=1, dataset="d", status="failed", error="boom")
+    names, cols = build_columns(TABLES_BY_NAME["evals"], [Located(ev, "t", 0, 0)])
+    assert dict(zip(names, (c[0] for c in cols)))["verdicts"] == []
+
+
+def test_wrong_table_is_refused() -> None:
+    ev = StepEvent(run_id="r1", step=0, epoch=0)
+    with pytest.raises(ValueError):
+        build_columns(TABLES_BY_NAME["evals"], [Located(ev, "t", 0, 0)])
+
+
+def test_every_contract_field_has_its_column() -> None:
+    from producers.events import EVENT_TYPES, _checks
+
+    for table in TABLES:
+        cls = EVENT_TYPES[table.event_type]
+        fields = {c.name for c in _checks(cls)}
+        assert fields <= set(table.insert_columns), (table.name, fields - set(table.insert_columns))
+        assert table.order_by[0] == "run_id" and table.order_by[-1] == "event_id"
+
+
+def test_decode_valid_invalid_and_deadletter_messages() -> None:
+    good = StepEvent(run_id="r1", step=1, epoch=0)
+    msgs = [
+        Msg("x.steps", 0, 5, good.to_json()),
+        Msg("x.steps", 0, 6, b'{"type":"step","run_id":"r1"}'),
+        Msg("x.steps", 0, 7, None),
+    ]
+    d = decode(msgs, TOPICS)
+    assert [r.event.event_id for r in d.rows] == [good.event_id]
+    assert [dl.event_id for dl in d.dead_letters] == [dead_letter_id("x.steps", 0, 6), dead_letter_id("x.steps", 0, 7)]
+    assert "steps." in d.dead_letters[0].reason and d.dead_letters[1].reason == "event: empty message"
+    assert decode(msgs, TOPICS).dead_letters == d.dead_letters  # a retry gives the same dead letters
+    # a bad message on the dead-letter topic is stored, never re-published
+    d2 = decode([Msg("x.deadletter", 1, 3, b"not json")], TOPICS)
+    assert d2.dead_letters == [] and d2.rows[0].event.type == "rejected"
+    assert d2.rows[0].event.source_topic == "x.deadletter"
+
+
+def test_cluster_options_change_only_the_engine_and_on_cluster() -> None:
+    plain = SchemaOptions()
+    clustered = SchemaOptions(cluster="prod", replicated=True)
+    sql = create_table_sql(TABLES_BY_NAME["steps"], clustered)
+    assert "ON CLUSTER prod" in sql
+    assert "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/areal/steps', '{replica}')" in sql
+    assert "replicated_deduplication_window" in sql
+    assert all("ON CLUSTER prod" in s for s in schema_statements(clustered))
+    assert not any("ON CLUSTER" in s for s in schema_statements(plain))
+    with pytest.raises(ValueError):
+        SchemaOptions(database="a; DROP")
+
+
+def test_tables_and_views_keep_the_contract_names() -> None:
+    text = "\n".join(schema_statements())
+    for name in ("steps", "evals", "eval_consensus", "rewards_smoothed", "commands", "alerts", "deadletter"):
+        assert f"areal.{name} (" in text and f"areal.v_{name} AS SELECT * FROM areal.{name} FINAL" in text

@@ -1,0 +1,149 @@
+"""The embedded store (chdb through clickhouse-connect): schema, token deduplication, FINAL views,
+read-only sessions, the owner's query endpoint and the `sql` verb. No broker needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from producers.events import EvalEvent, StepEvent
+from producers.settings import Settings
+from sinks.owner import OwnerEndpoint
+from sinks.query import OWNER_FILE, DirectStore, OwnerStore, StoreError, Target, connect, open_client, read_owner
+from sinks.rows import Located
+from sinks.schema import SCHEMA_VERSION, TABLES, apply_schema, applied_version
+from sinks.writer import insert_rows
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"chdb://{tmp_path / 'clickhouse'}"
+
+
+@pytest.fixture
+def client(url: str) -> Iterator[object]:
+    c = open_client(Target.parse(url), readonly=False, use_database=False)
+    apply_schema(c)
+    yield c
+    c.close()  # chdb: one data directory per process at a time
+
+
+def steps(n: int, run: str = "r1") -> list[StepEvent]:
+    return [StepEvent(run_id=run, step=i, epoch=0, reward=i / 10, ts=1_700_000_000 + i) for i in range(n)]
+
+
+def located(events: list, topic: str = "areal.steps", partition: int = 0, first: int = 0) -> list[Located]:
+    return [Located(e, topic, partition, first + i) for i, e in enumerate(events)]
+
+
+def test_schema_is_idempotent_and_versioned(client) -> None:
+    assert apply_schema(client) == SCHEMA_VERSION
+    assert apply_schema(client) == SCHEMA_VERSION
+    assert applied_version(client) == SCHEMA_VERSION
+    assert client.command("SELECT count() FROM areal.schema_migrations FINAL") == 1
+    types = dict(client.query("SELECT name, type FROM system.columns WHERE database='areal' AND table='steps'").result_rows)
+    assert types["ts"] == "DateTime64(3, 'UTC')"
+    assert types["run_id"] == "LowCardinality(String)"
+    assert types["reward"] == "Nullable(Float64)" and types["metrics"] == "Map(String, Float64)"
+    engines = dict(client.query("SELECT name, engine FROM system.tables WHERE database='areal'").result_rows)
+    for t in TABLES:
+        assert engines[t.name] == "ReplacingMergeTree" and engines[t.view] == "View"
+
+
+def test_retried_insert_with_the_same_token_is_dropped(client) -> None:
+    rows = located(steps(50))
+    insert_rows(client, "areal", rows, "areal.steps:0:0-49")
+    insert_rows(client, "areal", rows, "areal.steps:0:0-49")  # the retry after a crash
+    assert client.command("SELECT count() FROM areal.steps") == 50  # raw: no duplicate block
+    insert_rows(client, "areal", rows, "areal.steps:0:0-49/other")  # same events, other batch
+    assert client.command("SELECT count() FROM areal.steps") == 100
+    assert client.command("SELECT count() FROM areal.steps FINAL") == 50
+    assert client.command("SELECT count() FROM areal.v_steps") == 50
+
+
+def test_resent_event_counts_once_in_views_of_every_table(client) -> None:
+    ev = EvalEvent(run_id="r1", eval_id="e1", step=5, dataset="math500", accuracy=0.5, verdicts=[1, 0], n_samples=2)
+    insert_rows(client, "areal", located([ev], "areal.evals", 0, 0), "a")
+    insert_rows(client, "areal", located([ev], "areal.evals", 1, 9), "b")
+    assert client.command("SELECT count() FROM areal.v_evals") == 1
+    assert client.query("SELECT verdicts, dataset FROM areal.v_evals").result_rows == [([1, 0], "math500")]
+
+
+def test_direct_store_is_read_only_unless_write(client, url: str) -> None:
+    insert_rows(client, "areal", located(steps(3)), "t")
+    client.close()
+    settings = Settings(clickhouse_url=url)
+    with connect(settings) as store:
+        assert isinstance(store, DirectStore)
+        columns, rows = store.query("SELECT count() AS n FROM steps FINAL")
+        assert columns == ["n"] and rows == [(3,)]
+        with pytest.raises(StoreError, match="readonly"):
+            store.query("INSERT INTO steps (event_id, run_id) VALUES ('x', 'y')")
+        with pytest.raises(StoreError) as err:
+            store.query("SELEC 1")
+        assert "\n" not in str(err.value) and "Syntax error" in str(err.value)
+    with connect(settings, write=True) as store:
+        store.command("TRUNCATE TABLE steps")
+        assert store.query("SELECT count() FROM steps").rows == [(0,)]
+
+
+def cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, AREAL_CLICKHOUSE_URL=url)
+    return subprocess.run([sys.executable, "-m", "areal_metrics", *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_sql_verb_through_the_owner_endpoint_while_the_store_is_held(client, url: str) -> None:
+    """This process holds the directory (like a running sink); another process's `sql` goes through it."""
+    insert_rows(client, "areal", located(steps(4)), "t")
+    target = Target.parse(url)
+    endpoint = OwnerEndpoint(target)
+    try:
+        owner = read_owner(target.path)
+        assert owner is not None and owner.port == endpoint.port
+        assert (target.path / OWNER_FILE).stat().st_mode & 0o077 == 0  # the token is private
+        assert isinstance(connect(Settings(clickhouse_url=url)), OwnerStore)
+
+        r = cli("sql", "SELECT step, reward, ts FROM v_steps ORDER BY step", "--format", "json", url=url)
+        assert r.returncode == 0, r.stderr
+        lines = [json.loads(x) for x in r.stdout.splitlines()]
+        assert [x["step"] for x in lines] == [0, 1, 2, 3]
+        assert lines[1]["ts"].startswith("2023-11-14T22:13:21")
+
+        r = cli("sql", "SELECT count() AS n FROM steps FINAL", url=url)
+        assert r.returncode == 0 and r.stdout.split() == ["n", "-", "4", "(1", "row)"]
+        r = cli("sql", "SELECT run_id, step FROM v_steps ORDER BY step LIMIT 2", "--format", "csv", url=url)
+        assert r.stdout == "run_id,step\nr1,0\nr1,1\n"
+        r = cli("sql", "SELECT run_id, step FROM v_steps ORDER BY step LIMIT 1", "--format", "tsv", url=url)
+        assert r.stdout == "run_id\tstep\nr1\t0\n"
+
+        r = cli("sql", "SELECT nope FROM steps", url=url)
+        assert r.returncode == 2 and r.stdout == ""
+        assert len(r.stderr.strip().splitlines()) == 1 and "nope" in r.stderr and "Traceback" not in r.stderr
+
+        r = cli("sql", "TRUNCATE TABLE steps", url=url)
+        assert r.returncode == 2 and "readonly" in r.stderr
+        r = cli("sql", "TRUNCATE TABLE steps", "--write", url=url)
+        assert r.returncode == 0, r.stderr
+        assert client.command("SELECT count() FROM areal.steps") == 0
+    finally:
+        endpoint.close()
+    assert read_owner(target.path) is None
+
+
+def test_a_stale_owner_file_is_ignored(client, url: str) -> None:
+    target = Target.parse(url)
+    (target.path / OWNER_FILE).write_text(json.dumps({"pid": 2**22 + 12345, "port": 1, "token": "x"}))
+    assert read_owner(target.path) is None
+
+
+def test_bad_url_is_one_line() -> None:
+    with pytest.raises(StoreError, match="expected chdb:///path or http"):
+        Target.parse("mysql://x")
+    r = cli("sql", "SELECT 1", url="chdb://memory")
+    assert r.returncode == 2 and "give a data directory" in r.stderr
