@@ -158,7 +158,7 @@ def test_cluster_options_change_only_the_engine_and_on_cluster() -> None:
     clustered = SchemaOptions(cluster="prod", replicated=True)
     sql = create_table_sql(TABLES_BY_NAME["steps"], clustered)
     assert "ON CLUSTER prod" in sql
-    assert "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/areal/steps', '{replica}')" in sql
+    assert "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/areal/steps', '{replica}', _offset)" in sql
     assert "replicated_deduplication_window" in sql
     assert all("ON CLUSTER prod" in s for s in schema_statements(clustered))
     assert not any("ON CLUSTER" in s for s in schema_statements(plain))
