@@ -1,0 +1,144 @@
+"""Efficiency: throughput (tokens/s), step latency and memory per node and rank."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as dash_b
+from grafana_foundation_sdk.models import dashboard
+
+from areal_metrics.dashboards.clickhouse import SQL, Format
+from areal_metrics.dashboards.panels import NODE_FILTER, RUN_FILTER, base, table, timeseries
+
+UID = "areal-efficiency"
+TS = Format.TIME_SERIES
+WORKER = "concat(run_id, ' · ', node, ' · rank ', toString(rank))"
+
+
+def _per_worker(value: str, name: str, extra_filter: str = "") -> SQL:
+    return SQL(
+        f"""SELECT
+    $__timeInterval(ts) AS time,
+    {WORKER} AS worker,
+    {value} AS `{name}`
+FROM areal.steps FINAL
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}{extra_filter}
+GROUP BY time, worker
+ORDER BY time""",
+        expects=("time", "worker", name),
+        format=TS,
+    )
+
+
+LATENCY_QUANTILES = SQL(
+    f"""SELECT
+    $__timeInterval(ts) AS time,
+    run_id,
+    quantile(0.5)(latency_ms) AS p50,
+    quantile(0.95)(latency_ms) AS p95,
+    max(latency_ms) AS max
+FROM areal.steps FINAL
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER} AND latency_ms IS NOT NULL
+GROUP BY time, run_id
+ORDER BY time""",
+    expects=("time", "run_id", "p50", "p95", "max"),
+    format=TS,
+)
+
+WORKERS = SQL(
+    f"""SELECT
+    run_id,
+    node,
+    rank,
+    count() AS steps,
+    avg(throughput) AS `mean tokens/s`,
+    quantile(0.95)(latency_ms) AS `p95 step latency`,
+    max(gpu_mem_bytes) AS `peak memory`,
+    max(ts) AS `last seen`
+FROM areal.steps FINAL
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
+GROUP BY run_id, node, rank
+ORDER BY run_id, node, rank""",
+    expects=("run_id", "node", "rank", "steps", "mean tokens/s", "p95 step latency", "peak memory", "last seen"),
+)
+
+
+def _unit(name: str, unit: str) -> tuple[dashboard.MatcherConfig, list[dashboard.DynamicConfigValue]]:
+    return dashboard.MatcherConfig(id_val="byName", options=name), [dashboard.DynamicConfigValue(id_val="unit", value=unit)]
+
+
+def build() -> dash_b.Dashboard:
+    board = base(
+        UID,
+        "AReaL · Efficiency",
+        "Throughput, step latency and memory of every node and rank.",
+        ["efficiency"],
+    )
+    per_worker = "${__field.labels.worker}"
+    panels = [
+        timeseries(
+            "Throughput per node and rank",
+            "Tokens per second each rank reported for its steps.",
+            [_per_worker("avg(throughput)", "tokens/s")],
+            unit="suffix: tok/s",
+            calcs=["mean", "lastNotNull"],
+            axis_label="tokens/s",
+        ).display_name(per_worker),
+        timeseries(
+            "Total throughput per run",
+            "Tokens per second of all ranks of a run together (tokens summed per time bucket).",
+            [
+                SQL(
+                    f"""SELECT $__timeInterval(ts) AS time, run_id, sum(tokens) / $__interval_s AS `tokens/s`
+FROM areal.steps FINAL
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
+GROUP BY time, run_id
+ORDER BY time""",
+                    expects=("time", "run_id", "tokens/s"),
+                    format=TS,
+                )
+            ],
+            unit="suffix: tok/s",
+            calcs=["mean", "max"],
+            axis_label="tokens/s",
+        ).display_name("${__field.labels.run_id}"),
+        timeseries(
+            "Step latency per node and rank",
+            "Wall time of one training step on each rank.",
+            [_per_worker("avg(latency_ms)", "step latency")],
+            unit="ms",
+            calcs=["mean", "max"],
+            axis_label="latency",
+        ).display_name(per_worker),
+        timeseries(
+            "Step latency quantiles per run",
+            "Median, 95th percentile and maximum step latency over all ranks of a run.",
+            [LATENCY_QUANTILES],
+            unit="ms",
+            axis_label="latency",
+        ).display_name("${__field.labels.run_id} ${__field.name}"),
+        timeseries(
+            "Memory per node and rank",
+            "Accelerator memory in use (process memory where there is no GPU) at the end of each step.",
+            [_per_worker("max(gpu_mem_bytes)", "memory", " AND gpu_mem_bytes IS NOT NULL")],
+            unit="bytes",
+            calcs=["max", "lastNotNull"],
+            axis_label="memory",
+        ).display_name(per_worker),
+        timeseries(
+            "Tokens per step per node and rank",
+            "Tokens each rank processed in one step (prompt and response).",
+            [_per_worker("avg(tokens)", "tokens", " AND tokens IS NOT NULL")],
+            unit="none",
+            axis_label="tokens per step",
+        ).display_name(per_worker),
+    ]
+    for panel in panels:
+        board = board.with_panel(panel)
+    workers = table("Nodes and ranks", "One line per rank: steps, mean throughput, p95 latency, peak memory.", WORKERS, height=8)
+    for name, unit in (
+        ("mean tokens/s", "suffix: tok/s"),
+        ("p95 step latency", "ms"),
+        ("peak memory", "bytes"),
+        ("last seen", "dateTimeAsIso"),
+    ):
+        workers = workers.with_override(*_unit(name, unit))
+    return board.with_panel(workers)

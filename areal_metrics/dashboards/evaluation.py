@@ -1,0 +1,254 @@
+"""Evaluation: accuracy and response length per dataset over steps, consensus, degraded rounds.
+
+The two-axis view (quality on the left axis, generation behaviour on the
+right) is repeated once per selected dataset. Numbers are the cross-node
+consensus of each round (topic areal.evals.consensus): for a step that has
+both a quick and a full stage, the full stage wins. Stale rounds (degraded
+mode: the last good result repeated) and partial rounds (timeout before all
+replicas answered) are marked as annotations and flagged in the rounds table.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as dash_b
+from grafana_foundation_sdk.models import common, dashboard
+
+from areal_metrics.dashboards.clickhouse import SQL, Format
+from areal_metrics.dashboards.panels import (
+    DATASET_FILTER,
+    NODE_FILTER,
+    RUN_FILTER,
+    annotation,
+    base,
+    table,
+    timeseries,
+    trend,
+)
+
+UID = "areal-evaluation"
+TS = Format.TIME_SERIES
+
+# the full stage of a round wins over its quick stage; the newest event breaks ties
+BEST_STAGE = "(stage = 'full', ts)"
+
+BY_STEP = SQL(
+    f"""SELECT
+    step,
+    run_id,
+    argMax(accuracy, {BEST_STAGE}) AS accuracy,
+    argMax(response_length, {BEST_STAGE}) AS `response length`
+FROM areal.eval_consensus FINAL
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND dataset IN (${{dataset:singlequote}})
+GROUP BY step, run_id
+ORDER BY step""",
+    expects=("step", "run_id", "accuracy", "response length"),
+)
+
+
+def _consensus_series(value: str, name: str) -> SQL:
+    return SQL(
+        f"""SELECT
+    ts AS time,
+    concat(run_id, ' · ', dataset, ' · ', stage) AS series,
+    {value} AS `{name}`
+FROM areal.eval_consensus FINAL
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {DATASET_FILTER}
+ORDER BY time""",
+        expects=("time", "series", name),
+        format=TS,
+    )
+
+
+DEGRADED_MARKERS_SQL = f"""SELECT
+    ts AS time,
+    concat(if(stale, 'stale', 'partial'), ' round: ', dataset, ' ', stage, ' at step ', toString(step)) AS title,
+    concat(toString(votes), '/', toString(replicas), ' replicas answered, accuracy ', toString(round(accuracy, 3)),
+           if(stale, ' (repeats the last good result)', ' (timed out)')) AS text,
+    concat('eval,', if(stale, 'stale', 'partial'), ',', dataset) AS tags
+FROM areal.eval_consensus FINAL
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND (stale OR partial)
+ORDER BY time"""
+
+ROUNDS = SQL(
+    f"""SELECT
+    ts AS time,
+    run_id,
+    step,
+    dataset,
+    stage,
+    accuracy,
+    response_length AS `response length`,
+    agreement,
+    concat(toString(votes), '/', toString(replicas)) AS votes,
+    arrayStringConcat(dissenters, ', ') AS dissenters,
+    multiIf(stale, 'stale', partial, 'partial', 'ok') AS state
+FROM areal.eval_consensus FINAL
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {DATASET_FILTER}
+ORDER BY time DESC
+LIMIT 200""",
+    expects=("time", "run_id", "step", "dataset", "stage", "accuracy", "response length", "agreement", "votes",
+             "dissenters", "state"),
+)
+
+NODE_RESULTS = SQL(
+    f"""SELECT
+    ts AS time,
+    run_id,
+    step,
+    dataset,
+    stage,
+    node,
+    status,
+    accuracy,
+    response_length AS `response length`,
+    latency_ms AS latency,
+    ifNull(error, '') AS error
+FROM areal.evals FINAL
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER} AND {DATASET_FILTER}
+ORDER BY time DESC
+LIMIT 200""",
+    expects=("time", "run_id", "step", "dataset", "stage", "node", "status", "accuracy", "response length",
+             "latency", "error"),
+)
+
+SERIES = "${__field.labels.series}"
+
+
+def _by_name(name: str) -> dashboard.MatcherConfig:
+    return dashboard.MatcherConfig(id_val="byName", options=name)
+
+
+def _prop(key: str, value: object) -> dashboard.DynamicConfigValue:
+    return dashboard.DynamicConfigValue(id_val=key, value=value)
+
+
+def build() -> dash_b.Dashboard:
+    board = base(
+        UID,
+        "AReaL · Evaluation",
+        "Evaluation rounds: consensus accuracy and response length per dataset over training steps, agreement "
+        "between nodes, degraded (stale) and partial rounds.",
+        ["evaluation"],
+    )
+    board = board.annotation(annotation("Stale / partial rounds", "#FF9830", DEGRADED_MARKERS_SQL))
+
+    two_axis = (
+        trend(
+            "Accuracy and response length by step · $dataset",
+            "Quality (accuracy, left axis) and generation behaviour (mean response length in tokens, right axis) "
+            "of each evaluation round's consensus, one line pair per run.",
+            BY_STEP,
+            x_field="step",
+            unit="percentunit",
+            partition_by="run_id",
+            width=12,
+            height=9,
+            axis_label="accuracy",
+        )
+        .min(0)
+        .repeat("dataset")
+        .repeat_direction("h")
+        .max_per_row(2)
+        .with_override(
+            _by_name("response length"),
+            [
+                _prop("unit", "suffix: tokens"),
+                _prop("min", 0),
+                _prop("custom.axisPlacement", common.AxisPlacement.RIGHT),
+                _prop("custom.axisLabel", "response length (tokens)"),
+                _prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),
+            ],
+        )
+        .with_override(_by_name("accuracy"), [_prop("max", 1)])
+    )
+    board = board.with_panel(two_axis)
+
+    panels = [
+        timeseries(
+            "Accuracy per dataset",
+            "Consensus accuracy of every round, per run, dataset and stage.",
+            [_consensus_series("accuracy", "accuracy")],
+            unit="percentunit",
+            calcs=["lastNotNull", "max"],
+            axis_label="accuracy",
+        )
+        .min(0)
+        .max(1)
+        .display_name(SERIES),
+        timeseries(
+            "Response length per dataset",
+            "Consensus mean response length of every round, in tokens.",
+            [_consensus_series("response_length", "response length")],
+            unit="suffix: tokens",
+            axis_label="tokens",
+        ).display_name(SERIES),
+        timeseries(
+            "Consensus agreement",
+            "Share of samples (or values) on the majority side of the vote between nodes; below 100% some node "
+            "disagreed.",
+            [_consensus_series("agreement", "agreement")],
+            unit="percentunit",
+            axis_label="agreement",
+        )
+        .min(0)
+        .max(1)
+        .display_name(SERIES),
+        timeseries(
+            "Evaluation latency per node",
+            "Wall time of each node's evaluation of one dataset and stage.",
+            [
+                SQL(
+                    f"""SELECT ts AS time, concat(run_id, ' · ', node, ' · ', dataset) AS series, latency_ms AS latency
+FROM areal.evals FINAL
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER} AND {DATASET_FILTER} AND latency_ms IS NOT NULL
+ORDER BY time""",
+                    expects=("time", "series", "latency"),
+                    format=TS,
+                )
+            ],
+            unit="ms",
+            axis_label="latency",
+        ).display_name(SERIES),
+    ]
+    for panel in panels:
+        board = board.with_panel(panel)
+
+    board = board.with_panel(
+        table(
+            "Evaluation rounds (consensus)",
+            "Newest first. state: ok, stale (degraded mode repeated the last good result) or partial (emitted at "
+            "the timeout before every replica answered).",
+            ROUNDS,
+        )
+        .with_override(_by_name("accuracy"), [_prop("unit", "percentunit")])
+        .with_override(_by_name("agreement"), [_prop("unit", "percentunit")])
+        .with_override(
+            _by_name("state"),
+            [
+                _prop("custom.cellOptions", {"type": "color-background"}),
+                _prop(
+                    "mappings",
+                    [
+                        {
+                            "type": "value",
+                            "options": {
+                                "ok": {"color": "green", "index": 0},
+                                "stale": {"color": "orange", "index": 1},
+                                "partial": {"color": "yellow", "index": 2},
+                            },
+                        }
+                    ],
+                ),
+            ],
+        )
+    )
+    board = board.with_panel(
+        table(
+            "Results per node",
+            "Each node's own result of each round and dataset (failed rounds show the error).",
+            NODE_RESULTS,
+        )
+        .with_override(_by_name("accuracy"), [_prop("unit", "percentunit")])
+        .with_override(_by_name("latency"), [_prop("unit", "ms")])
+    )
+    return board
