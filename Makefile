@@ -1,0 +1,35 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+# Each installs what it needs, idempotently: a virtual environment with the
+# pinned packages, and the Kafka broker jars (fetched by Maven once).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test bench clean-state
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed"'
+	@command -v java >/dev/null || { echo "Java 17+ is needed for the local Kafka broker"; exit 2; }
+	@command -v mvn >/dev/null || { echo "Maven is needed to fetch the Kafka jars"; exit 2; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -c 'from areal_metrics.kafka_broker import ensure_jars; print("kafka jars:", ensure_jars())'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/areal-metrics demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -rs
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+clean-state:
+	$(VENV)/bin/areal-metrics down || true
+	rm -rf .areal
