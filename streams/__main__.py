@@ -1,0 +1,69 @@
+"""`python -m streams`: run the stream worker until SIGTERM (or Ctrl-C).
+
+Environment: AREAL_KAFKA_BOOTSTRAP, AREAL_TOPIC_PREFIX, AREAL_HOME (Faust's data
+directory is $AREAL_HOME/streams/), AREAL_STREAMS_CONFIG (optional JSON, see
+streams.config), AREAL_STREAMS_LOGLEVEL (default warning).
+Tuning for tests and benchmarks: AREAL_STREAMS_COMMIT_INTERVAL (s, default 0.5),
+AREAL_STREAMS_SESSION_TIMEOUT (s, default 10).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+
+def main() -> int:
+    from producers.settings import Settings, state_dir
+    from streams.config import ConfigError, StreamsConfig
+    from streams.kafka_admin import TopicLayoutError, prepare_topics
+
+    settings = Settings.from_env()
+    topics = settings.topics
+    loglevel = os.environ.get("AREAL_STREAMS_LOGLEVEL", "warning").upper()
+    logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = StreamsConfig.load()
+        commit_interval = float(os.environ.get("AREAL_STREAMS_COMMIT_INTERVAL", "0.5"))
+        session_timeout = float(os.environ.get("AREAL_STREAMS_SESSION_TIMEOUT", "10"))
+    except (ConfigError, ValueError) as exc:
+        print(f"areal-streams: {exc}", file=sys.stderr)
+        return 2
+
+    import faust
+
+    from streams.app import build_worker, ticks_topic_for
+
+    try:
+        partitions = prepare_topics(
+            settings.kafka_bootstrap,
+            [topics.steps, topics.evals],
+            ticks_topic_for(topics.prefix),
+            client_config=settings.kafka_python_config(),
+        )
+    except (TopicLayoutError, TimeoutError) as exc:
+        print(f"areal-streams: {exc}", file=sys.stderr)
+        return 2
+    datadir = state_dir() / "streams"
+    datadir.mkdir(parents=True, exist_ok=True)
+    worker = build_worker(
+        bootstrap=settings.kafka_bootstrap,
+        topics=topics,
+        datadir=datadir,
+        config=config,
+        partitions=partitions,
+        commit_interval=commit_interval,
+        session_timeout=session_timeout,
+    )
+    faust_worker = faust.Worker(worker.app, loglevel=loglevel, quiet=True, redirect_stdouts=False,
+                                override_logging=False)
+    try:
+        faust_worker.execute_from_commandline()
+    except SystemExit as exc:  # mode's worker exits through SystemExit; keep its status
+        return int(exc.code or 0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""The Faust shell: bytes in, the pure core (streams.processor), bytes out.
+
+Three agents, one per input: `steps` (areal.steps), `evals` (areal.evals) and `ticks` (an
+internal topic a timer writes to, one tick per partition, so clock-driven decisions (stalled
+runs, vote timeouts) happen inside a stream, where Faust lets them change tables).
+
+State: one Faust table `runs` (run_id -> RunState JSON) with a changelog topic, so a
+restarted worker picks up windows, vote rounds and cooldowns where they were. Messages
+carry the contract's JSON (raw bytes, key = run_id), not Faust records.
+
+Order of effects per input, for "neither repeat nor lose an output" across a crash:
+outputs that must exist once (consensus, commands, alerts) are sent and their delivery
+awaited BEFORE the new state is written to the table; if the worker dies in between, the
+input is processed again from the old state and produces the same events with the same
+event_ids. A per-run lock keeps the three agents from interleaving on one run's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import faust
+
+from producers.deadletter import rejected
+from producers.events import EvalEvent, Event, StepEvent, ValidationError, parse_event
+from producers.topics import Topics
+from streams.config import StreamsConfig
+from streams.processor import (
+    WORKER_NODE,
+    Output,
+    RunState,
+    has_clock_work,
+    on_eval,
+    on_rejected,
+    on_step,
+    on_tick,
+)
+
+log = logging.getLogger("streams")
+
+# Sends one message; returns an awaitable that completes when the broker has it.
+SendFn = Callable[[str, bytes, bytes], Awaitable[Awaitable[Any]]]
+
+
+def app_id_for(prefix: str) -> str:
+    """The Faust app id (consumer group, changelog names) of a topic prefix."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", prefix).strip("._-") or "default"
+    return f"areal-streams-{cleaned}"
+
+
+def ticks_topic_for(prefix: str) -> str:
+    return f"{app_id_for(prefix)}-ticks"
+
+
+@dataclass
+class StreamCore:
+    """The per-message logic of the shell, without Faust: load state, call the core, send, save.
+
+    `table` is any mutable mapping bytes -> bytes (the Faust table in the worker), `send`
+    publishes one message. Kept apart from Faust so it is easy to read and to test.
+    """
+
+    topics: Topics
+    config: StreamsConfig
+    table: Any
+    send: SendFn
+    clock: Callable[[], float] = time.time
+    cache: dict[str, RunState] = field(default_factory=dict)  # decoded states, write-through
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=lambda: {"steps": 0, "evals": 0, "rejected": 0, "ticks": 0,
+                                                            "outputs": 0, "errors": 0})
+
+    # ---------------------------------------------------------------- state
+
+    def load(self, run_id: str, partition: int) -> RunState:
+        state = self.cache.get(run_id)
+        if state is None:
+            raw = self.table.get(run_id.encode())
+            state = RunState.from_json(raw) if raw is not None else RunState(run_id, partition=partition)
+        if state.partition is None:
+            state = replace(state, partition=partition)
+        return state
+
+    def save(self, state: RunState) -> None:
+        self.cache[state.run_id] = state
+        self.table[state.run_id.encode()] = state.to_json()
+
+    def forget_cache(self) -> None:
+        self.cache.clear()
+
+    def lock(self, run_id: str) -> asyncio.Lock:
+        found = self.locks.get(run_id)
+        if found is None:
+            found = self.locks[run_id] = asyncio.Lock()
+        return found
+
+    # ---------------------------------------------------------------- output
+
+    async def emit(self, outputs: list[Output]) -> None:
+        pending = []
+        for out in outputs:
+            ev = out.event
+            delivered = await self.send(self.topics.for_event(ev), ev.run_id.encode(), ev.to_json())
+            if out.must_ack:
+                pending.append(delivered)
+        self.stats["outputs"] += len(outputs)
+        for fut in pending:
+            await fut
+
+    # ---------------------------------------------------------------- inputs
+
+    async def on_input(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> None:
+        """One message from areal.steps or areal.evals. Never raises for bad input."""
+        expected = StepEvent if topic == self.topics.steps else EvalEvent
+        raw = value if value is not None else b""
+        try:
+            if value is None:
+                raise ValidationError(expected.table, "empty message (null value)")
+            event = parse_event(value, expected=expected)
+        except ValidationError as err:
+            await self.dead_letter(topic, partition, offset, key, raw, str(err))
+            return
+        try:
+            await self._process(event, partition)
+        except Exception as exc:  # a bug must not stop the worker: keep the message, say why
+            self.stats["errors"] += 1
+            log.exception("streams: failed to process %s/%s/%s", topic, partition, offset)
+            await self.dead_letter(topic, partition, offset, key, raw,
+                                   f"{expected.table}: not processed (worker error {type(exc).__name__}: {exc})")
+
+    async def _process(self, event: Event, partition: int) -> None:
+        async with self.lock(event.run_id):
+            state = self.load(event.run_id, partition)
+            cfg = self.config.for_run(event.run_id)
+            now = self.clock()
+            if isinstance(event, StepEvent):
+                self.stats["steps"] += 1
+                new_state, outputs = on_step(state, event, now, cfg)
+            else:
+                assert isinstance(event, EvalEvent)
+                self.stats["evals"] += 1
+                new_state, outputs = on_eval(state, event, now, cfg)
+            await self.emit(outputs)
+            if new_state != state:
+                self.save(new_state)
+
+    async def dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes, reason: str) -> None:
+        self.stats["rejected"] += 1
+        dead = rejected(raw, reason, topic, node=WORKER_NODE, key=key)
+        async with self.lock(dead.run_id):
+            state = self.load(dead.run_id, partition)
+            new_state, outputs = on_rejected(state, dead, f"{topic}/{partition}/{offset}", self.clock(),
+                                             self.config.for_run(dead.run_id))
+            await self.emit(outputs)
+            self.save(new_state)
+
+    async def on_tick(self, partition: int) -> None:
+        """The clock for the runs that live on `partition`."""
+        self.stats["ticks"] += 1
+        now = self.clock()
+        for key in list(self.table.keys()):
+            run_id = key.decode() if isinstance(key, bytes) else str(key)
+            state = self.load(run_id, partition)
+            if state.partition != partition:
+                continue
+            cfg = self.config.for_run(run_id)
+            if not has_clock_work(state, now, cfg):
+                continue
+            async with self.lock(run_id):
+                state = self.load(run_id, partition)
+                new_state, outputs = on_tick(state, now, cfg)
+                await self.emit(outputs)
+                self.save(new_state)
+
+
+@dataclass
+class StreamWorker:
+    """The Faust app with its agents, table and timer, built for one topic prefix."""
+
+    app: faust.App
+    core: StreamCore
+    steps_agent: Any
+    evals_agent: Any
+    ticks_agent: Any
+    partitions: int
+
+
+def build_worker(
+    *,
+    bootstrap: str,
+    topics: Topics,
+    datadir: Path,
+    config: StreamsConfig | None = None,
+    partitions: int = 3,
+    clock: Callable[[], float] = time.time,
+    commit_interval: float = 0.5,
+    session_timeout: float = 10.0,
+    send: SendFn | None = None,
+) -> StreamWorker:
+    """A Faust app for this prefix. `send` replaces the Kafka producer (agent tests)."""
+    config = config or StreamsConfig()
+    app = faust.App(
+        app_id_for(topics.prefix),
+        broker="kafka://" + ";".join(bootstrap.split(",")),
+        datadir=str(datadir),
+        store="memory://",  # the changelog topic is the durable copy
+        web_enabled=False,
+        autodiscover=False,
+        topic_partitions=partitions,
+        topic_replication_factor=1,
+        table_standby_replicas=0,
+        key_serializer="raw",
+        value_serializer="raw",
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=commit_interval,
+        broker_session_timeout=session_timeout,
+        broker_heartbeat_interval=1.0,
+        broker_rebalance_timeout=session_timeout,
+        stream_wait_empty=False,
+        stream_recovery_delay=0.0,
+        producer_acks=-1,
+        worker_redirect_stdouts=False,
+    )
+    steps = app.topic(topics.steps, key_type=bytes, value_type=bytes)
+    evals = app.topic(topics.evals, key_type=bytes, value_type=bytes)
+    ticks = app.topic(ticks_topic_for(topics.prefix), key_type=bytes, value_type=bytes, partitions=partitions)
+    runs = app.Table("runs", partitions=partitions, key_type=bytes, value_type=bytes, default=None,
+                     help="per-run state of the stream worker (streams.processor.RunState as JSON)")
+    output_topics: dict[str, faust.TopicT] = {}
+
+    async def kafka_send(topic: str, key: bytes, value: bytes) -> Awaitable[Any]:
+        t = output_topics.get(topic)
+        if t is None:
+            t = output_topics[topic] = app.topic(topic, key_type=bytes, value_type=bytes)
+        return await t.send(key=key, value=value, force=True)
+
+    core = StreamCore(topics=topics, config=config, table=runs, send=send or kafka_send, clock=clock)
+
+    async def consume_inputs(stream: Any) -> None:
+        async for event in stream.events():
+            m = event.message
+            await core.on_input(m.topic, m.partition, m.offset, m.key, m.value)
+
+    @app.agent(steps, name="steps")
+    async def steps_agent(stream: Any) -> None:
+        await consume_inputs(stream)
+
+    @app.agent(evals, name="evals")
+    async def evals_agent(stream: Any) -> None:
+        await consume_inputs(stream)
+
+    @app.agent(ticks, name="ticks")
+    async def ticks_agent(stream: Any) -> None:
+        async for event in stream.events():
+            await core.on_tick(event.message.partition)
+
+    @app.timer(interval=config.tick_interval_s)
+    async def clock_tick() -> None:
+        body = json.dumps({"now": clock()}).encode()
+        for p in range(partitions):
+            await ticks.send(key=None, value=body, partition=p, force=True)
+
+    @app.on_partitions_revoked.connect
+    async def drop_cache(app: faust.App, revoked: Any, **kwargs: Any) -> None:
+        # Another worker may own these runs next: their cached state would go stale.
+        core.forget_cache()
+
+    return StreamWorker(app=app, core=core, steps_agent=steps_agent, evals_agent=evals_agent,
+                        ticks_agent=ticks_agent, partitions=partitions)

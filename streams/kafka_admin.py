@@ -1,0 +1,76 @@
+"""What the worker needs to know about topics before Faust starts: partition counts.
+
+Faust tables must have as many partitions as the topics that feed them, and a run's
+steps, evals and clock ticks must land on the same partition number, so the worker reads
+the partition count of its input topics and creates what is missing (its ticks topic,
+and input topics on a fresh broker).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+DEFAULT_PARTITIONS = 3
+TICKS_RETENTION_MS = 60 * 60 * 1000  # ticks are worthless after a moment; keep an hour
+
+
+class TopicLayoutError(RuntimeError):
+    """Input topics the worker cannot process together."""
+
+
+def prepare_topics(
+    bootstrap: str, inputs: Iterable[str], ticks: str, *, timeout: float = 30.0, client_config: dict | None = None
+) -> int:
+    """Partition count shared by the input topics; creates missing inputs and the ticks topic."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import TopicAlreadyExistsError
+
+    inputs = list(inputs)
+    config = dict(client_config or {})
+    config.setdefault("bootstrap_servers", bootstrap.split(","))
+    admin = KafkaAdminClient(request_timeout_ms=int(timeout * 1000), **config)
+    try:
+        counts = _partition_counts(admin, inputs)
+        present = {t: n for t, n in counts.items() if n}
+        if len(set(present.values())) > 1:
+            raise TopicLayoutError(
+                "input topics have different partition counts "
+                + ", ".join(f"{t}={n}" for t, n in sorted(present.items()))
+                + "; a run's steps and evals must share a partition number"
+            )
+        partitions = next(iter(present.values()), DEFAULT_PARTITIONS)
+        new: dict[str, dict] = {t: {"num_partitions": partitions, "replication_factor": -1}
+                                for t in inputs if not counts.get(t)}
+        if not _partition_counts(admin, [ticks])[ticks]:
+            new[ticks] = {"num_partitions": partitions, "replication_factor": -1,
+                          "configs": {"retention.ms": str(TICKS_RETENTION_MS)}}
+        if new:
+            try:
+                admin.create_topics(new, timeout_ms=int(timeout * 1000), raise_errors=False)
+            except TopicAlreadyExistsError:
+                pass
+        deadline = time.monotonic() + timeout
+        while not all(_partition_counts(admin, [*inputs, ticks]).values()):
+            if time.monotonic() > deadline:
+                raise TimeoutError("topics did not appear: " + ", ".join(new))
+            time.sleep(0.1)
+        ticks_count = _partition_counts(admin, [ticks])[ticks]
+        if ticks_count != partitions:
+            raise TopicLayoutError(f"{ticks} has {ticks_count} partitions, the inputs have {partitions}")
+        return partitions
+    finally:
+        admin.close()
+
+
+def _partition_counts(admin: object, topics: list[str]) -> dict[str, int]:
+    """Partitions per topic, 0 for a topic that does not exist (never auto-creates one)."""
+    existing = set(admin.list_topics())  # type: ignore[attr-defined]
+    out: dict[str, int] = {t: 0 for t in topics}
+    asked = [t for t in topics if t in existing]
+    if asked:
+        for desc in admin.describe_topics(asked):  # type: ignore[attr-defined]
+            name = desc.get("name", desc.get("topic"))
+            if name in out and not desc.get("error_code"):
+                out[name] = len(desc.get("partitions") or ())
+    return out

@@ -1,0 +1,201 @@
+"""Each Faust agent of the stream worker, through Faust's `test_context` (no broker).
+
+The Kafka producer is replaced by a recorder (`send`), the clock by a settable one; the
+`runs` table is Faust's real in-memory table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from producers.events import EvalEvent, StepEvent, parse_event
+from producers.topics import Topics
+from streams.app import StreamWorker, app_id_for, build_worker
+from streams.config import RunConfig, StreamsConfig
+from streams.processor import RunState, derived_id
+
+TOPICS = Topics("agent.")
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, dict[str, Any]]] = []
+
+    async def send(self, topic: str, key: bytes, value: bytes) -> Awaitable[Any]:
+        self.sent.append((topic, key, json.loads(value)))
+        # every output must be a valid contract record
+        parse_event(value, expected=TOPICS.event_type(topic))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    def on(self, topic: str) -> list[dict[str, Any]]:
+        return [v for t, _, v in self.sent if t == topic]
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(tmp_path: Path, cfg: RunConfig | None = None) -> tuple[StreamWorker, Recorder, Clock]:
+    rec, clock = Recorder(), Clock()
+    worker = build_worker(bootstrap="127.0.0.1:9", topics=TOPICS, datadir=tmp_path,
+                          config=StreamsConfig(defaults=cfg or RunConfig()), send=rec.send, clock=clock)
+    worker.app.finalize()
+    worker.app.flow_control.resume()
+    return worker, rec, clock
+
+
+def run(coro: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(coro())
+
+
+def step(run_id: str, n: int, reward: float | None, **kw: Any) -> bytes:
+    return StepEvent(run_id=run_id, node="n0", step=n, epoch=0, reward=reward, ts=1.0 + n,
+                     event_id=f"{run_id}-s{n}", **kw).to_json()
+
+
+def result(node: str, eval_id: str, verdicts: tuple[int, ...] | None = None, status: str = "ok",
+           replicas: int = 3, accuracy: float | None = None) -> bytes:
+    if accuracy is None and verdicts is not None:
+        accuracy = sum(verdicts) / len(verdicts)
+    return EvalEvent(run_id="r1", node=node, eval_id=eval_id, step=10, dataset="math500", stage="quick",
+                     status=status, accuracy=accuracy if status == "ok" else None, verdicts=verdicts,
+                     error=None if status == "ok" else "OOM", replicas=replicas,
+                     ts=5.0, event_id=f"{eval_id}-{node}").to_json()
+
+
+def test_app_id_follows_the_prefix() -> None:
+    assert app_id_for("areal.") == "areal-streams-areal"
+    assert app_id_for("t1234abcd.") != app_id_for("t9999abcd.")
+
+
+def test_steps_agent_smooths_and_dead_letters_bad_input(tmp_path: Path) -> None:
+    worker, rec, _ = make(tmp_path, RunConfig(window=2, ema_alpha=0.5))
+
+    async def go() -> None:
+        async with worker.steps_agent.test_context() as agent:
+            await agent.put(step("r1", 0, 1.0), key=b"r1")
+            await agent.put(b'{"type":"step","run_id":"r1","event_id":"x","ts":1,"step":1,"epoch":0,"reward":"NaN"}',
+                            key=b"r1")
+            await agent.put(b"\xff\xfe not json", key=b"r1")
+            await agent.put(None, key=b"r1")
+            await agent.put(step("r1", 1, 3.0), key=b"r1")
+            await agent.put(step("r1", 1, 3.0), key=b"r1")  # redelivery: same event, same output
+            await agent.put(step("r1", 2, 5.0), key=b"r1")
+
+    run(go)
+    smoothed = rec.on(TOPICS.smoothed)
+    assert [(s["step"], s["sliding_avg"], s["ema"], s["slope"]) for s in smoothed] == [
+        (0, 1.0, 1.0, 0.0), (1, 2.0, 2.0, 2.0), (1, 2.0, 2.0, 2.0), (2, 4.0, 3.5, 2.0)]
+    assert smoothed[1] == smoothed[2]
+    dead = rec.on(TOPICS.deadletter)
+    reasons = [d["reason"] for d in dead]
+    assert reasons[0] == "steps.reward: not a number (str)"
+    assert reasons[1].startswith("event: not UTF-8")
+    assert reasons[2] == "steps: empty message (null value)"
+    assert len(reasons) == 3
+    assert dead[1]["raw"].startswith("base64:") and all(d["source_topic"] == TOPICS.steps for d in dead)
+    alerts = rec.on(TOPICS.alerts)
+    assert [a["kind"] for a in alerts] == ["invalid_event"]  # rate-limited: one for three
+    state = RunState.from_json(worker.core.table[b"r1"])
+    assert state.smoothing.max_step == 2
+
+
+def test_evals_agent_votes_and_degrades(tmp_path: Path) -> None:
+    worker, rec, _ = make(tmp_path)
+    truth, bad = (1, 1, 0, 1), (0, 0, 1, 1)
+
+    async def go() -> None:
+        async with worker.evals_agent.test_context() as agent:
+            await agent.put(result("a", "e1", truth), key=b"r1")
+            await agent.put(result("bad", "e1", bad), key=b"r1")
+            await agent.put(result("c", "e1", truth), key=b"r1")
+            await agent.put(result("c", "e1", truth), key=b"r1")  # redelivered: nothing new
+            await agent.put(result("a", "e2", status="failed"), key=b"r1")
+            await agent.put(result("bad", "e2", status="failed"), key=b"r1")
+            await agent.put(result("c", "e2", truth), key=b"r1")  # too late for the failed round
+
+    run(go)
+    consensus = rec.on(TOPICS.consensus)
+    assert [(c["eval_id"], c["accuracy"], c["dissenters"], c["votes"], c["stale"]) for c in consensus] == [
+        ("e1", 0.75, ["bad"], 3, False), ("e2", 0.75, ["bad"], 3, True)]
+    assert consensus[0]["event_id"] == derived_id("eval_consensus", "r1", "e1", "math500", "quick")
+    assert [a["kind"] for a in rec.on(TOPICS.alerts)] == ["node_divergence", "eval_failed"]
+
+
+def test_ticks_agent_times_out_rounds_and_finds_stalled_runs(tmp_path: Path) -> None:
+    worker, rec, clock = make(tmp_path, RunConfig(vote_timeout_s=30, stall_seconds=60))
+
+    async def go() -> None:
+        async with worker.steps_agent.test_context() as steps:
+            await steps.put(step("r1", 0, 0.5), key=b"r1", partition=0)
+        async with worker.evals_agent.test_context() as evals:
+            await evals.put(result("a", "e1", (1, 0)), key=b"r1", partition=0)
+            await evals.put(result("b", "e1", (1, 1)), key=b"r1", partition=0)
+        async with worker.ticks_agent.test_context() as ticks:
+            clock.now += 29
+            await ticks.put(b"{}", partition=0)
+            assert rec.on(TOPICS.consensus) == []
+            clock.now += 1
+            await ticks.put(b"{}", partition=1)  # not the run's partition: nothing
+            assert rec.on(TOPICS.consensus) == []
+            await ticks.put(b"{}", partition=0)
+            clock.now += 30
+            await ticks.put(b"{}", partition=0)
+            await ticks.put(b"{}", partition=0)  # stalled is said once
+
+    run(go)
+    consensus = rec.on(TOPICS.consensus)
+    assert len(consensus) == 1 and consensus[0]["partial"] and consensus[0]["accuracy"] == 0.5
+    assert [a["kind"] for a in rec.on(TOPICS.alerts)] == ["node_divergence", "stalled"]
+
+
+def test_state_in_the_table_survives_a_new_worker(tmp_path: Path) -> None:
+    """A second worker reading the same table (as after a restart) continues, without repeats."""
+    worker, rec, _ = make(tmp_path, RunConfig(window=3))
+
+    async def first() -> None:
+        async with worker.steps_agent.test_context() as agent:
+            for n in range(3):
+                await agent.put(step("r1", n, float(n)), key=b"r1")
+
+    run(first)
+    saved = dict(worker.core.table.items())
+    worker2, rec2, _ = make(tmp_path / "2", RunConfig(window=3))
+
+    async def second() -> None:
+        async with worker2.steps_agent.test_context() as agent:
+            for key, value in saved.items():
+                worker2.core.table.data[key] = value  # what changelog recovery does
+            await agent.put(step("r1", 3, 3.0), key=b"r1")
+            await agent.put(step("r1", 1, 1.0, ), key=b"r1")  # redelivered after the crash
+
+    run(second)
+    got = rec2.on(TOPICS.smoothed)
+    assert [(s["step"], s["window"], s["sliding_avg"]) for s in got] == [(3, 3, 2.0), (1, 2, 0.5)]
+    assert got[1] == rec.on(TOPICS.smoothed)[1]  # the very same event as the first time
+
+
+@pytest.mark.parametrize("payload", [b"[]", b"{}", b'{"type":"eval"}', b"1e999", b"{" * 5000])
+def test_no_message_stops_the_evals_agent(tmp_path: Path, payload: bytes) -> None:
+    worker, rec, _ = make(tmp_path)
+
+    async def go() -> None:
+        async with worker.evals_agent.test_context() as agent:
+            await agent.put(payload, key=None)
+            await agent.put(result("a", "e1", (1,), replicas=1), key=b"r1")
+
+    run(go)
+    assert len(rec.on(TOPICS.deadletter)) == 1
+    assert len(rec.on(TOPICS.consensus)) == 1
