@@ -1,0 +1,57 @@
+"""`train`: run the distributed PPO/GRPO trainer as N local processes, publishing to Kafka."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from areal_metrics.errors import UserError
+
+_RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    parser.add_argument("--run-id", required=True, help="the run's id: 1..128 chars of [A-Za-z0-9._:-]")
+    parser.add_argument("--nproc", type=int, default=2, help="processes (ranks), default 2")
+    parser.add_argument("--steps", type=int, default=300, help="training steps, default 300")
+    parser.add_argument("--config", type=Path, default=None, metavar="FILE",
+                        help="JSON or TOML file overriding the trainer defaults (see areal_train/config.py)")
+    parser.add_argument("--log-dir", type=Path, default=None,
+                        help="write each rank's log to DIR/<run-id>-r<rank>.log instead of the terminal")
+    parser.add_argument("--no-publish", action="store_true", help="train without publishing (no Kafka needed)")
+    parser.add_argument("--timeout", type=float, default=None, help="stop the run after this many seconds")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not _RUN_ID.fullmatch(args.run_id):
+        raise UserError(f"--run-id: {args.run_id!r} must be 1..128 chars of [A-Za-z0-9._:-]")
+    if args.nproc < 1 or args.nproc > 64:
+        raise UserError(f"--nproc: must be in 1..64 (got {args.nproc})")
+    if args.steps < 1:
+        raise UserError(f"--steps: must be >= 1 (got {args.steps})")
+
+    from areal_train.config import ConfigError, load
+    from areal_train.launch import launch
+
+    try:
+        cfg = load(args.config, **({"publish": False} if args.no_publish else {}))
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    with tempfile.TemporaryDirectory(prefix="areal-train-") as summary_dir:
+        try:
+            code = launch(args.run_id, args.nproc, args.steps, cfg, log_dir=args.log_dir, summary_dir=summary_dir,
+                          timeout=args.timeout)
+        except TimeoutError as exc:
+            raise UserError(str(exc)) from None
+        for path in sorted(Path(summary_dir).glob("rank*.json")):
+            s = json.loads(path.read_text())
+            print(f"{args.run_id} rank {s['rank']}: {s['steps']} steps on {s['device']} in {s['seconds']:.1f} s, "
+                  f"reward {s['first_reward']:.3f} -> {s['last_reward']:.3f}, evaluations at steps {s['eval_steps']}"
+                  + (" (stopped by command)" if s["stopped_by_command"] else ""))
+    if code != 0:
+        print(f"areal-metrics train: run {args.run_id} failed (exit status {code})", file=sys.stderr)
+    return code

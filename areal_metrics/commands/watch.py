@@ -1,0 +1,204 @@
+"""`watch`: a live terminal view of running runs, fed from the derived topics.
+
+Per run: the smoothed reward with a sparkline, the latest consensus accuracy
+per dataset (quick and full stage), the evaluation interval, and the latest
+alerts. The state is a pure fold over events (`WatchState.apply`), the view a
+pure function of it (`render`), and `watch_loop` only moves messages from
+Kafka into the state and the state onto the screen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from producers.events import AlertEvent, CommandEvent, EvalConsensusEvent, Event, RewardSmoothedEvent
+
+SPARK = "▁▂▃▄▅▆▇█"
+SPARK_POINTS = 40
+MAX_ALERTS = 8
+
+
+def sparkline(values: list[float], width: int = SPARK_POINTS, lo: float | None = None, hi: float | None = None) -> str:
+    """The last `width` values as block characters, scaled to [lo, hi] (default: their range)."""
+    values = values[-width:]
+    if not values:
+        return ""
+    lo = min(values) if lo is None else lo
+    hi = max(values) if hi is None else hi
+    span = hi - lo
+    if span <= 0:
+        return SPARK[len(SPARK) // 2] * len(values) if lo != 0 else SPARK[0] * len(values)
+    return "".join(SPARK[min(int((min(max(v, lo), hi) - lo) / span * (len(SPARK) - 1) + 0.5), len(SPARK) - 1)]
+                   for v in values)
+
+
+@dataclass
+class DatasetView:
+    step: int
+    accuracy: float
+    agreement: float
+    votes: int
+    replicas: int
+    stale: bool
+    partial: bool
+
+
+@dataclass
+class RunView:
+    run_id: str
+    step: int = 0
+    reward: float | None = None
+    sliding_avg: float | None = None
+    ema: float | None = None
+    slope: float | None = None
+    history: deque[float] = field(default_factory=lambda: deque(maxlen=SPARK_POINTS * 5))
+    consensus: dict[tuple[str, str], DatasetView] = field(default_factory=dict)  # (dataset, stage) -> latest
+    eval_steps: list[int] = field(default_factory=list)
+    eval_interval: int | None = None  # from the last set_eval_interval command
+    last_command: str | None = None
+    updated: float = 0.0
+
+    @property
+    def observed_interval(self) -> int | None:
+        steps = sorted(set(self.eval_steps))
+        return steps[-1] - steps[-2] if len(steps) >= 2 else None
+
+
+@dataclass
+class WatchState:
+    run_ids: set[str] | None = None  # None: every run seen
+    runs: dict[str, RunView] = field(default_factory=dict)
+    alerts: deque[AlertEvent] = field(default_factory=lambda: deque(maxlen=MAX_ALERTS))
+    events: int = 0
+    skipped: int = 0
+
+    def apply(self, event: Event) -> None:
+        if self.run_ids is not None and event.run_id not in self.run_ids:
+            return
+        self.events += 1
+        if isinstance(event, AlertEvent):
+            self.alerts.append(event)
+            return
+        run = self.runs.setdefault(event.run_id, RunView(event.run_id))
+        run.updated = max(run.updated, event.ts)
+        if isinstance(event, RewardSmoothedEvent):
+            if event.step >= run.step:
+                run.step, run.reward, run.sliding_avg, run.ema, run.slope = (
+                    event.step, event.reward, event.sliding_avg, event.ema, event.slope)
+            run.history.append(event.ema)
+        elif isinstance(event, EvalConsensusEvent):
+            key = (event.dataset, event.stage)
+            current = run.consensus.get(key)
+            if current is None or event.step >= current.step:
+                run.consensus[key] = DatasetView(event.step, event.accuracy, event.agreement, event.votes,
+                                                 event.replicas, event.stale, event.partial)
+            run.eval_steps.append(event.step)
+            del run.eval_steps[:-20]
+        elif isinstance(event, CommandEvent):
+            run.last_command = event.command + (f" {dict(event.args)}" if event.args else "")
+            if event.command == "set_eval_interval":
+                run.eval_interval = int(event.args["steps"])
+
+
+def render(state: WatchState, now: float | None = None) -> Any:
+    """The view of `state` as a rich renderable."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    now = time.time() if now is None else now
+    runs = Table(title="areal-metrics: runs", expand=True)
+    for name in ("run", "step", "reward (EMA)", "sliding avg", "trend", "datasets: accuracy (full / quick)",
+                 "eval interval", "last command", "age"):
+        runs.add_column(name, no_wrap=name in ("run", "step", "trend"))
+    for run in sorted(state.runs.values(), key=lambda r: r.run_id):
+        datasets = sorted({d for d, _ in run.consensus})
+        lines = []
+        for d in datasets:
+            parts = []
+            for stage in ("full", "quick"):
+                v = run.consensus.get((d, stage))
+                if v is None:
+                    parts.append("-")
+                    continue
+                flags = (" stale" if v.stale else "") + (" partial" if v.partial else "")
+                parts.append(f"{v.accuracy:.0%}@{v.step} ({v.votes}/{v.replicas}, agree {v.agreement:.0%}){flags}")
+            lines.append(f"{d}: {parts[0]} / {parts[1]}")
+        interval = (f"{run.eval_interval} steps" if run.eval_interval is not None else
+                    f"~{run.observed_interval} steps (seen)" if run.observed_interval else "-")
+        runs.add_row(run.run_id, str(run.step), _fmt(run.ema), _fmt(run.sliding_avg),
+                     Text(sparkline(list(run.history), lo=0.0, hi=1.0), style="green"),
+                     "\n".join(lines) or "-", interval, run.last_command or "-",
+                     f"{max(now - run.updated, 0):.0f}s" if run.updated else "-")
+    alerts = Table(title="latest alerts", expand=True)
+    for name in ("time", "run", "severity", "kind", "message"):
+        alerts.add_column(name)
+    styles = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+    for a in reversed(state.alerts):
+        alerts.add_row(time.strftime("%H:%M:%S", time.localtime(a.ts)), a.run_id,
+                       Text(a.severity, style=styles.get(a.severity, "")), a.kind, a.message)
+    footer = Text(f"{state.events} events read" + (f", {state.skipped} invalid skipped" if state.skipped else ""),
+                  style="dim")
+    return Group(runs, alerts, footer)
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def watch_loop(settings: Any, run_ids: list[str] | None = None, duration: float | None = None, *,
+               console: Any = None, from_beginning: bool = True, refresh_per_second: float = 4.0) -> WatchState:
+    """Follow the derived topics and redraw until `duration` passes (forever if None) or Ctrl-C."""
+    from kafka import KafkaConsumer
+    from rich.live import Live
+
+    from producers.events import ValidationError, parse_event
+
+    topics = settings.topics
+    state = WatchState(set(run_ids) if run_ids else None)
+    consumer = KafkaConsumer(topics.smoothed, topics.consensus, topics.control, topics.alerts,
+                             **settings.kafka_python_config(), group_id=None, enable_auto_commit=False,
+                             auto_offset_reset="earliest" if from_beginning else "latest")
+    deadline = None if duration is None else time.monotonic() + duration
+    try:
+        with Live(render(state), console=console, refresh_per_second=refresh_per_second, transient=False) as live:
+            while deadline is None or time.monotonic() < deadline:
+                batch = consumer.poll(timeout_ms=250)
+                for records in batch.values():
+                    for record in records:
+                        try:
+                            state.apply(parse_event(record.value))
+                        except ValidationError:
+                            state.skipped += 1  # the stream worker dead-letters these; the view just skips
+                live.update(render(state))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+    return state
+
+
+def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    parser.add_argument("--run", action="append", default=[], metavar="ID", help="only these runs (repeatable)")
+    parser.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
+    parser.add_argument("--new", action="store_true", help="start from now instead of the beginning of the log")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kafka.errors import NoBrokersAvailable
+
+    from areal_metrics.errors import UserError
+    from producers.settings import Settings
+
+    if args.duration is not None and args.duration <= 0:
+        raise UserError(f"--duration: must be > 0 (got {args.duration})")
+    settings = Settings.from_env()
+    try:
+        watch_loop(settings, args.run or None, args.duration, from_beginning=not args.new)
+    except NoBrokersAvailable:
+        raise UserError(f"no Kafka broker at {settings.kafka_bootstrap} (start one with `areal-metrics up`)") from None
+    return 0
