@@ -183,13 +183,14 @@ def watch_loop(settings: Any, run_ids: list[str] | None = None, duration: float 
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-    parser.add_argument("--run", action="append", default=[], metavar="ID", help="only these runs (repeatable)")
+    parser.add_argument("--run", dest="runs", action="append", default=[], metavar="ID",
+                        help="only these runs (repeatable)")
     parser.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
     parser.add_argument("--new", action="store_true", help="start from now instead of the beginning of the log")
 
 
 def run(args: argparse.Namespace) -> int:
-    from kafka.errors import NoBrokersAvailable
+    from kafka.errors import KafkaError
 
     from areal_metrics.errors import UserError
     from producers.settings import Settings
@@ -198,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--duration: must be > 0 (got {args.duration})")
     settings = Settings.from_env()
     try:
-        watch_loop(settings, args.run or None, args.duration, from_beginning=not args.new)
-    except NoBrokersAvailable:
-        raise UserError(f"no Kafka broker at {settings.kafka_bootstrap} (start one with `areal-metrics up`)") from None
+        watch_loop(settings, args.runs or None, args.duration, from_beginning=not args.new)
+    except KafkaError as exc:
+        raise UserError(f"Kafka at {settings.kafka_bootstrap}: {exc} (start the stack with `areal-metrics up`)") from None
     return 0
