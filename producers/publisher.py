@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.005  # how long the sender sleeps when there is nothing to do
 _RESEND_CHUNK = 2000  # journal records re-sent per acknowledged chunk
-_STALL_S = 1.0  # oldest message unacknowledged this long: the broker is away, journal new ones
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +63,7 @@ class Publisher:
         max_queue: int = 100_000,
         max_in_flight: int = 20_000,
         delivery_timeout_s: float = 600.0,
+        stall_s: float = 5.0,
         kafka_config: dict[str, Any] | None = None,
         fsync_journal: bool = False,
     ) -> None:
@@ -71,6 +71,7 @@ class Publisher:
         self.max_queue = max_queue
         self._max_in_flight = max_in_flight
         self._delivery_timeout_s = delivery_timeout_s
+        self._stall_s = stall_s  # oldest message unacknowledged this long: the broker is away
         self._kafka_config = {"bootstrap_servers": bootstrap.split(","), **(kafka_config or {})}
         self._journal = Journal(Path(journal_dir or state_dir() / "journal" / "default"), fsync=fsync_journal)
         self._queue: collections.deque[Event] = collections.deque()
@@ -200,11 +201,11 @@ class Publisher:
         return worked
 
     def _blocked(self) -> bool:
+        """The broker is away (or the journal goes first): new events go to the journal."""
         if self._producer is None or self._resending is not None or self._journal.has_pending():
             return True
-        if len(self._in_flight) >= self._max_in_flight:
-            return True
-        return bool(self._in_flight) and time.monotonic() - self._in_flight[0].sent_at > _STALL_S
+        # A full pipeline alone is back-pressure, not an outage: the queue holds the rest.
+        return bool(self._in_flight) and time.monotonic() - self._in_flight[0].sent_at > self._stall_s
 
     def _queue_to_journal(self) -> bool:
         """Caller holds _order_lock."""

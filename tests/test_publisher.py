@@ -71,7 +71,7 @@ def test_unreachable_broker_spills_to_journal_and_a_later_publisher_sends_it(kaf
 
 def test_broker_down_while_publishing_loses_nothing_and_keeps_order(kafka_broker, topics, tmp_path):
     """Stop the real broker mid-stream, keep publishing, restart it: every event arrives, once per id, in order."""
-    publisher = Publisher(kafka_broker.bootstrap, topics, tmp_path / "journal")
+    publisher = Publisher(kafka_broker.bootstrap, topics, tmp_path / "journal", stall_s=0.5)
     runs = ["run-a", "run-b", "run-c"]
     sent: list[StepEvent] = []
     worst_publish = 0.0

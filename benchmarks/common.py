@@ -1,0 +1,82 @@
+"""Shared helpers for the benchmarks: a broker to measure against, percentiles, tables."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from producers.events import StepEvent
+
+
+@contextlib.contextmanager
+def broker() -> Iterator[str]:
+    """AREAL_KAFKA_BOOTSTRAP if set, else a fresh real broker in a temp folder for this run."""
+    if os.environ.get("AREAL_KAFKA_BOOTSTRAP"):
+        yield os.environ["AREAL_KAFKA_BOOTSTRAP"]
+        return
+    from areal_metrics.kafka_broker import KafkaBroker
+
+    data = Path(tempfile.mkdtemp(prefix="areal-bench-kafka-"))
+    b = KafkaBroker(data)
+    b.start(timeout=120)
+    try:
+        yield b.bootstrap
+    finally:
+        b.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "p50": percentile(values, 50),
+        "p99": percentile(values, 99),
+        "max": max(values) if values else float("nan"),
+        "mean": statistics.fmean(values) if values else float("nan"),
+    }
+
+
+def step_events(n: int, run_id: str = "bench", ranks: int = 1) -> list[StepEvent]:
+    """Realistic step events: every contract field filled."""
+    now = time.time()
+    return [
+        StepEvent(
+            run_id=run_id, node=f"node{i % ranks}", rank=i % ranks, ts=now, step=i // ranks, epoch=0,
+            reward=0.5, reward_std=0.1, entropy=1.3, advantage_mean=0.0, advantage_std=1.0, kl=0.01,
+            clip_ratio=0.1, loss=0.4, lr=3e-4, grad_norm=0.8, response_length=12.0, tokens=4096,
+            throughput=20000.0, latency_ms=150.0, gpu_mem_bytes=1 << 30,
+        )
+        for i in range(n)
+    ]
+
+
+def machine() -> str:
+    cpus = os.cpu_count()
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        mem = float("nan")
+    return f"{platform.machine()}, {cpus} cores, {mem:.0f} GiB, Python {platform.python_version()}, {platform.system()}"
+
+
+def print_table(title: str, rows: list[tuple[str, str, str]]) -> None:
+    """rows: (what, figure, ratio-to-baseline)"""
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{title}")
+    print(f"  {'measure'.ljust(width)}  {'figure':>22}  ratio")
+    for what, figure, ratio in rows:
+        print(f"  {what.ljust(width)}  {figure:>22}  {ratio}")
