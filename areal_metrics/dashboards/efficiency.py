@@ -11,6 +11,8 @@ from areal_metrics.dashboards.panels import NODE_FILTER, RUN_FILTER, base, table
 UID = "areal-efficiency"
 TS = Format.TIME_SERIES
 WORKER = "concat(run_id, ' · ', node, ' · rank ', toString(rank))"
+# accelerator memory; on a CPU-only host the trainer reports the process RSS in metrics['mem_bytes']
+MEMORY = "ifNull(toFloat64(gpu_mem_bytes), metrics['mem_bytes'])"
 
 
 def _per_worker(value: str, name: str, extra_filter: str = "") -> SQL:
@@ -51,7 +53,7 @@ WORKERS = SQL(
     count() AS steps,
     avg(throughput) AS `mean tokens/s`,
     quantile(0.95)(latency_ms) AS `p95 step latency`,
-    max(gpu_mem_bytes) AS `peak memory`,
+    max({MEMORY}) AS `peak memory`,
     max(ts) AS `last seen`
 FROM areal.steps FINAL
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
@@ -117,8 +119,8 @@ ORDER BY time""",
         ).display_name("${__field.labels.run_id} ${__field.name}"),
         timeseries(
             "Memory per node and rank",
-            "Accelerator memory in use (process memory where there is no GPU) at the end of each step.",
-            [_per_worker("max(gpu_mem_bytes)", "memory", " AND gpu_mem_bytes IS NOT NULL")],
+            "Accelerator memory in use at the end of each step; on a host without a GPU, the process's resident memory.",
+            [_per_worker(f"max({MEMORY})", "memory")],
             unit="bytes",
             calcs=["max", "lastNotNull"],
             axis_label="memory",
@@ -126,7 +128,7 @@ ORDER BY time""",
         timeseries(
             "Tokens per step per node and rank",
             "Tokens each rank processed in one step (prompt and response).",
-            [_per_worker("avg(tokens)", "tokens", " AND tokens IS NOT NULL")],
+            [_per_worker("avg(tokens)", "tokens per step")],
             unit="none",
             axis_label="tokens per step",
         ).display_name(per_worker),

@@ -18,7 +18,7 @@ UID = "areal-runs"
 RAW_BY_STEP = SQL(
     f"""SELECT step, run_id, avg(reward) AS reward
 FROM areal.steps FINAL
-WHERE $__timeFilter(ts) AND {RUN_FILTER} AND reward IS NOT NULL
+WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY step, run_id
 ORDER BY step""",
     expects=("step", "run_id", "reward"),
