@@ -1,6 +1,7 @@
 """Alert rules of one run, each a pure step function over a small frozen state.
 
-- reward_below_threshold: the sliding average under `reward_threshold` (window full).
+- reward_below_threshold: the sliding average under `reward_threshold` (window full),
+  armed once the average has been at or above it (a run that starts low is not a drop).
   Fires once per breach, together with a `scale_lr` command; the breach ends when the
   average is back at threshold + reward_recover_margin; a new breach fires only when
   reward_cooldown_steps have passed since the last alert. Steps, not seconds, so a replay
@@ -46,9 +47,10 @@ class BreachState:
 
     in_breach: bool = False
     last_fired_step: int | None = None
+    armed: bool = True  # the reward rule arms itself once the reward has been above the threshold
 
     def to_dict(self) -> dict[str, Any]:
-        return {"in_breach": self.in_breach, "last_fired_step": self.last_fired_step}
+        return {"in_breach": self.in_breach, "last_fired_step": self.last_fired_step, "armed": self.armed}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BreachState:
@@ -63,7 +65,7 @@ def breach_step(state: BreachState, breached: bool, recovered: bool, step: int, 
         return state, False
     cooled = state.last_fired_step is None or step - state.last_fired_step >= cooldown
     if cooled:
-        return BreachState(in_breach=True, last_fired_step=step), True
+        return replace(state, in_breach=True, last_fired_step=step), True
     return replace(state, in_breach=True), False
 
 
@@ -74,6 +76,12 @@ def check_reward(
     if threshold is None or point.window < cfg.window:
         return state, [], []
     avg = point.sliding_avg
+    if not state.armed:
+        # A run that starts below the threshold has not dropped below it: the rule arms
+        # once the smoothed reward has reached threshold + margin.
+        if avg >= threshold + cfg.reward_recover_margin:
+            state = replace(state, armed=True)
+        return state, [], []
     state, fired = breach_step(
         state, avg < threshold, avg >= threshold + cfg.reward_recover_margin, point.step, cfg.reward_cooldown_steps
     )

@@ -117,8 +117,15 @@ class StreamCore:
 
     # ---------------------------------------------------------------- inputs
 
-    async def on_input(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> None:
-        """One message from areal.steps or areal.evals. Never raises for bad input."""
+    async def on_input(
+        self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+        timestamp: float | None = None,
+    ) -> None:
+        """One message from areal.steps or areal.evals. Never raises for bad input.
+
+        `timestamp` (the Kafka message's) becomes the `ts` of a dead letter, so a
+        redelivered bad message gives the very same dead letter.
+        """
         expected = StepEvent if topic == self.topics.steps else EvalEvent
         raw = value if value is not None else b""
         try:
@@ -126,7 +133,7 @@ class StreamCore:
                 raise ValidationError(expected.table, "empty message (null value)")
             event = parse_event(value, expected=expected)
         except ValidationError as err:
-            await self.dead_letter(topic, partition, offset, key, raw, str(err))
+            await self.dead_letter(topic, partition, offset, key, raw, str(err), timestamp)
             return
         try:
             await self._process(event, partition)
@@ -134,7 +141,8 @@ class StreamCore:
             self.stats["errors"] += 1
             log.exception("streams: failed to process %s/%s/%s", topic, partition, offset)
             await self.dead_letter(topic, partition, offset, key, raw,
-                                   f"{expected.table}: not processed (worker error {type(exc).__name__}: {exc})")
+                                   f"{expected.table}: not processed (worker error {type(exc).__name__}: {exc})",
+                                   timestamp)
 
     async def _process(self, event: Event, partition: int) -> None:
         async with self.lock(event.run_id):
@@ -152,9 +160,14 @@ class StreamCore:
             if new_state != state:
                 self.save(new_state)
 
-    async def dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes, reason: str) -> None:
+    async def dead_letter(
+        self, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes, reason: str,
+        timestamp: float | None = None,
+    ) -> None:
         self.stats["rejected"] += 1
         dead = rejected(raw, reason, topic, node=WORKER_NODE, key=key)
+        if timestamp is not None and timestamp >= 0:
+            dead = dead.replace(ts=timestamp)
         async with self.lock(dead.run_id):
             state = self.load(dead.run_id, partition)
             new_state, outputs = on_rejected(state, dead, f"{topic}/{partition}/{offset}", self.clock(),
@@ -247,7 +260,7 @@ def build_worker(
     async def consume_inputs(stream: Any) -> None:
         async for event in stream.events():
             m = event.message
-            await core.on_input(m.topic, m.partition, m.offset, m.key, m.value)
+            await core.on_input(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp)
 
     @app.agent(steps, name="steps")
     async def steps_agent(stream: Any) -> None:

@@ -18,7 +18,7 @@ Adaptive evaluation triggers
                                this since the last evaluation the worker asked for
 Alerts and closed loop
   reward_threshold = None      `reward_below_threshold` + `scale_lr` when the sliding average
-                               drops below it (None: off)
+                               drops below it, once it has been above it (None: off)
   reward_recover_margin = 0.0  the breach ends when the average is back >= threshold + margin
   reward_cooldown_steps = 50   a new breach within this many steps of the last alert stays quiet
   lr_factor = 0.5              the `factor` of the `scale_lr` command

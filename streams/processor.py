@@ -64,7 +64,7 @@ class RunState:
     partition: int | None = None  # the input partition the run lives on (its clock ticks come there)
     smoothing: SmoothingState = SmoothingState()
     trigger: TriggerState = TriggerState()
-    reward_alert: BreachState = BreachState()
+    reward_alert: BreachState = BreachState(armed=False)  # see alerts.check_reward
     throughput: ThroughputState = ThroughputState()
     stall: StallState = StallState()
     votes: VoteState = field(default_factory=VoteState.empty)

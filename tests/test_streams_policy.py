@@ -264,3 +264,13 @@ def test_processor_rejected_dead_letter_and_rate_limited_alert() -> None:
     assert [o.event.type for o in out2] == ["rejected"]
     assert out1[0].event.event_id == derived_id("rejected", "areal.steps/0/17")
     assert "steps.step: missing" in out1[1].event.message
+
+
+def test_reward_rule_arms_only_once_the_reward_was_above_the_threshold() -> None:
+    cfg = RunConfig(window=5, reward_threshold=0.3, reward_cooldown_steps=0)
+    s = RunState("r").reward_alert
+    fired = []
+    for step, avg in enumerate([0.1, 0.2, 0.25, 0.31, 0.35, 0.29, 0.28, 0.4, 0.1]):
+        s, alerts, _ = check_reward(s, pt(step, avg, 0.0), cfg)
+        fired += [a.step for a in alerts]
+    assert fired == [5, 8]  # not at the start, where the run was still climbing
