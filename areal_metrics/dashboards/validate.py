@@ -16,8 +16,11 @@
 from __future__ import annotations
 
 import copy
+import enum
 import json
 import re
+import types
+import typing
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,18 +47,78 @@ def _without_annotation_targets(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def round_trip_problems(data: dict[str, Any]) -> list[str]:
-    """Differences between `data` and `Dashboard.from_json(data)` serialised again."""
+    """Differences between `data` and `Dashboard.from_json(data)` serialised again, and type errors."""
     register()
     problems: list[str] = []
     original = _without_annotation_targets(data)
-    again = _plain(dashboard.Dashboard.from_json(copy.deepcopy(original)))
+    model = dashboard.Dashboard.from_json(copy.deepcopy(original))
+    again = _plain(model)
     problems.extend(f"{path}: {what}" for path, what in _diff(original, again, "dashboard"))
+    problems.extend(type_problems(model, "dashboard"))
     for i, item in enumerate(data.get("annotations", {}).get("list", [])):
         if "target" in item:
             target = item["target"]
             back = _plain(ClickHouseQuery.from_json(target))
             problems.extend(f"{path}: {what}" for path, what in _diff(target, back, f"annotations[{i}].target"))
     return problems
+
+
+def type_problems(obj: Any, path: str) -> list[str]:
+    """Values that do not have the type the SDK model declares (from_json does not check them)."""
+    out: list[str] = []
+    try:
+        hints = typing.get_type_hints(type(obj))
+    except Exception:  # noqa: BLE001 - not an SDK model
+        return out
+    for name, hint in hints.items():
+        if name.startswith("_") or not hasattr(obj, name):
+            continue
+        out.extend(_check_type(getattr(obj, name), hint, f"{path}.{_json_name(obj, name)}"))
+    return out
+
+
+def _json_name(obj: Any, attr: str) -> str:
+    """The JSON key of an SDK attribute (id_val -> id, grid_pos -> gridPos)."""
+    base = attr[:-4] if attr.endswith("_val") else attr
+    head, *rest = base.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _check_type(value: Any, hint: Any, path: str) -> list[str]:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint in (Any, object) or value is None and (hint is type(None) or type(None) in args):
+        return []
+    if origin is typing.Union or isinstance(hint, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        results = [_check_type(value, a, path) for a in options]
+        return [] if any(not r for r in results) else results[0]
+    if origin is typing.Literal:
+        return [] if value in args else [f"{path}: {value!r} is not one of {list(args)}"]
+    if origin is list:
+        if not isinstance(value, list):
+            return [f"{path}: expected a list, got {type(value).__name__}"]
+        return [p for i, item in enumerate(value) for p in _check_type(item, args[0], f"{path}[{i}]")]
+    if origin is dict:
+        return [] if isinstance(value, dict) else [f"{path}: expected an object, got {type(value).__name__}"]
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        allowed = [e.value for e in hint]
+        return [] if value in allowed else [f"{path}: {value!r} is not one of {allowed}"]
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return [] if ok else [f"{path}: expected a number, got {type(value).__name__} {value!r}"]
+    if hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return [] if ok else [f"{path}: expected an integer, got {type(value).__name__} {value!r}"]
+    if hint in (str, bool):
+        ok = isinstance(value, hint)
+        return [] if ok else [f"{path}: expected {hint.__name__}, got {type(value).__name__} {value!r}"]
+    if isinstance(hint, type):
+        if isinstance(value, dict) and hasattr(hint, "from_json"):
+            value = hint.from_json(value)  # some SDK decoders keep nested models as plain objects
+        if not isinstance(value, hint):
+            return [f"{path}: expected {hint.__name__}, got {type(value).__name__}"]
+        return type_problems(value, path)
+    return []
 
 
 def _diff(a: Any, b: Any, path: str) -> Iterator[tuple[str, str]]:

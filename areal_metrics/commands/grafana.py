@@ -1,0 +1,159 @@
+"""`areal-metrics grafana ACTION`: the dashboards as code.
+
+- `provision --url URL --token TOKEN [--clickhouse-url URL]`: push the ClickHouse
+  datasource (uid areal-clickhouse) and every dashboard to a running Grafana.
+- `generate [--out DIR]`: write the dashboards' JSON (and the provisioning files).
+- `check [--since 1h]`: run every panel's query, expanded as Grafana would, against
+  the configured ClickHouse and report those that fail or return nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from areal_metrics.errors import UserError
+
+CLICKHOUSE_URL_ENV = "AREAL_GRAFANA_CLICKHOUSE_URL"
+
+
+def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=type(parser))
+    actions.required = True
+
+    provision = actions.add_parser("provision", help="push the datasource and the dashboards to a Grafana")
+    provision.add_argument("--url", required=True, help="Grafana's URL, e.g. http://localhost:3000")
+    provision.add_argument("--token", default=os.environ.get("GRAFANA_TOKEN"),
+                           help="service account token (default: $GRAFANA_TOKEN; or put user:password in --url)")
+    provision.add_argument(
+        "--clickhouse-url",
+        default=None,
+        help="ClickHouse as Grafana reaches it: http(s)://user:pass@host:8123 or clickhouse://user:pass@host:9000 "
+        f"(default: ${CLICKHOUSE_URL_ENV}, else AREAL_CLICKHOUSE_URL when it is a server)",
+    )
+    provision.add_argument("--timeout", type=float, default=10.0, help="seconds per HTTP request (default: 10)")
+
+    generate = actions.add_parser("generate", help="write the dashboards' JSON and the provisioning files")
+    generate.add_argument("--out", type=Path, default=None,
+                          help="directory for the dashboards (default: grafana/dashboards of this checkout)")
+
+    check = actions.add_parser("check", help="run every panel query against the configured ClickHouse")
+    check.add_argument("--since", default="1h", help="time range to check, ending now: 30m, 6h, 2d (default: 1h)")
+    check.add_argument("--run", action="append", default=None, metavar="ID",
+                       help="the run(s) to select (default: every run the variable offers)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "provision":
+        return _provision(args)
+    if args.action == "generate":
+        return _generate(args)
+    return _check(args)
+
+
+# ------------------------------------------------------------------ provision
+
+
+def _clickhouse_for_grafana(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    if os.environ.get(CLICKHOUSE_URL_ENV):
+        return os.environ[CLICKHOUSE_URL_ENV]
+    from producers.settings import Settings
+
+    url = Settings.from_env().clickhouse_url
+    if url.startswith(("http://", "https://")):
+        return url
+    raise UserError(
+        f"Grafana needs a ClickHouse server, and AREAL_CLICKHOUSE_URL is the embedded store ({url.split('?')[0]}): "
+        "pass --clickhouse-url http://user:pass@host:8123 (as Grafana reaches it)"
+    )
+
+
+def _provision(args: argparse.Namespace) -> int:
+    from grafana_client import GrafanaApi
+    from grafana_client.client import GrafanaException
+
+    from areal_metrics.dashboards.provision import ClickHouseServer, push
+    from producers.settings import mask_url
+
+    try:
+        server = ClickHouseServer.parse(_clickhouse_for_grafana(args.clickhouse_url))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if not args.url.startswith(("http://", "https://")):
+        raise UserError(f"--url {args.url!r}: expected http(s)://host:port")
+    api = GrafanaApi.from_url(args.url, credential=args.token or None, timeout=args.timeout)
+    where = mask_url(args.url)
+    try:
+        pushed = push(api, server)
+    except GrafanaException as exc:
+        raise UserError(f"Grafana at {where} refused: {exc.status_code} {' '.join(str(exc.message).split())[:300]}") from None
+    except Exception as exc:  # noqa: BLE001 - connection refused, DNS, TLS: one line
+        raise UserError(f"cannot reach Grafana at {where}: {' '.join(str(exc).split())[:300]}") from None
+    print(f"datasource {pushed.datasource} (uid areal-clickhouse -> {server.protocol}://{server.host}:{server.port}); "
+          f"folder {pushed.folder}; dashboards: {', '.join(pushed.dashboards)}")
+    return 0
+
+
+# ------------------------------------------------------------------- generate
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from areal_metrics.dashboards.catalog import repo_root, write_all
+    from areal_metrics.dashboards.provision import write_provisioning
+
+    written = write_all(args.out)
+    if args.out is None:
+        written += write_provisioning(repo_root() / "grafana" / "provisioning")
+    for path in written:
+        print(path)
+    return 0
+
+
+# ---------------------------------------------------------------------- check
+
+
+def parse_since(text: str) -> timedelta:
+    match = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if not match:
+        raise UserError(f"--since {text!r}: expected a number and a unit, e.g. 30m, 6h, 2d")
+    return timedelta(**{{"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match.group(2)]: int(match.group(1))})
+
+
+def _check(args: argparse.Namespace) -> int:
+    from areal_metrics.dashboards.catalog import all_models
+    from areal_metrics.dashboards.queries import QueryRunner, check_dashboard
+    from sinks.query import StoreError, connect
+
+    end = datetime.now(timezone.utc)
+    start = end - parse_since(args.since)
+    runs = tuple(args.run) if args.run else None
+
+    def choose(name: str, options: list[str]) -> object:
+        if name == "run":
+            return runs or tuple(options)
+        return "$__all"
+
+    failures = total = 0
+    try:
+        with connect() as store:
+            runner = QueryRunner.of_store(store)
+            for name, model in all_models().items():
+                try:
+                    outcomes = check_dashboard(model, runner, start, end, choose)  # type: ignore[arg-type]
+                except StoreError as exc:
+                    raise UserError(f"dashboard {name}: variable query failed: {exc}") from None
+                for o in outcomes:
+                    total += 1
+                    status = "ok" if o.problem is None else o.problem
+                    failures += o.problem is not None
+                    print(f"{name:<11} {o.query.where} {o.context}: {status} ({o.rows} rows)")
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
+    print(f"{total - failures} of {total} queries returned rows with the expected columns", file=sys.stderr)
+    return 1 if failures else 0

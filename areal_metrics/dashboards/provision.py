@@ -1,0 +1,222 @@
+"""Provisioning: the ClickHouse datasource and the dashboard provider, as files and over the API.
+
+One definition, two deliveries:
+
+- files under grafana/provisioning/ that Grafana reads at start (compose
+  mounts them); the datasource's connection values are `${VAR}` references
+  Grafana fills from its environment (CLICKHOUSE_HOST, CLICKHOUSE_PORT,
+  CLICKHOUSE_PROTOCOL, CLICKHOUSE_USER, CLICKHOUSE_PASSWORD), so no secret is
+  in a file;
+- `push(...)`: the same datasource (same uid, type, jsonData) and the same
+  dashboard JSON, sent to a running Grafana with grafana-client
+  (`areal-metrics grafana provision --url URL --token TOKEN`).
+
+`python -m areal_metrics.dashboards` writes the files; a test keeps the
+committed ones equal to what this module renders.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import unquote, urlparse
+
+from areal_metrics.dashboards.catalog import FOLDER, all_models, to_dict
+from areal_metrics.dashboards.clickhouse import DATABASE, DATASOURCE_NAME, DATASOURCE_UID, PLUGIN_ID
+
+FOLDER_UID = "areal"
+CONTAINER_DASHBOARDS = "/var/lib/grafana/dashboards/areal"  # where compose mounts grafana/dashboards
+ENV = {  # datasource field -> the environment variable Grafana reads it from
+    "host": "CLICKHOUSE_HOST",
+    "port": "CLICKHOUSE_PORT",
+    "protocol": "CLICKHOUSE_PROTOCOL",
+    "username": "CLICKHOUSE_USER",
+    "password": "CLICKHOUSE_PASSWORD",
+}
+
+
+@dataclass(frozen=True)
+class ClickHouseServer:
+    """Where Grafana reaches ClickHouse (as seen from Grafana, e.g. `clickhouse` inside compose)."""
+
+    host: str
+    port: int
+    protocol: str  # "http" | "native"
+    username: str
+    password: str
+    secure: bool = False
+    database: str = DATABASE
+
+    @classmethod
+    def parse(cls, url: str) -> ClickHouseServer:
+        """http(s)://user:pass@host:8123[/db] (HTTP) or clickhouse(s)://user:pass@host:9000[/db] (native)."""
+        parsed = urlparse(url)
+        schemes = {"http": ("http", False, 8123), "https": ("http", True, 8443),
+                   "clickhouse": ("native", False, 9000), "clickhouses": ("native", True, 9440)}
+        if parsed.scheme not in schemes or not parsed.hostname:
+            raise ValueError(
+                f"ClickHouse URL {url!r}: expected http(s)://user:pass@host:8123 or clickhouse://user:pass@host:9000"
+            )
+        protocol, secure, default_port = schemes[parsed.scheme]
+        database = unquote(parsed.path.strip("/").split("/")[0]) or DATABASE
+        return cls(parsed.hostname, parsed.port or default_port, protocol, unquote(parsed.username or "default"),
+                   unquote(parsed.password or ""), secure, database)
+
+
+def datasource(server: ClickHouseServer | None = None) -> dict[str, Any]:
+    """The datasource as Grafana's API takes it; without a server, with `${VAR}` placeholders (files)."""
+    if server is None:
+        host, port, protocol, user, password = (f"${{{ENV[k]}}}" for k in ("host", "port", "protocol", "username", "password"))
+        secure: Any = False
+        database = DATABASE
+    else:
+        host, port, protocol, user, password = (server.host, server.port, server.protocol, server.username,
+                                                server.password)
+        secure, database = server.secure, server.database
+    return {
+        "name": DATASOURCE_NAME,
+        "uid": DATASOURCE_UID,
+        "type": PLUGIN_ID,
+        "access": "proxy",
+        "isDefault": True,
+        "jsonData": {
+            "host": host,
+            "port": port,
+            "protocol": protocol,
+            "secure": secure,
+            "username": user,
+            "defaultDatabase": database,
+        },
+        "secureJsonData": {"password": password},
+    }
+
+
+# -------------------------------------------------------------------- files
+
+
+def _yaml(value: Any, indent: int = 0) -> str:
+    """A small YAML emitter for our provisioning files (mappings, lists, scalars); JSON quoting for strings."""
+    pad = " " * indent
+    if isinstance(value, Mapping):
+        lines = []
+        for key, item in value.items():
+            if isinstance(item, (Mapping, list)) and item:
+                lines.append(f"{pad}{key}:\n{_yaml(item, indent + 2)}")
+            else:
+                lines.append(f"{pad}{key}: {_scalar(item)}")
+        return "\n".join(lines)
+    if isinstance(value, list):
+        lines = []
+        for item in value:
+            body = _yaml(item, indent + 2)
+            lines.append(f"{pad}- {body.lstrip()}")
+        return "\n".join(lines)
+    return pad + _scalar(value)
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, (Mapping, list)):
+        return json.dumps(value)
+    return json.dumps(str(value))  # a JSON string is a valid YAML double-quoted scalar
+
+
+def datasource_file() -> str:
+    doc = {"apiVersion": 1, "datasources": [{**datasource(), "orgId": 1, "editable": False, "version": 1}]}
+    header = (
+        "# The ClickHouse datasource of the AReaL dashboards (uid areal-clickhouse).\n"
+        "# Generated by `python -m areal_metrics.dashboards`; connection values come from Grafana's environment.\n"
+    )
+    return header + _yaml(doc) + "\n"
+
+
+def provider_file() -> str:
+    doc = {
+        "apiVersion": 1,
+        "providers": [
+            {
+                "name": "areal",
+                "orgId": 1,
+                "folder": FOLDER,
+                "folderUid": FOLDER_UID,
+                "type": "file",
+                "disableDeletion": True,
+                "allowUiUpdates": False,
+                "updateIntervalSeconds": 10,
+                "options": {"path": CONTAINER_DASHBOARDS, "foldersFromFilesStructure": False},
+            }
+        ],
+    }
+    header = "# Loads grafana/dashboards/*.json (mounted at the path below) into the folder AReaL.\n# Generated by `python -m areal_metrics.dashboards`.\n"
+    return header + _yaml(doc) + "\n"
+
+
+def write_provisioning(directory: Path) -> list[Path]:
+    files = {
+        directory / "datasources" / "clickhouse.yaml": datasource_file(),
+        directory / "dashboards" / "areal.yaml": provider_file(),
+    }
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return list(files)
+
+
+# ---------------------------------------------------------------------- API
+
+
+class GrafanaApiLike(Protocol):
+    """The part of grafana_client.GrafanaApi that `push` uses."""
+
+    datasource: Any
+    folder: Any
+    dashboard: Any
+
+
+@dataclass
+class Pushed:
+    datasource: str  # "created" | "updated"
+    folder: str
+    dashboards: list[str]
+
+
+def _status(exc: Exception) -> int | None:
+    return getattr(exc, "status_code", None)
+
+
+def push(api: GrafanaApiLike, server: ClickHouseServer) -> Pushed:
+    """Create or update the datasource, the folder and every dashboard (overwrite)."""
+    ds = datasource(server)
+    try:
+        api.datasource.get_datasource_by_uid(DATASOURCE_UID)
+    except Exception as exc:  # noqa: BLE001 - grafana-client raises per status; 404 means absent
+        if _status(exc) != 404:
+            raise
+        api.datasource.create_datasource(ds)
+        ds_state = "created"
+    else:
+        api.datasource.update_datasource_by_uid(DATASOURCE_UID, ds)
+        ds_state = "updated"
+    try:
+        api.folder.get_folder(FOLDER_UID)
+        folder_state = "exists"
+    except Exception as exc:  # noqa: BLE001
+        if _status(exc) != 404:
+            raise
+        api.folder.create_folder(FOLDER, uid=FOLDER_UID)
+        folder_state = "created"
+    names = []
+    for name, model in all_models().items():
+        body = to_dict(model)
+        body.pop("id", None)
+        api.dashboard.update_dashboard(
+            {"dashboard": body, "folderUid": FOLDER_UID, "overwrite": True, "message": "areal-metrics grafana provision"}
+        )
+        names.append(str(body.get("uid")))
+    return Pushed(ds_state, folder_state, names)
