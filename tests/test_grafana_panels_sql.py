@@ -139,3 +139,18 @@ def test_every_dashboard_has_queries_on_all_three_variables() -> None:
 
 
 _ = Path  # keep the import for type checkers of fixtures
+
+
+def test_cli_check_runs_every_query_against_the_configured_store(
+    runner: QueryRunner, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from areal_metrics.cli import main
+
+    store_dir = next(p for p in tmp_path_factory.getbasetemp().iterdir() if p.name.startswith("grafana-store"))
+    monkeypatch.setenv("AREAL_CLICKHOUSE_URL", f"chdb://{store_dir}")
+    assert main(["grafana", "check", "--since", "3650d"]) == 0
+    captured = capsys.readouterr()
+    assert "queries returned rows with the expected columns" in captured.err
+    assert "Reward: raw, sliding average and EMA" in captured.out and "no rows" not in captured.out
+    assert main(["grafana", "check", "--since", "soon"]) == 2

@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
     check = actions.add_parser("check", help="run every panel query against the configured ClickHouse")
     check.add_argument("--since", default="1h", help="time range to check, ending now: 30m, 6h, 2d (default: 1h)")
-    check.add_argument("--run", action="append", default=None, metavar="ID",
+    check.add_argument("--run", action="append", dest="runs", default=None, metavar="ID",
                        help="the run(s) to select (default: every run the variable offers)")
 
 
@@ -132,7 +132,7 @@ def _check(args: argparse.Namespace) -> int:
 
     end = datetime.now(timezone.utc)
     start = end - parse_since(args.since)
-    runs = tuple(args.run) if args.run else None
+    runs = tuple(args.runs) if args.runs else None
 
     def choose(name: str, options: list[str]) -> object:
         if name == "run":
