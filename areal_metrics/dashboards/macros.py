@@ -73,9 +73,12 @@ class QueryContext:
 
 def expand(raw_sql: str, ctx: QueryContext) -> str:
     """The SQL that ClickHouse receives for `raw_sql` in context `ctx`."""
-    sql = apply_conditional_all(raw_sql, ctx.variables)
-    sql = replace_variables(sql, ctx)
-    return expand_macros(sql, ctx)
+    return expand_macros(frontend(raw_sql, ctx), ctx)
+
+
+def frontend(raw_sql: str, ctx: QueryContext) -> str:
+    """Steps 1 and 2 only: what the browser sends to Grafana's /api/ds/query (macros still in)."""
+    return replace_variables(apply_conditional_all(raw_sql, ctx.variables), ctx)
 
 
 # ------------------------------------------------- 1. $__conditionalAll (frontend)

@@ -130,7 +130,7 @@ def context_for(start: datetime, end: datetime) -> QueryContext:
 # --------------------------------------------------------------------- check
 
 
-def _expansions(q: DashboardQuery, ctx: QueryContext) -> Iterator[tuple[str, QueryContext]]:
+def expansions(q: DashboardQuery, ctx: QueryContext) -> Iterator[tuple[str, QueryContext]]:
     """A repeated panel runs once per value of its variable, with that value alone in scope."""
     if q.repeat is None or q.repeat not in ctx.variables:
         yield "", ctx
@@ -144,7 +144,7 @@ def _expansions(q: DashboardQuery, ctx: QueryContext) -> Iterator[tuple[str, Que
 
 def check_query(q: DashboardQuery, runner: QueryRunner, ctx: QueryContext) -> list[Outcome]:
     outcomes = []
-    for label, scoped in _expansions(q, ctx):
+    for label, scoped in expansions(q, ctx):
         try:
             sql = expand(q.sql, scoped)
         except ValueError as exc:
