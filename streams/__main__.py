@@ -23,6 +23,11 @@ def main() -> int:
     topics = settings.topics
     loglevel = os.environ.get("AREAL_STREAMS_LOGLEVEL", "warning").upper()
     logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if loglevel not in ("DEBUG", "INFO"):
+        # Faust's notes about timer overlap and producer back-pressure under load are
+        # not problems of the worker; keep them out of the stack's log.
+        for name in ("mode.timers", "faust.transport.producer"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     try:
         config = StreamsConfig.load()
         commit_interval = float(os.environ.get("AREAL_STREAMS_COMMIT_INTERVAL", "0.5"))

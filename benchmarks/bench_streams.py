@@ -1,0 +1,205 @@
+"""Stream worker benchmark: throughput beside a raw consumer, and step -> reward_smoothed latency.
+
+    .venv/bin/python -m benchmarks.bench_streams [--events 20000] [--runs 8] [--rate 200] [--seconds 10]
+
+Uses $AREAL_KAFKA_BOOTSTRAP when set, else starts a local broker (areal_metrics.kafka_broker).
+Each run of the benchmark uses a fresh topic prefix (so a fresh consumer group and changelog).
+
+1. Throughput: `--events` step events are written to the steps topic first. Then
+   - baseline: a raw aiokafka consumer (the client Faust uses) reads the same topic from the
+     start: events/s from its first to its last record;
+   - worker: `python -m streams` reads it: events/s between the first and the last
+     `reward_smoothed` it writes (Kafka CreateTime of its records: startup is not counted).
+2. Latency: with the worker caught up, steps are produced at `--rate` per second for
+   `--seconds`; latency = arrival of the step's `reward_smoothed` at a consumer minus the
+   moment the step was handed to the producer. p50 / p99 / max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from producers.events import StepEvent
+from producers.topics import Topics
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def fill(bootstrap: str, topic: str, n: int, runs: int) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20, batch_size=256 * 1024)
+    for i in range(n):
+        run = f"bench-{i % runs}"
+        step = i // runs
+        ev = StepEvent(run_id=run, node="n0", step=step, epoch=0, reward=0.5 + 0.001 * (step % 100),
+                       throughput=1000.0, ts=time.time())
+        producer.send(topic, key=run.encode(), value=ev.to_json())
+    producer.flush(120)
+    producer.close()
+
+
+async def raw_consume(bootstrap: str, topic: str, n: int) -> float:
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False, group_id=None)
+    await consumer.start()
+    try:
+        seen, first = 0, None
+        while seen < n:
+            batch = await consumer.getmany(timeout_ms=1000, max_records=10000)
+            for records in batch.values():
+                if first is None and records:
+                    first = time.perf_counter()
+                for r in records:
+                    json.loads(r.value)  # the worker decodes too; a fair baseline reads the JSON
+                seen += len(records)
+        assert first is not None
+        return (n - 1) / (time.perf_counter() - first)
+    finally:
+        await consumer.stop()
+
+
+def start_worker(bootstrap: str, topics: Topics, home: Path, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, AREAL_KAFKA_BOOTSTRAP=bootstrap, AREAL_TOPIC_PREFIX=topics.prefix,
+               AREAL_HOME=str(home), AREAL_STREAMS_SESSION_TIMEOUT="6")
+    env.pop("AREAL_STREAMS_CONFIG", None)
+    return subprocess.Popen([sys.executable, "-m", "streams"], cwd=ROOT, env=env,
+                            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+def worker_throughput(bootstrap: str, topics: Topics, n: int, timeout: float) -> tuple[float, float]:
+    """(events/s between first and last output, seconds from first output to last)."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(topics.smoothed, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False, group_id=None)
+    stamps: list[int] = []
+    deadline = time.monotonic() + timeout
+    while len(stamps) < n and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=500, max_records=20000).values():
+            stamps.extend(r.timestamp for r in records)
+    consumer.close()
+    if len(stamps) < n:
+        raise RuntimeError(f"worker wrote {len(stamps)} of {n} reward_smoothed events in {timeout:.0f} s")
+    span = (max(stamps) - min(stamps)) / 1000.0
+    return (n - 1) / span, span
+
+
+def latency(bootstrap: str, topics: Topics, rate: float, seconds: float, runs: int) -> list[float]:
+    from kafka import KafkaConsumer, KafkaProducer
+
+    consumer = KafkaConsumer(topics.smoothed, bootstrap_servers=bootstrap, auto_offset_reset="latest",
+                             enable_auto_commit=False, group_id=None, fetch_max_wait_ms=5)
+    while not consumer.assignment():
+        consumer.poll(timeout_ms=100)
+    consumer.poll(timeout_ms=200)
+    sent_at: dict[tuple[str, int], float] = {}
+    arrived: dict[tuple[str, int], float] = {}
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            for records in consumer.poll(timeout_ms=50).values():
+                now = time.perf_counter()
+                for r in records:
+                    v = json.loads(r.value)
+                    arrived.setdefault((v["run_id"], v["step"]), now)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+    n = int(rate * seconds)
+    start = time.perf_counter()
+    for i in range(n):
+        due = start + i / rate
+        pause = due - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        run = f"lat-{i % runs}"
+        step = i // runs
+        ev = StepEvent(run_id=run, node="n0", step=step, epoch=0, reward=0.5, ts=time.time())
+        sent_at[(run, step)] = time.perf_counter()
+        producer.send(topics.steps, key=run.encode(), value=ev.to_json())
+    producer.flush(30)
+    end = time.monotonic() + 15
+    while len(arrived) < n and time.monotonic() < end:
+        time.sleep(0.1)
+    done.set()
+    reader.join(5)
+    producer.close()
+    consumer.close()
+    return [(arrived[k] - t) * 1000.0 for k, t in sent_at.items() if k in arrived]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=20000)
+    parser.add_argument("--runs", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=200.0, help="steps/s in the latency phase")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency phase")
+    args = parser.parse_args()
+
+    broker = None
+    bootstrap = os.environ.get("AREAL_KAFKA_BOOTSTRAP")
+    work = Path(tempfile.mkdtemp(prefix="bench-streams-"))
+    if not bootstrap:
+        from areal_metrics.kafka_broker import KafkaBroker
+
+        broker = KafkaBroker(work / "kafka")
+        broker.start(timeout=120)
+        bootstrap = broker.bootstrap
+    from areal_metrics.kafka_broker import create_topics
+
+    topics = Topics(f"bench{uuid.uuid4().hex[:8]}.")
+    create_topics(bootstrap, topics.all(), partitions=3)
+    worker = None
+    try:
+        t = time.perf_counter()
+        fill(bootstrap, topics.steps, args.events, args.runs)
+        print(f"wrote {args.events} step events ({args.runs} runs) in {time.perf_counter() - t:.1f} s")
+        raw = asyncio.run(raw_consume(bootstrap, topics.steps, args.events))
+        worker = start_worker(bootstrap, topics, work / "home", work / "worker.log")
+        rate, span = worker_throughput(bootstrap, topics, args.events, timeout=600)
+        print(f"throughput  raw aiokafka consumer: {raw:10,.0f} events/s")
+        print(f"throughput  stream worker:         {rate:10,.0f} events/s  ({span:.1f} s for {args.events})")
+        print(f"ratio worker/raw: {rate / raw:.3f}")
+        lat = latency(bootstrap, topics, args.rate, args.seconds, args.runs)
+        expected = int(args.rate * args.seconds)
+        print(f"latency step -> reward_smoothed at {args.rate:g} steps/s, {len(lat)}/{expected} seen: "
+              f"p50 {statistics.median(lat):.1f} ms  p99 {percentile(lat, 99):.1f} ms  max {max(lat):.1f} ms")
+    finally:
+        if worker is not None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        if broker is not None:
+            broker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
