@@ -2,7 +2,11 @@
 
 Environment: AREAL_KAFKA_BOOTSTRAP, AREAL_TOPIC_PREFIX, AREAL_CLICKHOUSE_URL,
 AREAL_HOME; optional AREAL_SINK_MAX_ROWS (default 5000) and
-AREAL_SINK_MAX_WAIT_MS (default 500): the batching policy.
+AREAL_SINK_MAX_WAIT_MS (default 500): the batching policy;
+AREAL_SINK_INSTANCE_ID (default <group>@<host>): the static member id
+of this sink in its consumer group (give each sink of one group its own);
+AREAL_SINK_STOP_MERGES=1 (audits, tests): no background merges, so the raw
+row count shows every stored block.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ def main() -> int:
         max_rows=int(os.environ.get("AREAL_SINK_MAX_ROWS", "5000")),
         max_wait_s=int(os.environ.get("AREAL_SINK_MAX_WAIT_MS", "500")) / 1000,
     )
-    sink = Sink(Settings.from_env(), policy=policy)
+    stop_merges = os.environ.get("AREAL_SINK_STOP_MERGES", "") == "1"
+    sink = Sink(Settings.from_env(), policy=policy, stop_merges=stop_merges)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sink.stop())
     sink.run()

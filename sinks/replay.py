@@ -97,3 +97,18 @@ def run_replay(settings: Settings) -> dict[str, int]:
         return replay_into(client, settings, SchemaOptions(database=target.database))
     finally:
         client.close()
+
+
+def fingerprints(store: Any, database: str = "areal") -> dict[str, tuple[int, int]]:
+    """{table: (rows, checksum)} read with FINAL; `store` is a clickhouse-connect client or a `sinks.query` store.
+
+    The checksum (hashes of whole rows as tuples: NULLs included) covers every column but `_ingested_at` (the server's clock), so
+    two builds from the same log give the same figures.
+    """
+    out: dict[str, tuple[int, int]] = {}
+    for t in TABLES:
+        cols = ", ".join(f"`{c}`" for c in t.insert_columns)
+        value = store.command(f"SELECT count(), sum(cityHash64(tuple({cols}))) FROM {database}.{t.name} FINAL")
+        n, checksum = value if isinstance(value, (list, tuple)) else str(value).split("\t")
+        out[t.name] = (int(n), int(checksum))
+    return out

@@ -1,0 +1,250 @@
+"""The sink on the real broker with the embedded engine: exactly-once counts, SIGKILL recovery, replay."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from producers.events import (
+    AlertEvent,
+    CommandEvent,
+    EvalConsensusEvent,
+    EvalEvent,
+    Event,
+    RewardSmoothedEvent,
+    StepEvent,
+)
+from producers.settings import Settings
+from producers.topics import Topics
+from sinks.batching import BatchPolicy
+from sinks.query import Target, open_client
+from sinks.replay import fingerprints, replay_into
+from sinks.schema import TABLES
+from sinks.sink import Sink
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
+
+
+def make_events(n_steps: int, run: str = "r1") -> list[Event]:
+    """A mix over every topic a producer writes (the sink stores all seven)."""
+    out: list[Event] = []
+    for i in range(n_steps):
+        out.append(StepEvent(run_id=f"{run}-{i % 3}", step=i, epoch=0, reward=i / 7, metrics={"m": float(i)}))
+        if i % 10 == 0:
+            out.append(EvalEvent(run_id=run, eval_id=f"e{i}", step=i, dataset="math500", accuracy=0.5,
+                                 verdicts=[1, 0, 1], n_samples=3, replicas=3))
+            out.append(EvalConsensusEvent(run_id=run, eval_id=f"e{i}", step=i, dataset="math500", accuracy=0.5,
+                                          votes=3, replicas=3, agreement=1.0, dissenters=["n2"]))
+            out.append(RewardSmoothedEvent(run_id=run, step=i, reward=0.1, window=5, sliding_avg=0.1, ema=0.1, slope=0.0))
+            out.append(AlertEvent(run_id=run, kind="stalled", message=f"m{i}", step=i))
+        if i % 25 == 0:
+            out.append(CommandEvent(run_id=run, command="set_eval_interval", args={"steps": 5}))
+    return out
+
+
+def expected_counts(events: list[Event], invalid: int = 0) -> dict[str, int]:
+    counts = {t.name: 0 for t in TABLES}
+    for e in events:
+        counts[type(e).table] += 1
+    counts["deadletter"] += invalid
+    return counts
+
+
+class Producer:
+    def __init__(self, bootstrap: str, topics: Topics) -> None:
+        from kafka import KafkaProducer
+
+        self.topics = topics
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+
+    def send(self, event: Event) -> None:
+        self.producer.send(self.topics.for_event(event), key=event.run_id.encode(), value=event.to_json())
+
+    def send_raw(self, topic: str, value: bytes) -> None:
+        self.producer.send(topic, key=b"r1", value=value)
+
+    def close(self) -> None:
+        self.producer.flush(30)
+        self.producer.close(10)
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def lag(bootstrap: str, topics: Topics, group: str) -> int:
+    """Messages the sink's group has not committed yet (all topics)."""
+    from kafka import KafkaConsumer
+    from kafka.structs import TopicPartition
+
+    # never subscribes, so it does not join (or disturb) the sink's group
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(t, p) for t in topics.all() for p in range(3)]
+        end = consumer.end_offsets(tps)
+        return sum(end[tp] - (consumer.committed(tp) or 0) for tp in tps)
+    finally:
+        consumer.close(autocommit=False)
+
+
+def no_duplicate_positions(client) -> None:
+    """Merges are stopped, so a block stored twice would leave two rows at one log position."""
+    for t in TABLES:
+        n, distinct = client.query(f"SELECT count(), uniqExact(_topic, _partition, _offset) FROM areal.{t.name}").result_rows[0]
+        assert n == distinct, f"{t.name}: {n - distinct} rows stored twice"
+
+
+def counts(client, final: bool = True) -> dict[str, int]:
+    f = " FINAL" if final else ""
+    return {t.name: int(client.command(f"SELECT count() FROM areal.{t.name}{f}")) for t in TABLES}
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> Settings:
+    return Settings(kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix,
+                    clickhouse_url=f"chdb://{tmp_path / 'clickhouse'}")
+
+
+@pytest.fixture
+def running_sink(settings: Settings) -> Iterator[Sink]:
+    sink = Sink(settings, policy=BatchPolicy(max_rows=500, max_wait_s=0.1), stop_merges=True)
+    thread = threading.Thread(target=sink.run, daemon=True)
+    thread.start()
+    wait_for(lambda: sink.consumer is not None, 60, "the sink to start")
+    yield sink
+    sink.stop()
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_resent_events_and_bad_input_give_exact_rows(running_sink: Sink, kafka_bootstrap: str, topics: Topics) -> None:
+    events = make_events(300)
+    producer = Producer(kafka_bootstrap, topics)
+    for e in events:
+        producer.send(e)
+    resent = random.Random(1).sample(events, 60)
+    for e in resent:
+        producer.send(e)  # a producer retry: same event_id, same content
+    producer.send_raw(topics.steps, b'{"type":"step","run_id":"r1","step":-1}')
+    producer.send_raw(topics.evals, b"\xff not json")
+    producer.send_raw(topics.deadletter, b"garbage on the dead-letter topic")
+    producer.close()
+
+    client = running_sink.client
+    want = expected_counts(events, invalid=3)
+    wait_for(lambda: lag(kafka_bootstrap, topics, running_sink.group) == 0, 60, "the sink to commit everything")
+    assert counts(client) == want
+    no_duplicate_positions(client)
+    views = {t.name: int(client.command(f"SELECT count() FROM areal.{t.view}")) for t in TABLES}
+    assert views == want
+    reasons = dict(client.query("SELECT source_topic, reason FROM areal.v_deadletter").result_rows)
+    assert reasons[topics.steps] == "steps.epoch: missing"
+    assert reasons[topics.evals].startswith("event: not UTF-8")
+    assert reasons[topics.deadletter].startswith("event: not valid JSON")
+    assert running_sink.stats["dead_letters"] == 2  # the third was read FROM the dead-letter topic: stored only
+
+
+def test_replay_rebuilds_identical_tables(running_sink: Sink, settings: Settings, kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
+    events = make_events(200)
+    producer = Producer(kafka_bootstrap, topics)
+    for e in events + events[:20]:
+        producer.send(e)
+    producer.send_raw(topics.steps, b"{}")
+    producer.close()
+    want = expected_counts(events, invalid=1)
+    wait_for(lambda: lag(kafka_bootstrap, topics, running_sink.group) == 0, 60, "ingestion")
+    assert counts(running_sink.client) == want
+    before = fingerprints(running_sink.client)
+
+    # while the sink runs: `areal-metrics replay` goes through the sink that holds the store
+    env = dict(os.environ, AREAL_KAFKA_BOOTSTRAP=kafka_bootstrap, AREAL_TOPIC_PREFIX=topics.prefix,
+               AREAL_CLICKHOUSE_URL=settings.clickhouse_url)
+    r = subprocess.run([sys.executable, "-m", "areal_metrics", "replay"], env=env, capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert dict(line.split("\t") for line in r.stdout.splitlines()) == {k: str(v) for k, v in want.items()}
+    assert fingerprints(running_sink.client) == before
+
+    # after the sink stopped: replay opens the store itself
+    running_sink.stop()
+    wait_for(lambda: not (Target.parse(settings.clickhouse_url).path / "owner.json").exists(), 30, "the sink to stop")
+    time.sleep(0.5)
+    client = open_client(Target.parse(settings.clickhouse_url), readonly=False, use_database=False)
+    try:
+        client.command("TRUNCATE TABLE areal.steps")  # damage: replay must repair it
+        assert replay_into(client, settings) == want
+        assert fingerprints(client) == before
+    finally:
+        client.close()
+
+
+def start_sink_process(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "sinks"], env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+def test_sigkill_mid_batch_repeatedly_loses_and_duplicates_nothing(stack_env: dict[str, str], kafka_bootstrap: str,
+                                                                   topics: Topics, tmp_path: Path) -> None:
+    env = dict(stack_env, AREAL_SINK_MAX_ROWS="150", AREAL_SINK_MAX_WAIT_MS="50", AREAL_SINK_STOP_MERGES="1",
+               AREAL_LOG_LEVEL="DEBUG")
+    log = tmp_path / "sink.log"
+    events = make_events(1500)
+    resent = events[::37]
+    stream = events + resent
+    random.Random(7).shuffle(stream)
+    stop_producing = threading.Event()
+
+    def produce() -> None:
+        producer = Producer(kafka_bootstrap, topics)
+        for i, e in enumerate(stream):
+            producer.send(e)
+            if i % 100 == 99:
+                producer.producer.flush()
+                time.sleep(0.5)  # ~9 s of steady input, so kills land while batches are in flight
+        producer.close()
+        stop_producing.set()
+
+    producer_thread = threading.Thread(target=produce)
+    sink = start_sink_process(env, log)
+    producer_thread.start()
+    rng = random.Random(3)
+    kills = 0
+    for _ in range(4):
+        time.sleep(rng.uniform(2.0, 3.0))  # the sink needs ~1-2 s to start; kill after it worked a while
+        sink.send_signal(signal.SIGKILL)
+        sink.wait(10)
+        kills += 1
+        log.open("a").write(f"=== SIGKILL {kills} ===\n")
+        sink = start_sink_process(env, log)
+    producer_thread.join(60)
+    assert stop_producing.is_set()
+
+    url = env["AREAL_CLICKHOUSE_URL"]
+    want = expected_counts(events)
+
+    wait_for(lambda: lag(kafka_bootstrap, topics, f"{topics.prefix}sink") == 0, 60, "the restarted sink to catch up")
+    sink.send_signal(signal.SIGTERM)
+    assert sink.wait(30) == 0, log.read_text()[-3000:]
+
+    client = open_client(Target.parse(url), readonly=True, use_database=False)
+    try:
+        assert counts(client) == want  # no loss, no double count
+        no_duplicate_positions(client)  # and no block stored twice, in spite of the kills
+    finally:
+        client.close()
+    assert kills == 4
+    # the kills hit sinks at work: most killed processes had committed batches
+    segments = log.read_text().split("=== SIGKILL")[:-1]
+    assert sum("committed" in seg for seg in segments) >= 3, log.read_text()[-3000:]
