@@ -1,0 +1,80 @@
+"""compose.yaml agrees with the provisioning, the dashboards and our services' settings.
+
+`docker compose config` needs Docker; this reads the file itself and checks what
+the stack depends on: health checks, start order, mounts at the paths the
+provisioning expects, the datasource's environment, the pinned plugin, and
+that the trainer and stream-worker configs it mounts are valid.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from areal_metrics.dashboards.catalog import repo_root
+from areal_metrics.dashboards.clickhouse import PLUGIN_ID, PLUGIN_VERSION
+from areal_metrics.dashboards.provision import CONTAINER_DASHBOARDS, ENV
+
+yaml = pytest.importorskip("yaml")
+ROOT = repo_root()
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+def test_every_long_running_service_has_a_health_check(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert {"kafka", "clickhouse", "grafana", "streams", "sink", "trainer-g4", "trainer-g2", "topics"} <= set(services)
+    for name in ("kafka", "clickhouse", "grafana", "streams", "sink"):
+        assert services[name].get("healthcheck", {}).get("test"), name
+
+
+def test_start_order_waits_for_health(compose: dict[str, Any]) -> None:
+    s = compose["services"]
+    assert s["topics"]["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert s["sink"]["depends_on"]["clickhouse"]["condition"] == "service_healthy"
+    for trainer in ("trainer-g4", "trainer-g2"):
+        assert s[trainer]["depends_on"] == {"streams": {"condition": "service_healthy"},
+                                            "sink": {"condition": "service_healthy"}}
+
+
+def test_grafana_gets_the_plugin_provisioning_and_datasource_environment(compose: dict[str, Any]) -> None:
+    grafana = compose["services"]["grafana"]
+    assert grafana["image"].startswith("grafana/grafana:11.")
+    assert grafana["environment"]["GF_INSTALL_PLUGINS"] == f"{PLUGIN_ID} {PLUGIN_VERSION}"
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"] if v.startswith("./")}
+    assert mounts["/etc/grafana/provisioning"] == "./grafana/provisioning"
+    assert mounts[CONTAINER_DASHBOARDS] == "./grafana/dashboards"
+    assert set(ENV.values()) <= set(grafana["environment"])
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (ROOT / "grafana" / "dashboards" / Path(home).name).exists()
+
+
+def test_our_services_share_one_image_and_the_settings(compose: dict[str, Any]) -> None:
+    s = compose["services"]
+    for name in ("streams", "sink", "trainer-g4", "trainer-g2"):
+        assert s[name]["build"]["dockerfile"] == "docker/Dockerfile"
+        env = s[name]["environment"]
+        assert env["AREAL_KAFKA_BOOTSTRAP"] == "kafka:9092"
+        assert env["AREAL_CLICKHOUSE_URL"].startswith("http://") and "@clickhouse:8123" in env["AREAL_CLICKHOUSE_URL"]
+    assert s["streams"]["command"] == ["python", "-m", "streams"]
+    assert s["sink"]["command"] == ["python", "-m", "sinks"]
+    assert (ROOT / "docker" / "Dockerfile").exists() and (ROOT / "docker" / "healthcheck.py").exists()
+
+
+def test_mounted_configs_are_valid(compose: dict[str, Any]) -> None:
+    from areal_train.config import load
+    from streams.config import StreamsConfig
+
+    groups = []
+    for trainer in ("trainer-g4", "trainer-g2"):
+        command = compose["services"][trainer]["command"]
+        config = command[command.index("--config") + 1].replace("/app/", "")
+        groups.append(load(ROOT / config).group_size)
+    assert groups == [4, 2]
+    streams_config = compose["services"]["streams"]["environment"]["AREAL_STREAMS_CONFIG"].replace("/app/", "")
+    assert StreamsConfig.load(ROOT / streams_config).for_run("compose-g2").reward_threshold is not None
