@@ -115,12 +115,11 @@ def open_client(target: Target, *, readonly: bool, use_database: bool = True) ->
             except Exception:  # noqa: BLE001 - fall back to the default database
                 pass
         return client
-    client = clickhouse_connect.get_client(dsn=target.url, settings=settings)
+    # connect without the database (it may not exist before the schema does), then USE it
+    parsed = urlparse(target.url)
+    client = clickhouse_connect.get_client(dsn=parsed._replace(path="").geturl(), settings=settings)
     if database:
-        try:
-            client.database = database
-        except Exception:  # noqa: BLE001
-            pass
+        client.database = database
     return client
 
 

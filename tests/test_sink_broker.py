@@ -248,3 +248,27 @@ def test_sigkill_mid_batch_repeatedly_loses_and_duplicates_nothing(stack_env: di
     # the kills hit sinks at work: most killed processes had committed batches
     segments = log.read_text().split("=== SIGKILL")[:-1]
     assert sum("committed" in seg for seg in segments) >= 3, log.read_text()[-3000:]
+
+
+def test_store_outage_backs_off_and_catches_up(running_sink: Sink, kafka_bootstrap: str, topics: Topics) -> None:
+    """A table that cannot take inserts (detached: the real engine refuses them) holds the offsets back."""
+    client = running_sink.client
+    first = make_events(50)
+    producer = Producer(kafka_bootstrap, topics)
+    for e in first:
+        producer.send(e)
+    producer.producer.flush()
+    wait_for(lambda: lag(kafka_bootstrap, topics, running_sink.group) == 0, 60, "the first events")
+
+    client.command("DETACH TABLE areal.steps")
+    second = make_events(80, run="r2")
+    for e in second:
+        producer.send(e)
+    producer.close()
+    wait_for(lambda: running_sink.stats["retries"] >= 2, 30, "the sink to retry")
+    assert lag(kafka_bootstrap, topics, running_sink.group) > 0  # nothing committed that is not stored
+    client.command("ATTACH TABLE areal.steps")
+
+    wait_for(lambda: lag(kafka_bootstrap, topics, running_sink.group) == 0, 60, "the sink to catch up")
+    assert counts(client) == expected_counts(first + second)
+    no_duplicate_positions(client)
