@@ -82,3 +82,23 @@ def test_bad_run_ids_never_reach_sql() -> None:
 def test_moving_average() -> None:
     assert moving_average([2, 4, 6, 8], 2) == [2, 3, 5, 7]
     assert moving_average([1.0], 10) == [1.0]
+
+
+def test_report_while_the_sink_holds_the_store(store: tuple[DirectStore, Path], tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """During `demo` the running sink owns the chdb directory; the report asks it over its endpoint."""
+    from sinks.owner import OwnerEndpoint
+    from sinks.query import OwnerStore, Target, connect
+
+    url = f"chdb://{store[1]}"
+    endpoint = OwnerEndpoint(Target.parse(url))
+    try:
+        monkeypatch.setenv("AREAL_CLICKHOUSE_URL", url)
+        with connect() as owner_store:
+            assert isinstance(owner_store, OwnerStore)
+            written = write_report(tmp_path, ["demo-g4"], owner_store)
+        assert [p.name for p in written] == list(FILES)
+        evals = load_evals(owner_store, "run_id IN ('demo-g4')")
+        assert {p.state for p in evals["add_1digit"]["demo-g4"]} == {"ok", "stale"}
+    finally:
+        endpoint.close()
