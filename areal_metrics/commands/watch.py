@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,8 +152,10 @@ def _fmt(v: float | None) -> str:
 
 
 def watch_loop(settings: Any, run_ids: list[str] | None = None, duration: float | None = None, *,
-               console: Any = None, from_beginning: bool = True, refresh_per_second: float = 4.0) -> WatchState:
-    """Follow the derived topics and redraw until `duration` passes (forever if None) or Ctrl-C."""
+               console: Any = None, from_beginning: bool = True, refresh_per_second: float = 4.0,
+               until: Callable[[], bool] | None = None) -> WatchState:
+    """Follow the derived topics and redraw until `duration` passes (forever if None), `until()`
+    returns True (checked between polls; e.g. "the training runs have ended"), or Ctrl-C."""
     from kafka import KafkaConsumer
     from rich.live import Live
 
@@ -166,7 +169,7 @@ def watch_loop(settings: Any, run_ids: list[str] | None = None, duration: float 
     deadline = None if duration is None else time.monotonic() + duration
     try:
         with Live(render(state), console=console, refresh_per_second=refresh_per_second, transient=False) as live:
-            while deadline is None or time.monotonic() < deadline:
+            while (deadline is None or time.monotonic() < deadline) and not (until and until()):
                 batch = consumer.poll(timeout_ms=250)
                 for records in batch.values():
                     for record in records:
