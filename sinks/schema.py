@@ -140,13 +140,13 @@ TABLES: tuple[Table, ...] = (
         "commands",
         "command",
         f"command {LC}, target_node Nullable(String), args String, reason String",
-        "run_id, event_id",
+        "run_id, command, event_id",
     ),
     _table(
         "alerts",
         "alert",
         f"alert_id String, kind {LC}, severity {LC}, message String, step Nullable(UInt64), value {F}, threshold {F}",
-        "run_id, event_id",
+        "run_id, kind, event_id",
     ),
     _table(
         "deadletter",
@@ -202,8 +202,13 @@ class SchemaOptions:
         return f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
 
 
+# Grafana's time filter (`$__timeFilter(ts)`) skips granules by this min/max index;
+# `ts` is not in the sorting key because a re-emitted derived event may carry a new one.
+TS_INDEX = "INDEX ts_minmax ts TYPE minmax GRANULARITY 1"
+
+
 def create_table_sql(table: Table, o: SchemaOptions) -> str:
-    cols = ",\n    ".join(c.ddl() for c in table.columns)
+    cols = ",\n    ".join([c.ddl() for c in table.columns] + [TS_INDEX])
     return (
         f"CREATE TABLE IF NOT EXISTS {o.database}.{table.name}{o.on_cluster} (\n    {cols}\n)\n"
         f"ENGINE = {o.engine(table.name, args='_offset')}\n"

@@ -107,7 +107,15 @@ def test_sql_verb_through_the_owner_endpoint_while_the_store_is_held(client, url
         owner = read_owner(target.path)
         assert owner is not None and owner.port == endpoint.port
         assert (target.path / OWNER_FILE).stat().st_mode & 0o077 == 0  # the token is private
-        assert isinstance(connect(Settings(clickhouse_url=url)), OwnerStore)
+        store = connect(Settings(clickhouse_url=url))
+        assert isinstance(store, OwnerStore)
+        # server-side parameters and typed values survive the trip through the endpoint
+        r = store.query("SELECT step, ts, metrics FROM v_steps WHERE run_id IN {runs:Array(String)} AND step < {n:UInt32} ORDER BY step",
+                        {"runs": ["r1"], "n": 2})
+        assert [row[0] for row in r.rows] == [0, 1] and r.rows[1][1].year == 2023 and r.rows[0][2] == {}
+        assert store.command("SELECT count() FROM v_steps WHERE run_id = {r:String}", {"r": "r1"}) == 4
+        with pytest.raises(StoreError, match="readonly"):
+            store.command("TRUNCATE TABLE steps")
 
         r = cli("sql", "SELECT step, reward, ts FROM v_steps ORDER BY step", "--format", "json", url=url)
         assert r.returncode == 0, r.stderr
