@@ -154,3 +154,14 @@ def test_cli_check_runs_every_query_against_the_configured_store(
     assert "queries returned rows with the expected columns" in captured.err
     assert "Reward: raw, sliding average and EMA" in captured.out and "no rows" not in captured.out
     assert main(["grafana", "check", "--since", "soon"]) == 2
+
+
+def test_alerts_table_links_an_alert_to_the_command_it_caused(runner: QueryRunner, span: tuple) -> None:
+    from areal_metrics.dashboards.alerts import ALERTS_WITH_COMMANDS
+    from areal_metrics.dashboards.macros import expand
+
+    ctx = resolve_variables(build("alerts"), runner, context_for(*span))
+    columns, _, rows = runner.run(expand(ALERTS_WITH_COMMANDS.build().raw_sql, ctx))
+    kind, caused = columns.index("kind"), columns.index("commands caused")
+    reward_alerts = [r for r in rows if r[kind] == "reward_below_threshold"]
+    assert reward_alerts and all('scale_lr {"factor":0.5}' in r[caused] for r in reward_alerts)

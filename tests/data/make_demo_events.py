@@ -48,7 +48,7 @@ from producers.topics import Topics  # noqa: E402
 RUNS = {
     # run id -> (trainer config overrides, streams config overrides)
     "demo-g4": ({"group_size": 4, "fail_eval_at_steps": [100]}, {}),
-    "demo-g2": ({"group_size": 2, "dissent_rank": 1}, {"reward_threshold": 0.3, "reward_cooldown_steps": 20}),
+    "demo-g2": ({"group_size": 2, "dissent_rank": 1}, {"reward_threshold": 0.05, "reward_cooldown_steps": 20}),
 }
 COMMON_TRAIN = {"eval_every_steps": 20, "eval_size": 32, "quick_size": 8, "batch_prompts": 16, "threads": 1,
                 "device": "cpu", "publish": True, "seed": 3}
