@@ -9,7 +9,6 @@ dashboards' and the report's tests read exactly what a running sink stores.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager

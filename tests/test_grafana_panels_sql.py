@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -137,8 +136,6 @@ def test_every_dashboard_has_queries_on_all_three_variables() -> None:
         assert names == ["run", "node", "dataset"], name
         assert model.refresh == "5s"
 
-
-_ = Path  # keep the import for type checkers of fixtures
 
 
 def test_cli_check_runs_every_query_against_the_configured_store(
