@@ -215,7 +215,7 @@ def partition_by_values(field: str) -> dashboard.DataTransformerConfig:
     """Grafana's "Partition by values": one frame (series) per distinct value of `field`."""
     return dashboard.DataTransformerConfig(
         id_val="partitionByValues",
-        options={"fields": [field], "keepFields": False, "naming": {"asLabels": False}},
+        options={"fields": [field], "keepFields": False},  # default naming: the value becomes a label
     )
 
 
