@@ -100,12 +100,14 @@ class ControlListener:
     # -- the thread ------------------------------------------------------------
 
     def _run(self) -> None:
+        backoff = 1.0
         while not self._stop.is_set():
             try:
                 self._consume()
             except Exception as exc:  # the broker may come and go; training must not care
-                log.warning("control listener: %s; retrying", exc)
-                self._stop.wait(1.0)
+                log.warning("control listener: %s; retrying in %.0f s", exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
 
     def _consume(self) -> None:
         from kafka import KafkaConsumer, TopicPartition

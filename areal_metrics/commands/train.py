@@ -41,6 +41,13 @@ def run(args: argparse.Namespace) -> int:
         cfg = load(args.config, **({"publish": False} if args.no_publish else {}))
     except ConfigError as exc:
         raise UserError(str(exc)) from None
+    if cfg.publish:
+        from producers.settings import Settings
+
+        bootstrap = Settings.from_env().kafka_bootstrap
+        if not _reachable(bootstrap):
+            print(f"areal-metrics train: warning: no Kafka broker answers at {bootstrap}; events wait in the "
+                  "journal until one does (start the stack with `areal-metrics up`)", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="areal-train-") as summary_dir:
         try:
             code = launch(args.run_id, args.nproc, args.steps, cfg, log_dir=args.log_dir, summary_dir=summary_dir,
@@ -55,3 +62,17 @@ def run(args: argparse.Namespace) -> int:
     if code != 0:
         print(f"areal-metrics train: run {args.run_id} failed (exit status {code})", file=sys.stderr)
     return code
+
+
+def _reachable(bootstrap: str, timeout: float = 1.0) -> bool:
+    """Whether any bootstrap address accepts a TCP connection."""
+    import socket
+
+    for address in bootstrap.split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
