@@ -8,7 +8,7 @@ import pytest
 from kafka import KafkaProducer
 from rich.console import Console
 
-from areal_metrics.commands.watch import WatchState, render, sparkline, watch_loop
+from areal_metrics.commands.watch import WatchState, evenly, render, sparkline, watch_loop
 from producers.events import AlertEvent, CommandEvent, EvalConsensusEvent, RewardSmoothedEvent
 from producers.settings import Settings
 
@@ -33,6 +33,16 @@ def test_sparkline_scales_values_to_blocks() -> None:
     assert sparkline([]) == ""
     assert len(sparkline([0.1] * 100, width=40)) == 40
     assert sparkline([2.0, -1.0], lo=0.0, hi=1.0) == "█▁"  # out of range values are clamped
+
+
+def test_the_trend_spans_the_whole_run() -> None:
+    assert evenly(list(range(100)), 5) == [0, 25, 50, 74, 99]
+    assert evenly([1.0, 2.0], 5) == [1.0, 2.0]
+    state = WatchState()
+    for step in range(1, 5001):
+        state.apply(smoothed("a", step, step / 5000))
+    history = state.runs["a"].history
+    assert len(history) <= 2000 and history[0] == 1 / 5000 and history[-1] > 0.99
 
 
 def test_state_keeps_the_latest_of_each_thing_per_run() -> None:

@@ -21,6 +21,7 @@ from producers.events import AlertEvent, CommandEvent, EvalConsensusEvent, Event
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_POINTS = 40
 MAX_ALERTS = 8
+MAX_HISTORY = 2000
 
 
 def sparkline(values: list[float], width: int = SPARK_POINTS, lo: float | None = None, hi: float | None = None) -> str:
@@ -35,6 +36,13 @@ def sparkline(values: list[float], width: int = SPARK_POINTS, lo: float | None =
         return SPARK[len(SPARK) // 2] * len(values) if lo != 0 else SPARK[0] * len(values)
     return "".join(SPARK[min(int((min(max(v, lo), hi) - lo) / span * (len(SPARK) - 1) + 0.5), len(SPARK) - 1)]
                    for v in values)
+
+
+def evenly(values: list[float], n: int) -> list[float]:
+    """At most `n` values spread evenly over `values`, the first and the last included."""
+    if len(values) <= n:
+        return list(values)
+    return [values[round(i * (len(values) - 1) / (n - 1))] for i in range(n)]
 
 
 @dataclass
@@ -56,7 +64,7 @@ class RunView:
     sliding_avg: float | None = None
     ema: float | None = None
     slope: float | None = None
-    history: deque[float] = field(default_factory=lambda: deque(maxlen=SPARK_POINTS * 5))
+    history: list[float] = field(default_factory=list)  # the EMA over the whole run, thinned as it grows
     consensus: dict[tuple[str, str], DatasetView] = field(default_factory=dict)  # (dataset, stage) -> latest
     eval_steps: list[int] = field(default_factory=list)
     eval_interval: int | None = None  # from the last set_eval_interval command
@@ -91,6 +99,8 @@ class WatchState:
                 run.step, run.reward, run.sliding_avg, run.ema, run.slope = (
                     event.step, event.reward, event.sliding_avg, event.ema, event.slope)
             run.history.append(event.ema)
+            if len(run.history) > MAX_HISTORY:
+                run.history = run.history[::2]  # keep the run's whole shape in bounded memory
         elif isinstance(event, EvalConsensusEvent):
             key = (event.dataset, event.stage)
             current = run.consensus.get(key)
@@ -132,7 +142,7 @@ def render(state: WatchState, now: float | None = None) -> Any:
         interval = (f"{run.eval_interval} steps" if run.eval_interval is not None else
                     f"~{run.observed_interval} steps (seen)" if run.observed_interval else "-")
         runs.add_row(run.run_id, str(run.step), _fmt(run.ema), _fmt(run.sliding_avg),
-                     Text(sparkline(list(run.history), lo=0.0, hi=1.0), style="green"),
+                     Text(sparkline(evenly(run.history, SPARK_POINTS), lo=0.0, hi=1.0), style="green"),
                      "\n".join(lines) or "-", interval, run.last_command or "-",
                      f"{max(now - run.updated, 0):.0f}s" if run.updated else "-")
     alerts = Table(title="latest alerts", expand=True)
