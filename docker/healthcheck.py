@@ -13,12 +13,15 @@ import sys
 
 def group_has_members(group: str) -> bool:
     from kafka.admin import KafkaAdminClient
+    from kafka.errors import KafkaError
 
     from producers.settings import Settings
 
     admin = KafkaAdminClient(**Settings.from_env().kafka_python_config(), request_timeout_ms=5000)
     try:
         info = admin.describe_groups([group]).get(group, {})
+    except KafkaError:  # e.g. no coordinator yet on a fresh broker: nobody has joined
+        return False
     finally:
         admin.close()
     state = info.get("group_state") or info.get("state")

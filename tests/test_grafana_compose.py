@@ -78,3 +78,30 @@ def test_mounted_configs_are_valid(compose: dict[str, Any]) -> None:
     assert groups == [4, 2]
     streams_config = compose["services"]["streams"]["environment"]["AREAL_STREAMS_CONFIG"].replace("/app/", "")
     assert StreamsConfig.load(ROOT / streams_config).for_run("compose-g2").reward_threshold is not None
+
+
+@pytest.mark.broker
+def test_health_check_sees_a_consumer_group_with_members(kafka_bootstrap: str, topics: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """docker/healthcheck.py against the real broker: healthy only while the group has a member."""
+    import importlib.util
+    import time
+
+    from kafka import KafkaConsumer
+
+    spec = importlib.util.spec_from_file_location("areal_healthcheck", ROOT / "docker" / "healthcheck.py")
+    assert spec and spec.loader
+    health = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(health)
+    monkeypatch.setenv("AREAL_KAFKA_BOOTSTRAP", kafka_bootstrap)
+    group = f"{topics.prefix}health"
+    assert health.group_has_members(group) is False
+    consumer = KafkaConsumer(topics.steps, bootstrap_servers=kafka_bootstrap, group_id=group)
+    try:
+        deadline = time.monotonic() + 30
+        while not health.group_has_members(group):
+            consumer.poll(timeout_ms=200)
+            assert time.monotonic() < deadline, "the consumer never joined its group"
+    finally:
+        consumer.close()
+    assert health.group_has_members(group) is False  # left the group on close
