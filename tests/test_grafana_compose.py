@@ -17,12 +17,12 @@ from areal_metrics.dashboards.catalog import repo_root
 from areal_metrics.dashboards.clickhouse import PLUGIN_ID, PLUGIN_VERSION
 from areal_metrics.dashboards.provision import CONTAINER_DASHBOARDS, ENV
 
-yaml = pytest.importorskip("yaml")
 ROOT = repo_root()
 
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
+    yaml = pytest.importorskip("yaml")  # PyYAML: a test dependency
     return yaml.safe_load((ROOT / "compose.yaml").read_text())
 
 
