@@ -127,12 +127,12 @@ def train(
         # 1. prompts for this step from the rank's shard (an epoch ends when the shard is used up)
         batch: list[Problem] = []
         while len(batch) < cfg.batch_prompts:
-            if cursor == len(order):
-                epoch += 1
-                cursor, order = 0, _epoch_shard(len(train_problems), epoch, cfg.seed, rank, world_size, shard_len)
             take = order[cursor:cursor + cfg.batch_prompts - len(batch)]
             batch += [train_problems[i] for i in take]
             cursor += len(take)
+            if cursor == len(order):  # `epoch` counts completed epochs, as the step event reports it
+                epoch += 1
+                cursor, order = 0, _epoch_shard(len(train_problems), epoch, cfg.seed, rank, world_size, shard_len)
         problems = [p for p in batch for _ in range(cfg.group_size)]  # a group of answers per prompt
         prompts = encode_prompts(problems, device)
 

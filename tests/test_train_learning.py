@@ -42,3 +42,24 @@ def test_every_step_reports_the_metrics_and_cpu_memory() -> None:
         assert e.gpu_mem_bytes is None and e.metrics["mem_bytes"] > 10e6  # CPU: the process RSS
     assert steps[-1].clip_ratio > 0 or steps[-1].kl > 0  # the second PPO epoch moves off the sampling policy
     assert torch.get_num_threads() == 1
+
+
+def test_the_first_evaluation_sees_the_initial_weights_and_epochs_trigger() -> None:
+    from areal_train.evaluation import evaluate_problems
+    from areal_train.policy import Policy
+    from areal_train.task import make_problems
+
+    events: list = []
+    cfg = TrainConfig(seed=5, eval_every_steps=None, eval_every_epochs=1, train_size=64, batch_prompts=16,
+                      two_stage=False, eval_at_end=False, eval_size=32, lr=0.05)
+    summary = train(cfg, "start", steps=8, publish=events.append)
+    assert summary.eval_steps == [0, 4, 8]  # before training, then after each epoch of 64 / 16 = 4 steps
+
+    torch.manual_seed(cfg.seed)  # the initial weights, as the trainer built them
+    initial = Policy(hidden=cfg.hidden)
+    problems = make_problems("add_1digit", cfg.eval_size, cfg.seed + 7919)
+    expected = evaluate_problems(initial, problems, cfg.max_response_len, torch.device("cpu")).verdicts
+    at_start = [e for e in events if isinstance(e, EvalEvent) and e.step == 0 and e.dataset == "add_1digit"]
+    later = [e for e in events if isinstance(e, EvalEvent) and e.step == 8 and e.dataset == "add_1digit"]
+    assert list(at_start[0].verdicts) == expected
+    assert later[0].verdicts != at_start[0].verdicts  # a large lr moved the weights by step 8

@@ -122,3 +122,29 @@ def test_commands_for_other_runs_or_nodes_do_not_apply() -> None:
 def test_a_bad_interval_is_refused() -> None:
     with pytest.raises(ValueError):
         EvalScheduler().set_step_interval(0)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(every_steps=st.one_of(st.none(), st.integers(1, 12)), every_epochs=st.one_of(st.none(), st.integers(1, 4)),
+       every_seconds=st.one_of(st.none(), st.floats(0.5, 20)), steps_per_epoch=st.integers(1, 9),
+       seconds_per_step=st.lists(st.floats(0.0, 5.0), min_size=60, max_size=60))
+def test_combined_triggers_fire_exactly_where_each_alone_would(every_steps, every_epochs, every_seconds,
+                                                               steps_per_epoch, seconds_per_step) -> None:
+    """Independence of the baselines: together they fire at the union of where each fires alone."""
+    clock = [sum(seconds_per_step[:i]) for i in range(61)]
+
+    def fired(**triggers) -> dict[int, set[str]]:
+        return run_steps(EvalScheduler(**triggers), range(1, 61), epoch_of=lambda s: s // steps_per_epoch,
+                         time_of=lambda s: clock[s])
+
+    together = fired(every_steps=every_steps, every_epochs=every_epochs, every_seconds=every_seconds)
+    alone = [fired(every_steps=every_steps), fired(every_epochs=every_epochs), fired(every_seconds=every_seconds)]
+    union: dict[int, set[str]] = {}
+    for one in alone:
+        for step, reasons in one.items():
+            union.setdefault(step, set()).update(reasons)
+    assert together == union
