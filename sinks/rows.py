@@ -39,17 +39,24 @@ def _timestamp(seconds: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(round(seconds, 3), tz=UTC)
 
 
-def _value(event: Event, name: str) -> Any:
-    v = getattr(event, name)
+def _column(name: str, rows: Sequence[Located]) -> list[Any]:
+    """One column's values, in row order (a comprehension per column: the hot path of the sink)."""
+    if name == "_topic":
+        return [loc.topic for loc in rows]
+    if name == "_partition":
+        return [loc.partition for loc in rows]
+    if name == "_offset":
+        return [loc.offset for loc in rows]
+    values = [getattr(loc.event, name) for loc in rows]
     if name == "ts":
-        return _timestamp(v)
+        return [_timestamp(v) for v in values]
     if name == "args":  # free-form object: stored as canonical JSON text
-        return json.dumps(dict(v), sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return [json.dumps(dict(v), sort_keys=True, separators=(",", ":"), allow_nan=False) for v in values]
     if name == "metrics":
-        return dict(v)
+        return [dict(v) for v in values]
     if name in ("verdicts", "dissenters"):
-        return list(v) if v is not None else []
-    return v
+        return [list(v) if v is not None else [] for v in values]
+    return values
 
 
 def build_columns(table: Table, rows: Sequence[Located]) -> tuple[tuple[str, ...], list[list[Any]]]:
@@ -58,18 +65,8 @@ def build_columns(table: Table, rows: Sequence[Located]) -> tuple[tuple[str, ...
     Every row must belong to `table`; the provenance columns `_topic`,
     `_partition`, `_offset` come from the log position.
     """
-    names = table.insert_columns
-    columns: list[list[Any]] = [[] for _ in names]
     for loc in rows:
         if loc.event.type != table.event_type:
             raise ValueError(f"a {loc.event.type!r} event cannot go into table {table.name}")
-        for i, name in enumerate(names):
-            if name == "_topic":
-                columns[i].append(loc.topic)
-            elif name == "_partition":
-                columns[i].append(loc.partition)
-            elif name == "_offset":
-                columns[i].append(loc.offset)
-            else:
-                columns[i].append(_value(loc.event, name))
-    return names, columns
+    names = table.insert_columns
+    return names, [_column(name, rows) for name in names]
