@@ -1,0 +1,78 @@
+"""One benchmark command: `python -m benchmarks [--quick] [--json PATH]`.
+
+Measures in one run, side by side, against one real Kafka broker (started
+here unless AREAL_KAFKA_BOOTSTRAP is set):
+
+- publisher: microseconds per publish() on the caller's thread, beside a raw
+  kafka-python send() and TensorBoard's add_scalar for the same values;
+- pipeline: events/s from publishers through the stream worker into
+  ClickHouse rows, beside the raw produce-then-consume rate (the ceiling);
+- latency: publish() to alert, publish() to row visible to `sql`;
+- memory: peak RSS of the stream worker and the sink;
+- scale: 1, 8 and 64 simulated ranks publishing at once.
+
+The detailed per-wing benchmarks are `benchmarks.bench_*` (see docs/PERFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from benchmarks import bench_publisher, pipeline
+from benchmarks.common import broker, machine, print_table
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer events and samples (a minute or two)")
+    parser.add_argument("--json", type=Path, help="write the figures as JSON here")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    n_pub, n_pipe, samples = (20_000, 6_000, 10) if args.quick else (50_000, 24_000, 30)
+    print(f"machine: {machine()}")
+    with broker() as bootstrap:
+        pub = bench_publisher.run(bootstrap, n_pub)
+        pipe = pipeline.run(bootstrap, n_pipe, samples, scales=(1, 8, 64))
+    bench_publisher.report(pub)
+    raw = pipe["raw_events_per_s"]
+    rows = [("raw produce-then-consume (kafka-python)", f"{raw:,.0f} ev/s", "1.00 (ceiling)")]
+    for ranks, s in pipe["scale"].items():
+        rows.append((f"pipeline, {ranks} rank(s) publishing", f"{s['events_per_s']:,.0f} ev/s",
+                     f"{s['events_per_s'] / raw:.2f} of raw"))
+    print_table(f"pipeline: publishers -> Kafka -> stream worker + sink -> ClickHouse rows ({n_pipe:,} step events)", rows)
+    print_table("latency and memory", [
+        ("publish() -> alert on the alerts topic p50/p99/max",
+         f"{pipe['alert_latency_ms_p50']:.0f}/{pipe['alert_latency_ms_p99']:.0f}/{pipe['alert_latency_ms_max']:.0f} ms", ""),
+        ("publish() -> row visible to sql p50/p99/max",
+         f"{pipe['visible_latency_ms_p50']:.0f}/{pipe['visible_latency_ms_p99']:.0f}/{pipe['visible_latency_ms_max']:.0f} ms", ""),
+        ("stream worker peak RSS", f"{pipe.get('worker_peak_rss_mb', float('nan')):.0f} MiB", ""),
+        ("sink peak RSS", f"{pipe.get('sink_peak_rss_mb', float('nan')):.0f} MiB", ""),
+    ])
+    figures = {
+        "machine": machine(),
+        "publish_us_p50": pub["publish_us_p50"],
+        "publish_us_p99": pub["publish_us_p99"],
+        "raw_send_us_p50": pub["raw_send_us_p50"],
+        "tensorboard_us_p50": pub["tensorboard_us_p50"],
+        "pipeline_events_per_s": pipe["pipeline_events_per_s"],
+        "raw_events_per_s": raw,
+        "pipeline_to_raw": pipe["pipeline_events_per_s"] / raw,
+        "alert_latency_ms_p50": pipe["alert_latency_ms_p50"],
+        "alert_latency_ms_p99": pipe["alert_latency_ms_p99"],
+        "visible_latency_ms_p50": pipe["visible_latency_ms_p50"],
+        "visible_latency_ms_p99": pipe["visible_latency_ms_p99"],
+        "worker_peak_rss_mb": pipe.get("worker_peak_rss_mb"),
+        "sink_peak_rss_mb": pipe.get("sink_peak_rss_mb"),
+        "scale_events_per_s": {str(k): v["events_per_s"] for k, v in pipe["scale"].items()},
+    }
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+        print(f"\nfigures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

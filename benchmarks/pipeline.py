@@ -1,0 +1,258 @@
+"""The whole pipeline, measured as a user runs it: trainers' publishers -> Kafka
+-> stream worker (`python -m streams`) and sink (`python -m sinks`) -> rows in
+the embedded ClickHouse, beside the raw produce-then-consume rate of the same
+client library on the same broker (the ceiling on this machine).
+
+Also: latency from `publish()` to the alert on the alerts topic and to the row
+being visible to `sql`; peak RSS of the worker and the sink; and how the
+pipeline rate changes with 1, 8 and 64 simulated ranks publishing at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import summary
+from producers.events import StepEvent, parse_event
+from producers.publisher import Publisher
+from producers.settings import Settings
+from producers.topics import Topics
+
+RANKS_PER_RUN = 8
+
+
+@dataclass
+class Services:
+    """The stream worker and the sink as subprocesses, wired to one broker and one store."""
+
+    bootstrap: str
+    home: Path
+    topics: Topics = field(default_factory=lambda: Topics(f"bench{uuid.uuid4().hex[:6]}."))
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            AREAL_KAFKA_BOOTSTRAP=self.bootstrap, AREAL_TOPIC_PREFIX=self.topics.prefix,
+            AREAL_HOME=str(self.home), AREAL_CLICKHOUSE_URL=f"chdb://{self.home / 'clickhouse'}",
+            AREAL_STREAMS_CONFIG=str(self.home / "streams.json"), AREAL_LOG_LEVEL="WARNING",
+        )
+        return env
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(kafka_bootstrap=self.bootstrap, clickhouse_url=self.env["AREAL_CLICKHOUSE_URL"],
+                        topic_prefix=self.topics.prefix)
+
+    def start(self) -> None:
+        from areal_metrics.kafka_broker import create_topics
+
+        self.home.mkdir(parents=True, exist_ok=True)
+        # Runs named lat-* alert at once: a one-step window and a threshold of 0.5.
+        (self.home / "streams.json").write_text(json.dumps(
+            {"runs": {"lat-*": {"window": 1, "reward_threshold": 0.5, "reward_cooldown_steps": 1}}}))
+        create_topics(self.bootstrap, self.topics.all(), partitions=3)
+        for name, module in (("worker", "streams"), ("sink", "sinks")):
+            log = open(self.home / f"{name}.log", "wb")
+            self.procs[name] = subprocess.Popen([sys.executable, "-m", module], env=self.env,
+                                                stdout=log, stderr=subprocess.STDOUT)
+
+    def peak_rss_mb(self) -> dict[str, float]:
+        out = {}
+        for name, proc in self.procs.items():
+            try:
+                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        out[f"{name}_peak_rss_mb"] = int(line.split()[1]) / 1024
+            except OSError:
+                pass
+        return out
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def raw_ceiling(bootstrap: str, n: int) -> float:
+    """kafka-python: produce n step events (acks=all), then consume them; events/s over both."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    from benchmarks.common import step_events
+
+    topic = f"raw{uuid.uuid4().hex[:6]}"
+    payloads = [e.to_json() for e in step_events(n, run_id="raw", ranks=8)]
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5)
+    producer.send(topic, key=b"warm", value=b"{}").get(60)
+    t0 = time.perf_counter()
+    for p in payloads:
+        producer.send(topic, key=b"raw", value=p)
+    producer.flush(300)
+    produced = time.perf_counter() - t0
+    producer.close()
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False, group_id=None)
+    got = 0
+    t1 = time.perf_counter()
+    while got < n + 1:
+        for records in consumer.poll(timeout_ms=500, max_records=5000).values():
+            got += len(records)
+    consumed = time.perf_counter() - t1
+    consumer.close()
+    return n / (produced + consumed)
+
+
+def count(store: Any, table: str, like: str) -> int:
+    return int(store.command(f"SELECT count() FROM {table} FINAL WHERE run_id LIKE {{p:String}}", {"p": like}))
+
+
+def wait_ready(services: Services, timeout: float = 120.0) -> None:
+    """Both services answer: a warm-up step comes back as a smoothed row in ClickHouse."""
+    from sinks.query import StoreError, connect
+
+    journal = services.home / "journal-warmup"
+    publisher = Publisher(services.bootstrap, services.topics, journal)
+    publisher.publish(StepEvent(run_id="warmup", step=0, epoch=0, reward=0.5))
+    publisher.close(30)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with connect(services.settings, wait_s=1) as store:
+                if count(store, "rewards_smoothed", "warmup") >= 1:
+                    return
+        except StoreError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"worker and sink not ready after {timeout:.0f} s; logs in {services.home}")
+
+
+def pipeline_rate(services: Services, ranks: int, n: int, timeout: float = 600.0) -> dict[str, float]:
+    """`ranks` publishers (one per simulated rank, each in its own thread) publish n step events
+    in all; time until every step row and every smoothed row is in ClickHouse."""
+    from sinks.query import connect
+
+    tag = f"pipe{ranks}-{uuid.uuid4().hex[:4]}"
+    per_rank = n // ranks
+    runs = max(1, ranks // RANKS_PER_RUN)
+    publishers = [Publisher(services.bootstrap, services.topics, services.home / f"journal-{tag}-{r}")
+                  for r in range(ranks)]
+    batches = [[StepEvent(run_id=f"{tag}-{r % runs}", node=f"node{r}", rank=r, step=s, epoch=0,
+                          reward=0.5, throughput=1000.0, tokens=512, latency_ms=10.0)
+                for s in range(per_rank)] for r in range(ranks)]
+    expected_steps = per_rank * ranks
+    expected_smoothed = per_rank * runs  # one smoothed reward per run and step
+
+    def publish_all(publisher: Publisher, events: list[StepEvent]) -> None:
+        for e in events:
+            publisher.publish(e)
+
+    threads = [threading.Thread(target=publish_all, args=(p, b)) for p, b in zip(publishers, batches)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    steps = smoothed = 0
+    with connect(services.settings) as store:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            steps = count(store, "steps", f"{tag}-%")
+            smoothed = count(store, "rewards_smoothed", f"{tag}-%")
+            if steps >= expected_steps and smoothed >= expected_smoothed:
+                break
+            time.sleep(0.2)
+    elapsed = time.perf_counter() - t0
+    for p in publishers:
+        p.close(5)
+    if steps < expected_steps or smoothed < expected_smoothed:
+        raise TimeoutError(f"{tag}: {steps}/{expected_steps} step rows, {smoothed}/{expected_smoothed} smoothed")
+    return {"events_per_s": expected_steps / elapsed, "seconds": elapsed}
+
+
+def visible_latency(services: Services, samples: int) -> list[float]:
+    """publish() one step, then ask the store (the `sql` path) until its row is there."""
+    from sinks.query import connect
+
+    publisher = Publisher(services.bootstrap, services.topics, services.home / "journal-visible")
+    out = []
+    with connect(services.settings) as store:
+        for i in range(samples):
+            event = StepEvent(run_id="visible", step=i, epoch=0, reward=0.5)
+            t0 = time.perf_counter()
+            publisher.publish(event)
+            while not store.query("SELECT 1 FROM steps WHERE event_id = {id:String}", {"id": event.event_id}).rows:
+                time.sleep(0.005)
+            out.append((time.perf_counter() - t0) * 1000)
+    publisher.close(5)
+    return out
+
+
+def alert_latency(services: Services, samples: int, timeout: float = 60.0) -> list[float]:
+    """publish() a step whose reward breaks the threshold; time until its alert is on the alerts topic."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(services.topics.alerts, bootstrap_servers=services.bootstrap,
+                             auto_offset_reset="latest", enable_auto_commit=False, group_id=None)
+    consumer.poll(timeout_ms=1000)  # join the partitions before anything is published
+    publisher = Publisher(services.bootstrap, services.topics, services.home / "journal-alert")
+    out = []
+    for i in range(samples):
+        run = f"lat-{uuid.uuid4().hex[:6]}"
+        publisher.publish(StepEvent(run_id=run, step=0, epoch=0, reward=1.0))  # arms the rule
+        publisher.flush(10)
+        time.sleep(0.2)
+        t0 = time.perf_counter()
+        publisher.publish(StepEvent(run_id=run, step=1, epoch=0, reward=0.0))  # breaks it
+        deadline = time.monotonic() + timeout
+        found = False
+        while not found and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=50).values():
+                for r in records:
+                    alert = parse_event(r.value)
+                    if alert.run_id == run and alert.kind == "reward_below_threshold":
+                        found = True
+        if not found:
+            raise TimeoutError(f"no reward_below_threshold alert for {run} within {timeout:.0f} s")
+        out.append((time.perf_counter() - t0) * 1000)
+    publisher.close(5)
+    consumer.close()
+    return out
+
+
+def run(bootstrap: str, n: int, samples: int, scales: tuple[int, ...]) -> dict[str, Any]:
+    home = Path(tempfile.mkdtemp(prefix="areal-bench-pipeline-"))
+    services = Services(bootstrap, home)
+    out: dict[str, Any] = {"raw_events_per_s": raw_ceiling(bootstrap, n)}
+    services.start()
+    try:
+        wait_ready(services)
+        scale = {}
+        for ranks in scales:
+            scale[ranks] = pipeline_rate(services, ranks, n)
+        out["scale"] = scale
+        out["pipeline_events_per_s"] = max(s["events_per_s"] for s in scale.values())
+        v = summary(visible_latency(services, samples))
+        a = summary(alert_latency(services, samples))
+        out.update(visible_latency_ms_p50=v["p50"], visible_latency_ms_p99=v["p99"], visible_latency_ms_max=v["max"],
+                   alert_latency_ms_p50=a["p50"], alert_latency_ms_p99=a["p99"], alert_latency_ms_max=a["max"])
+        out.update(services.peak_rss_mb())
+    finally:
+        services.stop()
+        shutil.rmtree(home, ignore_errors=True)
+    return out
