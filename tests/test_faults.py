@@ -1,0 +1,144 @@
+"""Faults during a live training run, with the real broker, trainer, worker and sink.
+
+- The broker stops and restarts while two ranks train: the publishers journal
+  and re-send; every step event reaches ClickHouse exactly once.
+- A rank of one run is killed with SIGKILL: the other run's events keep
+  flowing, and the stream worker raises `stalled` for the dead run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer
+
+from areal_train.config import TrainConfig
+from areal_train.launch import start
+from producers.events import parse_event
+from producers.settings import Settings
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
+
+QUIET_TRAINING = TrainConfig(eval_every_steps=None, eval_at_start=False, eval_at_end=False, batch_prompts=4)
+
+
+def consume_steps(bootstrap: str, topic: str, run_id: str, until: int, timeout: float) -> list:
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False, group_id=None)
+    out = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len({e.event_id for e in out}) < until and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                out.extend(e for e in (parse_event(r.value) for r in records) if e.run_id == run_id)
+    finally:
+        consumer.close()
+    return out
+
+
+def start_module(module: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", module], env=env, stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def test_broker_restart_during_training_loses_nothing_and_counts_nothing_twice(kafka_broker, topics, stack_env,
+                                                                               tmp_path):
+    steps, nproc = 250, 2
+    run = start("fault-broker", nproc, steps, QUIET_TRAINING, env=stack_env, log_dir=tmp_path / "logs")
+    try:
+        # let the ranks publish, then take the broker away while they train on
+        consume_steps(kafka_broker.bootstrap, topics.steps, "fault-broker", until=20, timeout=60)
+        kafka_broker.stop()
+        time.sleep(3)
+        assert run.poll() is None, "training must not stall or fail while the broker is away"
+        kafka_broker.start(timeout=120)
+        assert run.wait(timeout=180) == 0
+    finally:
+        run.terminate()
+        if kafka_broker.process is None:
+            kafka_broker.start(timeout=120)
+
+    events = consume_steps(kafka_broker.bootstrap, topics.steps, "fault-broker", until=steps * nproc, timeout=60)
+    by_rank_step: dict[tuple[int, int], set[str]] = {}
+    for e in events:
+        by_rank_step.setdefault((e.rank, e.step), set()).add(e.event_id)
+    assert len(by_rank_step) == steps * nproc  # no step of any rank lost
+    assert all(len(ids) == 1 for ids in by_rank_step.values())  # a re-send keeps its event_id
+
+    # The sink projects the log into ClickHouse: each step exactly once with FINAL.
+    sink = start_module("sinks", stack_env, tmp_path / "sink.log")
+    try:
+        from sinks.query import Target, connect, read_owner
+
+        store_path = Target.parse(stack_env["AREAL_CLICKHOUSE_URL"]).path
+        deadline = time.monotonic() + 60
+        while read_owner(store_path) is None:  # the sink holds the store: ask it, do not open it
+            assert time.monotonic() < deadline and sink.poll() is None, "the sink did not start"
+            time.sleep(0.2)
+        settings = Settings(kafka_bootstrap=kafka_broker.bootstrap, clickhouse_url=stack_env["AREAL_CLICKHOUSE_URL"],
+                            topic_prefix=topics.prefix)
+        deadline = time.monotonic() + 90
+        rows = 0
+        while time.monotonic() < deadline:
+            with connect(settings, wait_s=30) as store:
+                rows = int(store.command("SELECT count() FROM steps FINAL WHERE run_id = 'fault-broker'"))
+                unique = int(store.command("SELECT uniqExact(rank, step) FROM steps FINAL WHERE run_id = 'fault-broker'"))
+            if rows >= steps * nproc:
+                break
+            time.sleep(1)
+        assert (rows, unique) == (steps * nproc, steps * nproc)
+    finally:
+        stop(sink)
+
+
+def test_a_dead_rank_stalls_its_run_while_other_runs_flow(kafka_bootstrap, topics, stack_env, tmp_path):
+    config = tmp_path / "streams.json"
+    config.write_text(json.dumps({"defaults": {"stall_seconds": 4}, "tick_interval_s": 0.5}))
+    env = {**stack_env, "AREAL_STREAMS_CONFIG": str(config)}
+    worker = start_module("streams", env, tmp_path / "worker.log")
+    victim = start("fault-dead", 2, 100_000, QUIET_TRAINING, env=env, log_dir=tmp_path / "logs")
+    survivor = start("fault-alive", 1, 100_000, QUIET_TRAINING, env=env, log_dir=tmp_path / "logs")
+    alerts = KafkaConsumer(topics.alerts, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
+                           enable_auto_commit=False, group_id=None)
+    try:
+        consume_steps(kafka_bootstrap, topics.steps, "fault-dead", until=20, timeout=90)
+        killed_at = time.time()
+        os.kill(victim.procs[1].pid, signal.SIGKILL)  # rank 1 dies; its run cannot go on without it
+        stalled = []
+        deadline = time.monotonic() + 90
+        while not stalled and time.monotonic() < deadline:
+            for records in alerts.poll(timeout_ms=500).values():
+                stalled += [a for a in (parse_event(r.value) for r in records)
+                            if a.kind == "stalled" and a.run_id == "fault-dead"]
+        assert stalled, "the worker raised no `stalled` alert for the run whose rank died"
+        assert victim.poll() not in (None, 0)  # the launcher stopped the run's other ranks
+
+        # The other run kept publishing after the death, and is not stalled.
+        assert survivor.poll() is None
+        later = [e for e in consume_steps(kafka_bootstrap, topics.steps, "fault-alive", until=10**9, timeout=5)
+                 if e.ts > killed_at + 1]
+        assert later, "the surviving run stopped publishing"
+        for records in alerts.poll(timeout_ms=500).values():
+            for a in (parse_event(r.value) for r in records):
+                assert not (a.kind == "stalled" and a.run_id == "fault-alive")
+    finally:
+        alerts.close()
+        victim.terminate()
+        survivor.terminate()
+        stop(worker)
