@@ -105,3 +105,15 @@ def test_health_check_sees_a_consumer_group_with_members(kafka_bootstrap: str, t
     finally:
         consumer.close()
     assert health.group_has_members(group) is False  # left the group on close
+
+
+def test_grafana_reads_clickhouse_as_a_read_only_user(compose: dict[str, Any]) -> None:
+    grafana_env = compose["services"]["grafana"]["environment"]
+    clickhouse = compose["services"]["clickhouse"]
+    writer = clickhouse["environment"]["CLICKHOUSE_USER"]
+    assert grafana_env["CLICKHOUSE_USER"] == clickhouse["environment"]["GRAFANA_CH_USER"] != writer
+    assert "./docker/clickhouse-init:/docker-entrypoint-initdb.d:ro" in clickhouse["volumes"]
+    init = (ROOT / "docker/clickhouse-init/10-readonly-user.sh").read_text()
+    assert "SETTINGS readonly = 2" in init
+    grants = [line for line in init.splitlines() if line.startswith("GRANT")]
+    assert grants == ["GRANT SELECT ON ${CLICKHOUSE_DB}.* TO ${GRAFANA_CH_USER};"]

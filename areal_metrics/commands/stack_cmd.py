@@ -6,6 +6,7 @@ import argparse
 import json
 
 from areal_metrics import stack
+from producers.settings import mask_url
 from areal_metrics.errors import UserError
 
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         if info is not None:
             out.update(
                 kafka_bootstrap=info.kafka_bootstrap, kafka_version=info.kafka_version,
-                topic_prefix=info.topic_prefix, clickhouse_url=info.clickhouse_url, home=info.home,
+                topic_prefix=info.topic_prefix, clickhouse_url=mask_url(info.clickhouse_url), home=info.home,
                 processes={name: {"pid": pid, "alive": alive}
                            for (name, pid), alive in zip(info.pids.items(), info.alive().values())},
             )
