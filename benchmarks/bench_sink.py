@@ -47,14 +47,15 @@ def bench_direct(url: str, payloads: list[bytes], chunk: int) -> dict[str, float
         apply_schema(client)
         t0 = time.perf_counter()
         rows = [Located(parse_event(raw, StepEvent), "bench.steps", 0, i) for i, raw in enumerate(payloads)]
+        parsed = time.perf_counter()
         for i in range(0, len(rows), chunk):
             insert_rows(client, "areal", rows[i:i + chunk], f"direct:{i}")
-        elapsed = time.perf_counter() - t0
+        done = time.perf_counter()
         assert int(client.command("SELECT count() FROM areal.steps")) == len(payloads)
         client.command("TRUNCATE TABLE areal.steps")
     finally:
         client.close()
-    return {"direct_rows_per_s": len(payloads) / elapsed}
+    return {"direct_rows_per_s": len(payloads) / (done - t0), "insert_only_rows_per_s": len(payloads) / (done - parsed)}
 
 
 def count_steps(store) -> int:
@@ -134,7 +135,9 @@ def main() -> None:
     print_table(
         f"sink: {args.events} step events (all fields), chunks of {args.max_rows} rows, embedded engine (chdb)",
         [
-            ("direct bulk insert (parse + build + insert)", f"{result['direct_rows_per_s']:,.0f} rows/s", "1.00 (baseline)"),
+            ("direct bulk insert of prebuilt rows", f"{result['insert_only_rows_per_s']:,.0f} rows/s",
+             f"{result['insert_only_rows_per_s'] / result['direct_rows_per_s']:.2f}"),
+            ("direct: validate JSON + build + insert", f"{result['direct_rows_per_s']:,.0f} rows/s", "1.00 (baseline)"),
             ("sink: Kafka -> validate -> insert -> commit", f"{result['sink_rows_per_s']:,.0f} rows/s", f"{ratio:.2f} of direct"),
         ]
         + [
