@@ -5,6 +5,8 @@ validation becomes a `rejected` event whose `event_id` is derived from its log
 position, so a chunk decoded twice (a retry after a crash) gives the same dead
 letter, which deduplicates downstream. A bad message read FROM the dead-letter
 topic is stored directly in `deadletter` (never re-published: that would loop).
+A valid event that no column could hold (an integer beyond UInt32, say) is
+dead-lettered too: storing it would fail on every retry.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from producers.deadletter import rejected
 from producers.events import Event, RejectedEvent, ValidationError, parse_event
 from producers.topics import Topics
 
-from sinks.rows import Located
+from sinks.rows import Located, unstorable
 
 SINK_NODE = f"sink@{socket.gethostname()}"[:128]
 
@@ -55,6 +57,9 @@ def decode(messages: Iterable[Message], topics: Topics, node: str = SINK_NODE) -
             if not raw:
                 raise ValidationError("event", "empty message")
             event = parse_event(raw, expected=expected)
+            why = unstorable(event)
+            if why is not None:
+                raise ValidationError(*why.split(": ", 1))
         except ValidationError as exc:
             bad = rejected(raw, str(exc), m.topic, node=node, key=m.key)
             # id and time from the log position, so a second decode gives the same record

@@ -34,6 +34,30 @@ def table_for(event: Event) -> Table:
     return TABLES_BY_EVENT_TYPE[event.type]
 
 
+_INT_RANGES = {"UInt16": 2**16, "UInt32": 2**32, "UInt64": 2**64}
+
+
+def unstorable(event: Event) -> str | None:
+    """Why a valid event cannot be stored (an integer beyond its column's type), or None.
+
+    The contract bounds most integers from below only; a value the column
+    cannot hold would make every retry of its batch fail, so it goes to the
+    dead-letter topic instead.
+    """
+    table = table_for(event)
+    for column in table.columns:
+        kind = column.type.removeprefix("Nullable(").rstrip(")")
+        limit = _INT_RANGES.get(kind)
+        if limit is None or column.server_default is not None or column.name.startswith("_"):
+            continue
+        v = getattr(event, column.name)
+        if v is not None and not (0 <= v < limit):
+            return f"{table.name}.{column.name}: {v} does not fit the column type {kind}"
+    if event.ts >= 2**32:  # DateTime64(3) holds dates up to the year 2299; stay far inside
+        return f"{table.name}.ts: {event.ts} is beyond the storable range"
+    return None
+
+
 def _timestamp(seconds: float) -> dt.datetime:
     # DateTime64(3): millisecond precision; round here so a retry cannot differ
     return dt.datetime.fromtimestamp(round(seconds, 3), tz=UTC)

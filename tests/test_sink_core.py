@@ -170,3 +170,11 @@ def test_tables_and_views_keep_the_contract_names() -> None:
     text = "\n".join(schema_statements())
     for name in ("steps", "evals", "eval_consensus", "rewards_smoothed", "commands", "alerts", "deadletter"):
         assert f"areal.{name} (" in text and f"areal.v_{name} AS SELECT * FROM areal.{name} FINAL" in text
+
+
+def test_values_no_column_can_hold_are_dead_lettered() -> None:
+    too_big = StepEvent(run_id="r1", step=1, epoch=0, rank=2**32)
+    fine = StepEvent(run_id="r1", step=2**63, epoch=0, tokens=2**64 - 1)
+    d = decode([Msg("x.steps", 0, 1, too_big.to_json()), Msg("x.steps", 0, 2, fine.to_json())], TOPICS)
+    assert [r.event.event_id for r in d.rows] == [fine.event_id]
+    assert d.dead_letters[0].reason == "steps.rank: 4294967296 does not fit the column type UInt32"
