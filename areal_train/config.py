@@ -59,6 +59,7 @@ class TrainConfig:
     publish: bool = True
     # fault injection, for demonstrations of degraded mode and dissent
     fail_eval_at_steps: tuple[int, ...] = ()  # every rank's evaluation raises at these steps
+    fail_eval_rounds: tuple[int, ...] = ()  # ... or in these rounds (1 = the first), whatever their step
     dissent_rank: int | None = None  # this rank flips some verdicts (a faulty replica)
 
     def __post_init__(self) -> None:
@@ -91,6 +92,7 @@ class TrainConfig:
         need(self.eval_every_seconds is None or self.eval_every_seconds > 0, "eval_every_seconds",
              "must be > 0 or null")
         need(all(s >= 0 for s in self.fail_eval_at_steps), "fail_eval_at_steps", "must be steps >= 0")
+        need(all(r >= 1 for r in self.fail_eval_rounds), "fail_eval_rounds", "must be rounds >= 1")
         need(self.dissent_rank is None or self.dissent_rank >= 0, "dissent_rank", "must be >= 0 or null")
 
     def to_dict(self) -> dict[str, Any]:

@@ -76,6 +76,7 @@ class Evaluator:
     quick_size: int = 16
     asynchronous: bool = False
     fail_at_steps: tuple[int, ...] = ()
+    fail_rounds: tuple[int, ...] = ()  # 1 = the first round
     dissent: bool = False  # flip every fourth verdict: a faulty replica, for demonstrations
 
     def __post_init__(self) -> None:
@@ -86,11 +87,11 @@ class Evaluator:
     def evaluate(self, policy: Policy, step: int) -> None:
         self.rounds += 1
         if self._pool is None:
-            self._round(policy, step)
+            self._round(policy, step, self.rounds)
             return
         snapshot = copy.deepcopy(policy).eval()  # training keeps changing `policy`
         self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(self._pool.submit(self._round, snapshot, step))
+        self._pending.append(self._pool.submit(self._round, snapshot, step, self.rounds))
 
     def close(self, timeout: float | None = None) -> None:
         """Wait for asynchronous rounds still running, so their results are published."""
@@ -98,23 +99,24 @@ class Evaluator:
             self._pool.shutdown(wait=True)
             self._pool = None
 
-    def _round(self, policy: Policy, step: int) -> list[EvalEvent]:
+    def _round(self, policy: Policy, step: int, round_no: int) -> list[EvalEvent]:
         events = []
         stages = ("quick", "full") if self.two_stage else ("full",)
         for stage in stages:
             for dataset, problems in self.datasets.items():
                 chosen = problems[: self.quick_size] if stage == "quick" else problems
-                events.append(self._stage(policy, step, dataset, stage, chosen))
+                events.append(self._stage(policy, step, round_no, dataset, stage, chosen))
                 self.publish(events[-1])
         return events
 
-    def _stage(self, policy: Policy, step: int, dataset: str, stage: str, problems: list[Problem]) -> EvalEvent:
+    def _stage(self, policy: Policy, step: int, round_no: int, dataset: str, stage: str,
+               problems: list[Problem]) -> EvalEvent:
         started = time.perf_counter()
         common = dict(run_id=self.run_id, node=self.node, rank=self.rank, eval_id=eval_id(self.run_id, step, dataset, stage),
                       step=step, dataset=dataset, stage=stage, replicas=self.replicas)
         try:
-            if step in self.fail_at_steps:
-                raise RuntimeError(f"injected evaluation failure at step {step}")
+            if step in self.fail_at_steps or round_no in self.fail_rounds:
+                raise RuntimeError(f"injected evaluation failure at step {step} (round {round_no})")
             result = evaluate_problems(policy, problems, self.max_len, self.device)
             verdicts = result.verdicts
             if self.dissent:

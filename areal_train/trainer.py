@@ -105,7 +105,8 @@ def train(
 
     evaluator = Evaluator(publish, run_id, node, rank, world_size, eval_sets, cfg.max_response_len, device,
                           two_stage=cfg.two_stage, quick_size=cfg.quick_size, asynchronous=cfg.eval_mode == "async",
-                          fail_at_steps=cfg.fail_eval_at_steps, dissent=cfg.dissent_rank == rank)
+                          fail_at_steps=cfg.fail_eval_at_steps, fail_rounds=cfg.fail_eval_rounds,
+                          dissent=cfg.dissent_rank == rank)
     scheduler = EvalScheduler(every_steps=cfg.eval_every_steps, every_epochs=cfg.eval_every_epochs,
                               every_seconds=cfg.eval_every_seconds, at_start=cfg.eval_at_start, start_time=clock())
     listener = listener_factory(nodes) if (rank == 0 and listener_factory) else None

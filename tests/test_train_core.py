@@ -158,6 +158,16 @@ def test_an_exception_during_evaluation_publishes_failed_and_returns() -> None:
     assert "injected evaluation failure at step 5" in events[0].error and events[0].accuracy is None
 
 
+def test_a_failure_can_be_injected_by_round_whatever_its_step() -> None:
+    events: list[EvalEvent] = []
+    evaluator = make_evaluator(events, fail_rounds=(2,), two_stage=False)
+    for step in (0, 7, 9):
+        evaluator.evaluate(Policy(hidden=16), step=step)
+    assert [(e.step, e.status) for e in events] == [(0, "ok"), (0, "ok"), (7, "failed"), (7, "failed"),
+                                                    (9, "ok"), (9, "ok")]
+    assert "(round 2)" in events[2].error
+
+
 def test_asynchronous_round_evaluates_the_snapshot_taken_when_asked() -> None:
     torch.manual_seed(0)
     policy = Policy(hidden=16)
