@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class OwnerEndpoint:
     """Serves queries against the directory this process holds; `close()` removes owner.json."""
 
-    def __init__(self, target: Target, replay: Callable[[], dict[str, Any]] | None = None) -> None:
+    def __init__(self, target: Target, replay: Callable[[bool], dict[str, Any]] | None = None) -> None:
         assert target.path is not None
         self.target = target
         self.token = secrets.token_hex(16)
@@ -68,7 +68,9 @@ class OwnerEndpoint:
             if not self._replay_lock.acquire(blocking=False):
                 raise StoreError("a replay is already running")
             try:
-                return {"result": self._replay()}
+                return {"result": self._replay(bool(body.get("force")))}
+            except Exception as exc:  # noqa: BLE001 - ReplayRefused, Kafka errors: one line to the CLI
+                raise StoreError(" ".join(str(exc).split()) or type(exc).__name__) from None
             finally:
                 self._replay_lock.release()
         sql = body.get("sql")

@@ -31,9 +31,18 @@ log = logging.getLogger("areal.sink.replay")
 STALL_S = 60.0  # give up when the log stops yielding messages before the end offsets
 
 
+class ReplayRefused(Exception):
+    """Replaying would lose data, or there is nothing to replay from; the tables are untouched."""
+
+
 def replay_into(client: Any, settings: Settings, schema: SchemaOptions | None = None,
-                policy: BatchPolicy = BatchPolicy(max_rows=20_000, max_wait_s=0)) -> dict[str, int]:
-    """Rebuild the tables through `client`; returns {table: rows (FINAL)}."""
+                policy: BatchPolicy = BatchPolicy(max_rows=20_000, max_wait_s=0), *, force: bool = False) -> dict[str, int]:
+    """Rebuild the tables through `client`; returns {table: rows (FINAL)}.
+
+    Refuses (ReplayRefused, before touching anything) when no topic of the
+    prefix exists, or when retention already deleted the start of a partition
+    (the rebuilt tables would lack those events) unless `force`.
+    """
     from kafka import KafkaConsumer
     from kafka.structs import TopicPartition
 
@@ -46,9 +55,17 @@ def replay_into(client: Any, settings: Settings, schema: SchemaOptions | None = 
         for topic in topics.all():
             parts = consumer.partitions_for_topic(topic) or set()
             tps.extend(TopicPartition(topic, p) for p in sorted(parts))
+        if not tps:
+            raise ReplayRefused(f"no topics named {topics.prefix}* on the broker: nothing to replay from (tables untouched)")
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
-        end = consumer.end_offsets(tps) if tps else {}
+        end = consumer.end_offsets(tps)
+        start = consumer.beginning_offsets(tps)
+        expired = [f"{tp.topic}[{tp.partition}] from {start[tp]}" for tp in tps if start[tp] > 0]
+        if expired and not force:
+            raise ReplayRefused(
+                f"the log no longer starts at offset 0 ({', '.join(expired[:3])}{', ...' if len(expired) > 3 else ''}): "
+                "retention deleted events the tables hold; rebuild anyway with --force (tables untouched)")
 
         apply_schema(client, schema)
         drop_tables(client, schema)
@@ -81,7 +98,7 @@ def replay_into(client: Any, settings: Settings, schema: SchemaOptions | None = 
     return {t.name: int(client.command(f"SELECT count() FROM {schema.database}.{t.name} FINAL")) for t in TABLES}
 
 
-def run_replay(settings: Settings) -> dict[str, int]:
+def run_replay(settings: Settings, *, force: bool = False) -> dict[str, int]:
     """Replay against the configured store: through the running sink when it holds the embedded store."""
     from sinks.query import OwnerStore, Target, open_client, read_owner
 
@@ -90,11 +107,11 @@ def run_replay(settings: Settings) -> dict[str, int]:
         assert target.path is not None
         owner = read_owner(target.path)
         if owner is not None:
-            result = OwnerStore(target, owner, write=True, timeout=3600).call("replay", {})["result"]
+            result = OwnerStore(target, owner, write=True, timeout=3600).call("replay", {"force": force})["result"]
             return {str(k): int(v) for k, v in result.items()}
     client = open_client(target, readonly=False, use_database=False)
     try:
-        return replay_into(client, settings, SchemaOptions(database=target.database))
+        return replay_into(client, settings, SchemaOptions(database=target.database), force=force)
     finally:
         client.close()
 

@@ -109,7 +109,8 @@ class Sink:
             from sinks.replay import replay_into
 
             self.endpoint = OwnerEndpoint(
-                self.target, replay=lambda: replay_into(self.endpoint.write_client, self.settings, self.schema)
+                self.target,
+                replay=lambda force: replay_into(self.endpoint.write_client, self.settings, self.schema, force=force),
             )
         self.plans = self._retry("loading batch plans", lambda: load_plans(self.client, self.schema.database, self.group))
 

@@ -272,3 +272,39 @@ def test_store_outage_backs_off_and_catches_up(running_sink: Sink, kafka_bootstr
     wait_for(lambda: lag(kafka_bootstrap, topics, running_sink.group) == 0, 60, "the sink to catch up")
     assert counts(client) == expected_counts(first + second)
     no_duplicate_positions(client)
+
+
+def test_replay_refuses_to_lose_data(settings: Settings, kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
+    """No topics, or a log whose start retention deleted: refused before any table is touched."""
+    from kafka import KafkaAdminClient
+    from kafka.structs import TopicPartition
+
+    from sinks.replay import ReplayRefused
+    from sinks.schema import apply_schema
+    from sinks.writer import insert_rows
+    from sinks.rows import Located
+
+    client = open_client(Target.parse(settings.clickhouse_url), readonly=False, use_database=False)
+    try:
+        apply_schema(client)
+        insert_rows(client, "areal", [Located(StepEvent(run_id="keep", step=0, epoch=0), topics.steps, 0, 0)], "k")
+        wrong = Settings(kafka_bootstrap=kafka_bootstrap, topic_prefix="nosuchprefix.", clickhouse_url=settings.clickhouse_url)
+        with pytest.raises(ReplayRefused, match="no topics named nosuchprefix"):
+            replay_into(client, wrong)
+
+        producer = Producer(kafka_bootstrap, topics)
+        for e in make_events(30):
+            producer.send(e)
+        producer.close()
+        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        try:
+            admin.delete_records({TopicPartition(topics.steps, p): 1 for p in range(3)})
+        finally:
+            admin.close()
+        with pytest.raises(ReplayRefused, match="retention deleted events"):
+            replay_into(client, settings)
+        assert int(client.command("SELECT count() FROM areal.steps")) == 1  # untouched
+        rebuilt = replay_into(client, settings, force=True)
+        assert rebuilt["steps"] == 30 - 3  # forced: what the log still has
+    finally:
+        client.close()

@@ -10,20 +10,26 @@ from areal_metrics.errors import UserError
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.description = (
         "Drop and rebuild every table from the earliest offsets of every topic. "
-        "Works while the stack runs (the running sink performs it) and after."
+        "Works while the stack runs (the running sink performs it) and after, with the broker up."
     )
+    parser.add_argument("--force", action="store_true",
+                        help="rebuild even when retention already deleted the start of the log")
 
 
 def run(args: argparse.Namespace) -> int:
     from producers.settings import Settings
     from sinks.query import StoreError
-    from sinks.replay import run_replay
+    from sinks.replay import ReplayRefused, run_replay
 
+    settings = Settings.from_env()
     try:
-        counts = run_replay(Settings.from_env())
-    except StoreError as exc:
+        counts = run_replay(settings, force=args.force)
+    except (StoreError, ReplayRefused) as exc:
         raise UserError(f"replay failed: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - Kafka or ClickHouse unreachable: one line
+        if type(exc).__name__ in ("NoBrokersAvailable", "KafkaTimeoutError"):
+            raise UserError(f"replay reads the Kafka log, but no broker answers at {settings.kafka_bootstrap} "
+                            "(start it with `areal-metrics up`)") from None
         raise UserError(f"replay failed: {' '.join(str(exc).split()) or type(exc).__name__}") from None
     for table, n in counts.items():
         print(f"{table}\t{n}")
