@@ -31,6 +31,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -209,6 +210,10 @@ def read_owner(path: Path) -> Owner | None:
         return None  # a sink killed without cleanup left the file behind
     except PermissionError:
         pass
+    try:  # the pid may have been reused by another program: is the endpoint there?
+        socket.create_connection(("127.0.0.1", owner.port), timeout=1.0).close()
+    except OSError:
+        return None
     return owner
 
 
