@@ -17,7 +17,15 @@ def memory_bytes(device: torch.device) -> int:
     """CUDA max allocated on a GPU; the process resident set size on CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(psutil.Process().memory_info().rss)
+    return rss_bytes()
+
+
+_PROCESS = psutil.Process()
+
+
+def rss_bytes() -> int:
+    """This process's resident set size (host memory), on any device."""
+    return int(_PROCESS.memory_info().rss)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ from areal_train import advantages as adv
 from areal_train.config import TrainConfig
 from areal_train.control import Applied, ControlListener, apply_commands
 from areal_train.evaluation import Evaluator
-from areal_train.metrics import choose_device, masked_mean, memory_bytes
+from areal_train.metrics import choose_device, masked_mean, memory_bytes, rss_bytes
 from areal_train.policy import Policy, encode_prompts
 from areal_train.scheduler import EvalScheduler
 from areal_train.task import Problem, decode_response, make_problems, verify
@@ -197,7 +197,7 @@ def train(
             lr=cfg.lr * lr_scale, grad_norm=grad_norm if math.isfinite(grad_norm) else 0.0,
             response_length=float(mask.sum(dim=1).mean()), tokens=n_tokens, throughput=n_tokens / latency,
             latency_ms=latency * 1000, gpu_mem_bytes=mem if device.type == "cuda" else None,
-            metrics={"mem_bytes": float(mem), "lr_scale": lr_scale, "commands_applied": float(commands_applied),
+            metrics={"mem_bytes": float(mem), "rss_bytes": float(rss_bytes()), "lr_scale": lr_scale, "commands_applied": float(commands_applied),
                      "eval_interval": float(scheduler.every_steps or 0), "cuda": float(device.type == "cuda")},
         ))
         if rank == 0 and (step % 50 == 0 or step == 1):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from areal_metrics.cli import main
+from areal_train.metrics import choose_device
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -33,5 +34,6 @@ def test_a_short_run_without_kafka(tmp_path, capsys) -> None:
                  "--no-publish", "--log-dir", str(tmp_path / "logs")])
     out = capsys.readouterr().out
     assert code == 0
-    assert "cli-run rank 0: 6 steps on cpu" in out and "cli-run rank 1: 6 steps on cpu" in out
+    device = str(choose_device())  # CUDA where there is one
+    assert f"cli-run rank 0: 6 steps on {device}" in out and f"cli-run rank 1: 6 steps on {device}" in out
     assert "evaluations at steps [0, 3, 6]" in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from areal_train.config import TrainConfig
+from areal_train.metrics import choose_device
 from areal_train.trainer import train
 from producers.events import EvalEvent, StepEvent
 
@@ -25,7 +26,7 @@ def test_reward_on_the_easy_task_rises_clearly() -> None:
     easy = {e.step: e.accuracy for e in events if isinstance(e, EvalEvent) and e.dataset == "add_1digit"}
     assert set(easy) == {0, 200}
     assert easy[200] > easy[0] + 0.3, easy
-    assert summary.device == "cpu"
+    assert summary.device == str(choose_device())  # CUDA where there is one, else CPU
 
 
 def test_every_step_reports_the_metrics_and_cpu_memory() -> None:
@@ -39,7 +40,12 @@ def test_every_step_reports_the_metrics_and_cpu_memory() -> None:
                      "loss", "lr", "grad_norm", "response_length", "tokens", "throughput", "latency_ms"):
             assert getattr(e, name) is not None, name
         assert e.tokens > 0 and e.throughput > 0 and e.entropy > 0
-        assert e.gpu_mem_bytes is None and e.metrics["mem_bytes"] > 10e6  # CPU: the process RSS
+        if torch.cuda.is_available():  # CUDA: max allocated, in the contract field too
+            assert e.gpu_mem_bytes is not None and e.gpu_mem_bytes == e.metrics["mem_bytes"] > 0
+            assert e.metrics["cuda"] == 1.0
+        else:  # CPU: the process RSS
+            assert e.gpu_mem_bytes is None and e.metrics["mem_bytes"] > 10e6
+            assert abs(e.metrics["rss_bytes"] - e.metrics["mem_bytes"]) < 50e6
     assert steps[-1].clip_ratio > 0 or steps[-1].kl > 0  # the second PPO epoch moves off the sampling policy
     assert torch.get_num_threads() == 1
 
@@ -58,7 +64,8 @@ def test_the_first_evaluation_sees_the_initial_weights_and_epochs_trigger() -> N
     torch.manual_seed(cfg.seed)  # the initial weights, as the trainer built them
     initial = Policy(hidden=cfg.hidden)
     problems = make_problems("add_1digit", cfg.eval_size, cfg.seed + 7919)
-    expected = evaluate_problems(initial, problems, cfg.max_response_len, torch.device("cpu")).verdicts
+    device = choose_device()
+    expected = evaluate_problems(initial.to(device), problems, cfg.max_response_len, device).verdicts
     at_start = [e for e in events if isinstance(e, EvalEvent) and e.step == 0 and e.dataset == "add_1digit"]
     later = [e for e in events if isinstance(e, EvalEvent) and e.step == 8 and e.dataset == "add_1digit"]
     assert list(at_start[0].verdicts) == expected
