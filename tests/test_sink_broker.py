@@ -308,3 +308,29 @@ def test_replay_refuses_to_lose_data(settings: Settings, kafka_bootstrap: str, t
         assert rebuilt["steps"] == 30 - 3  # forced: what the log still has
     finally:
         client.close()
+
+
+def test_sink_waits_for_a_store_held_by_another_process(stack_env: dict[str, str], kafka_bootstrap: str,
+                                                         topics: Topics, tmp_path: Path) -> None:
+    """chdb's one-process rule: while a reader holds the directory the sink retries, then takes over."""
+    url = stack_env["AREAL_CLICKHOUSE_URL"]
+    holder = open_client(Target.parse(url), readonly=False, use_database=False)  # e.g. a long `report`
+    producer = Producer(kafka_bootstrap, topics)
+    events = make_events(40)
+    for e in events:
+        producer.send(e)
+    producer.close()
+    log = tmp_path / "sink.log"
+    sink = start_sink_process(stack_env, log)
+    try:
+        wait_for(lambda: "opening the store failed" in log.read_text(), 30, "the sink to find the store held")
+        holder.close()
+        wait_for(lambda: lag(kafka_bootstrap, topics, f"{topics.prefix}sink") == 0, 60, "the sink to take over")
+        from sinks.query import OwnerStore, connect
+
+        with connect(Settings(clickhouse_url=url)) as store:
+            assert isinstance(store, OwnerStore)
+            assert store.command("SELECT count() FROM v_steps") == 40
+    finally:
+        sink.send_signal(signal.SIGTERM)
+        assert sink.wait(30) == 0, log.read_text()[-2000:]

@@ -6,6 +6,9 @@ import datetime as dt
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from producers.events import CommandEvent, EvalEvent, StepEvent
 from producers.topics import Topics
@@ -178,3 +181,31 @@ def test_values_no_column_can_hold_are_dead_lettered() -> None:
     d = decode([Msg("x.steps", 0, 1, too_big.to_json()), Msg("x.steps", 0, 2, fine.to_json())], TOPICS)
     assert [r.event.event_id for r in d.rows] == [fine.event_id]
     assert d.dead_letters[0].reason == "steps.rank: 4294967296 does not fit the column type UInt32"
+
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 2), st.integers(1, 30)), min_size=1, max_size=30),
+    st.integers(1, 25),
+    st.data(),
+)
+def test_chunks_cover_every_offset_once_in_order(reads: list[tuple[int, int]], max_rows: int, data: st.DataObject) -> None:
+    """Whatever the arrival pattern and cut points, each partition's offsets are cut into
+    contiguous chunks of at most max_rows, each offset exactly once, in order."""
+    b: Batcher[int] = Batcher(BatchPolicy(max_rows=max_rows, max_wait_s=0))
+    next_offset = {0: 0, 1: 0, 2: 0}
+    cut: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    for partition, n in reads:
+        for _ in range(n):
+            o = next_offset[partition]
+            b.add(("t", partition), o, o, now=0)
+            next_offset[partition] += 1
+        if data.draw(st.booleans()):
+            for c in b.take(now=1):
+                assert list(c.items) == list(range(c.first, c.last + 1)) and len(c.items) <= max_rows
+                cut[c.partition].extend(c.items)
+    while b.total:
+        for c in b.take(now=2):
+            cut[c.partition].extend(c.items)
+    assert cut == {p: list(range(n)) for p, n in next_offset.items()}
