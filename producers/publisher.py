@@ -30,7 +30,7 @@ from producers.topics import Topics
 
 log = logging.getLogger(__name__)
 
-_IDLE_WAIT_S = 0.005  # how long the sender sleeps when there is nothing to do
+_IDLE_WAIT_S = 0.02  # how long the sender sleeps when idle: rare wake-ups leave the GIL to training
 _RESEND_CHUNK = 2000  # journal records re-sent per acknowledged chunk
 
 
@@ -225,18 +225,23 @@ class Publisher:
         from kafka import KafkaProducer
         from kafka.errors import KafkaError
 
+        config = {
+            "acks": "all",
+            "enable_idempotence": True,
+            "linger_ms": 20,  # batch: fewer, larger requests, less GIL time taken from training
+            "max_block_ms": 1000,
+            "request_timeout_ms": max(1000, int(self._delivery_timeout_s * 500)),
+            "delivery_timeout_ms": int(self._delivery_timeout_s * 1000),
+            **self._kafka_config,  # the caller's settings win
+        }
         try:
-            self._producer = KafkaProducer(
-                acks="all",
-                enable_idempotence=True,
-                linger_ms=5,
-                max_block_ms=1000,
-                request_timeout_ms=max(1000, int(self._delivery_timeout_s * 500)),
-                delivery_timeout_ms=int(self._delivery_timeout_s * 1000),
-                **self._kafka_config,
-            )
+            self._producer = KafkaProducer(**config)
         except KafkaError as exc:
             log.warning("publisher: broker not available (%s); journaling", exc)
+            self._back_off()
+            return False
+        except Exception:  # a bad setting: say so, keep journaling, never kill the sender
+            log.exception("publisher: cannot create the Kafka producer; journaling")
             self._back_off()
             return False
         return True

@@ -80,3 +80,28 @@ def test_up_status_down_and_a_stale_pid_file(tmp_path):
         down = cli("down", env=env)
     assert down.returncode == 0 and "kafka" in down.stdout
     assert cli("status", env=env).returncode == 1
+
+
+@pytest.mark.broker
+def test_alerts_prints_json_lines_filtered_by_run(stack_env, topics, kafka_bootstrap, tmp_path):
+    from producers.events import AlertEvent
+    from producers.publisher import Publisher
+
+    publisher = Publisher(kafka_bootstrap, topics, tmp_path / "journal")
+    mine = AlertEvent(run_id="r1", kind="stalled", severity="critical", message="no step for 300 s")
+    publisher.publish(mine)
+    publisher.publish(AlertEvent(run_id="r2", kind="stalled", message="other run"))
+    assert publisher.flush(30)
+    publisher.close()
+    result = cli("alerts", "--run", "r1", env=stack_env)
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(line) for line in result.stdout.splitlines()] == [mine.to_dict()]
+
+
+def test_alerts_without_a_broker_is_one_line_exit_2(tmp_path):
+    from areal_metrics.kafka_broker import free_port
+
+    env = {**os.environ, "AREAL_HOME": str(tmp_path), "AREAL_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}"}
+    result = cli("alerts", env=env)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "no Kafka broker" in result.stderr

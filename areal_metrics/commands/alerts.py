@@ -13,8 +13,9 @@ from producers.settings import Settings
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--follow", "-f", action="store_true", help="keep subscribing for new alerts")
-    parser.add_argument("--run", action="append", default=[], metavar="ID", help="only these runs (repeatable)")
-    parser.add_argument("--kind", action="append", default=[], help="only these alert kinds (repeatable)")
+    parser.add_argument("--run", dest="runs", action="append", default=[], metavar="ID",
+                        help="only these runs (repeatable)")
+    parser.add_argument("--kind", dest="kinds", action="append", default=[], help="only these alert kinds (repeatable)")
     parser.add_argument("--new", action="store_true", help="skip alerts already in the log; print new ones only")
     parser.add_argument("--timeout", type=float, default=None,
                         help="with --follow: stop after this many seconds")
@@ -22,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kafka import KafkaConsumer
-    from kafka.errors import NoBrokersAvailable
+    from kafka.errors import KafkaError
 
     settings = Settings.from_env()
     topic = settings.topics.alerts
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
             auto_offset_reset="latest" if args.new else "earliest",
             enable_auto_commit=False, group_id=None, consumer_timeout_ms=1000,
         )
-    except NoBrokersAvailable:
+    except KafkaError:
         from areal_metrics.errors import UserError
 
         raise UserError(f"no Kafka broker at {settings.kafka_bootstrap} (start one with `areal-metrics up`)") from None
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
                     print(f"skipped an invalid message at {message.topic}/{message.partition}@{message.offset}: {exc}",
                           file=sys.stderr)
                     continue
-                if (args.run and alert.run_id not in args.run) or (args.kind and alert.kind not in args.kind):
+                if (args.runs and alert.run_id not in args.runs) or (args.kinds and alert.kind not in args.kinds):
                     continue
                 print(json.dumps(alert.to_dict()), flush=True)
             idle_rounds = 0 if got else idle_rounds + 1
