@@ -24,7 +24,7 @@ from areal_metrics.errors import UserError
 SUMMARY_SQL = """
 SELECT
     s.run_id AS run,
-    max(s.step) + 1 AS steps,
+    uniqExact(s.step) AS steps,
     round(avgIf(s.reward, s.step < 10), 3) AS reward_first_10,
     round(avgIf(s.reward, s.step >= max_step - 9), 3) AS reward_last_10,
     round(avg(s.throughput), 0) AS tokens_per_s
@@ -49,17 +49,20 @@ ORDER BY run_id, dataset
 """
 
 LOOP_SQL = """
-SELECT run_id AS run,
-       (SELECT count() FROM v_commands AS c WHERE c.run_id = r.run_id) AS commands,
-       (SELECT count() FROM v_alerts AS a WHERE a.run_id = r.run_id) AS alerts
-FROM (SELECT arrayJoin({runs:Array(String)}) AS run_id) AS r
-ORDER BY run_id
+SELECT run_id AS run, what, kind, n FROM (
+    SELECT run_id, 'command' AS what, command AS kind, count() AS n
+    FROM v_commands WHERE run_id IN {runs:Array(String)} GROUP BY run_id, command
+    UNION ALL
+    SELECT run_id, 'alert' AS what, kind, count() AS n
+    FROM v_alerts WHERE run_id IN {runs:Array(String)} GROUP BY run_id, kind
+)
+ORDER BY run, what, kind
 """
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-    parser.add_argument("--steps", type=int, default=300, help="training steps per run (default 300)")
-    parser.add_argument("--nproc", type=int, default=2, help="ranks per run (default 2)")
+    parser.add_argument("--steps", type=int, default=500, help="training steps per run (default 500)")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks per run (default 2; the first run gets one more, a faulty replica)")
     parser.add_argument("--out", type=Path, default=Path("reports/demo"), help="where the report PNGs go")
     parser.add_argument("--no-watch", action="store_true", help="no live view (plain progress lines)")
 
@@ -87,13 +90,19 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
 
     stamp = time.strftime("%H%M%S")
+    # Two settings side by side: GRPO group size 4 vs 2. The first run has one
+    # more rank whose verdicts are partly wrong (the vote outvotes it and names
+    # it a dissenter), and its 4th evaluation round fails on every rank
+    # (degraded mode: the last good result is repeated, stale, with an alert).
     runs = {
-        f"demo-{stamp}-g4": TrainConfig(group_size=4, batch_prompts=8, seed=1),
-        f"demo-{stamp}-g2": TrainConfig(group_size=2, batch_prompts=16, seed=2),
+        f"demo-{stamp}-g4": (args.nproc + 1, TrainConfig(group_size=4, batch_prompts=8, seed=1,
+                                                         dissent_rank=args.nproc, fail_eval_rounds=(4,))),
+        f"demo-{stamp}-g2": (args.nproc, TrainConfig(group_size=2, batch_prompts=16, seed=2)),
     }
     logs = state_dir() / "logs"
-    handles = [start(run_id, args.nproc, args.steps, cfg, env=env, log_dir=logs) for run_id, cfg in runs.items()]
-    print(f"training {', '.join(runs)} ({args.nproc} ranks each, {args.steps} steps); logs in {logs}", flush=True)
+    handles = [start(run_id, nproc, args.steps, cfg, env=env, log_dir=logs) for run_id, (nproc, cfg) in runs.items()]
+    print(f"training {', '.join(runs)} ({', '.join(str(n) for n, _ in runs.values())} ranks, "
+          f"{args.steps} steps each); logs in {logs}", flush=True)
 
     def finished() -> bool:
         return all(h.poll() is not None for h in handles)
@@ -115,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     if any(codes):
         raise UserError(f"a training run failed (exit status {codes}); see {logs}")
 
-    expected = _wait_for_sink(settings, list(runs), args.nproc, args.steps)
+    expected = _wait_for_sink(settings, list(runs), sum(n for n, _ in runs.values()) * args.steps)
     _print_summary(settings, list(runs))
     _write_report(args.out, list(runs))
     print(f"\ndone in {time.monotonic() - started:.0f} s ({expected} step events stored). The stack is still up:")
@@ -124,11 +133,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait_for_sink(settings, runs: list[str], nproc: int, steps: int, timeout: float = 120.0) -> int:
+def _wait_for_sink(settings, runs: list[str], expected: int, timeout: float = 120.0) -> int:
     """Every rank publishes one step event per step: wait until the sink stored them all."""
     from sinks.query import StoreError, connect
 
-    expected = len(runs) * nproc * steps
     deadline = time.monotonic() + timeout
     stored = 0
     while time.monotonic() < deadline:
@@ -151,7 +159,7 @@ def _print_summary(settings, runs: list[str]) -> None:
 
     from sinks.query import connect
 
-    console = Console()
+    console = Console(width=max(Console().width, 120))
     with connect(settings) as store:
         for title, sql in (("training", SUMMARY_SQL), ("evaluation (majority vote, full stage)", EVAL_SQL),
                            ("closed loop", LOOP_SQL)):
