@@ -33,11 +33,16 @@ VERBS: dict[str, tuple[str, str]] = {
 }
 
 
+def one_line(text: str) -> str:
+    """Control characters (newlines among them) escaped, so an error stays on one line."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except (UserError, ValidationError) as exc:
-        print(f"areal-metrics {args.verb}: error: {exc}", file=sys.stderr)
+        print(f"areal-metrics {args.verb}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

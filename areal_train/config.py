@@ -109,12 +109,18 @@ def from_mapping(data: dict[str, Any], where: str = "config") -> TrainConfig:
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in known:
-            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
+            raise ConfigError(f"{where}: unknown key {_show(key)} (known: {', '.join(sorted(known))})")
         kwargs[key] = _coerce(key, value, hints[key], where)
     try:
         return TrainConfig(**kwargs)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """A value for an error message: repr, cut short (a config file may hold anything)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _coerce(key: str, value: Any, hint: Any, where: str) -> Any:
@@ -126,26 +132,29 @@ def _coerce(key: str, value: Any, hint: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {key}: must not be null")
     if "tuple" in text:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: {key}: must be a list (got {value!r})")
+            raise ConfigError(f"{where}: {key}: must be a list (got {_show(value)})")
         inner = int if "int" in text else str
         for item in value:
             if not isinstance(item, inner) or isinstance(item, bool):
-                raise ConfigError(f"{where}: {key}: items must be {inner.__name__} (got {item!r})")
+                raise ConfigError(f"{where}: {key}: items must be {inner.__name__} (got {_show(item)})")
         return tuple(value)
     if hint is bool or text == "bool":
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}: {key}: must be true or false (got {value!r})")
+            raise ConfigError(f"{where}: {key}: must be true or false (got {_show(value)})")
         return value
     if "float" in text:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: {key}: must be a number (got {value!r})")
-        return float(value)
+            raise ConfigError(f"{where}: {key}: must be a number (got {_show(value)})")
+        try:
+            return float(value)
+        except OverflowError:
+            raise ConfigError(f"{where}: {key}: number too large (got {_show(value)})") from None
     if "int" in text:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: {key}: must be an integer (got {value!r})")
+            raise ConfigError(f"{where}: {key}: must be an integer (got {_show(value)})")
         return value
     if not isinstance(value, str):
-        raise ConfigError(f"{where}: {key}: must be a string (got {value!r})")
+        raise ConfigError(f"{where}: {key}: must be a string (got {_show(value)})")
     return value
 
 
@@ -157,9 +166,11 @@ def load(path: str | Path | None, **overrides: Any) -> TrainConfig:
         path = Path(path)
         where = str(path)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         try:
             data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
         except (ValueError, tomllib.TOMLDecodeError) as exc:

@@ -115,8 +115,14 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+_INT64 = (-(2**63), 2**63 - 1)
+
+
 def _check_number(where: str, v: Any, r: Rule) -> None:
-    if not math.isfinite(v):
+    if isinstance(v, int):
+        if not _INT64[0] <= v <= _INT64[1]:  # math on such ints overflows floats; no column holds them
+            raise ValidationError(where, f"integer out of the 64-bit range ({len(str(abs(v)))} digits)")
+    elif not math.isfinite(v):
         raise ValidationError(where, f"not finite ({v})")
     if r.ge is not None and v < r.ge:
         raise ValidationError(where, f"must be >= {r.ge:g} (got {v!r})")

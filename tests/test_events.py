@@ -152,3 +152,10 @@ def test_numbers_at_the_boundaries(reward, step):
     else:
         with pytest.raises(ValidationError, match=r"steps\.(reward|step): "):
             parse_event(raw)
+
+
+def test_integers_beyond_64_bits_are_refused_not_crashing():
+    with pytest.raises(ValidationError, match=r"steps.epoch: integer out of the 64-bit range \(401 digits\)"):
+        parse_event(raw_step(epoch=10**400))
+    with pytest.raises(ValidationError, match=r"steps.reward: integer out of the 64-bit range"):
+        parse_event(raw_step(reward=-(2**64)))
