@@ -6,6 +6,7 @@ Uses $AREAL_KAFKA_BOOTSTRAP when set, else starts a local broker (areal_metrics.
 Each run of the benchmark uses a fresh topic prefix (so a fresh consumer group and changelog).
 
 1. Throughput: `--events` step events are written to the steps topic first. Then
+   - core only: the worker's per-message code (StreamCore) in-process, no Faust, no Kafka;
    - baseline: a raw aiokafka consumer (the client Faust uses) reads the same topic from the
      start: events/s from its first to its last record;
    - worker: `python -m streams` reads it: events/s between the first and the last
@@ -79,6 +80,33 @@ async def raw_consume(bootstrap: str, topic: str, n: int) -> float:
         return (n - 1) / (time.perf_counter() - first)
     finally:
         await consumer.stop()
+
+
+def core_only(n: int, runs: int) -> float:
+    """events/s of the worker's own per-message work (parse, core, encode), without Faust or Kafka."""
+    from streams.app import StreamCore
+    from streams.config import StreamsConfig
+
+    topics = Topics("core.")
+    msgs = []
+    for i in range(n):
+        run = f"bench-{i % runs}"
+        ev = StepEvent(run_id=run, node="n0", step=i // runs, epoch=0, reward=0.5, throughput=1000.0, ts=time.time())
+        msgs.append((run.encode(), ev.to_json()))
+
+    async def send(topic: str, key: bytes, value: bytes):
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    async def go() -> float:
+        core = StreamCore(topics=topics, config=StreamsConfig(), table={}, send=send)
+        start = time.perf_counter()
+        for offset, (key, value) in enumerate(msgs):
+            await core.on_input(topics.steps, 0, offset, key, value, 1.0)
+        return n / (time.perf_counter() - start)
+
+    return asyncio.run(go())
 
 
 def start_worker(bootstrap: str, topics: Topics, home: Path, log: Path) -> subprocess.Popen:
@@ -182,7 +210,9 @@ def main() -> int:
         raw = asyncio.run(raw_consume(bootstrap, topics.steps, args.events))
         worker = start_worker(bootstrap, topics, work / "home", work / "worker.log")
         rate, span = worker_throughput(bootstrap, topics, args.events, timeout=600)
+        core = core_only(args.events, args.runs)
         print(f"throughput  raw aiokafka consumer: {raw:10,.0f} events/s")
+        print(f"throughput  worker core, no Kafka: {core:10,.0f} events/s  (parse + core + encode + state JSON)")
         print(f"throughput  stream worker:         {rate:10,.0f} events/s  ({span:.1f} s for {args.events})")
         print(f"ratio worker/raw: {rate / raw:.3f}")
         lat = latency(bootstrap, topics, args.rate, args.seconds, args.runs)

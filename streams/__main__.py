@@ -17,7 +17,7 @@ import sys
 def main() -> int:
     from producers.settings import Settings, state_dir
     from streams.config import ConfigError, StreamsConfig
-    from streams.kafka_admin import TopicLayoutError, prepare_topics
+    from streams.kafka_admin import TopicLayoutError, ensure_committed_offsets, prepare_topics
 
     settings = Settings.from_env()
     topics = settings.topics
@@ -38,13 +38,21 @@ def main() -> int:
 
     import faust
 
-    from streams.app import build_worker, ticks_topic_for
+    from streams.app import app_id_for, build_worker, ticks_topic_for
 
     try:
         partitions = prepare_topics(
             settings.kafka_bootstrap,
             [topics.steps, topics.evals],
             ticks_topic_for(topics.prefix),
+            client_config=settings.kafka_python_config(),
+        )
+        ensure_committed_offsets(
+            settings.kafka_bootstrap,
+            app_id_for(topics.prefix),
+            from_start=[topics.steps, topics.evals],
+            from_end=[ticks_topic_for(topics.prefix)],
+            timeout=max(60.0, 3 * session_timeout),
             client_config=settings.kafka_python_config(),
         )
     except (TopicLayoutError, TimeoutError) as exc:

@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import faust
+from faust.types import TP
 
 from producers.deadletter import rejected
 from producers.events import EvalEvent, Event, StepEvent, ValidationError, parse_event
 from producers.topics import Topics
 from streams.config import StreamsConfig
+from streams.resync import InputGuard
 from streams.processor import (
     WORKER_NODE,
     Output,
@@ -75,6 +77,9 @@ class StreamCore:
     clock: Callable[[], float] = time.time
     cache: dict[str, RunState] = field(default_factory=dict)  # decoded states, write-through
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # Skipped-input guard (streams.resync); `seek(topic, partition, offset)` is the shell's.
+    guard: InputGuard | None = None
+    seek: Callable[[str, int, int], Awaitable[None]] | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"steps": 0, "evals": 0, "rejected": 0, "ticks": 0,
                                                             "outputs": 0, "errors": 0})
 
@@ -126,6 +131,15 @@ class StreamCore:
         `timestamp` (the Kafka message's) becomes the `ts` of a dead letter, so a
         redelivered bad message gives the very same dead letter.
         """
+        if self.guard is not None:
+            verdict, target = self.guard.on_message((topic, partition), offset, time.monotonic())
+            if verdict == "drop":
+                return
+            if verdict == "seek":
+                log.warning("%s/%s jumped to offset %s; re-reading from %s", topic, partition, offset, target)
+                if self.seek is not None and target is not None:
+                    await self.seek(topic, partition, target)
+                return
         expected = StepEvent if topic == self.topics.steps else EvalEvent
         raw = value if value is not None else b""
         try:
@@ -237,8 +251,6 @@ def build_worker(
         broker_session_timeout=session_timeout,
         broker_heartbeat_interval=1.0,
         broker_rebalance_timeout=session_timeout,
-        stream_wait_empty=False,
-        stream_recovery_delay=0.0,
         producer_acks=-1,
         worker_redirect_stdouts=False,
     )
@@ -253,6 +265,13 @@ def build_worker(
         return await app.producer.send(topic, key, value, None, None, None)
 
     core = StreamCore(topics=topics, config=config, table=runs, send=send or kafka_send, clock=clock)
+    if send is None:  # a real consumer: guard against skipped input (streams.resync)
+        core.guard = InputGuard()
+
+        async def seek(topic: str, partition: int, offset: int) -> None:
+            await app.consumer.seek(TP(topic, partition), offset)
+
+        core.seek = seek
 
     async def consume_inputs(stream: Any) -> None:
         async for event in stream.events():
@@ -278,10 +297,31 @@ def build_worker(
         for p in range(partitions):
             await ticks.send(key=None, value=body, partition=p, force=True)
 
+    @app.timer(interval=5.0)
+    async def unstick_inputs() -> None:
+        """Partitions whose fetched messages stopped coming: seek back (streams.resync)."""
+        if core.guard is None or core.seek is None:
+            return
+        for tp in list(app.consumer.assignment()):
+            if tp.topic not in (topics.steps, topics.evals):
+                continue
+            try:
+                position = await app.consumer.position(tp)
+            except Exception:  # noqa: BLE001 - a partition being reassigned: next time
+                continue
+            committed = getattr(app.consumer, "_committed_offset", {}).get(tp)
+            target = core.guard.stuck((tp.topic, tp.partition), position, time.monotonic(), committed)
+            if target is not None:
+                log.warning("%s/%s fetched up to %s but delivers nothing; re-reading from %s",
+                            tp.topic, tp.partition, position, target)
+                await core.seek(tp.topic, tp.partition, target)
+
     @app.on_partitions_revoked.connect
     async def drop_cache(app: faust.App, revoked: Any, **kwargs: Any) -> None:
         # Another worker may own these runs next: their cached state would go stale.
         core.forget_cache()
+        if core.guard is not None:
+            core.guard.forget()
 
     # Table writes queue changelog records in Faust's producer buffer; the default of 100
     # makes the stream stop and drain (with a warning) every 100 steps under load.

@@ -74,3 +74,61 @@ def _partition_counts(admin: object, topics: list[str]) -> dict[str, int]:
             if name in out and not desc.get("error_code"):
                 out[name] = len(desc.get("partitions") or ())
     return out
+
+
+def ensure_committed_offsets(
+    bootstrap: str,
+    group_id: str,
+    *,
+    from_start: list[str],
+    from_end: list[str],
+    timeout: float = 60.0,
+    client_config: dict | None = None,
+) -> int:
+    """Give every input partition of the worker's group a committed offset before Faust starts.
+
+    Faust drops messages it fetched while its flow was suspended (a rebalance, table
+    recovery) and gets them back by seeking to the committed offset. A partition the
+    group never committed has nothing to seek to, so those messages would be skipped
+    until the next restart: seen with a worker killed before its first commit. So the
+    worker commits "the beginning" (inputs) or "the end" (its ticks) for every partition
+    without a committed offset. A commit from outside the group only succeeds while the
+    group has no live member; after a kill -9 that is once the dead member's session has
+    expired, so this waits for that (the worker could not join any sooner anyway).
+    Returns how many partitions got an offset.
+    """
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import KafkaError
+    from kafka.structs import OffsetAndMetadata
+
+    config = dict(client_config or {})
+    config.setdefault("bootstrap_servers", bootstrap.split(","))
+    consumer = KafkaConsumer(group_id=group_id, enable_auto_commit=False, **config)
+    try:
+        tps_start = [TopicPartition(t, p) for t in from_start for p in sorted(consumer.partitions_for_topic(t) or ())]
+        tps_end = [TopicPartition(t, p) for t in from_end for p in sorted(consumer.partitions_for_topic(t) or ())]
+        tps = tps_start + tps_end
+        if not tps:
+            return 0
+        consumer.assign(tps)
+        missing = [tp for tp in tps if consumer.committed(tp) is None]
+        if not missing:
+            return 0
+        starts = consumer.beginning_offsets([tp for tp in missing if tp in tps_start])
+        ends = consumer.end_offsets([tp for tp in missing if tp in tps_end])
+        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in {**starts, **ends}.items()}
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                consumer.commit(offsets)
+                return len(offsets)
+            except KafkaError:
+                # The group still has a member (a dead one until its session expires), or
+                # a live worker committed meanwhile: check again.
+                if all(consumer.committed(tp) is not None for tp in missing):
+                    return 0
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"could not commit start offsets for group {group_id}") from None
+                time.sleep(1.0)
+    finally:
+        consumer.close()

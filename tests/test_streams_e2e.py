@@ -413,3 +413,28 @@ def test_worker_killed_and_restarted_mid_scenario_gives_the_same_events(
     # ... and the restarted worker did get its input again: beyond the 2 re-sent steps of the
     # scenario itself, outputs were sent twice (same ids), none was derived twice differently.
     assert len(reader.got) > sum(len(v) for v in got.values()) + 2
+
+
+def test_start_offsets_are_committed_for_a_new_group(kafka_bootstrap: str, topics: Topics):
+    """Faust can only re-read messages it dropped during a rebalance by seeking to a
+    committed offset: the worker makes sure every input partition has one."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from streams.app import app_id_for, ticks_topic_for
+    from streams.kafka_admin import ensure_committed_offsets, prepare_topics
+
+    ticks = ticks_topic_for(topics.prefix)
+    assert prepare_topics(kafka_bootstrap, [topics.steps, topics.evals], ticks) == 3
+    produce(kafka_bootstrap, [Msg(ticks, None, b"{}")] * 4)
+    group = app_id_for(topics.prefix)
+    assert ensure_committed_offsets(kafka_bootstrap, group, from_start=[topics.steps, topics.evals],
+                                    from_end=[ticks]) == 9
+    assert ensure_committed_offsets(kafka_bootstrap, group, from_start=[topics.steps, topics.evals],
+                                    from_end=[ticks]) == 0
+    c = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        tick_tps = [TopicPartition(ticks, p) for p in range(3)]
+        assert sum(c.committed(tp) for tp in tick_tps) == 4  # past the old ticks
+        assert c.committed(TopicPartition(topics.steps, 0)) == 0
+    finally:
+        c.close()

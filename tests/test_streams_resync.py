@@ -1,0 +1,61 @@
+"""The skipped-input guard: a jump in offsets makes the worker seek back and re-read."""
+
+from __future__ import annotations
+
+from streams.resync import InputGuard
+
+TP = ("areal.steps", 2)
+
+
+def test_contiguous_input_is_processed() -> None:
+    g = InputGuard()
+    assert [g.on_message(TP, o, 0.0) for o in range(4)] == [("process", None)] * 4
+    assert g.seeks == 0
+
+
+def test_jump_seeks_back_drops_until_the_hole_is_filled_then_goes_on() -> None:
+    g = InputGuard()
+    for o in range(11):
+        g.on_message(TP, o, 0.0)
+    assert g.on_message(TP, 150, 1.0) == ("seek", 11)
+    assert g.on_message(TP, 151, 1.0) == ("drop", None)  # still buffered after the jump
+    assert g.on_message(TP, 11, 1.5) == ("process", None)  # the seek worked
+    assert [g.on_message(TP, o, 1.5)[0] for o in range(12, 152)] == ["process"] * 140
+    assert g.last[TP] == 151 and g.seeks == 1
+
+
+def test_a_hole_that_cannot_be_filled_is_accepted_after_a_while() -> None:
+    g = InputGuard(give_up_s=30)
+    g.on_message(TP, 5, 0.0)
+    assert g.on_message(TP, 9, 0.0) == ("seek", 6)
+    assert g.on_message(TP, 9, 10.0) == ("drop", None)
+    assert g.on_message(TP, 9, 31.0) == ("process", None)
+    assert g.accepted_gaps == 1
+    assert g.on_message(TP, 10, 31.0) == ("process", None)
+
+
+def test_older_messages_after_a_seek_are_processed_again() -> None:
+    g = InputGuard()
+    for o in range(5):
+        g.on_message(TP, o, 0.0)
+    assert g.on_message(TP, 3, 0.0) == ("process", None)  # redelivery: the core deduplicates
+    assert g.last[TP] == 4
+
+
+def test_stuck_partition_is_noticed_after_a_quiet_spell() -> None:
+    g = InputGuard(stuck_after_s=10)
+    g.on_message(TP, 9, 100.0)
+    assert g.stuck(TP, position=10, now=200.0) is None  # everything fetched was delivered
+    assert g.stuck(TP, position=22, now=105.0) is None  # not quiet for long enough
+    assert g.stuck(TP, position=22, now=111.0) == 10
+    assert g.stuck(TP, position=22, now=112.0) is None  # a seek is under way
+    assert g.stuck(TP, position=22, now=122.0) == 10  # ... and it did not help: again
+    g.forget()
+    assert g.stuck(TP, position=22, now=500.0) is None
+
+
+def test_partition_that_never_delivered_uses_the_committed_offset() -> None:
+    g = InputGuard(stuck_after_s=10)
+    assert g.stuck(TP, position=30, now=0.0, committed=0) is None  # starts the quiet clock
+    assert g.stuck(TP, position=30, now=11.0, committed=0) == 0
+    assert g.stuck(TP, position=0, now=50.0, committed=0) is None  # nothing fetched yet
