@@ -37,6 +37,7 @@ def main() -> int:
         return 2
 
     import faust
+    from kafka.errors import KafkaError
 
     from streams.app import app_id_for, build_worker, ticks_topic_for
 
@@ -47,7 +48,7 @@ def main() -> int:
             ticks_topic_for(topics.prefix),
             client_config=settings.kafka_python_config(),
         )
-        ensure_committed_offsets(
+        committed = ensure_committed_offsets(
             settings.kafka_bootstrap,
             app_id_for(topics.prefix),
             from_start=[topics.steps, topics.evals],
@@ -58,6 +59,13 @@ def main() -> int:
     except (TopicLayoutError, TimeoutError) as exc:
         print(f"areal-streams: {exc}", file=sys.stderr)
         return 2
+    except KafkaError as exc:
+        print(f"areal-streams: Kafka at {settings.kafka_bootstrap}: {exc}", file=sys.stderr)
+        return 2
+    if committed < 0:
+        logging.getLogger("streams").warning(
+            "could not give the new partitions of group %s a start offset (another worker is live); "
+            "going on", app_id_for(topics.prefix))
     datadir = state_dir() / "streams"
     datadir.mkdir(parents=True, exist_ok=True)
     worker = build_worker(

@@ -95,7 +95,8 @@ def ensure_committed_offsets(
     without a committed offset. A commit from outside the group only succeeds while the
     group has no live member; after a kill -9 that is once the dead member's session has
     expired, so this waits for that (the worker could not join any sooner anyway).
-    Returns how many partitions got an offset.
+    Returns how many partitions got an offset; -1 when the group kept a live member all
+    along (another worker is running: it has committed or will commit on its own).
     """
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import KafkaError
@@ -128,7 +129,7 @@ def ensure_committed_offsets(
                 if all(consumer.committed(tp) is not None for tp in missing):
                     return 0
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"could not commit start offsets for group {group_id}") from None
+                    return -1
                 time.sleep(1.0)
     finally:
         consumer.close()
