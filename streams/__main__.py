@@ -39,7 +39,7 @@ def main() -> int:
     import faust
     from kafka.errors import KafkaError
 
-    from streams.app import app_id_for, build_worker, ticks_topic_for
+    from streams.app import app_id_for, broker_credentials, build_worker, ticks_topic_for
 
     try:
         partitions = prepare_topics(
@@ -76,6 +76,7 @@ def main() -> int:
         partitions=partitions,
         commit_interval=commit_interval,
         session_timeout=session_timeout,
+        credentials=broker_credentials(settings),
     )
     faust_worker = faust.Worker(worker.app, loglevel=loglevel, quiet=True, redirect_stdouts=False,
                                 override_logging=False)

@@ -52,6 +52,28 @@ log = logging.getLogger("streams")
 SendFn = Callable[[str, bytes, bytes], Awaitable[Awaitable[Any]]]
 
 
+def broker_credentials(settings: Any) -> Any:
+    """Faust credentials from producers.settings.Settings (None for PLAINTEXT)."""
+    import ssl
+
+    protocol = (getattr(settings, "kafka_security_protocol", "PLAINTEXT") or "PLAINTEXT").upper()
+    if protocol == "PLAINTEXT":
+        return None
+    context = None
+    if protocol in ("SSL", "SASL_SSL"):
+        context = ssl.create_default_context(cafile=settings.kafka_ssl_cafile)
+        if settings.kafka_ssl_certfile:
+            context.load_cert_chain(settings.kafka_ssl_certfile, settings.kafka_ssl_keyfile)
+    if protocol.startswith("SASL"):
+        return faust.SASLCredentials(
+            username=settings.kafka_sasl_username,
+            password=settings.kafka_sasl_password,
+            mechanism=settings.kafka_sasl_mechanism or "PLAIN",
+            ssl_context=context,
+        )
+    return faust.SSLCredentials(context)
+
+
 def app_id_for(prefix: str) -> str:
     """The Faust app id (consumer group, changelog names) of a topic prefix."""
     cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", prefix).strip("._-") or "default"
@@ -231,12 +253,14 @@ def build_worker(
     commit_interval: float = 0.5,
     session_timeout: float = 10.0,
     send: SendFn | None = None,
+    credentials: Any = None,
 ) -> StreamWorker:
     """A Faust app for this prefix. `send` replaces the Kafka producer (agent tests)."""
     config = config or StreamsConfig()
     app = faust.App(
         app_id_for(topics.prefix),
         broker="kafka://" + ";".join(bootstrap.split(",")),
+        broker_credentials=credentials,
         datadir=str(datadir),
         store="memory://",  # the changelog topic is the durable copy
         web_enabled=False,

@@ -199,3 +199,17 @@ def test_no_message_stops_the_evals_agent(tmp_path: Path, payload: bytes) -> Non
     run(go)
     assert len(rec.on(TOPICS.deadletter)) == 1
     assert len(rec.on(TOPICS.consensus)) == 1
+
+
+def test_broker_credentials_follow_the_settings() -> None:
+    import faust
+
+    from producers.settings import Settings
+    from streams.app import broker_credentials
+
+    assert broker_credentials(Settings()) is None
+    sasl = broker_credentials(Settings(kafka_security_protocol="SASL_PLAINTEXT", kafka_sasl_mechanism="SCRAM-SHA-256",
+                                       kafka_sasl_username="u", kafka_sasl_password="p"))
+    assert isinstance(sasl, faust.SASLCredentials) and sasl.username == "u" and sasl.ssl_context is None
+    tls = broker_credentials(Settings(kafka_security_protocol="SSL"))
+    assert isinstance(tls, faust.SSLCredentials)
