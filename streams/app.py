@@ -333,7 +333,9 @@ def build_worker(
                 position = await app.consumer.position(tp)
             except Exception:  # noqa: BLE001 - a partition being reassigned: next time
                 continue
-            committed = getattr(app.consumer, "_committed_offset", {}).get(tp)
+            # Faust keeps a committed offset of 0 as None; the worker commits start offsets
+            # for every partition before it starts, so None means 0 here.
+            committed = getattr(app.consumer, "_committed_offset", {}).get(tp) or 0
             target = core.guard.stuck((tp.topic, tp.partition), position, time.monotonic(), committed)
             if target is not None:
                 log.warning("%s/%s fetched up to %s but delivers nothing; re-reading from %s",
