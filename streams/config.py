@@ -99,8 +99,12 @@ class RunConfig:
                 raise ConfigError(f"streams config {f.name}: not a number ({value!r})")
             if f.type == "int" and not isinstance(value, int):
                 raise ConfigError(f"streams config {f.name}: not an integer ({value!r})")
-            if not math.isfinite(value):
-                raise ConfigError(f"streams config {f.name}: not finite ({value!r})")
+            try:
+                finite = math.isfinite(value)
+            except OverflowError:  # an integer too large for a float
+                finite = False
+            if not finite:
+                raise ConfigError(f"streams config {f.name}: not finite or too large ({str(value)[:40]})")
         if self.window < 1:
             raise ConfigError(f"streams config window: must be >= 1 (got {self.window})")
         if not 0 < self.ema_alpha <= 1:
@@ -132,7 +136,7 @@ class RunConfig:
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - known)
         if unknown:
-            raise ConfigError(f"streams config{where}: unknown setting {', '.join(unknown)}")
+            raise ConfigError(f"streams config{where}: unknown setting {', '.join(map(repr, unknown))}")
         changes = dict(overrides)
         # JSON has one number type: accept 30.0 where an integer is meant.
         for f in dataclasses.fields(self):
@@ -166,7 +170,7 @@ class StreamsConfig:
             raise ConfigError("streams config: not a JSON object")
         unknown = sorted(set(data) - {"defaults", "runs", "tick_interval_s"})
         if unknown:
-            raise ConfigError(f"streams config: unknown key {', '.join(unknown)}")
+            raise ConfigError(f"streams config: unknown key {', '.join(map(repr, unknown))}")
         defaults = data.get("defaults", {})
         runs = data.get("runs", {})
         if not isinstance(defaults, dict):
@@ -177,8 +181,8 @@ class StreamsConfig:
         pairs: list[tuple[str, Mapping[str, Any]]] = []
         for pattern, overrides in runs.items():
             if not isinstance(overrides, dict):
-                raise ConfigError(f"streams config runs.{pattern}: not an object")
-            base.with_overrides(overrides, f" runs.{pattern}")  # validate now, not at the first step
+                raise ConfigError(f"streams config runs.{pattern!r}: not an object")
+            base.with_overrides(overrides, f" runs.{pattern!r}")  # validate now, not at the first step
             pairs.append((pattern, dict(overrides)))
         tick = data.get("tick_interval_s", 1.0)
         if isinstance(tick, bool) or not isinstance(tick, (int, float)) or not 0 < tick <= 3600:

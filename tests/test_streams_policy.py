@@ -184,11 +184,11 @@ def test_config_overrides_per_run_and_patterns(tmp_path) -> None:
 @pytest.mark.parametrize(
     "data,message",
     [
-        ({"defaults": {"windw": 3}}, "unknown setting windw"),
+        ({"defaults": {"windw": 3}}, "unknown setting 'windw'"),
         ({"runs": {"r": {"window": 0}}}, "window: must be >= 1"),
         ({"defaults": {"fast_exit_slope": 1.0}}, "fast_exit_slope"),
         ({"defaults": {"window": "ten"}}, "window: not a number"),
-        ({"extra": 1}, "unknown key extra"),
+        ({"extra": 1}, "unknown key 'extra'"),
     ],
 )
 def test_config_errors_name_the_field(data, message) -> None:
