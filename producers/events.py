@@ -115,7 +115,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-_INT64 = (-(2**63), 2**63 - 1)
+_INT64 = (-(2**63), 2**64 - 1)  # what Int64 and UInt64 columns hold between them
 
 
 def _check_number(where: str, v: Any, r: Rule) -> None:
