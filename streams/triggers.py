@@ -10,8 +10,9 @@ Policy (thresholds in streams.config):
   fast_exit_slope; normal -> plateau at |slope| <= plateau_slope, plateau -> normal only
   above plateau_exit_slope.
 - The interval follows the mode: fast halves it (not below min_eval_interval), plateau
-  doubles it (not above max_eval_interval), normal returns to eval_interval. It changes at
-  once on entering a mode, then at most every interval_dwell_steps; each change is one
+  doubles it (not above max_eval_interval), normal returns to eval_interval. Neither the
+  mode nor the interval changes within interval_dwell_steps of the last change (the
+  slope of a noisy reward crosses any band now and then); each change is one
   `set_eval_interval` command.
 - `evaluate_now` when the sliding average has moved by more than evaluate_delta since the
   last evaluation the worker asked for (the first full window sets the baseline).
@@ -114,9 +115,11 @@ def decide(state: TriggerState, point: SmoothedPoint, cfg: RunConfig) -> tuple[T
         state = replace(state, baseline=point.sliding_avg, baseline_step=point.step)
 
     interval = state.interval if state.interval is not None else cfg.eval_interval
-    mode = next_mode(state.mode, abs(point.slope), cfg)
-    entered = mode != state.mode
     dwelt = state.last_change_step is None or point.step - state.last_change_step >= cfg.interval_dwell_steps
+    mode = next_mode(state.mode, abs(point.slope), cfg)
+    if not dwelt:
+        mode = state.mode  # too soon after the last change: a noisy slope must not flap the interval
+    entered = mode != state.mode
     new_interval = target_interval(mode, interval, cfg)
     if (entered or dwelt) and new_interval != interval:
         decisions.append(

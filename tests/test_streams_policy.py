@@ -274,3 +274,19 @@ def test_reward_rule_arms_only_once_the_reward_was_above_the_threshold() -> None
         s, alerts, _ = check_reward(s, pt(step, avg, 0.0), cfg)
         fired += [a.step for a in alerts]
     assert fired == [5, 8]  # not at the start, where the run was still climbing
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=-0.05, max_value=0.05), min_size=1, max_size=300), st.integers(1, 60))
+def test_a_noisy_slope_never_changes_the_interval_twice_within_the_dwell(slopes, dwell):
+    cfg = RunConfig(window=5, interval_dwell_steps=dwell)
+    state, changes = TriggerState(), []
+    for step, slope in enumerate(slopes, start=5):
+        state, decisions = decide(state, SmoothedPoint(step, 0.5, 5, 0.5, 0.5, slope), cfg)
+        changes += [d.step for d in decisions if d.command == "set_eval_interval"]
+        assert cfg.min_eval_interval <= (state.interval or cfg.eval_interval) <= cfg.max_eval_interval
+    assert all(b - a >= dwell for a, b in zip(changes, changes[1:]))
