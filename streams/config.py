@@ -13,7 +13,7 @@ Adaptive evaluation triggers
   fast_exit_slope = 0.005      ... and below which it stops moving fast (hysteresis)
   plateau_slope = 0.001        |slope| at or below which the reward is on a plateau ...
   plateau_exit_slope = 0.002   ... and above which it leaves the plateau (hysteresis)
-  interval_dwell_steps = 20    at least this many steps between two interval changes in one mode
+  interval_dwell_steps = 50    at least this many steps between two interval (or mode) changes
   evaluate_delta = 0.1         ask for `evaluate_now` when the smoothed reward moved more than
                                this since the last evaluation the worker asked for
 Alerts and closed loop
@@ -74,7 +74,7 @@ class RunConfig:
     fast_exit_slope: float = 0.005
     plateau_slope: float = 0.001
     plateau_exit_slope: float = 0.002
-    interval_dwell_steps: int = 20
+    interval_dwell_steps: int = 50
     evaluate_delta: float = 0.1
     reward_threshold: float | None = None
     reward_recover_margin: float = 0.0
