@@ -33,17 +33,10 @@ import uuid
 from pathlib import Path
 
 from producers.events import StepEvent
+from benchmarks.common import percentile
 from producers.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[k]
 
 
 def fill(bootstrap: str, topic: str, n: int, runs: int) -> None:
