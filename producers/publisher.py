@@ -9,6 +9,13 @@ once the broker answers again the journal is re-sent in order, before any
 newer message. A message leaves the journal only after the broker
 acknowledged it, so nothing is lost; a re-send carries the same event_id, so
 nothing is counted twice downstream.
+
+Order per run holds for outages shorter than `delivery_timeout_s` (10 minutes
+by default): messages already inside kafka-python are retried by it, in
+order, and newer ones wait in the journal behind them. A message that
+kafka-python gives up on after that timeout is journaled behind newer ones:
+still delivered, with its event_id, but out of order (the stream worker
+orders steps by step number anyway).
 """
 
 from __future__ import annotations
@@ -319,9 +326,7 @@ class Publisher:
             self._journal.advance(records[acked - 1].end)
             self._resent += acked
         if acked < len(records):
-            if acked == len(futures):  # send() itself failed part-way: already counted
-                pass
-            else:
+            if acked < len(futures):  # a delivery failed (a failed send() was counted already)
                 self._failed += 1
             self._back_off()
         else:
