@@ -41,7 +41,8 @@ def main() -> int:
     rows = [("raw produce-then-consume (kafka-python)", f"{raw:,.0f} ev/s", "1.00 (ceiling)")]
     for ranks, s in pipe["scale"].items():
         rows.append((f"pipeline, {ranks} rank(s) publishing", f"{s['events_per_s']:,.0f} ev/s",
-                     f"{s['events_per_s'] / raw:.2f} of raw"))
+                     f"{s['events_per_s'] / raw:.2f} of raw; cores busy: worker {s['worker_core_share']:.2f}, "
+                     f"sink {s['sink_core_share']:.2f}"))
     print_table(f"pipeline: publishers -> Kafka -> stream worker + sink -> ClickHouse rows ({n_pipe:,} step events)", rows)
     print_table("latency and memory", [
         ("publish() -> alert on the alerts topic p50/p99/max",
@@ -66,7 +67,7 @@ def main() -> int:
         "visible_latency_ms_p99": pipe["visible_latency_ms_p99"],
         "worker_peak_rss_mb": pipe.get("worker_peak_rss_mb"),
         "sink_peak_rss_mb": pipe.get("sink_peak_rss_mb"),
-        "scale_events_per_s": {str(k): v["events_per_s"] for k, v in pipe["scale"].items()},
+        "scale": {str(k): v for k, v in pipe["scale"].items()},
     }
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

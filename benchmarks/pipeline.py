@@ -80,6 +80,18 @@ class Services:
                 pass
         return out
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) each service has used so far."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {}
+        for name, proc in self.procs.items():
+            try:
+                fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                out[name] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+            except (OSError, IndexError, ValueError):
+                out[name] = float("nan")
+        return out
+
     def stop(self) -> None:
         for proc in self.procs.values():
             proc.terminate()
@@ -163,6 +175,7 @@ def pipeline_rate(services: Services, ranks: int, n: int, timeout: float = 600.0
             publisher.publish(e)
 
     threads = [threading.Thread(target=publish_all, args=(p, b)) for p, b in zip(publishers, batches)]
+    cpu0 = services.cpu_seconds()
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -178,11 +191,15 @@ def pipeline_rate(services: Services, ranks: int, n: int, timeout: float = 600.0
                 break
             time.sleep(0.2)
     elapsed = time.perf_counter() - t0
+    cpu1 = services.cpu_seconds()
     for p in publishers:
         p.close(5)
     if steps < expected_steps or smoothed < expected_smoothed:
         raise TimeoutError(f"{tag}: {steps}/{expected_steps} step rows, {smoothed}/{expected_smoothed} smoothed")
-    return {"events_per_s": expected_steps / elapsed, "seconds": elapsed}
+    # Share of one core each service used over the phase: the one near 1.0 is the bottleneck
+    # (Python: one core per process).
+    busy = {f"{name}_core_share": (cpu1[name] - cpu0[name]) / elapsed for name in cpu0}
+    return {"events_per_s": expected_steps / elapsed, "seconds": elapsed, **busy}
 
 
 def visible_latency(services: Services, samples: int) -> list[float]:
