@@ -88,12 +88,21 @@ class KafkaBroker:
     port: int = 0
     controller_port: int = 0
     partitions: int = 3
+    # Optional SASL/PLAIN listener beside the plain one (user -> password), to test secured clients.
+    sasl_users: dict[str, str] = field(default_factory=dict, repr=False)
+    sasl_port: int = 0
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).absolute()
         self.port = self.port or free_port()
         self.controller_port = self.controller_port or free_port()
+        if self.sasl_users:
+            self.sasl_port = self.sasl_port or free_port()
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.sasl_port}"
 
     @property
     def bootstrap(self) -> str:
@@ -128,6 +137,14 @@ class KafkaBroker:
             "log.retention.ms": "-1",
             "log.retention.bytes": "-1",
         }
+        if self.sasl_users:
+            props["listeners"] += f",SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}"
+            props["advertised.listeners"] += f",SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}"
+            props["listener.security.protocol.map"] += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
+            props["sasl.enabled.mechanisms"] = "PLAIN"
+            users = " ".join(f'user_{u}="{pw}"' for u, pw in self.sasl_users.items())
+            props["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = (
+                "org.apache.kafka.common.security.plain.PlainLoginModule required " + users + ";")
         config = self.data_dir / "server.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         (self.data_dir / "log4j.properties").write_text(

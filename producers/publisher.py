@@ -93,6 +93,7 @@ class Publisher:
         self._order_lock = threading.Lock()  # the journal is appended in publish order
         self._wake = threading.Event()
         self._closing = False
+        self._abandoned = False  # close() gave up waiting for the sender thread
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="areal-publisher", daemon=True)
         self._thread.start()
@@ -141,6 +142,12 @@ class Publisher:
         self._closing = True
         self._wake.set()
         self._thread.join(timeout=max(timeout, 5.0))
+        if self._thread.is_alive():
+            # The sender is stuck inside the Kafka client (e.g. a handshake that keeps
+            # failing): journal what is queued from here, and let the thread go.
+            with self._order_lock:
+                self._abandoned = True
+                self._queue_to_journal()
         self._journal.close()
 
     def stats(self) -> PublisherStats:
@@ -237,6 +244,7 @@ class Publisher:
             "enable_idempotence": True,
             "linger_ms": 20,  # batch: fewer, larger requests, less GIL time taken from training
             "max_block_ms": 1000,
+            "bootstrap_timeout_ms": 5000,  # the sender must not hang in the constructor for long
             "request_timeout_ms": max(1000, int(self._delivery_timeout_s * 500)),
             "delivery_timeout_ms": int(self._delivery_timeout_s * 1000),
             **self._kafka_config,  # the caller's settings win
@@ -336,6 +344,10 @@ class Publisher:
 
     def _shutdown(self) -> None:
         """Keep everything not acknowledged on disk, oldest first, for the next start."""
+        if self._abandoned:  # close() has journaled the queue and closed the journal
+            if self._producer is not None:
+                self._producer.close(timeout=0)
+            return
         if self._producer is not None:
             try:
                 self._producer.flush(timeout=1.0)

@@ -7,6 +7,7 @@ file and are never printed: `Settings.__repr__` masks them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -82,6 +83,7 @@ class Settings:
             "security_protocol": self.kafka_security_protocol,
         }
         if self.kafka_sasl_mechanism:
+            quiet_client_debug_logs()
             cfg["sasl_mechanism"] = self.kafka_sasl_mechanism
             cfg["sasl_plain_username"] = self.kafka_sasl_username
             cfg["sasl_plain_password"] = self.kafka_sasl_password
@@ -101,6 +103,18 @@ class Settings:
             out[f.name] = value
         out["clickhouse_url"] = mask_url(self.clickhouse_url)
         return out
+
+
+# kafka-python and aiokafka log the bytes of a SASL handshake, password included, at
+# DEBUG level: with credentials in play, their loggers never go below INFO.
+_CLIENT_LOGGERS = ("kafka", "aiokafka")
+
+
+def quiet_client_debug_logs() -> None:
+    for name in _CLIENT_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.getEffectiveLevel() < logging.INFO:
+            logger.setLevel(logging.INFO)
 
 
 def mask_url(url: str) -> str:

@@ -65,6 +65,9 @@ def broker_credentials(settings: Any) -> Any:
         if settings.kafka_ssl_certfile:
             context.load_cert_chain(settings.kafka_ssl_certfile, settings.kafka_ssl_keyfile)
     if protocol.startswith("SASL"):
+        from producers.settings import quiet_client_debug_logs
+
+        quiet_client_debug_logs()  # client DEBUG logs would show the handshake's password
         return faust.SASLCredentials(
             username=settings.kafka_sasl_username,
             password=settings.kafka_sasl_password,

@@ -22,7 +22,8 @@ from producers.topics import Topics
 @pytest.fixture(scope="session")
 def kafka_broker(request: pytest.FixtureRequest):
     data_dir = Path(tempfile.mkdtemp(prefix="areal-test-kafka-"))
-    broker = KafkaBroker(data_dir)
+    # a SASL/PLAIN listener beside the plain one, for the security-settings tests
+    broker = KafkaBroker(data_dir, sasl_users={"areal": "areal-secret"})
     broker.start(timeout=120)
     yield broker
     broker.stop()
