@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_sink import bench_latency
 from benchmarks.common import summary
 from producers.events import StepEvent, parse_event
 from producers.publisher import Publisher
@@ -202,24 +203,6 @@ def pipeline_rate(services: Services, ranks: int, n: int, timeout: float = 600.0
     return {"events_per_s": expected_steps / elapsed, "seconds": elapsed, **busy}
 
 
-def visible_latency(services: Services, samples: int) -> list[float]:
-    """publish() one step, then ask the store (the `sql` path) until its row is there."""
-    from sinks.query import connect
-
-    publisher = Publisher(services.bootstrap, services.topics, services.home / "journal-visible")
-    out = []
-    with connect(services.settings) as store:
-        for i in range(samples):
-            event = StepEvent(run_id="visible", step=i, epoch=0, reward=0.5)
-            t0 = time.perf_counter()
-            publisher.publish(event)
-            while not store.query("SELECT 1 FROM steps WHERE event_id = {id:String}", {"id": event.event_id}).rows:
-                time.sleep(0.005)
-            out.append((time.perf_counter() - t0) * 1000)
-    publisher.close(5)
-    return out
-
-
 def alert_latency(services: Services, samples: int, timeout: float = 60.0) -> list[float]:
     """publish() a step whose reward breaks the threshold; time until its alert is on the alerts topic."""
     from kafka import KafkaConsumer
@@ -264,9 +247,11 @@ def run(bootstrap: str, n: int, samples: int, scales: tuple[int, ...]) -> dict[s
             scale[ranks] = pipeline_rate(services, ranks, n)
         out["scale"] = scale
         out["pipeline_events_per_s"] = max(s["events_per_s"] for s in scale.values())
-        v = summary(visible_latency(services, samples))
+        # publish() -> row visible: the sink benchmark's measurement, on this stack's store
+        v = bench_latency(services.settings, samples)
         a = summary(alert_latency(services, samples))
-        out.update(visible_latency_ms_p50=v["p50"], visible_latency_ms_p99=v["p99"], visible_latency_ms_max=v["max"],
+        out.update(visible_latency_ms_p50=v["latency_ms_p50"], visible_latency_ms_p99=v["latency_ms_p99"],
+                   visible_latency_ms_max=v["latency_ms_max"],
                    alert_latency_ms_p50=a["p50"], alert_latency_ms_p99=a["p99"], alert_latency_ms_max=a["max"])
         out.update(services.peak_rss_mb())
     finally:
