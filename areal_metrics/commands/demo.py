@@ -173,10 +173,7 @@ def _print_summary(settings, runs: list[str]) -> None:
 
 
 def _write_report(out: Path, runs: list[str]) -> None:
-    try:
-        from areal_metrics.report import write_report
-    except ImportError:
-        print("(report figures: not available in this build)")
-        return
+    from areal_metrics.report import write_report
+
     paths = write_report(out, runs)
     print("report figures: " + ", ".join(str(p) for p in paths))
