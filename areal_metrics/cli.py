@@ -62,8 +62,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def use_local_stack_bootstrap() -> None:
+    """Point this process and its children at the broker of the local stack.
+
+    The ground package never reads the stack's files: the CLI passes the
+    bootstrap in, through the environment its children (trainers, services) inherit.
+    """
+    import os
+
+    from areal_metrics.stack import read_info
+
+    if os.environ.get("AREAL_KAFKA_BOOTSTRAP"):
+        return
+    info = read_info()
+    if info is not None and info.kafka_bootstrap:
+        os.environ["AREAL_KAFKA_BOOTSTRAP"] = info.kafka_bootstrap
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    use_local_stack_bootstrap()
     try:
         return int(args.run(args) or 0)
     except (UserError, ValidationError) as exc:

@@ -1,5 +1,5 @@
-"""Errors that are the user's to fix: the CLI prints them on one line and exits 2."""
+"""The project's errors, re-exported for the CLI (they live in the ground package)."""
 
+from producers.errors import ArealError, ConfigError, ServiceUnavailable, UserError, one_line
 
-class UserError(Exception):
-    """Bad input or a missing precondition; the message says what and where."""
+__all__ = ["ArealError", "ConfigError", "ServiceUnavailable", "UserError", "one_line"]

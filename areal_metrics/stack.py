@@ -96,6 +96,7 @@ def up(partitions: int = 3, services: tuple[str, ...] = SERVICES, timeout: float
     home = state_dir()
     previous = read_info()
     if previous is not None and previous.running() and set(previous.pids) >= {"kafka", *services}:
+        os.environ.setdefault("AREAL_KAFKA_BOOTSTRAP", previous.kafka_bootstrap)
         return previous, False
     if previous is not None:  # stale or partial: stop what is left, keep data and ports
         down(previous)
@@ -120,6 +121,7 @@ def up(partitions: int = 3, services: tuple[str, ...] = SERVICES, timeout: float
         started_at=time.time(),
     )
     write_info(info)  # now `down` can stop the broker even if what follows fails
+    os.environ.setdefault("AREAL_KAFKA_BOOTSTRAP", info.kafka_bootstrap)  # for this process's later verbs
     create_topics(info.kafka_bootstrap, Topics(info.topic_prefix).all(), partitions)
     env = service_env(info)
     for name in services:

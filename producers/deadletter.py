@@ -10,6 +10,7 @@ import base64
 import json
 
 from producers.events import RejectedEvent
+from producers.ids import is_valid_run_id
 
 UNKNOWN_RUN = "unknown"
 MAX_RAW_CHARS = 256 * 1024  # a dead letter keeps at most this much of the input
@@ -39,7 +40,7 @@ def guess_run_id(raw: bytes | str, key: bytes | None = None) -> str:
     except (ValueError, RecursionError, UnicodeDecodeError):
         pass
     for c in candidates:
-        if isinstance(c, str) and 0 < len(c) <= 128 and all(ch.isalnum() or ch in "._:-" for ch in c):
+        if is_valid_run_id(c):
             return c
     return UNKNOWN_RUN
 

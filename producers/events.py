@@ -23,13 +23,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
+from producers.errors import UserError
+from producers.ids import RUN_ID_PATTERN
+
 SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 1 << 20  # a reader refuses larger messages before parsing them
-_RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _HOSTNAME = socket.gethostname()[:128] or "localhost"
 
 
-class ValidationError(ValueError):
+class ValidationError(UserError, ValueError):
     """Input that breaks the contract. `str(err)` is ``<table>.<field>: <rule>``."""
 
     def __init__(self, where: str, problem: str) -> None:
@@ -199,7 +201,7 @@ class Event:
     type: ClassVar[str] = ""
     table: ClassVar[str] = ""  # ClickHouse table, also the prefix of error messages
 
-    run_id: str = rule(nonempty=True, max_len=128, pattern=_RUN_ID)
+    run_id: str = rule(nonempty=True, max_len=128, pattern=RUN_ID_PATTERN)
     node: str = rule(_HOSTNAME, nonempty=True, max_len=128)
     rank: int = rule(0, ge=0)
     ts: float = rule(factory=time.time, ge=0)

@@ -6,12 +6,12 @@ file and are never printed: `Settings.__repr__` masks them.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from producers.errors import ConfigError
 from producers.topics import DEFAULT_PREFIX, Topics
 
 DEFAULT_STATE_DIR = ".areal"
@@ -32,14 +32,20 @@ def _secret(name: str) -> str | None:
     return None
 
 
-def local_bootstrap() -> str | None:
-    """The bootstrap address of the broker that `areal-metrics up` started, if any."""
+# The local stack (`areal-metrics up`) binds its broker here when the port is free,
+# so a trainer with no settings at all reaches it. The CLI passes the bootstrap of
+# the stack it started explicitly; this package never reads the stack's files.
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+
+def _int_env(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
     try:
-        info = json.loads((state_dir() / "stack.json").read_text())
-    except (OSError, ValueError):
-        return None
-    value = info.get("kafka_bootstrap") if isinstance(info, dict) else None
-    return value if isinstance(value, str) else None
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw[:40]!r}: expected an integer") from None
 
 
 @dataclass(frozen=True)
@@ -55,12 +61,23 @@ class Settings:
     kafka_ssl_cafile: str | None = None
     kafka_ssl_certfile: str | None = None
     kafka_ssl_keyfile: str | None = None
+    # Topic durability: replication factor and min.insync.replicas for every topic
+    # the project creates (Faust's internal topics included); 3 and 2 on a cluster.
+    kafka_replication_factor: int = 1
+    kafka_min_insync_replicas: int = 1
+    # Retention in ms (-1 = keep forever). Raw topics are the source of truth that
+    # `replay` rebuilds from, so they are kept by default; derived topics likewise
+    # unless configured.
+    raw_retention_ms: int = -1
+    derived_retention_ms: int = -1
+    # ClickHouse on a cluster: DDL runs ON CLUSTER and tables use Replicated engines.
+    clickhouse_cluster: str | None = None
 
     @classmethod
     def from_env(cls) -> Settings:
         env = os.environ.get
         return cls(
-            kafka_bootstrap=env("AREAL_KAFKA_BOOTSTRAP") or local_bootstrap() or "127.0.0.1:9092",
+            kafka_bootstrap=env("AREAL_KAFKA_BOOTSTRAP") or DEFAULT_BOOTSTRAP,
             clickhouse_url=env("AREAL_CLICKHOUSE_URL") or f"chdb://{state_dir() / 'clickhouse'}",
             topic_prefix=env("AREAL_TOPIC_PREFIX", DEFAULT_PREFIX),
             kafka_security_protocol=env("AREAL_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),
@@ -70,6 +87,11 @@ class Settings:
             kafka_ssl_cafile=env("AREAL_KAFKA_SSL_CAFILE"),
             kafka_ssl_certfile=env("AREAL_KAFKA_SSL_CERTFILE"),
             kafka_ssl_keyfile=env("AREAL_KAFKA_SSL_KEYFILE"),
+            kafka_replication_factor=_int_env("AREAL_KAFKA_REPLICATION_FACTOR", 1),
+            kafka_min_insync_replicas=_int_env("AREAL_KAFKA_MIN_INSYNC_REPLICAS", 1),
+            raw_retention_ms=_int_env("AREAL_RAW_RETENTION_MS", -1),
+            derived_retention_ms=_int_env("AREAL_DERIVED_RETENTION_MS", -1),
+            clickhouse_cluster=env("AREAL_CLICKHOUSE_CLUSTER") or None,
         )
 
     @property
