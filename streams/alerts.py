@@ -27,12 +27,13 @@ from streams.triggers import CommandDecision
 
 @dataclass(frozen=True, slots=True)
 class AlertDecision:
-    """An alert, before it becomes an AlertEvent. `about` makes its id deterministic."""
+    """An alert, before it becomes an AlertEvent. `about` (the parts that name what it is
+    about, kept apart: never one joined string) makes its id deterministic."""
 
     kind: str
     severity: str
     message: str
-    about: str
+    about: tuple[Any, ...]
     step: int | None = None
     value: float | None = None
     threshold: float | None = None
@@ -48,13 +49,6 @@ class BreachState:
     in_breach: bool = False
     last_fired_step: int | None = None
     armed: bool = True  # the reward rule arms itself once the reward has been above the threshold
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"in_breach": self.in_breach, "last_fired_step": self.last_fired_step, "armed": self.armed}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BreachState:
-        return cls(**data)
 
 
 def breach_step(state: BreachState, breached: bool, recovered: bool, step: int, cooldown: int) -> tuple[BreachState, bool]:
@@ -91,7 +85,7 @@ def check_reward(
         kind="reward_below_threshold",
         severity="critical",
         message=f"smoothed reward {avg:.4g} fell below {threshold:g} at step {point.step}; asking trainers to scale lr by {cfg.lr_factor:g}",
-        about=f"reward_below_threshold|{point.step}",
+        about=("reward_below_threshold", point.step),
         step=point.step,
         value=avg,
         threshold=threshold,
@@ -113,13 +107,6 @@ class ThroughputState:
     history: tuple[float, ...] = ()
     breach: BreachState = BreachState()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"history": list(self.history), "breach": self.breach.to_dict()}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ThroughputState:
-        return cls(tuple(float(x) for x in data["history"]), BreachState.from_dict(data["breach"]))
-
 
 def check_throughput(
     state: ThroughputState, step: int, throughput: float, cfg: RunConfig
@@ -139,7 +126,7 @@ def check_throughput(
                         f"throughput {throughput:.4g} tokens/s at step {step} is under "
                         f"{1 - cfg.throughput_drop_ratio:.0%} of the run's trailing median {median:.4g}"
                     ),
-                    about=f"throughput_drop|{step}",
+                    about=("throughput_drop", step),
                     step=step,
                     value=throughput,
                     threshold=limit,
@@ -158,13 +145,6 @@ class StallState:
     last_step: int | None = None
     stalled: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"last_step_at": self.last_step_at, "last_step": self.last_step, "stalled": self.stalled}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StallState:
-        return cls(**data)
-
 
 def saw_step(state: StallState, step: int, now: float) -> StallState:
     last = step if state.last_step is None else max(step, state.last_step)
@@ -182,7 +162,7 @@ def check_stalled(state: StallState, now: float, cfg: RunConfig) -> tuple[StallS
         severity="critical",
         message=f"no step for {quiet:.0f} s (last step {state.last_step}; limit {cfg.stall_seconds:g} s)",
         # One alert per silence: the silence is named by the step it follows.
-        about=f"stalled|{state.last_step}|{state.last_step_at!r}",
+        about=("stalled", state.last_step, repr(state.last_step_at)),
         step=state.last_step,
         value=quiet,
         threshold=cfg.stall_seconds,
@@ -198,13 +178,6 @@ class InvalidState:
     last_alert_at: float | None = None
     folded: int = 0  # rejected since the last alert, not alerted on their own
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"last_alert_at": self.last_alert_at, "folded": self.folded}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> InvalidState:
-        return cls(**data)
-
 
 def check_invalid(
     state: InvalidState, reason: str, source_topic: str, about: str, now: float, cfg: RunConfig
@@ -216,7 +189,7 @@ def check_invalid(
         kind="invalid_event",
         severity="warning",
         message=f"dead-lettered input from {source_topic}: {reason}{more}",
-        about=f"invalid_event|{about}",
+        about=("invalid_event", about),
         value=float(state.folded + 1),
     )
     return InvalidState(last_alert_at=now, folded=0), [alert]

@@ -18,6 +18,7 @@ event_ids. A per-run lock keeps the three agents from interleaving on one run's 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import re
@@ -33,12 +34,14 @@ from faust.types import TP
 from producers.deadletter import rejected
 from producers.events import EvalEvent, Event, StepEvent, ValidationError, parse_event
 from producers.topics import Topics
+from streams.codec import StateDecodeError
 from streams.config import StreamsConfig
 from streams.resync import InputGuard
 from streams.processor import (
     WORKER_NODE,
     Output,
     RunState,
+    derived_id,
     has_clock_work,
     on_eval,
     on_rejected,
@@ -101,6 +104,7 @@ class StreamCore:
     send: SendFn
     clock: Callable[[], float] = time.time
     cache: dict[str, RunState] = field(default_factory=dict)  # decoded states, write-through
+    bad_states: list[tuple[str, bytes, str]] = field(default_factory=list)  # (run_id, record, why): to dead-letter
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     # Skipped-input guard (streams.resync); `seek(topic, partition, offset)` is the shell's.
     guard: InputGuard | None = None
@@ -114,10 +118,31 @@ class StreamCore:
         state = self.cache.get(run_id)
         if state is None:
             raw = self.table.get(run_id.encode())
-            state = RunState.from_json(raw) if raw is not None else RunState(run_id, partition=partition)
+            state = self._decode(run_id, raw) if raw is not None else None
+            if state is None:
+                state = RunState(run_id, partition=partition)
         if state.partition is None:
             state = replace(state, partition=partition)
         return state
+
+    def _decode(self, run_id: str, raw: Any) -> RunState | None:
+        """A stored record that does not decode (corrupt, foreign, another version): None.
+
+        The run starts over from an empty state and the record is kept in `bad_states`
+        (and logged) until the shell dead-letters it: a bad record must never make every
+        later input or tick of the run raise.
+        """
+        try:
+            state = RunState.from_json(raw)
+            if state.run_id != run_id:
+                raise StateDecodeError(f"stream state $.run_id: {state.run_id!r} stored under {run_id!r}")
+            return state
+        except (StateDecodeError, TypeError) as exc:
+            self.stats["bad_states"] = self.stats.get("bad_states", 0) + 1
+            log.error("streams: stored state of run %r does not decode (%s); starting it over", run_id, exc)
+            self.bad_states.append((run_id, bytes(raw) if isinstance(raw, (bytes, bytearray)) else str(raw).encode(),
+                                    str(exc)))
+            return None
 
     def save(self, state: RunState) -> None:
         self.cache[state.run_id] = state
@@ -176,6 +201,8 @@ class StreamCore:
             return
         try:
             await self._process(event, partition)
+            if self.bad_states:
+                await self.dead_letter_bad_states(partition)
         except Exception as exc:  # a bug must not stop the worker: keep the message, say why
             self.stats["errors"] += 1
             log.exception("streams: failed to process %s/%s/%s", topic, partition, offset)
@@ -215,22 +242,46 @@ class StreamCore:
             self.save(new_state)
 
     async def on_tick(self, partition: int) -> None:
-        """The clock for the runs that live on `partition`."""
+        """The clock for the runs that live on `partition`. Never raises: a run whose tick
+        fails is logged and counted, and the other runs still get theirs."""
         self.stats["ticks"] += 1
         now = self.clock()
         for key in list(self.table.keys()):
-            run_id = key.decode() if isinstance(key, bytes) else str(key)
+            try:
+                run_id = key.decode() if isinstance(key, (bytes, bytearray)) else str(key)
+                await self._tick_run(run_id, partition, now)
+            except Exception:  # noqa: BLE001 - one run's bad state must not stop the clock
+                self.stats["errors"] += 1
+                log.exception("streams: tick of run %r failed", key)
+        await self.dead_letter_bad_states(partition)
+
+    async def _tick_run(self, run_id: str, partition: int, now: float) -> None:
+        state = self.load(run_id, partition)
+        if state.partition != partition:
+            return
+        cfg = self.config.for_run(run_id)
+        if not has_clock_work(state, now, cfg):
+            return
+        async with self.lock(run_id):
             state = self.load(run_id, partition)
-            if state.partition != partition:
-                continue
-            cfg = self.config.for_run(run_id)
-            if not has_clock_work(state, now, cfg):
-                continue
+            new_state, outputs = on_tick(state, now, cfg)
+            await self.emit(outputs)
+            self.save(new_state)
+
+    async def dead_letter_bad_states(self, partition: int) -> None:
+        """Each stored state that did not decode: once to the dead-letter topic, then replaced."""
+        while self.bad_states:
+            run_id, raw, why = self.bad_states.pop(0)
+            dead = rejected(raw, f"stream state of run {run_id!r}: {why}", self.table_topic(), node=WORKER_NODE,
+                            key=run_id.encode())
+            dead = dead.replace(event_id=derived_id("bad_state", run_id, hashlib.sha256(raw).hexdigest()))
+            await self.emit([Output(dead)])
             async with self.lock(run_id):
-                state = self.load(run_id, partition)
-                new_state, outputs = on_tick(state, now, cfg)
-                await self.emit(outputs)
-                self.save(new_state)
+                if run_id not in self.cache:  # else an input already replaced the record
+                    self.save(RunState(run_id, partition=partition))
+
+    def table_topic(self) -> str:
+        return getattr(self.table, "changelog_topic_name", None) or "streams-state"
 
 
 @dataclass

@@ -38,6 +38,7 @@ from streams.alerts import (
     check_throughput,
     saw_step,
 )
+from streams import codec
 from streams.config import RunConfig
 from streams.smoothing import SmoothedPoint, SmoothingState, add_reward
 from streams.triggers import CommandDecision, TriggerState, decide
@@ -47,9 +48,15 @@ WORKER_NODE = "areal-streams"  # the `node` of every event the worker derives
 _ID_NAMESPACE = uuid.UUID("5d1f3c1e-6a57-4a53-9a8e-2f4b8c3e7a10")
 
 
+def _id_part(part: object) -> str:
+    # "\\" and "|" escaped: parts are joined without ambiguity (("a|b", "c") != ("a", "b|c")),
+    # and parts without either character give the ids earlier versions gave.
+    return str(part).replace("\\", "\\\\").replace("|", "\\|")
+
+
 def derived_id(*parts: object) -> str:
     """Deterministic event id of a derived event: the same facts give the same id."""
-    return uuid.uuid5(_ID_NAMESPACE, "|".join(str(p) for p in parts)).hex
+    return uuid.uuid5(_ID_NAMESPACE, "|".join(_id_part(p) for p in parts)).hex
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,35 +78,12 @@ class RunState:
     invalid: Mapping[str, InvalidState] = field(default_factory=dict)  # per source topic
 
     def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "run_id": self.run_id,
-                "partition": self.partition,
-                "smoothing": self.smoothing.to_dict(),
-                "trigger": self.trigger.to_dict(),
-                "reward_alert": self.reward_alert.to_dict(),
-                "throughput": self.throughput.to_dict(),
-                "stall": self.stall.to_dict(),
-                "votes": self.votes.to_dict(),
-                "invalid": {k: v.to_dict() for k, v in self.invalid.items()},
-            },
-            separators=(",", ":"),
-        ).encode()
+        return codec.dumps(self)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> RunState:
-        d = json.loads(raw)
-        return cls(
-            run_id=d["run_id"],
-            partition=d["partition"],
-            smoothing=SmoothingState.from_dict(d["smoothing"]),
-            trigger=TriggerState.from_dict(d["trigger"]),
-            reward_alert=BreachState.from_dict(d["reward_alert"]),
-            throughput=ThroughputState.from_dict(d["throughput"]),
-            stall=StallState.from_dict(d["stall"]),
-            votes=VoteState.from_dict(d["votes"]),
-            invalid={k: InvalidState.from_dict(v) for k, v in d["invalid"].items()},
-        )
+        """StateDecodeError (naming the field) for a record that is not a RunState."""
+        return codec.loads(cls, raw)
 
 
 # ------------------------------------------------------------------ records
@@ -133,7 +117,7 @@ def command_event(run_id: str, d: CommandDecision, ts: float) -> CommandEvent:
 
 
 def alert_event(run_id: str, a: AlertDecision, ts: float) -> AlertEvent:
-    alert_id = derived_id("alert", run_id, a.about)
+    alert_id = derived_id("alert", run_id, *a.about)
     return AlertEvent(
         run_id=run_id,
         node=WORKER_NODE,

@@ -33,31 +33,12 @@ class SmoothedPoint:
     slope: float
     source_id: str = ""  # event_id of the step event it came from: a redelivery of it is re-sent
 
-    def to_list(self) -> list[Any]:
-        return [self.step, self.reward, self.window, self.sliding_avg, self.ema, self.slope, self.source_id]
-
-    @classmethod
-    def from_list(cls, data: list[Any]) -> SmoothedPoint:
-        step, reward, window, avg, ema, slope, source_id = data
-        return cls(int(step), float(reward), int(window), float(avg), float(ema), float(slope), str(source_id))
-
 
 @dataclass(frozen=True, slots=True)
 class SmoothingState:
     points: tuple[SmoothedPoint, ...] = ()  # the window, sorted by step
     ema_base: float | None = None  # EMA over all steps older than the window
     max_step: int = -1
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"points": [p.to_list() for p in self.points], "ema_base": self.ema_base, "max_step": self.max_step}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SmoothingState:
-        return cls(
-            points=tuple(SmoothedPoint.from_list(p) for p in data.get("points", ())),
-            ema_base=data.get("ema_base"),
-            max_step=int(data.get("max_step", -1)),
-        )
 
 
 Kind = Literal["new", "late", "duplicate", "too_late"]

@@ -37,19 +37,6 @@ class TriggerState:
     baseline: float | None = None  # sliding average at the last evaluation asked for
     baseline_step: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "interval": self.interval,
-            "last_change_step": self.last_change_step,
-            "baseline": self.baseline,
-            "baseline_step": self.baseline_step,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TriggerState:
-        return cls(**data)
-
 
 @dataclass(frozen=True, slots=True)
 class CommandDecision:

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import astuple, dataclass, field, replace
 
 from streams.alerts import AlertDecision
 from streams.config import RunConfig
@@ -43,22 +42,6 @@ class NodeResult:
     verdicts: tuple[int, ...] | None = None
     error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "node": self.node,
-            "ok": self.ok,
-            "accuracy": self.accuracy,
-            "response_length": self.response_length,
-            "verdicts": list(self.verdicts) if self.verdicts is not None else None,
-            "error": self.error,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> NodeResult:
-        v = d.get("verdicts")
-        return cls(d["node"], d["ok"], d.get("accuracy"), d.get("response_length"),
-                   tuple(v) if v is not None else None, d.get("error"))
-
 
 @dataclass(frozen=True, slots=True)
 class RoundKey:
@@ -67,13 +50,10 @@ class RoundKey:
     dataset: str
     stage: str
 
-    def text(self) -> str:
-        return "|".join((self.run_id, self.eval_id, self.dataset, self.stage))
-
-    @classmethod
-    def parse(cls, text: str) -> RoundKey:
-        run_id, eval_id, dataset, stage = text.rsplit("|", 3)
-        return cls(run_id, eval_id, dataset, stage)
+    @property
+    def dataset_stage(self) -> tuple[str, str]:
+        """The key of the last good result a failed round repeats."""
+        return (self.dataset, self.stage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +63,6 @@ class RoundState:
     replicas: int
     opened_at: float  # worker clock at the first result; the timeout counts from here
     results: tuple[NodeResult, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key.text(), "step": self.step, "replicas": self.replicas,
-                "opened_at": self.opened_at, "results": [r.to_dict() for r in self.results]}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RoundState:
-        return cls(RoundKey.parse(d["key"]), d["step"], d["replicas"], d["opened_at"],
-                   tuple(NodeResult.from_dict(r) for r in d["results"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,40 +78,18 @@ class Consensus:
     stale: bool = False
     partial: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key.text(), "step": self.step, "accuracy": self.accuracy,
-                "response_length": self.response_length, "votes": self.votes, "replicas": self.replicas,
-                "agreement": self.agreement, "dissenters": list(self.dissenters), "stale": self.stale,
-                "partial": self.partial}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Consensus:
-        return cls(RoundKey.parse(d["key"]), d["step"], d["accuracy"], d["response_length"], d["votes"],
-                   d["replicas"], d["agreement"], tuple(d["dissenters"]), d["stale"], d["partial"])
-
 
 @dataclass(frozen=True, slots=True)
 class VoteState:
-    open_rounds: Mapping[str, RoundState]
-    closed: tuple[str, ...] = ()  # round keys already decided, oldest first
-    last_good: Mapping[str, Consensus] = None  # type: ignore[assignment]  # "dataset|stage" -> consensus
+    """Keys are structured (RoundKey, (dataset, stage)): never a joined string to split again."""
 
-    def __post_init__(self) -> None:
-        if self.last_good is None:
-            object.__setattr__(self, "last_good", {})
+    open_rounds: Mapping[RoundKey, RoundState] = field(default_factory=dict)
+    closed: tuple[RoundKey, ...] = ()  # rounds already decided, oldest first
+    last_good: Mapping[tuple[str, str], Consensus] = field(default_factory=dict)  # (dataset, stage) ->
 
     @classmethod
     def empty(cls) -> VoteState:
-        return cls(open_rounds={}, closed=(), last_good={})
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"open": {k: r.to_dict() for k, r in self.open_rounds.items()}, "closed": list(self.closed),
-                "last_good": {k: c.to_dict() for k, c in self.last_good.items()}}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> VoteState:
-        return cls({k: RoundState.from_dict(r) for k, r in d["open"].items()}, tuple(d["closed"]),
-                   {k: Consensus.from_dict(c) for k, c in d["last_good"].items()})
+        return cls()
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,17 +202,18 @@ def _combine_values(ok: list[NodeResult], need: int, cfg: RunConfig) -> Combinat
 # ------------------------------------------------------------------ round lifecycle
 
 
-def _close(state: VoteState, key: str, good: Consensus | None, last_good_key: str) -> VoteState:
+def _close(state: VoteState, key: RoundKey, good: Consensus | None) -> VoteState:
     open_rounds = {k: r for k, r in state.open_rounds.items() if k != key}
     closed = (*state.closed, key)[-CLOSED_ROUNDS_KEPT:]
     last_good = dict(state.last_good)
     if good is not None:
-        last_good[last_good_key] = good
+        last_good[key.dataset_stage] = good
     return VoteState(open_rounds, closed, last_good)
 
 
-def _dataset_key(key: RoundKey) -> str:
-    return f"{key.dataset}|{key.stage}"
+def round_about(kind: str, key: RoundKey, *more: str) -> tuple[str, ...]:
+    """The parts that name an alert about a round (its deterministic id): kept apart, never joined."""
+    return (kind, key.run_id, key.eval_id, key.dataset, key.stage, *more)
 
 
 def _divergence_alerts(rnd: RoundState, comb: Combination, cfg: RunConfig) -> list[AlertDecision]:
@@ -279,7 +229,7 @@ def _divergence_alerts(rnd: RoundState, comb: Combination, cfg: RunConfig) -> li
                         f"node {node} disagrees with the consensus of eval {rnd.key.eval_id} "
                         f"({rnd.key.dataset}/{rnd.key.stage}): {off:.3g} {unit} > {cfg.divergence_threshold:g}"
                     ),
-                    about=f"node_divergence|{rnd.key.text()}|{node}",
+                    about=round_about("node_divergence", rnd.key, node),
                     step=rnd.step,
                     value=off,
                     threshold=cfg.divergence_threshold,
@@ -310,7 +260,7 @@ def _decide(rnd: RoundState, comb: Combination, partial: bool, cfg: RunConfig) -
                     f"no majority among {consensus.votes} results of eval {rnd.key.eval_id} "
                     f"({rnd.key.dataset}/{rnd.key.stage}); using the median accuracy {comb.accuracy:.4g}"
                 ),
-                about=f"vote_no_majority|{rnd.key.text()}",
+                about=round_about("vote_no_majority", rnd.key),
                 step=rnd.step,
                 value=comb.accuracy,
             )
@@ -319,8 +269,7 @@ def _decide(rnd: RoundState, comb: Combination, partial: bool, cfg: RunConfig) -
 
 
 def _fail(state: VoteState, rnd: RoundState, why: str) -> tuple[VoteState, VoteOutcome]:
-    key = rnd.key.text()
-    previous = state.last_good.get(_dataset_key(rnd.key))
+    previous = state.last_good.get(rnd.key.dataset_stage)
     stale = None
     if previous is not None:
         stale = replace(previous, key=rnd.key, step=rnd.step, replicas=rnd.replicas, stale=True, partial=False)
@@ -332,10 +281,10 @@ def _fail(state: VoteState, rnd: RoundState, why: str) -> tuple[VoteState, VoteO
         kind="eval_failed",
         severity="critical",
         message=f"eval {rnd.key.eval_id} ({rnd.key.dataset}/{rnd.key.stage}) at step {rnd.step} failed: {why}{repeat}",
-        about=f"eval_failed|{key}",
+        about=round_about("eval_failed", rnd.key),
         step=rnd.step,
     )
-    return _close(state, key, None, ""), VoteOutcome(stale, (alert,))
+    return _close(state, rnd.key, None), VoteOutcome(stale, (alert,))
 
 
 def _failures(rnd: RoundState) -> str:
@@ -353,10 +302,9 @@ def add_result(
     now: float,
     cfg: RunConfig,
 ) -> tuple[VoteState, VoteOutcome]:
-    text = key.text()
-    if text in state.closed:
+    if key in state.closed:
         return state, VoteOutcome()
-    rnd = state.open_rounds.get(text) or RoundState(key=key, step=step, replicas=replicas, opened_at=now)
+    rnd = state.open_rounds.get(key) or RoundState(key=key, step=step, replicas=replicas, opened_at=now)
     if any(r.node == result.node for r in rnd.results):
         return state, VoteOutcome()
     rnd = replace(rnd, results=(*rnd.results, result))
@@ -370,20 +318,20 @@ def add_result(
         comb = combine(ok, rnd.replicas, cfg)
         if comb.decisive or answered >= rnd.replicas:
             consensus, alerts = _decide(rnd, comb, partial=False, cfg=cfg)
-            return _close(state, text, consensus, _dataset_key(key)), VoteOutcome(consensus, tuple(alerts))
-    return VoteState({**state.open_rounds, text: rnd}, state.closed, state.last_good), VoteOutcome()
+            return _close(state, key, consensus), VoteOutcome(consensus, tuple(alerts))
+    return VoteState({**state.open_rounds, key: rnd}, state.closed, state.last_good), VoteOutcome()
 
 
 def expire(state: VoteState, now: float, cfg: RunConfig) -> tuple[VoteState, list[VoteOutcome]]:
     """Close the rounds open longer than vote_timeout_s: partial consensus, or failed."""
     outcomes: list[VoteOutcome] = []
-    for text, rnd in sorted(state.open_rounds.items(), key=lambda kv: (kv[1].opened_at, kv[0])):
+    for key, rnd in sorted(state.open_rounds.items(), key=lambda kv: (kv[1].opened_at, astuple(kv[0]))):
         if now - rnd.opened_at < cfg.vote_timeout_s:
             continue
         ok = [r for r in rnd.results if r.ok]
         if len(ok) >= quorum(rnd.replicas):
             consensus, alerts = _decide(rnd, combine(ok, rnd.replicas, cfg), partial=True, cfg=cfg)
-            state = _close(state, text, consensus, _dataset_key(rnd.key))
+            state = _close(state, key, consensus)
             outcomes.append(VoteOutcome(consensus, tuple(alerts)))
         else:
             why = f"no quorum within {cfg.vote_timeout_s:g} s ({len(ok)} of {rnd.replicas} nodes answered ok)"

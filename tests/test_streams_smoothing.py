@@ -8,6 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streams import codec
 from streams.smoothing import SmoothingState, add_reward, ema_fold, ls_slope
 
 
@@ -112,4 +113,4 @@ def test_state_round_trips_through_json_dict() -> None:
     state = SmoothingState()
     for step in range(7):
         state, _ = add_reward(state, step, step * 0.5, 4, 0.3, f"e{step}")
-    assert SmoothingState.from_dict(state.to_dict()) == state
+    assert codec.loads(SmoothingState, codec.dumps(state)) == state

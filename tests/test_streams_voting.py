@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streams.config import RunConfig
+from streams import codec
 from streams.voting import (
     NodeResult,
     RoundKey,
@@ -119,7 +120,7 @@ def test_wrong_node_among_the_first_two_is_a_dissenter_and_diverges() -> None:
     assert c.agreement == pytest.approx(1 - 4 / 30)
     assert c.response_length == 11.0  # the majority side's median
     kinds = [(a.kind, a.about) for a in outcomes[2].alerts]
-    assert kinds == [("node_divergence", "node_divergence|run-a|e1|math500|quick|bad")]
+    assert kinds == [("node_divergence", ("node_divergence", "run-a", "e1", "math500", "quick", "bad"))]
 
 
 def test_redelivered_result_does_not_count_twice() -> None:
@@ -174,7 +175,7 @@ def test_failed_round_repeats_last_good_as_stale_and_alerts() -> None:
     state3, o3 = add_result(state, k2, 20, 3, NodeResult("c", True, 0.75, 20.0, v), 2.0, CFG)
     assert o3 == VoteOutcome() and state3 == state
     # the stale repeat did not become the "last good"
-    assert state.last_good["math500|quick"] == good
+    assert state.last_good[("math500", "quick")] == good
 
 
 def test_timeout_gives_partial_with_quorum_and_failure_without() -> None:
@@ -193,7 +194,7 @@ def test_timeout_gives_partial_with_quorum_and_failure_without() -> None:
     state, outcomes = expire(state, 35.0, cfg)
     assert len(outcomes) == 1 and outcomes[0].consensus is not None and outcomes[0].consensus.stale
     assert "no quorum within 30 s (1 of 3 nodes answered ok)" in outcomes[0].alerts[0].message
-    assert state.open_rounds == {} and k_one.text() in state.closed
+    assert state.open_rounds == {} and k_one in state.closed
 
 
 def test_failed_round_without_earlier_result_only_alerts() -> None:
@@ -207,4 +208,4 @@ def test_vote_state_round_trips() -> None:
     state, _ = feed([NodeResult("a", True, 0.5, 3.0, (1, 0))], 3)
     state, _ = feed([NodeResult(n, True, 0.5, 3.0, (1, 0)) for n in "ab"], 2,
                     key=RoundKey("run-a", "e9", "aime", "full"), state=state)
-    assert VoteState.from_dict(state.to_dict()) == state
+    assert codec.loads(VoteState, codec.dumps(state)) == state
