@@ -1,0 +1,232 @@
+"""Hostile input for the stream worker's input and tick paths, across a restart (no broker).
+
+`StreamCore` is the worker's per-message logic; here its table is a plain dict of bytes
+(what the changelog holds) and `send` records what would go to Kafka. A "restart" is a
+new StreamCore over the same table: every state is reloaded through the codec.
+
+Properties, for any mix of good and bad messages whose Kafka keys, headers, run ids,
+dataset and eval ids vary (Unicode, control characters, 10 KB, None, non-UTF-8, `|`):
+- no input and no tick raises, and the worker counts no error of its own;
+- every bad message is dead-lettered exactly once, with a reason naming the field;
+- the good message after a bad one is processed (its smoothed point is sent);
+- the states reloaded after the restart equal the states before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from producers.events import EvalEvent, StepEvent, parse_event
+from producers.topics import Topics
+from streams.app import StreamCore
+from streams.config import RunConfig, StreamsConfig
+from streams.processor import RunState
+from streams.voting import NodeResult, RoundKey, VoteState, add_result
+
+TOPICS = Topics("hostile.")
+CFG = RunConfig(window=3, vote_timeout_s=5.0, stall_seconds=0)
+
+KEYS = st.one_of(
+    st.none(),
+    st.sampled_from([b"", "ключ".encode(), "café".encode(), b"\x00\x1b[31m\n\r", b"\xff\xfe\xfd", b"x" * 10_240]),
+    st.binary(max_size=64),
+    st.text(max_size=32).map(str.encode),
+)
+HEADERS = st.lists(
+    st.tuples(st.text(max_size=16), st.one_of(st.none(), st.binary(max_size=32))), max_size=3
+)
+GOOD_RUN_IDS = st.from_regex(r"[A-Za-z0-9._:-]{1,24}", fullmatch=True)
+BAD_RUN_IDS = st.sampled_from(["ключ", "a|b", "run id", "", "x" * 129, "tab\there", "nul\x00"])
+NAMES = st.one_of(
+    st.sampled_from(["math|500", "a|b|c|d", "|", "\\|", "ключ", "café", "e\n1", "x" * 128]),
+    st.text(min_size=1, max_size=40),
+)
+
+
+@dataclass
+class Msg:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    good: bool
+    field: str | None = None  # for a bad message: the field its reason must name
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, dict[str, Any]]] = []
+
+    async def send(self, topic: str, key: bytes, value: bytes) -> Any:
+        parse_event(value, expected=TOPICS.event_type(topic))  # every output is a contract record
+        self.sent.append((topic, key, json.loads(value)))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    def on(self, topic: str) -> list[dict[str, Any]]:
+        return [v for t, _, v in self.sent if t == topic]
+
+
+def core(table: dict[bytes, bytes], rec: Recorder, clock: list[float]) -> StreamCore:
+    return StreamCore(topics=TOPICS, config=StreamsConfig(defaults=CFG), table=table, send=rec.send,
+                      clock=lambda: clock[0])
+
+
+@st.composite
+def good_step(draw: Any, run_id: str, n: int) -> bytes:
+    return StepEvent(run_id=run_id, node="n0", step=n, epoch=0, reward=draw(st.floats(-1, 1)),
+                     ts=1.0 + n, event_id=f"{run_id}-{n}").to_json()
+
+
+@st.composite
+def good_eval(draw: Any, run_id: str, n: int) -> bytes:
+    return EvalEvent(run_id=run_id, node=draw(st.sampled_from(["n0", "n1", "n2"])), eval_id=draw(NAMES)[:256],
+                     step=n, dataset=draw(NAMES)[:128], stage=draw(st.sampled_from(["quick", "full"])),
+                     accuracy=draw(st.floats(0, 1)), replicas=draw(st.integers(1, 3)), ts=2.0,
+                     event_id=f"{run_id}-e{n}-{draw(st.integers(0, 9))}").to_json()
+
+
+@st.composite
+def bad_message(draw: Any, run_id: str) -> tuple[bytes | None, str | None]:
+    kind = draw(st.sampled_from(["run_id", "json", "utf8", "null", "reward", "step"]))
+    base = {"type": "step", "schema": 1, "run_id": run_id, "node": "n0", "rank": 0, "ts": 1.0,
+            "event_id": "bad", "step": 1, "epoch": 0}
+    if kind == "run_id":
+        return json.dumps({**base, "run_id": draw(BAD_RUN_IDS)}).encode(), "run_id"
+    if kind == "json":
+        return b'{"type": "step", ', None
+    if kind == "utf8":
+        return b'{"type":"step","node":"\xff"}', "UTF-8"
+    if kind == "null":
+        return None, "empty message"
+    if kind == "reward":
+        return json.dumps({**base, "reward": "NaN"}).encode(), "reward"
+    return json.dumps({**base, "step": -1}).encode(), "step"
+
+
+@st.composite
+def scenario(draw: Any) -> list[Msg]:
+    """Good steps (ascending, one per message) with bad and eval messages between them."""
+    runs = draw(st.lists(GOOD_RUN_IDS, min_size=1, max_size=3, unique=True))
+    msgs: list[Msg] = []
+    for n in range(draw(st.integers(2, 12))):
+        run_id = draw(st.sampled_from(runs))
+        if draw(st.booleans()):
+            value, fld = draw(bad_message(run_id))
+            msgs.append(Msg(TOPICS.steps, draw(KEYS), value, draw(HEADERS), False, fld))
+        if draw(st.booleans()):
+            msgs.append(Msg(TOPICS.evals, draw(KEYS), draw(good_eval(run_id, n)), draw(HEADERS), True))
+        msgs.append(Msg(TOPICS.steps, draw(KEYS), draw(good_step(run_id, n)), draw(HEADERS), True))
+    return msgs
+
+
+def feed(c: StreamCore, msgs: list[tuple[int, Msg]], clock: list[float]) -> None:
+    async def go() -> None:
+        for offset, m in msgs:
+            clock[0] += 1.0
+            await c.on_input(m.topic, 0, offset, m.key, m.value, 1.0)
+            await c.on_tick(0)
+
+    asyncio.run(go())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario(), st.data())
+def test_hostile_input_across_a_restart(msgs: list[Msg], data: st.DataObject) -> None:
+    table: dict[bytes, bytes] = {}
+    rec, clock = Recorder(), [1000.0]
+    numbered = list(enumerate(msgs))
+    cut = data.draw(st.integers(0, len(numbered)))
+    first = core(table, rec, clock)
+    feed(first, numbered[:cut], clock)
+    before = dict(first.cache)
+    second = core(table, rec, clock)  # the restart: nothing cached, every state from its bytes
+    assert {r: second.load(r, 0) for r in before} == before
+    feed(second, numbered[cut:], clock)
+
+    assert first.stats["errors"] == 0 and second.stats["errors"] == 0
+    assert first.stats.get("bad_states", 0) == 0 and second.stats.get("bad_states", 0) == 0
+    bad = [m for m in msgs if not m.good]
+    dead = rec.on(TOPICS.deadletter)
+    assert len(dead) == len(bad)
+    for m, d in zip(bad, dead):
+        assert d["source_topic"] == TOPICS.steps and d["reason"]
+        if m.field is not None:
+            assert m.field in d["reason"]
+    smoothed = {(s["run_id"], s["step"]) for s in rec.on(TOPICS.smoothed)}
+    for m in msgs:
+        if m.good and m.topic == TOPICS.steps:
+            ev = parse_event(m.value)  # type: ignore[arg-type]
+            assert (ev.run_id, ev.step) in smoothed
+
+
+@settings(max_examples=40, deadline=None)
+@given(eval_id=NAMES, dataset=NAMES, stage=st.sampled_from(["quick", "full"]))
+def test_a_round_with_separators_survives_a_restart_and_collects_both_votes(
+    eval_id: str, dataset: str, stage: str
+) -> None:
+    """The issue-13 crash: `|` in dataset/eval_id used to corrupt the reloaded round key."""
+    key = RoundKey("run-1", eval_id, dataset, stage)
+    state, out = add_result(VoteState(), key, 10, 2, NodeResult("n0", True, 0.5), 0.0, CFG)
+    assert out.consensus is None
+    stored = RunState("run-1", votes=state).to_json()
+    reloaded = RunState.from_json(stored)
+    assert reloaded.votes == state
+    _, out = add_result(reloaded.votes, key, 10, 2, NodeResult("n1", True, 0.5), 1.0, CFG)
+    assert out.consensus is not None and out.consensus.votes == 2 and out.consensus.key == key
+
+
+def test_a_stored_state_that_does_not_decode_is_dead_lettered_once_and_the_run_goes_on() -> None:
+    table = {b"run-1": b'{"run_id": "run-1", "votes": {"open_rounds": [["run-1|e|d|quick", {}]]}}',
+             b"run-2": b"\xff not json"}
+    rec, clock = Recorder(), [1000.0]
+    c = core(table, rec, clock)
+
+    async def go() -> None:
+        await c.on_tick(0)  # must not raise
+        await c.on_tick(0)
+        await c.on_input(TOPICS.steps, 0, 0, b"run-1",
+                         StepEvent(run_id="run-1", node="n0", step=0, epoch=0, reward=0.5, ts=1.0).to_json())
+
+    asyncio.run(go())
+    dead = rec.on(TOPICS.deadletter)
+    assert sorted(d["run_id"] for d in dead) == ["run-1", "run-2"]
+    assert all("stream state of run" in d["reason"] for d in dead)
+    assert "open_rounds" in next(d["reason"] for d in dead if d["run_id"] == "run-1")
+    assert [s["step"] for s in rec.on(TOPICS.smoothed)] == [0]
+    assert RunState.from_json(table[b"run-1"]).smoothing.max_step == 0
+    assert RunState.from_json(table[b"run-2"]) == RunState("run-2", partition=0)
+    assert c.stats["errors"] == 0
+
+
+def test_bad_input_through_the_faust_agent_with_hostile_keys_and_headers(tmp_path: Any) -> None:
+    """The same through Faust's real agent and table (test_context), headers included."""
+    from streams.app import build_worker
+
+    rec = Recorder()
+    worker = build_worker(bootstrap="127.0.0.1:9", topics=TOPICS, datadir=tmp_path,
+                          config=StreamsConfig(defaults=CFG), send=rec.send, clock=lambda: 1000.0)
+    worker.app.finalize()
+    worker.app.flow_control.resume()
+    keys = [None, "ключ".encode(), "café".encode(), b"\x00\x07", b"k" * 10_240, b"\xff\xfe"]
+    headers = [None, {"ключ": b"\xff"}, [("x", None)], {"": b"k" * 1000}, [("\x00", b"")], {"a|b": b"c"}]
+
+    async def go() -> None:
+        async with worker.steps_agent.test_context() as agent:
+            for i, (key, hdrs) in enumerate(zip(keys, headers)):
+                await agent.put(b"\xff{not json", key=key, headers=hdrs)
+                good = StepEvent(run_id="r|ok".replace("|", "-"), node="n0", step=i, epoch=0, reward=0.1 * i,
+                                 ts=1.0, event_id=f"s{i}").to_json()
+                await agent.put(good, key=key, headers=hdrs)
+
+    asyncio.run(go())
+    assert len(rec.on(TOPICS.deadletter)) == len(keys)
+    assert [s["step"] for s in rec.on(TOPICS.smoothed)] == list(range(len(keys)))
+    assert worker.core.stats["errors"] == 0
