@@ -1,41 +1,52 @@
 """`areal-metrics VERB ...`: one module per verb under areal_metrics.commands.
 
-Each verb module has `add_arguments(parser)` and `run(args) -> int`, and
-imports heavy libraries (torch, faust, chdb) inside `run`, so that `status`
-or a bad argument answers at once.
+Each verb module has `add_arguments(parser, verb)` and `run(args) -> int`, and
+imports heavy libraries (torch, faust, chdb) inside `run`, so that `status`,
+`--version` or a bad argument answers at once.
+
+Exit status: 0 success; 2 bad input (`UserError`, a usage error, an invalid
+event); 1 a service that cannot be reached or an event that was not delivered
+(`ServiceUnavailable`). Every error is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import os
 import sys
+from types import ModuleType
 from typing import NoReturn
 
+from producers.errors import ArealError, one_line
 from producers.events import ValidationError
 
-from areal_metrics.errors import UserError
+from areal_metrics.commands import alerts, demo, grafana, publish, replay, report, sql, stack_cmd, train, watch
 
 # verb -> (module, one-line help); a module may serve several verbs
-VERBS: dict[str, tuple[str, str]] = {
-    "up": ("stack_cmd", "start the local stack (Kafka broker, stream worker, sink)"),
-    "down": ("stack_cmd", "stop the local stack"),
-    "status": ("stack_cmd", "report the local stack; exit 0 when running, 1 when not"),
-    "demo": ("demo", "the main job: stack + distributed PPO training + live view + report"),
-    "train": ("train", "run the distributed PPO trainer, publishing to Kafka"),
-    "watch": ("watch", "live terminal view of running runs"),
-    "alerts": ("alerts", "print alerts as JSON lines (--follow keeps subscribing)"),
-    "sql": ("sql", "run ad hoc SQL against the configured ClickHouse"),
-    "report": ("report", "write the report figures as PNG"),
-    "grafana": ("grafana", "grafana provision: push the datasource and dashboards"),
-    "replay": ("replay", "rebuild the ClickHouse tables from the Kafka log"),
-    "publish": ("publish", "validate JSON events from a file or stdin and publish them"),
+VERBS: dict[str, tuple[ModuleType, str]] = {
+    "up": (stack_cmd, "start the local stack (Kafka broker, stream worker, sink)"),
+    "down": (stack_cmd, "stop the local stack"),
+    "status": (stack_cmd, "report the local stack; exit 0 when running, 1 when not"),
+    "demo": (demo, "the main job: stack + distributed PPO training + live view + report"),
+    "train": (train, "run the distributed PPO trainer, publishing to Kafka"),
+    "watch": (watch, "live terminal view of running runs"),
+    "alerts": (alerts, "print alerts as JSON lines (--follow keeps subscribing)"),
+    "sql": (sql, "run ad hoc SQL against the configured ClickHouse"),
+    "report": (report, "write the report figures as PNG"),
+    "grafana": (grafana, "grafana provision: push the datasource and dashboards"),
+    "replay": (replay, "rebuild the ClickHouse tables from the Kafka log"),
+    "publish": (publish, "validate JSON events from a file or stdin and publish them; exit 1 if not delivered"),
 }
 
 
-def one_line(text: str) -> str:
-    """Control characters (newlines among them) escaped, so an error stays on one line."""
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("areal-metrics")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -47,15 +58,10 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="areal-metrics", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"areal-metrics {version()}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=OneLineParser)
     sub.required = True
-    for verb, (module_name, help_text) in VERBS.items():
-        try:
-            module = importlib.import_module(f"areal_metrics.commands.{module_name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"areal_metrics.commands.{module_name}":
-                raise
-            continue  # a verb whose module is not written yet
+    for verb, (module, help_text) in VERBS.items():
         verb_parser = sub.add_parser(verb, help=help_text, description=help_text)
         module.add_arguments(verb_parser, verb)
         verb_parser.set_defaults(run=module.run)
@@ -68,8 +74,6 @@ def use_local_stack_bootstrap() -> None:
     The ground package never reads the stack's files: the CLI passes the
     bootstrap in, through the environment its children (trainers, services) inherit.
     """
-    import os
-
     from areal_metrics.stack import read_info
 
     if os.environ.get("AREAL_KAFKA_BOOTSTRAP"):
@@ -84,9 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     use_local_stack_bootstrap()
     try:
         return int(args.run(args) or 0)
-    except (UserError, ValidationError) as exc:
-        print(f"areal-metrics {args.verb}: error: {one_line(str(exc))}", file=sys.stderr)
+    except ValidationError as exc:
+        print(f"areal-metrics {args.verb}: error: {one_line(exc)}", file=sys.stderr)
         return 2
+    except ArealError as exc:
+        print(f"areal-metrics {args.verb}: error: {one_line(exc)}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
 

@@ -96,12 +96,3 @@ def test_alerts_prints_json_lines_filtered_by_run(stack_env, topics, kafka_boots
     result = cli("alerts", "--run", "r1", env=stack_env)
     assert result.returncode == 0, result.stderr
     assert [json.loads(line) for line in result.stdout.splitlines()] == [mine.to_dict()]
-
-
-def test_alerts_without_a_broker_is_one_line_exit_2(tmp_path):
-    from areal_metrics.kafka_broker import free_port
-
-    env = {**os.environ, "AREAL_HOME": str(tmp_path), "AREAL_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}"}
-    result = cli("alerts", env=env)
-    assert result.returncode == 2
-    assert len(result.stderr.strip().splitlines()) == 1 and "no Kafka broker" in result.stderr

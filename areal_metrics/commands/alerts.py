@@ -1,4 +1,12 @@
-"""`alerts`: print alerts as JSON lines; `--follow` keeps subscribing."""
+"""`alerts`: print alerts as JSON lines; `--follow` keeps subscribing.
+
+Without `--group` every call reads the whole log (or only new alerts with
+`--new`) and remembers nothing. With `--group NAME` the subscriber is a durable
+Kafka consumer group: its position is committed after each printed batch, so a
+subscriber that stops (or is killed) and starts again with the same NAME
+resumes where it stopped (an alert printed just before a kill may be printed
+again; none is skipped).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +14,12 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
-from producers.events import AlertEvent, ValidationError, parse_event
+from producers.events import SEVERITIES, AlertEvent, ValidationError, parse_event
 from producers.settings import Settings
+
+from areal_metrics.errors import ServiceUnavailable, UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
@@ -16,47 +27,86 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--run", dest="runs", action="append", default=[], metavar="ID",
                         help="only these runs (repeatable)")
     parser.add_argument("--kind", dest="kinds", action="append", default=[], help="only these alert kinds (repeatable)")
-    parser.add_argument("--new", action="store_true", help="skip alerts already in the log; print new ones only")
+    parser.add_argument("--severity", choices=SEVERITIES, default=None,
+                        help="only alerts of this severity or higher (info < warning < critical)")
+    parser.add_argument("--group", default=None, metavar="NAME",
+                        help="a durable consumer group: a restarted subscriber resumes where it stopped")
+    parser.add_argument("--new", action="store_true",
+                        help="skip alerts already in the log (with --group: only for a new group)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="with --follow: stop after this many seconds")
+    parser.add_argument("--connect-timeout", type=float, default=10.0,
+                        help="seconds to wait for the broker before exit status 1 (default 10)")
+
+
+def wanted(alert: AlertEvent, runs: list[str], kinds: list[str], severity: str | None) -> bool:
+    """The filter of the flags (pure)."""
+    if runs and alert.run_id not in runs:
+        return False
+    if kinds and alert.kind not in kinds:
+        return False
+    return severity is None or SEVERITIES.index(alert.severity) >= SEVERITIES.index(severity)
 
 
 def run(args: argparse.Namespace) -> int:
-    from kafka import KafkaConsumer
-    from kafka.errors import KafkaError
-
+    if args.group is not None and not args.group.strip():
+        raise UserError("--group: must not be empty")
+    if not args.connect_timeout > 0:
+        raise UserError(f"--connect-timeout: must be > 0 (got {args.connect_timeout})")
     settings = Settings.from_env()
-    topic = settings.topics.alerts
-    try:
-        consumer = KafkaConsumer(
-            topic, **settings.kafka_python_config(),
-            auto_offset_reset="latest" if args.new else "earliest",
-            enable_auto_commit=False, group_id=None, consumer_timeout_ms=1000,
-        )
-    except KafkaError:
-        from areal_metrics.errors import UserError
-
-        raise UserError(f"no Kafka broker at {settings.kafka_bootstrap} (start one with `areal-metrics up`)") from None
+    consumer = _connect(settings, args)
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     idle_rounds = 0
     try:
         while True:
-            got = False
-            for message in consumer:
-                got = True
-                try:
-                    alert = parse_event(message.value, expected=AlertEvent)
-                except ValidationError as exc:
-                    print(f"skipped an invalid message at {message.topic}/{message.partition}@{message.offset}: {exc}",
-                          file=sys.stderr)
-                    continue
-                if (args.runs and alert.run_id not in args.runs) or (args.kinds and alert.kind not in args.kinds):
-                    continue
-                print(json.dumps(alert.to_dict()), flush=True)
-            idle_rounds = 0 if got else idle_rounds + 1
+            batches = consumer.poll(timeout_ms=1000)
+            for message in (m for records in batches.values() for m in records):
+                _print_if_wanted(message, args)
+            if batches and args.group:
+                consumer.commit()  # after the batch is printed: a restart resumes after it
+            idle_rounds = 0 if batches else idle_rounds + 1
             if deadline is not None and time.monotonic() > deadline:
                 return 0
             if not args.follow and idle_rounds >= 2:  # caught up with the log
                 return 0
     finally:
-        consumer.close()
+        consumer.close(autocommit=False)
+
+
+def _print_if_wanted(message: Any, args: argparse.Namespace) -> None:
+    try:
+        alert = parse_event(message.value, expected=AlertEvent)
+    except ValidationError as exc:
+        print(f"skipped an invalid message at {message.topic}/{message.partition}@{message.offset}: {exc}",
+              file=sys.stderr)
+        return
+    if wanted(alert, args.runs, args.kinds, args.severity):
+        print(json.dumps(alert.to_dict()), flush=True)
+
+
+def _connect(settings: Settings, args: argparse.Namespace) -> Any:
+    """A consumer of the alerts topic; waits up to --connect-timeout for the broker, else exit 1."""
+    from kafka import KafkaConsumer
+    from kafka.errors import KafkaError
+
+    from areal_metrics.progress import wait_for
+
+    made: list[Any] = []
+
+    def attempt() -> bool:
+        try:
+            made.append(KafkaConsumer(
+                **settings.kafka_python_config(),
+                auto_offset_reset="latest" if args.new else "earliest",
+                enable_auto_commit=False, group_id=args.group, bootstrap_timeout_ms=2000,
+            ))
+        except KafkaError:
+            return False
+        return True
+
+    if not wait_for(attempt, args.connect_timeout, f"waiting for Kafka at {settings.kafka_bootstrap}", interval=0.5):
+        raise ServiceUnavailable(f"no Kafka broker answers at {settings.kafka_bootstrap} "
+                                 f"(waited {args.connect_timeout:g} s; start one with `areal-metrics up`)")
+    consumer = made[0]
+    consumer.subscribe([settings.topics.alerts])
+    return consumer

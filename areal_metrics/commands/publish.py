@@ -3,7 +3,10 @@
 Handy for people and scripts, e.g. a command to the trainers:
     echo '{"type":"command","run_id":"r1","event_id":"c1","ts":0,"command":"evaluate_now"}' | areal-metrics publish -
 Invalid lines go to the dead-letter topic with the reason; the verb then
-prints the first reason on one line and exits 2.
+prints the first reason on one line and exits 2. The verb waits (up to
+`--timeout` seconds, with progress on a terminal) for the broker to acknowledge
+every event; what was not acknowledged stays in the CLI's journal, is sent first
+by the next `publish`, and the verb exits 1 saying so.
 """
 
 from __future__ import annotations
@@ -11,28 +14,35 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+from typing import TYPE_CHECKING
 
 from producers.deadletter import rejected
 from producers.events import ValidationError, event_from_dict
 from producers.settings import Settings, state_dir
 
-from areal_metrics.errors import UserError
+from areal_metrics.errors import ServiceUnavailable, UserError
+
+if TYPE_CHECKING:
+    from producers.publisher import Publisher
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("file", help="a file of JSON lines, or - for standard input")
     parser.add_argument("--fill", action="store_true",
                         help="fill in a missing event_id and ts (new events written by hand)")
+    parser.add_argument("--timeout", type=float, default=15.0,
+                        help="seconds to wait for the broker's acknowledgement (default 15)")
 
 
 def run(args: argparse.Namespace) -> int:
     import json
-    import os
     import time
 
     from producers.events import new_event_id
     from producers.publisher import Publisher
 
+    if not args.timeout > 0:
+        raise UserError(f"--timeout: must be > 0 (got {args.timeout})")
     try:
         stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
     except OSError as exc:
@@ -59,12 +69,23 @@ def run(args: argparse.Namespace) -> int:
                     first_error = first_error or f"line {number}: {reason}"
                     publisher.publish(rejected(line.rstrip("\n"), reason, "cli:" + args.file, node=socket.gethostname()))
     finally:
-        delivered = publisher.flush(30)
-        publisher.close()
+        delivered = _wait_delivered(publisher, args.timeout, settings.kafka_bootstrap)
     if not delivered:
-        print(f"broker at {settings.kafka_bootstrap} not reachable: {count} event(s) kept in the journal "
-              "and sent by the next `publish`", file=sys.stderr)
+        raise ServiceUnavailable(
+            f"not delivered: the broker at {settings.kafka_bootstrap} did not acknowledge within {args.timeout:g} s; "
+            f"what was not acknowledged of {count} event(s) is kept in the journal {publisher.journal.directory} "
+            "and sent first by the next `publish`")
     if first_error:
         raise UserError(first_error + " (sent to the dead-letter topic)")
     print(f"published {count} event(s)")
     return 0
+
+
+def _wait_delivered(publisher: Publisher, timeout: float, bootstrap: str) -> bool:
+    """Wait for every acknowledgement (progress on a terminal); close; True when all were acknowledged."""
+    from areal_metrics.progress import wait_for
+
+    try:
+        return wait_for(lambda: publisher.flush(0.05), timeout, f"waiting for the broker at {bootstrap}")
+    finally:
+        publisher.close(timeout=1.0)

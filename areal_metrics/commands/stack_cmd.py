@@ -7,7 +7,7 @@ import json
 
 from areal_metrics import stack
 from producers.settings import mask_url
-from areal_metrics.errors import UserError
+from areal_metrics.errors import ServiceUnavailable, UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             info, started = stack.up(args.partitions, services)
         except (RuntimeError, TimeoutError) as exc:
-            raise UserError(str(exc)) from None
+            raise ServiceUnavailable(str(exc)) from None
         word = "started" if started else "already running"
         print(f"stack {word}: kafka {info.kafka_version} at {info.kafka_bootstrap}, "
               f"{', '.join(info.pids)}; state in {info.home}")
