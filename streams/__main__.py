@@ -1,6 +1,8 @@
 """`python -m streams`: run the stream worker until SIGTERM (or Ctrl-C).
 
-Environment: AREAL_KAFKA_BOOTSTRAP, AREAL_TOPIC_PREFIX, AREAL_HOME (Faust's data
+Environment: AREAL_KAFKA_BOOTSTRAP, AREAL_TOPIC_PREFIX, AREAL_KAFKA_REPLICATION_FACTOR and
+AREAL_KAFKA_MIN_INSYNC_REPLICAS (topics the worker creates: inputs on a fresh broker, its
+ticks, its state changelog), AREAL_HOME (Faust's data
 directory is $AREAL_HOME/streams/), AREAL_STREAMS_CONFIG (optional JSON, see
 streams.config), AREAL_STREAMS_LOGLEVEL (default warning).
 Tuning for tests and benchmarks: AREAL_STREAMS_COMMIT_INTERVAL (s, default 0.5),
@@ -47,6 +49,8 @@ def main() -> int:
             [topics.steps, topics.evals],
             ticks_topic_for(topics.prefix),
             client_config=settings.kafka_python_config(),
+            replication_factor=settings.kafka_replication_factor,
+            min_insync_replicas=settings.kafka_min_insync_replicas,
         )
         committed = ensure_committed_offsets(
             settings.kafka_bootstrap,
@@ -77,6 +81,8 @@ def main() -> int:
         commit_interval=commit_interval,
         session_timeout=session_timeout,
         credentials=broker_credentials(settings),
+        replication_factor=settings.kafka_replication_factor,
+        min_insync_replicas=settings.kafka_min_insync_replicas,
     )
     faust_worker = faust.Worker(worker.app, loglevel=loglevel, quiet=True, redirect_stdouts=False,
                                 override_logging=False)

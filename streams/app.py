@@ -308,9 +308,17 @@ def build_worker(
     session_timeout: float = 10.0,
     send: SendFn | None = None,
     credentials: Any = None,
+    replication_factor: int = 1,
+    min_insync_replicas: int = 1,
 ) -> StreamWorker:
-    """A Faust app for this prefix. `send` replaces the Kafka producer (agent tests)."""
+    """A Faust app for this prefix. `send` replaces the Kafka producer (agent tests).
+
+    `replication_factor` and `min_insync_replicas` (Settings.kafka_replication_factor,
+    kafka_min_insync_replicas) apply to the topics Faust creates: the table's changelog
+    (the worker's durable state) and its ticks topic.
+    """
     config = config or StreamsConfig()
+    durability = {"min.insync.replicas": str(min_insync_replicas)}
     app = faust.App(
         app_id_for(topics.prefix),
         broker="kafka://" + ";".join(bootstrap.split(",")),
@@ -320,7 +328,7 @@ def build_worker(
         web_enabled=False,
         autodiscover=False,
         topic_partitions=partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=replication_factor,
         table_standby_replicas=0,
         key_serializer="raw",
         value_serializer="raw",
@@ -334,8 +342,10 @@ def build_worker(
     )
     steps = app.topic(topics.steps, key_type=bytes, value_type=bytes)
     evals = app.topic(topics.evals, key_type=bytes, value_type=bytes)
-    ticks = app.topic(ticks_topic_for(topics.prefix), key_type=bytes, value_type=bytes, partitions=partitions)
+    ticks = app.topic(ticks_topic_for(topics.prefix), key_type=bytes, value_type=bytes, partitions=partitions,
+                      replicas=replication_factor, config=durability)
     runs = app.Table("runs", partitions=partitions, key_type=bytes, value_type=bytes, default=None,
+                     extra_topic_configs=durability,
                      help="per-run state of the stream worker (streams.processor.RunState as JSON)")
     async def kafka_send(topic: str, key: bytes, value: bytes) -> Awaitable[Any]:
         # Straight to the transport producer: our values are bytes already, and Faust's

@@ -20,9 +20,14 @@ class TopicLayoutError(RuntimeError):
 
 
 def prepare_topics(
-    bootstrap: str, inputs: Iterable[str], ticks: str, *, timeout: float = 30.0, client_config: dict | None = None
+    bootstrap: str, inputs: Iterable[str], ticks: str, *, timeout: float = 30.0, client_config: dict | None = None,
+    replication_factor: int = -1, min_insync_replicas: int | None = None,
 ) -> int:
-    """Partition count shared by the input topics; creates missing inputs and the ticks topic."""
+    """Partition count shared by the input topics; creates missing inputs and the ticks topic.
+
+    Created topics get `replication_factor` (-1: the broker's default) and, when given,
+    `min.insync.replicas` (Settings.kafka_replication_factor / kafka_min_insync_replicas).
+    """
     from kafka import KafkaAdminClient
     from kafka.errors import TopicAlreadyExistsError
 
@@ -40,11 +45,13 @@ def prepare_topics(
                 + "; a run's steps and evals must share a partition number"
             )
         partitions = next(iter(present.values()), DEFAULT_PARTITIONS)
-        new: dict[str, dict] = {t: {"num_partitions": partitions, "replication_factor": -1}
+        durability = {} if min_insync_replicas is None else {"min.insync.replicas": str(min_insync_replicas)}
+        new: dict[str, dict] = {t: {"num_partitions": partitions, "replication_factor": replication_factor,
+                                    "configs": dict(durability)}
                                 for t in inputs if not counts.get(t)}
         if not _partition_counts(admin, [ticks])[ticks]:
-            new[ticks] = {"num_partitions": partitions, "replication_factor": -1,
-                          "configs": {"retention.ms": str(TICKS_RETENTION_MS)}}
+            new[ticks] = {"num_partitions": partitions, "replication_factor": replication_factor,
+                          "configs": {"retention.ms": str(TICKS_RETENTION_MS), **durability}}
         if new:
             try:
                 admin.create_topics(new, timeout_ms=int(timeout * 1000), raise_errors=False)

@@ -213,3 +213,16 @@ def test_broker_credentials_follow_the_settings() -> None:
     assert isinstance(sasl, faust.SASLCredentials) and sasl.username == "u" and sasl.ssl_context is None
     tls = broker_credentials(Settings(kafka_security_protocol="SSL"))
     assert isinstance(tls, faust.SSLCredentials)
+
+
+def test_topics_faust_creates_take_replication_and_min_insync_from_settings(tmp_path: Path) -> None:
+    worker = build_worker(bootstrap="127.0.0.1:9", topics=TOPICS, datadir=tmp_path, send=Recorder().send,
+                          replication_factor=3, min_insync_replicas=2)
+    worker.app.finalize()
+    changelog = worker.core.table.changelog_topic
+    assert worker.app.conf.topic_replication_factor == 3
+    assert changelog.replicas in (None, 3)  # None: Faust takes the app's topic_replication_factor
+    assert changelog.config["min.insync.replicas"] == "2"
+    ticks_topic = worker.ticks_agent.channel
+    assert ticks_topic.get_topic_name().endswith("-ticks")
+    assert ticks_topic.replicas == 3 and ticks_topic.config["min.insync.replicas"] == "2"
