@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,bench]'
-	$(PY) -c 'from areal_metrics.kafka_broker import ensure_jars; print("kafka jars:", ensure_jars())'
+	$(PY) -c 'from areal_metrics.stack.kafka_broker import ensure_jars; print("kafka jars:", ensure_jars())'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -74,7 +74,7 @@ def use_local_stack_bootstrap() -> None:
     The ground package never reads the stack's files: the CLI passes the
     bootstrap in, through the environment its children (trainers, services) inherit.
     """
-    from areal_metrics.stack import read_info
+    from areal_metrics.stack.services import read_info
 
     if os.environ.get("AREAL_KAFKA_BOOTSTRAP"):
         return

@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--max-rows", type=int, default=5_000)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    from areal_metrics.kafka_broker import create_topics
+    from areal_metrics.stack.kafka_broker import create_topics
 
     result: dict[str, float] = {}
     store_dir = Path(tempfile.mkdtemp(prefix="areal-bench-ch-"))

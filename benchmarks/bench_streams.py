@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.bench_streams [--events 20000] [--runs 8] [--rate 200] [--seconds 10]
 
-Uses $AREAL_KAFKA_BOOTSTRAP when set, else starts a local broker (areal_metrics.kafka_broker).
+Uses $AREAL_KAFKA_BOOTSTRAP when set, else starts a local broker (areal_metrics.stack.kafka_broker).
 Each run of the benchmark uses a fresh topic prefix (so a fresh consumer group and changelog).
 
 1. Throughput: `--events` step events are written to the steps topic first. Then
@@ -186,12 +186,12 @@ def main() -> int:
     bootstrap = os.environ.get("AREAL_KAFKA_BOOTSTRAP")
     work = Path(tempfile.mkdtemp(prefix="bench-streams-"))
     if not bootstrap:
-        from areal_metrics.kafka_broker import KafkaBroker
+        from areal_metrics.stack.kafka_broker import KafkaBroker
 
         broker = KafkaBroker(work / "kafka")
         broker.start(timeout=120)
         bootstrap = broker.bootstrap
-    from areal_metrics.kafka_broker import create_topics
+    from areal_metrics.stack.kafka_broker import create_topics
 
     topics = Topics(f"bench{uuid.uuid4().hex[:8]}.")
     create_topics(bootstrap, topics.all(), partitions=3)

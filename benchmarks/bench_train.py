@@ -65,7 +65,7 @@ def two_runs(steps: int) -> int:
     import json
     import os
 
-    from areal_metrics.kafka_broker import create_topics
+    from areal_metrics.stack.kafka_broker import create_topics
     from areal_train.config import TrainConfig
     from areal_train.launch import start
     from producers.topics import Topics

@@ -21,7 +21,7 @@ def broker() -> Iterator[str]:
     if os.environ.get("AREAL_KAFKA_BOOTSTRAP"):
         yield os.environ["AREAL_KAFKA_BOOTSTRAP"]
         return
-    from areal_metrics.kafka_broker import KafkaBroker
+    from areal_metrics.stack.kafka_broker import KafkaBroker
 
     data = Path(tempfile.mkdtemp(prefix="areal-bench-kafka-"))
     b = KafkaBroker(data)

@@ -58,7 +58,7 @@ class Services:
                         topic_prefix=self.topics.prefix)
 
     def start(self) -> None:
-        from areal_metrics.kafka_broker import create_topics
+        from areal_metrics.stack.kafka_broker import create_topics
 
         self.home.mkdir(parents=True, exist_ok=True)
         # Runs named lat-* alert at once: a one-step window and a threshold of 0.5.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_metrics.kafka_broker import KafkaBroker, create_topics
+from areal_metrics.stack.kafka_broker import KafkaBroker, create_topics
 from producers.topics import Topics
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from areal_metrics.commands.alerts import wanted
-from areal_metrics.kafka_broker import free_port
+from areal_metrics.stack.kafka_broker import free_port
 from areal_metrics.progress import Progress, render, wait_for
 from producers.events import AlertEvent
 

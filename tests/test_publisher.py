@@ -6,7 +6,7 @@ import time
 import pytest
 from kafka import KafkaConsumer
 
-from areal_metrics.kafka_broker import free_port
+from areal_metrics.stack.kafka_broker import free_port
 from producers.events import StepEvent, parse_event
 from producers.publisher import Publisher
 from tests.test_events import one_of_each

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from areal_train.config import TrainConfig
     from areal_train.launch import start
 
-    from areal_metrics import stack
+    from areal_metrics.stack import services as stack
     from producers.settings import Settings, state_dir
 
     started = time.monotonic()

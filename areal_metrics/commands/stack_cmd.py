@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from areal_metrics import stack
+from areal_metrics.stack import services as stack
 from producers.settings import mask_url
 from areal_metrics.errors import ServiceUnavailable, UserError
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from producers.settings import state_dir
 
-from areal_metrics.kafka_broker import KafkaBroker, create_topics, kafka_version, pid_alive, port_open, stop_pid
+from areal_metrics.stack.kafka_broker import KafkaBroker, create_topics, kafka_version, pid_alive, port_open, stop_pid
 
 SERVICES = ("worker", "sink")  # started after the broker, stopped before it
 SERVICE_MODULES = {"worker": "streams", "sink": "sinks"}
