@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
 
+from producers.errors import ConfigError
 from producers.events import (
     AlertEvent,
     CommandEvent,
@@ -28,6 +31,51 @@ TOPIC_TYPES: dict[str, type[Event]] = {
     "alerts": AlertEvent,
     "deadletter": RejectedEvent,
 }
+
+# Written by the stream processor and rebuilt by running it again over the raw
+# topics; every other topic (trainers' input, people's commands, dead letters)
+# is raw: the source of truth that `replay` rebuilds the tables from.
+DERIVED_SUFFIXES = frozenset({"evals.consensus", "rewards.smoothed", "alerts"})
+
+
+class DurabilitySettings(Protocol):
+    """What `topic_spec` reads; `producers.settings.Settings` has these fields."""
+
+    kafka_replication_factor: int
+    kafka_min_insync_replicas: int
+    raw_retention_ms: int
+    derived_retention_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """How a topic is created: replication factor and topic-level configs (Kafka's names)."""
+
+    name: str
+    replication_factor: int
+    config: Mapping[str, str] = field(default_factory=dict)
+
+
+def topic_spec(name: str, settings: DurabilitySettings, *, derived: bool) -> TopicSpec:
+    """The replication, min ISR and retention of one topic from the settings (pure).
+
+    Raw topics keep `raw_retention_ms` (-1: forever, the default), derived ones
+    `derived_retention_ms`; the stream worker uses this for Faust's internal
+    topics too (derived=True). ConfigError for values Kafka would refuse.
+    """
+    rf, min_isr = settings.kafka_replication_factor, settings.kafka_min_insync_replicas
+    retention = settings.derived_retention_ms if derived else settings.raw_retention_ms
+    if rf < 1:
+        raise ConfigError(f"AREAL_KAFKA_REPLICATION_FACTOR: must be >= 1 (got {rf})")
+    if not 1 <= min_isr <= rf:
+        raise ConfigError(f"AREAL_KAFKA_MIN_INSYNC_REPLICAS: must be in 1..{rf}, the replication factor (got {min_isr})")
+    if retention != -1 and retention < 1:
+        which = "AREAL_DERIVED_RETENTION_MS" if derived else "AREAL_RAW_RETENTION_MS"
+        raise ConfigError(f"{which}: must be -1 (keep forever) or > 0 ms (got {retention})")
+    config = {"min.insync.replicas": str(min_isr), "retention.ms": str(retention)}
+    if retention == -1:
+        config["retention.bytes"] = "-1"  # kept forever: no size limit either
+    return TopicSpec(name, rf, config)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +118,15 @@ class Topics:
 
     def all(self) -> list[str]:
         return [self.prefix + suffix for suffix in TOPIC_TYPES]
+
+    def is_derived(self, topic: str) -> bool:
+        """True for a topic the stream processor writes (KeyError for a topic not ours)."""
+        self.event_type(topic)
+        return topic[len(self.prefix):] in DERIVED_SUFFIXES
+
+    def specs(self, settings: DurabilitySettings) -> list[TopicSpec]:
+        """Every topic's creation spec under this prefix (see `topic_spec`)."""
+        return [topic_spec(name, settings, derived=self.is_derived(name)) for name in self.all()]
 
     def for_event(self, event: Event | type[Event]) -> str:
         cls = event if isinstance(event, type) else type(event)

@@ -3,9 +3,12 @@
 Pure: `add_reward(state, step, reward, window, alpha) -> (state, outcome)`.
 
 Rules
-- One reward per step: the first delivery of a step counts; a repeat (redelivery, or
-  another rank reporting the same step) is a duplicate and gets back the point that was
-  emitted the first time, unchanged, so re-sending it after a crash is exact.
+- One reward per step (streams.ranks makes it the mean over the step's ranks first); a
+  repeat (redelivery) is a duplicate and gets back the point that was emitted the first
+  time, unchanged, so re-sending it after a crash is exact.
+- Resume: a step of a later `attempt` replaces the earlier attempts' points from that
+  step on (they leave the window; the EMA of steps that already left it stays), so a
+  resumed run's step 5 is not refused as a repeat and nothing counts twice.
 - Steps may arrive out of order. The window holds the W highest distinct steps seen; a
   late step that still falls inside it is inserted in its place. A step older than the
   whole (full) window is too late and ignored.
@@ -32,6 +35,7 @@ class SmoothedPoint:
     ema: float
     slope: float
     source_id: str = ""  # event_id of the step event it came from: a redelivery of it is re-sent
+    attempt: int = 0  # the run's attempt (resume) the step belongs to
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,9 +78,19 @@ def ls_slope(steps: list[int], values: list[float]) -> float:
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(steps, values)) / sxx
 
 
+def resume_from(state: SmoothingState, step: int, attempt: int) -> SmoothingState:
+    """A later attempt (a resumed run) replaces the earlier attempts' steps from `step` on."""
+    if not any(p.attempt < attempt and p.step >= step for p in state.points):
+        return state
+    kept = tuple(p for p in state.points if not (p.attempt < attempt and p.step >= step))
+    return SmoothingState(kept, state.ema_base, max((p.step for p in kept), default=step - 1))
+
+
 def add_reward(
-    state: SmoothingState, step: int, reward: float, window: int, alpha: float, source_id: str = ""
+    state: SmoothingState, step: int, reward: float, window: int, alpha: float, source_id: str = "",
+    attempt: int = 0,
 ) -> tuple[SmoothingState, SmoothingOutcome]:
+    state = resume_from(state, step, attempt)
     for p in state.points:
         if p.step == step:
             return state, SmoothingOutcome("duplicate", p)
@@ -87,7 +101,7 @@ def add_reward(
 
     kind: Kind = "new" if step > state.max_step else "late"
     # Insert in step order; the placeholder gets its values below.
-    placeholder = SmoothedPoint(step, reward, 0, 0.0, 0.0, 0.0, source_id)
+    placeholder = SmoothedPoint(step, reward, 0, 0.0, 0.0, 0.0, source_id, attempt)
     points = sorted((*state.points, placeholder), key=lambda p: p.step)
     ema_base = state.ema_base
     while len(points) > window:
@@ -106,6 +120,7 @@ def add_reward(
         ema=ema,
         slope=ls_slope(steps, rewards),
         source_id=source_id,
+        attempt=attempt,
     )
     points = [point if p is placeholder else p for p in points]
     new_state = SmoothingState(points=tuple(points), ema_base=ema_base, max_step=max(state.max_step, step))
