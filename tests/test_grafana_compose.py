@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from areal_metrics.dashboards.catalog import repo_root
-from areal_metrics.dashboards.clickhouse import PLUGIN_ID, PLUGIN_VERSION
-from areal_metrics.dashboards.provision import CONTAINER_DASHBOARDS, ENV
+from grafana.catalog import repo_root
+from grafana.clickhouse import PLUGIN_ID, PLUGIN_VERSION
+from grafana.provision import CONTAINER_DASHBOARDS, ENV
 
 ROOT = repo_root()
 

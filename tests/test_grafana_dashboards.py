@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from areal_metrics.cli import main
-from areal_metrics.dashboards.catalog import BUILDERS, all_models, dashboards_dir, render, repo_root, to_dict
-from areal_metrics.dashboards.clickhouse import DATASOURCE_UID, PLUGIN_ID
-from areal_metrics.dashboards.provision import (
+from grafana.catalog import BUILDERS, all_models, dashboards_dir, render, repo_root, to_dict
+from grafana.clickhouse import DATASOURCE_UID, PLUGIN_ID
+from grafana.provision import (
     ENV,
     FOLDER_UID,
     ClickHouseServer,
@@ -22,7 +22,7 @@ from areal_metrics.dashboards.provision import (
     provider_file,
     push,
 )
-from areal_metrics.dashboards.validate import problems
+from grafana.validate import problems
 
 PROVISIONING = repo_root() / "grafana" / "provisioning"
 
@@ -34,7 +34,7 @@ def committed(name: str) -> dict[str, Any]:
 @pytest.mark.parametrize("name", list(BUILDERS))
 def test_committed_json_is_what_the_code_builds(name: str) -> None:
     text = (dashboards_dir() / f"{name}.json").read_text()
-    assert text == render(all_models()[name]), "run `python -m areal_metrics.dashboards` and commit the result"
+    assert text == render(all_models()[name]), "run `python -m grafana` and commit the result"
 
 
 def test_no_stray_dashboard_files() -> None:

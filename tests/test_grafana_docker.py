@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from areal_metrics.dashboards.catalog import BUILDERS, build, repo_root
-from areal_metrics.dashboards.clickhouse import DATASOURCE_UID, PLUGIN_ID, PLUGIN_VERSION, Format
-from areal_metrics.dashboards.macros import frontend
-from areal_metrics.dashboards.queries import QueryRunner, context_for, dashboard_queries, expansions, resolve_variables
+from grafana.catalog import BUILDERS, build, repo_root
+from grafana.clickhouse import DATASOURCE_UID, PLUGIN_ID, PLUGIN_VERSION, Format
+from grafana.macros import frontend
+from grafana.queries import QueryRunner, context_for, dashboard_queries, expansions, resolve_variables
 from tests.test_grafana_data import fixture_events, fixture_span, load_events
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]

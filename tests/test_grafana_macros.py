@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from areal_metrics.dashboards.macros import (
+from grafana.macros import (
     ALL,
     MacroError,
     QueryContext,

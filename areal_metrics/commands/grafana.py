@@ -78,7 +78,7 @@ def _provision(args: argparse.Namespace) -> int:
     from grafana_client import GrafanaApi
     from grafana_client.client import GrafanaException
 
-    from areal_metrics.dashboards.provision import ClickHouseServer, push
+    from grafana.provision import ClickHouseServer, push
     from producers.settings import mask_url
 
     try:
@@ -104,8 +104,8 @@ def _provision(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from areal_metrics.dashboards.catalog import repo_root, write_all
-    from areal_metrics.dashboards.provision import write_provisioning
+    from grafana.catalog import repo_root, write_all
+    from grafana.provision import write_provisioning
 
     written = write_all(args.out)
     if args.out is None:
@@ -126,8 +126,8 @@ def parse_since(text: str) -> timedelta:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from areal_metrics.dashboards.catalog import all_models
-    from areal_metrics.dashboards.queries import QueryRunner, check_dashboard
+    from grafana.catalog import all_models
+    from grafana.queries import QueryRunner, check_dashboard
     from sinks.query import StoreError, connect
 
     end = datetime.now(timezone.utc)

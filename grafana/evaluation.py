@@ -13,8 +13,8 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import common, dashboard
 
-from areal_metrics.dashboards.clickhouse import SQL, Format
-from areal_metrics.dashboards.panels import (
+from grafana.clickhouse import SQL, Format
+from grafana.panels import (
     DATASET_FILTER,
     NODE_FILTER,
     RUN_FILTER,

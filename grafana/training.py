@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as dash_b
 
-from areal_metrics.dashboards.clickhouse import SQL, Format
-from areal_metrics.dashboards.panels import (
+from grafana.clickhouse import SQL, Format
+from grafana.panels import (
     ALERT_MARKERS_SQL,
     COMMAND_MARKERS_SQL,
     NODE_FILTER,

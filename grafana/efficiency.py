@@ -5,8 +5,8 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import dashboard
 
-from areal_metrics.dashboards.clickhouse import SQL, Format
-from areal_metrics.dashboards.panels import NODE_FILTER, RUN_FILTER, base, table, timeseries
+from grafana.clickhouse import SQL, Format
+from grafana.panels import NODE_FILTER, RUN_FILTER, base, table, timeseries
 
 UID = "areal-efficiency"
 TS = Format.TIME_SERIES

@@ -12,8 +12,8 @@ from grafana_foundation_sdk.builders import common as common_b
 from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import common, dashboard
 
-from areal_metrics.dashboards.clickhouse import SQL, Format
-from areal_metrics.dashboards.panels import RUN_FILTER, base, table, timeseries
+from grafana.clickhouse import SQL, Format
+from grafana.panels import RUN_FILTER, base, table, timeseries
 
 UID = "areal-alerts"
 CAUSE_WINDOW_S = 30

@@ -1,6 +1,6 @@
 """All dashboards: build them, serialise them, write them under grafana/dashboards/.
 
-`python -m areal_metrics.dashboards` regenerates the committed JSON; a test
+`python -m grafana` regenerates the committed JSON; a test
 fails when the committed files differ from what the code builds.
 """
 
@@ -14,7 +14,7 @@ from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard
 
-from areal_metrics.dashboards import alerts, efficiency, evaluation, runs, training
+from grafana import alerts, efficiency, evaluation, runs, training
 
 # file name (without .json) -> builder
 BUILDERS: dict[str, Callable[[], dash_b.Dashboard]] = {
@@ -28,7 +28,7 @@ FOLDER = "AReaL"
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
+    return Path(__file__).resolve().parents[1]
 
 
 def dashboards_dir() -> Path:

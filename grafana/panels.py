@@ -15,8 +15,8 @@ from grafana_foundation_sdk.builders import timeseries as ts_b
 from grafana_foundation_sdk.builders import trend as trend_b
 from grafana_foundation_sdk.models import common, dashboard
 
-from areal_metrics.dashboards.clickhouse import SQL, AnnotationTarget, Format, datasource_ref
-from areal_metrics.dashboards.macros import ALL
+from grafana.clickhouse import SQL, AnnotationTarget, Format, datasource_ref
+from grafana.macros import ALL
 
 REFRESH = "5s"
 REFRESH_CHOICES = ["5s", "10s", "30s", "1m", "5m"]

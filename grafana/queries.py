@@ -20,8 +20,8 @@ from typing import Any
 
 from grafana_foundation_sdk.models import dashboard
 
-from areal_metrics.dashboards.clickhouse import ClickHouseAnnotationTarget, ClickHouseQuery, Format
-from areal_metrics.dashboards.macros import ALL, QueryContext, Variable, auto_interval, expand
+from grafana.clickhouse import ClickHouseAnnotationTarget, ClickHouseQuery, Format
+from grafana.macros import ALL, QueryContext, Variable, auto_interval, expand
 
 NUMERIC = ("Int", "UInt", "Float", "Decimal", "Nullable(Int", "Nullable(UInt", "Nullable(Float", "Nullable(Decimal")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import dashboard
 
-from areal_metrics.dashboards.clickhouse import SQL, Format
-from areal_metrics.dashboards.panels import DATASET_FILTER, RUN_FILTER, base, table, timeseries, trend
+from grafana.clickhouse import SQL, Format
+from grafana.panels import DATASET_FILTER, RUN_FILTER, base, table, timeseries, trend
 
 UID = "areal-runs"
 
