@@ -29,6 +29,9 @@ from producers.ids import RUN_ID_PATTERN
 SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 1 << 20  # a reader refuses larger messages before parsing them
 _HOSTNAME = socket.gethostname()[:128] or "localhost"
+METRIC_NAME_MAX = 256  # a `metrics` name: 1..256 chars
+SAMPLE_TEXT_MAX = 4096  # an eval sample's prompt or response: chars kept (the client truncates)
+SAMPLES_MAX = 64  # eval samples per event (the client keeps the first ones)
 
 
 class ValidationError(UserError, ValueError):
@@ -66,7 +69,7 @@ def rule(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSI
 @dataclass(frozen=True, slots=True)
 class _Check:
     name: str
-    kind: str  # int | float | str | bool | int_list | str_list | float_map | json_map
+    kind: str  # int | float | str | bool | int_list | str_list | float_map | json_map | sample_list
     optional: bool
     rule: Rule
 
@@ -87,6 +90,8 @@ def _kind_of(hint: Any) -> tuple[str, bool]:
         return "int_list", optional
     if origin is tuple and args[0] is str:
         return "str_list", optional
+    if origin is tuple and get_origin(args[0]) is Mapping:
+        return "sample_list", optional
     if origin is Mapping and args[1] is float:
         return "float_map", optional
     if origin is Mapping:
@@ -173,22 +178,71 @@ def _check_value(where: str, c: _Check, v: Any) -> None:
     elif kind == "str_list":
         if not isinstance(v, tuple):
             raise ValidationError(where, f"not a list ({type(v).__name__})")
+        if r.max_len is not None and len(v) > r.max_len:
+            raise ValidationError(where, f"more than {r.max_len} entries ({len(v)})")
         for i, x in enumerate(v):
-            _check_str(f"{where}[{i}]", x, Rule(max_len=128))
+            _check_str(f"{where}[{i}]", x, Rule(max_len=256))
     elif kind == "float_map":
         if not isinstance(v, Mapping):
             raise ValidationError(where, f"not an object ({type(v).__name__})")
         for k, x in v.items():
-            _check_str(f"{where} key", k, Rule(max_len=128, nonempty=True))
+            _check_str(f"{where} key", k, Rule(max_len=METRIC_NAME_MAX, nonempty=True))
             if not _is_number(x):
                 raise ValidationError(f"{where}.{k}", f"not a number ({type(x).__name__})")
             _check_number(f"{where}.{k}", x, Rule())
     elif kind == "json_map":
         if not isinstance(v, Mapping):
             raise ValidationError(where, f"not an object ({type(v).__name__})")
+        _check_json(where, v, 0)
+    elif kind == "sample_list":
+        _check_samples(where, v)
+
+
+def _check_json(where: str, v: Any, depth: int) -> None:
+    """Nested JSON (a config): string keys, finite numbers, bounded depth."""
+    if depth > 32:
+        raise ValidationError(where, "nested too deeply (more than 32 levels)")
+    if isinstance(v, Mapping):
         for k, x in v.items():
-            if isinstance(x, float) and not math.isfinite(x):
-                raise ValidationError(f"{where}.{k}", f"not finite ({x})")
+            if not isinstance(k, str):
+                raise ValidationError(where, f"key {k!r} is not a string")
+            _check_json(f"{where}.{k}", x, depth + 1)
+    elif isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            _check_json(f"{where}[{i}]", x, depth + 1)
+    elif isinstance(v, float) and not math.isfinite(v):
+        raise ValidationError(where, f"not finite ({v})")
+    elif isinstance(v, int) and not isinstance(v, bool):
+        _check_number(where, v, Rule())
+    elif not (v is None or isinstance(v, (str, bool, int, float))):
+        raise ValidationError(where, f"not a JSON value ({type(v).__name__})")
+
+
+SAMPLE_FIELDS = ("prompt", "response", "verdict", "reward")
+
+
+def _check_samples(where: str, v: Any) -> None:
+    if not isinstance(v, tuple):
+        raise ValidationError(where, f"not a list ({type(v).__name__})")
+    if len(v) > SAMPLES_MAX:
+        raise ValidationError(where, f"more than {SAMPLES_MAX} samples ({len(v)})")
+    for i, s in enumerate(v):
+        at = f"{where}[{i}]"
+        if not isinstance(s, Mapping):
+            raise ValidationError(at, f"not an object ({type(s).__name__})")
+        unknown = sorted(set(s) - set(SAMPLE_FIELDS), key=str)
+        if unknown:
+            raise ValidationError(at, f"unknown field {_short(str(unknown[0]))!r} (expected {', '.join(SAMPLE_FIELDS)})")
+        for name in ("prompt", "response"):
+            _check_str(f"{at}.{name}", s.get(name, ""), Rule(max_len=SAMPLE_TEXT_MAX))
+        verdict = s.get("verdict")
+        if verdict is not None and (not _is_int(verdict) or verdict not in (0, 1)):
+            raise ValidationError(f"{at}.verdict", f"must be 0 or 1 (got {verdict!r})")
+        reward = s.get("reward")
+        if reward is not None:
+            if not _is_number(reward):
+                raise ValidationError(f"{at}.reward", f"not a number ({type(reward).__name__})")
+            _check_number(f"{at}.reward", reward, Rule())
 
 
 # --------------------------------------------------------------------- records
@@ -215,7 +269,7 @@ class Event:
                 if not c.optional:
                     raise ValidationError(f"{self.table}.{c.name}", "missing")
                 continue
-            if c.kind in ("int_list", "str_list") and isinstance(v, list):
+            if c.kind in ("int_list", "str_list", "sample_list") and isinstance(v, list):
                 v = tuple(v)
                 object.__setattr__(self, c.name, v)
             elif c.kind in ("float_map", "json_map") and isinstance(v, dict):
@@ -235,6 +289,8 @@ class Event:
                 continue
             if c.kind in ("int_list", "str_list"):
                 v = list(v)
+            elif c.kind == "sample_list":
+                v = [dict(x) for x in v]
             elif c.kind in ("float_map", "json_map"):
                 v = dict(v)
             out[c.name] = v
@@ -254,7 +310,7 @@ class StepEvent(Event):
     table: ClassVar[str] = "steps"
 
     step: int = rule(ge=0)
-    epoch: int = rule(ge=0)
+    epoch: float = rule(ge=0)  # completed epochs; fractional as HF's `state.epoch`
     reward: float | None = None
     reward_std: float | None = rule(None, ge=0)
     entropy: float | None = None
@@ -271,6 +327,13 @@ class StepEvent(Event):
     latency_ms: float | None = rule(None, ge=0)
     gpu_mem_bytes: int | None = rule(None, ge=0)
     metrics: Mapping[str, float] = rule(factory=dict)
+    world_size: int | None = rule(None, ge=1, le=1 << 20)  # ranks that publish this step
+    attempt: int = rule(0, ge=0, le=1 << 20)  # a resumed run publishes with attempt + 1
+    non_finite: tuple[str, ...] = rule(factory=tuple, max_len=1024)  # fields/metrics whose NaN/inf is null here
+    n_samples: int | None = rule(None, ge=0)  # samples behind this rank's reward: its weight over ranks
+
+
+EVAL_STATUSES = ("ok", "failed", "skipped")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -282,7 +345,7 @@ class EvalEvent(Event):
     step: int = rule(ge=0)
     dataset: str = rule(nonempty=True, max_len=128)
     stage: str = rule("full", choices=("quick", "full"))
-    status: str = rule("ok", choices=("ok", "failed"))
+    status: str = rule("ok", choices=EVAL_STATUSES)
     accuracy: float | None = rule(None, ge=0, le=1)
     response_length: float | None = rule(None, ge=0)
     reward: float | None = None
@@ -291,6 +354,10 @@ class EvalEvent(Event):
     verdicts: tuple[int, ...] | None = None
     error: str | None = rule(None, max_len=4096)
     replicas: int = rule(1, ge=1, le=4096)
+    dataset_fingerprint: str | None = rule(None, nonempty=True, max_len=128)
+    metrics: Mapping[str, float] = rule(factory=dict)  # e.g. pass@4, maj@4
+    samples: tuple[Mapping[str, Any], ...] | None = None  # {prompt, response, verdict, reward}: the generations table
+    attempt: int = rule(0, ge=0, le=1 << 20)
 
     def _check_rules(self) -> None:
         if self.status == "ok" and self.accuracy is None:
@@ -384,9 +451,34 @@ class RejectedEvent(Event):
     raw: str
 
 
+RUN_STATUSES = ("running", "finished", "failed", "killed")
+TERMINAL_STATUSES = ("finished", "failed", "killed")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunEvent(Event):
+    """A run's lifecycle, from each rank: `running` at start, one terminal status at the end."""
+
+    type: ClassVar[str] = "run"
+    table: ClassVar[str] = "runs"
+
+    status: str = rule(choices=RUN_STATUSES)
+    config: Mapping[str, Any] = rule(factory=dict)
+    tags: tuple[str, ...] = rule(factory=tuple, max_len=256)
+    group: str | None = rule(None, max_len=256)
+    world_size: int = rule(1, ge=1, le=1 << 20)
+    host: str | None = rule(None, max_len=256)
+    attempt: int = rule(0, ge=0, le=1 << 20)
+    framework: str | None = rule(None, max_len=64)
+    git_commit: str | None = rule(None, max_len=64)
+    exit_code: int | None = rule(None, ge=-(2**31), le=2**31 - 1)
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
-    for cls in (StepEvent, EvalEvent, EvalConsensusEvent, RewardSmoothedEvent, CommandEvent, AlertEvent, RejectedEvent)
+    for cls in (
+        StepEvent, EvalEvent, EvalConsensusEvent, RewardSmoothedEvent, CommandEvent, AlertEvent, RejectedEvent, RunEvent,
+    )
 }
 
 

@@ -16,6 +16,7 @@ from producers.events import (
     Event,
     RejectedEvent,
     RewardSmoothedEvent,
+    RunEvent,
     StepEvent,
 )
 
@@ -30,6 +31,7 @@ TOPIC_TYPES: dict[str, type[Event]] = {
     "control": CommandEvent,
     "alerts": AlertEvent,
     "deadletter": RejectedEvent,
+    "runs": RunEvent,
 }
 
 # Written by the stream processor and rebuilt by running it again over the raw
@@ -115,6 +117,10 @@ class Topics:
     @property
     def deadletter(self) -> str:
         return self.prefix + "deadletter"
+
+    @property
+    def runs(self) -> str:
+        return self.prefix + "runs"
 
     def all(self) -> list[str]:
         return [self.prefix + suffix for suffix in TOPIC_TYPES]

@@ -74,11 +74,11 @@ def _column(name: str, rows: Sequence[Located]) -> list[Any]:
     values = [getattr(loc.event, name) for loc in rows]
     if name == "ts":
         return [_timestamp(v) for v in values]
-    if name == "args":  # free-form object: stored as canonical JSON text
+    if name in ("args", "config"):  # free-form object: stored as canonical JSON text
         return [json.dumps(dict(v), sort_keys=True, separators=(",", ":"), allow_nan=False) for v in values]
     if name == "metrics":
         return [dict(v) for v in values]
-    if name in ("verdicts", "dissenters"):
+    if name in ("verdicts", "dissenters", "tags", "non_finite"):
         return [list(v) if v is not None else [] for v in values]
     return values
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_DATABASE = "areal"
 DEDUP_WINDOW = 10_000  # insert blocks remembered per table for token deduplication
 
@@ -109,10 +109,11 @@ TABLES: tuple[Table, ...] = (
     _table(
         "steps",
         "step",
-        f"step UInt64, epoch UInt32, reward {F}, reward_std {F}, entropy {F}, advantage_mean {F}, "
+        f"step UInt64, epoch Float64, reward {F}, reward_std {F}, entropy {F}, advantage_mean {F}, "
         f"advantage_std {F}, kl {F}, clip_ratio {F}, loss {F}, lr {F}, grad_norm {F}, response_length {F}, "
         f"tokens Nullable(UInt64), throughput {F}, latency_ms {F}, gpu_mem_bytes Nullable(UInt64), "
-        "metrics Map(String, Float64)",
+        "metrics Map(String, Float64), world_size Nullable(UInt32), attempt UInt32, non_finite Array(String), "
+        "n_samples Nullable(UInt64)",
         "run_id, step, event_id",
     ),
     _table(
@@ -120,7 +121,8 @@ TABLES: tuple[Table, ...] = (
         "eval",
         f"eval_id String, step UInt64, dataset {LC}, stage {LC}, status {LC}, accuracy {F}, "
         f"response_length {F}, reward {F}, n_samples Nullable(UInt32), latency_ms {F}, "
-        "verdicts Array(UInt8), error Nullable(String), replicas UInt32",
+        "verdicts Array(UInt8), error Nullable(String), replicas UInt32, dataset_fingerprint Nullable(String), "
+        "metrics Map(String, Float64), attempt UInt32",
         "run_id, dataset, step, event_id",
     ),
     _table(
@@ -154,7 +156,17 @@ TABLES: tuple[Table, ...] = (
         f"reason String, source_topic {LC}, raw String",
         "run_id, event_id",
     ),
+    _table(
+        "runs",
+        "run",
+        f"status {LC}, config String, tags Array(String), group Nullable(String), world_size UInt32, "
+        f"host Nullable(String), attempt UInt32, framework Nullable(String), git_commit Nullable(String), "
+        "exit_code Nullable(Int32)",
+        "run_id, event_id",
+    ),
 )
+# Fields of an event that its table does not hold as a column: stored elsewhere.
+NOT_COLUMNS: dict[str, frozenset[str]] = {"evals": frozenset({"samples"})}  # samples: the generations table
 TABLES_BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
 TABLES_BY_EVENT_TYPE: dict[str, Table] = {t.event_type: t for t in TABLES}
 
@@ -247,7 +259,24 @@ def _migrations_sql(o: SchemaOptions) -> str:
 def migrations(o: SchemaOptions) -> list[tuple[int, str, list[str]]]:
     """(version, description, idempotent statements), oldest first."""
     v1 = [create_table_sql(t, o) for t in TABLES] + [_plans_sql(o)] + [create_view_sql(t, o) for t in TABLES]
-    return [(1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1)]
+    # v2 brings a store made by v1 to the columns above (on a new store v1 already made
+    # them, and every statement here is then a no-op).
+    v2 = [
+        f"ALTER TABLE {o.database}.steps{o.on_cluster} MODIFY COLUMN epoch Float64",
+        *_add_columns("steps", ("world_size", "attempt", "non_finite", "n_samples"), o),
+        *_add_columns("evals", ("dataset_fingerprint", "metrics", "attempt"), o),
+        create_table_sql(TABLES_BY_NAME["runs"], o),
+        create_view_sql(TABLES_BY_NAME["runs"], o),
+    ]
+    return [
+        (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
+        (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
+    ]
+
+
+def _add_columns(table: str, names: Sequence[str], o: SchemaOptions) -> list[str]:
+    columns = {c.name: c for c in TABLES_BY_NAME[table].columns}
+    return [f"ALTER TABLE {o.database}.{table}{o.on_cluster} ADD COLUMN IF NOT EXISTS {columns[n].ddl()}" for n in names]
 
 
 def schema_statements(o: SchemaOptions = SchemaOptions()) -> list[str]:

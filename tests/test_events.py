@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +16,7 @@ from producers.events import (
     EvalEvent,
     RejectedEvent,
     RewardSmoothedEvent,
+    RunEvent,
     StepEvent,
     ValidationError,
     parse_event,
@@ -159,3 +161,44 @@ def test_integers_beyond_64_bits_are_refused_not_crashing():
         parse_event(raw_step(epoch=10**400))
     with pytest.raises(ValidationError, match=r"steps.reward: integer out of the 64-bit range"):
         parse_event(raw_step(reward=-(2**64)))
+
+
+# --- fields the client and the workload added (CONTRACT.md 'Added')
+
+
+def test_step_carries_fractional_epoch_world_size_attempt_and_non_finite_names() -> None:
+    e = StepEvent(run_id="r", step=3, epoch=0.25, world_size=2, attempt=1, non_finite=["kl"], n_samples=8)
+    back = parse_event(e.to_json())
+    assert (back.epoch, back.world_size, back.attempt, back.non_finite, back.n_samples) == (0.25, 2, 1, ("kl",), 8)
+    with pytest.raises(ValidationError, match="steps.world_size"):
+        StepEvent(run_id="r", step=3, epoch=0, world_size=0)
+    with pytest.raises(ValidationError, match="steps.metrics key"):
+        StepEvent(run_id="r", step=3, epoch=0, metrics={"x" * 257: 1.0})
+
+
+def test_eval_samples_are_checked_field_by_field() -> None:
+    ok = EvalEvent(run_id="r", eval_id="e", step=1, dataset="d", accuracy=1.0, dataset_fingerprint="f0",
+                   metrics={"pass@4": 1.0}, samples=[{"prompt": "1+1", "response": "2", "verdict": 1, "reward": 1.0}])
+    assert parse_event(ok.to_json()).samples == ({"prompt": "1+1", "response": "2", "verdict": 1, "reward": 1.0},)
+    for bad, where in (
+        ([{"prompt": "p", "verdict": 2}], "evals.samples[0].verdict"),
+        ([{"prompt": "p", "extra": 1}], "evals.samples[0]"),
+        ([{"prompt": "x" * 5000}], "evals.samples[0].prompt"),
+        ([{"reward": float("nan")}], "evals.samples[0].reward"),
+        (["text"], "evals.samples[0]"),
+        ([{}] * 65, "evals.samples"),
+    ):
+        with pytest.raises(ValidationError, match=re.escape(where)):
+            EvalEvent(run_id="r", eval_id="e", step=1, dataset="d", accuracy=1.0, samples=bad)
+    skipped = EvalEvent(run_id="r", eval_id="e", step=1, dataset="d", status="skipped", error="evaluator busy")
+    assert skipped.accuracy is None
+
+
+def test_run_event_config_is_nested_json_with_finite_numbers() -> None:
+    run = RunEvent(run_id="r", status="running", config={"lr": 1e-3, "model": {"layers": [64, 64]}}, tags=["a"],
+                   group="g", world_size=2, attempt=1, framework="torch", exit_code=None)
+    assert parse_event(run.to_json()) == run
+    with pytest.raises(ValidationError, match=re.escape("runs.config.model.layers[1]")):
+        RunEvent(run_id="r", status="running", config={"model": {"layers": [1, float("inf")]}})
+    with pytest.raises(ValidationError, match="runs.status"):
+        RunEvent(run_id="r", status="paused")

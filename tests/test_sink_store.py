@@ -46,7 +46,7 @@ def test_schema_is_idempotent_and_versioned(client) -> None:
     assert apply_schema(client) == SCHEMA_VERSION
     assert apply_schema(client) == SCHEMA_VERSION
     assert applied_version(client) == SCHEMA_VERSION
-    assert client.command("SELECT count() FROM areal.schema_migrations FINAL") == 1
+    assert client.command("SELECT count() FROM areal.schema_migrations FINAL") == SCHEMA_VERSION
     types = dict(client.query("SELECT name, type FROM system.columns WHERE database='areal' AND table='steps'").result_rows)
     assert types["ts"] == "DateTime64(3, 'UTC')"
     assert types["run_id"] == "LowCardinality(String)"
@@ -54,6 +54,28 @@ def test_schema_is_idempotent_and_versioned(client) -> None:
     engines = dict(client.query("SELECT name, engine FROM system.tables WHERE database='areal'").result_rows)
     for t in TABLES:
         assert engines[t.name] == "ReplacingMergeTree" and engines[t.view] == "View"
+
+
+def test_a_store_made_by_version_1_is_upgraded_in_place(url: str) -> None:
+    """A store from before the client fields: steps with an integer epoch and no attempt; the rows stay."""
+    c = open_client(Target.parse(url), readonly=False, use_database=False)
+    try:
+        c.command("CREATE DATABASE areal")
+        c.command("CREATE TABLE areal.schema_migrations (version UInt32, description String, "
+                  "applied_at DateTime64(3, 'UTC') DEFAULT now64(3, 'UTC')) ENGINE = ReplacingMergeTree ORDER BY version")
+        c.command("INSERT INTO areal.schema_migrations (version, description) VALUES (1, 'v1')")
+        c.command("CREATE TABLE areal.steps (event_id String, run_id String, step UInt64, epoch UInt32, _offset UInt64) "
+                  "ENGINE = ReplacingMergeTree(_offset) ORDER BY (run_id, step, event_id)")
+        c.command("CREATE TABLE areal.evals (event_id String, run_id String, step UInt64, _offset UInt64) "
+                  "ENGINE = ReplacingMergeTree(_offset) ORDER BY (run_id, step, event_id)")
+        c.command("INSERT INTO areal.steps VALUES ('e1', 'r1', 3, 2, 0)")
+        assert apply_schema(c) == SCHEMA_VERSION
+        types = dict(c.query("SELECT name, type FROM system.columns WHERE database='areal' AND table='steps'").result_rows)
+        assert types["epoch"] == "Float64" and types["attempt"] == "UInt32" and types["non_finite"] == "Array(String)"
+        assert c.query("SELECT step, epoch, attempt FROM areal.steps").result_rows == [(3, 2.0, 0)]
+        assert c.command("SELECT count() FROM system.tables WHERE database='areal' AND name IN ('runs', 'v_runs')") == 2
+    finally:
+        c.close()
 
 
 def test_retried_insert_with_the_same_token_is_dropped(client) -> None:
