@@ -58,10 +58,6 @@ def bench_direct(url: str, payloads: list[bytes], chunk: int) -> dict[str, float
     return {"direct_rows_per_s": len(payloads) / (done - t0), "insert_only_rows_per_s": len(payloads) / (done - parsed)}
 
 
-def count_steps(store) -> int:
-    return int(store.query("SELECT count() FROM steps").rows[0][0])
-
-
 def bench_sink(settings: Settings, n: int, policy: BatchPolicy) -> tuple[Sink, threading.Thread, dict[str, float]]:
     """Start a sink on a backlog of n messages; time from its Kafka connection to the last row stored."""
     sink = Sink(settings, policy=policy)

@@ -248,15 +248,6 @@ def stat(title: str, description: str, query: SQL, *, unit: str, width: int = 6,
     )
 
 
-def override_unit_axis(field_name: str, unit: str, placement: common.AxisPlacement, label: str) -> list[dashboard.DynamicConfigValue]:
-    """Properties that put a field on its own axis (the two-axis views)."""
-    return [
-        dashboard.DynamicConfigValue(id_val="unit", value=unit),
-        dashboard.DynamicConfigValue(id_val="custom.axisPlacement", value=placement),
-        dashboard.DynamicConfigValue(id_val="custom.axisLabel", value=label),
-    ]
-
-
 def base(uid: str, title: str, description: str, tags: list[str]) -> dash_b.Dashboard:
     """A dashboard with our time settings, the three variables and the built-in annotations."""
     board = (
@@ -275,7 +266,3 @@ def base(uid: str, title: str, description: str, tags: list[str]) -> dash_b.Dash
     for var in variables():
         board = board.with_variable(var)
     return board
-
-
-def series_name(field: str) -> list[dashboard.DynamicConfigValue]:
-    return [dashboard.DynamicConfigValue(id_val="displayName", value=field)]

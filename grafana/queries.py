@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any
 
 from grafana_foundation_sdk.models import dashboard
@@ -197,14 +197,3 @@ def check_dashboard(model: dashboard.Dashboard, runner: QueryRunner, start: date
     for q in dashboard_queries(model):
         outcomes.extend(check_query(q, runner, ctx))
     return outcomes
-
-
-def data_time_range(runner: QueryRunner, database: str = "areal", margin: timedelta = timedelta(minutes=5)) -> tuple[datetime, datetime]:
-    """The span of the stored steps, widened by `margin` (for checks against recorded data)."""
-    _, _, rows = runner.run(f"SELECT min(ts), max(ts) FROM {database}.steps")
-    low, high = rows[0]
-    if low is None:
-        raise ValueError("no steps stored")
-    low = low if low.tzinfo else low.replace(tzinfo=timezone.utc)
-    high = high if high.tzinfo else high.replace(tzinfo=timezone.utc)
-    return low - margin, high + margin
