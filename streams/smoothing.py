@@ -15,7 +15,7 @@ Rules
   twice and a resumed run's step 5 is not refused as a repeat.
 - Steps may arrive out of order. The window holds the W highest distinct steps seen; a
   late step that still falls inside it is inserted in its place. A step older than the
-  whole (full) window is too late and ignored.
+  whole (full) window, or not after the last step that left it, is too late and ignored.
 - The EMA runs over the distinct steps in step order: `ema_base` is the EMA of every step
   that has left the window, and the window's rewards are folded onto it. So, as long as
   steps are not later than the window, the result equals the EMA of the sorted sequence.
@@ -144,7 +144,9 @@ def classify(state: SmoothingState, step: int, attempt: int, window: int) -> tup
     for p in state.points:
         if p.step == step:
             return state, SmoothingOutcome("duplicate", p)
-    if len(state.points) >= window and step < state.points[0].step:
+    if (len(state.points) >= window and step < state.points[0].step) or (
+        state.ema_trail and step <= state.ema_trail[-1][0]  # already in the EMA (a resume shrank the window)
+    ):
         return state, SmoothingOutcome("too_late", None)
     return state, SmoothingOutcome("new" if step > state.max_step else "late", None)
 
