@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-EMA_TRAIL = 64  # EMA values kept for steps that left the window: a resume this far back is exact
+EMA_TRAIL = 32  # EMA values kept for steps that left the window: a resume this far behind it is exact
 ATTEMPTS_KEPT = 32  # where the last attempts started (older boundaries are forgotten)
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from producers.events import StepEvent
 from streams.config import RunConfig
 from streams.processor import RunState, derived_id, on_step
-from streams.smoothing import SmoothingState, add_reward, classify, ema_fold
+from streams.smoothing import EMA_TRAIL, SmoothingState, add_reward, classify, ema_fold
 
 
 def close(a: float, b: float) -> bool:
@@ -37,7 +37,7 @@ def test_the_ema_goes_back_to_before_the_resumed_step() -> None:
     state = SmoothingState()
     for step, r in enumerate(rewards0):
         state, _ = add_reward(state, step, r, 5, 0.3, attempt=0)
-    for step in range(12, 20):  # resumed from a checkpoint at step 12, well behind the window
+    for step in range(12, 20):  # resumed from a checkpoint at step 12, well behind the window (25..29)
         state, out = add_reward(state, step, 10.0, 5, 0.3, attempt=1)
     effective = rewards0[:12] + [10.0] * 8
     assert out.point is not None and close(out.point.ema, ema_fold(None, effective, 0.3))  # type: ignore[arg-type]
@@ -46,11 +46,11 @@ def test_the_ema_goes_back_to_before_the_resumed_step() -> None:
 
 @st.composite
 def attempts(draw) -> tuple[list[tuple[int, int, list[float]]], int]:
-    """Attempts as (attempt, first step, rewards); each resumes at most 50 steps back."""
+    """Attempts as (attempt, first step, rewards); each resumes at most EMA_TRAIL - 1 steps back."""
     window = draw(st.integers(1, 10))
     out, end = [], 0
     for a in range(draw(st.integers(1, 4))):
-        start = 0 if a == 0 else draw(st.integers(max(0, end - 50), end))
+        start = 0 if a == 0 else draw(st.integers(max(0, end - EMA_TRAIL + 1), end))
         rewards = draw(st.lists(st.floats(-5, 5), min_size=1, max_size=40))
         out.append((a, start, rewards))
         end = start + len(rewards)
