@@ -61,6 +61,13 @@ def _where(c: Consensus) -> str:
     return f"evaluation {c.key.dataset}/{c.key.stage} at step {c.step} (eval {c.key.eval_id})"
 
 
+def _alert(kind: str, c: Consensus, what: str, threshold: float | None) -> AlertDecision:
+    """An alert about one round (its id: the round; the processor adds the attempt)."""
+    return AlertDecision(kind=kind, severity="warning", message=f"{_where(c)}: {what}",
+                         about=(kind, c.key.eval_id, c.key.dataset, c.key.stage), step=c.step, value=c.accuracy,
+                         threshold=threshold)
+
+
 def _command(c: Consensus, factor: float, cumulative: float, why: str, cfg: RunConfig) -> CommandDecision:
     start = c.step + cfg.lr_apply_delay_steps
     return CommandDecision(
@@ -103,15 +110,7 @@ def _threshold_rule(
     state = replace(state, in_breach=True)
     state, command = _drop(state, c, f"consensus accuracy {acc:.4g} below threshold {threshold:g}", cfg)
     floor = "" if command is not None else f"; lr already at its floor x{state.factor:.4g}"
-    alert = AlertDecision(
-        kind="eval_below_threshold",
-        severity="warning",
-        message=f"{_where(c)}: consensus accuracy {acc:.4g} below {threshold:g}{floor}",
-        about=("eval_below_threshold", c.key.eval_id, c.key.dataset, c.key.stage, c.key.attempt),
-        step=c.step,
-        value=acc,
-        threshold=threshold,
-    )
+    alert = _alert("eval_below_threshold", c, f"consensus accuracy {acc:.4g} below {threshold:g}{floor}", threshold)
     return state, [alert], [command] if command is not None else []
 
 
@@ -137,15 +136,7 @@ def _improvement_rule(
         action = f"lr already at its floor x{state.factor:.4g}"
     else:
         action = "lr unchanged"
-    alert = AlertDecision(
-        kind="no_improvement",
-        severity="warning",
-        message=f"{_where(c)}: {why}; {action}; consider stopping the run",
-        about=("no_improvement", c.key.eval_id, c.key.dataset, c.key.stage, c.key.attempt),
-        step=c.step,
-        value=acc,
-        threshold=state.best,
-    )
+    alert = _alert("no_improvement", c, f"{why}; {action}; consider stopping the run", state.best)
     return state, [alert], [command] if command is not None else []
 
 

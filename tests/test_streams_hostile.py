@@ -326,3 +326,25 @@ def test_a_step_waiting_for_its_other_rank_survives_a_restart() -> None:
     assert rec.on(TOPICS.smoothed) == [] and RunState.from_json(table[b"run-w"]).ranks.pending
     asyncio.run(core(table, rec, clock).on_input(TOPICS.steps, 0, 1, b"run-w", step(1, 0.9)))  # after the restart
     assert [s["reward"] for s in rec.on(TOPICS.smoothed)] == [0.6]  # (0 * 1 + 0.9 * 2) / 3
+
+
+OLDER_WORKER_STATE = (  # what the worker before rank aggregation wrote (no ranks, lifecycle, eval loop, ...)
+    b'{"run_id":"r","partition":null,"smoothing":{"points":[{"step":1,"reward":0.5,"window":2,"sliding_avg":0.25,'
+    b'"ema":0.05,"slope":0.5,"source_id":"e1","attempt":0},{"step":2,"reward":1.0,"window":2,"sliding_avg":0.75,'
+    b'"ema":0.14500000000000002,"slope":0.5,"source_id":"e2","attempt":0}],"ema_base":0.0,"max_step":2},'
+    b'"trigger":{"mode":"fast","interval":25,"last_change_step":1,"baseline":0.75,"baseline_step":2},'
+    b'"reward_alert":{"in_breach":false,"last_fired_step":null,"armed":false},"throughput":{"history":[],'
+    b'"breach":{"in_breach":false,"last_fired_step":null,"armed":true}},"stall":{"last_step_at":2.0,"last_step":2,'
+    b'"stalled":false},"votes":{"open_rounds":[],"closed":[],"last_good":[]},"invalid":[]}'
+)
+
+
+def test_a_state_written_by_the_older_worker_still_loads_and_goes_on() -> None:
+    table, rec, clock = {b"r": OLDER_WORKER_STATE}, Recorder(), [1000.0]
+    c = core(table, rec, clock)
+    asyncio.run(c.on_input(TOPICS.steps, 0, 0, b"r", StepEvent(run_id="r", node="n0", step=3, epoch=0, reward=1.5,
+                                                               ts=4.0, event_id="e3").to_json()))
+    assert c.stats.get("bad_states", 0) == 0 and rec.on(TOPICS.deadletter) == []
+    assert [(s["step"], s["sliding_avg"]) for s in rec.on(TOPICS.smoothed)] == [(3, 1.0)]
+    state = RunState.from_json(table[b"r"])
+    assert state.trigger.interval == 25 and state.lifecycle.attempt == 0 and state.ranks.pending == {}

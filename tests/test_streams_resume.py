@@ -91,7 +91,7 @@ def step_ev(step: int, rank: int, reward: float, attempt: int, **kw) -> StepEven
 def test_a_resumed_run_through_the_processor_replaces_its_points_and_re_arms_decisions() -> None:
     cfg = RunConfig(window=3, throughput_min_samples=3, throughput_cooldown_steps=0)
     state, points = RunState("run-x"), {}
-    for attempt, steps in ((0, range(0, 10)), (1, range(6, 12))):
+    for attempt, steps in ((0, range(10)), (1, range(6, 12))):
         for step in steps:
             for rank in (0, 1):
                 tp = 100.0 if not (attempt == 1 and step == 7) else 10.0
