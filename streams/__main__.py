@@ -46,7 +46,7 @@ def main() -> int:
     try:
         partitions = prepare_topics(
             settings.kafka_bootstrap,
-            [topics.steps, topics.evals],
+            [topics.steps, topics.evals, topics.runs],
             ticks_topic_for(topics.prefix),
             client_config=settings.kafka_python_config(),
             replication_factor=settings.kafka_replication_factor,
@@ -55,7 +55,7 @@ def main() -> int:
         committed = ensure_committed_offsets(
             settings.kafka_bootstrap,
             app_id_for(topics.prefix),
-            from_start=[topics.steps, topics.evals],
+            from_start=[topics.steps, topics.evals, topics.runs],
             from_end=[ticks_topic_for(topics.prefix)],
             timeout=max(60.0, 3 * session_timeout),
             client_config=settings.kafka_python_config(),

@@ -2,14 +2,18 @@
 
 - reward_below_threshold: the sliding average under `reward_threshold` (window full),
   armed once the average has been at or above it (a run that starts low is not a drop).
-  Fires once per breach, together with a `scale_lr` command; the breach ends when the
-  average is back at threshold + reward_recover_margin; a new breach fires only when
-  reward_cooldown_steps have passed since the last alert. Steps, not seconds, so a replay
-  decides the same way.
+  Fires once per breach (an alert only: `scale_lr` comes from evaluation, see
+  streams.eval_loop); the breach ends when the average is back at threshold +
+  reward_recover_margin; a new breach fires only when reward_cooldown_steps have passed
+  since the last alert. Steps, not seconds, so a replay decides the same way.
 - throughput_drop: a step's throughput under (1 - throughput_drop_ratio) x the median of
   the run's previous throughput_window values; once per drop, with a cooldown in steps.
 - stalled: no step from a run for stall_seconds (clock injected: `now`); once until the
-  run sends a step again.
+  run sends a step again; never for a run that has ended (streams.lifecycle).
+- non_finite: a step names fields whose NaN/inf became null (`non_finite`); one alert
+  per run and field, in the step where the field first appears (a step with several new
+  fields gives one alert naming them); at most NON_FINITE_FIELDS_KEPT fields remembered,
+  then one last alert says no more will follow.
 - invalid_event: a dead-lettered message; at most one alert per interval, the next one
   says how many were folded into it.
 """
@@ -22,7 +26,8 @@ from typing import Any
 
 from streams.config import RunConfig
 from streams.smoothing import SmoothedPoint
-from streams.triggers import CommandDecision
+
+NON_FINITE_FIELDS_KEPT = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,40 +68,32 @@ def breach_step(state: BreachState, breached: bool, recovered: bool, step: int, 
     return replace(state, in_breach=True), False
 
 
-def check_reward(
-    state: BreachState, point: SmoothedPoint, cfg: RunConfig
-) -> tuple[BreachState, list[AlertDecision], list[CommandDecision]]:
+def check_reward(state: BreachState, point: SmoothedPoint, cfg: RunConfig) -> tuple[BreachState, list[AlertDecision]]:
     threshold = cfg.reward_threshold
     if threshold is None or point.window < cfg.window:
-        return state, [], []
+        return state, []
     avg = point.sliding_avg
     if not state.armed:
         # A run that starts below the threshold has not dropped below it: the rule arms
         # once the smoothed reward has reached threshold + margin.
         if avg >= threshold + cfg.reward_recover_margin:
             state = replace(state, armed=True)
-        return state, [], []
+        return state, []
     state, fired = breach_step(
         state, avg < threshold, avg >= threshold + cfg.reward_recover_margin, point.step, cfg.reward_cooldown_steps
     )
     if not fired:
-        return state, [], []
+        return state, []
     alert = AlertDecision(
         kind="reward_below_threshold",
         severity="critical",
-        message=f"smoothed reward {avg:.4g} fell below {threshold:g} at step {point.step}; asking trainers to scale lr by {cfg.lr_factor:g}",
+        message=f"smoothed reward {avg:.4g} fell below {threshold:g} at step {point.step}",
         about=("reward_below_threshold", point.step),
         step=point.step,
         value=avg,
         threshold=threshold,
     )
-    command = CommandDecision(
-        "scale_lr",
-        {"factor": cfg.lr_factor},
-        f"smoothed reward {avg:.4g} below threshold {threshold:g} at step {point.step}",
-        point.step,
-    )
-    return state, [alert], [command]
+    return state, [alert]
 
 
 # ------------------------------------------------------------------ throughput
@@ -144,15 +141,26 @@ class StallState:
     last_step_at: float | None = None  # worker clock when the run's last step arrived
     last_step: int | None = None
     stalled: bool = False
+    last_attempt: int = 0  # the attempt of `last_step`
 
 
-def saw_step(state: StallState, step: int, now: float) -> StallState:
-    last = step if state.last_step is None else max(step, state.last_step)
-    return StallState(last_step_at=now, last_step=last, stalled=False)
+def is_newest(state: StallState, step: int, attempt: int) -> bool:
+    """A step beyond every step seen, in (attempt, step) order: a resumed attempt's step 5
+    comes after attempt 0's step 30."""
+    return state.last_step is None or (attempt, step) > (state.last_attempt, state.last_step)
 
 
-def check_stalled(state: StallState, now: float, cfg: RunConfig) -> tuple[StallState, list[AlertDecision]]:
-    if cfg.stall_seconds <= 0 or state.stalled or state.last_step_at is None:
+def saw_step(state: StallState, step: int, now: float, attempt: int = 0) -> StallState:
+    if is_newest(state, step, attempt):
+        return StallState(last_step_at=now, last_step=step, stalled=False, last_attempt=attempt)
+    return replace(state, last_step_at=now, stalled=False)
+
+
+def check_stalled(
+    state: StallState, now: float, cfg: RunConfig, ended: bool = False
+) -> tuple[StallState, list[AlertDecision]]:
+    """`ended`: the run has ended (streams.lifecycle): quiet, not stalled."""
+    if ended or cfg.stall_seconds <= 0 or state.stalled or state.last_step_at is None:
         return state, []
     quiet = now - state.last_step_at
     if quiet < cfg.stall_seconds:
@@ -168,6 +176,41 @@ def check_stalled(state: StallState, now: float, cfg: RunConfig) -> tuple[StallS
         threshold=cfg.stall_seconds,
     )
     return replace(state, stalled=True), [alert]
+
+
+# ------------------------------------------------------------------ non-finite values
+
+
+@dataclass(frozen=True, slots=True)
+class NonFiniteState:
+    fields: tuple[str, ...] = ()  # fields already alerted on, sorted
+    saturated: bool = False  # NON_FINITE_FIELDS_KEPT reached: no more alerts
+
+
+def check_non_finite(
+    state: NonFiniteState, names: tuple[str, ...], step: int, rank: int
+) -> tuple[NonFiniteState, list[AlertDecision]]:
+    if state.saturated or not names:
+        return state, []
+    known = set(state.fields)
+    new = sorted(set(names) - known)
+    if not new:
+        return state, []
+    room = NON_FINITE_FIELDS_KEPT - len(known)
+    taken, saturated = new[:room], len(new) > room
+    shown = ", ".join(taken[:8]) + (f" and {len(taken) - 8} more" if len(taken) > 8 else "")
+    tail = (f"; more than {NON_FINITE_FIELDS_KEPT} fields in this run, no further non_finite alerts"
+            if saturated else "")
+    alert = AlertDecision(
+        kind="non_finite",
+        severity="warning",
+        message=(f"non-finite values (NaN/inf, stored as null) in {shown or 'more fields'} at step {step} "
+                 f"(rank {rank}): the first in this run for these fields{tail}"),
+        about=("non_finite", *(taken or ["saturated"])),
+        step=step,
+        value=float(len(new)),
+    )
+    return NonFiniteState(tuple(sorted(known | set(taken))), saturated), [alert]
 
 
 # ------------------------------------------------------------------ invalid input

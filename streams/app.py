@@ -1,8 +1,9 @@
 """The Faust shell: bytes in, the pure core (streams.processor), bytes out.
 
-Three agents, one per input: `steps` (areal.steps), `evals` (areal.evals) and `ticks` (an
-internal topic a timer writes to, one tick per partition, so clock-driven decisions (stalled
-runs, vote timeouts) happen inside a stream, where Faust lets them change tables).
+Four agents, one per input: `steps` (areal.steps), `evals` (areal.evals), `runs`
+(areal.runs: run lifecycle) and `ticks` (an internal topic a timer writes to, one tick per
+partition, so clock-driven decisions (steps whose ranks did not all come, stalled runs,
+vote timeouts) happen inside a stream, where Faust lets them change tables).
 
 State: one Faust table `runs` (run_id -> RunState JSON) with a changelog topic, so a
 restarted worker picks up windows, vote rounds and cooldowns where they were. Messages
@@ -12,7 +13,7 @@ Order of effects per input, for "neither repeat nor lose an output" across a cra
 outputs that must exist once (consensus, commands, alerts) are sent and their delivery
 awaited BEFORE the new state is written to the table; if the worker dies in between, the
 input is processed again from the old state and produces the same events with the same
-event_ids. A per-run lock keeps the three agents from interleaving on one run's state.
+event_ids. A per-run lock keeps the agents from interleaving on one run's state.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import faust
 from faust.types import TP
 
 from producers.deadletter import rejected
-from producers.events import EvalEvent, Event, StepEvent, ValidationError, parse_event
+from producers.events import EvalEvent, Event, RunEvent, StepEvent, ValidationError, parse_event
 from producers.topics import Topics
 from streams.codec import StateDecodeError
 from streams.config import StreamsConfig
@@ -45,6 +46,7 @@ from streams.processor import (
     has_clock_work,
     on_eval,
     on_rejected,
+    on_run,
     on_step,
     on_tick,
 )
@@ -109,8 +111,8 @@ class StreamCore:
     # Skipped-input guard (streams.resync); `seek(topic, partition, offset)` is the shell's.
     guard: InputGuard | None = None
     seek: Callable[[str, int, int], Awaitable[None]] | None = None
-    stats: dict[str, int] = field(default_factory=lambda: {"steps": 0, "evals": 0, "rejected": 0, "ticks": 0,
-                                                            "outputs": 0, "errors": 0})
+    stats: dict[str, int] = field(default_factory=lambda: {"steps": 0, "evals": 0, "runs": 0, "rejected": 0,
+                                                            "ticks": 0, "outputs": 0, "errors": 0})
 
     # ---------------------------------------------------------------- state
 
@@ -176,7 +178,7 @@ class StreamCore:
         self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
         timestamp: float | None = None,
     ) -> None:
-        """One message from areal.steps or areal.evals. Never raises for bad input.
+        """One message from areal.steps, areal.evals or areal.runs. Never raises for bad input.
 
         `timestamp` (the Kafka message's) becomes the `ts` of a dead letter, so a
         redelivered bad message gives the very same dead letter.
@@ -190,7 +192,7 @@ class StreamCore:
                 if self.seek is not None and target is not None:
                     await self.seek(topic, partition, target)
                 return
-        expected = StepEvent if topic == self.topics.steps else EvalEvent
+        expected = self.input_type(topic)
         raw = value if value is not None else b""
         try:
             if value is None:
@@ -210,6 +212,12 @@ class StreamCore:
                                    f"{expected.table}: not processed (worker error {type(exc).__name__}: {exc})",
                                    timestamp)
 
+    def input_type(self, topic: str) -> type[Event]:
+        """The event type an input topic carries (anything but steps and runs is read as evals)."""
+        if topic == self.topics.steps:
+            return StepEvent
+        return RunEvent if topic == self.topics.runs else EvalEvent
+
     async def _process(self, event: Event, partition: int) -> None:
         async with self.lock(event.run_id):
             state = self.load(event.run_id, partition)
@@ -218,6 +226,9 @@ class StreamCore:
             if isinstance(event, StepEvent):
                 self.stats["steps"] += 1
                 new_state, outputs = on_step(state, event, now, cfg)
+            elif isinstance(event, RunEvent):
+                self.stats["runs"] += 1
+                new_state, outputs = on_run(state, event, now, cfg)
             else:
                 assert isinstance(event, EvalEvent)
                 self.stats["evals"] += 1
@@ -292,6 +303,7 @@ class StreamWorker:
     core: StreamCore
     steps_agent: Any
     evals_agent: Any
+    runs_agent: Any
     ticks_agent: Any
     partitions: int
 
@@ -342,6 +354,7 @@ def build_worker(
     )
     steps = app.topic(topics.steps, key_type=bytes, value_type=bytes)
     evals = app.topic(topics.evals, key_type=bytes, value_type=bytes)
+    run_events = app.topic(topics.runs, key_type=bytes, value_type=bytes)
     ticks = app.topic(ticks_topic_for(topics.prefix), key_type=bytes, value_type=bytes, partitions=partitions,
                       replicas=replication_factor, config=durability)
     runs = app.Table("runs", partitions=partitions, key_type=bytes, value_type=bytes, default=None,
@@ -374,6 +387,10 @@ def build_worker(
     async def evals_agent(stream: Any) -> None:
         await consume_inputs(stream)
 
+    @app.agent(run_events, name="runs")
+    async def runs_agent(stream: Any) -> None:
+        await consume_inputs(stream)
+
     @app.agent(ticks, name="ticks")
     async def ticks_agent(stream: Any) -> None:
         async for event in stream.events():
@@ -391,7 +408,7 @@ def build_worker(
         if core.guard is None or core.seek is None:
             return
         for tp in list(app.consumer.assignment()):
-            if tp.topic not in (topics.steps, topics.evals):
+            if tp.topic not in (topics.steps, topics.evals, topics.runs):
                 continue
             try:
                 position = await app.consumer.position(tp)
@@ -418,4 +435,4 @@ def build_worker(
     app.producer.buffer.max_messages = 2000
 
     return StreamWorker(app=app, core=core, steps_agent=steps_agent, evals_agent=evals_agent,
-                        ticks_agent=ticks_agent, partitions=partitions)
+                        runs_agent=runs_agent, ticks_agent=ticks_agent, partitions=partitions)

@@ -5,8 +5,12 @@ Defaults (every one can be overridden for all runs or for one run):
 Smoothing
   window = 20                  steps in the sliding average (the last W distinct steps)
   ema_alpha = 0.1              EMA weight of the newest step
+  step_wait_s = 30.0           a step waits this long (worker clock) for all `world_size` ranks;
+                               then it is the mean of the ranks that came
+  max_pending_steps = 256      steps waiting for ranks per run; beyond, the oldest goes as it is
 Adaptive evaluation triggers
-  eval_interval = 50           the interval (steps) a run starts with and returns to in normal mode
+  eval_interval = 25           the interval (steps) a run starts with and returns to in normal mode,
+                               when its run event does not publish one (`eval_interval_steps`)
   min_eval_interval = 10       never shorter than this
   max_eval_interval = 200      never longer than this
   fast_slope = 0.01            |slope| (reward per step) at which the reward "moves fast" ...
@@ -14,14 +18,26 @@ Adaptive evaluation triggers
   plateau_slope = 0.001        |slope| at or below which the reward is on a plateau ...
   plateau_exit_slope = 0.002   ... and above which it leaves the plateau (hysteresis)
   interval_dwell_steps = 50    at least this many steps between two interval (or mode) changes
+  learning_slope_t = 3.0       a run has started learning once |slope| > this x its standard error
+                               (and > plateau_exit_slope); before, no plateau
   evaluate_delta = 0.1         ask for `evaluate_now` when the smoothed reward moved more than
                                this since the last evaluation the worker asked for
-Alerts and closed loop
-  reward_threshold = None      `reward_below_threshold` + `scale_lr` when the sliding average
-                               drops below it, once it has been above it (None: off)
+Closed loop on evaluation (streams.eval_loop: full-stage, non-stale consensus)
+  lr_eval_threshold = None     `scale_lr` by lr_factor when the accuracy falls below it (None: off)
+  lr_eval_dataset = None       the dataset watched (None: the run's first full-stage dataset)
+  lr_factor = 0.5              the `factor` of a lowering `scale_lr`, in (0, 1)
+  lr_min_factor = 0.125        floor of the cumulative factor
+  lr_restore_margin = 0.02     a breach ends at threshold + margin ...
+  lr_restore_factor = 2.0      ... and scales lr back up by this (cumulative capped at 1.0)
+  lr_apply_delay_steps = 5     `from_step` = the evaluated step + this
+  no_improvement_rounds = 5    `no_improvement` (+ `scale_lr` when the loop is on) after this many
+                               rounds without beating the best accuracy (0: off)
+  lr_improve_delta = 0.01      ... by more than this
+Alerts
+  reward_threshold = None      `reward_below_threshold` when the sliding average drops below it,
+                               once it has been above it (None: off)
   reward_recover_margin = 0.0  the breach ends when the average is back >= threshold + margin
   reward_cooldown_steps = 50   a new breach within this many steps of the last alert stays quiet
-  lr_factor = 0.5              the `factor` of the `scale_lr` command
   throughput_window = 50       trailing values the throughput median is taken over
   throughput_min_samples = 10  no throughput alert before this many values
   throughput_drop_ratio = 0.5  alert when throughput < (1 - ratio) * trailing median
@@ -57,6 +73,8 @@ from pathlib import Path
 from typing import Any
 
 CONFIG_ENV = "AREAL_STREAMS_CONFIG"
+_OPTIONAL = frozenset({"reward_threshold", "lr_eval_threshold", "lr_eval_dataset"})  # None: off / any
+_TEXT = frozenset({"lr_eval_dataset"})  # names, not numbers
 
 
 class ConfigError(ValueError):
@@ -67,7 +85,9 @@ class ConfigError(ValueError):
 class RunConfig:
     window: int = 20
     ema_alpha: float = 0.1
-    eval_interval: int = 50
+    step_wait_s: float = 30.0
+    max_pending_steps: int = 256
+    eval_interval: int = 25
     min_eval_interval: int = 10
     max_eval_interval: int = 200
     fast_slope: float = 0.01
@@ -75,11 +95,20 @@ class RunConfig:
     plateau_slope: float = 0.001
     plateau_exit_slope: float = 0.002
     interval_dwell_steps: int = 50
+    learning_slope_t: float = 3.0
     evaluate_delta: float = 0.1
     reward_threshold: float | None = None
     reward_recover_margin: float = 0.0
     reward_cooldown_steps: int = 50
     lr_factor: float = 0.5
+    lr_eval_threshold: float | None = None
+    lr_eval_dataset: str | None = None
+    lr_min_factor: float = 0.125
+    lr_restore_margin: float = 0.02
+    lr_restore_factor: float = 2.0
+    lr_apply_delay_steps: int = 5
+    no_improvement_rounds: int = 5
+    lr_improve_delta: float = 0.01
     throughput_window: int = 50
     throughput_min_samples: int = 10
     throughput_drop_ratio: float = 0.5
@@ -93,7 +122,11 @@ class RunConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name == "reward_threshold":
+            if value is None and f.name in _OPTIONAL:
+                continue
+            if f.name in _TEXT:
+                if not isinstance(value, str) or not 1 <= len(value) <= 128:
+                    raise ConfigError(f"streams config {f.name}: must be a name of 1..128 characters ({value!r})")
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"streams config {f.name}: not a number ({value!r})")
@@ -119,16 +152,33 @@ class RunConfig:
             raise ConfigError(
                 "streams config plateau_exit_slope: need plateau_slope <= plateau_exit_slope <= fast_exit_slope"
             )
-        if not 0 < self.lr_factor <= 100:
-            raise ConfigError(f"streams config lr_factor: must be in (0, 100] (got {self.lr_factor})")
+        self._check_eval_loop()
         if not 0 < self.throughput_drop_ratio < 1:
             raise ConfigError("streams config throughput_drop_ratio: must be in (0, 1)")
+        if self.max_pending_steps < 1:
+            raise ConfigError(f"streams config max_pending_steps: must be >= 1 (got {self.max_pending_steps})")
         for name in ("interval_dwell_steps", "reward_cooldown_steps", "throughput_cooldown_steps",
                      "throughput_window", "throughput_min_samples"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"streams config {name}: must be >= 0")
         for name in ("stall_seconds", "invalid_alert_interval_s", "vote_timeout_s", "vote_tolerance",
-                     "divergence_threshold", "evaluate_delta", "reward_recover_margin"):
+                     "divergence_threshold", "evaluate_delta", "reward_recover_margin", "step_wait_s",
+                     "learning_slope_t"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"streams config {name}: must be >= 0")
+
+    def _check_eval_loop(self) -> None:
+        if not 0 < self.lr_factor < 1:
+            raise ConfigError(f"streams config lr_factor: must be in (0, 1) (got {self.lr_factor})")
+        # 0.01: a restore of the whole way back (1 / floor) must stay a valid factor (<= 100).
+        if not 0.01 <= self.lr_min_factor <= 1:
+            raise ConfigError(f"streams config lr_min_factor: must be in [0.01, 1] (got {self.lr_min_factor})")
+        if not 1 < self.lr_restore_factor <= 100:
+            raise ConfigError(f"streams config lr_restore_factor: must be in (1, 100] (got {self.lr_restore_factor})")
+        if self.lr_eval_threshold is not None and not 0 <= self.lr_eval_threshold <= 1:
+            raise ConfigError(f"streams config lr_eval_threshold: must be an accuracy in [0, 1] "
+                              f"(got {self.lr_eval_threshold})")
+        for name in ("lr_restore_margin", "lr_apply_delay_steps", "no_improvement_rounds", "lr_improve_delta"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"streams config {name}: must be >= 0")
 
@@ -143,7 +193,7 @@ class RunConfig:
             v = changes.get(f.name)
             if f.type == "int" and isinstance(v, float) and v.is_integer():
                 changes[f.name] = int(v)
-            if f.type == "float" and isinstance(v, int) and not isinstance(v, bool):
+            if f.type in ("float", "float | None") and isinstance(v, int) and not isinstance(v, bool):
                 changes[f.name] = float(v)
         return dataclasses.replace(self, **changes)
 

@@ -42,7 +42,7 @@ def prepare_topics(
             raise TopicLayoutError(
                 "input topics have different partition counts "
                 + ", ".join(f"{t}={n}" for t, n in sorted(present.items()))
-                + "; a run's steps and evals must share a partition number"
+                + "; a run's steps, evals and run events must share a partition number"
             )
         partitions = next(iter(present.values()), DEFAULT_PARTITIONS)
         durability = {} if min_insync_replicas is None else {"min.insync.replicas": str(min_insync_replicas)}

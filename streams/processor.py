@@ -1,11 +1,18 @@
 """One run's whole state and what each input does to it: the pure core the worker calls.
 
-`on_step`, `on_eval`, `on_rejected`, `on_tick` take a `RunState`, an input and the worker
-clock `now`, and return the new state and the `Output`s to send. Outputs are contract
-records (producers.events) with deterministic event_ids, so re-sending one after a crash
-deduplicates downstream. `Output.must_ack` marks outputs the worker must see delivered
-before it saves the new state: once the state says "done", the input will not produce
-them again. (`reward_smoothed` is exempt: a redelivered step re-sends its stored point.)
+`on_step`, `on_eval`, `on_run`, `on_rejected`, `on_tick` take a `RunState`, an input and
+the worker clock `now`, and return the new state and the `Output`s to send. Outputs are
+contract records (producers.events) with deterministic event_ids, so re-sending one after
+a crash deduplicates downstream. `Output.must_ack` marks outputs the worker must see
+delivered before it saves the new state: once the state says "done", the input will not
+produce them again. (A `reward_smoothed` that the current step event completed is
+exempt: a redelivery of that event re-sends its stored point.)
+
+A step's reward goes through streams.ranks first (the mean over the step's ranks, once
+all `world_size` ranks reported or `step_wait_s` passed), then streams.smoothing. Ids of
+commands and alerts decided in a resumed attempt (> 0) include the attempt; a
+`reward_smoothed` keeps its id per (run, step), so a resumed attempt's point replaces the
+earlier one in FINAL reads (the later offset wins).
 """
 
 from __future__ import annotations
@@ -24,24 +31,32 @@ from producers.events import (
     Event,
     RejectedEvent,
     RewardSmoothedEvent,
+    RunEvent,
     StepEvent,
 )
+from streams import codec
 from streams.alerts import (
     AlertDecision,
     BreachState,
     InvalidState,
+    NonFiniteState,
     StallState,
     ThroughputState,
     check_invalid,
+    check_non_finite,
     check_reward,
     check_stalled,
     check_throughput,
+    is_newest,
     saw_step,
 )
-from streams import codec
 from streams.config import RunConfig
-from streams.smoothing import SmoothedPoint, SmoothingState, add_reward
-from streams.triggers import CommandDecision, TriggerState, decide
+from streams.eval_loop import EvalLoopState, on_consensus
+from streams.lifecycle import Lifecycle, on_run_event, saw_attempt
+from streams.ranks import RankReport, RankState, StepReward, add_rank, oldest_wait, supersede
+from streams.ranks import expire as expire_ranks
+from streams.smoothing import SmoothedPoint, SmoothingState, add_reward, classify, slope_noise
+from streams.triggers import CommandDecision, TriggerState, decide, published_interval, rewind, with_base_interval
 from streams.voting import Consensus, NodeResult, RoundKey, VoteOutcome, VoteState, add_result, expire
 
 WORKER_NODE = "areal-streams"  # the `node` of every event the worker derives
@@ -59,6 +74,11 @@ def derived_id(*parts: object) -> str:
     return uuid.uuid5(_ID_NAMESPACE, "|".join(_id_part(p) for p in parts)).hex
 
 
+def _attempt_part(attempt: int) -> tuple[object, ...]:
+    """Nothing for attempt 0 (the ids earlier versions gave), else ("attempt", n)."""
+    return ("attempt", attempt) if attempt else ()
+
+
 @dataclass(frozen=True, slots=True)
 class Output:
     event: Event
@@ -70,10 +90,14 @@ class RunState:
     run_id: str
     partition: int | None = None  # the input partition the run lives on (its clock ticks come there)
     smoothing: SmoothingState = SmoothingState()
+    ranks: RankState = field(default_factory=RankState)  # steps waiting for the rest of their ranks
     trigger: TriggerState = TriggerState()
     reward_alert: BreachState = BreachState(armed=False)  # see alerts.check_reward
+    eval_loop: EvalLoopState = EvalLoopState()
     throughput: ThroughputState = ThroughputState()
     stall: StallState = StallState()
+    lifecycle: Lifecycle = Lifecycle()
+    non_finite: NonFiniteState = NonFiniteState()
     votes: VoteState = field(default_factory=VoteState.empty)
     invalid: Mapping[str, InvalidState] = field(default_factory=dict)  # per source topic
 
@@ -109,15 +133,16 @@ def command_event(run_id: str, d: CommandDecision, ts: float) -> CommandEvent:
         run_id=run_id,
         node=WORKER_NODE,
         ts=ts,
-        event_id=derived_id("command", run_id, d.command, d.step, json.dumps(d.args, sort_keys=True)),
+        event_id=derived_id("command", run_id, d.command, d.step, json.dumps(d.args, sort_keys=True),
+                            *_attempt_part(d.attempt)),
         command=d.command,
         args=d.args,
         reason=d.reason,
     )
 
 
-def alert_event(run_id: str, a: AlertDecision, ts: float) -> AlertEvent:
-    alert_id = derived_id("alert", run_id, *a.about)
+def alert_event(run_id: str, a: AlertDecision, ts: float, attempt: int = 0) -> AlertEvent:
+    alert_id = derived_id("alert", run_id, *a.about, *_attempt_part(attempt))
     return AlertEvent(
         run_id=run_id,
         node=WORKER_NODE,
@@ -156,53 +181,111 @@ def consensus_event(c: Consensus, ts: float) -> EvalConsensusEvent:
     )
 
 
-def _vote_outputs(run_id: str, outcome: VoteOutcome, ts: float) -> list[Output]:
+def _vote_outputs(state: RunState, outcome: VoteOutcome, ts: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
+    """The consensus and the vote's alerts, then what the closed loop makes of the consensus."""
     out: list[Output] = []
-    if outcome.consensus is not None:
-        out.append(Output(consensus_event(outcome.consensus, ts)))
-    out.extend(Output(alert_event(run_id, a, ts)) for a in outcome.alerts)
-    return out
+    c = outcome.consensus
+    attempt = c.key.attempt if c is not None else 0
+    if c is not None:
+        out.append(Output(consensus_event(c, ts)))
+    out.extend(Output(alert_event(state.run_id, a, ts, attempt)) for a in outcome.alerts)
+    if c is not None:
+        loop, alerts, commands = on_consensus(state.eval_loop, c, cfg)
+        state = replace(state, eval_loop=loop)
+        out.extend(Output(alert_event(state.run_id, a, ts, attempt)) for a in alerts)
+        out.extend(Output(command_event(state.run_id, d, ts)) for d in commands)
+    return state, out
 
 
 # ------------------------------------------------------------------ inputs
 
 
-def on_step(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
-    outputs: list[Output] = []
-    newest = state.stall.last_step is None or ev.step > state.stall.last_step
-    if newest and ev.throughput is not None:
-        throughput, alerts = check_throughput(state.throughput, ev.step, ev.throughput, cfg)
-        state = replace(state, throughput=throughput)
-        outputs.extend(Output(alert_event(state.run_id, a, ev.ts)) for a in alerts)
-    state = replace(state, stall=saw_step(state.stall, ev.step, now))
+def _saw_attempt(state: RunState, attempt: int) -> RunState:
+    lifecycle = saw_attempt(state.lifecycle, attempt)
+    return state if lifecycle is state.lifecycle else replace(state, lifecycle=lifecycle)
 
-    if ev.reward is None:
-        return state, outputs
-    smoothing, outcome = add_reward(state.smoothing, ev.step, ev.reward, cfg.window, cfg.ema_alpha, ev.event_id)
+
+def _smooth(
+    state: RunState, ready: StepReward, cfg: RunConfig, current_id: str | None
+) -> tuple[RunState, list[Output]]:
+    """A step whose ranks are in (or whose wait is over): smooth it, then the decisions.
+
+    Its `reward_smoothed` needs no ack only when `current_id` (the input being processed)
+    completed it: a redelivery of that input re-sends it. Steps completed by a timeout or
+    an eviction have no such input."""
+    if ready.reward is None:
+        return state, []
+    before = state.smoothing
+    smoothing, outcome = add_reward(before, ready.step, ready.reward, cfg.window, cfg.ema_alpha, ready.source_id,
+                                    ready.attempt)
     point = outcome.point
-    if outcome.kind == "duplicate":
-        # A redelivery of the very event: re-send exactly what it produced. A copy of the
-        # step from another rank adds nothing.
-        if point is not None and point.source_id == ev.event_id:
-            outputs.append(Output(smoothed_event(state.run_id, point, ev.ts), must_ack=False))
-        return state, outputs
-    if point is None:  # too late for the window
-        return state, outputs
-    state = replace(state, smoothing=smoothing)
-    outputs.append(Output(smoothed_event(state.run_id, point, ev.ts), must_ack=False))
+    if point is None or outcome.kind == "duplicate":
+        return state, []
+    trigger = rewind(state.trigger, ready.step) if ready.attempt > before.attempt else state.trigger
+    state = replace(state, smoothing=smoothing, trigger=trigger)
+    resend = bool(ready.source_id) and ready.source_id == current_id
+    outputs = [Output(smoothed_event(state.run_id, point, ready.ts), must_ack=not resend)]
     if not outcome.is_newest:
         return state, outputs
-
-    trigger, commands = decide(state.trigger, point, cfg)
-    reward_alert, alerts, lr_commands = check_reward(state.reward_alert, point, cfg)
+    trigger, commands = decide(state.trigger, point, cfg, slope_noise(smoothing))
+    reward_alert, alerts = check_reward(state.reward_alert, point, cfg)
     state = replace(state, trigger=trigger, reward_alert=reward_alert)
-    outputs.extend(Output(alert_event(state.run_id, a, ev.ts)) for a in alerts)
-    outputs.extend(Output(command_event(state.run_id, c, ev.ts)) for c in (*lr_commands, *commands))
+    outputs.extend(Output(alert_event(state.run_id, a, ready.ts, ready.attempt)) for a in alerts)
+    outputs.extend(Output(command_event(state.run_id, c, ready.ts)) for c in commands)
     return state, outputs
 
 
+def _smooth_all(
+    state: RunState, ready: list[StepReward], cfg: RunConfig, current_id: str | None
+) -> tuple[RunState, list[Output]]:
+    outputs: list[Output] = []
+    for r in ready:
+        state, out = _smooth(state, r, cfg, current_id)
+        outputs.extend(out)
+    return state, outputs
+
+
+def _step_reward(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
+    """The step's report of its rank: to the step's pending reports, or a repeat."""
+    _, seen = classify(state.smoothing, ev.step, ev.attempt, cfg.window)
+    if seen.kind == "duplicate":
+        # The step was emitted: only a redelivery of the event that completed it re-sends it.
+        point = seen.point
+        if point is not None and point.source_id == ev.event_id:
+            return state, [Output(smoothed_event(state.run_id, point, ev.ts), must_ack=False)]
+        return state, []
+    if seen.kind in ("stale", "too_late"):
+        return state, []
+    ranks = supersede(state.ranks, ev.attempt, ev.step) if ev.attempt else state.ranks
+    report = RankReport(rank=ev.rank, reward=ev.reward, n_samples=ev.n_samples)
+    ranks, ready = add_rank(ranks, (ev.attempt, ev.step), ev.world_size, report, ev.ts, ev.event_id, now,
+                            cfg.max_pending_steps)
+    return _smooth_all(replace(state, ranks=ranks), ready, cfg, ev.event_id)
+
+
+def on_step(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
+    outputs: list[Output] = []
+    state = _saw_attempt(state, ev.attempt)
+    if ev.throughput is not None and is_newest(state.stall, ev.step, ev.attempt):
+        throughput, alerts = check_throughput(state.throughput, ev.step, ev.throughput, cfg)
+        state = replace(state, throughput=throughput)
+        outputs.extend(Output(alert_event(state.run_id, a, ev.ts, ev.attempt)) for a in alerts)
+    state = replace(state, stall=saw_step(state.stall, ev.step, now, ev.attempt))
+    if ev.non_finite:
+        non_finite, alerts = check_non_finite(state.non_finite, ev.non_finite, ev.step, ev.rank)
+        state = replace(state, non_finite=non_finite)
+        outputs.extend(Output(alert_event(state.run_id, a, ev.ts)) for a in alerts)
+    if ev.reward is None and (ev.world_size or 1) <= 1:
+        return state, outputs  # nothing to average, and no other rank to wait for
+    state, more = _step_reward(state, ev, now, cfg)
+    return state, outputs + more
+
+
 def on_eval(state: RunState, ev: EvalEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
-    key = RoundKey(ev.run_id, ev.eval_id, ev.dataset, ev.stage)
+    if ev.status == "skipped":
+        return state, []  # a round not evaluated (busy evaluator, quick stage said no): nothing to vote
+    state = _saw_attempt(state, ev.attempt)
+    key = RoundKey(ev.run_id, ev.eval_id, ev.dataset, ev.stage, ev.attempt)
     result = NodeResult(
         node=ev.node,
         ok=ev.status == "ok",
@@ -212,7 +295,16 @@ def on_eval(state: RunState, ev: EvalEvent, now: float, cfg: RunConfig) -> tuple
         error=ev.error,
     )
     votes, outcome = add_result(state.votes, key, ev.step, ev.replicas, result, now, cfg)
-    return replace(state, votes=votes), _vote_outputs(state.run_id, outcome, ev.ts)
+    return _vote_outputs(replace(state, votes=votes), outcome, ev.ts, cfg)
+
+
+def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
+    """A rank's lifecycle news: the end of the stall watch, the trainer's eval interval."""
+    lifecycle = on_run_event(state.lifecycle, ev.status, ev.rank, ev.world_size, ev.attempt)
+    trigger = state.trigger
+    if ev.status == "running" and ev.attempt >= state.lifecycle.attempt:
+        trigger = with_base_interval(trigger, published_interval(ev.config))
+    return replace(state, lifecycle=lifecycle, trigger=trigger), []
 
 
 def on_rejected(
@@ -232,22 +324,29 @@ def on_rejected(
 
 
 def on_tick(state: RunState, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
-    """The clock moved: stalled runs, vote timeouts."""
-    stall, alerts = check_stalled(state.stall, now, cfg)
+    """The clock moved: steps whose ranks did not all come, stalled runs, vote timeouts."""
+    ranks, ready = expire_ranks(state.ranks, now, cfg.step_wait_s)
+    state, outputs = _smooth_all(replace(state, ranks=ranks), ready, cfg, None)
+    stall, alerts = check_stalled(state.stall, now, cfg, ended=state.lifecycle.ended)
+    outputs.extend(Output(alert_event(state.run_id, a, now, state.stall.last_attempt)) for a in alerts)
     votes, outcomes = expire(state.votes, now, cfg)
-    outputs = [Output(alert_event(state.run_id, a, now)) for a in alerts]
+    state = replace(state, stall=stall, votes=votes)
     for outcome in outcomes:
-        outputs.extend(_vote_outputs(state.run_id, outcome, now))
-    return replace(state, stall=stall, votes=votes), outputs
+        state, out = _vote_outputs(state, outcome, now, cfg)
+        outputs.extend(out)
+    return state, outputs
 
 
 def has_clock_work(state: RunState, now: float, cfg: RunConfig) -> bool:
     """Cheap test whether `on_tick` could do anything (most ticks touch no run)."""
+    waiting = oldest_wait(state.ranks)
+    if waiting is not None and now - waiting >= cfg.step_wait_s:
+        return True
     if any(now - r.opened_at >= cfg.vote_timeout_s for r in state.votes.open_rounds.values()):
         return True
     s = state.stall
-    return bool(cfg.stall_seconds > 0 and not s.stalled and s.last_step_at is not None
-                and now - s.last_step_at >= cfg.stall_seconds)
+    return bool(cfg.stall_seconds > 0 and not s.stalled and not state.lifecycle.ended
+                and s.last_step_at is not None and now - s.last_step_at >= cfg.stall_seconds)
 
 
 def describe(state: RunState) -> dict[str, Any]:
@@ -255,7 +354,11 @@ def describe(state: RunState) -> dict[str, Any]:
     return {
         "run_id": state.run_id,
         "max_step": state.smoothing.max_step,
+        "attempt": state.lifecycle.attempt,
+        "ended": state.lifecycle.ended,
+        "pending_steps": len(state.ranks.pending),
         "mode": state.trigger.mode,
         "interval": state.trigger.interval,
         "open_rounds": len(state.votes.open_rounds),
+        "lr_factor": state.eval_loop.factor,
     }

@@ -1,29 +1,38 @@
 """Smoothed reward per run: a sliding window over the last W steps and an EMA.
 
-Pure: `add_reward(state, step, reward, window, alpha) -> (state, outcome)`.
+Pure: `add_reward(state, step, reward, window, alpha, source_id, attempt) -> (state, outcome)`;
+`classify` says what `add_reward` would do with a step, without doing it.
 
 Rules
 - One reward per step (streams.ranks makes it the mean over the step's ranks first); a
   repeat (redelivery) is a duplicate and gets back the point that was emitted the first
   time, unchanged, so re-sending it after a crash is exact.
-- Resume: a step of a later `attempt` replaces the earlier attempts' points from that
-  step on (they leave the window; the EMA of steps that already left it stays), so a
-  resumed run's step 5 is not refused as a repeat and nothing counts twice.
+- Resume: the first step s of a later `attempt` replaces the earlier attempts' points from
+  s on: they leave the window, and the EMA goes back to what it was before step s (from a
+  trail of the EMA after each of the last EMA_TRAIL steps that left the window; a resume
+  further back starts the EMA over rather than count a replaced step twice). From then on
+  a step of an earlier attempt at or after s is `stale` and ignored, so nothing counts
+  twice and a resumed run's step 5 is not refused as a repeat.
 - Steps may arrive out of order. The window holds the W highest distinct steps seen; a
   late step that still falls inside it is inserted in its place. A step older than the
-  whole (full) window is too late and ignored.
+  whole (full) window, or not after the last step that left it, is too late and ignored.
 - The EMA runs over the distinct steps in step order: `ema_base` is the EMA of every step
   that has left the window, and the window's rewards are folded onto it. So, as long as
   steps are not later than the window, the result equals the EMA of the sorted sequence.
 - `slope` is the least-squares slope of reward against step over the window: for a
-  linear trend it is exactly the per-step change of the sliding average.
+  linear trend it is exactly the per-step change of the sliding average. `slope_se` is
+  its standard error (the noise the adaptive trigger compares the slope with).
 - The values emitted for a step describe the window right after that step joined it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+EMA_TRAIL = 32  # EMA values kept for steps that left the window: a resume this far behind it is exact
+ATTEMPTS_KEPT = 32  # where the last attempts started (older boundaries are forgotten)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,15 +52,18 @@ class SmoothingState:
     points: tuple[SmoothedPoint, ...] = ()  # the window, sorted by step
     ema_base: float | None = None  # EMA over all steps older than the window
     max_step: int = -1
+    attempt: int = 0  # the newest attempt seen
+    starts: tuple[tuple[int, int], ...] = ()  # (attempt, its first step) of attempts > 0, by attempt
+    ema_trail: tuple[tuple[int, float], ...] = ()  # (step, ema_base once it left the window), oldest first
 
 
-Kind = Literal["new", "late", "duplicate", "too_late"]
+Kind = Literal["new", "late", "duplicate", "too_late", "stale"]
 
 
 @dataclass(frozen=True, slots=True)
 class SmoothingOutcome:
     kind: Kind
-    point: SmoothedPoint | None  # to emit (new/late), or the earlier one (duplicate); None when too late
+    point: SmoothedPoint | None  # to emit (new/late), or the earlier one (duplicate); None when too late/stale
 
     @property
     def is_newest(self) -> bool:
@@ -78,35 +90,83 @@ def ls_slope(steps: list[int], values: list[float]) -> float:
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(steps, values)) / sxx
 
 
-def resume_from(state: SmoothingState, step: int, attempt: int) -> SmoothingState:
-    """A later attempt (a resumed run) replaces the earlier attempts' steps from `step` on."""
-    if not any(p.attempt < attempt and p.step >= step for p in state.points):
+def ls_slope_se(steps: list[int], values: list[float]) -> float:
+    """Standard error of the least-squares slope (0 with fewer than 3 points: no estimate)."""
+    n = len(steps)
+    if n < 3:
+        return 0.0
+    mean_x, mean_y = sum(steps) / n, sum(values) / n
+    sxx = sum((x - mean_x) ** 2 for x in steps)
+    if sxx == 0:
+        return 0.0
+    slope = ls_slope(steps, values)
+    residual = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in zip(steps, values))
+    return math.sqrt(max(0.0, residual) / (n - 2) / sxx)
+
+
+def slope_noise(state: SmoothingState) -> float:
+    """`ls_slope_se` over the current window."""
+    return ls_slope_se([p.step for p in state.points], [p.reward for p in state.points])
+
+
+def is_stale(state: SmoothingState, step: int, attempt: int) -> bool:
+    """A step of an earlier attempt that a later attempt replaced (it started at or before it)."""
+    return any(a > attempt and step >= first for a, first in state.starts)
+
+
+def resume(state: SmoothingState, step: int, attempt: int) -> SmoothingState:
+    """Record where `attempt` starts; its first step replaces earlier attempts' from there on."""
+    if attempt > state.attempt:
+        state = replace(state, attempt=attempt)
+    first = dict(state.starts).get(attempt)
+    if attempt == 0 or (first is not None and first <= step):
         return state
+    starts = tuple(sorted({**dict(state.starts), attempt: step}.items()))[-ATTEMPTS_KEPT:]
+    state = replace(state, starts=starts)
     kept = tuple(p for p in state.points if not (p.attempt < attempt and p.step >= step))
-    return SmoothingState(kept, state.ema_base, max((p.step for p in kept), default=step - 1))
+    rewind = bool(state.ema_trail) and state.ema_trail[-1][0] >= step  # the EMA holds replaced steps
+    if len(kept) == len(state.points) and not rewind:
+        return state
+    trail, base = state.ema_trail, state.ema_base
+    if rewind:
+        trail = tuple(t for t in trail if t[0] < step)
+        base = trail[-1][1] if trail else None  # older than the trail: the EMA starts over
+    max_step = max((p.step for p in kept), default=min(state.max_step, step - 1))
+    return replace(state, points=kept, ema_base=base, ema_trail=trail, max_step=max_step)
+
+
+def classify(state: SmoothingState, step: int, attempt: int, window: int) -> tuple[SmoothingState, SmoothingOutcome]:
+    """What `add_reward` would make of this step: the state after the resume, and the kind
+    (with the earlier point for a duplicate). Nothing is added."""
+    if is_stale(state, step, attempt):
+        return state, SmoothingOutcome("stale", None)
+    state = resume(state, step, attempt)
+    for p in state.points:
+        if p.step == step:
+            return state, SmoothingOutcome("duplicate", p)
+    if (len(state.points) >= window and step < state.points[0].step) or (
+        state.ema_trail and step <= state.ema_trail[-1][0]  # already in the EMA (a resume shrank the window)
+    ):
+        return state, SmoothingOutcome("too_late", None)
+    return state, SmoothingOutcome("new" if step > state.max_step else "late", None)
 
 
 def add_reward(
     state: SmoothingState, step: int, reward: float, window: int, alpha: float, source_id: str = "",
     attempt: int = 0,
 ) -> tuple[SmoothingState, SmoothingOutcome]:
-    state = resume_from(state, step, attempt)
-    for p in state.points:
-        if p.step == step:
-            return state, SmoothingOutcome("duplicate", p)
-    if step <= state.max_step and (
-        len(state.points) >= window and state.points and step < state.points[0].step
-    ):
-        return state, SmoothingOutcome("too_late", None)
-
-    kind: Kind = "new" if step > state.max_step else "late"
+    resumed, outcome = classify(state, step, attempt, window)
+    if outcome.kind in ("stale", "duplicate", "too_late"):
+        return (state if outcome.kind == "stale" else resumed), outcome
+    state = resumed
     # Insert in step order; the placeholder gets its values below.
     placeholder = SmoothedPoint(step, reward, 0, 0.0, 0.0, 0.0, source_id, attempt)
     points = sorted((*state.points, placeholder), key=lambda p: p.step)
-    ema_base = state.ema_base
+    ema_base, trail = state.ema_base, state.ema_trail
     while len(points) > window:
         evicted = points.pop(0)
         ema_base = ema_fold(ema_base, [evicted.reward], alpha)
+        trail = (*trail, (evicted.step, ema_base))[-EMA_TRAIL:]  # type: ignore[assignment]
 
     rewards = [p.reward for p in points]
     steps = [p.step for p in points]
@@ -123,5 +183,6 @@ def add_reward(
         attempt=attempt,
     )
     points = [point if p is placeholder else p for p in points]
-    new_state = SmoothingState(points=tuple(points), ema_base=ema_base, max_step=max(state.max_step, step))
-    return new_state, SmoothingOutcome(kind, point)
+    new_state = replace(state, points=tuple(points), ema_base=ema_base, ema_trail=trail,
+                        max_step=max(state.max_step, step))
+    return new_state, SmoothingOutcome(outcome.kind, point)

@@ -4,13 +4,20 @@ Pure: `decide(state, point, cfg) -> (state, decisions)`, fed with the newest smo
 point of a run (late and duplicate steps do not move decisions).
 
 Policy (thresholds in streams.config):
+- The base interval is the one the trainer publishes: the `eval_interval_steps` key of
+  its `run` event's config (also read: `eval_every_steps`, the name areal_train uses);
+  until one arrives, or without one, `eval_interval` of the stream config.
 - Nothing is decided before the window is full (the slope of 3 points is noise).
+- A run has started learning once |slope| exceeded both `plateau_exit_slope` and
+  `learning_slope_t` times its standard error (the slope stands out of the noise). Before
+  that a flat reward is not a plateau: the mode stays normal (or fast).
 - Mode from |slope| with hysteresis bands, so a slope hovering at a threshold does not
   flap: normal -> fast at |slope| >= fast_slope, fast -> normal only below
   fast_exit_slope; normal -> plateau at |slope| <= plateau_slope, plateau -> normal only
   above plateau_exit_slope.
 - The interval follows the mode: fast halves it (not below min_eval_interval), plateau
-  doubles it (not above max_eval_interval), normal returns to eval_interval. Neither the
+  doubles it (not above max_eval_interval), normal returns to the base interval (the bounds
+  widen to include a published base outside them). Neither the
   mode nor the interval changes within interval_dwell_steps of the last change (the
   slope of a noisy reward crosses any band now and then); each change is one
   `set_eval_interval` command.
@@ -20,6 +27,7 @@ Policy (thresholds in streams.config):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -27,6 +35,8 @@ from streams.config import RunConfig
 from streams.smoothing import SmoothedPoint
 
 Mode = Literal["normal", "fast", "plateau"]
+# Config keys of the `run` event that give the trainer's evaluation interval (steps), in order.
+INTERVAL_KEYS = ("eval_interval_steps", "eval_every_steps")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +46,8 @@ class TriggerState:
     last_change_step: int | None = None
     baseline: float | None = None  # sliding average at the last evaluation asked for
     baseline_step: int | None = None
+    base_interval: int | None = None  # published by the trainer (run event); None: cfg.eval_interval
+    learning: bool = False  # the slope once stood out of the noise (see module docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +58,30 @@ class CommandDecision:
     args: dict[str, Any]
     reason: str
     step: int
+    attempt: int = 0  # the run's attempt it was decided in (part of its event id when > 0)
+
+
+def published_interval(config: Mapping[str, Any]) -> int | None:
+    """The trainer's evaluation interval from its run config (None: absent or not a count >= 1)."""
+    for key in INTERVAL_KEYS:
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if value >= 1 and float(value).is_integer() and value <= 1 << 31:
+            return int(value)
+    return None
+
+
+def with_base_interval(state: TriggerState, interval: int | None) -> TriggerState:
+    return state if interval is None or interval == state.base_interval else replace(state, base_interval=interval)
+
+
+def rewind(state: TriggerState, step: int) -> TriggerState:
+    """A resumed attempt restarts at `step`: marks of later steps count from there (the
+    dwell and the evaluate_now baseline would otherwise wait for the old step numbers)."""
+    marks = {name: step for name in ("last_change_step", "baseline_step")
+             if (getattr(state, name) or 0) > step}
+    return replace(state, **marks) if marks else state
 
 
 def next_mode(mode: Mode, abs_slope: float, cfg: RunConfig) -> Mode:
@@ -64,12 +100,13 @@ def next_mode(mode: Mode, abs_slope: float, cfg: RunConfig) -> Mode:
     return "normal"
 
 
-def target_interval(mode: Mode, interval: int, cfg: RunConfig) -> int:
+def target_interval(mode: Mode, interval: int, cfg: RunConfig, base: int | None = None) -> int:
+    base = base or cfg.eval_interval
     if mode == "fast":
-        return max(cfg.min_eval_interval, interval // 2)
+        return max(min(cfg.min_eval_interval, base), interval // 2)
     if mode == "plateau":
-        return min(cfg.max_eval_interval, interval * 2)
-    return cfg.eval_interval
+        return min(max(cfg.max_eval_interval, base), interval * 2)
+    return base
 
 
 def _mode_reason(mode: Mode, slope: float, cfg: RunConfig) -> str:
@@ -80,10 +117,16 @@ def _mode_reason(mode: Mode, slope: float, cfg: RunConfig) -> str:
     return f"reward trend back to normal (slope {slope:+.4g}/step)"
 
 
-def decide(state: TriggerState, point: SmoothedPoint, cfg: RunConfig) -> tuple[TriggerState, list[CommandDecision]]:
+def decide(
+    state: TriggerState, point: SmoothedPoint, cfg: RunConfig, slope_se: float = 0.0
+) -> tuple[TriggerState, list[CommandDecision]]:
+    """`slope_se`: the standard error of `point.slope` (streams.smoothing.slope_noise)."""
     if point.window < cfg.window:
         return state, []
     decisions: list[CommandDecision] = []
+    slope = abs(point.slope)
+    if not state.learning and slope > cfg.plateau_exit_slope and slope > cfg.learning_slope_t * slope_se:
+        state = replace(state, learning=True)
 
     if state.baseline is None:
         state = replace(state, baseline=point.sliding_avg, baseline_step=point.step)
@@ -97,17 +140,21 @@ def decide(state: TriggerState, point: SmoothedPoint, cfg: RunConfig) -> tuple[T
                 f"smoothed reward moved {moved:+.4g} since the last evaluation at {since} "
                 f"({state.baseline:.4g} -> {point.sliding_avg:.4g}; limit {cfg.evaluate_delta:g})",
                 point.step,
+                attempt=point.attempt,
             )
         )
         state = replace(state, baseline=point.sliding_avg, baseline_step=point.step)
 
-    interval = state.interval if state.interval is not None else cfg.eval_interval
+    base = state.base_interval or cfg.eval_interval
+    interval = state.interval if state.interval is not None else base
     dwelt = state.last_change_step is None or point.step - state.last_change_step >= cfg.interval_dwell_steps
-    mode = next_mode(state.mode, abs(point.slope), cfg)
+    mode = next_mode(state.mode, slope, cfg)
+    if mode == "plateau" and not state.learning:
+        mode = "normal"  # a run that has not started learning is flat, not on a plateau
     if not dwelt:
         mode = state.mode  # too soon after the last change: a noisy slope must not flap the interval
     entered = mode != state.mode
-    new_interval = target_interval(mode, interval, cfg)
+    new_interval = target_interval(mode, interval, cfg, base)
     if (entered or dwelt) and new_interval != interval:
         decisions.append(
             CommandDecision(
@@ -115,6 +162,7 @@ def decide(state: TriggerState, point: SmoothedPoint, cfg: RunConfig) -> tuple[T
                 {"steps": new_interval},
                 f"{_mode_reason(mode, point.slope, cfg)}: evaluation interval {interval} -> {new_interval} steps",
                 point.step,
+                attempt=point.attempt,
             )
         )
         state = replace(state, interval=new_interval, last_change_step=point.step)

@@ -1,6 +1,6 @@
 """Cross-node majority vote over one evaluation round, and degraded mode.
 
-A round is (run_id, eval_id, dataset, stage); `replicas` nodes evaluate it. Pure:
+A round is (run_id, eval_id, dataset, stage, attempt); `replicas` nodes evaluate it. Pure:
 `add_result(state, result, now, cfg)` and `expire(state, now, cfg)` return the new state
 and a `VoteOutcome` (a consensus to emit, alerts).
 
@@ -49,6 +49,7 @@ class RoundKey:
     eval_id: str
     dataset: str
     stage: str
+    attempt: int = 0  # a resumed attempt votes its rounds afresh, even under an earlier eval_id
 
     @property
     def dataset_stage(self) -> tuple[str, str]:

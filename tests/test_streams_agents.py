@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from producers.events import EvalEvent, StepEvent, parse_event
+from producers.events import EvalEvent, RunEvent, StepEvent, parse_event
 from producers.topics import Topics
 from streams.app import StreamWorker, app_id_for, build_worker
 from streams.config import RunConfig, StreamsConfig
@@ -159,6 +159,34 @@ def test_ticks_agent_times_out_rounds_and_finds_stalled_runs(tmp_path: Path) -> 
     consensus = rec.on(TOPICS.consensus)
     assert len(consensus) == 1 and consensus[0]["partial"] and consensus[0]["accuracy"] == 0.5
     assert [a["kind"] for a in rec.on(TOPICS.alerts)] == ["node_divergence", "stalled"]
+
+
+def test_runs_agent_ends_the_stall_watch_and_dead_letters_bad_run_events(tmp_path: Path) -> None:
+    worker, rec, clock = make(tmp_path, RunConfig(stall_seconds=60, eval_interval=50))
+
+    async def go() -> None:
+        async with worker.steps_agent.test_context() as steps:
+            await steps.put(step("r1", 0, 0.5), key=b"r1", partition=0)
+            await steps.put(step("r2", 0, 0.5), key=b"r2", partition=0)
+        async with worker.runs_agent.test_context() as runs:
+            await runs.put(RunEvent(run_id="r1", node="n0", status="running", config={"eval_interval_steps": 25},
+                                    ts=1.0, event_id="run-r1-a").to_json(), key=b"r1", partition=0)
+            await runs.put(RunEvent(run_id="r1", node="n0", status="finished", ts=2.0, event_id="run-r1-b").to_json(),
+                           key=b"r1", partition=0)
+            await runs.put(b'{"type":"run","run_id":"r2","event_id":"x","ts":1,"status":"paused"}', key=b"r2",
+                           partition=0)
+            await runs.put(b"\xff", key=None, partition=0)
+        async with worker.ticks_agent.test_context() as ticks:
+            clock.now += 61
+            await ticks.put(b"{}", partition=0)
+
+    run(go)
+    assert [(a["run_id"], a["kind"]) for a in rec.on(TOPICS.alerts) if a["kind"] == "stalled"] == [("r2", "stalled")]
+    reasons = [d["reason"] for d in rec.on(TOPICS.deadletter)]
+    assert reasons[0].startswith("runs.status: 'paused' is not one of") and reasons[1].startswith("event: not UTF-8")
+    assert all(d["source_topic"] == TOPICS.runs for d in rec.on(TOPICS.deadletter))
+    state = RunState.from_json(worker.core.table[b"r1"])
+    assert state.lifecycle.ended and state.trigger.base_interval == 25
 
 
 def test_state_in_the_table_survives_a_new_worker(tmp_path: Path) -> None:

@@ -4,11 +4,13 @@
 (what the changelog holds) and `send` records what would go to Kafka. A "restart" is a
 new StreamCore over the same table: every state is reloaded through the codec.
 
-Properties, for any mix of good and bad messages whose Kafka keys, headers, run ids,
-dataset and eval ids vary (Unicode, control characters, 10 KB, None, non-UTF-8, `|`):
+Properties, for any mix of good and bad messages (steps from several ranks, evals, run
+lifecycle events) whose Kafka keys, headers, run ids, dataset and eval ids vary (Unicode,
+control characters, 10 KB, None, non-UTF-8, `|`):
 - no input and no tick raises, and the worker counts no error of its own;
 - every bad message is dead-lettered exactly once, with a reason naming the field;
-- the good message after a bad one is processed (its smoothed point is sent);
+- the good message after a bad one is processed (its step's smoothed point is sent, at
+  the latest when the step's wait for its other ranks is over);
 - the states reloaded after the restart equal the states before it.
 """
 
@@ -22,7 +24,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producers.events import EvalEvent, StepEvent, parse_event
+from producers.events import EvalEvent, RunEvent, StepEvent, parse_event
 from producers.topics import Topics
 from streams.app import StreamCore
 from streams.config import RunConfig, StreamsConfig
@@ -30,7 +32,8 @@ from streams.processor import RunState
 from streams.voting import NodeResult, RoundKey, VoteState, add_result
 
 TOPICS = Topics("hostile.")
-CFG = RunConfig(window=3, vote_timeout_s=5.0, stall_seconds=0)
+CFG = RunConfig(window=3, vote_timeout_s=5.0, stall_seconds=0, step_wait_s=3.0, lr_eval_threshold=0.5,
+                no_improvement_rounds=2)
 
 KEYS = st.one_of(
     st.none(),
@@ -81,8 +84,37 @@ def core(table: dict[bytes, bytes], rec: Recorder, clock: list[float]) -> Stream
 
 @st.composite
 def good_step(draw: Any, run_id: str, n: int) -> bytes:
-    return StepEvent(run_id=run_id, node="n0", step=n, epoch=0, reward=draw(st.floats(-1, 1)),
+    rank = draw(st.integers(0, 1))
+    reward = draw(st.one_of(st.floats(-1, 1), st.none()))
+    return StepEvent(run_id=run_id, node=f"n{rank}", rank=rank, step=n, epoch=draw(st.sampled_from([0, 0.5])),
+                     reward=reward, world_size=draw(st.sampled_from([None, 1, 2])),
+                     n_samples=draw(st.one_of(st.none(), st.integers(0, 64))),
+                     non_finite=() if reward is not None else draw(st.sampled_from([("reward",), ("reward", "ключ|x")])),
                      ts=1.0 + n, event_id=f"{run_id}-{n}").to_json()
+
+
+@st.composite
+def good_run(draw: Any, run_id: str) -> bytes:
+    rank = draw(st.integers(0, 2))
+    return RunEvent(run_id=run_id, node=f"n{rank}", rank=rank, status=draw(st.sampled_from(
+        ["running", "finished", "failed", "killed"])), world_size=draw(st.integers(1, 3)),
+        config={"eval_interval_steps": draw(st.integers(1, 100)), draw(NAMES): draw(NAMES)},
+        tags=tuple(draw(st.lists(NAMES, max_size=2))), ts=1.0, event_id=f"{run_id}-run-{draw(st.integers(0, 99))}",
+    ).to_json()
+
+
+@st.composite
+def bad_run(draw: Any, run_id: str) -> tuple[bytes, str | None]:
+    base = {"type": "run", "schema": 1, "run_id": run_id, "node": "n0", "rank": 0, "ts": 1.0, "event_id": "bad",
+            "status": "running"}
+    field, value = draw(st.sampled_from([
+        ("status", "done"), ("status", None), ("world_size", 0), ("config", [1, 2]), ("config", {"a": {"b": 1e999}}),
+        ("tags", ["x"] * 300), ("attempt", -1), ("run_id", "a|b"), ("type", "step"), ("exit_code", 2**40),
+    ]))
+    if value is None:
+        return json.dumps({k: v for k, v in base.items() if k != field}).encode(), field
+    raw = json.dumps({**base, field: value}).replace("Infinity", "1e999")
+    return raw.encode(), field if field != "type" else "event.type"
 
 
 @st.composite
@@ -123,15 +155,23 @@ def scenario(draw: Any) -> list[Msg]:
             msgs.append(Msg(TOPICS.steps, draw(KEYS), value, draw(HEADERS), False, fld))
         if draw(st.booleans()):
             msgs.append(Msg(TOPICS.evals, draw(KEYS), draw(good_eval(run_id, n)), draw(HEADERS), True))
+        if draw(st.integers(0, 3)) == 0:
+            value, fld = draw(bad_run(run_id))
+            msgs.append(Msg(TOPICS.runs, draw(KEYS), value, draw(HEADERS), False, fld))
+        if draw(st.integers(0, 3)) == 0:
+            msgs.append(Msg(TOPICS.runs, draw(KEYS), draw(good_run(run_id)), draw(HEADERS), True))
         msgs.append(Msg(TOPICS.steps, draw(KEYS), draw(good_step(run_id, n)), draw(HEADERS), True))
     return msgs
 
 
-def feed(c: StreamCore, msgs: list[tuple[int, Msg]], clock: list[float]) -> None:
+def feed(c: StreamCore, msgs: list[tuple[int, Msg]], clock: list[float], settle: bool = False) -> None:
     async def go() -> None:
         for offset, m in msgs:
             clock[0] += 1.0
             await c.on_input(m.topic, 0, offset, m.key, m.value, 1.0)
+            await c.on_tick(0)
+        if settle:  # past every wait: the steps whose other rank never came are emitted
+            clock[0] += 1000.0
             await c.on_tick(0)
 
     asyncio.run(go())
@@ -149,7 +189,7 @@ def test_hostile_input_across_a_restart(msgs: list[Msg], data: st.DataObject) ->
     before = dict(first.cache)
     second = core(table, rec, clock)  # the restart: nothing cached, every state from its bytes
     assert {r: second.load(r, 0) for r in before} == before
-    feed(second, numbered[cut:], clock)
+    feed(second, numbered[cut:], clock, settle=True)
 
     assert first.stats["errors"] == 0 and second.stats["errors"] == 0
     assert first.stats.get("bad_states", 0) == 0 and second.stats.get("bad_states", 0) == 0
@@ -157,14 +197,16 @@ def test_hostile_input_across_a_restart(msgs: list[Msg], data: st.DataObject) ->
     dead = rec.on(TOPICS.deadletter)
     assert len(dead) == len(bad)
     for m, d in zip(bad, dead):
-        assert d["source_topic"] == TOPICS.steps and d["reason"]
+        assert d["source_topic"] == m.topic and d["reason"]
         if m.field is not None:
-            assert m.field in d["reason"]
+            assert m.field in d["reason"], (m.value, d["reason"])
     smoothed = {(s["run_id"], s["step"]) for s in rec.on(TOPICS.smoothed)}
     for m in msgs:
         if m.good and m.topic == TOPICS.steps:
             ev = parse_event(m.value)  # type: ignore[arg-type]
-            assert (ev.run_id, ev.step) in smoothed
+            assert ((ev.run_id, ev.step) in smoothed) == (ev.reward is not None)
+    for state in second.cache.values():
+        assert state.ranks.pending == {}  # nothing waits for ever
 
 
 @settings(max_examples=40, deadline=None)
@@ -226,7 +268,83 @@ def test_bad_input_through_the_faust_agent_with_hostile_keys_and_headers(tmp_pat
                                  ts=1.0, event_id=f"s{i}").to_json()
                 await agent.put(good, key=key, headers=hdrs)
 
+        async with worker.runs_agent.test_context() as agent:
+            for i, (key, hdrs) in enumerate(zip(keys, headers)):
+                await agent.put(b'{"type":"run","run_id":"r-ok","event_id":"b","ts":1,"status":"running",'
+                                b'"world_size":"two"}', key=key, headers=hdrs)
+                good_run = RunEvent(run_id="r-ok", node="n0", rank=i, status="finished", world_size=len(keys),
+                                    ts=1.0, event_id=f"run{i}").to_json()
+                await agent.put(good_run, key=key, headers=hdrs)
+
     asyncio.run(go())
-    assert len(rec.on(TOPICS.deadletter)) == len(keys)
+    dead = rec.on(TOPICS.deadletter)
+    assert len(dead) == 2 * len(keys)
+    assert all(d["reason"] == "runs.world_size: not an integer (str)" for d in dead if d["source_topic"] == TOPICS.runs)
     assert [s["step"] for s in rec.on(TOPICS.smoothed)] == list(range(len(keys)))
-    assert worker.core.stats["errors"] == 0
+    assert worker.core.stats["errors"] == 0 and worker.core.stats["runs"] == len(keys)
+    assert RunState.from_json(worker.core.table[b"r-ok"]).lifecycle.ended
+
+
+def test_stored_states_whose_new_fields_do_not_decode_are_dead_lettered_once() -> None:
+    good = json.loads(RunState("x").to_json())
+    corrupt = {
+        "run-3": ("ranks", {"pending": [["0|5", {"world_size": 2, "opened_at": 1.0, "ts": 1.0}]]}, "ranks.pending"),
+        "run-4": ("lifecycle", {"done_ranks": ["x"]}, "lifecycle.done_ranks"),
+        "run-5": ("eval_loop", {"last": [1]}, "eval_loop.last"),
+        "run-6": ("non_finite", {"fields": 7}, "non_finite.fields"),
+        "run-7": ("smoothing", {"starts": [[1, "a"]]}, "smoothing.starts"),
+    }
+    table = {run.encode(): json.dumps({**good, "run_id": run, part: value}).encode()
+             for run, (part, value, _) in corrupt.items()}
+    rec, clock = Recorder(), [1000.0]
+    c = core(table, rec, clock)
+
+    async def go() -> None:
+        await c.on_tick(0)
+        await c.on_tick(0)
+        for run in corrupt:
+            await c.on_input(TOPICS.runs, 0, 0, run.encode(),
+                             RunEvent(run_id=run, node="n0", status="running", ts=1.0).to_json())
+
+    asyncio.run(go())
+    dead = rec.on(TOPICS.deadletter)
+    assert sorted(d["run_id"] for d in dead) == sorted(corrupt)
+    for d in dead:
+        assert corrupt[d["run_id"]][2] in d["reason"], d["reason"]
+    assert c.stats["errors"] == 0
+
+
+def test_a_step_waiting_for_its_other_rank_survives_a_restart() -> None:
+    table: dict[bytes, bytes] = {}
+    rec, clock = Recorder(), [1000.0]
+
+    def step(rank: int, reward: float) -> bytes:
+        return StepEvent(run_id="run-w", node=f"n{rank}", rank=rank, step=4, epoch=0, reward=reward, world_size=2,
+                         n_samples=1 + rank, ts=1.0, event_id=f"w{rank}").to_json()
+
+    asyncio.run(core(table, rec, clock).on_input(TOPICS.steps, 0, 0, b"run-w", step(0, 0.0)))
+    assert rec.on(TOPICS.smoothed) == [] and RunState.from_json(table[b"run-w"]).ranks.pending
+    asyncio.run(core(table, rec, clock).on_input(TOPICS.steps, 0, 1, b"run-w", step(1, 0.9)))  # after the restart
+    assert [s["reward"] for s in rec.on(TOPICS.smoothed)] == [0.6]  # (0 * 1 + 0.9 * 2) / 3
+
+
+OLDER_WORKER_STATE = (  # what the worker before rank aggregation wrote (no ranks, lifecycle, eval loop, ...)
+    b'{"run_id":"r","partition":null,"smoothing":{"points":[{"step":1,"reward":0.5,"window":2,"sliding_avg":0.25,'
+    b'"ema":0.05,"slope":0.5,"source_id":"e1","attempt":0},{"step":2,"reward":1.0,"window":2,"sliding_avg":0.75,'
+    b'"ema":0.14500000000000002,"slope":0.5,"source_id":"e2","attempt":0}],"ema_base":0.0,"max_step":2},'
+    b'"trigger":{"mode":"fast","interval":25,"last_change_step":1,"baseline":0.75,"baseline_step":2},'
+    b'"reward_alert":{"in_breach":false,"last_fired_step":null,"armed":false},"throughput":{"history":[],'
+    b'"breach":{"in_breach":false,"last_fired_step":null,"armed":true}},"stall":{"last_step_at":2.0,"last_step":2,'
+    b'"stalled":false},"votes":{"open_rounds":[],"closed":[],"last_good":[]},"invalid":[]}'
+)
+
+
+def test_a_state_written_by_the_older_worker_still_loads_and_goes_on() -> None:
+    table, rec, clock = {b"r": OLDER_WORKER_STATE}, Recorder(), [1000.0]
+    c = core(table, rec, clock)
+    asyncio.run(c.on_input(TOPICS.steps, 0, 0, b"r", StepEvent(run_id="r", node="n0", step=3, epoch=0, reward=1.5,
+                                                               ts=4.0, event_id="e3").to_json()))
+    assert c.stats.get("bad_states", 0) == 0 and rec.on(TOPICS.deadletter) == []
+    assert [(s["step"], s["sliding_avg"]) for s in rec.on(TOPICS.smoothed)] == [(3, 1.0)]
+    state = RunState.from_json(table[b"r"])
+    assert state.trigger.interval == 25 and state.lifecycle.attempt == 0 and state.ranks.pending == {}

@@ -113,17 +113,18 @@ def test_breach_fires_once_per_breach_with_cooldown() -> None:
     assert fired == [10, 40]
 
 
-def test_reward_below_threshold_alerts_and_scales_lr() -> None:
+def test_reward_below_threshold_alerts_once_per_breach() -> None:
+    """An alert only: scale_lr comes from evaluation (streams.eval_loop), not from reward."""
     cfg = RunConfig(window=5, reward_threshold=0.3, reward_cooldown_steps=100, lr_factor=0.25)
     s = BreachState()
-    s, alerts, cmds = check_reward(s, pt(10, 0.35, 0.0), cfg)
-    assert alerts == [] and cmds == []
-    s, alerts, cmds = check_reward(s, pt(11, 0.29, 0.0), cfg)
+    s, alerts = check_reward(s, pt(10, 0.35, 0.0), cfg)
+    assert alerts == []
+    s, alerts = check_reward(s, pt(11, 0.29, 0.0), cfg)
     assert [a.kind for a in alerts] == ["reward_below_threshold"] and alerts[0].threshold == 0.3
-    assert [(c.command, c.args) for c in cmds] == [("scale_lr", {"factor": 0.25})]
-    s, alerts, cmds = check_reward(s, pt(12, 0.2, 0.0), cfg)
-    assert alerts == [] and cmds == []
-    s, alerts, cmds = check_reward(s, pt(11, 0.29, 0.0, window=3), cfg)  # window not full: ignored
+    assert "scale" not in alerts[0].message
+    s, alerts = check_reward(s, pt(12, 0.2, 0.0), cfg)
+    assert alerts == []
+    s, alerts = check_reward(s, pt(11, 0.29, 0.0, window=3), cfg)  # window not full: ignored
     assert alerts == []
     assert check_reward(BreachState(), pt(11, -5.0, 0.0), RunConfig(window=5))[1] == []  # threshold off
 
@@ -214,7 +215,7 @@ def test_processor_step_outputs_and_state_round_trip() -> None:
         state = RunState.from_json(state.to_json())
     types = [(o.event.type, getattr(o.event, "command", getattr(o.event, "kind", None))) for o in all_out]
     assert types.count(("reward_smoothed", None)) == 6
-    assert ("alert", "reward_below_threshold") in types and ("command", "scale_lr") in types
+    assert ("alert", "reward_below_threshold") in types and ("command", "scale_lr") not in types
     smoothed = [o.event for o in all_out if o.event.type == "reward_smoothed"]
     assert smoothed[2].event_id == derived_id("reward_smoothed", "run-a", 2)
     assert all(not o.must_ack for o in all_out if o.event.type == "reward_smoothed")
@@ -271,7 +272,7 @@ def test_reward_rule_arms_only_once_the_reward_was_above_the_threshold() -> None
     s = RunState("r").reward_alert
     fired = []
     for step, avg in enumerate([0.1, 0.2, 0.25, 0.31, 0.35, 0.29, 0.28, 0.4, 0.1]):
-        s, alerts, _ = check_reward(s, pt(step, avg, 0.0), cfg)
+        s, alerts = check_reward(s, pt(step, avg, 0.0), cfg)
         fired += [a.step for a in alerts]
     assert fired == [5, 8]  # not at the start, where the run was still climbing
 

@@ -1,0 +1,156 @@
+"""A step's reward is the mean over its ranks (streams.ranks), through the run processor too."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from producers.events import StepEvent
+from streams.config import RunConfig
+from streams.processor import RunState, on_step, on_tick
+from streams.ranks import RankReport, RankState, add_rank, expire, mean_reward, oldest_wait, supersede
+
+CFG = RunConfig(window=3, step_wait_s=10.0)
+
+
+def step_ev(step: int, rank: int, reward: float | None, *, world: int | None = 2, attempt: int = 0,
+            n_samples: int | None = None, event_id: str | None = None) -> StepEvent:
+    return StepEvent(run_id="run-r", node=f"n{rank}", rank=rank, step=step, epoch=0, reward=reward,
+                     world_size=world, attempt=attempt, n_samples=n_samples, ts=1000.0 + step + rank / 10,
+                     event_id=event_id or f"a{attempt}-s{step}-r{rank}")
+
+
+def smoothed(outputs) -> list:
+    return [o.event for o in outputs if o.event.type == "reward_smoothed"]
+
+
+# ------------------------------------------------------------------ the pure core
+
+
+def test_mean_is_weighted_by_n_samples_only_when_every_rank_gave_one() -> None:
+    assert mean_reward((RankReport(0, 0.0, 1), RankReport(1, 1.0, 3))) == 0.75
+    assert mean_reward((RankReport(0, 0.0, 1), RankReport(1, 1.0, None))) == 0.5
+    assert mean_reward((RankReport(0, 0.0, 0), RankReport(1, 1.0, 0))) == 0.5  # no weight at all: plain mean
+    assert mean_reward((RankReport(0, 0.2, 0), RankReport(1, 1.0, 4))) == 1.0  # a rank with no samples weighs 0
+    assert mean_reward((RankReport(0, None, 5), RankReport(1, 0.4, 1))) == 0.4  # its reward was NaN -> null
+    assert mean_reward((RankReport(0, None, None),)) is None
+
+
+def test_a_step_is_ready_when_its_world_reported_and_a_repeat_adds_nothing() -> None:
+    state, ready = add_rank(RankState(), (0, 7), 2, RankReport(0, 0.0, None), 1.0, "e0", now=5.0)
+    assert ready == [] and list(state.pending) == [(0, 7)]
+    same, ready = add_rank(state, (0, 7), 2, RankReport(0, 9.0, None), 1.0, "e0-again", now=6.0)
+    assert ready == [] and same == state
+    state, ready = add_rank(state, (0, 7), 2, RankReport(1, 1.0, None), 2.0, "e1", now=7.0)
+    assert state.pending == {}
+    assert [(r.step, r.reward, r.ranks, r.source_id, r.ts) for r in ready] == [(7, 0.5, 2, "e1", 2.0)]
+
+
+def test_a_step_whose_ranks_do_not_all_come_is_ready_at_its_wait() -> None:
+    state, _ = add_rank(RankState(), (0, 1), 3, RankReport(0, 0.3, None), 1.0, "e0", now=100.0)
+    state, _ = add_rank(state, (0, 2), 3, RankReport(0, 0.6, None), 2.0, "e1", now=104.0)
+    assert oldest_wait(state) == 100.0
+    assert expire(state, 109.9, 10.0) == (state, [])
+    state, ready = expire(state, 110.0, 10.0)
+    assert [(r.step, r.reward, r.ranks, r.world_size, r.source_id) for r in ready] == [(1, 0.3, 1, 3, "")]
+    assert list(state.pending) == [(0, 2)]
+
+
+def test_waiting_steps_are_bounded() -> None:
+    state = RankState()
+    evicted = []
+    for step in range(10):
+        state, ready = add_rank(state, (0, step), 2, RankReport(0, float(step), None), 1.0, f"e{step}",
+                                now=float(step), cap=4)
+        evicted += [r.step for r in ready]
+    assert len(state.pending) == 4 and evicted == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_new_attempt_supersedes_the_waiting_steps_it_replaces() -> None:
+    state = RankState()
+    for key in ((0, 4), (0, 5), (0, 6), (1, 6)):
+        state, _ = add_rank(state, key, 2, RankReport(0, 1.0, None), 1.0, "e", now=1.0)
+    assert sorted(supersede(state, 1, 5).pending) == [(0, 4), (1, 6)]
+    assert supersede(state, 0, 0) is state
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(-5, 5), st.integers(0, 50)), min_size=1, max_size=8), st.randoms(), st.booleans())
+def test_the_mean_does_not_depend_on_the_order_ranks_arrive_in(ranks, rnd: random.Random, weighted: bool) -> None:
+    reports = [RankReport(i, r, n if weighted else None) for i, (r, n) in enumerate(ranks)]
+    order = list(reports)
+    rnd.shuffle(order)
+    state, got = RankState(), []
+    for i, rep in enumerate(order):
+        state, ready = add_rank(state, (0, 3), len(reports), rep, float(i), f"e{rep.rank}", now=float(i))
+        got += ready
+        if i < len(order) - 1:
+            assert ready == []
+    assert len(got) == 1 and state.pending == {}
+    total = sum(r.n_samples for r in reports) if weighted else 0  # type: ignore[misc]
+    if weighted and total > 0:
+        expected = sum(r.reward * r.n_samples for r in reports) / total  # type: ignore[operator]
+    else:
+        expected = sum(r.reward for r in reports) / len(reports)  # type: ignore[misc]
+    assert abs(got[0].reward - expected) < 1e-9  # type: ignore[operator]
+
+
+# ------------------------------------------------------------------ through the run processor
+
+
+def test_two_ranks_with_different_rewards_are_smoothed_as_their_mean() -> None:
+    """The issue-11 case: rank 0 at 0.0 and rank 1 at 1.0 must read 0.5, not 0.0."""
+    state, out = on_step(RunState("run-r"), step_ev(0, 0, 0.0), 1.0, CFG)
+    assert smoothed(out) == []  # rank 1 still to come: the first arrival alone is never the reward
+    state, out = on_step(state, step_ev(0, 1, 1.0), 1.5, CFG)
+    [point] = smoothed(out)
+    assert (point.step, point.reward, point.sliding_avg, point.ema) == (0, 0.5, 0.5, 0.5)
+    assert point.ts == step_ev(0, 1, 1.0).ts  # the newest report's ts: the same on a replay
+    state, out = on_step(state, step_ev(1, 1, 0.8, n_samples=3), 2.0, CFG)
+    state, out = on_step(state, step_ev(1, 0, 0.0, n_samples=1), 2.5, CFG)
+    [point] = smoothed(out)
+    # (0.8*3 + 0*1) / 4, then (0.5 + 0.6) / 2
+    assert point.reward == pytest.approx(0.6) and point.sliding_avg == pytest.approx(0.55)
+    assert state.ranks.pending == {}
+    assert RunState.from_json(state.to_json()) == state
+
+
+def test_a_missing_rank_is_waited_for_then_the_tick_emits_the_mean_of_those_that_came() -> None:
+    state, _ = on_step(RunState("run-r"), step_ev(0, 0, 0.2, world=3), 100.0, CFG)
+    state, _ = on_step(state, step_ev(0, 2, 0.4, world=3), 101.0, CFG)
+    state, out = on_tick(state, 109.0, CFG)
+    assert smoothed(out) == []
+    state, out = on_tick(state, 110.0, CFG)
+    [point] = smoothed(out)
+    assert abs(point.reward - 0.3) < 1e-12
+    assert all(o.must_ack for o in out)  # no input to redeliver it: delivered before the state is saved
+    _, late = on_step(state, step_ev(0, 1, 5.0, world=3), 111.0, CFG)  # the straggler changes nothing
+    assert late == []
+
+
+def test_a_redelivered_completing_report_resends_its_point_and_other_ranks_add_nothing() -> None:
+    state, _ = on_step(RunState("run-r"), step_ev(0, 0, 0.0), 1.0, CFG)
+    state, first = on_step(state, step_ev(0, 1, 1.0), 2.0, CFG)
+    assert [o.must_ack for o in first] == [False]  # the completing event re-sends it when redelivered
+    same, again = on_step(state, step_ev(0, 1, 1.0), 3.0, CFG)
+    assert [o.event.to_dict() for o in again] == [first[0].event.to_dict()]
+    assert (same.smoothing, same.ranks) == (state.smoothing, state.ranks)
+    _, other = on_step(state, step_ev(0, 0, 0.0), 3.0, CFG)
+    assert other == []
+
+
+def test_a_rank_whose_reward_was_not_finite_still_completes_the_step() -> None:
+    state, _ = on_step(RunState("run-r"), step_ev(0, 0, 0.7), 1.0, CFG)
+    nan_rank = StepEvent(run_id="run-r", node="n1", rank=1, step=0, epoch=0, reward=None, world_size=2,
+                         non_finite=("reward",), ts=1000.0, event_id="nan")
+    state, out = on_step(state, nan_rank, 1.1, CFG)
+    assert [p.reward for p in smoothed(out)] == [0.7]
+    assert [(o.event.kind, o.event.step) for o in out if o.event.type == "alert"] == [("non_finite", 0)]
+
+
+def test_steps_without_world_size_count_at_once_as_before() -> None:
+    state, out = on_step(RunState("run-r"), step_ev(0, 0, 0.25, world=None), 1.0, CFG)
+    assert [p.reward for p in smoothed(out)] == [0.25] and state.ranks.pending == {}
