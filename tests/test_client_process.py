@@ -198,3 +198,39 @@ def test_programming_errors_raise_values_never(tmp_path: Path) -> None:
     """, tmp_path)
     assert out.returncode == 0, out.stderr
     assert "NO ERROR" not in out.stdout and "values ok" in out.stdout
+
+
+def test_a_step_logged_twice_is_one_row_with_both_calls_values(tmp_path: Path) -> None:
+    """What the journal holds, stored the way the sink stores it: the later (merged) event replaces the first."""
+    from producers.topics import Topics
+    from sinks.decode import decode
+    from sinks.query import Target, open_client
+    from sinks.schema import apply_schema
+    from sinks.writer import insert_rows
+
+    out = run_script("""
+        import areal_metrics as am
+        run = am.init(run_id="twice")
+        run.log({"reward": 0.5, "mine": 1.0}, step=3)
+        run.log({"loss": 0.2, "mine": 2.0}, step=3)  # a second call for the same step (TRL logs eval and train so)
+        run.log({"reward": 0.7}, step=4)
+    """, tmp_path)
+    assert out.returncode == 0, out.stderr
+    path = tmp_path / "journal" / "twice" / "rank-0" / "journal.log"
+
+    class Msg:
+        def __init__(self, offset: int, line: bytes) -> None:
+            topic, key, value = line.split(b"\t", 2)
+            self.topic, self.partition, self.offset, self.key, self.value, self.timestamp = (
+                topic.decode(), 0, offset, key, value, 0)
+
+    messages = [Msg(i, line) for i, line in enumerate(path.read_bytes().splitlines())]
+    client = open_client(Target.parse(f"chdb://{tmp_path / 'store'}"), readonly=False, use_database=False)
+    try:
+        apply_schema(client)
+        for topic in {m.topic for m in messages}:
+            insert_rows(client, "areal", decode([m for m in messages if m.topic == topic], Topics("areal.")).rows, topic)
+        rows = client.query("SELECT step, reward, loss, metrics FROM areal.v_steps ORDER BY step").result_rows
+    finally:
+        client.close()
+    assert rows == [(3, 0.5, 0.2, {"mine": 2.0}), (4, 0.7, None, {})]
