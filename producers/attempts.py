@@ -70,14 +70,22 @@ def logged_attempts(settings: Settings, run_id: str, rank: int, timeout_s: float
     """
     try:
         from kafka import KafkaConsumer, TopicPartition
-        from kafka.partitioner.default import murmur2  # the producer's key -> partition hash
+        from kafka.partitioner.default import (
+            murmur2,  # the producer's key -> partition hash
+        )
     except ImportError:  # pragma: no cover - kafka-python is a dependency
         return None, None
+    from producers.publisher import bootstrap_reachable
+
     topic = settings.topics.runs
+    config = settings.kafka_python_config()
+    if not bootstrap_reachable(config["bootstrap_servers"]):  # type: ignore[arg-type]
+        log.warning("resume: the broker at %s is not reachable; using the local record only", settings.kafka_bootstrap)
+        return None, None
     consumer: Any = None
     own = anyone = None
     try:
-        consumer = KafkaConsumer(**settings.kafka_python_config(), group_id=None, enable_auto_commit=False,
+        consumer = KafkaConsumer(**config, group_id=None, enable_auto_commit=False,
                                  client_id="areal-client-resume", request_timeout_ms=int(timeout_s * 1000) + 1000,
                                  api_version_auto_timeout_ms=int(timeout_s * 1000))
         deadline = time.monotonic() + timeout_s
@@ -107,12 +115,12 @@ def logged_attempts(settings: Settings, run_id: str, rank: int, timeout_s: float
                         own = ev.attempt if own is None else max(own, ev.attempt)
         if consumer.position(tp) < end:
             log.warning("resume: read only part of %s before the timeout; the attempt may be low", topic)
-    except Exception as exc:  # noqa: BLE001 - no broker: the local record decides
+    except Exception as exc:
         log.warning("resume: cannot read %s (%s); using the local record only", topic, " ".join(str(exc).split())[:200])
     finally:
         if consumer is not None:
             try:
                 consumer.close(autocommit=False)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
     return own, anyone

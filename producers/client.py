@@ -33,6 +33,7 @@ from typing import Any
 
 from producers import attempts, coerce, exit_hooks, run_info
 from producers.control_feed import ControlFeed
+from producers.deadletter import rejected
 from producers.events import (
     EVAL_STATUSES,
     SCHEMA_VERSION,
@@ -42,7 +43,6 @@ from producers.events import (
     RunEvent,
     ValidationError,
 )
-from producers.deadletter import rejected
 from producers.ids import RUN_ID_RULE, is_valid_run_id
 from producers.launcher_env import Identity, identity_from_env, job_run_id
 from producers.publisher import Publisher
@@ -358,7 +358,7 @@ def _eval_fields(verdicts: Any, accuracy: Any, samples: Any, status: str, error:
 class _Step:
     """A logged step, built into its JSON on the sender thread (`Publisher`'s `Outgoing`)."""
 
-    __slots__ = ("run", "step", "values", "ts")
+    __slots__ = ("run", "step", "ts", "values")
 
     def __init__(self, run: Run, step: int, values: dict[Any, int | float], ts: float) -> None:
         self.run, self.step, self.values, self.ts = run, step, values, ts
@@ -373,7 +373,7 @@ class _Step:
                     **parts.columns, "metrics": parts.metrics, "world_size": run.world_size, "attempt": run.attempt,
                     "non_finite": parts.non_finite}
             return topics.steps, run._key, json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
-        except Exception as exc:  # noqa: BLE001 - a bug here must not kill the sender: dead-letter the step
+        except Exception as exc:
             log.exception("step %d of run %s could not be encoded", self.step, run.run_id)
             raw = repr({str(k): v for k, v in list(self.values.items())[:200]})
             bad = rejected(raw, f"client: step {self.step} could not be encoded: {exc}", topics.steps,

@@ -290,14 +290,7 @@ class Publisher:
         return True
 
     def _bootstrap_reachable(self) -> bool:
-        for server in self._kafka_config["bootstrap_servers"]:
-            host, _, port = server.rpartition(":")
-            try:
-                with socket.create_connection((host or "localhost", int(port or 9092)), timeout=1.0):
-                    return True
-            except (OSError, ValueError):
-                continue
-        return False
+        return bootstrap_reachable(self._kafka_config["bootstrap_servers"])
 
     def _back_off(self) -> None:
         self._backoff_until = time.monotonic() + self._backoff_s
@@ -399,6 +392,18 @@ class Publisher:
                 self._producer.close(timeout=1.0)
             except Exception:  # noqa: BLE001
                 pass
+
+
+def bootstrap_reachable(servers: list[str], timeout: float = 1.0) -> bool:
+    """True when one of the `host:port` servers accepts a TCP connection (a cheap check before a Kafka client)."""
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        try:
+            with socket.create_connection((host or "localhost", int(port or 9092)), timeout=timeout):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 # ------------------------------------------------------------ at exit

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from producers.events import Event
-
 from sinks.schema import PROJECTIONS, TABLES_BY_EVENT_TYPE, Table
 
 UTC = dt.timezone.utc

@@ -21,6 +21,7 @@ from grafana.runs import CONFIG, LIFECYCLE
 from producers.events import RunEvent, StepEvent
 from tests.test_grafana_data import RUNS, fixture_events, fixture_span, loaded_store
 
+
 def extra_events() -> list:
     """Two more runs, a minute after the recorded ones."""
     later = max(e.ts for e in fixture_events()) + 60

@@ -20,7 +20,14 @@ from producers.events import EvalEvent, RunEvent, StepEvent
 from producers.run_status import fold
 from sinks.query import Target, open_client
 from sinks.rows import Located
-from sinks.schema import SCHEMA_VERSION, TABLES, TABLES_BY_NAME, SchemaOptions, apply_schema, create_table_sql
+from sinks.schema import (
+    SCHEMA_VERSION,
+    TABLES,
+    TABLES_BY_NAME,
+    SchemaOptions,
+    apply_schema,
+    create_table_sql,
+)
 from sinks.writer import insert_rows
 
 

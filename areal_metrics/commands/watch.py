@@ -17,7 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers.events import AlertEvent, CommandEvent, EvalConsensusEvent, Event, RewardSmoothedEvent, RunEvent
+from producers.events import (
+    AlertEvent,
+    CommandEvent,
+    EvalConsensusEvent,
+    Event,
+    RewardSmoothedEvent,
+    RunEvent,
+)
 from producers.run_status import RunState, fold
 
 SPARK = "▁▂▃▄▅▆▇█"
