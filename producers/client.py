@@ -223,6 +223,8 @@ class Run:
         if status not in EVAL_STATUSES:
             raise ValueError(f"log_eval(): status must be one of {', '.join(EVAL_STATUSES)} (got {status!r})")
         step = max(self._last_step, 0) if step is None else operator.index(step)
+        if step < 0:
+            raise ValueError(f"log_eval(): step must be >= 0 (got {step})")
         if self._done or self._forked:
             self._warn_once("after-finish", "log_eval() after finish() (or in a forked child): ignored")
             return
