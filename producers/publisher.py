@@ -29,6 +29,7 @@ import atexit
 import collections
 import itertools
 import logging
+import os
 import socket
 import threading
 import time
@@ -417,6 +418,7 @@ def _close_at_exit(publisher: Publisher) -> None:
     _OPEN.add(publisher)
     if not _HOOKED:
         atexit.register(_close_open_publishers)
+        os.register_at_fork(after_in_child=_OPEN.clear)  # a forked child has no sender thread to wait for
         _HOOKED = True
 
 

@@ -234,3 +234,22 @@ def test_a_step_logged_twice_is_one_row_with_both_calls_values(tmp_path: Path) -
     finally:
         client.close()
     assert rows == [(3, 0.5, 0.2, {"mine": 2.0}), (4, 0.7, None, {})]
+
+
+def test_a_forked_child_of_a_publisher_does_not_wait_for_it_at_exit(tmp_path: Path) -> None:
+    """The child has no sender thread: waiting for it (here up to 300 s) would hang the child's exit."""
+    out = run_script(f"""
+        import os, sys
+        from producers.events import StepEvent
+        from producers.publisher import Publisher
+        from producers.topics import Topics
+        p = Publisher("127.0.0.1:{free_port()}", Topics(), {str(tmp_path / "j")!r}, exit_timeout_s=300)
+        p.publish(StepEvent(run_id="f", step=0, epoch=0))
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)
+        _, status = os.waitpid(pid, 0)
+        print("child exited", os.waitstatus_to_exitcode(status))
+    """, tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "child exited 0" in out.stdout
