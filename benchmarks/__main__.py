@@ -5,6 +5,9 @@ here unless AREAL_KAFKA_BOOTSTRAP is set):
 
 - publisher: microseconds per publish() on the caller's thread, beside a raw
   kafka-python send() and TensorBoard's add_scalar for the same values;
+- client: microseconds per `run.log` of a 100-key step on the caller's
+  thread, beside a validated StepEvent + publish(), wandb.log (offline) and
+  TensorBoard's add_scalar for the same 100 values;
 - pipeline: events/s from publishers through the stream worker into
   ClickHouse rows, beside the raw produce-then-consume rate (the ceiling);
 - latency: publish() to alert, publish() to row visible to `sql`;
@@ -21,7 +24,7 @@ import json
 import logging
 from pathlib import Path
 
-from benchmarks import bench_publisher, pipeline
+from benchmarks import bench_client, bench_publisher, pipeline
 from benchmarks.common import broker, machine, print_table
 
 
@@ -32,11 +35,14 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     n_pub, n_pipe, samples = (20_000, 6_000, 10) if args.quick else (50_000, 24_000, 30)
+    n_client = 5_000 if args.quick else 20_000
     print(f"machine: {machine()}")
     with broker() as bootstrap:
         pub = bench_publisher.run(bootstrap, n_pub)
+        client = bench_client.run(bootstrap, n_client)
         pipe = pipeline.run(bootstrap, n_pipe, samples, scales=(1, 8, 64))
     bench_publisher.report(pub)
+    bench_client.report(client)
     raw = pipe["raw_events_per_s"]
     rows = [("raw produce-then-consume (kafka-python)", f"{raw:,.0f} ev/s", "1.00 (ceiling)")]
     for ranks, s in pipe["scale"].items():
@@ -58,6 +64,7 @@ def main() -> int:
         "publish_us_p99": pub["publish_us_p99"],
         "raw_send_us_p50": pub["raw_send_us_p50"],
         "tensorboard_us_p50": pub["tensorboard_us_p50"],
+        **client,
         "pipeline_events_per_s": pipe["pipeline_events_per_s"],
         "raw_events_per_s": raw,
         "pipeline_to_raw": pipe["pipeline_events_per_s"] / raw,

@@ -111,6 +111,27 @@ LIMIT 200""",
              "latency", "error"),
 )
 
+# the samples of each node's results (log_eval(samples=[...])), as W&B users see sample tables
+GENERATIONS = SQL(
+    f"""SELECT
+    ts AS time,
+    run_id,
+    step,
+    dataset,
+    stage,
+    node,
+    sample,
+    verdict,
+    reward,
+    prompt,
+    response
+FROM areal.generations FINAL
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER} AND {DATASET_FILTER}
+ORDER BY step DESC, dataset, stage, node, sample
+LIMIT 500""",
+    expects=("time", "run_id", "step", "dataset", "stage", "node", "sample", "verdict", "reward", "prompt", "response"),
+)
+
 SERIES = "${__field.labels.series}"
 
 
@@ -250,5 +271,21 @@ ORDER BY time""",
         )
         .with_override(_by_name("accuracy"), [_prop("unit", "percentunit")])
         .with_override(_by_name("latency"), [_prop("unit", "ms")])
+    )
+    board = board.with_panel(
+        table(
+            "Generations",
+            "The samples behind each node's result, newest step first: prompt, response, verdict and reward "
+            "(text cut at producers.events.SAMPLE_TEXT_MAX characters, at most SAMPLES_MAX samples per result).",
+            GENERATIONS,
+            height=12,
+        ).with_override(
+            _by_name("verdict"),
+            [
+                _prop("custom.cellOptions", {"type": "color-text"}),
+                _prop("mappings", [{"type": "value", "options": {"1": {"color": "green", "index": 0},
+                                                                  "0": {"color": "red", "index": 1}}}]),
+            ],
+        )
     )
     return board

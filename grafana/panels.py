@@ -2,7 +2,8 @@
 
 Every panel reads the fixed ClickHouse datasource (uid `areal-clickhouse`),
 every query is raw SQL against deduplicated data (`FINAL`), filtered by the
-dashboard's time range and the `run` / `node` / `dataset` variables.
+dashboard's time range and the `run` / `node` / `dataset` variables; `group`
+and `tag` narrow the runs `run` offers.
 """
 
 from __future__ import annotations
@@ -31,13 +32,45 @@ DATASET_FILTER = "$__conditionalAll(dataset IN (${dataset:singlequote}), $datase
 # ------------------------------------------------------------------ variables
 
 
+# Runs from v_runs (one row per run: its `run` events), filtered by group and tag; a run
+# that sent no run events (a producer other than the client) is listed while no group or
+# tag is chosen.
+RUN_PICKER = """SELECT run_id FROM
+(
+    SELECT run_id, started AS since FROM areal.v_runs
+    WHERE $__conditionalAll(`group` IN (${group:singlequote}), $group)
+      AND $__conditionalAll(hasAny(tags, [${tag:singlequote}]), $tag)
+    UNION ALL
+    SELECT run_id, min(ts) AS since FROM areal.steps
+    WHERE run_id NOT IN (SELECT run_id FROM areal.runs)
+      AND $__conditionalAll(1 = 0, $group) AND $__conditionalAll(1 = 0, $tag)
+    GROUP BY run_id
+)
+GROUP BY run_id
+ORDER BY max(since) DESC"""
+
+
 def variables() -> list[dash_b.QueryVariable]:
-    """run (multi, newest first), node and dataset (multi, with All) of the chosen runs."""
+    """group and tag (multi, with All), run (multi, newest first), node and dataset (multi, with All)."""
     return [
+        _variable(
+            "group",
+            "Group",
+            "SELECT DISTINCT `group` FROM areal.v_runs WHERE `group` IS NOT NULL AND `group` != '' ORDER BY `group`",
+            include_all=True,
+            description="Run groups (init(group=...)); narrows the Run list.",
+        ),
+        _variable(
+            "tag",
+            "Tag",
+            "SELECT DISTINCT arrayJoin(tags) AS tag FROM areal.v_runs ORDER BY tag",
+            include_all=True,
+            description="Run tags (init(tags=[...])); narrows the Run list to runs with any chosen tag.",
+        ),
         _variable(
             "run",
             "Run",
-            "SELECT run_id FROM areal.steps FINAL GROUP BY run_id ORDER BY max(ts) DESC",
+            RUN_PICKER,
             include_all=False,
             description="Training runs (newest first); pick several to compare them.",
         ),
@@ -249,7 +282,7 @@ def stat(title: str, description: str, query: SQL, *, unit: str, width: int = 6,
 
 
 def base(uid: str, title: str, description: str, tags: list[str]) -> dash_b.Dashboard:
-    """A dashboard with our time settings, the three variables and the built-in annotations."""
+    """A dashboard with our time settings, the variables and the built-in annotations."""
     board = (
         dash_b.Dashboard(title)
         .uid(uid)

@@ -2,7 +2,9 @@
 
 Runs happen at different times, so the curves are drawn against the step
 (Grafana's trend panel, x = step), one line per run: pick for example a run
-with group size 4 and one with group size 2 in the `run` variable.
+with group size 4 and one with group size 2 in the `run` variable. The run
+lifecycle (status, attempts, group, tags) and the configs side by side come
+from `v_runs`, one row per run folded from its `run` events.
 """
 
 from __future__ import annotations
@@ -98,6 +100,42 @@ ORDER BY started DESC""",
 )
 
 
+LIFECYCLE = SQL(
+    f"""SELECT
+    run_id,
+    status,
+    attempt,
+    attempts,
+    ifNull(`group`, '') AS `group`,
+    arrayStringConcat(tags, ', ') AS tags,
+    world_size AS `world size`,
+    ranks AS `ranks reported`,
+    ifNull(framework, '') AS framework,
+    ifNull(git_commit, '') AS `git commit`,
+    started,
+    ended,
+    dateDiff('second', started, ifNull(ended, now64(3))) AS duration,
+    exit_code AS `exit code`
+FROM areal.v_runs
+WHERE {RUN_FILTER}
+ORDER BY started DESC""",
+    expects=("run_id", "status", "attempt", "attempts", "group", "tags", "world size", "ranks reported", "framework",
+             "git commit", "started", "ended", "duration", "exit code"),
+)
+
+# one row per (config key, run): Grafana's "grouping to matrix" puts the runs side by side
+CONFIG = SQL(
+    f"""SELECT kv.1 AS key, run_id, kv.2 AS value
+FROM areal.v_runs
+ARRAY JOIN JSONExtractKeysAndValuesRaw(config) AS kv
+WHERE {RUN_FILTER}
+ORDER BY key, run_id""",
+    expects=("key", "run_id", "value"),
+)
+
+STATUS_COLORS = {"running": "blue", "finished": "green", "failed": "red", "killed": "orange"}
+
+
 def _unit(name: str, unit: str) -> tuple[dashboard.MatcherConfig, list[dashboard.DynamicConfigValue]]:
     return dashboard.MatcherConfig(id_val="byName", options=name), [dashboard.DynamicConfigValue(id_val="unit", value=unit)]
 
@@ -161,4 +199,19 @@ def build() -> dash_b.Dashboard:
         ("started", "dateTimeAsIso"),
     ):
         summary = summary.with_override(*_unit(name, unit))
-    return board.with_panel(summary)
+    board = board.with_panel(summary)
+    lifecycle = table("Run lifecycle", "One line per run from its run events: the latest attempt's status "
+                      "(running, finished, failed, killed), attempts, group, tags, size and code version.",
+                      LIFECYCLE, height=7)
+    for name, unit in (("duration", "s"), ("started", "dateTimeAsIso"), ("ended", "dateTimeAsIso")):
+        lifecycle = lifecycle.with_override(*_unit(name, unit))
+    lifecycle = lifecycle.with_override(
+        dashboard.MatcherConfig(id_val="byName", options="status"),
+        [dashboard.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
+         dashboard.DynamicConfigValue(id_val="mappings", value=[{"type": "value", "options": {
+             status: {"color": color, "index": i} for i, (status, color) in enumerate(STATUS_COLORS.items())}}])])
+    board = board.with_panel(lifecycle)
+    config = table("Config side by side", "The config each chosen run logged (init(config=...)), one column per run.",
+                   CONFIG, height=10).with_transformation(dashboard.DataTransformerConfig(
+                       id_val="groupingToMatrix", options={"columnField": "run_id", "rowField": "key", "valueField": "value"}))
+    return board.with_panel(config)

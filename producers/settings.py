@@ -38,6 +38,16 @@ def _secret(name: str) -> str | None:
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 
+def _float_env(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw[:40]!r}: expected a number") from None
+
+
 def _int_env(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
@@ -72,6 +82,9 @@ class Settings:
     derived_retention_ms: int = -1
     # ClickHouse on a cluster: DDL runs ON CLUSTER and tables use Replicated engines.
     clickhouse_cluster: str | None = None
+    # The client (`areal_metrics.init`): how long exit and finish() wait for the broker's
+    # acknowledgement before leaving the rest in the journal.
+    exit_timeout_s: float = 10.0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -92,6 +105,7 @@ class Settings:
             raw_retention_ms=_int_env("AREAL_RAW_RETENTION_MS", -1),
             derived_retention_ms=_int_env("AREAL_DERIVED_RETENTION_MS", -1),
             clickhouse_cluster=env("AREAL_CLICKHOUSE_CLUSTER") or None,
+            exit_timeout_s=_float_env("AREAL_EXIT_TIMEOUT_S", 10.0),
         )
 
     @property

@@ -41,7 +41,8 @@ def make_events(n_steps: int, run: str = "r1") -> list[Event]:
         out.append(StepEvent(run_id=f"{run}-{i % 3}", step=i, epoch=0, reward=i / 7, metrics={"m": float(i)}))
         if i % 10 == 0:
             out.append(EvalEvent(run_id=run, eval_id=f"e{i}", step=i, dataset="math500", accuracy=0.5,
-                                 verdicts=[1, 0, 1], n_samples=3, replicas=3))
+                                 verdicts=[1, 0, 1], n_samples=3, replicas=3,
+                                 samples=[{"prompt": f"q{i}", "response": "a", "verdict": 1}, {"prompt": "p", "response": "b"}]))
             out.append(EvalConsensusEvent(run_id=run, eval_id=f"e{i}", step=i, dataset="math500", accuracy=0.5,
                                           votes=3, replicas=3, agreement=1.0, dissenters=["n2"]))
             out.append(RewardSmoothedEvent(run_id=run, step=i, reward=0.1, window=5, sliding_avg=0.1, ema=0.1, slope=0.0))
@@ -55,6 +56,7 @@ def expected_counts(events: list[Event], invalid: int = 0) -> dict[str, int]:
     counts = {t.name: 0 for t in TABLES}
     for e in events:
         counts[type(e).table] += 1
+        counts["generations"] += len(getattr(e, "samples", None) or ())  # one row per sample of an eval
     counts["deadletter"] += invalid
     return counts
 
@@ -104,7 +106,8 @@ def lag(bootstrap: str, topics: Topics, group: str) -> int:
 def no_duplicate_positions(client) -> None:
     """Merges are stopped, so a block stored twice would leave two rows at one log position."""
     for t in TABLES:
-        n, distinct = client.query(f"SELECT count(), uniqExact(_topic, _partition, _offset) FROM areal.{t.name}").result_rows[0]
+        position = "_topic, _partition, _offset" + (", sample" if t.name == "generations" else "")
+        n, distinct = client.query(f"SELECT count(), uniqExact({position}) FROM areal.{t.name}").result_rows[0]
         assert n == distinct, f"{t.name}: {n - distinct} rows stored twice"
 
 
