@@ -36,7 +36,9 @@ TRANSPORT_PARAMS = frozenset({
     "add_http_cors_header", "http_response_buffer_size", "http_wait_end_of_query",
 })
 SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TRAILING_FORMAT = re.compile(r"\bFORMAT\s+([A-Za-z_][A-Za-z0-9_]*)\s*;?\s*$", re.I)
+_TRAILING_FORMAT = re.compile(r"\bFORMAT\s+([A-Za-z_][A-Za-z0-9_]*)(\s+SETTINGS\b.*)?\s*;?\s*$", re.I | re.S)
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|`(?:[^`\\]|\\.)*`|\"(?:[^\"\\]|\\.)*\"", re.S)
+_INTO_OUTFILE = re.compile(r"\bINTO\s+OUTFILE\b", re.I)
 _INSERT_WITH_DATA = re.compile(  # INSERT INTO t [(cols)] [SETTINGS ...] FORMAT x | VALUES, then the data
     rb"^\s*(INSERT\s+INTO\s+(?:TABLE\s+)?[\w.`\"]+\s*(?:\([^()]*\))?(?:\s*SETTINGS\s+[^()]*?)?)"
     rb"\s*(?:FORMAT\s+([A-Za-z_][A-Za-z0-9_]*)|VALUES)[ \t]*\r?\n?", re.I | re.S)
@@ -45,6 +47,7 @@ _RESULT_STATEMENT = re.compile(r"^\s*\(*\s*(SELECT|WITH|SHOW|DESC|DESCRIBE|EXPLA
 # ClickHouse error codes used here (numbers from the engine's errorCodeToName), and the HTTP
 # status ClickHouse's exceptionCodeToHTTPStatus gives each class of them
 SYNTAX_ERROR, UNKNOWN_FORMAT, UNKNOWN_SETTING, NOT_IMPLEMENTED, BAD_ARGUMENTS = 62, 73, 115, 48, 36
+INTO_OUTFILE_NOT_ALLOWED, ACCESS_DENIED = 358, 497
 READONLY, REQUIRED_PASSWORD, AUTHENTICATION_FAILED, CANNOT_DECOMPRESS, UNKNOWN_EXCEPTION = 164, 194, 516, 271, 1002
 _FORBIDDEN = {192, 193, 516, 512}  # UNKNOWN_USER, WRONG_PASSWORD, AUTHENTICATION_FAILED, SET_NON_GRANTED_ROLE
 _BAD_REQUEST = {36, 427, 6, 25, 26, 38, 41, 72, 441, 675, 676, 27, 376, 15, 44, 37, 123, 8, 167, 168, 223, 62, 117,
@@ -143,21 +146,6 @@ class Request:
     data: bytes = b""
     query_id: str = ""
 
-    @property
-    def output_format(self) -> str:
-        """The format of the result: the statement's FORMAT clause, else default_format."""
-        match = _TRAILING_FORMAT.search(self.sql)
-        return match.group(1) if match else self.default_format
-
-    @property
-    def sql_without_format(self) -> str:
-        match = _TRAILING_FORMAT.search(self.sql)
-        return self.sql[:match.start()].rstrip() if match else self.sql.rstrip().rstrip(";")
-
-    @property
-    def returns_rows(self) -> bool:
-        return self.insert_format is None and bool(_RESULT_STATEMENT.match(self.sql))
-
 
 def _int_param(params: Mapping[str, str], name: str) -> int:
     value = params.get(name, "0") or "0"
@@ -214,6 +202,41 @@ def _text(body: bytes) -> str:
         return body.decode()
     except UnicodeDecodeError:
         raise ClickHouseError(SYNTAX_ERROR, "The query is not valid UTF-8", "SYNTAX_ERROR") from None
+
+
+# -------------------------------------------------------------- statements
+
+
+def without_literals(statement: str) -> str:
+    """The statement with its quoted strings and identifiers blanked (for keyword checks)."""
+    return _QUOTED.sub("''", statement)
+
+
+def output_format(statement: str, default_format: str) -> str:
+    """The format of the result: the statement's FORMAT clause, else default_format."""
+    match = _TRAILING_FORMAT.search(without_literals(statement))
+    return match.group(1) if match else default_format
+
+
+def returns_rows(statement: str) -> bool:
+    return bool(_RESULT_STATEMENT.match(statement))
+
+
+def check_statement(canonical: str, *, readonly: bool) -> None:
+    """Refuse what a ClickHouse server would refuse that the embedded engine would run.
+
+    `canonical` is the engine's own single-line rendering of the statement
+    (`formatQuerySingleLine`: one statement, no comments). INTO OUTFILE would
+    write a file in the holder's process: a server refuses it over HTTP (358).
+    KILL: every session of the embedded engine is the same engine user, so
+    the reader could stop the sink's queries; ClickHouse asks for a grant (497).
+    """
+    bare = without_literals(canonical)
+    if _INTO_OUTFILE.search(bare):
+        raise ClickHouseError(INTO_OUTFILE_NOT_ALLOWED, "INTO OUTFILE is not allowed", "INTO_OUTFILE_NOT_ALLOWED")
+    if readonly and bare.lstrip().upper().startswith("KILL"):
+        raise ClickHouseError(ACCESS_DENIED, "Not enough privileges. To execute this query, it's necessary to have "
+                              "the grant KILL QUERY ON *.*", "ACCESS_DENIED")
 
 
 # -------------------------------------------------------------- compression

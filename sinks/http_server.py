@@ -111,17 +111,19 @@ class ClickHouseHTTPServer:
 
     def execute(self, user: StoreUser, req: Request, method: str) -> Answer:
         """Run one statement in a session of its own; raises ClickHouseError."""
-        fmt = req.default_format
-        if fmt.lower() in _PYTHON_ONLY_FORMATS or req.output_format.lower() in _PYTHON_ONLY_FORMATS:
-            raise ClickHouseError(proto.UNKNOWN_FORMAT, f"Unknown format {req.output_format}", "UNKNOWN_FORMAT")
         with self._slots:
             conn = self._connect()
             try:
                 self._prepare(conn, user, req, method)
                 if req.insert_format is not None:
                     return self._insert(conn, req)
+                canonical = conn.query(f"SELECT formatQuerySingleLine({_quote(req.sql)})", "RawBLOB").bytes().decode()
+                proto.check_statement(canonical, readonly=user.readonly)
+                out_fmt = proto.output_format(canonical, req.default_format)
+                if req.default_format.lower() in _PYTHON_ONLY_FORMATS or out_fmt.lower() in _PYTHON_ONLY_FORMATS:
+                    raise ClickHouseError(proto.UNKNOWN_FORMAT, f"Unknown format {out_fmt}", "UNKNOWN_FORMAT")
                 started = time.monotonic()
-                result = conn.query(req.sql, fmt, params=req.parameters)
+                result = conn.query(req.sql, req.default_format, params=req.parameters)
                 body = result.bytes() or b""
                 elapsed = time.monotonic() - started
             except ClickHouseError:
@@ -130,7 +132,6 @@ class ClickHouseHTTPServer:
                 raise ClickHouseError.from_engine(exc, user.name) from None
             finally:
                 conn.close()
-        out_fmt = req.output_format
         if out_fmt == "Native" and req.revision > 0:
             try:
                 body = b"".join(for_revision(body, req.revision))
@@ -138,7 +139,7 @@ class ClickHouseHTTPServer:
                 raise ClickHouseError(proto.NOT_IMPLEMENTED, str(exc), "NOT_IMPLEMENTED") from None
         summary = {"read_rows": str(result.rows_read()), "read_bytes": str(result.bytes_read()),
                    "written_rows": "0", "written_bytes": "0", "elapsed_ns": str(int(elapsed * 1e9))}
-        return Answer(body, out_fmt if req.returns_rows else None, summary)
+        return Answer(body, out_fmt if proto.returns_rows(canonical) else None, summary)
 
     def _prepare(self, conn: Any, user: StoreUser, req: Request, method: str) -> None:
         """The session: the URL's settings, then the readonly lock, then the database."""
