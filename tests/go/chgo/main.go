@@ -65,7 +65,8 @@ func options(dsn string) (*clickhouse.Options, error) {
 	}, nil
 }
 
-// plain makes a scanned value JSON-friendly: times in UTC RFC 3339, NaN/Inf as strings.
+// plain makes a scanned value JSON-friendly: times in UTC RFC 3339, NaN/Inf as strings,
+// UUIDs, IP addresses and decimals as their text, an Array(UInt8) as numbers.
 func plain(v any) any {
 	switch x := v.(type) {
 	case nil:
@@ -79,8 +80,8 @@ func plain(v any) any {
 		return x
 	case float32:
 		return plain(float64(x))
-	case []byte:
-		return string(x)
+	case fmt.Stringer: // UUID, IP addresses, decimals
+		return x.String()
 	}
 	rv := reflect.ValueOf(v)
 	switch rv.Kind() {
