@@ -277,6 +277,15 @@ def test_the_writer_inserts_with_clickhouse_connect_and_tokens_deduplicate(serve
     writer.command("DROP TABLE areal.http_rows")
 
 
+@pytest.mark.parametrize("method,encode", [("gzip", gzip.compress), ("deflate", zlib.compress),
+                                           ("lz4", lz4.frame.compress), ("zstd", lambda b: _zstd().compress(b))])
+def test_compressed_request_bodies(served: Served, method: str, encode: Any) -> None:
+    r = served.http(None, encode(b"SELECT count() FROM areal.steps FINAL"), headers={"Content-Encoding": method})
+    assert r.status == 200 and r.data == f"{STEPS}\n".encode()
+    bad = served.http(None, b"not compressed", headers={"Content-Encoding": method})
+    assert bad.status == 500 and bad.getheader("X-ClickHouse-Exception-Code") == "271"  # CANNOT_DECOMPRESS
+
+
 def test_a_chunked_request_body(served: Served) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
     user = served.reader
@@ -394,3 +403,50 @@ def test_a_big_result(served: Served) -> None:
     assert len(r.result_rows) == 1_000_000 and r.result_rows[-1][0] == 999_999 and r.result_rows[123][1] == "123"
     raw = served.http({"query": sql, "default_format": "Native", "client_protocol_version": "54460"})
     assert raw.status == 200 and len(raw.data) > 20_000_000
+
+
+# ------------------------------------------------ what points Grafana at it
+
+
+def test_status_dsn_and_grafana_provisioning_point_at_the_endpoint(served: Served, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The holder publishes owner.json; `http_dsn` (status --json) and `grafana provision --files` read it."""
+    import yaml
+
+    from areal_metrics.cli import main
+    from grafana.provision import ClickHouseServer
+    from producers.settings import Settings
+    from sinks.query import http_dsn
+
+    served.server.publish()
+    try:
+        url = f"chdb://{served.server.path}"
+        dsn = http_dsn(Settings(clickhouse_url=url))
+        assert dsn == served.server.dsn() and dsn.startswith("http://reader:")
+        assert clickhouse_connect.get_client(dsn=dsn).command("SELECT count() FROM steps FINAL") == STEPS
+        server = ClickHouseServer.parse(dsn)
+        assert (server.host, server.port, server.protocol, server.username, server.database) == (
+            "127.0.0.1", served.port, "http", "reader", "areal")
+
+        monkeypatch.setenv("AREAL_CLICKHOUSE_URL", url)
+        monkeypatch.delenv("AREAL_GRAFANA_CLICKHOUSE_URL", raising=False)
+        out = tmp_path / "provisioning"
+        assert main(["grafana", "provision", "--files", str(out)]) == 0
+        source = out / "datasources" / "clickhouse.yaml"
+        assert source.stat().st_mode & 0o077 == 0  # it holds the reader's password
+        ds = yaml.safe_load(source.read_text())["datasources"][0]
+        assert ds["uid"] == "areal-clickhouse" and ds["type"] == "grafana-clickhouse-datasource"
+        assert ds["jsonData"]["host"] == "127.0.0.1" and ds["jsonData"]["port"] == served.port
+        assert ds["jsonData"]["protocol"] == "http" and ds["jsonData"]["username"] == "reader"
+        assert ds["secureJsonData"]["password"] == served.reader.password
+        provider = yaml.safe_load((out / "dashboards" / "areal.yaml").read_text())["providers"][0]
+        dashboards = Path(provider["options"]["path"])
+        assert dashboards.is_absolute() and sorted(p.stem for p in dashboards.glob("*.json")) == sorted(
+            ["training", "evaluation", "runs", "efficiency", "alerts"])
+        assert "GF_PATHS_PROVISIONING=" in capsys.readouterr().err
+    finally:
+        (served.server.path / "owner.json").unlink()
+    assert http_dsn(Settings(clickhouse_url=url)) is None
+    assert main(["grafana", "provision", "--files", str(tmp_path / "again")]) == 1  # nothing serves the store now
+    assert "start the stack" in capsys.readouterr().err

@@ -12,7 +12,9 @@ The queries are every dashboard panel's, variable's and annotation's SQL,
 expanded as Grafana expands it (grafana.queries / grafana.macros), on the
 recorded demo run; plus the steps table and a CREATE TABLE through the DSN
 that `areal-metrics status --json` prints while a real stack runs.
-Skipped, saying so, only where `go` is not installed.
+Skipped, saying so, only where `go` is not installed. AREAL_TEST_CLICKHOUSE_GO=v2.40.1
+(the release inside the Grafana plugin 4.10.2 that compose pins) builds against another
+clickhouse-go release (`go mod edit` + `go mod tidy` in a copy of the module).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -39,12 +40,13 @@ import pytest
 from grafana.catalog import BUILDERS, build
 from grafana.macros import expand
 from grafana.queries import QueryRunner, context_for, dashboard_queries, expansions, resolve_variables
-from sinks.http_server import ClickHouseHTTPServer
 from sinks.query import DirectStore, Target
-from tests.test_grafana_data import RUNS, fixture_events, fixture_span, write_events
+from tests.test_clickhouse_http import Served, served  # noqa: F401 - `served`: the demo store behind the endpoint
+from tests.test_grafana_data import RUNS, fixture_events, fixture_span
 
 pytestmark = pytest.mark.timeout(1200)
 MODULE = Path(__file__).parent / "go" / "chgo"
+GO_VERSION_ENV = "AREAL_TEST_CLICKHOUSE_GO"  # e.g. v2.40.1: build the program against that release instead
 
 
 @pytest.fixture(scope="session")
@@ -52,11 +54,17 @@ def chgo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     go = shutil.which("go")
     if go is None:
         pytest.skip("the Go toolchain (`go`) is not installed: the clickhouse-go v2 checks need it")
-    binary = tmp_path_factory.mktemp("chgo") / "chgo"
+    work = tmp_path_factory.mktemp("chgo")
+    binary, module = work / "chgo", MODULE
     env = {**os.environ, "GOFLAGS": "-mod=mod"}
-    build_run = subprocess.run([go, "build", "-o", str(binary), "."], cwd=MODULE, env=env, capture_output=True,
-                               text=True, timeout=1100)
-    assert build_run.returncode == 0, f"building {MODULE} failed:\n{build_run.stderr[-3000:]}"
+    steps = [[go, "build", "-o", str(binary), "."]]
+    version = os.environ.get(GO_VERSION_ENV)
+    if version:  # another clickhouse-go, e.g. the one inside a given Grafana plugin release
+        module = shutil.copytree(MODULE, work / "module")
+        steps[:0] = [[go, "mod", "edit", f"-require=github.com/ClickHouse/clickhouse-go/v2@{version}"], [go, "mod", "tidy"]]
+    for step in steps:
+        done = subprocess.run(step, cwd=module, env=env, capture_output=True, text=True, timeout=1100)
+        assert done.returncode == 0, f"{' '.join(step)} in {module} failed:\n{done.stderr[-3000:]}"
     return binary
 
 
@@ -128,20 +136,8 @@ def differences(go: dict[str, Any], columns: list[str], rows: list[tuple[Any, ..
 # ------------------------------------------------------------ the panels
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseHTTPServer]:
-    directory = tmp_path_factory.mktemp("go-store")
-    write_events(directory)
-    server = ClickHouseHTTPServer(directory, "areal")
-    yield server
-    server.close()
-
-
-def reader_store(server: ClickHouseHTTPServer) -> DirectStore:
-    user = server.users["reader"]
-    client = clickhouse_connect.get_client(host="127.0.0.1", port=server.port, username=user.name,
-                                           password=user.password, database="areal")
-    return DirectStore(Target.parse(f"chdb://{server.path}"), client, write=False)
+def reader_store(served: Served) -> DirectStore:
+    return DirectStore(Target.parse(f"chdb://{served.server.path}"), served.client(), write=False)
 
 
 def panel_queries(runner: QueryRunner) -> list[dict[str, Any]]:
@@ -166,7 +162,7 @@ def panel_queries(runner: QueryRunner) -> list[dict[str, Any]]:
     return out
 
 
-def test_every_dashboard_query_reads_the_same_through_clickhouse_go(chgo: Path, served: ClickHouseHTTPServer,
+def test_every_dashboard_query_reads_the_same_through_clickhouse_go(chgo: Path, served: Served,
                                                                      tmp_path: Path) -> None:
     store = reader_store(served)
     try:
@@ -175,7 +171,7 @@ def test_every_dashboard_query_reads_the_same_through_clickhouse_go(chgo: Path, 
     finally:
         store.close()
     assert len(queries) > 80  # five dashboards, two variable choices, repeated panels
-    results = run_go(chgo, served.dsn(), [{"name": q["name"], "sql": q["sql"]} for q in queries], tmp_path)
+    results = run_go(chgo, served.server.dsn(), [{"name": q["name"], "sql": q["sql"]} for q in queries], tmp_path)
     problems = {}
     for q, go in zip(queries, results):
         mine = expected[q["name"]]
@@ -191,7 +187,7 @@ def test_every_dashboard_query_reads_the_same_through_clickhouse_go(chgo: Path, 
     assert sum(len(r["rows"]) for r in results) > 1000
 
 
-def test_types_and_errors_through_clickhouse_go(chgo: Path, served: ClickHouseHTTPServer, tmp_path: Path) -> None:
+def test_types_and_errors_through_clickhouse_go(chgo: Path, served: Served, tmp_path: Path) -> None:
     queries = [
         {"name": "steps", "sql": "SELECT * FROM areal.steps FINAL ORDER BY run_id, step, rank LIMIT 300"},
         {"name": "evals", "sql": "SELECT * FROM areal.v_evals ORDER BY run_id, step, node, dataset"},
@@ -206,7 +202,7 @@ def test_types_and_errors_through_clickhouse_go(chgo: Path, served: ClickHouseHT
         {"name": "insert", "sql": "INSERT INTO areal.steps (event_id, run_id) VALUES ('x', 'y')"},
         {"name": "syntax", "sql": "SELEC 1"},
     ]
-    out = {r["name"]: r for r in run_go(chgo, served.dsn(), queries, tmp_path)}
+    out = {r["name"]: r for r in run_go(chgo, served.server.dsn(), queries, tmp_path)}
     store = reader_store(served)
     try:
         for name in ("steps", "evals", "types", "big"):
@@ -219,7 +215,7 @@ def test_types_and_errors_through_clickhouse_go(chgo: Path, served: ClickHouseHT
     assert out["create"]["code"] == 164 and "readonly" in out["create"]["error"]
     assert out["insert"]["code"] == 164
     assert out["syntax"]["code"] == 62
-    writer = run_go(chgo, served.dsn("writer"), [{"name": "w", "sql": "SELECT getSetting('readonly')"}], tmp_path)
+    writer = run_go(chgo, served.server.dsn("writer"), [{"name": "w", "sql": "SELECT getSetting('readonly')"}], tmp_path)
     assert writer[0]["rows"] == [["0"]] or writer[0]["rows"] == [[0]], writer
 
 
