@@ -36,13 +36,13 @@ TRANSPORT_PARAMS = frozenset({
     "add_http_cors_header", "http_response_buffer_size", "http_wait_end_of_query",
 })
 SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TRAILING_FORMAT = re.compile(r"\bFORMAT\s+([A-Za-z_][A-Za-z0-9_]*)(\s+SETTINGS\b.*)?\s*;?\s*$", re.I | re.S)
-_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|`(?:[^`\\]|\\.)*`|\"(?:[^\"\\]|\\.)*\"", re.S)
-_INTO_OUTFILE = re.compile(r"\bINTO\s+OUTFILE\b", re.I)
+_TRAILING_FORMAT = re.compile(r"\bFORMAT\s+([A-Za-z_][A-Za-z0-9_]*)(\s+SETTINGS\b.*)?\s*;?\s*$", re.IGNORECASE | re.DOTALL)
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|`(?:[^`\\]|\\.)*`|\"(?:[^\"\\]|\\.)*\"", re.DOTALL)
+_INTO_OUTFILE = re.compile(r"\bINTO\s+OUTFILE\b", re.IGNORECASE)
 _INSERT_WITH_DATA = re.compile(  # INSERT INTO t [(cols)] [SETTINGS ...] FORMAT x | VALUES, then the data
     rb"^\s*(INSERT\s+INTO\s+(?:TABLE\s+)?[\w.`\"]+\s*(?:\([^()]*\))?(?:\s*SETTINGS\s+[^()]*?)?)"
-    rb"\s*(?:FORMAT\s+([A-Za-z_][A-Za-z0-9_]*)|VALUES)[ \t]*\r?\n?", re.I | re.S)
-_RESULT_STATEMENT = re.compile(r"^\s*\(*\s*(SELECT|WITH|SHOW|DESC|DESCRIBE|EXPLAIN|EXISTS|CHECK|VALUES)\b", re.I)
+    rb"\s*(?:FORMAT\s+([A-Za-z_][A-Za-z0-9_]*)|VALUES)[ \t]*\r?\n?", re.IGNORECASE | re.DOTALL)
+_RESULT_STATEMENT = re.compile(r"^\s*\(*\s*(SELECT|WITH|SHOW|DESC|DESCRIBE|EXPLAIN|EXISTS|CHECK|VALUES)\b", re.IGNORECASE)
 
 # ClickHouse error codes used here (numbers from the engine's errorCodeToName), and the HTTP
 # status ClickHouse's exceptionCodeToHTTPStatus gives each class of them
@@ -250,7 +250,7 @@ _CONTENT_TYPES = {
 def content_type(fmt: str) -> str:
     if fmt in _CONTENT_TYPES:
         return _CONTENT_TYPES[fmt]
-    if fmt.startswith("TabSeparated") or fmt.startswith("TSV"):
+    if fmt.startswith(("TabSeparated", "TSV")):
         return "text/tab-separated-values; charset=UTF-8"
     if fmt.startswith("JSON"):
         return "application/json; charset=UTF-8"

@@ -48,7 +48,7 @@ _ALIASES = {  # geo types are named tuples and arrays of them
     "MultiPolygon": "Array(Array(Array(Tuple(Float64, Float64))))",
 }
 _UNSUPPORTED = ("Dynamic", "Variant", "JSON", "Object", "AggregateFunction", "Nested")
-_NAMED_ELEMENT = re.compile(r"^(`[^`]*`|[A-Za-z_][A-Za-z0-9_]*)\s+(\S.*)$", re.S)
+_NAMED_ELEMENT = re.compile(r"^(`[^`]*`|[A-Za-z_][A-Za-z0-9_]*)\s+(\S.*)$", re.DOTALL)
 
 
 class UnsupportedType(ValueError):

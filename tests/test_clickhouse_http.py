@@ -379,7 +379,7 @@ def test_concurrent_clients_each_get_their_own_answers(served: Served) -> None:
                 r = client.query(f"SELECT step, {i} AS me, getSetting('max_block_size') AS b FROM areal.v_steps "
                                  f"WHERE run_id = 'demo-g4' ORDER BY step, rank LIMIT {limit}", settings=settings)
                 if len(r.result_rows) != limit or {row[1] for row in r.result_rows} != {i}:
-                    errors.append(f"client {i} query {j}: {len(r.result_rows)} rows, me={set(x[1] for x in r.result_rows)}")
+                    errors.append(f"client {i} query {j}: {len(r.result_rows)} rows, me={ {x[1] for x in r.result_rows} }")
                 block = {row[2] for row in r.result_rows}
                 if settings and block != {settings["max_block_size"]}:
                     errors.append(f"client {i} query {j}: max_block_size {block}, sent {settings}")

@@ -39,7 +39,13 @@ import pytest
 
 from grafana.catalog import BUILDERS, build
 from grafana.macros import expand
-from grafana.queries import QueryRunner, context_for, dashboard_queries, expansions, resolve_variables
+from grafana.queries import (
+    QueryRunner,
+    context_for,
+    dashboard_queries,
+    expansions,
+    resolve_variables,
+)
 from sinks.query import DirectStore, Target
 from tests.test_clickhouse_http import Served, served  # noqa: F401 - `served`: the demo store behind the endpoint
 from tests.test_grafana_data import RUNS, fixture_events, fixture_span
@@ -84,8 +90,8 @@ def run_go(chgo: Path, dsn: str, queries: list[dict[str, str]], tmp_path: Path) 
 def normal(value: Any) -> Any:
     """A clickhouse-connect value as the Go program prints it (JSON; times in UTC RFC 3339)."""
     if isinstance(value, dt.datetime):
-        value = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-        text = value.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0").rstrip(".")
+        value = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+        text = value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0").rstrip(".")
         return text + "Z"
     if isinstance(value, dt.date):
         return value.isoformat() + "T00:00:00Z"
