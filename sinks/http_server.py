@@ -142,7 +142,9 @@ class ClickHouseHTTPServer:
         return Answer(body, out_fmt if proto.returns_rows(canonical) else None, summary)
 
     def _prepare(self, conn: Any, user: StoreUser, req: Request, method: str) -> None:
-        """The session: the URL's settings, then the readonly lock, then the database."""
+        """The session: the URL's settings, then the reader's readonly lock, then the database."""
+        if method == "GET" and not user.readonly:
+            conn.query("SET readonly = 2")  # as in ClickHouse, before the URL's settings: GET only reads
         for name, value in req.settings.items():
             if name == "readonly" and user.readonly:
                 if value.strip() in ("0", ""):
@@ -151,8 +153,6 @@ class ClickHouseHTTPServer:
             conn.query(f"SET {name} = {_quote(value)}")
         if user.readonly:
             conn.query("SET readonly = 1")
-        elif method == "GET" and "readonly" not in req.settings:
-            conn.query("SET readonly = 2")
         conn.query(f"USE {_identifier(req.database or self.database)}")
 
     def _insert(self, conn: Any, req: Request) -> Answer:

@@ -245,6 +245,9 @@ def test_a_get_request_of_the_writer_is_read_only_as_in_clickhouse(served: Serve
     r = served.http({"query": "CREATE TABLE areal.by_get (a UInt8) ENGINE = Memory"}, role="writer")
     assert r.status == 500 and r.getheader("X-ClickHouse-Exception-Code") == "164"
     assert served.http({"query": "SELECT getSetting('readonly')"}, role="writer").data == b"2\n"
+    unlock = served.http({"query": "SELECT 1", "readonly": "0"}, role="writer")
+    assert unlock.getheader("X-ClickHouse-Exception-Code") == "164"  # a GET cannot lift it either
+    assert served.http(None, b"SELECT getSetting('readonly')", role="writer").data == b"0\n"  # POST: not read-only
 
 
 # ----------------------------------------------------------------- writing
