@@ -8,9 +8,11 @@ mistake them for the blocks of the dropped tables. Messages that fail
 validation are skipped: the live sink already published their dead letters,
 which replay reads back from the dead-letter topic like every other event.
 
-While the stack runs, the sink that holds an embedded store runs the replay
-(POST /replay on its endpoint); the sink's own inserts that land during the
-replay are deduplicated by `FINAL` and the views.
+While the stack runs, the sink holds an embedded store: replay then writes
+through the sink's ClickHouse HTTP endpoint as its `writer` user, with the
+same clickhouse-connect calls as against a ClickHouse server (it reads Kafka
+in the calling process). The sink's own inserts that land during the replay
+are deduplicated by `FINAL` and the views.
 """
 
 from __future__ import annotations
@@ -99,17 +101,15 @@ def replay_into(client: Any, settings: Settings, schema: SchemaOptions | None = 
 
 
 def run_replay(settings: Settings, *, force: bool = False) -> dict[str, int]:
-    """Replay against the configured store: through the running sink when it holds the embedded store."""
-    from sinks.query import OwnerStore, Target, open_client, read_owner
+    """Replay against the configured store: through the running sink's endpoint when it holds the embedded store."""
+    from sinks.query import Target, open_client, owner_client, read_owner
 
     target = Target.parse(settings.clickhouse_url)
-    if target.kind == "chdb":
-        assert target.path is not None
-        owner = read_owner(target.path)
-        if owner is not None:
-            result = OwnerStore(target, owner, write=True, timeout=3600).call("replay", {"force": force})["result"]
-            return {str(k): int(v) for k, v in result.items()}
-    client = open_client(target, readonly=False, use_database=False)
+    owner = read_owner(target.path) if target.path is not None else None
+    if owner is not None:
+        client = owner_client(owner, write=True)
+    else:
+        client = open_client(target, readonly=False, use_database=False)
     try:
         return replay_into(client, settings, SchemaOptions(database=target.database), force=force)
     finally:

@@ -329,10 +329,12 @@ def test_sink_waits_for_a_store_held_by_another_process(stack_env: dict[str, str
         wait_for(lambda: "opening the store failed" in log.read_text(), 30, "the sink to find the store held")
         holder.close()
         wait_for(lambda: lag(kafka_bootstrap, topics, f"{topics.prefix}sink") == 0, 60, "the sink to take over")
-        from sinks.query import OwnerStore, connect
+        from clickhouse_connect.driver.httpclient import HttpClient
 
-        with connect(Settings(clickhouse_url=url)) as store:
-            assert isinstance(store, OwnerStore)
+        from sinks.query import connect
+
+        with connect(Settings(clickhouse_url=url)) as store:  # through the sink's ClickHouse HTTP endpoint
+            assert isinstance(store.client, HttpClient)
             assert store.command("SELECT count() FROM v_steps") == 40
     finally:
         sink.send_signal(signal.SIGTERM)

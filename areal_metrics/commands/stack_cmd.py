@@ -19,6 +19,17 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
         parser.add_argument("--json", action="store_true", help="print the state as JSON")
 
 
+def _clickhouse_http(clickhouse_url: str) -> str | None:
+    """The read-only DSN any ClickHouse client can use: the server's URL, or the sink's endpoint of the embedded store."""
+    from producers.settings import Settings
+    from sinks.query import StoreError, http_dsn
+
+    try:
+        return http_dsn(Settings(clickhouse_url=clickhouse_url))
+    except StoreError:
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.verb == "up":
         if args.partitions < 1:
@@ -46,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
                 topic_prefix=info.topic_prefix, clickhouse_url=mask_url(info.clickhouse_url), home=info.home,
                 processes={name: {"pid": pid, "alive": alive}
                            for (name, pid), alive in zip(info.pids.items(), info.alive().values())},
+                clickhouse_http=_clickhouse_http(info.clickhouse_url),
             )
         print(json.dumps(out))
     elif info is None:
