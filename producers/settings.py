@@ -48,6 +48,20 @@ def _int_env(name: str, default: int) -> int:
         raise ConfigError(f"{name}={raw[:40]!r}: expected an integer") from None
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _bool_env(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    if raw.strip().lower() in _TRUE:
+        return True
+    if raw.strip().lower() in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw[:40]!r}: expected 1/0, true/false, yes/no or on/off")
+
+
 @dataclass(frozen=True)
 class Settings:
     kafka_bootstrap: str = ""
@@ -70,8 +84,11 @@ class Settings:
     # unless configured.
     raw_retention_ms: int = -1
     derived_retention_ms: int = -1
-    # ClickHouse on a cluster: DDL runs ON CLUSTER and tables use Replicated engines.
+    # ClickHouse on a cluster: DDL runs ON CLUSTER <clickhouse_cluster>, and with
+    # `clickhouse_replicated` the tables use Replicated* engines (Keeper). Unset
+    # AREAL_CLICKHOUSE_REPLICATED means "replicated when a cluster is named".
     clickhouse_cluster: str | None = None
+    clickhouse_replicated: bool = False
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -92,6 +109,7 @@ class Settings:
             raw_retention_ms=_int_env("AREAL_RAW_RETENTION_MS", -1),
             derived_retention_ms=_int_env("AREAL_DERIVED_RETENTION_MS", -1),
             clickhouse_cluster=env("AREAL_CLICKHOUSE_CLUSTER") or None,
+            clickhouse_replicated=_bool_env("AREAL_CLICKHOUSE_REPLICATED", bool(env("AREAL_CLICKHOUSE_CLUSTER"))),
         )
 
     @property

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 
+from producers.errors import ArealError, one_line
 from producers.settings import Settings
 
 from sinks.batching import BatchPolicy
@@ -31,7 +32,11 @@ def main() -> int:
         max_wait_s=int(os.environ.get("AREAL_SINK_MAX_WAIT_MS", "500")) / 1000,
     )
     stop_merges = os.environ.get("AREAL_SINK_STOP_MERGES", "") == "1"
-    sink = Sink(Settings.from_env(), policy=policy, stop_merges=stop_merges)
+    try:
+        sink = Sink(Settings.from_env(), policy=policy, stop_merges=stop_merges)
+    except ArealError as exc:  # a setting that cannot work (e.g. a cluster on the embedded engine): one line
+        print(f"areal-sink: {one_line(exc)}", file=sys.stderr)
+        return exc.exit_code
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sink.stop())
     sink.run()

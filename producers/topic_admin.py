@@ -1,0 +1,61 @@
+"""Create missing topics from their specs (`producers.topics.TopicSpec`).
+
+The one code path for every topic the project creates: the local stack (`areal-metrics up`,
+the test fixtures) and the stream worker (its inputs on a fresh broker, its ticks) both
+call `create_missing_topics`, with specs from `topic_spec` / `Topics.specs(settings)`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from producers.errors import ConfigError
+from producers.topics import TopicSpec
+
+_ALREADY_EXISTS = 36  # Kafka's TOPIC_ALREADY_EXISTS: another process created it first, which is fine
+
+
+class TopicCreationError(ConfigError):
+    """The broker refused a topic as specified (e.g. a replication factor above the broker count)."""
+
+
+def create_missing_topics(admin: Any, specs: Sequence[TopicSpec], partitions: int, *,
+                          timeout: float = 30.0) -> list[str]:
+    """Create the topics of `specs` that do not exist (existing ones are left as they are).
+
+    `admin` is a kafka-python `KafkaAdminClient`. Returns the names created; waits until
+    every spec's topic is visible. TopicCreationError names the topic and Kafka's reason.
+    """
+    existing = set(admin.list_topics())
+    new = {s.name: {"num_partitions": partitions, "replication_factor": s.replication_factor,
+                    "configs": dict(s.config)}
+           for s in specs if s.name not in existing}
+    if new:
+        response = admin.create_topics(new, timeout_ms=int(timeout * 1000), raise_errors=False)
+        refused = [t for t in response.get("topics", ()) if t.get("error_code") not in (0, _ALREADY_EXISTS)]
+        if refused:
+            t = refused[0]
+            raise TopicCreationError(f"Kafka refused to create topic {t.get('name')}: "
+                                     f"{t.get('error_message') or 'error code ' + str(t.get('error_code'))}")
+    names = sorted({s.name for s in specs})
+    deadline = time.monotonic() + timeout
+    while missing := not_ready(admin, names):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics not ready after {timeout:.0f}s: {', '.join(missing)}")
+        time.sleep(0.1)
+    return sorted(new)
+
+
+def not_ready(admin: Any, names: Sequence[str]) -> list[str]:
+    """The topics of `names` not yet usable: unknown to the broker asked, or a partition without a leader.
+
+    (On a cluster, a new topic reaches each broker's metadata a moment after it exists.)
+    """
+    if not names:
+        return []
+    ready = {d.get("name") for d in admin.describe_topics(list(names))
+             if not d.get("error_code") and d.get("partitions")
+             and all(p.get("leader_id", -1) >= 0 and not p.get("error_code") for p in d["partitions"])}
+    return [n for n in names if n not in ready]
