@@ -31,7 +31,7 @@ test: $(STAMP)
 # count rare failures; each run's output is kept in $(SOAK_DIR)/run-N.log.
 SOAK_N     ?= 30
 SOAK_DIR   ?= .areal/soak
-SOAK_TESTS ?= tests/test_faults.py \
+SOAK_TESTS ?= tests/test_faults.py tests/test_cluster_faults.py \
 	tests/test_streams_e2e.py::test_worker_killed_and_restarted_mid_scenario_gives_the_same_events
 
 fault-soak: $(STAMP)
