@@ -30,18 +30,24 @@ from producers.topics import Topics
 CLUSTER_DURABILITY = Settings(kafka_replication_factor=3, kafka_min_insync_replicas=2)
 
 
-@pytest.fixture(scope="session")
-def kafka_broker(request: pytest.FixtureRequest):
-    data_dir = Path(tempfile.mkdtemp(prefix="areal-test-kafka-"))
-    # a SASL/PLAIN listener beside the plain one, for the security-settings tests
-    broker = KafkaBroker(data_dir, sasl_users={"areal": "areal-secret"})
-    broker.start(timeout=120)
-    yield broker
-    broker.stop()
+def _session_kafka(request: pytest.FixtureRequest, prefix: str, make, timeout: float, logs: str):
+    """Start what `make(data_dir)` builds, yield it, stop it; its logs are kept when a test failed."""
+    data_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    kafka = make(data_dir)
+    kafka.start(timeout=timeout)
+    yield kafka
+    kafka.stop()
     if request.session.testsfailed:
-        print(f"\nKafka broker log kept at {broker.log_file}")
+        print(f"\nKafka logs kept at {data_dir / logs}")
     else:
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(request: pytest.FixtureRequest):
+    # a SASL/PLAIN listener beside the plain one, for the security-settings tests
+    yield from _session_kafka(request, "areal-test-kafka-",
+                              lambda d: KafkaBroker(d, sasl_users={"areal": "areal-secret"}), 120, "broker.log")
 
 
 @pytest.fixture(scope="session")
@@ -72,15 +78,8 @@ def stack_env(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> dict[str,
 
 @pytest.fixture(scope="session")
 def kafka_cluster(request: pytest.FixtureRequest):
-    data_dir = Path(tempfile.mkdtemp(prefix="areal-test-kafka-cluster-"))
-    cluster = KafkaCluster(data_dir, size=3)
-    cluster.start(timeout=180)
-    yield cluster
-    cluster.stop()
-    if request.session.testsfailed:
-        print(f"\nKafka cluster logs kept under {data_dir} (node-N/broker.log)")
-    else:
-        shutil.rmtree(data_dir, ignore_errors=True)
+    yield from _session_kafka(request, "areal-test-kafka-cluster-", lambda d: KafkaCluster(d, size=3), 180,
+                              "node-*/broker.log")
 
 
 @pytest.fixture

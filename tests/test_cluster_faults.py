@@ -17,11 +17,8 @@ Afterwards, against what the trainers themselves report (their summaries):
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,6 +29,7 @@ from areal_train.launch import start
 from producers.events import CommandEvent, EvalConsensusEvent, EvalEvent, StepEvent, parse_event
 from producers.settings import Settings
 from streams.app import app_id_for
+from tests.test_faults import start_module, stop
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(480)]
 
@@ -71,20 +69,6 @@ class Log:
 
     def close(self) -> None:
         self.consumer.close()
-
-
-def start_module(module: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", module], env=env, stdout=open(log, "wb"),
-                            stderr=subprocess.STDOUT)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> int:
-    proc.terminate()
-    try:
-        return proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
 
 
 def round_of(e: EvalEvent | EvalConsensusEvent) -> tuple[str, str, str]:
@@ -161,7 +145,8 @@ def test_a_broker_killed_during_training_loses_nothing_and_counts_nothing_twice(
         assert clickhouse_counts(cluster_env, topics.prefix, expected, timeout=120) == expected
     finally:
         log.close()
-        assert stop(worker) == 0, (tmp_path / "worker.log").read_text()[-3000:]
+        stop(worker)
+        assert worker.returncode == 0, (tmp_path / "worker.log").read_text()[-3000:]
         stop(sink)
 
     # The topics the worker made (its ticks, its state's changelog) are replicated like the others.
