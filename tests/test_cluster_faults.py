@@ -78,6 +78,11 @@ def round_of(e: EvalEvent | EvalConsensusEvent) -> tuple[str, str, str]:
 def test_a_broker_killed_during_training_loses_nothing_and_counts_nothing_twice(
         kafka_cluster, cluster_topics, cluster_env, tmp_path):
     topics = cluster_topics
+    # the worker keeps the run's evaluation interval where the trainer has it (no plateau-long gaps)
+    worker_config = tmp_path / "streams.json"
+    worker_config.write_text(json.dumps({"defaults": {"eval_interval": 4, "min_eval_interval": 4,
+                                                      "max_eval_interval": 4}}))
+    cluster_env = {**cluster_env, "AREAL_STREAMS_CONFIG": str(worker_config)}
     worker = start_module("streams", cluster_env, tmp_path / "worker.log")
     sink = start_module("sinks", cluster_env, tmp_path / "sink.log")
     run = start(RUN, RANKS, 100_000, TRAINING, env=cluster_env, log_dir=tmp_path / "logs",
