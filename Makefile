@@ -28,7 +28,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q -rs
 
 # The fault tests, SOAK_N times in fresh pytest sessions (a new broker each time), to
-# count rare failures; each run's output is kept in $(SOAK_DIR)/run-N.log.
+# count rare failures; each run's output is kept in $(SOAK_DIR)/run-N.log, and a failed
+# run's files (worker, sink, trainer logs) in $(SOAK_DIR)/tmp-N/.
 SOAK_N     ?= 30
 SOAK_DIR   ?= .areal/soak
 SOAK_TESTS ?= tests/test_faults.py tests/test_cluster_faults.py \
@@ -38,9 +39,10 @@ fault-soak: $(STAMP)
 	@mkdir -p $(SOAK_DIR); failed=0; \
 	for i in $$(seq 1 $(SOAK_N)); do \
 	  start=$$(date +%s); \
-	  if $(PY) -m pytest -q -p no:cacheprovider $(SOAK_TESTS) > $(SOAK_DIR)/run-$$i.log 2>&1; \
-	  then echo "run $$i/$(SOAK_N): pass ($$(( $$(date +%s) - start )) s)"; \
-	  else failed=$$((failed + 1)); echo "run $$i/$(SOAK_N): FAIL ($(SOAK_DIR)/run-$$i.log)"; fi; \
+	  if $(PY) -m pytest -q -p no:cacheprovider --basetemp=$(SOAK_DIR)/tmp-$$i $(SOAK_TESTS) \
+	       > $(SOAK_DIR)/run-$$i.log 2>&1; \
+	  then echo "run $$i/$(SOAK_N): pass ($$(( $$(date +%s) - start )) s)"; rm -rf $(SOAK_DIR)/tmp-$$i; \
+	  else failed=$$((failed + 1)); echo "run $$i/$(SOAK_N): FAIL ($(SOAK_DIR)/run-$$i.log, $(SOAK_DIR)/tmp-$$i)"; fi; \
 	done; \
 	echo "fault-soak: $$failed of $(SOAK_N) runs failed ($(SOAK_TESTS))"; \
 	test $$failed -eq 0
