@@ -42,7 +42,8 @@ fault-soak: $(STAMP)
 	  if $(PY) -m pytest -q -p no:cacheprovider --basetemp=$(SOAK_DIR)/tmp-$$i $(SOAK_TESTS) \
 	       > $(SOAK_DIR)/run-$$i.log 2>&1; \
 	  then echo "run $$i/$(SOAK_N): pass ($$(( $$(date +%s) - start )) s)"; rm -rf $(SOAK_DIR)/tmp-$$i; \
-	  else failed=$$((failed + 1)); echo "run $$i/$(SOAK_N): FAIL ($(SOAK_DIR)/run-$$i.log, $(SOAK_DIR)/tmp-$$i)"; fi; \
+	  else failed=$$((failed + 1)); \
+	    echo "run $$i/$(SOAK_N): FAIL ($$(( $$(date +%s) - start )) s; $(SOAK_DIR)/run-$$i.log, $(SOAK_DIR)/tmp-$$i)"; fi; \
 	done; \
 	echo "fault-soak: $$failed of $(SOAK_N) runs failed ($(SOAK_TESTS))"; \
 	test $$failed -eq 0
