@@ -29,9 +29,9 @@ from areal_train.launch import start
 from producers.events import CommandEvent, EvalConsensusEvent, EvalEvent, StepEvent, parse_event
 from producers.settings import Settings
 from streams.app import app_id_for
-from tests.test_faults import start_module, stop
+from tests.test_faults import STARTUP_S, start_module, stop
 
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(480)]
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(720)]
 
 RUN = "cluster-fault"
 RANKS = 2
@@ -90,7 +90,7 @@ def test_a_broker_killed_during_training_loses_nothing_and_counts_nothing_twice(
     log = Log(kafka_cluster.bootstrap, [topics.steps, topics.evals, topics.consensus])
     victim = None
     try:
-        log.until(lambda: log.last_step_of_every_rank() >= 10, 180, "step 10 from both ranks")
+        log.until(lambda: log.last_step_of_every_rank() >= 10, STARTUP_S, "step 10 from both ranks")
         run_partition = next(p for t, p, e in log.records if t == topics.steps and e.run_id == RUN)
         victim = kafka_cluster.partition_leaders(topics.steps)[run_partition]
         kafka_cluster.kill(victim)
