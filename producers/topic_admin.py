@@ -45,7 +45,44 @@ def create_missing_topics(admin: Any, specs: Sequence[TopicSpec], partitions: in
         if time.monotonic() > deadline:
             raise TimeoutError(f"topics not ready after {timeout:.0f}s: {', '.join(missing)}")
         time.sleep(0.1)
+    while new and (lagging := not_hosted(admin, sorted(new))):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics not on every replica after {timeout:.0f}s: {', '.join(lagging[:5])}")
+        time.sleep(0.1)
     return sorted(new)
+
+
+def not_hosted(admin: Any, names: Sequence[str]) -> list[str]:
+    """Partitions of `names` that one of their replica brokers does not host yet ("topic[p]@broker").
+
+    On a cluster each broker learns of a new topic a moment after it exists, and a client
+    that asks a broker which has not may take it for missing: Faust's consumer then sees
+    its changelog with 0 partitions and refuses to write its table for minutes (seen on
+    the three-broker test cluster under load). A broker creates a partition's log after
+    its metadata holds the topic, so once every replica hosts its partitions, every
+    broker of the replica set answers for the topic. Asks each broker itself
+    (DescribeLogDirs). Best effort: a client not allowed to ask, or one without the
+    call, gets [] (the creator's own check above still holds).
+    """
+    from kafka.errors import KafkaError
+
+    try:
+        replicas: dict[int, dict[str, list[int]]] = {}
+        descs = admin.describe_topics(list(names))
+        known = {d.get("name") for d in descs if not d.get("error_code") and d.get("partitions")}
+        lagging = [n for n in names if n not in known]  # the broker asked has not heard of them yet
+        for d in descs:
+            for p in d.get("partitions") or ():
+                for broker in p.get("replica_nodes") or ():
+                    replicas.setdefault(broker, {}).setdefault(d["name"], []).append(p["partition_index"])
+        for broker, wanted in sorted(replicas.items()):
+            hosted = {(t["name"], q["partition_index"])
+                      for r in admin.describe_log_dirs(wanted, brokers=[broker]) for ld in r["log_dirs"]
+                      for t in ld.get("topics") or () for q in t.get("partitions") or ()}
+            lagging += [f"{t}[{p}]@{broker}" for t, ps in wanted.items() for p in ps if (t, p) not in hosted]
+        return lagging
+    except (KafkaError, TypeError, KeyError, AttributeError):
+        return []
 
 
 def not_ready(admin: Any, names: Sequence[str]) -> list[str]:

@@ -44,6 +44,8 @@ def main() -> int:
 
     from streams.app import app_id_for, broker_credentials, build_worker, ticks_topic_for
 
+    # Faust's name for the changelog of table "runs" (checked against the app below)
+    changelog = f"{app_id_for(topics.prefix)}-runs-changelog"
     try:
         partitions = prepare_topics(
             settings.kafka_bootstrap,
@@ -51,6 +53,7 @@ def main() -> int:
             ticks_topic_for(topics.prefix),
             client_config=settings.kafka_python_config(),
             durability=settings,
+            changelogs=[changelog],
         )
         committed = ensure_committed_offsets(
             settings.kafka_bootstrap,
@@ -84,6 +87,8 @@ def main() -> int:
         replication_factor=settings.kafka_replication_factor,
         min_insync_replicas=settings.kafka_min_insync_replicas,
     )
+    made = worker.app.tables["runs"].changelog_topic.get_topic_name()
+    assert made == changelog, f"the worker made changelog {changelog}, Faust uses {made}"
     faust_worker = faust.Worker(worker.app, loglevel=loglevel, quiet=True, redirect_stdouts=False,
                                 override_logging=False)
     try:

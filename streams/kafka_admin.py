@@ -24,14 +24,16 @@ class TopicLayoutError(RuntimeError):
 
 def prepare_topics(
     bootstrap: str, inputs: Iterable[str], ticks: str, *, timeout: float = 30.0, client_config: dict | None = None,
-    durability: DurabilitySettings | None = None,
+    durability: DurabilitySettings | None = None, changelogs: Iterable[str] = (),
 ) -> int:
-    """Partition count shared by the input topics; creates missing inputs and the ticks topic.
+    """Partition count shared by the input topics; creates missing inputs, the ticks topic and `changelogs`.
 
     Created topics are specified by `producers.topics.topic_spec` from `durability`
     (`Settings`: replication factor, min.insync.replicas, retention; inputs are raw
     topics, the ticks derived ones with a retention of an hour); None: the broker's
-    defaults. The same creation code as the local stack (`producers.topic_admin`).
+    defaults. The same creation code as the local stack (`producers.topic_admin`), which
+    waits until every replica broker has a new topic. `changelogs`: Faust's table
+    changelogs (compacted), made here so that every broker knows them before Faust asks.
     """
     from kafka import KafkaAdminClient
 
@@ -52,6 +54,8 @@ def prepare_topics(
         specs = [_spec(t, durability, derived=False) for t in inputs if not counts.get(t)]
         if not _partition_counts(admin, [ticks])[ticks]:
             specs.append(ticks_spec(ticks, durability))
+        changelogs = list(changelogs)
+        specs += [changelog_spec(t, durability) for t, n in _partition_counts(admin, changelogs).items() if not n]
         create_missing_topics(admin, specs, partitions, timeout=timeout)
         deadline = time.monotonic() + timeout
         while not all(_partition_counts(admin, [*inputs, ticks]).values()):
@@ -70,6 +74,14 @@ def _spec(name: str, durability: DurabilitySettings | None, *, derived: bool) ->
     if durability is None:
         return TopicSpec(name, -1)  # the broker's default replication and configs
     return topic_spec(name, durability, derived=derived)
+
+
+def changelog_spec(name: str, durability: DurabilitySettings | None) -> TopicSpec:
+    """A table's changelog, as Faust makes it: compacted (the latest state per run kept), replicated."""
+    spec = _spec(name, durability, derived=True)
+    config = {k: v for k, v in spec.config.items() if not k.startswith("retention.")}
+    config["cleanup.policy"] = "compact"
+    return TopicSpec(name, spec.replication_factor, config)
 
 
 def ticks_spec(name: str, durability: DurabilitySettings | None) -> TopicSpec:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from producers.errors import ConfigError
 from producers.settings import Settings
 from producers.topics import DERIVED_SUFFIXES, TopicSpec, Topics, topic_spec
-from streams.kafka_admin import TICKS_RETENTION_MS, ticks_spec
+from streams.kafka_admin import TICKS_RETENTION_MS, changelog_spec, ticks_spec
 
 TOPICS = Topics("x.")
 
@@ -65,3 +65,10 @@ def test_the_workers_ticks_are_replicated_like_derived_topics_but_kept_an_hour()
     assert spec == TopicSpec("x.ticks", 3, {"min.insync.replicas": "2", "retention.ms": str(TICKS_RETENTION_MS)})
     assert ticks_spec("x.ticks", None) == TopicSpec("x.ticks", -1, {"retention.ms": str(TICKS_RETENTION_MS)})
     assert topic_spec("x.steps", Settings(), derived=False).replication_factor == 1
+
+
+def test_the_workers_changelog_is_compacted_and_replicated_like_derived_topics() -> None:
+    settings = Settings(kafka_replication_factor=3, kafka_min_insync_replicas=2, derived_retention_ms=1000)
+    assert changelog_spec("x.changelog", settings) == TopicSpec(
+        "x.changelog", 3, {"min.insync.replicas": "2", "cleanup.policy": "compact"})  # compacted: no retention
+    assert changelog_spec("x.changelog", None) == TopicSpec("x.changelog", -1, {"cleanup.policy": "compact"})
