@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 
+from producers.errors import ArealError, one_line
 from producers.settings import Settings
 
 from sinks.batching import BatchPolicy
@@ -33,7 +34,11 @@ def main() -> int:
     )
     stop_merges = os.environ.get("AREAL_SINK_STOP_MERGES", "") == "1"
     http_port = int(os.environ.get("AREAL_SINK_HTTP_PORT", "0"))
-    sink = Sink(Settings.from_env(), policy=policy, stop_merges=stop_merges, http_port=http_port)
+    try:
+        sink = Sink(Settings.from_env(), policy=policy, stop_merges=stop_merges, http_port=http_port)
+    except ArealError as exc:  # a setting that cannot work (e.g. a cluster on the embedded engine): one line
+        print(f"areal-sink: {one_line(exc)}", file=sys.stderr)
+        return exc.exit_code
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sink.stop())
     sink.run()

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from producers.errors import ConfigError
 from sinks.views import RUNS_VIEW
 
 SCHEMA_VERSION = 3
@@ -47,6 +48,13 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 class CommandClient(Protocol):
     def command(self, cmd: str, *args: Any, **kwargs: Any) -> Any: ...
+
+
+class ClusterSettings(Protocol):
+    """What `SchemaOptions.from_settings` reads; `producers.settings.Settings` has these fields."""
+
+    clickhouse_cluster: str | None
+    clickhouse_replicated: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +234,24 @@ class SchemaOptions:
     cluster: str | None = None
     replicated: bool = False
     zk_path: str = "/clickhouse/tables/{shard}/{database}/{table}"
+
+    @classmethod
+    def from_settings(cls, settings: ClusterSettings, database: str = DEFAULT_DATABASE, *,
+                      embedded: bool = False) -> SchemaOptions:
+        """The options `Settings` ask for (AREAL_CLICKHOUSE_CLUSTER, AREAL_CLICKHOUSE_REPLICATED).
+
+        `embedded`: the store is the embedded engine (chdb), one process on one machine with
+        no Keeper and no cluster, so a cluster or replication setting is refused (ConfigError).
+        """
+        if embedded and (settings.clickhouse_cluster or settings.clickhouse_replicated):
+            raise ConfigError(
+                "AREAL_CLICKHOUSE_CLUSTER / AREAL_CLICKHOUSE_REPLICATED need a ClickHouse server (an http(s):// "
+                "AREAL_CLICKHOUSE_URL); the embedded engine (chdb://) is one node without Keeper")
+        try:
+            return cls(database=database, cluster=settings.clickhouse_cluster,
+                       replicated=settings.clickhouse_replicated)
+        except ValueError as exc:
+            raise ConfigError(f"AREAL_CLICKHOUSE_CLUSTER: {exc}") from None
 
     def __post_init__(self) -> None:
         if not _IDENT.fullmatch(self.database):

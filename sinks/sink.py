@@ -55,7 +55,8 @@ class Sink:
         self.settings = settings
         self.topics = settings.topics
         self.target = Target.parse(settings.clickhouse_url)
-        self.schema = schema or SchemaOptions(database=self.target.database)
+        self.schema = schema or SchemaOptions.from_settings(settings, self.target.database,
+                                                            embedded=self.target.kind == "chdb")
         self.policy = policy
         self.backoff = backoff
         self.group = group or consumer_group(settings)
