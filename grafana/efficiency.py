@@ -5,7 +5,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import dashboard
 
-from grafana.clickhouse import SQL, Format
+from grafana.clickhouse import SQL, Format, view
 from grafana.panels import NODE_FILTER, RUN_FILTER, base, table, timeseries
 
 UID = "areal-efficiency"
@@ -21,7 +21,7 @@ def _per_worker(value: str, name: str, extra_filter: str = "") -> SQL:
     $__timeInterval(ts) AS time,
     {WORKER} AS worker,
     {value} AS `{name}`
-FROM areal.steps FINAL
+FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}{extra_filter}
 GROUP BY time, worker
 ORDER BY time""",
@@ -37,7 +37,7 @@ LATENCY_QUANTILES = SQL(
     quantile(0.5)(latency_ms) AS p50,
     quantile(0.95)(latency_ms) AS p95,
     max(latency_ms) AS max
-FROM areal.steps FINAL
+FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER} AND latency_ms IS NOT NULL
 GROUP BY time, run_id
 ORDER BY time""",
@@ -55,7 +55,7 @@ WORKERS = SQL(
     quantile(0.95)(latency_ms) AS `p95 step latency`,
     max({MEMORY}) AS `peak memory`,
     max(ts) AS `last seen`
-FROM areal.steps FINAL
+FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
 GROUP BY run_id, node, rank
 ORDER BY run_id, node, rank""",
@@ -90,7 +90,7 @@ def build() -> dash_b.Dashboard:
             [
                 SQL(
                     f"""SELECT $__timeInterval(ts) AS time, run_id, sum(tokens) / $__interval_s AS `tokens/s`
-FROM areal.steps FINAL
+FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
 GROUP BY time, run_id
 ORDER BY time""",

@@ -48,7 +48,7 @@ def replay_into(client: Any, settings: Settings, schema: SchemaOptions | None = 
     from kafka import KafkaConsumer
     from kafka.structs import TopicPartition
 
-    schema = schema or SchemaOptions()
+    schema = schema or SchemaOptions.for_settings(settings)
     topics = settings.topics
     consumer = KafkaConsumer(**settings.kafka_python_config(), group_id=None, enable_auto_commit=False,
                              client_id="areal-replay", isolation_level="read_committed")
@@ -111,7 +111,7 @@ def run_replay(settings: Settings, *, force: bool = False) -> dict[str, int]:
     else:
         client = open_client(target, readonly=False, use_database=False)
     try:
-        return replay_into(client, settings, SchemaOptions(database=target.database), force=force)
+        return replay_into(client, settings, SchemaOptions.for_settings(settings, target.database), force=force)
     finally:
         client.close()
 

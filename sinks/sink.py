@@ -55,7 +55,7 @@ class Sink:
         self.settings = settings
         self.topics = settings.topics
         self.target = Target.parse(settings.clickhouse_url)
-        self.schema = schema or SchemaOptions(database=self.target.database)
+        self.schema = schema or SchemaOptions.for_settings(settings, self.target.database)
         self.policy = policy
         self.backoff = backoff
         self.group = group or consumer_group(settings)
