@@ -16,6 +16,7 @@ MEMORY = "ifNull(toFloat64(gpu_mem_bytes), metrics['mem_bytes'])"
 
 
 def _per_worker(value: str, name: str, extra_filter: str = "") -> SQL:
+    # grouped by the columns the label is made of: the label is built once per group, not per row
     return SQL(
         f"""SELECT
     $__timeInterval(ts) AS time,
@@ -23,7 +24,7 @@ def _per_worker(value: str, name: str, extra_filter: str = "") -> SQL:
     {value} AS `{name}`
 FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}{extra_filter}
-GROUP BY time, worker
+GROUP BY time, run_id, node, rank
 ORDER BY time""",
         expects=("time", "worker", name),
         format=TS,

@@ -25,10 +25,9 @@ Design (see docs/CLICKHOUSE.md):
   version of a row (a re-sent event, a resumed attempt's replacement, a
   re-emitted derived event with a new `ts`) must land in the partition of the
   row it replaces, and only a function of the sorting key guarantees that.
-  Because the partition key is a function of the sorting key, ClickHouse
-  runs `FINAL` partition by partition and reads a partition of one merged
-  part without merging at all; a query for some runs reads only their
-  partitions (and, inside them, only their key range).
+  A query for some runs reads only their partitions (and, inside them, only
+  their key range); `FINAL` merges only where parts overlap, and a partition
+  of one merged part is read without merging.
 - Raw steps may expire: `SchemaOptions.steps_ttl_days` (AREAL_CLICKHOUSE_STEPS_TTL_DAYS,
   off by default) sets `TTL ts + N days` on `steps`, and `v_steps` hides rows
   past it, so a read does not depend on which parts a merge has cleaned yet.

@@ -1,10 +1,9 @@
 """The views every reader uses (their SQL text; `schema` creates them).
 
 `v_<table>` is the table deduplicated: `SELECT * FROM <table> FINAL`, which
-ClickHouse runs partition by partition (the partition key is a function of
-the sorting key, see `sinks.schema`), merging only the key ranges where parts
-overlap; a reader's filter on the sorting key (run_id first) narrows the
-parts and ranges read before that. A filter on another column (`ts`) is
+ClickHouse merges only in the key ranges where parts overlap (all versions of
+a row share a partition, see `sinks.schema`); a reader's filter on the
+sorting key (run_id first) narrows the partitions and ranges read before that. A filter on another column (`ts`) is
 applied after the deduplication, as it must be: of a row's versions only the
 winner may be tested. With a TTL on raw steps, `v_steps` also hides rows past
 it, whether or not a merge has removed them yet (TTL is applied part by part,
