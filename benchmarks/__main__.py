@@ -12,7 +12,11 @@ here unless AREAL_KAFKA_BOOTSTRAP is set):
   ClickHouse rows, beside the raw produce-then-consume rate (the ceiling);
 - latency: publish() to alert, publish() to row visible to `sql`;
 - memory: peak RSS of the stream worker and the sink;
-- scale: 1, 8 and 64 simulated ranks publishing at once.
+- scale: 1, 8 and 64 simulated ranks publishing at once;
+- queries: every dashboard query (macros expanded) on 10 million generated step
+  rows in an embedded store, p50/p95 per query (`panel_ms_p95_max`: the slowest
+  query's p95 in the dashboards' default view; `--quick` times each query 5
+  times instead of 20, on the same 10M rows).
 
 The detailed per-wing benchmarks are `benchmarks.bench_*` (see docs/PERFORMANCE.md).
 """
@@ -24,7 +28,7 @@ import json
 import logging
 from pathlib import Path
 
-from benchmarks import bench_client, bench_publisher, pipeline
+from benchmarks import bench_client, bench_publisher, bench_queries, pipeline
 from benchmarks.common import broker, machine, print_table
 
 
@@ -41,6 +45,7 @@ def main() -> int:
         pub = bench_publisher.run(bootstrap, n_pub)
         client = bench_client.run(bootstrap, n_client)
         pipe = pipeline.run(bootstrap, n_pipe, samples, scales=(1, 8, 64))
+    queries = bench_queries.run(5 if args.quick else 20)  # no broker needed: after the others, not beside them
     bench_publisher.report(pub)
     bench_client.report(client)
     raw = pipe["raw_events_per_s"]
@@ -58,6 +63,7 @@ def main() -> int:
         ("stream worker peak RSS", f"{pipe.get('worker_peak_rss_mb', float('nan')):.0f} MiB", ""),
         ("sink peak RSS", f"{pipe.get('sink_peak_rss_mb', float('nan')):.0f} MiB", ""),
     ])
+    bench_queries.report(queries)
     figures = {
         "machine": machine(),
         "publish_us_p50": pub["publish_us_p50"],
@@ -75,6 +81,9 @@ def main() -> int:
         "worker_peak_rss_mb": pipe.get("worker_peak_rss_mb"),
         "sink_peak_rss_mb": pipe.get("sink_peak_rss_mb"),
         "scale": {str(k): v for k, v in pipe["scale"].items()},
+        **{key: queries[key] for key in queries if key.startswith("panel_ms_p95_max")},
+        "panel_steps_rows": queries["steps_rows"],
+        "queries": queries,
     }
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

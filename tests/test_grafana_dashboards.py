@@ -95,7 +95,7 @@ def test_issue_requirements_are_in_the_dashboards() -> None:
     assert "v_runs" in runs["Run lifecycle"]["targets"][0]["rawSql"]
     assert runs["Config side by side"]["transformations"][0]["id"] == "groupingToMatrix"
     assert "v_runs" in boards["runs"]["templating"]["list"][2]["query"]["rawSql"]  # the run picker
-    assert any(p["title"] == "Generations" and "areal.generations" in p["targets"][0]["rawSql"]
+    assert any(p["title"] == "Generations" and "areal.v_generations" in p["targets"][0]["rawSql"]
                for p in evaluation["panels"])
     efficiency = " ".join(p["title"] for p in boards["efficiency"]["panels"])
     assert "Throughput per node and rank" in efficiency and "latency" in efficiency and "Memory" in efficiency
