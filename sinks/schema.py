@@ -265,7 +265,7 @@ class SchemaOptions:
             return cls(database=database, cluster=settings.clickhouse_cluster,
                        replicated=settings.clickhouse_replicated, steps_ttl_days=settings.clickhouse_steps_ttl_days)
         except ValueError as exc:
-            raise ConfigError(f"ClickHouse settings: {exc}") from None
+            raise ConfigError(f"AREAL_CLICKHOUSE_CLUSTER: {exc}") from None  # the TTL is checked by Settings
 
     def __post_init__(self) -> None:
         if self.steps_ttl_days is not None and (isinstance(self.steps_ttl_days, bool) or
@@ -453,8 +453,11 @@ def schema_statements(o: SchemaOptions = SchemaOptions()) -> list[str]:
     out = [f"CREATE DATABASE IF NOT EXISTS {o.database}{o.on_cluster}", _migrations_sql(o)]
     for _, _, stmts in migrations(o):
         for stmt in stmts:
-            out.extend(stmt.statements(o) if isinstance(stmt, Rekey) else [stmt])
-    return out
+            if isinstance(stmt, Rekey):  # a new store makes the table in its layout; an older one copies
+                out.extend([create_table_sql(TABLES_BY_NAME[stmt.table], o), *stmt.statements(o)])
+            else:
+                out.append(stmt)
+    return [*out, _ttl_sql(o), create_view_sql(TABLES_BY_NAME["steps"], o)]  # apply_ttl: when the TTL differs
 
 
 def applied_version(client: Any, o: SchemaOptions = SchemaOptions()) -> int:
@@ -504,9 +507,13 @@ def apply_ttl(client: CommandClient, o: SchemaOptions) -> None:
     where = f"database = '{o.database}' AND name = 'steps'"
     current = str(client.command(f"SELECT extract(create_table_query, 'TTL (.*) SETTINGS') FROM system.tables WHERE {where}"))
     if "".join(current.split()) != "".join((wanted or "").split()):
-        table = f"{o.database}.steps{o.on_cluster}"
-        client.command(f"ALTER TABLE {table} MODIFY TTL {wanted}" if wanted else f"ALTER TABLE {table} REMOVE TTL")
+        client.command(_ttl_sql(o))
     client.command(create_view_sql(steps, o))  # also after an ALTER that an interrupted start left without it
+
+
+def _ttl_sql(o: SchemaOptions) -> str:
+    table, wanted = f"{o.database}.steps{o.on_cluster}", o.ttl(TABLES_BY_NAME["steps"])
+    return f"ALTER TABLE {table} MODIFY TTL {wanted}" if wanted else f"ALTER TABLE {table} REMOVE TTL"
 
 
 def drop_tables(client: CommandClient, options: SchemaOptions = SchemaOptions(), names: Sequence[str] | None = None) -> None:
