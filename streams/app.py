@@ -151,6 +151,10 @@ def build_worker(
         broker_heartbeat_interval=1.0,
         broker_rebalance_timeout=session_timeout,
         producer_acks=-1,
+        # A batch's outputs and state records leave in a few produce requests, not one each
+        # (the batch waits for their acknowledgement anyway).
+        producer_linger=0.005,
+        producer_max_batch_size=256 * 1024,
         worker_redirect_stdouts=False,
     )
     steps = app.topic(topics.steps, key_type=bytes, value_type=bytes)
@@ -178,9 +182,22 @@ def build_worker(
 
     if linger_s is None:
         linger_s = _env_float("AREAL_STREAMS_LINGER_MS", 5.0) / 1000.0
-    batcher = Batcher(core, ack, max_batch=max_batch, linger_s=max(0.0, linger_s),
-                      on_crash=crash if send is None else None)
     guard = InputGuard() if send is None else None  # a real consumer: guard against skipped input
+
+    def backlog() -> bool:
+        """More input in Kafka than the agents have read (the high-water marks of the last fetch)."""
+        assert guard is not None
+        for (topic, partition), last in list(guard.last.items()):
+            try:
+                high = app.consumer.highwater(TP(topic, partition))
+            except Exception:  # noqa: BLE001 - a partition being reassigned
+                continue
+            if high is not None and high > last + 1:
+                return True
+        return False
+
+    batcher = Batcher(core, ack, max_batch=max_batch, linger_s=max(0.0, linger_s),
+                      backlog=backlog if guard is not None else None, on_crash=crash if send is None else None)
 
     async def seek(topic: str, partition: int, offset: int) -> None:
         await app.consumer.seek(TP(topic, partition), offset)

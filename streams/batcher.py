@@ -7,7 +7,10 @@ messages in arrival order, ticks in their place. Every message is acknowledged o
 its batch is processed (outputs delivered, state saved), so a crash reads it again.
 
 Under load the batches grow by themselves: what arrives while one batch is processed is
-the next. At a trickle a message waits at most `linger_s`. When `max_pending` messages
+the next. At a trickle a message waits at most `linger_s`. While `backlog()` says more
+input is in Kafka than the agents have read (a worker catching up), the batch waits for
+it, up to `max_batch` messages or `max_linger_s`: the agents and the core share one
+thread, so a batch cut at `linger_s` would hold only what the agents read meanwhile. When `max_pending` messages
 wait, `add` waits too (Faust's own buffers then hold the rest); `paused()` tells the
 skipped-input guard that the agents stopped reading on purpose.
 """
@@ -37,6 +40,8 @@ class Batcher:
     max_batch: int = 2000
     linger_s: float = 0.005
     max_pending: int = 8000
+    max_linger_s: float = 0.1
+    backlog: Callable[[], bool] | None = None  # True: more input waits in Kafka
     on_crash: Callable[[BaseException], Any] | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"batches": 0, "messages": 0, "largest": 0})
 
@@ -88,13 +93,7 @@ class Batcher:
                 await self._wake.wait()
                 self._wake.clear()
                 while self.pending:
-                    wait = self.linger_s - (loop.time() - (self._first_at or 0.0))
-                    if wait > 0 and len(self.pending) < self.max_batch:
-                        self._full.clear()
-                        try:
-                            await asyncio.wait_for(self._full.wait(), wait)  # more may come
-                        except asyncio.TimeoutError:
-                            pass
+                    await self._gather(loop)
                     batch, self.pending = self.pending[:self.max_batch], self.pending[self.max_batch:]
                     self._first_at = loop.time() if self.pending else None
                     self._room.set()
@@ -107,6 +106,26 @@ class Batcher:
             if self.on_crash is None:
                 raise
             self.on_crash(exc)
+
+    async def _gather(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait for more messages: linger_s after the first, longer while a backlog waits."""
+        first = self._first_at or loop.time()
+        wait = self.linger_s - (loop.time() - first)
+        if wait > 0:
+            await self._until_full(wait)
+        deadline = first + self.max_linger_s
+        while (self.backlog is not None and len(self.pending) < self.max_batch and loop.time() < deadline
+               and self.backlog()):
+            await self._until_full(min(0.002, deadline - loop.time()))
+
+    async def _until_full(self, timeout: float) -> None:
+        if len(self.pending) >= self.max_batch:
+            return
+        self._full.clear()
+        try:
+            await asyncio.wait_for(self._full.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
 
     async def _process(self, batch: list[tuple[Input | Tick, Any]]) -> None:
         self.stats["batches"] += 1
