@@ -116,7 +116,7 @@ class Batcher:
         deadline = first + self.max_linger_s
         while (self.backlog is not None and len(self.pending) < self.max_batch and loop.time() < deadline
                and self.backlog()):
-            await self._until_full(min(0.002, deadline - loop.time()))
+            await asyncio.sleep(min(0.002, deadline - loop.time()))  # the agents read meanwhile
 
     async def _until_full(self, timeout: float) -> None:
         if len(self.pending) >= self.max_batch:

@@ -3,20 +3,24 @@ vote round, so a batch rewrites only what changed.
 
 A run's RunState (streams.processor) is kept as (keys are JSON arrays):
 
-  [run, "run"]                the head: every part of the state but the vote rounds (the
-                              smoothing window, the steps waiting for ranks, triggers, alert
-                              memory, eval loop, stall, lifecycle, the last good consensus),
-                              the keys of the open rounds and the range of closed-round numbers
+  [run, "run"]                the head: every part of the state but the steps and rounds below
+                              (the smoothing window, triggers, alert memory, eval loop, stall,
+                              lifecycle, the last good consensus), the keys of the waiting steps
+                              and open rounds, and the range of closed-round numbers
+  [run, "pending", [a, s]]    one step waiting for the rest of its ranks (PendingStep)
   [run, "round", RoundKey]    one open vote round (RoundState)
   [run, "closed", RoundKey]   one decided round: its number in closing order
 
 Saving compares the new state with the one last saved and writes only what changed, in an
-order that keeps a crash harmless: round records first, then the head, then tombstones.
-Kafka keeps a partition's order and every record of a run goes to the run's partition, so
-a crash leaves a prefix of those writes; the head decides what is live (the rounds it
-lists, the closed numbers in its range), so a half-written save reads back as the state
-before it, and the input the worker reads again redoes it. A step batch writes one
-record per run (its head); closing a round adds one record, never the 2,048 before it.
+order that keeps a crash harmless: step and round records first, then the head, then
+tombstones. Kafka keeps a partition's order and every record of a run goes to the run's
+partition, so a crash leaves a prefix of those writes; the head decides what is live (the
+steps and rounds it lists, the closed numbers in its range), so a half-written save reads
+back as the state before it, except that a waiting step or open round the save rewrote
+already holds the new report or result: the batch the worker reads again adds those
+once more, which changes nothing (one report per rank, one result per node). A batch of
+steps writes its run's head and the waiting steps that got a report; closing a round
+adds one record, never the 2,048 before it.
 
 A run whose records do not decode starts over from an empty state; each bad record is
 reported once (`bad`, for the shell to dead-letter) and the run's leftover records are
@@ -38,12 +42,14 @@ from typing import Any
 from streams import codec
 from streams.codec import StateDecodeError
 from streams.processor import RunState
+from streams.ranks import PendingStep, RankState, StepKey
 from streams.voting import RoundKey, RoundState, VoteState
 
 log = logging.getLogger("streams")
 
-HEAD, ROUND, CLOSED = "run", "round", "closed"
-# The VoteState parts kept in records of their own; every other part is in the head.
+HEAD, PENDING, ROUND, CLOSED = "run", "pending", "round", "closed"
+# The parts kept in records of their own; every other part is in the head.
+SPLIT_RANKS = ("pending",)
 SPLIT_VOTES = ("open_rounds", "closed")
 
 
@@ -68,25 +74,39 @@ def record_key(run_id: str, kind: str, part: Any = None) -> bytes:
 
 
 @cache
-def _run_hints() -> dict[str, Any]:
-    return typing.get_type_hints(RunState)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 @cache
-def _vote_hints() -> dict[str, Any]:
-    return typing.get_type_hints(VoteState)
-
-
 def _head_fields() -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(RunState) if f.name not in ("run_id", "votes"))
+    return tuple(f.name for f in dataclasses.fields(RunState) if f.name not in ("run_id", "ranks", "votes"))
+
+
+@cache
+def _rest(cls: type, split: tuple[str, ...]) -> tuple[str, ...]:
+    """The fields of `cls` that stay in the head."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in split)
+
+
+def _rank_fields() -> tuple[str, ...]:
+    return _rest(RankState, SPLIT_RANKS)
 
 
 def _vote_fields() -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(VoteState) if f.name not in SPLIT_VOTES)
+    return _rest(VoteState, SPLIT_VOTES)
 
 
 def _changed(a: Any, b: Any) -> bool:
     return a is not b and a != b
+
+
+def _decode_fields(cls: type, names: tuple[str, ...], data: Any, path: str) -> dict[str, Any]:
+    """The fields of `cls` found in the head object `data` (path: where it sits in a RunState)."""
+    if not isinstance(data, dict):
+        raise StateDecodeError(f"stream state {path}: expected an object")
+    hints = _hints(cls)
+    return {name: codec.decode(hints[name], data[name], f"{path}.{name}") for name in names if name in data}
 
 
 class TableWrites:
@@ -192,14 +212,12 @@ class StateStore:
         data = codec.parse(self.io.get(head_key))
         if not isinstance(data, dict):
             raise StateDecodeError("stream state $: expected an object")
-        hints = _run_hints()
-        values = {name: codec.decode(hints[name], data[name], f"$.{name}") for name in _head_fields() if name in data}
+        values = _decode_fields(RunState, _head_fields(), data, "$")
+        ranks = data.get("ranks", {})
+        rank_values = _decode_fields(RankState, _rank_fields(), ranks, "$.ranks")
+        waiting = codec.decode(tuple[StepKey, ...], ranks.get("waiting", []), "$.ranks.waiting")
         votes = data.get("votes", {})
-        if not isinstance(votes, dict):
-            raise StateDecodeError("stream state $.votes: expected an object")
-        vote_hints = _vote_hints()
-        vote_values = {name: codec.decode(vote_hints[name], votes[name], f"$.votes.{name}")
-                       for name in _vote_fields() if name in votes}
+        vote_values = _decode_fields(VoteState, _vote_fields(), votes, "$.votes")
         open_keys = codec.decode(tuple[RoundKey, ...], votes.get("open", []), "$.votes.open")
         low, next_no = codec.decode(tuple[int, int], votes.get("closed_range", [0, 0]), "$.votes.closed_range")
         open_rounds = {}
@@ -209,9 +227,16 @@ class StateStore:
                 raise StateDecodeError(f"stream state $.votes.open_rounds[{i}]: the round's record is missing")
             open_rounds[key] = codec.decode(RoundState, codec.parse(raw), f"$.votes.open_rounds[{i}]")
         closed_no = self._closed_rounds(keys, low, next_no)
+        pending = {}
+        for i, step_key in enumerate(waiting):
+            raw = self.io.get(record_key(run_id, PENDING, step_key))
+            if raw is None:
+                raise StateDecodeError(f"stream state $.ranks.pending[{i}]: the step's record is missing")
+            pending[step_key] = codec.decode(PendingStep, codec.parse(raw), f"$.ranks.pending[{i}]")
         try:
             vote_state = VoteState(open_rounds=open_rounds, closed=tuple(closed_no), **vote_values)
-            state = RunState(run_id=run_id, votes=vote_state, **values)
+            ranks = RankState(pending=pending, **rank_values)
+            state = RunState(run_id=run_id, ranks=ranks, votes=vote_state, **values)
         except (TypeError, ValueError) as exc:
             raise StateDecodeError(f"stream state $: {exc}") from None
         return _Saved(state, closed_no, next_no)
@@ -243,14 +268,17 @@ class StateStore:
         deletes: list[bytes] = []
         if old is None:
             saved = _Saved(state, {k: i for i, k in enumerate(state.votes.closed)}, len(state.votes.closed))
-            puts = [(record_key(run_id, ROUND, k), codec.dumps(r)) for k, r in state.votes.open_rounds.items()]
+            puts = [(record_key(run_id, PENDING, k), codec.dumps(p)) for k, p in state.ranks.pending.items()]
+            puts += [(record_key(run_id, ROUND, k), codec.dumps(r)) for k, r in state.votes.open_rounds.items()]
             puts += [(record_key(run_id, CLOSED, k), codec.dumps(n)) for k, n in saved.closed_no.items()]
             puts.append((record_key(run_id, HEAD), self._head(saved)))
             written = {k for k, _ in puts}
             deletes = [k for k in self._runs().get(run_id, {}) if k not in written]
         else:
             saved = _Saved(state, old.closed_no, old.next_no)
-            head_changed = self._diff_rounds(old.state.votes, state.votes, saved, puts, deletes)
+            head_changed = old.state.ranks.pending is not state.ranks.pending and _diff_records(
+                run_id, PENDING, old.state.ranks.pending, state.ranks.pending, puts, deletes)
+            head_changed = self._diff_rounds(old.state.votes, state.votes, saved, puts, deletes) or head_changed
             if head_changed or self._head_changed(old.state, state):
                 puts.append((record_key(run_id, HEAD), self._head(saved)))
         index = self._runs().setdefault(run_id, {})
@@ -266,12 +294,18 @@ class StateStore:
     def _head_changed(self, old: RunState, new: RunState) -> bool:
         if any(_changed(getattr(old, name), getattr(new, name)) for name in _head_fields()):
             return True
+        if old.ranks is not new.ranks and any(
+                _changed(getattr(old.ranks, name), getattr(new.ranks, name)) for name in _rank_fields()):
+            return True
         return old.votes is not new.votes and any(
             _changed(getattr(old.votes, name), getattr(new.votes, name)) for name in _vote_fields())
 
     def _head(self, saved: _Saved) -> bytes:
         state = saved.state
         head: dict[str, Any] = {name: codec.prepare(getattr(state, name)) for name in _head_fields()}
+        ranks = {name: codec.prepare(getattr(state.ranks, name)) for name in _rank_fields()}
+        ranks["waiting"] = codec.prepare(list(state.ranks.pending))
+        head["ranks"] = ranks
         votes = {name: codec.prepare(getattr(state.votes, name)) for name in _vote_fields()}
         votes["open"] = codec.prepare(list(state.votes.open_rounds))
         # numbers are given in order, so the first one kept is the lowest
@@ -287,14 +321,7 @@ class StateStore:
         run_id = saved.state.run_id
         changed = False
         if old.open_rounds is not new.open_rounds:
-            for key, rnd in new.open_rounds.items():
-                before = old.open_rounds.get(key)
-                if before is None or _changed(before, rnd):
-                    puts.append((record_key(run_id, ROUND, key), codec.dumps(rnd)))
-                    changed = changed or before is None
-            gone = [k for k in old.open_rounds if k not in new.open_rounds]
-            deletes.extend(record_key(run_id, ROUND, k) for k in gone)
-            changed = changed or bool(gone)
+            changed = _diff_records(run_id, ROUND, old.open_rounds, new.open_rounds, puts, deletes)
         if old.closed is not new.closed:
             added, evicted = _closed_changes(old.closed, new.closed, saved.closed_no)
             saved.closed_no = dict(saved.closed_no)
@@ -307,6 +334,21 @@ class StateStore:
                 saved.next_no += 1
             changed = changed or bool(added or evicted)
         return changed
+
+
+def _diff_records(run_id: str, kind: str, old: Any, new: Any, puts: list[tuple[bytes, bytes]],
+                  deletes: list[bytes]) -> bool:
+    """A record per changed entry of mapping `new`, a tombstone per entry gone; True when the
+    set of keys changed."""
+    added = False
+    for key, value in new.items():
+        before = old.get(key)
+        if before is None or _changed(before, value):
+            puts.append((record_key(run_id, kind, key), codec.dumps(value)))
+            added = added or before is None
+    gone = [k for k in old if k not in new]
+    deletes.extend(record_key(run_id, kind, k) for k in gone)
+    return added or bool(gone)
 
 
 def _closed_changes(old: tuple[RoundKey, ...], new: tuple[RoundKey, ...],
