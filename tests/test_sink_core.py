@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from producers.events import CommandEvent, EvalEvent, StepEvent
 from producers.topics import Topics
-from sinks.batching import Backoff, Batcher, BatchPolicy, Plan, dedup_token
+from producers.backoff import Backoff
+from sinks.batching import Batcher, BatchPolicy, Plan, dedup_token
 from sinks.decode import dead_letter_id, decode
 from sinks.rows import Located, build_columns
 from sinks.schema import TABLES, TABLES_BY_NAME, SchemaOptions, create_table_sql, schema_statements
