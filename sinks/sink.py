@@ -30,8 +30,9 @@ from sinks.batching import (
     dedup_token,
 )
 from sinks.decode import decode
+from sinks.migrations import apply_schema
 from sinks.query import Target, open_client
-from sinks.schema import TABLES, SchemaOptions, apply_schema
+from sinks.schema import TABLES, SchemaOptions
 from sinks.writer import insert_rows, load_plans, record_plans
 
 log = logging.getLogger("areal.sink")

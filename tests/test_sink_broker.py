@@ -287,10 +287,10 @@ def test_replay_refuses_to_lose_data(settings: Settings, kafka_bootstrap: str, t
     from kafka import KafkaAdminClient
     from kafka.structs import TopicPartition
 
+    from sinks.migrations import apply_schema
     from sinks.replay import ReplayRefused
-    from sinks.schema import apply_schema
-    from sinks.writer import insert_rows
     from sinks.rows import Located
+    from sinks.writer import insert_rows
 
     client = open_client(Target.parse(settings.clickhouse_url), readonly=False, use_database=False)
     try:

@@ -15,14 +15,9 @@ from producers.events import CommandEvent, EvalEvent, StepEvent
 from producers.topics import Topics
 from sinks.batching import Batcher, BatchPolicy, Plan, dedup_token
 from sinks.decode import dead_letter_id, decode
+from sinks.migrations import schema_statements
 from sinks.rows import Located, build_columns
-from sinks.schema import (
-    TABLES,
-    TABLES_BY_NAME,
-    SchemaOptions,
-    create_table_sql,
-    schema_statements,
-)
+from sinks.schema import TABLES, TABLES_BY_NAME, SchemaOptions, create_table_sql
 
 TOPICS = Topics("x.")
 
