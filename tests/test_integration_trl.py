@@ -10,12 +10,17 @@ an accuracy.
   step_time...), the fractional epoch, the rest in `metrics`; each evaluation
   is an eval result with its consensus; the run is `finished`.
 - `evaluate_now` and `stop` published on the control topic: the trainer
-  evaluates once more and stops long before its max_steps.
+  evaluates once more and stops long before its max_steps; under torchrun
+  with 2 processes (only rank 0 has a run), both ranks evaluate and stop at
+  the same step.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +30,7 @@ from kafka import KafkaProducer
 
 from producers.events import CommandEvent
 from producers.topics import Topics
-from tests.test_client_broker import service, sink, stop, wait_for  # noqa: F401 - sink is a fixture
+from tests.test_client_broker import ROOT, child_env, service, sink, stop, wait_for  # noqa: F401 - sink is a fixture
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(600)]
 
@@ -64,6 +69,16 @@ def rows_when(sink: Callable[[str], list[tuple]], sql: str, count: int, what: st
     """The rows of `sql` once there are `count` of them (the sink projects asynchronously)."""
     wait_for(lambda: len(sink(sql)) >= count, timeout, what)
     return sink(sql)
+
+
+def publish_commands(bootstrap: str, topics: Topics, run_id: str, commands: tuple[str, ...]) -> None:
+    """Commands for a run that has started: it reads the control topic from its start, so none is missed."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    for command in commands:
+        event = CommandEvent(run_id=run_id, command=command, reason="test")
+        producer.send(topics.control, key=run_id.encode(), value=event.to_json())
+    producer.flush(30)
+    producer.close()
 
 
 @pytest.fixture
@@ -132,12 +147,7 @@ def test_evaluate_now_and_stop_on_the_control_topic_are_obeyed(areal_env: dict[s
     from areal_metrics.integrations.trl import ArealMetricsCallback
 
     run = am.init(run_id="trl-stop", world_size=1, git=False)  # a run of the test's own: the callback leaves it open
-    producer = KafkaProducer(bootstrap_servers=areal_env["AREAL_KAFKA_BOOTSTRAP"], acks="all")
-    for command in ("evaluate_now", "stop"):  # after init: the run reads the control topic from its start
-        event = CommandEvent(run_id="trl-stop", command=command, reason="test")
-        producer.send(topics.control, key=b"trl-stop", value=event.to_json())
-    producer.flush(30)
-    producer.close()
+    publish_commands(areal_env["AREAL_KAFKA_BOOTSTRAP"], topics, "trl-stop", ("evaluate_now", "stop"))  # after init
 
     trainer = tiny_grpo_trainer(tmp_path / "out", ArealMetricsCallback(run, accuracy_key="eval_reward"),
                                 max_steps=400, eval_steps=1000)  # never a scheduled evaluation before max_steps
@@ -152,3 +162,51 @@ def test_evaluate_now_and_stop_on_the_control_topic_are_obeyed(areal_env: dict[s
              "the steps before the stop")
     assert rows_when(sink, "SELECT step, status FROM v_evals WHERE run_id = 'trl-stop'", 1, "the eval result") == [
         (evaluated[0], "ok")]
+
+
+DDP_SCRIPT = """
+    import os, sys
+    from pathlib import Path
+    import areal_metrics as am
+    from areal_metrics.integrations.trl import ArealMetricsCallback
+    from tests.test_integration_trl import tiny_grpo_trainer
+
+    rank = int(os.environ["RANK"])
+    run = am.init(run_id="trl-ddp", world_size=1, git=False) if rank == 0 else None  # only rank 0 logs
+    if rank == 0:
+        print("ready", flush=True)
+    callback = ArealMetricsCallback(run, accuracy_key="eval_reward")
+    trainer = tiny_grpo_trainer(Path(sys.argv[1]) / f"rank{rank}", callback, max_steps=400, eval_steps=1000)
+    trainer.train()
+    evaluated = [e["step"] for e in trainer.state.log_history if "eval_reward" in e]
+    print("stopped", rank, trainer.state.global_step, "evaluated", *evaluated, flush=True)
+"""
+
+
+def test_two_processes_evaluate_and_stop_at_the_same_step(stack_env: dict[str, str], topics: Topics, tmp_path: Path,
+                                                          sink) -> None:
+    script = tmp_path / "ddp_grpo.py"
+    script.write_text(textwrap.dedent(DDP_SCRIPT))
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+            str(tmp_path)]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(stack_env), stdout=subprocess.PIPE,
+                            stderr=(tmp_path / "torchrun.log").open("w"), text=True)
+    try:
+        assert proc.stdout.readline().split() == ["ready"], (tmp_path / "torchrun.log").read_text()[-4000:]
+        publish_commands(stack_env["AREAL_KAFKA_BOOTSTRAP"], topics, "trl-ddp", ("evaluate_now", "stop"))
+        out, _ = proc.communicate(timeout=500)
+        assert proc.returncode == 0, (tmp_path / "torchrun.log").read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    ends = sorted(line.split()[1:] for line in out.splitlines() if line.startswith("stopped"))
+    assert [e[0] for e in ends] == ["0", "1"] and ends[0][1:] == ends[1][1:]  # rank 0's decision, on both ranks
+    stopped_at, evaluated = int(ends[0][1]), [int(s) for s in ends[0][3:]]
+    assert stopped_at < 400 and len(evaluated) == 1 and evaluated[0] <= stopped_at
+
+    wait_for(lambda: sink("SELECT count() FROM v_steps WHERE run_id = 'trl-ddp'") == [(stopped_at,)], 120,
+             "rank 0's steps")
+    assert sink("SELECT DISTINCT rank, world_size FROM v_steps WHERE run_id = 'trl-ddp'") == [(0, 1)]
+    assert rows_when(sink, "SELECT step FROM v_evals WHERE run_id = 'trl-ddp'", 1, "the eval result") == [
+        (evaluated[0],)]

@@ -1,0 +1,60 @@
+"""The integrations' pure parts and their imports (no broker).
+
+- `import areal_metrics` imports no integration; the AReaL and verl modules
+  import neither their framework nor torch until used.
+- The TRL callback's decision from commands, and HF evaluation metrics ->
+  `log_eval` keywords (a metric named like one of log_eval's parameters
+  keeps its `eval_` prefix instead of taking that parameter's place).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from producers.events import CommandEvent
+from tests.test_client_broker import ROOT
+
+
+def test_importing_the_client_and_the_areal_and_verl_modules_stays_light() -> None:
+    code = textwrap.dedent("""
+        import sys
+        import areal_metrics
+        assert "areal_metrics.integrations" not in sys.modules
+        import areal_metrics.integrations.areal, areal_metrics.integrations.verl
+        heavy = [m for m in ("areal", "verl", "torch", "transformers", "trl", "ray") if m in sys.modules]
+        print("heavy", *heavy)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["heavy"]
+
+
+def command(name: str, **args: object) -> CommandEvent:
+    return CommandEvent(run_id="r", command=name, args=args)
+
+
+def test_commands_make_one_decision() -> None:
+    from areal_metrics.integrations.trl import Decision, decide
+
+    assert decide([]) == Decision()
+    got = decide([command("set_eval_interval", steps=5), command("evaluate_now"), command("scale_lr", factor=0.5),
+                   command("set_eval_interval", steps=7), command("stop")])
+    assert got == Decision(evaluate=True, stop=True, eval_interval=7, ignored=("scale_lr",))
+
+
+@pytest.mark.parametrize("accuracy_key", ["eval_accuracy", "eval_reward"])
+def test_evaluation_metrics_become_log_eval_keywords(accuracy_key: str) -> None:
+    from areal_metrics.integrations.trl import eval_result
+
+    metrics = {"eval_accuracy": 0.75, "eval_reward": 0.75, "eval_runtime": 2.5, "eval_completions/mean_length": 4.0,
+               "eval_loss": 0.1, "eval_status": 3.0, "eval_samples": 8.0, "epoch": 0.5}
+    got = eval_result(metrics, accuracy_key)
+    assert got is not None and got["accuracy"] == 0.75
+    assert got["reward"] == 0.75 and got["response_length"] == 4.0 and got["latency_ms"] == 2500.0
+    assert got["loss"] == 0.1 and got["eval_status"] == 3.0 and got["eval_samples"] == 8.0  # not log_eval's own
+    assert "status" not in got and "samples" not in got and "epoch" not in got
+    assert eval_result({"eval_loss": 0.1}, accuracy_key) is None

@@ -1,0 +1,73 @@
+"""examples/torchrun_ppo.py under torchrun (2 processes, gloo) against the real broker, stream worker and sink.
+
+The example uses `areal_metrics.init` alone (rank, world size and node from
+torchrun's environment). Once it is running, `evaluate_now` and `stop` are
+published on the control topic: both ranks evaluate and stop at the same step,
+long before `--steps`. Then every step of both ranks is a row, and every
+evaluation round the example ran (on its schedule, or the command's) has one
+consensus with the 2 ranks' votes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kafka import KafkaProducer
+
+from producers.events import CommandEvent
+from producers.topics import Topics
+from tests.test_client_broker import ROOT, child_env, service, sink, stop, wait_for  # noqa: F401 - sink: fixture
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(600)]
+RUN = "torchrun-ppo"
+STEPS = 3000  # an upper bound: the stop command ends the run long before
+
+
+def test_two_torchrun_ranks_report_vote_and_obey_commands(stack_env: dict[str, str], topics: Topics, tmp_path: Path,
+                                                          sink) -> None:
+    worker = service("streams", stack_env, tmp_path / "worker.log")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            str(ROOT / "examples" / "torchrun_ppo.py"), "--run-id", RUN, "--steps", str(STEPS), "--eval-every", "10",
+            "--rollout-delay", "0.02"]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(stack_env), stdout=subprocess.PIPE,
+                            stderr=(tmp_path / "torchrun.log").open("w"), text=True)
+    try:
+        assert proc.stdout.readline().split() == ["ready", RUN, "world", "2"], (tmp_path / "torchrun.log").read_text()
+        producer = KafkaProducer(bootstrap_servers=stack_env["AREAL_KAFKA_BOOTSTRAP"], acks="all")
+        for command in ("evaluate_now", "stop"):
+            producer.send(topics.control, key=RUN.encode(),
+                          value=CommandEvent(run_id=RUN, command=command, reason="test").to_json())
+        producer.flush(30)
+        producer.close()
+        out, _ = proc.communicate(timeout=400)
+        assert proc.returncode == 0, (tmp_path / "torchrun.log").read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = [line.split() for line in out.splitlines()]
+    done = [words for words in lines if words[0] == "done"]
+    assert len(done) == 1
+    last, rounds = int(done[0][1]), int(done[0][3])
+    assert last < STEPS - 1  # stopped by the command
+    evals = [(int(words[1]), words[2]) for words in lines if words[0] == "eval"]
+    assert len(evals) == rounds and "command" in {why for _, why in evals}
+
+    try:
+        wait_for(lambda: sink(f"SELECT count() FROM v_steps WHERE run_id = '{RUN}'") == [(2 * (last + 1),)], 180,
+                 "both ranks' steps")
+        assert sink(f"SELECT rank, count(), max(step), uniqExact(node) FROM v_steps WHERE run_id = '{RUN}' "
+                    "GROUP BY rank ORDER BY rank") == [(0, last + 1, last, 1), (1, last + 1, last, 1)]
+        wait_for(lambda: len(sink(f"SELECT 1 FROM v_eval_consensus WHERE run_id = '{RUN}'")) >= rounds, 180,
+                 "a consensus for every evaluation round")
+        consensus = sink(f"SELECT step, votes, replicas FROM v_eval_consensus WHERE run_id = '{RUN}' ORDER BY step")
+        assert consensus == [(step, 2, 2) for step, _ in sorted(evals)]
+        runs = wait_for(lambda: sink(f"SELECT status, ranks, world_size, framework FROM v_runs WHERE run_id = '{RUN}' "
+                                     "AND status != 'running'"), 60, "the run to finish")
+        assert runs == [("finished", 2, 2, "torch")]
+        assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+    finally:
+        stop(worker)
