@@ -30,7 +30,10 @@ from kafka import KafkaProducer
 
 from producers.events import CommandEvent
 from producers.topics import Topics
-from tests.test_client_broker import ROOT, child_env, service, sink, stop, wait_for  # noqa: F401 - sink is a fixture
+from tests import test_client_broker
+from tests.test_client_broker import ROOT, child_env, service, stop, wait_for
+
+sink = test_client_broker.sink  # the fixture: the real sink as a process, queried through its endpoint
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(600)]
 

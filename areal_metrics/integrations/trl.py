@@ -81,7 +81,7 @@ def eval_result(metrics: Mapping[str, Any], accuracy_key: str) -> dict[str, Any]
         elif name == f"{EVAL_PREFIX}runtime":
             out["latency_ms"] = value * 1000.0 if isinstance(value, (int, float)) else value
         else:
-            short = name[len(EVAL_PREFIX):] if name.startswith(EVAL_PREFIX) else name
+            short = name.removeprefix(EVAL_PREFIX)
             out[name if short in LOG_EVAL_PARAMETERS or not short else short] = value
     return out
 
