@@ -10,8 +10,9 @@
 - `throughput.png`: tokens per second per run and node, over steps and on
   average.
 
-Reads deduplicated rows (`FINAL`) through `sinks.query.connect`, like every
-reader. `runs=None` means every run in the store.
+Reads deduplicated rows (the `v_*` views) through `sinks.query.connect`, like
+every reader, in the configured database (table names are unqualified: the
+connection's database). `runs=None` means every run in the store.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def load_evals(store: Any, where: str) -> dict[str, dict[str, list[EvalPoint]]]:
                argMax(accuracy, (stage = 'full', ts)),
                argMax(response_length, (stage = 'full', ts)),
                argMax(multiIf(stale, 'stale', partial, 'partial', 'ok'), (stage = 'full', ts))
-        FROM eval_consensus FINAL
+        FROM v_eval_consensus
         WHERE {where}
         GROUP BY dataset, run_id, step
         ORDER BY dataset, run_id, step""")
@@ -76,7 +77,7 @@ def load_evals(store: Any, where: str) -> dict[str, dict[str, list[EvalPoint]]]:
                 SELECT dataset, run_id, step, node,
                        argMax(accuracy, (stage = 'full', ts)) AS accuracy,
                        argMax(response_length, (stage = 'full', ts)) AS response_length
-                FROM evals FINAL
+                FROM v_evals
                 WHERE {where} AND status = 'ok'
                 GROUP BY dataset, run_id, step, node
             )
@@ -92,13 +93,13 @@ def load_rewards(store: Any, where: str) -> tuple[dict[str, list[tuple[int, floa
     """(run -> [(step, mean raw reward)], run -> [(step, sliding avg, ema, window)])."""
     raw: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for run, step, reward in _rows(store, f"""
-            SELECT run_id, step, avg(reward) FROM steps FINAL
+            SELECT run_id, step, avg(reward) FROM v_steps
             WHERE {where} AND reward IS NOT NULL GROUP BY run_id, step ORDER BY run_id, step"""):
         raw[run].append((int(step), float(reward)))
     smooth: dict[str, list[tuple[int, float, float, int]]] = defaultdict(list)
     for run, step, avg, ema, window in _rows(store, f"""
             SELECT run_id, step, argMax(sliding_avg, ts), argMax(ema, ts), argMax(window, ts)
-            FROM rewards_smoothed FINAL WHERE {where} GROUP BY run_id, step ORDER BY run_id, step"""):
+            FROM v_rewards_smoothed WHERE {where} GROUP BY run_id, step ORDER BY run_id, step"""):
         smooth[run].append((int(step), float(avg), float(ema), int(window)))
     return raw, smooth
 
@@ -107,7 +108,7 @@ def load_throughput(store: Any, where: str) -> dict[tuple[str, str], list[tuple[
     """(run, node) -> [(step, tokens/s summed over the node's ranks)]."""
     out: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     for run, node, step, tps in _rows(store, f"""
-            SELECT run_id, node, step, sum(throughput) FROM steps FINAL
+            SELECT run_id, node, step, sum(throughput) FROM v_steps
             WHERE {where} AND throughput IS NOT NULL
             GROUP BY run_id, node, step ORDER BY run_id, node, step"""):
         out[(run, node)].append((int(step), float(tps)))

@@ -1,7 +1,8 @@
 """Small, typed helpers over the foundation SDK builders: the house style of our panels.
 
 Every panel reads the fixed ClickHouse datasource (uid `areal-clickhouse`),
-every query is raw SQL against deduplicated data (`FINAL`), filtered by the
+every query is raw SQL against deduplicated data (the `v_*` views of
+`sinks.views`, in `grafana.clickhouse.DATABASE`), filtered by the
 dashboard's time range and the `run` / `node` / `dataset` variables; `group`
 and `tag` narrow the runs `run` offers.
 """
@@ -16,7 +17,7 @@ from grafana_foundation_sdk.builders import timeseries as ts_b
 from grafana_foundation_sdk.builders import trend as trend_b
 from grafana_foundation_sdk.models import common, dashboard
 
-from grafana.clickhouse import SQL, AnnotationTarget, Format, datasource_ref
+from grafana.clickhouse import SQL, AnnotationTarget, Format, datasource_ref, stored, view
 from grafana.macros import ALL
 
 REFRESH = "5s"
@@ -35,14 +36,14 @@ DATASET_FILTER = "$__conditionalAll(dataset IN (${dataset:singlequote}), $datase
 # Runs from v_runs (one row per run: its `run` events), filtered by group and tag; a run
 # that sent no run events (a producer other than the client) is listed while no group or
 # tag is chosen.
-RUN_PICKER = """SELECT run_id FROM
+RUN_PICKER = f"""SELECT run_id FROM
 (
-    SELECT run_id, started AS since FROM areal.v_runs
-    WHERE $__conditionalAll(`group` IN (${group:singlequote}), $group)
-      AND $__conditionalAll(hasAny(tags, [${tag:singlequote}]), $tag)
+    SELECT run_id, started AS since FROM {view('runs')}
+    WHERE $__conditionalAll(`group` IN (${{group:singlequote}}), $group)
+      AND $__conditionalAll(hasAny(tags, [${{tag:singlequote}}]), $tag)
     UNION ALL
-    SELECT run_id, min(ts) AS since FROM areal.steps
-    WHERE run_id NOT IN (SELECT run_id FROM areal.runs)
+    SELECT run_id, min(ts) AS since FROM {stored('steps')}
+    WHERE run_id NOT IN (SELECT run_id FROM {stored('runs')})
       AND $__conditionalAll(1 = 0, $group) AND $__conditionalAll(1 = 0, $tag)
     GROUP BY run_id
 )
@@ -56,14 +57,14 @@ def variables() -> list[dash_b.QueryVariable]:
         _variable(
             "group",
             "Group",
-            "SELECT DISTINCT `group` FROM areal.v_runs WHERE `group` IS NOT NULL AND `group` != '' ORDER BY `group`",
+            f"SELECT DISTINCT `group` FROM {view('runs')} WHERE `group` IS NOT NULL AND `group` != '' ORDER BY `group`",
             include_all=True,
             description="Run groups (init(group=...)); narrows the Run list.",
         ),
         _variable(
             "tag",
             "Tag",
-            "SELECT DISTINCT arrayJoin(tags) AS tag FROM areal.v_runs ORDER BY tag",
+            f"SELECT DISTINCT arrayJoin(tags) AS tag FROM {view('runs')} ORDER BY tag",
             include_all=True,
             description="Run tags (init(tags=[...])); narrows the Run list to runs with any chosen tag.",
         ),
@@ -77,14 +78,14 @@ def variables() -> list[dash_b.QueryVariable]:
         _variable(
             "node",
             "Node",
-            "SELECT DISTINCT node FROM areal.steps FINAL WHERE run_id IN (${run:singlequote}) ORDER BY node",
+            f"SELECT DISTINCT node FROM {view('steps')} WHERE {RUN_FILTER} ORDER BY node",
             include_all=True,
             description="Nodes of the chosen runs.",
         ),
         _variable(
             "dataset",
             "Dataset",
-            "SELECT DISTINCT dataset FROM areal.evals FINAL WHERE run_id IN (${run:singlequote}) ORDER BY dataset",
+            f"SELECT DISTINCT dataset FROM {view('evals')} WHERE {RUN_FILTER} ORDER BY dataset",
             include_all=True,
             description="Evaluation datasets of the chosen runs.",
         ),
@@ -137,22 +138,22 @@ def builtin_annotations() -> dash_b.AnnotationQuery:
     )
 
 
-COMMAND_MARKERS_SQL = """SELECT
+COMMAND_MARKERS_SQL = f"""SELECT
     ts AS time,
     concat(command, if(target_node IS NULL, '', concat(' @', target_node))) AS title,
     concat(command, ' ', args, if(reason = '', '', concat(': ', reason))) AS text,
     concat('command,', command) AS tags
-FROM areal.commands FINAL
-WHERE $__timeFilter(ts) AND run_id IN (${run:singlequote})
+FROM {view('commands')}
+WHERE $__timeFilter(ts) AND {RUN_FILTER}
 ORDER BY time"""
 
-ALERT_MARKERS_SQL = """SELECT
+ALERT_MARKERS_SQL = f"""SELECT
     ts AS time,
     concat(severity, ': ', kind) AS title,
     message AS text,
     concat('alert,', severity, ',', kind) AS tags
-FROM areal.alerts FINAL
-WHERE $__timeFilter(ts) AND run_id IN (${run:singlequote}) AND severity != 'info'
+FROM {view('alerts')}
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND severity != 'info'
 ORDER BY time"""
 
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import dashboard
 
-from grafana.clickhouse import SQL, Format
+from grafana.clickhouse import SQL, Format, view
 from grafana.panels import DATASET_FILTER, RUN_FILTER, base, table, timeseries, trend
 
 UID = "areal-runs"
 
 RAW_BY_STEP = SQL(
     f"""SELECT step, run_id, avg(reward) AS reward
-FROM areal.steps FINAL
+FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY step, run_id
 ORDER BY step""",
@@ -28,7 +28,7 @@ ORDER BY step""",
 
 EMA_BY_STEP = SQL(
     f"""SELECT step, run_id, argMax(ema, ts) AS `reward EMA`
-FROM areal.rewards_smoothed FINAL
+FROM {view('rewards_smoothed')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY step, run_id
 ORDER BY step""",
@@ -37,7 +37,7 @@ ORDER BY step""",
 
 ACCURACY_BY_STEP = SQL(
     f"""SELECT step, concat(run_id, ' · ', dataset) AS series, argMax(accuracy, (stage = 'full', ts)) AS accuracy
-FROM areal.eval_consensus FINAL
+FROM {view('eval_consensus')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {DATASET_FILTER}
 GROUP BY step, series
 ORDER BY step""",
@@ -46,7 +46,7 @@ ORDER BY step""",
 
 THROUGHPUT = SQL(
     f"""SELECT $__timeInterval(ts) AS time, run_id, sum(tokens) / $__interval_s AS `tokens/s`
-FROM areal.steps FINAL
+FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY time, run_id
 ORDER BY time""",
@@ -71,14 +71,14 @@ FROM
     SELECT run_id, uniqExact(node) AS nodes, uniqExact(node, rank) AS ranks, max(step) AS last_step,
            min(ts) AS started, dateDiff('second', min(ts), max(ts)) AS duration_s,
            avg(throughput) AS mean_throughput
-    FROM areal.steps FINAL
+    FROM {view('steps')}
     WHERE $__timeFilter(ts) AND {RUN_FILTER}
     GROUP BY run_id
 ) AS s
 LEFT JOIN
 (
     SELECT run_id, argMax(ema, step) AS last_ema, max(sliding_avg) AS best_avg
-    FROM areal.rewards_smoothed FINAL
+    FROM {view('rewards_smoothed')}
     WHERE $__timeFilter(ts) AND {RUN_FILTER}
     GROUP BY run_id
 ) AS r ON r.run_id = s.run_id
@@ -88,7 +88,7 @@ LEFT JOIN
     FROM
     (
         SELECT run_id, dataset, argMax(accuracy, (step, stage = 'full', ts)) AS acc
-        FROM areal.eval_consensus FINAL
+        FROM {view('eval_consensus')}
         WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {DATASET_FILTER}
         GROUP BY run_id, dataset
     )
@@ -116,7 +116,7 @@ LIFECYCLE = SQL(
     ended,
     dateDiff('second', started, ifNull(ended, now64(3))) AS duration,
     exit_code AS `exit code`
-FROM areal.v_runs
+FROM {view('runs')}
 WHERE {RUN_FILTER}
 ORDER BY started DESC""",
     expects=("run_id", "status", "attempt", "attempts", "group", "tags", "world size", "ranks reported", "framework",
@@ -126,7 +126,7 @@ ORDER BY started DESC""",
 # one row per (config key, run): Grafana's "grouping to matrix" puts the runs side by side
 CONFIG = SQL(
     f"""SELECT kv.1 AS key, run_id, kv.2 AS value
-FROM areal.v_runs
+FROM {view('runs')}
 ARRAY JOIN JSONExtractKeysAndValuesRaw(config) AS kv
 WHERE {RUN_FILTER}
 ORDER BY key, run_id""",

@@ -44,6 +44,24 @@ def projections_for(table: Table) -> tuple[Table, ...]:
 _INT_RANGES = {"UInt16": 2**16, "UInt32": 2**32, "UInt64": 2**64}
 
 
+_BOUNDED: dict[str, tuple[tuple[str, str, int], ...]] = {}
+
+
+def _bounded_columns(table: Table) -> tuple[tuple[str, str, int], ...]:
+    """(column, type, limit) of the table's unsigned integer columns an event fills."""
+    found = _BOUNDED.get(table.name)
+    if found is not None:
+        return found
+    out = []
+    for column in table.columns:
+        kind = column.type.removeprefix("Nullable(").rstrip(")")
+        limit = _INT_RANGES.get(kind)
+        if limit is not None and column.server_default is None and not column.name.startswith("_"):
+            out.append((column.name, kind, limit))
+    found = _BOUNDED[table.name] = tuple(out)
+    return found
+
+
 def unstorable(event: Event) -> str | None:
     """Why a valid event cannot be stored (an integer beyond its column's type), or None.
 
@@ -52,14 +70,10 @@ def unstorable(event: Event) -> str | None:
     dead-letter topic instead.
     """
     table = table_for(event)
-    for column in table.columns:
-        kind = column.type.removeprefix("Nullable(").rstrip(")")
-        limit = _INT_RANGES.get(kind)
-        if limit is None or column.server_default is not None or column.name.startswith("_"):
-            continue
-        v = getattr(event, column.name)
+    for name, kind, limit in _bounded_columns(table):
+        v = getattr(event, name)
         if v is not None and not (0 <= v < limit):
-            return f"{table.name}.{column.name}: {v} does not fit the column type {kind}"
+            return f"{table.name}.{name}: {v} does not fit the column type {kind}"
     if event.ts >= 2**32:  # DateTime64(3) holds dates up to the year 2299; stay far inside
         return f"{table.name}.ts: {event.ts} is beyond the storable range"
     return None

@@ -20,8 +20,17 @@ Design (see docs/CLICKHOUSE.md):
   collapses as before, and a step logged twice keeps its later (merged) event.
 - `generations` is projected from `eval` events (one row per sample), not a
   topic of its own; `v_runs` is one row per run, folded from the `run` events.
-- No time partitioning: `FINAL` deduplicates within a partition only, and a
-  re-emitted derived event may carry a new `ts`.
+- Partitioned by run (`PARTITION BY cityHash64(run_id) % 16`, schema version
+  4), never by time: `FINAL` deduplicates within a partition only, so every
+  version of a row (a re-sent event, a resumed attempt's replacement, a
+  re-emitted derived event with a new `ts`) must land in the partition of the
+  row it replaces, and only a function of the sorting key guarantees that.
+  A query for some runs reads only their partitions (and, inside them, only
+  their key range); `FINAL` merges only where parts overlap, and a partition
+  of one merged part is read without merging.
+- Raw steps may expire: `SchemaOptions.steps_ttl_days` (AREAL_CLICKHOUSE_STEPS_TTL_DAYS,
+  off by default) sets `TTL ts + N days` on `steps`, and `v_steps` hides rows
+  past it, so a read does not depend on which parts a merge has cleaned yet.
 - `non_replicated_deduplication_window`: without it a plain MergeTree ignores
   `insert_deduplication_token`, and a retried batch would be stored twice.
 - Migrations are numbered, each statement is idempotent (`IF NOT EXISTS`), and
@@ -36,17 +45,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sinks.views import RUNS_VIEW
+from producers.errors import ConfigError
+from sinks.views import RUNS_VIEW, final_view
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DEFAULT_DATABASE = "areal"
 DEDUP_WINDOW = 10_000  # insert blocks remembered per table for token deduplication
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Every table has run_id first in its sorting key: partitions by run keep each row's versions together.
+RUN_BUCKETS = 16
+PARTITION_BY = f"cityHash64(run_id) % {RUN_BUCKETS}"
 
 
 class CommandClient(Protocol):
     def command(self, cmd: str, *args: Any, **kwargs: Any) -> Any: ...
+
+
+class StoreSettings(Protocol):
+    """What `SchemaOptions.from_settings` reads; `producers.settings.Settings` has these fields."""
+
+    clickhouse_cluster: str | None
+    clickhouse_replicated: bool
+    clickhouse_steps_ttl_days: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,12 +247,40 @@ class SchemaOptions:
     cluster: str | None = None
     replicated: bool = False
     zk_path: str = "/clickhouse/tables/{shard}/{database}/{table}"
+    steps_ttl_days: int | None = None  # raw steps older than this many days expire; None: kept
+
+    @classmethod
+    def from_settings(cls, settings: StoreSettings, database: str = DEFAULT_DATABASE, *,
+                      embedded: bool = False) -> SchemaOptions:
+        """The options `Settings` ask for (AREAL_CLICKHOUSE_CLUSTER, AREAL_CLICKHOUSE_REPLICATED).
+
+        `embedded`: the store is the embedded engine (chdb), one process on one machine with
+        no Keeper and no cluster, so a cluster or replication setting is refused (ConfigError).
+        """
+        if embedded and (settings.clickhouse_cluster or settings.clickhouse_replicated):
+            raise ConfigError(
+                "AREAL_CLICKHOUSE_CLUSTER / AREAL_CLICKHOUSE_REPLICATED need a ClickHouse server (an http(s):// "
+                "AREAL_CLICKHOUSE_URL); the embedded engine (chdb://) is one node without Keeper")
+        try:
+            return cls(database=database, cluster=settings.clickhouse_cluster,
+                       replicated=settings.clickhouse_replicated, steps_ttl_days=settings.clickhouse_steps_ttl_days)
+        except ValueError as exc:
+            raise ConfigError(f"AREAL_CLICKHOUSE_CLUSTER: {exc}") from None  # the TTL is checked by Settings
 
     def __post_init__(self) -> None:
+        if self.steps_ttl_days is not None and (isinstance(self.steps_ttl_days, bool) or
+                                                 not isinstance(self.steps_ttl_days, int) or self.steps_ttl_days < 1):
+            raise ValueError(f"steps_ttl_days must be a whole number of days >= 1 (got {self.steps_ttl_days!r})")
         if not _IDENT.fullmatch(self.database):
             raise ValueError(f"database name {self.database!r} must match {_IDENT.pattern}")
         if self.cluster is not None and not _IDENT.fullmatch(self.cluster):
             raise ValueError(f"cluster name {self.cluster!r} must match {_IDENT.pattern}")
+
+    def ttl(self, table: Table) -> str | None:
+        """The table's TTL expression, or None (only raw steps expire, and only when configured)."""
+        if table.name != "steps" or self.steps_ttl_days is None:
+            return None
+        return f"toDateTime(ts) + toIntervalDay({self.steps_ttl_days})"
 
     @property
     def on_cluster(self) -> str:
@@ -258,17 +307,23 @@ TS_INDEX = "INDEX ts_minmax ts TYPE minmax GRANULARITY 1"
 def create_table_sql(table: Table, o: SchemaOptions, name: str | None = None) -> str:
     name = name or table.name
     cols = ",\n    ".join([c.ddl() for c in table.columns] + [TS_INDEX])
+    ttl = o.ttl(table)
     return (
         f"CREATE TABLE IF NOT EXISTS {o.database}.{name}{o.on_cluster} (\n    {cols}\n)\n"
         f"ENGINE = {o.engine(name, args=table.version)}\n"
+        f"PARTITION BY {PARTITION_BY}\n"
         f"ORDER BY ({', '.join(table.order_by)})\n"
-        f"SETTINGS {o.dedup_settings()}"
+        + (f"TTL {ttl}\n" if ttl else "")
+        + f"SETTINGS {o.dedup_settings()}"
     )
 
 
 def create_view_sql(table: Table, o: SchemaOptions) -> str:
-    # CREATE OR REPLACE: a later migration may change the view's query
-    query = RUNS_VIEW.format(db=o.database) if table.name == "runs" else f"SELECT * FROM {o.database}.{table.name} FINAL"
+    # CREATE OR REPLACE: a later migration (or another TTL) may change the view's query
+    if table.name == "runs":
+        query = RUNS_VIEW.format(db=o.database)
+    else:
+        query = final_view(o.database, table.name, o.ttl(table))
     return f"CREATE OR REPLACE VIEW {o.database}.{table.view}{o.on_cluster} AS {query}"
 
 
@@ -298,9 +353,10 @@ def _migrations_sql(o: SchemaOptions) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Rekey:
-    """Move a table to a new sorting key (ClickHouse cannot ALTER it): copy into a new table, swap, drop.
+    """Move a table to a new sorting or partition key (ClickHouse cannot ALTER them): copy into a new
+    table, swap, drop.
 
-    Idempotent by looking: a table that already has the key is left alone (a
+    Idempotent by looking: a table that already has both keys is left alone (a
     copy left over by an interrupted run is dropped); an interrupted copy is
     started again from scratch. Rows keep every column, `_ingested_at` included.
     On a cluster the DDL runs ON CLUSTER and the copy (an INSERT, which has no
@@ -327,9 +383,12 @@ class Rekey:
     def apply(self, client: Any, o: SchemaOptions) -> None:
         t, db = TABLES_BY_NAME[self.table], o.database
         where = f"database = '{db}' AND name = '{t.name}'"
-        key = client.command(f"SELECT sorting_key FROM system.tables WHERE {where}")
+        keys = str(client.command(f"SELECT concat(sorting_key, '|', partition_key) FROM system.tables WHERE {where}"))
         drop, create, insert, exchange, _ = self.statements(o)
-        if str(key).strip() == ", ".join(t.order_by):
+        if "|" not in keys:  # no such table (yet): nothing to move, make it in its layout
+            client.command(create_table_sql(t, o))
+            return
+        if _layout(*keys.partition("|")[::2]) == _layout(", ".join(t.order_by), PARTITION_BY):
             client.command(drop)
             return
         old = set(str(client.command(f"SELECT arrayStringConcat(groupArray(name), ',') FROM system.columns "
@@ -340,6 +399,11 @@ class Rekey:
         client.command(insert.replace("<the columns both tables have>", cols))
         client.command(exchange)
         client.command(drop)
+
+
+def _layout(sorting_key: str, partition_key: str) -> tuple[str, str]:
+    """A table's keys as system.tables spells them, spaces aside."""
+    return "".join(str(sorting_key).split()), "".join(str(partition_key).split())
 
 
 Statement = str | Rekey
@@ -368,10 +432,14 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
         create_view_sql(TABLES_BY_NAME["evals"], o),
         create_view_sql(TABLES_BY_NAME["runs"], o),
     ]
+    # v4: every table partitioned by run (FINAL per partition; a run's parts apart from the others'),
+    # copied into the new layout; the views again (v_steps may leave out expired rows).
+    v4: list[Statement] = [*(Rekey(t.name, 4) for t in TABLES), *(create_view_sql(t, o) for t in TABLES)]
     return [
         (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
         (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
         (3, "steps and evals keyed by run, step, rank (a later attempt replaces); generations; v_runs", v3),
+        (4, "every table partitioned by run (cityHash64(run_id) % 16)", v4),
     ]
 
 
@@ -385,8 +453,11 @@ def schema_statements(o: SchemaOptions = SchemaOptions()) -> list[str]:
     out = [f"CREATE DATABASE IF NOT EXISTS {o.database}{o.on_cluster}", _migrations_sql(o)]
     for _, _, stmts in migrations(o):
         for stmt in stmts:
-            out.extend(stmt.statements(o) if isinstance(stmt, Rekey) else [stmt])
-    return out
+            if isinstance(stmt, Rekey):  # a new store makes the table in its layout; an older one copies
+                out.extend([create_table_sql(TABLES_BY_NAME[stmt.table], o), *stmt.statements(o)])
+            else:
+                out.append(stmt)
+    return [*out, _ttl_sql(o), create_view_sql(TABLES_BY_NAME["steps"], o)]  # apply_ttl: when the TTL differs
 
 
 def applied_version(client: Any, o: SchemaOptions = SchemaOptions()) -> int:
@@ -420,7 +491,29 @@ def apply_schema(client: CommandClient, options: SchemaOptions = SchemaOptions()
         escaped = description.replace("\\", "\\\\").replace("'", "\\'")
         client.command(f"INSERT INTO {o.database}.{MIGRATIONS_TABLE} (version, description) VALUES ({version}, '{escaped}')")
         current = version
+    apply_ttl(client, o)
     return current
+
+
+def apply_ttl(client: CommandClient, o: SchemaOptions) -> None:
+    """Give raw steps the TTL the options ask for (or none), and `v_steps` the matching filter.
+
+    Not a migration: the setting may change between two starts of the sink.
+    ALTER only when the table's TTL differs (a changed TTL is applied to the
+    stored parts too, ClickHouse's `materialize_ttl_after_modify`).
+    """
+    steps = TABLES_BY_NAME["steps"]
+    wanted = o.ttl(steps)
+    where = f"database = '{o.database}' AND name = 'steps'"
+    current = str(client.command(f"SELECT extract(create_table_query, 'TTL (.*) SETTINGS') FROM system.tables WHERE {where}"))
+    if "".join(current.split()) != "".join((wanted or "").split()):
+        client.command(_ttl_sql(o))
+    client.command(create_view_sql(steps, o))  # also after an ALTER that an interrupted start left without it
+
+
+def _ttl_sql(o: SchemaOptions) -> str:
+    table, wanted = f"{o.database}.steps{o.on_cluster}", o.ttl(TABLES_BY_NAME["steps"])
+    return f"ALTER TABLE {table} MODIFY TTL {wanted}" if wanted else f"ALTER TABLE {table} REMOVE TTL"
 
 
 def drop_tables(client: CommandClient, options: SchemaOptions = SchemaOptions(), names: Sequence[str] | None = None) -> None:

@@ -1,6 +1,23 @@
-"""Views that are more than `SELECT * FROM <table> FINAL` (their SQL text; `schema` creates them)."""
+"""The views every reader uses (their SQL text; `schema` creates them).
+
+`v_<table>` is the table deduplicated: `SELECT * FROM <table> FINAL`, which
+ClickHouse merges only in the key ranges where parts overlap (all versions of
+a row share a partition, see `sinks.schema`); a reader's filter on the
+sorting key (run_id first) narrows the partitions and ranges read before that. A filter on another column (`ts`) is
+applied after the deduplication, as it must be: of a row's versions only the
+winner may be tested. With a TTL on raw steps, `v_steps` also hides rows past
+it, whether or not a merge has removed them yet (TTL is applied part by part,
+so an expired winner could be gone while the version it replaced is not).
+"""
 
 from __future__ import annotations
+
+
+def final_view(db: str, table: str, ttl: str | None = None) -> str:
+    """The deduplicated table; `ttl`: the table's TTL expression (rows past it are left out)."""
+    where = f" WHERE {ttl} > now()" if ttl else ""
+    return f"SELECT * FROM {db}.{table} FINAL{where}"
+
 
 # v_runs: one row per run, folded from its run events in three steps (producers.run_status
 # states the same rule in Python, for `watch`):

@@ -95,7 +95,7 @@ def test_issue_requirements_are_in_the_dashboards() -> None:
     assert "v_runs" in runs["Run lifecycle"]["targets"][0]["rawSql"]
     assert runs["Config side by side"]["transformations"][0]["id"] == "groupingToMatrix"
     assert "v_runs" in boards["runs"]["templating"]["list"][2]["query"]["rawSql"]  # the run picker
-    assert any(p["title"] == "Generations" and "areal.generations" in p["targets"][0]["rawSql"]
+    assert any(p["title"] == "Generations" and "areal.v_generations" in p["targets"][0]["rawSql"]
                for p in evaluation["panels"])
     efficiency = " ".join(p["title"] for p in boards["efficiency"]["panels"])
     assert "Throughput per node and rank" in efficiency and "latency" in efficiency and "Memory" in efficiency
@@ -188,7 +188,7 @@ def test_cli_generate_writes_the_same_json(tmp_path: Path, capsys: pytest.Captur
 def test_cli_provision_errors_are_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AREAL_CLICKHOUSE_URL", "chdb:///tmp/nowhere")
     monkeypatch.delenv("AREAL_GRAFANA_CLICKHOUSE_URL", raising=False)
-    assert main(["grafana", "provision", "--url", "http://127.0.0.1:9"]) == 2
+    assert main(["grafana", "provision", "--url", "http://127.0.0.1:9"]) == 1  # no sink serves the embedded store
     assert "pass --clickhouse-url" in capsys.readouterr().err
     assert main(["grafana", "provision", "--url", "http://127.0.0.1:9", "--clickhouse-url", "http://d:@c:8123",
                  "--timeout", "2"]) == 2

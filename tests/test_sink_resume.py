@@ -4,7 +4,8 @@
   whatever their log positions; a re-sent event and a step logged twice collapse too;
 - eval results likewise, per node; each sample of an eval event is one `generations` row;
 - `v_runs` folds run events with the rule `producers.run_status` states (checked against it);
-- a store made by schema version 2 (steps keyed by event_id) is rekeyed in place.
+- a store made by schema version 2 (steps keyed by event_id) is rekeyed in place (and partitioned:
+  tests/test_sink_partitions.py has the version 3 -> 4 move).
 """
 
 from __future__ import annotations
@@ -131,19 +132,19 @@ def test_a_version_2_store_is_rekeyed_in_place(client) -> None:
     c.command("INSERT INTO legacy.schema_migrations (version, description) VALUES (1, 'v1'), (2, 'v2')")
     for name, old_key in (("steps", "run_id, step, event_id"), ("evals", "run_id, dataset, step, event_id")):
         sql = create_table_sql(TABLES_BY_NAME[name], o).replace("ReplacingMergeTree(_version)", "ReplacingMergeTree(_offset)")
-        sql = "\n".join(line for line in sql.splitlines() if "`_version`" not in line)
+        sql = "\n".join(line for line in sql.splitlines() if "`_version`" not in line and "PARTITION BY" not in line)
         key = ", ".join(TABLES_BY_NAME[name].order_by)
         c.command(sql.replace(f"ORDER BY ({key})", f"ORDER BY ({old_key})"))
-    for t in TABLES:  # the other tables as version 2 left them
+    for t in TABLES:  # the other tables as version 2 left them (no partitions before version 4)
         if t.name not in ("steps", "evals", "generations"):
-            c.command(create_table_sql(t, o))
+            c.command("\n".join(line for line in create_table_sql(t, o).splitlines() if "PARTITION BY" not in line))
     old = [StepEvent(run_id="old", step=s, epoch=0, reward=float(s), event_id=f"e{s}-{i}") for s in range(3) for i in range(2)]
     insert_rows(c, "legacy", [Located(e, "areal.steps", 0, o) for o, e in enumerate(old)], "old")
     assert c.command("SELECT count() FROM legacy.steps FINAL") == 6  # two events per step: v2 kept both
-    assert apply_schema(c, o) == SCHEMA_VERSION == 3
+    assert apply_schema(c, o) == SCHEMA_VERSION == 4
     keys = dict(c.query("SELECT name, sorting_key FROM system.tables WHERE database = 'legacy'").result_rows)
     assert keys["steps"] == "run_id, step, rank" and keys["evals"] == "run_id, dataset, step, stage, eval_id, node, rank"
-    assert "steps__v3" not in keys and "generations" in keys and "v_runs" in keys
+    assert "steps__v3" not in keys and "steps__v4" not in keys and "generations" in keys and "v_runs" in keys
     assert c.command("SELECT count() FROM legacy.steps") == 3  # the copy is one block: collapsed as it lands
     assert c.query("SELECT step, event_id FROM legacy.v_steps ORDER BY step").result_rows == [(s, f"e{s}-1") for s in range(3)]
-    assert apply_schema(c, o) == 3  # and again: nothing to do
+    assert apply_schema(c, o) == 4  # and again: nothing to do
