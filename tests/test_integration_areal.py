@@ -22,6 +22,7 @@ import pytest
 
 from producers.topics import Topics
 from tests import test_client_broker
+from tests.integration_support import OFFLINE
 from tests.test_client_broker import ROOT, child_env, wait_for
 
 sink = test_client_broker.sink  # the fixture: the real sink as a process, queried through its endpoint
@@ -61,7 +62,7 @@ SCRIPT = """
 def test_what_areal_commits_reaches_clickhouse(stack_env: dict[str, str], topics: Topics, tmp_path: Path,
                                                sink) -> None:
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), str(tmp_path / "areal")], cwd=ROOT,
-                         env=child_env(stack_env, WANDB_MODE="disabled", WANDB_SILENT="true"),
+                         env=child_env(stack_env, **OFFLINE, WANDB_MODE="disabled", WANDB_SILENT="true"),
                          capture_output=True, text=True, timeout=400, check=False)
     assert out.returncode == 0, out.stderr[-4000:]
     assert out.stdout.split()[-4:] == ["committed", "areal-exp-trial0", "6", "0"], out.stdout[-2000:]

@@ -1,5 +1,8 @@
-"""The integrations' pure parts and their imports (no broker).
+"""The integrations' pure parts, their imports and the frameworks under test (no broker).
 
+- Every package the integration tests need (the `integrations` extra and the
+  Makefile's `NO_DEPS`) is installed in a version its pin allows: a missing
+  one fails here by name, so a run without the frameworks is never green.
 - `import areal_metrics` imports no integration; the AReaL and verl modules
   import neither their framework nor torch until used.
 - The TRL callback's decision from commands, and HF evaluation metrics ->
@@ -9,14 +12,37 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
+import tomllib
+from importlib import metadata
 
 import pytest
+from packaging.requirements import Requirement
 
 from producers.events import CommandEvent
 from tests.test_client_broker import ROOT
+
+
+def requirements_under_test() -> list[Requirement]:
+    """The integrations extra of pyproject.toml and the Makefile's NO_DEPS (installed without their requirements)."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    no_deps = re.search(r"^NO_DEPS := (.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert no_deps is not None, "the Makefile has no NO_DEPS line"
+    return [Requirement(line) for line in [*extras["integrations"], *no_deps.group(1).split()]]
+
+
+@pytest.mark.parametrize("requirement", requirements_under_test(), ids=str)
+def test_what_the_integration_tests_need_is_installed(requirement: Requirement) -> None:
+    try:
+        version = metadata.version(requirement.name)
+    except metadata.PackageNotFoundError:
+        pytest.fail(f"{requirement.name} is not installed: `make install` installs the integrations extra and the "
+                    "Makefile's NO_DEPS (docs/INTEGRATIONS.md)")
+    assert requirement.specifier.contains(version, prereleases=True), (
+        f"{requirement.name} {version} is outside {requirement}: run `make install`")
 
 
 def test_importing_the_client_and_the_areal_and_verl_modules_stays_light() -> None:
@@ -28,7 +54,8 @@ def test_importing_the_client_and_the_areal_and_verl_modules_stays_light() -> No
         heavy = [m for m in ("areal", "verl", "torch", "transformers", "trl", "ray") if m in sys.modules]
         print("heavy", *heavy)
     """)
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["heavy"]
 

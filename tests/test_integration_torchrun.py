@@ -15,11 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from kafka import KafkaProducer
 
-from producers.events import CommandEvent
 from producers.topics import Topics
 from tests import test_client_broker
+from tests.integration_support import OFFLINE, publish_commands
 from tests.test_client_broker import ROOT, child_env, service, stop, wait_for
 
 sink = test_client_broker.sink  # the fixture: the real sink as a process, queried through its endpoint
@@ -35,16 +34,11 @@ def test_two_torchrun_ranks_report_vote_and_obey_commands(stack_env: dict[str, s
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             str(ROOT / "examples" / "torchrun_ppo.py"), "--run-id", RUN, "--steps", str(STEPS), "--eval-every", "10",
             "--rollout-delay", "0.02"]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(stack_env), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(stack_env, **OFFLINE), stdout=subprocess.PIPE,
                             stderr=(tmp_path / "torchrun.log").open("w"), text=True)
     try:
         assert proc.stdout.readline().split() == ["ready", RUN, "world", "2"], (tmp_path / "torchrun.log").read_text()
-        producer = KafkaProducer(bootstrap_servers=stack_env["AREAL_KAFKA_BOOTSTRAP"], acks="all")
-        for command in ("evaluate_now", "stop"):
-            producer.send(topics.control, key=RUN.encode(),
-                          value=CommandEvent(run_id=RUN, command=command, reason="test").to_json())
-        producer.flush(30)
-        producer.close()
+        publish_commands(stack_env["AREAL_KAFKA_BOOTSTRAP"], topics, RUN, ("evaluate_now", "stop"))
         out, _ = proc.communicate(timeout=400)
         assert proc.returncode == 0, (tmp_path / "torchrun.log").read_text()[-4000:]
     finally:

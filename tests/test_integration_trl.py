@@ -21,16 +21,14 @@ import json
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaProducer
 
-from producers.events import CommandEvent
 from producers.topics import Topics
 from tests import test_client_broker
+from tests.integration_support import OFFLINE, publish_commands, rows_when
 from tests.test_client_broker import ROOT, child_env, service, stop, wait_for
 
 sink = test_client_broker.sink  # the fixture: the real sink as a process, queried through its endpoint
@@ -45,13 +43,15 @@ def reward_has_digit(completions: list[str], **kwargs: Any) -> list[float]:
 
 
 def tiny_grpo_trainer(out: Path, callback: Any, **config: Any) -> Any:
-    """GRPOTrainer on a randomly initialised 2-layer GPT-2 and a character tokenizer, on CPU."""
+    """GRPOTrainer on a randomly initialised 2-layer GPT-2 and a character tokenizer, on CPU, offline."""
     import torch
     from datasets import Dataset
+    from huggingface_hub import constants as hub
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
     from trl import GRPOConfig, GRPOTrainer
 
+    assert hub.HF_HUB_OFFLINE, "huggingface_hub was imported before the offline switch"
     vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(CHARS)}}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character
@@ -66,22 +66,6 @@ def tiny_grpo_trainer(out: Path, callback: Any, **config: Any) -> Any:
                       eval_strategy="steps", per_device_eval_batch_size=4, seed=0, **config)
     return GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward_has_digit, args=args,
                        train_dataset=prompts, eval_dataset=prompts.select(range(4)), callbacks=[callback])
-
-
-def rows_when(sink: Callable[[str], list[tuple]], sql: str, count: int, what: str, timeout: float = 120) -> list[tuple]:
-    """The rows of `sql` once there are `count` of them (the sink projects asynchronously)."""
-    wait_for(lambda: len(sink(sql)) >= count, timeout, what)
-    return sink(sql)
-
-
-def publish_commands(bootstrap: str, topics: Topics, run_id: str, commands: tuple[str, ...]) -> None:
-    """Commands for a run that has started: it reads the control topic from its start, so none is missed."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    for command in commands:
-        event = CommandEvent(run_id=run_id, command=command, reason="test")
-        producer.send(topics.control, key=run_id.encode(), value=event.to_json())
-    producer.flush(30)
-    producer.close()
 
 
 @pytest.fixture
@@ -110,8 +94,8 @@ def test_grpo_steps_and_evaluations_reach_clickhouse(areal_env: dict[str, str], 
         assert sorted(logged) == [1, 2, 3, 4] and sorted(evaluated) == [2, 4]
 
         wait_for(lambda: sink("SELECT count() FROM v_steps WHERE run_id = 'trl-grpo'") == [(4,)], 120, "4 step rows")
-        rows = sink("SELECT step, epoch, reward, reward_std, entropy, lr, loss, latency_ms, response_length, clip_ratio, "
-                    "metrics, rank, world_size FROM v_steps WHERE run_id = 'trl-grpo' ORDER BY step")
+        rows = sink("SELECT step, epoch, reward, reward_std, entropy, lr, loss, latency_ms, response_length, "
+                    "clip_ratio, metrics, rank, world_size FROM v_steps WHERE run_id = 'trl-grpo' ORDER BY step")
         for step, epoch, reward, reward_std, entropy, lr, loss, latency_ms, length, clip, metrics, rank, world in rows:
             trl_log = logged[step]
             assert (rank, world) == (0, 1)
@@ -124,6 +108,9 @@ def test_grpo_steps_and_evaluations_reach_clickhouse(areal_env: dict[str, str], 
             assert metrics["rewards/reward_has_digit/mean"] == pytest.approx(trl_log["rewards/reward_has_digit/mean"])
             assert "clip_ratio/low_mean" in metrics and "num_tokens" in metrics
             assert not any(name.startswith("eval_") for name in metrics)  # evaluations are eval results
+        summary = next(e for e in trainer.state.log_history if "train_runtime" in e)  # HF's last log, at step 4
+        assert rows[-1][10]["train_runtime"] == pytest.approx(summary["train_runtime"])  # joins the last row
+        assert all("train_runtime" not in row[10] for row in rows[:-1])
 
         evals = rows_when(sink, "SELECT step, dataset, accuracy, reward, replicas, status, metrics FROM v_evals "
                                 "WHERE run_id = 'trl-grpo' ORDER BY step", 2, "the eval results")
@@ -192,7 +179,7 @@ def test_two_processes_evaluate_and_stop_at_the_same_step(stack_env: dict[str, s
     script.write_text(textwrap.dedent(DDP_SCRIPT))
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
             str(tmp_path)]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(stack_env), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(stack_env, **OFFLINE), stdout=subprocess.PIPE,
                             stderr=(tmp_path / "torchrun.log").open("w"), text=True)
     try:
         assert proc.stdout.readline().split() == ["ready"], (tmp_path / "torchrun.log").read_text()[-4000:]

@@ -20,6 +20,7 @@ import pytest
 
 from producers.topics import Topics
 from tests import test_client_broker
+from tests.integration_support import OFFLINE
 from tests.test_client_broker import ROOT, child_env, wait_for
 
 sink = test_client_broker.sink  # the fixture: the real sink as a process, queried through its endpoint
@@ -49,7 +50,7 @@ SCRIPT = """
 
 def test_what_verl_tracking_logs_reaches_clickhouse(stack_env: dict[str, str], topics: Topics, tmp_path: Path,
                                                     sink) -> None:
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT)], cwd=ROOT, env=child_env(stack_env),
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT)], cwd=ROOT, env=child_env(stack_env, **OFFLINE),
                          capture_output=True, text=True, timeout=400, check=False)
     assert out.returncode == 0, out.stderr[-4000:]
     assert "logged ['areal_metrics', 'console'] ['areal_metrics', 'console']" in out.stdout, out.stdout[-2000:]

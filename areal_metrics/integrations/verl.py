@@ -71,7 +71,8 @@ def install(**init_kwargs: Any) -> None:
     @functools.wraps(original_init)
     def __init__(self: Any, project_name: Any, experiment_name: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, project_name, experiment_name, *args, **kwargs)
-        self._areal_metrics_names = (project_name, experiment_name, kwargs.get("config", args[1] if len(args) > 1 else None))
+        config = kwargs.get("config", args[1] if len(args) > 1 else None)  # (project, experiment, backend, config)
+        self._areal_metrics_names = (project_name, experiment_name, config)
         attach(self, **init_kwargs)
 
     @functools.wraps(original_finish)
