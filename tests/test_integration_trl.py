@@ -94,6 +94,9 @@ def test_grpo_steps_and_evaluations_reach_clickhouse(areal_env: dict[str, str], 
         assert sorted(logged) == [1, 2, 3, 4] and sorted(evaluated) == [2, 4]
 
         wait_for(lambda: sink("SELECT count() FROM v_steps WHERE run_id = 'trl-grpo'") == [(4,)], 120, "4 step rows")
+        # HF's train summary is logged at step 4 again: a second event for that row, the union of both
+        wait_for(lambda: sink("SELECT step FROM v_steps WHERE run_id = 'trl-grpo' "
+                              "AND mapContains(metrics, 'train_runtime')") == [(4,)], 120, "the summary on step 4")
         rows = sink("SELECT step, epoch, reward, reward_std, entropy, lr, loss, latency_ms, response_length, "
                     "clip_ratio, metrics, rank, world_size FROM v_steps WHERE run_id = 'trl-grpo' ORDER BY step")
         for step, epoch, reward, reward_std, entropy, lr, loss, latency_ms, length, clip, metrics, rank, world in rows:
