@@ -10,18 +10,17 @@ consensus with the 2 ranks' votes.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from producers.topics import Topics
-from tests import test_client_broker
-from tests.integration_support import OFFLINE, publish_commands
-from tests.test_client_broker import ROOT, child_env, service, stop, wait_for
+from tests import integration_support, test_client_broker
+from tests.integration_support import torchrun_obeying
+from tests.test_client_broker import ROOT, wait_for
 
 sink = test_client_broker.sink  # the fixture: the real sink as a process, queried through its endpoint
+stream_worker = integration_support.stream_worker  # the fixture: the real stream worker as a process
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(600)]
 RUN = "torchrun-ppo"
@@ -29,22 +28,11 @@ STEPS = 3000  # an upper bound: the stop command ends the run long before
 
 
 def test_two_torchrun_ranks_report_vote_and_obey_commands(stack_env: dict[str, str], topics: Topics, tmp_path: Path,
-                                                          sink) -> None:
-    worker = service("streams", stack_env, tmp_path / "worker.log")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            str(ROOT / "examples" / "torchrun_ppo.py"), "--run-id", RUN, "--steps", str(STEPS), "--eval-every", "10",
+                                                          sink, stream_worker) -> None:
+    args = [str(ROOT / "examples" / "torchrun_ppo.py"), "--run-id", RUN, "--steps", str(STEPS), "--eval-every", "10",
             "--rollout-delay", "0.02"]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(stack_env, **OFFLINE), stdout=subprocess.PIPE,
-                            stderr=(tmp_path / "torchrun.log").open("w"), text=True)
-    try:
-        assert proc.stdout.readline().split() == ["ready", RUN, "world", "2"], (tmp_path / "torchrun.log").read_text()
-        publish_commands(stack_env["AREAL_KAFKA_BOOTSTRAP"], topics, RUN, ("evaluate_now", "stop"))
-        out, _ = proc.communicate(timeout=400)
-        assert proc.returncode == 0, (tmp_path / "torchrun.log").read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    out = torchrun_obeying(args, stack_env, topics, RUN, ["ready", RUN, "world", "2"], tmp_path / "torchrun.log",
+                           timeout=400)
     lines = [line.split() for line in out.splitlines()]
     done = [words for words in lines if words[0] == "done"]
     assert len(done) == 1
@@ -53,18 +41,15 @@ def test_two_torchrun_ranks_report_vote_and_obey_commands(stack_env: dict[str, s
     evals = [(int(words[1]), words[2]) for words in lines if words[0] == "eval"]
     assert len(evals) == rounds and "command" in {why for _, why in evals}
 
-    try:
-        wait_for(lambda: sink(f"SELECT count() FROM v_steps WHERE run_id = '{RUN}'") == [(2 * (last + 1),)], 180,
-                 "both ranks' steps")
-        assert sink(f"SELECT rank, count(), max(step), uniqExact(node) FROM v_steps WHERE run_id = '{RUN}' "
-                    "GROUP BY rank ORDER BY rank") == [(0, last + 1, last, 1), (1, last + 1, last, 1)]
-        wait_for(lambda: len(sink(f"SELECT 1 FROM v_eval_consensus WHERE run_id = '{RUN}'")) >= rounds, 180,
-                 "a consensus for every evaluation round")
-        consensus = sink(f"SELECT step, votes, replicas FROM v_eval_consensus WHERE run_id = '{RUN}' ORDER BY step")
-        assert consensus == [(step, 2, 2) for step, _ in sorted(evals)]
-        runs = wait_for(lambda: sink(f"SELECT status, ranks, world_size, framework FROM v_runs WHERE run_id = '{RUN}' "
-                                     "AND status != 'running'"), 60, "the run to finish")
-        assert runs == [("finished", 2, 2, "torch")]
-        assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
-    finally:
-        stop(worker)
+    wait_for(lambda: sink(f"SELECT count() FROM v_steps WHERE run_id = '{RUN}'") == [(2 * (last + 1),)], 180,
+             "both ranks' steps")
+    assert sink(f"SELECT rank, count(), max(step), uniqExact(node) FROM v_steps WHERE run_id = '{RUN}' "
+                "GROUP BY rank ORDER BY rank") == [(0, last + 1, last, 1), (1, last + 1, last, 1)]
+    wait_for(lambda: len(sink(f"SELECT 1 FROM v_eval_consensus WHERE run_id = '{RUN}'")) >= rounds, 180,
+             "a consensus for every evaluation round")
+    consensus = sink(f"SELECT step, votes, replicas FROM v_eval_consensus WHERE run_id = '{RUN}' ORDER BY step")
+    assert consensus == [(step, 2, 2) for step, _ in sorted(evals)]
+    runs = wait_for(lambda: sink(f"SELECT status, ranks, world_size, framework FROM v_runs WHERE run_id = '{RUN}' "
+                                 "AND status != 'running'"), 60, "the run to finish")
+    assert runs == [("finished", 2, 2, "torch")]
+    assert stream_worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]

@@ -18,8 +18,6 @@ an accuracy.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -27,11 +25,12 @@ from typing import Any
 import pytest
 
 from producers.topics import Topics
-from tests import test_client_broker
-from tests.integration_support import OFFLINE, publish_commands, rows_when
-from tests.test_client_broker import ROOT, child_env, service, stop, wait_for
+from tests import integration_support, test_client_broker
+from tests.integration_support import publish_commands, rows_when, torchrun_obeying
+from tests.test_client_broker import wait_for
 
 sink = test_client_broker.sink  # the fixture: the real sink as a process, queried through its endpoint
+stream_worker = integration_support.stream_worker  # the fixture: the real stream worker as a process
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(600)]
 
@@ -79,59 +78,55 @@ def areal_env(stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dic
 
 
 def test_grpo_steps_and_evaluations_reach_clickhouse(areal_env: dict[str, str], topics: Topics, tmp_path: Path,
-                                                     sink) -> None:
+                                                     sink, stream_worker) -> None:
     from areal_metrics.integrations.trl import ArealMetricsCallback
 
-    worker = service("streams", areal_env, tmp_path / "worker.log")
-    try:
-        callback = ArealMetricsCallback(run_id="trl-grpo", tags=["trl", "test"], group="integrations",
-                                        accuracy_key="eval_reward", git=False)
-        trainer = tiny_grpo_trainer(tmp_path / "out", callback, max_steps=4, eval_steps=2)
-        trainer.train()
-        assert callback.run.stats().failed == 0
-        logged = {e["step"]: e for e in trainer.state.log_history if "reward" in e}
-        evaluated = {e["step"]: e for e in trainer.state.log_history if "eval_reward" in e}
-        assert sorted(logged) == [1, 2, 3, 4] and sorted(evaluated) == [2, 4]
+    callback = ArealMetricsCallback(run_id="trl-grpo", tags=["trl", "test"], group="integrations",
+                                    accuracy_key="eval_reward", git=False)
+    trainer = tiny_grpo_trainer(tmp_path / "out", callback, max_steps=4, eval_steps=2)
+    trainer.train()
+    assert callback.run.stats().failed == 0
+    logged = {e["step"]: e for e in trainer.state.log_history if "reward" in e}
+    evaluated = {e["step"]: e for e in trainer.state.log_history if "eval_reward" in e}
+    assert sorted(logged) == [1, 2, 3, 4] and sorted(evaluated) == [2, 4]
 
-        wait_for(lambda: sink("SELECT count() FROM v_steps WHERE run_id = 'trl-grpo'") == [(4,)], 120, "4 step rows")
-        # HF's train summary is logged at step 4 again: a second event for that row, the union of both
-        wait_for(lambda: sink("SELECT step FROM v_steps WHERE run_id = 'trl-grpo' "
-                              "AND mapContains(metrics, 'train_runtime')") == [(4,)], 120, "the summary on step 4")
-        rows = sink("SELECT step, epoch, reward, reward_std, entropy, lr, loss, latency_ms, response_length, "
-                    "clip_ratio, metrics, rank, world_size FROM v_steps WHERE run_id = 'trl-grpo' ORDER BY step")
-        for step, epoch, reward, reward_std, entropy, lr, loss, latency_ms, length, clip, metrics, rank, world in rows:
-            trl_log = logged[step]
-            assert (rank, world) == (0, 1)
-            assert epoch == pytest.approx(trl_log["epoch"]) and 0 < epoch < 1  # fractional, as HF counts it
-            assert reward == pytest.approx(trl_log["reward"]) and reward_std == pytest.approx(trl_log["reward_std"])
-            assert entropy == pytest.approx(trl_log["entropy"]) and lr == pytest.approx(trl_log["learning_rate"])
-            assert loss == pytest.approx(trl_log["loss"]) and latency_ms == pytest.approx(trl_log["step_time"] * 1000)
-            assert length == pytest.approx(trl_log["completions/mean_length"])
-            assert clip == pytest.approx(trl_log["clip_ratio/region_mean"])
-            assert metrics["rewards/reward_has_digit/mean"] == pytest.approx(trl_log["rewards/reward_has_digit/mean"])
-            assert "clip_ratio/low_mean" in metrics and "num_tokens" in metrics
-            assert not any(name.startswith("eval_") for name in metrics)  # evaluations are eval results
-        summary = next(e for e in trainer.state.log_history if "train_runtime" in e)  # HF's last log, at step 4
-        assert rows[-1][10]["train_runtime"] == pytest.approx(summary["train_runtime"])  # joins the last row
-        assert all("train_runtime" not in row[10] for row in rows[:-1])
+    wait_for(lambda: sink("SELECT count() FROM v_steps WHERE run_id = 'trl-grpo'") == [(4,)], 120, "4 step rows")
+    # HF's train summary is logged at step 4 again: a second event for that row, the union of both
+    wait_for(lambda: sink("SELECT step FROM v_steps WHERE run_id = 'trl-grpo' "
+                          "AND mapContains(metrics, 'train_runtime')") == [(4,)], 120, "the summary on step 4")
+    rows = sink("SELECT step, epoch, reward, reward_std, entropy, lr, loss, latency_ms, response_length, "
+                "clip_ratio, metrics, rank, world_size FROM v_steps WHERE run_id = 'trl-grpo' ORDER BY step")
+    for step, epoch, reward, reward_std, entropy, lr, loss, latency_ms, length, clip, metrics, rank, world in rows:
+        trl_log = logged[step]
+        assert (rank, world) == (0, 1)
+        assert epoch == pytest.approx(trl_log["epoch"]) and 0 < epoch < 1  # fractional, as HF counts it
+        assert reward == pytest.approx(trl_log["reward"]) and reward_std == pytest.approx(trl_log["reward_std"])
+        assert entropy == pytest.approx(trl_log["entropy"]) and lr == pytest.approx(trl_log["learning_rate"])
+        assert loss == pytest.approx(trl_log["loss"]) and latency_ms == pytest.approx(trl_log["step_time"] * 1000)
+        assert length == pytest.approx(trl_log["completions/mean_length"])
+        assert clip == pytest.approx(trl_log["clip_ratio/region_mean"])
+        assert metrics["rewards/reward_has_digit/mean"] == pytest.approx(trl_log["rewards/reward_has_digit/mean"])
+        assert "clip_ratio/low_mean" in metrics and "num_tokens" in metrics
+        assert not any(name.startswith("eval_") for name in metrics)  # evaluations are eval results
+    summary = next(e for e in trainer.state.log_history if "train_runtime" in e)  # HF's last log, at step 4
+    assert rows[-1][10]["train_runtime"] == pytest.approx(summary["train_runtime"])  # joins the last row
+    assert all("train_runtime" not in row[10] for row in rows[:-1])
 
-        evals = rows_when(sink, "SELECT step, dataset, accuracy, reward, replicas, status, metrics FROM v_evals "
-                                "WHERE run_id = 'trl-grpo' ORDER BY step", 2, "the eval results")
-        assert [(s, d, r, st) for s, d, _, _, r, st, _ in evals] == [(2, "eval", 1, "ok"), (4, "eval", 1, "ok")]
-        for step, _, accuracy, reward, _, _, metrics in evals:
-            assert accuracy == pytest.approx(evaluated[step]["eval_reward"]) and reward == pytest.approx(accuracy)
-            assert metrics["rewards/reward_has_digit/mean"] == pytest.approx(accuracy)
-        consensus = rows_when(sink, "SELECT step, votes FROM v_eval_consensus WHERE run_id = 'trl-grpo' ORDER BY step",
-                              2, "the consensus of each evaluation")
-        assert consensus == [(2, 1), (4, 1)]
-        runs = wait_for(lambda: sink("SELECT status, framework, tags, `group`, config FROM v_runs "
-                                     "WHERE run_id = 'trl-grpo' AND status != 'running'"), 60, "the run to finish")
-        status, framework, tags, group, config = runs[0]
-        assert (status, framework, tags, group) == ("finished", "trl", ["trl", "test"], "integrations")
-        assert json.loads(config)["max_steps"] == 4  # the training arguments are the run's config
-        assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]  # faust runs beside TRL's click
-    finally:
-        stop(worker)
+    evals = rows_when(sink, "SELECT step, dataset, accuracy, reward, replicas, status, metrics FROM v_evals "
+                            "WHERE run_id = 'trl-grpo' ORDER BY step", 2, "the eval results")
+    assert [(s, d, r, st) for s, d, _, _, r, st, _ in evals] == [(2, "eval", 1, "ok"), (4, "eval", 1, "ok")]
+    for step, _, accuracy, reward, _, _, metrics in evals:
+        assert accuracy == pytest.approx(evaluated[step]["eval_reward"]) and reward == pytest.approx(accuracy)
+        assert metrics["rewards/reward_has_digit/mean"] == pytest.approx(accuracy)
+    consensus = rows_when(sink, "SELECT step, votes FROM v_eval_consensus WHERE run_id = 'trl-grpo' ORDER BY step",
+                          2, "the consensus of each evaluation")
+    assert consensus == [(2, 1), (4, 1)]
+    runs = wait_for(lambda: sink("SELECT status, framework, tags, `group`, config FROM v_runs "
+                                 "WHERE run_id = 'trl-grpo' AND status != 'running'"), 60, "the run to finish")
+    status, framework, tags, group, config = runs[0]
+    assert (status, framework, tags, group) == ("finished", "trl", ["trl", "test"], "integrations")
+    assert json.loads(config)["max_steps"] == 4  # the training arguments are the run's config
+    assert stream_worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]  # faust runs beside TRL's click
 
 
 def test_evaluate_now_and_stop_on_the_control_topic_are_obeyed(areal_env: dict[str, str], topics: Topics,
@@ -171,6 +166,8 @@ DDP_SCRIPT = """
     callback = ArealMetricsCallback(run, accuracy_key="eval_reward")
     trainer = tiny_grpo_trainer(Path(sys.argv[1]) / f"rank{rank}", callback, max_steps=400, eval_steps=1000)
     trainer.train()
+    if run is not None:
+        run.finish()  # a run of your own: you finish it (the callback leaves it open)
     evaluated = [e["step"] for e in trainer.state.log_history if "eval_reward" in e]
     print("stopped", rank, trainer.state.global_step, "evaluated", *evaluated, flush=True)
 """
@@ -180,19 +177,8 @@ def test_two_processes_evaluate_and_stop_at_the_same_step(stack_env: dict[str, s
                                                           sink) -> None:
     script = tmp_path / "ddp_grpo.py"
     script.write_text(textwrap.dedent(DDP_SCRIPT))
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
-            str(tmp_path)]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(stack_env, **OFFLINE), stdout=subprocess.PIPE,
-                            stderr=(tmp_path / "torchrun.log").open("w"), text=True)
-    try:
-        assert proc.stdout.readline().split() == ["ready"], (tmp_path / "torchrun.log").read_text()[-4000:]
-        publish_commands(stack_env["AREAL_KAFKA_BOOTSTRAP"], topics, "trl-ddp", ("evaluate_now", "stop"))
-        out, _ = proc.communicate(timeout=500)
-        assert proc.returncode == 0, (tmp_path / "torchrun.log").read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    out = torchrun_obeying([str(script), str(tmp_path)], stack_env, topics, "trl-ddp", ["ready"],
+                           tmp_path / "torchrun.log", timeout=500)
     ends = sorted(line.split()[1:] for line in out.splitlines() if line.startswith("stopped"))
     assert [e[0] for e in ends] == ["0", "1"] and ends[0][1:] == ends[1][1:]  # rank 0's decision, on both ranks
     stopped_at, evaluated = int(ends[0][1]), [int(s) for s in ends[0][3:]]
@@ -203,3 +189,5 @@ def test_two_processes_evaluate_and_stop_at_the_same_step(stack_env: dict[str, s
     assert sink("SELECT DISTINCT rank, world_size FROM v_steps WHERE run_id = 'trl-ddp'") == [(0, 1)]
     assert rows_when(sink, "SELECT step FROM v_evals WHERE run_id = 'trl-ddp'", 1, "the eval result") == [
         (evaluated[0],)]
+    assert rows_when(sink, "SELECT status FROM v_runs WHERE run_id = 'trl-ddp' AND status != 'running'", 1,
+                     "the run to finish") == [("finished",)]
