@@ -5,6 +5,11 @@ the training loop never waits for Kafka; at each step it drains what arrived
 and broadcasts it, and every rank applies the same commands at the same step
 (`apply_commands`, pure).
 
+A `scale_lr` with `args.from_step` (the stream worker's closed loop) waits
+until that step boundary: `due(pending, step)` holds it back until the
+step is reached, and since every rank holds the same broadcast commands,
+every rank applies it after the same step.
+
 A command for this run applies to the whole run, even when it names one of
 the run's nodes in `target_node`: the ranks train in lockstep (one learning
 rate, one stop), so a command one rank obeyed alone would split them. A
@@ -19,8 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from producers.deadletter import rejected
-from producers.events import CommandEvent, Event, ValidationError, parse_event
+from producers.events import CommandEvent, ValidationError, parse_event
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,17 @@ class Applied:
     evaluate_now: bool = False
     eval_interval: int | None = None
     count: int = 0
+
+
+def from_step(command: CommandEvent) -> int:
+    """The step boundary after which a command applies (0: at once)."""
+    value = command.args.get("from_step") if command.command == "scale_lr" else None
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def due(pending: list[CommandEvent], step: int) -> tuple[list[CommandEvent], list[CommandEvent]]:
+    """(the commands to apply after `step`, in arrival order; those that wait for a later boundary)."""
+    return [c for c in pending if from_step(c) <= step], [c for c in pending if from_step(c) > step]
 
 
 def apply_commands(commands: Iterable[CommandEvent], scheduler: Any) -> Applied:
@@ -69,14 +84,13 @@ class ControlListener:
     """
 
     def __init__(self, kafka_config: dict[str, Any], topic: str, run_id: str, nodes: list[str], since: float,
-                 publish: Callable[[Event], None] | None = None, node: str = "trainer") -> None:
+                 dead_letter: Callable[[bytes, str, str, bytes], None] | None = None) -> None:
         self._config = kafka_config
         self._topic = topic
         self._run_id = run_id
         self._nodes = nodes
         self._since_ms = int(since * 1000)
-        self._publish = publish
-        self._node = node
+        self._dead_letter = dead_letter  # (raw, reason, topic, key): the reporter's
         self._pending: list[CommandEvent] = []
         self._seen: set[str] = set()
         self._lock = threading.Lock()
@@ -147,8 +161,8 @@ class ControlListener:
         try:
             event = parse_event(raw, expected=CommandEvent)
         except ValidationError as exc:
-            if self._publish is not None and key is not None:
-                self._publish(rejected(raw, str(exc), self._topic, node=self._node, key=key))
+            if self._dead_letter is not None and key is not None:
+                self._dead_letter(raw, str(exc), self._topic, key)
             return
         assert isinstance(event, CommandEvent)
         if not applies_to(event, self._run_id, self._nodes) or event.event_id in self._seen:

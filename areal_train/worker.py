@@ -13,7 +13,9 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import torch.distributed as dist
 
 from areal_train.config import from_mapping
 from areal_train.control import ControlListener
-from areal_train.trainer import node_name, train
+from areal_train.trainer import train
 from producers.settings import Settings, state_dir
 
 
@@ -32,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-json", default="{}", help="the full TrainConfig as JSON")
     parser.add_argument("--since", type=float, required=True, help="launch time: commands from then on apply")
     parser.add_argument("--summary-dir", default=None)
+    parser.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     args = parser.parse_args(argv)
 
     # The publisher's sender thread and kafka-python's I/O thread share the GIL with
@@ -54,15 +57,17 @@ def main(argv: list[str] | None = None) -> int:
         journal = state_dir() / "journal" / f"{args.run_id}-r{rank}"
         publisher = Publisher.from_settings(settings, journal_dir=journal)
 
-    def listener_factory(nodes: list[str]) -> ControlListener | None:
+    def listener_factory(nodes: list[str], dead_letter: Callable[[bytes, str, str, bytes], None]
+                         ) -> ControlListener | None:
         if publisher is None:
             return None
         return ControlListener(settings.kafka_python_config(), settings.topics.control, args.run_id, nodes,
-                               since=args.since, publish=publisher.publish, node=node_name(rank)).start()
+                               since=args.since, dead_letter=dead_letter).start()
 
+    signal.signal(signal.SIGTERM, _interrupt)  # the launcher stops a run with SIGTERM: the run ends `killed`
     try:
-        summary = train(cfg, args.run_id, args.steps, rank, world_size,
-                        publish=publisher.publish if publisher else None, listener_factory=listener_factory)
+        summary = train(cfg, args.run_id, args.steps, rank, world_size, publish=publisher.publish if publisher else None,
+                        listener_factory=listener_factory, resume=args.resume)
     finally:
         if publisher is not None:
             publisher.close(timeout=30)
@@ -77,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         dist.destroy_process_group()
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

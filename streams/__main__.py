@@ -19,7 +19,11 @@ import sys
 def main() -> int:
     from producers.settings import Settings, state_dir
     from streams.config import ConfigError, StreamsConfig
-    from streams.kafka_admin import TopicLayoutError, ensure_committed_offsets, prepare_topics
+    from streams.kafka_admin import (
+        TopicLayoutError,
+        ensure_committed_offsets,
+        prepare_topics,
+    )
 
     settings = Settings.from_env()
     topics = settings.topics
@@ -41,7 +45,12 @@ def main() -> int:
     import faust
     from kafka.errors import KafkaError
 
-    from streams.app import app_id_for, broker_credentials, build_worker, ticks_topic_for
+    from streams.app import (
+        app_id_for,
+        broker_credentials,
+        build_worker,
+        ticks_topic_for,
+    )
 
     try:
         partitions = prepare_topics(

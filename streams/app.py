@@ -33,11 +33,17 @@ import faust
 from faust.types import TP
 
 from producers.deadletter import rejected
-from producers.events import EvalEvent, Event, RunEvent, StepEvent, ValidationError, parse_event
+from producers.events import (
+    EvalEvent,
+    Event,
+    RunEvent,
+    StepEvent,
+    ValidationError,
+    parse_event,
+)
 from producers.topics import Topics
 from streams.codec import StateDecodeError
 from streams.config import StreamsConfig
-from streams.resync import InputGuard
 from streams.processor import (
     WORKER_NODE,
     Output,
@@ -50,6 +56,7 @@ from streams.processor import (
     on_step,
     on_tick,
 )
+from streams.resync import InputGuard
 
 log = logging.getLogger("streams")
 
@@ -261,7 +268,7 @@ class StreamCore:
             try:
                 run_id = key.decode() if isinstance(key, (bytes, bytearray)) else str(key)
                 await self._tick_run(run_id, partition, now)
-            except Exception:  # noqa: BLE001 - one run's bad state must not stop the clock
+            except Exception:
                 self.stats["errors"] += 1
                 log.exception("streams: tick of run %r failed", key)
         await self.dead_letter_bad_states(partition)

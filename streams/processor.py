@@ -53,11 +53,39 @@ from streams.alerts import (
 from streams.config import RunConfig
 from streams.eval_loop import EvalLoopState, on_consensus
 from streams.lifecycle import Lifecycle, on_run_event, saw_attempt
-from streams.ranks import RankReport, RankState, StepReward, add_rank, oldest_wait, supersede
+from streams.ranks import (
+    RankReport,
+    RankState,
+    StepReward,
+    add_rank,
+    oldest_wait,
+    supersede,
+)
 from streams.ranks import expire as expire_ranks
-from streams.smoothing import SmoothedPoint, SmoothingState, add_reward, classify, slope_noise
-from streams.triggers import CommandDecision, TriggerState, decide, published_interval, rewind, with_base_interval
-from streams.voting import Consensus, NodeResult, RoundKey, VoteOutcome, VoteState, add_result, expire
+from streams.smoothing import (
+    SmoothedPoint,
+    SmoothingState,
+    add_reward,
+    classify,
+    slope_noise,
+)
+from streams.triggers import (
+    CommandDecision,
+    TriggerState,
+    decide,
+    published_interval,
+    rewind,
+    with_base_interval,
+)
+from streams.voting import (
+    Consensus,
+    NodeResult,
+    RoundKey,
+    VoteOutcome,
+    VoteState,
+    add_result,
+    expire,
+)
 
 WORKER_NODE = "areal-streams"  # the `node` of every event the worker derives
 _ID_NAMESPACE = uuid.UUID("5d1f3c1e-6a57-4a53-9a8e-2f4b8c3e7a10")

@@ -8,8 +8,19 @@ import pytest
 from kafka import KafkaProducer
 from rich.console import Console
 
-from areal_metrics.commands.watch import WatchState, evenly, render, sparkline, watch_loop
-from producers.events import AlertEvent, CommandEvent, EvalConsensusEvent, RewardSmoothedEvent
+from areal_metrics.commands.watch import (
+    WatchState,
+    evenly,
+    render,
+    sparkline,
+    watch_loop,
+)
+from producers.events import (
+    AlertEvent,
+    CommandEvent,
+    EvalConsensusEvent,
+    RewardSmoothedEvent,
+)
 from producers.settings import Settings
 
 
