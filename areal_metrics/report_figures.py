@@ -172,9 +172,16 @@ def plot_throughput(series: dict[tuple[str, str], list[tuple[int, float]]], info
 
 
 def _scaling_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]], info: dict[str, Any]) -> None:
-    """Total tokens/s across a run's ranks (mean over steps), grouped by the run's rank count."""
+    """Total tokens/s across a run's ranks (mean over steps), grouped by the run's rank count.
+
+    Runs tagged `scaling` (the demo's one-at-a-time runs) are compared alone when there are any:
+    runs that shared the cores with others would not compare.
+    """
+    scaling = {run for run in info if "scaling" in (info[run].config.get("tags") or ())}
     totals: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for (run, _node), points in series.items():
+        if scaling and run not in scaling:
+            continue
         for step, value in points:
             totals[run][step] += value
     by_world: dict[int, list[float]] = defaultdict(list)
@@ -191,7 +198,7 @@ def _scaling_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]
     ax.plot(range(len(worlds)), [sum(per_node[w]) / len(per_node[w]) for w in worlds], "D", color="tab:orange",
             label="per node (rank)")
     ax.set_xticks(range(len(worlds)), [f"{w} rank{'s' if w > 1 else ''}\n({len(by_world[w])} runs)" for w in worlds])
-    ax.set_title("Across 1, 2 and 4 ranks (mean over steps and runs)")
+    ax.set_title("Across rank counts (mean over steps and runs" + (", runs tagged scaling)" if scaling else ")"))
     ax.set_ylabel("generated tokens / s")
     ax.legend(fontsize=8)
     _style(ax)
@@ -248,13 +255,12 @@ def plot_configs(info: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     keys, runs, cells = config_table(info)
-    fig, ax = plt.subplots(figsize=(max(8.0, 2.2 * len(runs) + 3), 0.42 * len(keys) + 1.6))
+    fig, ax = plt.subplots(figsize=(max(8.0, 2.2 * len(runs) + 3), 0.3 * (len(keys) + 1) + 1.0))
     ax.axis("off")
     if keys:
-        table = ax.table(cellText=cells, rowLabels=keys, colLabels=runs, loc="center", cellLoc="center")
+        table = ax.table(cellText=cells, rowLabels=keys, colLabels=runs, cellLoc="center", bbox=(0.08, 0, 0.92, 1))
         table.auto_set_font_size(False)
         table.set_fontsize(8)
-        table.scale(1, 1.3)
     else:
         ax.text(0.5, 0.5, "no run configs stored", ha="center")
     return _save(fig, path, "Compared runs: config side by side (settings that differ, and the main ones)")

@@ -46,7 +46,7 @@ class TrainConfig:
     d_model: int = 128
     layers: int = 4
     heads: int = 4
-    warmstart_steps: int = 600  # supervised steps before RL (cached on disk); 0: RL from random weights
+    warmstart_steps: int = 3000  # supervised steps before RL (cached on disk); 0: RL from random weights
     max_response_len: int = 28  # tokens per attempt
     train_size: int = 4096  # problems in one epoch
     # evaluation

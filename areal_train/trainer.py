@@ -205,7 +205,6 @@ def _evaluate(session: Session, comm: Collective, step: int, force: str | None, 
     """A round at this step on every rank: the data checked first, skipped while an evaluator is busy."""
     cfg = session.cfg
     summary.eval_steps.append(step)
-    session.rounds += 1
     mismatch = session.check_eval_data()
     if force is not None:  # the first and the last round are not skipped for a busy evaluator: wait
         session.evaluator.wait_idle(timeout=600)
@@ -215,6 +214,7 @@ def _evaluate(session: Session, comm: Collective, step: int, force: str | None, 
             for stage in ("quick", "full") if cfg.two_stage else ("full",):
                 session.evaluator.on_outcome(Outcome(step, name, stage, "skipped", evalset.fingerprint(), error=why))
         return
+    session.rounds += 1  # rounds evaluated (a skipped one is not): what fail_eval_rounds counts
     job = RoundJob(step=step, round_no=session.rounds, rank=session.rank, world_size=session.world_size,
                    redundancy=cfg.eval_redundancy, quick_size=cfg.quick_size, two_stage=cfg.two_stage,
                    force_full=force, fail=step in cfg.fail_eval_at_steps or session.rounds in cfg.fail_eval_rounds,

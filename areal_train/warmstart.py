@@ -50,7 +50,7 @@ from areal_train.task import (
     make_train_set,
 )
 
-FORMAT_VERSION = 1  # bump when the task, the vocabulary or the recipe below changes
+FORMAT_VERSION = 2  # bump when the task, the vocabulary or the recipe below changes
 SCRATCH_SHARE = 0.8  # of the examples written with the scratchpad (the rest: the bare answer)
 RETRY_SHARE = 0.1  # of the examples that are a wrong attempt, the feedback and the worked solution
 
@@ -60,7 +60,7 @@ class WarmStartSpec:
     d_model: int = 128
     layers: int = 4
     heads: int = 4
-    steps: int = 600
+    steps: int = 3000
     batch: int = 64
     lr: float = 2e-3
     seed: int = 12345

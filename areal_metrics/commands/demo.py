@@ -41,23 +41,42 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--seeds", type=int, default=2, help="seeds per strategy (default 2)")
     parser.add_argument("--scaling-steps", type=int, default=8,
                         help="steps of each 1-, 2- and 4-rank throughput run (default 8; 0: none)")
+    parser.add_argument("--config", type=Path, default=None, metavar="FILE",
+                        help="JSON or TOML trainer settings applied to every run (see areal_train/config.py)")
     parser.add_argument("--out", type=Path, default=Path("reports/demo"), help="where the report PNGs go")
     parser.add_argument("--no-watch", action="store_true", help="no live view (plain progress lines)")
 
 
+DEMO_TRAINING = {"batch_prompts": 4, "group_size": 4, "eval_mode": "async", "eval_every_steps": 10,
+                 "eval_size": 48, "eval_cpu_share": 0.5, "checkpoint_every_steps": None, "tags": ["demo"]}
+
+
 def run_configs(args: argparse.Namespace, stamp: str) -> dict[str, tuple[int, object]]:
-    """run id -> (ranks, TrainConfig) of the compared runs."""
-    from areal_train.config import TrainConfig
+    """run id -> (ranks, TrainConfig) of the compared runs: the demo's settings, then --config's."""
+    from areal_train.config import ConfigError, load
 
     runs: dict[str, tuple[int, object]] = {}
     for strategy, turns in STRATEGIES.items():
         for seed in range(1, args.seeds + 1):
             first = not runs
-            runs[f"demo-{stamp}-{strategy}-s{seed}"] = (args.nproc, TrainConfig(
-                seed=seed, max_turns=turns, group=strategy, tags=("demo",), eval_mode="async",
-                eval_every_steps=10, eval_cpu_share=0.5, checkpoint_every_steps=None,
-                fail_eval_rounds=(3,) if first else ()))
+            try:
+                base = load(args.config)
+                overrides = {k: v for k, v in DEMO_TRAINING.items() if args.config is None or k not in _keys(args.config)}
+                cfg = base.replace(**overrides, seed=seed, max_turns=turns, group=strategy,
+                                   fail_eval_rounds=[3] if first else [])
+            except ConfigError as exc:
+                raise UserError(str(exc)) from None
+            runs[f"demo-{stamp}-{strategy}-s{seed}"] = (args.nproc, cfg)
     return runs
+
+
+def _keys(path: Path) -> set[str]:
+    """The settings a config file sets (they win over the demo's own)."""
+    import tomllib
+
+    text = path.read_text(encoding="utf-8")
+    data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    return set(data) if isinstance(data, dict) else set()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,13 +153,13 @@ def _follow(handles: list, settings: object, runs: list[str], no_watch: bool, st
 
 def _scaling_runs(args: argparse.Namespace, stamp: str, env: dict[str, str], logs: Path) -> dict[str, int]:
     """Short runs with 1, 2 and 4 ranks, one at a time (throughput across rank counts): run id -> ranks."""
-    from areal_train.config import TrainConfig
     from areal_train.launch import start
 
     if args.scaling_steps <= 0:
         return {}
-    quiet = TrainConfig(eval_at_start=False, eval_every_steps=None, eval_at_end=False, checkpoint_every_steps=None,
-                        group="throughput", tags=("demo", "scaling"))
+    model = next(iter(run_configs(args, stamp).values()))[1]
+    quiet = model.replace(eval_at_start=False, eval_every_steps=None, eval_at_end=False, group="throughput",  # type: ignore[attr-defined]
+                          tags=["demo", "scaling"], fail_eval_rounds=[], max_turns=1)
     out = {}
     for nproc in (1, 2, 4):
         run_id = f"demo-{stamp}-tput-{nproc}r"
