@@ -15,6 +15,11 @@ CONFIG_KEYS = ("strategy", "seed", "world_size", "max_turns", "group_size", "bat
                "eval_size", "eval_samples", "eval_redundancy", "eval_mode")  # shown even when equal
 
 
+def tagged_scaling(info: dict[str, Any], run: str) -> bool:
+    """A run of the demo's throughput comparison across rank counts (tag `scaling`)."""
+    return run in info and "scaling" in (info[run].config.get("tags") or ())
+
+
 def _colors(names: Sequence[str]) -> dict[str, Any]:
     import matplotlib
 
@@ -113,7 +118,8 @@ def plot_rewards(raw: dict[str, list[tuple[int, float]]], smooth: dict[str, list
 
     groups: dict[str, list[str]] = defaultdict(list)
     for run in sorted(set(raw) | set(smooth)):
-        groups[info[run].group if run in info else run].append(run)
+        if not tagged_scaling(info, run):  # throughput runs are no strategy
+            groups[info[run].group if run in info else run].append(run)
     colors = _colors(list(groups))
     fig, (ax_raw, ax_smooth) = plt.subplots(1, 2, figsize=(14, 5), sharey=True)
     for group, runs in sorted(groups.items()):
@@ -177,7 +183,7 @@ def _scaling_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]
     Runs tagged `scaling` (the demo's one-at-a-time runs) are compared alone when there are any:
     runs that shared the cores with others would not compare.
     """
-    scaling = {run for run in info if "scaling" in (info[run].config.get("tags") or ())}
+    scaling = {run for run in info if tagged_scaling(info, run)}
     totals: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for (run, _node), points in series.items():
         if scaling and run not in scaling:

@@ -194,8 +194,8 @@ def run_round(policy: Policy, sets: dict[str, EvalSet], job: RoundJob, memory: d
         run_full, why = True, job.force_full or "single-stage evaluation"
         if job.two_stage:
             quick_set = evalset.head(job.quick_size)
-            quick = _stage(policy, quick_set, layout(len(quick_set.problems), quick_set.k, 1, 1, 0), job, "quick",
-                           emit, device, pause)
+            everything = layout(len(quick_set.problems), quick_set.k, job.world_size, job.world_size, job.rank)
+            quick = _stage(policy, quick_set, everything, job, "quick", emit, device, pause)
             if quick.status == "ok" and quick.result is not None:
                 previous = memory.get(name, StageMemory())
                 run_full, why = rule.decide(previous, quick.result.accuracy, len(quick.result.verdicts), job.force_full)

@@ -175,3 +175,32 @@ def test_eval_sets_are_the_same_for_every_run_seed() -> None:
     a = build_eval_sets(TrainConfig(seed=1, eval_size=16))
     b = build_eval_sets(TrainConfig(seed=2, eval_size=16, max_turns=4))
     assert {n: s.fingerprint() for n, s in a.items()} == {n: s.fingerprint() for n, s in b.items()}
+
+
+def test_the_stream_worker_votes_the_published_shards_back_into_the_whole_set() -> None:
+    """Four ranks' events of one round, through the worker's vote: the accuracy of the whole set."""
+    from areal_train.reporting import Reporter
+    from producers.events import EvalEvent
+    from streams.config import RunConfig
+    from streams.processor import RunState, on_eval
+
+    policy, evalset = tiny_policy(2), small_set(n=16, k=2)
+    sets = {"math_id": evalset}
+    events: list[EvalEvent] = []
+    for rank in range(4):
+        reporter = Reporter(events.append, "run-v", f"node-{rank}", rank, 4)
+        job = RoundJob(step=3, round_no=1, rank=rank, world_size=4, redundancy=2, quick_size=8, force_full="test")
+        run_round(policy, sets, job, {}, TwoStage(), reporter.evaluation, CPU)
+    whole = evaluate_shard(policy, evalset, layout(16, 2, 1, 1, 0), CPU)
+    quick_whole = evaluate_shard(policy, evalset.head(8), layout(8, 2, 1, 1, 0), CPU)
+    for stage, expected in (("full", whole.accuracy), ("quick", quick_whole.accuracy)):
+        state, emitted = RunState("run-v"), []
+        for event in (e for e in events if e.stage == stage):
+            state, outputs = on_eval(state, event, 0.0, RunConfig())
+            emitted += [o.event for o in outputs if o.event.type == "eval_consensus"]
+        assert len(emitted) == 1 and emitted[0].accuracy == expected and emitted[0].agreement == 1.0, stage
+        assert emitted[0].votes >= 3  # never decided by fewer than a strict majority of the four ranks
+    full = [e for e in events if e.stage == "full"]
+    assert [e.n_samples for e in full] == [16, 16, 16, 16]  # 2/4 of the 32 samples each
+    assert {e.dataset_fingerprint for e in full} == {evalset.fingerprint()}  # the exact samples evaluated:
+    assert {e.dataset_fingerprint for e in events if e.stage == "quick"} == {evalset.head(8).fingerprint()}
