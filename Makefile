@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench clean-state
+.PHONY: install demo test bench clean-state fault-soak
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed"'
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@command -v mvn >/dev/null || { echo "Maven is needed to fetch the Kafka jars"; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet -e '.[stack,train,test,bench]'
 	$(PY) -c 'from areal_metrics.stack.kafka_broker import ensure_jars; print("kafka jars:", ensure_jars())'
 	touch $(STAMP)
 
@@ -26,6 +26,27 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -rs
+
+# The fault tests, SOAK_N times in fresh pytest sessions (a new broker each time), to
+# count rare failures; each run's output is kept in $(SOAK_DIR)/run-N.log, and a failed
+# run's files (worker, sink, trainer logs) in $(SOAK_DIR)/tmp-N/.
+SOAK_N     ?= 30
+SOAK_DIR   ?= .areal/soak
+SOAK_TESTS ?= tests/test_faults.py tests/test_cluster_faults.py \
+	tests/test_streams_e2e.py::test_worker_killed_and_restarted_mid_scenario_gives_the_same_events
+
+fault-soak: $(STAMP)
+	@mkdir -p $(SOAK_DIR); failed=0; \
+	for i in $$(seq 1 $(SOAK_N)); do \
+	  start=$$(date +%s); \
+	  if $(PY) -m pytest -q -p no:cacheprovider --basetemp=$(SOAK_DIR)/tmp-$$i $(SOAK_TESTS) \
+	       > $(SOAK_DIR)/run-$$i.log 2>&1; \
+	  then echo "run $$i/$(SOAK_N): pass ($$(( $$(date +%s) - start )) s)"; rm -rf $(SOAK_DIR)/tmp-$$i; \
+	  else failed=$$((failed + 1)); \
+	    echo "run $$i/$(SOAK_N): FAIL ($$(( $$(date +%s) - start )) s; $(SOAK_DIR)/run-$$i.log, $(SOAK_DIR)/tmp-$$i)"; fi; \
+	done; \
+	echo "fault-soak: $$failed of $(SOAK_N) runs failed ($(SOAK_TESTS))"; \
+	test $$failed -eq 0
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

@@ -17,8 +17,9 @@
 - `config.png`: the compared runs' configs side by side (the settings that
   differ, and the strategy, seed and rank count), from the `runs` table.
 
-Reads deduplicated rows (`FINAL`) through `sinks.query.connect`, like every
-reader. `runs=None` means every run in the store.
+Reads deduplicated rows (the `v_*` views) through `sinks.query.connect`, like
+every reader, in the configured database (table names are unqualified: the
+connection's database). `runs=None` means every run in the store.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def load_evals(store: Any, where: str) -> dict[str, dict[str, list[EvalPoint]]]:
     rows = _rows(store, f"""
         SELECT dataset, run_id, step, argMax(accuracy, ts), argMax(response_length, ts),
                argMax(multiIf(stale, 'stale', partial, 'partial', 'ok'), ts)
-        FROM eval_consensus FINAL
+        FROM v_eval_consensus
         WHERE {where} AND stage = 'full'
         GROUP BY dataset, run_id, step
         ORDER BY dataset, run_id, step""")
@@ -87,7 +88,7 @@ def load_evals(store: Any, where: str) -> dict[str, dict[str, list[EvalPoint]]]:
         rows = _rows(store, f"""
             SELECT dataset, run_id, step, sum(accuracy * n_samples) / sum(n_samples),
                    sum(response_length * n_samples) / sum(n_samples), 'ok'
-            FROM evals FINAL
+            FROM v_evals
             WHERE {where} AND status = 'ok' AND stage = 'full' AND n_samples > 0
             GROUP BY dataset, run_id, step
             ORDER BY dataset, run_id, step""")
@@ -103,12 +104,12 @@ def load_rewards(store: Any, where: str) -> tuple[dict[str, list[tuple[int, floa
     raw: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for run, step, reward in _rows(store, f"""
             SELECT run_id, step, sum(reward * ifNull(n_samples, 1)) / sum(ifNull(n_samples, 1))
-            FROM steps FINAL WHERE {where} AND reward IS NOT NULL GROUP BY run_id, step ORDER BY run_id, step"""):
+            FROM v_steps WHERE {where} AND reward IS NOT NULL GROUP BY run_id, step ORDER BY run_id, step"""):
         raw[run].append((int(step), float(reward)))
     smooth: dict[str, list[tuple[int, float, float, int]]] = defaultdict(list)
     for run, step, avg, ema, window in _rows(store, f"""
             SELECT run_id, step, argMax(sliding_avg, ts), argMax(ema, ts), argMax(window, ts)
-            FROM rewards_smoothed FINAL WHERE {where} GROUP BY run_id, step ORDER BY run_id, step"""):
+            FROM v_rewards_smoothed WHERE {where} GROUP BY run_id, step ORDER BY run_id, step"""):
         smooth[run].append((int(step), float(avg), float(ema), int(window)))
     return raw, smooth
 
@@ -117,7 +118,7 @@ def load_throughput(store: Any, where: str) -> dict[tuple[str, str], list[tuple[
     """(run, node) -> [(step, generated tokens/s summed over the node's ranks)]."""
     out: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     for run, node, step, tps in _rows(store, f"""
-            SELECT run_id, node, step, sum(throughput) FROM steps FINAL
+            SELECT run_id, node, step, sum(throughput) FROM v_steps
             WHERE {where} AND throughput IS NOT NULL
             GROUP BY run_id, node, step ORDER BY run_id, node, step"""):
         out[(run, node)].append((int(step), float(tps)))
@@ -129,7 +130,7 @@ def load_errors(store: Any, where: str) -> dict[str, dict[str, dict[str, float]]
     out: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for dataset, run, key, count in _rows(store, f"""
             SELECT dataset, run_id, key, sum(metrics[key])
-            FROM evals FINAL ARRAY JOIN mapKeys(metrics) AS key
+            FROM v_evals ARRAY JOIN mapKeys(metrics) AS key
             WHERE {where} AND status = 'ok' AND stage = 'full' AND startsWith(key, 'errors.')
             GROUP BY dataset, run_id, key ORDER BY dataset, run_id, key"""):
         out[dataset][run][key.removeprefix("errors.")] = float(count)
@@ -137,14 +138,13 @@ def load_errors(store: Any, where: str) -> dict[str, dict[str, dict[str, float]]
 
 
 def load_runs(store: Any, where: str) -> dict[str, RunInfo]:
-    """run -> group, rank count and config: the latest `run` event, else what the steps say."""
+    """run -> group, rank count and config: its latest attempt in `v_runs`, else what the steps say."""
     info: dict[str, RunInfo] = {}
     for run, world in _rows(store, f"""
-            SELECT run_id, max(ifNull(world_size, 1)) FROM steps FINAL WHERE {where} GROUP BY run_id"""):
+            SELECT run_id, max(ifNull(world_size, 1)) FROM v_steps WHERE {where} GROUP BY run_id"""):
         info[run] = RunInfo(group=run, world_size=int(world))
     for run, group, world, config in _rows(store, f"""
-            SELECT run_id, argMax(group, ts), max(world_size), argMax(config, ts)
-            FROM runs FINAL WHERE {where} GROUP BY run_id"""):
+            SELECT run_id, `group`, world_size, config FROM v_runs WHERE {where}"""):
         try:
             parsed = json.loads(config) if config else {}
         except ValueError:
@@ -159,7 +159,7 @@ def load_fingerprints(store: Any, where: str) -> dict[str, dict[str, set[str]]]:
     """dataset -> run -> the fingerprints of the sets its full stages evaluated."""
     out: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for dataset, run, fp in _rows(store, f"""
-            SELECT DISTINCT dataset, run_id, dataset_fingerprint FROM evals FINAL
+            SELECT DISTINCT dataset, run_id, dataset_fingerprint FROM v_evals
             WHERE {where} AND stage = 'full' AND dataset_fingerprint IS NOT NULL"""):
         out[dataset][run].add(fp)
     return out

@@ -5,11 +5,21 @@ here unless AREAL_KAFKA_BOOTSTRAP is set):
 
 - publisher: microseconds per publish() on the caller's thread, beside a raw
   kafka-python send() and TensorBoard's add_scalar for the same values;
+- client: microseconds per `run.log` of a 100-key step on the caller's
+  thread, beside a validated StepEvent + publish(), wandb.log (offline) and
+  TensorBoard's add_scalar for the same 100 values;
 - pipeline: events/s from publishers through the stream worker into
   ClickHouse rows, beside the raw produce-then-consume rate (the ceiling);
 - latency: publish() to alert, publish() to row visible to `sql`;
-- memory: peak RSS of the stream worker and the sink;
-- scale: 1, 8 and 64 simulated ranks publishing at once.
+- memory: peak RSS of the stream worker and the sink; CPU per step event of each;
+- scale: 1, 8 and 64 simulated ranks publishing at once (64: 8 runs of 8 ranks);
+- queries: every dashboard query (macros expanded) on 10 million generated step
+  rows in an embedded store, p50/p95 per query (`panel_ms_p95_max`: the slowest
+  query's p95 in the dashboards' default view; `--quick` times each query 5
+  times instead of 20, on the same 10M rows).
+
+The JSON has the keys of CONTRACT.md "Benchmarks" this command measures (others come
+from the commands that measure them), plus details; every figure is measured in this run.
 
 The detailed per-wing benchmarks are `benchmarks.bench_*` (see docs/PERFORMANCE.md).
 """
@@ -19,9 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from pathlib import Path
 
-from benchmarks import bench_publisher, pipeline
+from benchmarks import bench_client, bench_publisher, bench_queries, pipeline
 from benchmarks.common import broker, machine, print_table
 
 
@@ -31,43 +42,60 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
-    n_pub, n_pipe, samples = (20_000, 6_000, 10) if args.quick else (50_000, 24_000, 30)
+    # pipeline phases long enough that the sink's 500 ms flush wait is a small part of each
+    n_pub, n_pipe, samples = (20_000, 16_000, 10) if args.quick else (50_000, 48_000, 30)
+    n_client = 5_000 if args.quick else 20_000
     print(f"machine: {machine()}")
     with broker() as bootstrap:
         pub = bench_publisher.run(bootstrap, n_pub)
+        client = bench_client.run(bootstrap, n_client)
         pipe = pipeline.run(bootstrap, n_pipe, samples, scales=(1, 8, 64))
+    queries = bench_queries.run(5 if args.quick else 20)  # no broker needed: after the others, not beside them
     bench_publisher.report(pub)
+    bench_client.report(client)
     raw = pipe["raw_events_per_s"]
     rows = [("raw produce-then-consume (kafka-python)", f"{raw:,.0f} ev/s", "1.00 (ceiling)")]
     for ranks, s in pipe["scale"].items():
-        rows.append((f"pipeline, {ranks} rank(s) publishing", f"{s['events_per_s']:,.0f} ev/s",
+        rows.append((f"pipeline, {ranks} rank(s) publishing ({s['runs']} run(s))", f"{s['events_per_s']:,.0f} ev/s",
                      f"{s['events_per_s'] / raw:.2f} of raw; cores busy: worker {s['worker_core_share']:.2f}, "
-                     f"sink {s['sink_core_share']:.2f}"))
+                     f"sink {s['sink_core_share']:.2f}; CPU/event: worker {s['worker_cpu_us_per_event']:.0f} us, "
+                     f"sink {s['sink_cpu_us_per_event']:.0f} us"))
     print_table(f"pipeline: publishers -> Kafka -> stream worker + sink -> ClickHouse rows ({n_pipe:,} step events)", rows)
     print_table("latency and memory", [
         ("publish() -> alert on the alerts topic p50/p99/max",
          f"{pipe['alert_latency_ms_p50']:.0f}/{pipe['alert_latency_ms_p99']:.0f}/{pipe['alert_latency_ms_max']:.0f} ms", ""),
         ("publish() -> row visible to sql p50/p99/max",
          f"{pipe['visible_latency_ms_p50']:.0f}/{pipe['visible_latency_ms_p99']:.0f}/{pipe['visible_latency_ms_max']:.0f} ms", ""),
-        ("stream worker peak RSS", f"{pipe.get('worker_peak_rss_mb', float('nan')):.0f} MiB", ""),
-        ("sink peak RSS", f"{pipe.get('sink_peak_rss_mb', float('nan')):.0f} MiB", ""),
+        ("stream worker CPU per step event (all phases)", f"{pipe['worker_cpu_us_per_event']:.0f} us", ""),
+        ("sink CPU per step event (all phases)", f"{pipe['sink_cpu_us_per_event']:.0f} us", ""),
+        ("stream worker peak RSS", f"{pipe.get('worker_rss_mib', float('nan')):.0f} MiB", ""),
+        ("sink peak RSS", f"{pipe.get('sink_rss_mib', float('nan')):.0f} MiB", ""),
     ])
+    bench_queries.report(queries)
+    load = os.getloadavg()
+    print(f"\nload average at the end: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min)")
     figures = {
         "machine": machine(),
         "publish_us_p50": pub["publish_us_p50"],
         "publish_us_p99": pub["publish_us_p99"],
         "raw_send_us_p50": pub["raw_send_us_p50"],
         "tensorboard_us_p50": pub["tensorboard_us_p50"],
+        **client,
         "pipeline_events_per_s": pipe["pipeline_events_per_s"],
         "raw_events_per_s": raw,
         "pipeline_to_raw": pipe["pipeline_events_per_s"] / raw,
+        "worker_cpu_us_per_event": pipe["worker_cpu_us_per_event"],
+        "sink_cpu_us_per_event": pipe["sink_cpu_us_per_event"],
         "alert_latency_ms_p50": pipe["alert_latency_ms_p50"],
         "alert_latency_ms_p99": pipe["alert_latency_ms_p99"],
         "visible_latency_ms_p50": pipe["visible_latency_ms_p50"],
         "visible_latency_ms_p99": pipe["visible_latency_ms_p99"],
-        "worker_peak_rss_mb": pipe.get("worker_peak_rss_mb"),
-        "sink_peak_rss_mb": pipe.get("sink_peak_rss_mb"),
+        **{k: pipe[k] for k in ("worker_rss_mib", "sink_rss_mib") if k in pipe},
         "scale": {str(k): v for k, v in pipe["scale"].items()},
+        **{key: queries[key] for key in queries if key.startswith("panel_ms_p95_max")},
+        "panel_steps_rows": queries["steps_rows"],
+        "queries": queries,
+        "load_average": list(load),
     }
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

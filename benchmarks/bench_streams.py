@@ -1,6 +1,7 @@
 """Stream worker benchmark: throughput beside a raw consumer, and step -> reward_smoothed latency.
 
     .venv/bin/python -m benchmarks.bench_streams [--events 20000] [--runs 8] [--rate 200] [--seconds 10]
+                                                 [--profile FILE]
 
 Uses $AREAL_KAFKA_BOOTSTRAP when set, else starts a local broker (areal_metrics.stack.kafka_broker).
 Each run of the benchmark uses a fresh topic prefix (so a fresh consumer group and changelog).
@@ -10,7 +11,12 @@ Each run of the benchmark uses a fresh topic prefix (so a fresh consumer group a
    - baseline: a raw aiokafka consumer (the client Faust uses) reads the same topic from the
      start: events/s from its first to its last record;
    - worker: `python -m streams` reads it: events/s between the first and the last
-     `reward_smoothed` it writes (Kafka CreateTime of its records: startup is not counted).
+     `reward_smoothed` it writes (Kafka CreateTime of its records: startup is not counted),
+     and the worker process's CPU time (user + system, all threads, from /proc) over that
+     span per event.
+   With `--profile FILE` the worker runs under cProfile timed by CPU time (process_time:
+   on a shared machine a wall-clock profiler mostly measures the time the process waits
+   for a core), and FILE gets the functions that cost the most (`benchmarks.profiling`).
 2. Latency: with the worker caught up, steps are produced at `--rate` per second for
    `--seconds`; latency = arrival of the step's `reward_smoothed` at a consumer minus the
    moment the step was handed to the producer. p50 / p99 / max.
@@ -75,9 +81,10 @@ async def raw_consume(bootstrap: str, topic: str, n: int) -> float:
         await consumer.stop()
 
 
-def core_only(n: int, runs: int) -> float:
-    """events/s of the worker's own per-message work (parse, core, encode), without Faust or Kafka."""
-    from streams.app import StreamCore
+def core_only(n: int, runs: int, batch: int = 500) -> float:
+    """events/s of the worker's own work (parse, core, encode, state records) in batches of
+    `batch` messages, without Faust or Kafka."""
+    from streams.batch import Input, StreamCore
     from streams.config import StreamsConfig
 
     topics = Topics("core.")
@@ -94,38 +101,52 @@ def core_only(n: int, runs: int) -> float:
 
     async def go() -> float:
         core = StreamCore(topics=topics, config=StreamsConfig(), table={}, send=send)
-        start = time.perf_counter()
-        for offset, (key, value) in enumerate(msgs):
-            await core.on_input(topics.steps, 0, offset, key, value, 1.0)
-        return n / (time.perf_counter() - start)
+        inputs = [Input(topics.steps, 0, offset, key, value, 1.0) for offset, (key, value) in enumerate(msgs)]
+        start = time.process_time()
+        for i in range(0, n, batch):
+            await core.on_batch(inputs[i:i + batch])
+        return n / (time.process_time() - start)
 
     return asyncio.run(go())
 
 
-def start_worker(bootstrap: str, topics: Topics, home: Path, log: Path) -> subprocess.Popen:
+def start_worker(bootstrap: str, topics: Topics, home: Path, log: Path, profile: Path | None = None) -> subprocess.Popen:
     env = dict(os.environ, AREAL_KAFKA_BOOTSTRAP=bootstrap, AREAL_TOPIC_PREFIX=topics.prefix,
                AREAL_HOME=str(home), AREAL_STREAMS_SESSION_TIMEOUT="6")
     env.pop("AREAL_STREAMS_CONFIG", None)
-    return subprocess.Popen([sys.executable, "-m", "streams"], cwd=ROOT, env=env,
-                            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    command = [sys.executable, "-m", "streams"]
+    if profile is not None:
+        command = [sys.executable, "-m", "benchmarks.profiling", str(profile), "streams"]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 
-def worker_throughput(bootstrap: str, topics: Topics, n: int, timeout: float) -> tuple[float, float]:
-    """(events/s between first and last output, seconds from first output to last)."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_throughput(bootstrap: str, topics: Topics, n: int, timeout: float, pid: int) -> tuple[float, float, float]:
+    """(events/s between first and last output, seconds from first output to last, worker CPU
+    microseconds per event from the first output seen to the last)."""
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(topics.smoothed, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                              enable_auto_commit=False, group_id=None)
     stamps: list[int] = []
+    cpu0 = None
     deadline = time.monotonic() + timeout
     while len(stamps) < n and time.monotonic() < deadline:
-        for records in consumer.poll(timeout_ms=500, max_records=20000).values():
+        for records in consumer.poll(timeout_ms=100, max_records=20000).values():
+            if cpu0 is None:
+                cpu0, first = cpu_seconds(pid), len(records)
             stamps.extend(r.timestamp for r in records)
+    cpu1 = cpu_seconds(pid)
     consumer.close()
-    if len(stamps) < n:
+    if len(stamps) < n or cpu0 is None:
         raise RuntimeError(f"worker wrote {len(stamps)} of {n} reward_smoothed events in {timeout:.0f} s")
     span = (max(stamps) - min(stamps)) / 1000.0
-    return (n - 1) / span, span
+    return (n - 1) / span, span, (cpu1 - cpu0) / max(1, n - first) * 1e6
 
 
 def latency(bootstrap: str, topics: Topics, rate: float, seconds: float, runs: int) -> list[float]:
@@ -180,6 +201,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--rate", type=float, default=200.0, help="steps/s in the latency phase")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency phase")
+    parser.add_argument("--profile", type=Path, help="run the worker under pyinstrument; its report goes here")
     args = parser.parse_args()
 
     broker = None
@@ -201,13 +223,15 @@ def main() -> int:
         fill(bootstrap, topics.steps, args.events, args.runs)
         print(f"wrote {args.events} step events ({args.runs} runs) in {time.perf_counter() - t:.1f} s")
         raw = asyncio.run(raw_consume(bootstrap, topics.steps, args.events))
-        worker = start_worker(bootstrap, topics, work / "home", work / "worker.log")
-        rate, span = worker_throughput(bootstrap, topics, args.events, timeout=600)
+        worker = start_worker(bootstrap, topics, work / "home", work / "worker.log", args.profile)
+        rate, span, cpu_us = worker_throughput(bootstrap, topics, args.events, timeout=600, pid=worker.pid)
         core = core_only(args.events, args.runs)
         print(f"throughput  raw aiokafka consumer: {raw:10,.0f} events/s")
-        print(f"throughput  worker core, no Kafka: {core:10,.0f} events/s  (parse + core + encode + state JSON)")
-        print(f"throughput  stream worker:         {rate:10,.0f} events/s  ({span:.1f} s for {args.events})")
-        print(f"ratio worker/raw: {rate / raw:.3f}")
+        print(f"throughput  worker core, no Kafka: {core:10,.0f} events/s of CPU  "
+              f"({1e6 / core:.1f} us/event: parse + core + encode + state records, batches of 500)")
+        print(f"throughput  stream worker:         {rate:10,.0f} events/s  ({span:.1f} s for {args.events}); "
+              f"CPU {cpu_us:.1f} us/event")
+        print(f"ratio worker/raw: {rate / raw:.3f}; load average {os.getloadavg()[0]:.1f}")
         lat = latency(bootstrap, topics, args.rate, args.seconds, args.runs)
         expected = int(args.rate * args.seconds)
         print(f"latency step -> reward_smoothed at {args.rate:g} steps/s, {len(lat)}/{expected} seen: "

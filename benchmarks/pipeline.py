@@ -4,8 +4,11 @@ the embedded ClickHouse, beside the raw produce-then-consume rate of the same
 client library on the same broker (the ceiling on this machine).
 
 Also: latency from `publish()` to the alert on the alerts topic and to the row
-being visible to `sql`; peak RSS of the worker and the sink; and how the
-pipeline rate changes with 1, 8 and 64 simulated ranks publishing at once.
+being visible to `sql`; peak RSS of the worker and the sink; the CPU time the
+worker and the sink spend per step event (from /proc, all threads); and how the
+pipeline rate changes with 1, 8 and 64 simulated ranks publishing at once (64:
+8 concurrent runs of 8 ranks; every rank's step says its `world_size`, so the
+worker averages each step over its ranks before smoothing it).
 """
 
 from __future__ import annotations
@@ -65,18 +68,23 @@ class Services:
         (self.home / "streams.json").write_text(json.dumps(
             {"runs": {"lat-*": {"window": 1, "reward_threshold": 0.5, "reward_cooldown_steps": 1}}}))
         create_topics(self.bootstrap, self.topics.all(), partitions=3)
+        profiles = os.environ.get("AREAL_BENCH_PROFILE_DIR")  # CPU-time profiles of both services
         for name, module in (("worker", "streams"), ("sink", "sinks")):
             log = open(self.home / f"{name}.log", "wb")
-            self.procs[name] = subprocess.Popen([sys.executable, "-m", module], env=self.env,
-                                                stdout=log, stderr=subprocess.STDOUT)
+            command = [sys.executable, "-m", module]
+            if profiles:
+                Path(profiles).mkdir(parents=True, exist_ok=True)
+                command = [sys.executable, "-m", "benchmarks.profiling", str(Path(profiles) / f"{name}.txt"), module]
+            self.procs[name] = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT)
 
-    def peak_rss_mb(self) -> dict[str, float]:
+    def peak_rss_mib(self) -> dict[str, float]:
+        """`worker_rss_mib`, `sink_rss_mib`: each service's peak resident memory (VmHWM)."""
         out = {}
         for name, proc in self.procs.items():
             try:
                 for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
                     if line.startswith("VmHWM:"):
-                        out[f"{name}_peak_rss_mb"] = int(line.split()[1]) / 1024
+                        out[f"{name}_rss_mib"] = int(line.split()[1]) / 1024
             except OSError:
                 pass
         return out
@@ -163,10 +171,11 @@ def pipeline_rate(services: Services, ranks: int, n: int, timeout: float = 600.0
     tag = f"pipe{ranks}-{uuid.uuid4().hex[:4]}"
     per_rank = n // ranks
     runs = max(1, ranks // RANKS_PER_RUN)
+    world = ranks // runs
     publishers = [Publisher(services.bootstrap, services.topics, services.home / f"journal-{tag}-{r}")
                   for r in range(ranks)]
-    batches = [[StepEvent(run_id=f"{tag}-{r % runs}", node=f"node{r}", rank=r, step=s, epoch=0,
-                          reward=0.5, throughput=1000.0, tokens=512, latency_ms=10.0)
+    batches = [[StepEvent(run_id=f"{tag}-{r % runs}", node=f"node{r}", rank=r // runs, step=s, epoch=0,
+                          reward=0.5, throughput=1000.0, tokens=512, latency_ms=10.0, world_size=world)
                 for s in range(per_rank)] for r in range(ranks)]
     expected_steps = per_rank * ranks
     expected_smoothed = per_rank * runs  # one smoothed reward per run and step
@@ -200,7 +209,9 @@ def pipeline_rate(services: Services, ranks: int, n: int, timeout: float = 600.0
     # Share of one core each service used over the phase: the one near 1.0 is the bottleneck
     # (Python: one core per process).
     busy = {f"{name}_core_share": (cpu1[name] - cpu0[name]) / elapsed for name in cpu0}
-    return {"events_per_s": expected_steps / elapsed, "seconds": elapsed, **busy}
+    cpu = {f"{name}_cpu_us_per_event": (cpu1[name] - cpu0[name]) / expected_steps * 1e6 for name in cpu0}
+    return {"events_per_s": expected_steps / elapsed, "seconds": elapsed, "events": expected_steps,
+            "runs": runs, "world_size": world, **busy, **cpu}
 
 
 def alert_latency(services: Services, samples: int, timeout: float = 60.0) -> list[float]:
@@ -247,13 +258,16 @@ def run(bootstrap: str, n: int, samples: int, scales: tuple[int, ...]) -> dict[s
             scale[ranks] = pipeline_rate(services, ranks, n)
         out["scale"] = scale
         out["pipeline_events_per_s"] = max(s["events_per_s"] for s in scale.values())
+        for name in ("worker", "sink"):  # over every phase: CPU time / step events
+            cpu = sum(s[f"{name}_cpu_us_per_event"] * s["events"] for s in scale.values())
+            out[f"{name}_cpu_us_per_event"] = cpu / sum(s["events"] for s in scale.values())
         # publish() -> row visible: the sink benchmark's measurement, on this stack's store
         v = bench_latency(services.settings, samples)
         a = summary(alert_latency(services, samples))
         out.update(visible_latency_ms_p50=v["latency_ms_p50"], visible_latency_ms_p99=v["latency_ms_p99"],
                    visible_latency_ms_max=v["latency_ms_max"],
                    alert_latency_ms_p50=a["p50"], alert_latency_ms_p99=a["p99"], alert_latency_ms_max=a["max"])
-        out.update(services.peak_rss_mb())
+        out.update(services.peak_rss_mib())
     finally:
         services.stop()
         shutil.rmtree(home, ignore_errors=True)

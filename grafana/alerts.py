@@ -12,7 +12,7 @@ from grafana_foundation_sdk.builders import common as common_b
 from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import common, dashboard
 
-from grafana.clickhouse import SQL, Format
+from grafana.clickhouse import SQL, Format, view
 from grafana.panels import RUN_FILTER, base, table, timeseries
 
 UID = "areal-alerts"
@@ -38,13 +38,13 @@ ALERTS_WITH_COMMANDS = SQL(
 FROM
 (
     SELECT ts, run_id, node, severity, kind, message, step, value, threshold, alert_id
-    FROM areal.alerts FINAL
+    FROM {view('alerts')}
     WHERE $__timeFilter(ts) AND {RUN_FILTER}
 ) AS a
 LEFT JOIN
 (
     SELECT run_id, groupArray((command, args, ts, ifNull(target_node, ''))) AS cmds
-    FROM areal.commands FINAL
+    FROM {view('commands')}
     WHERE ts >= $__fromTime AND {RUN_FILTER}
     GROUP BY run_id
 ) AS c ON c.run_id = a.run_id
@@ -55,7 +55,7 @@ LIMIT 200""",
 
 ALERTS_OVER_TIME = SQL(
     f"""SELECT $__timeInterval(ts) AS time, concat(severity, ' · ', kind) AS kind, toFloat64(count()) AS alerts
-FROM areal.alerts FINAL
+FROM {view('alerts')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY time, kind
 ORDER BY time""",
@@ -72,7 +72,7 @@ COMMANDS = SQL(
     ifNull(target_node, 'all nodes') AS target,
     args,
     reason
-FROM areal.commands FINAL
+FROM {view('commands')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 ORDER BY time DESC
 LIMIT 200""",
@@ -80,12 +80,12 @@ LIMIT 200""",
 )
 
 DEAD_LETTERS = SQL(
-    """SELECT
+    f"""SELECT
     ts AS time,
     source_topic AS topic,
     reason,
     substring(raw, 1, 300) AS raw
-FROM areal.deadletter FINAL
+FROM {view('deadletter')}
 WHERE $__timeFilter(ts)
 ORDER BY time DESC
 LIMIT 200""",

@@ -27,7 +27,17 @@ PLUGIN_ID = "grafana-clickhouse-datasource"
 PLUGIN_VERSION = "4.10.2"  # pinned in compose.yaml (GF_INSTALL_PLUGINS) as well
 DATASOURCE_UID = "areal-clickhouse"  # fixed uid: provisioning and dashboards agree on it
 DATASOURCE_NAME = "ClickHouse (areal)"
-DATABASE = "areal"
+DATABASE = "areal"  # the database every dashboard query names (provisioning's default database too)
+
+
+def view(table: str) -> str:
+    """What a dashboard reads for a table: its deduplicated view (`sinks.views`), in DATABASE."""
+    return f"{DATABASE}.v_{table}"
+
+
+def stored(name: str) -> str:
+    """A table itself, in DATABASE (for reads that need no deduplication: which run ids exist)."""
+    return f"{DATABASE}.{name}"
 
 
 def datasource_ref() -> dashboard.DataSourceRef:

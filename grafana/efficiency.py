@@ -5,7 +5,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import dashboard
 
-from grafana.clickhouse import SQL, Format
+from grafana.clickhouse import SQL, Format, view
 from grafana.panels import NODE_FILTER, RUN_FILTER, base, table, timeseries
 
 UID = "areal-efficiency"
@@ -16,14 +16,15 @@ MEMORY = "ifNull(toFloat64(gpu_mem_bytes), metrics['mem_bytes'])"
 
 
 def _per_worker(value: str, name: str, extra_filter: str = "") -> SQL:
+    # grouped by the columns the label is made of: the label is built once per group, not per row
     return SQL(
         f"""SELECT
     $__timeInterval(ts) AS time,
     {WORKER} AS worker,
     {value} AS `{name}`
-FROM areal.steps FINAL
+FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}{extra_filter}
-GROUP BY time, worker
+GROUP BY time, run_id, node, rank
 ORDER BY time""",
         expects=("time", "worker", name),
         format=TS,
@@ -37,7 +38,7 @@ LATENCY_QUANTILES = SQL(
     quantile(0.5)(latency_ms) AS p50,
     quantile(0.95)(latency_ms) AS p95,
     max(latency_ms) AS max
-FROM areal.steps FINAL
+FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER} AND latency_ms IS NOT NULL
 GROUP BY time, run_id
 ORDER BY time""",
@@ -55,7 +56,7 @@ WORKERS = SQL(
     quantile(0.95)(latency_ms) AS `p95 step latency`,
     max({MEMORY}) AS `peak memory`,
     max(ts) AS `last seen`
-FROM areal.steps FINAL
+FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
 GROUP BY run_id, node, rank
 ORDER BY run_id, node, rank""",
@@ -90,7 +91,7 @@ def build() -> dash_b.Dashboard:
             [
                 SQL(
                     f"""SELECT $__timeInterval(ts) AS time, run_id, sum(tokens) / $__interval_s AS `tokens/s`
-FROM areal.steps FINAL
+FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
 GROUP BY time, run_id
 ORDER BY time""",

@@ -13,7 +13,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import common, dashboard
 
-from grafana.clickhouse import SQL, Format
+from grafana.clickhouse import SQL, Format, view
 from grafana.panels import (
     DATASET_FILTER,
     NODE_FILTER,
@@ -37,7 +37,7 @@ BY_STEP = SQL(
     run_id,
     argMax(accuracy, {BEST_STAGE}) AS accuracy,
     argMax(response_length, {BEST_STAGE}) AS `response length`
-FROM areal.eval_consensus FINAL
+FROM {view('eval_consensus')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND dataset IN (${{dataset:singlequote}})
 GROUP BY step, run_id
 ORDER BY step""",
@@ -51,7 +51,7 @@ def _consensus_series(value: str, name: str) -> SQL:
     ts AS time,
     concat(run_id, ' · ', dataset, ' · ', stage) AS series,
     {value} AS `{name}`
-FROM areal.eval_consensus FINAL
+FROM {view('eval_consensus')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {DATASET_FILTER}
 ORDER BY time""",
         expects=("time", "series", name),
@@ -65,7 +65,7 @@ DEGRADED_MARKERS_SQL = f"""SELECT
     concat(toString(votes), '/', toString(replicas), ' replicas answered, accuracy ', toString(round(accuracy, 3)),
            if(stale, ' (repeats the last good result)', ' (timed out)')) AS text,
     concat('eval,', if(stale, 'stale', 'partial'), ',', dataset) AS tags
-FROM areal.eval_consensus FINAL
+FROM {view('eval_consensus')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND (stale OR partial)
 ORDER BY time"""
 
@@ -82,7 +82,7 @@ ROUNDS = SQL(
     concat(toString(votes), '/', toString(replicas)) AS votes,
     arrayStringConcat(dissenters, ', ') AS dissenters,
     multiIf(stale, 'stale', partial, 'partial', 'ok') AS state
-FROM areal.eval_consensus FINAL
+FROM {view('eval_consensus')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {DATASET_FILTER}
 ORDER BY time DESC
 LIMIT 200""",
@@ -103,12 +103,33 @@ NODE_RESULTS = SQL(
     response_length AS `response length`,
     latency_ms AS latency,
     ifNull(error, '') AS error
-FROM areal.evals FINAL
+FROM {view('evals')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER} AND {DATASET_FILTER}
 ORDER BY time DESC
 LIMIT 200""",
     expects=("time", "run_id", "step", "dataset", "stage", "node", "status", "accuracy", "response length",
              "latency", "error"),
+)
+
+# the samples of each node's results (log_eval(samples=[...])), as W&B users see sample tables
+GENERATIONS = SQL(
+    f"""SELECT
+    ts AS time,
+    run_id,
+    step,
+    dataset,
+    stage,
+    node,
+    sample,
+    verdict,
+    reward,
+    prompt,
+    response
+FROM {view('generations')}
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER} AND {DATASET_FILTER}
+ORDER BY step DESC, dataset, stage, node, sample
+LIMIT 500""",
+    expects=("time", "run_id", "step", "dataset", "stage", "node", "sample", "verdict", "reward", "prompt", "response"),
 )
 
 SERIES = "${__field.labels.series}"
@@ -199,7 +220,7 @@ def build() -> dash_b.Dashboard:
             [
                 SQL(
                     f"""SELECT ts AS time, concat(run_id, ' · ', node, ' · ', dataset) AS series, latency_ms AS latency
-FROM areal.evals FINAL
+FROM {view('evals')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER} AND {DATASET_FILTER} AND latency_ms IS NOT NULL
 ORDER BY time""",
                     expects=("time", "series", "latency"),
@@ -250,5 +271,21 @@ ORDER BY time""",
         )
         .with_override(_by_name("accuracy"), [_prop("unit", "percentunit")])
         .with_override(_by_name("latency"), [_prop("unit", "ms")])
+    )
+    board = board.with_panel(
+        table(
+            "Generations",
+            "The samples behind each node's result, newest step first: prompt, response, verdict and reward "
+            "(text cut at producers.events.SAMPLE_TEXT_MAX characters, at most SAMPLES_MAX samples per result).",
+            GENERATIONS,
+            height=12,
+        ).with_override(
+            _by_name("verdict"),
+            [
+                _prop("custom.cellOptions", {"type": "color-text"}),
+                _prop("mappings", [{"type": "value", "options": {"1": {"color": "green", "index": 0},
+                                                                  "0": {"color": "red", "index": 1}}}]),
+            ],
+        )
     )
     return board

@@ -1,8 +1,10 @@
 """Small, typed helpers over the foundation SDK builders: the house style of our panels.
 
 Every panel reads the fixed ClickHouse datasource (uid `areal-clickhouse`),
-every query is raw SQL against deduplicated data (`FINAL`), filtered by the
-dashboard's time range and the `run` / `node` / `dataset` variables.
+every query is raw SQL against deduplicated data (the `v_*` views of
+`sinks.views`, in `grafana.clickhouse.DATABASE`), filtered by the
+dashboard's time range and the `run` / `node` / `dataset` variables; `group`
+and `tag` narrow the runs `run` offers.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from grafana_foundation_sdk.builders import timeseries as ts_b
 from grafana_foundation_sdk.builders import trend as trend_b
 from grafana_foundation_sdk.models import common, dashboard
 
-from grafana.clickhouse import SQL, AnnotationTarget, Format, datasource_ref
+from grafana.clickhouse import SQL, AnnotationTarget, Format, datasource_ref, stored, view
 from grafana.macros import ALL
 
 REFRESH = "5s"
@@ -31,27 +33,59 @@ DATASET_FILTER = "$__conditionalAll(dataset IN (${dataset:singlequote}), $datase
 # ------------------------------------------------------------------ variables
 
 
+# Runs from v_runs (one row per run: its `run` events), filtered by group and tag; a run
+# that sent no run events (a producer other than the client) is listed while no group or
+# tag is chosen.
+RUN_PICKER = f"""SELECT run_id FROM
+(
+    SELECT run_id, started AS since FROM {view('runs')}
+    WHERE $__conditionalAll(`group` IN (${{group:singlequote}}), $group)
+      AND $__conditionalAll(hasAny(tags, [${{tag:singlequote}}]), $tag)
+    UNION ALL
+    SELECT run_id, min(ts) AS since FROM {stored('steps')}
+    WHERE run_id NOT IN (SELECT run_id FROM {stored('runs')})
+      AND $__conditionalAll(1 = 0, $group) AND $__conditionalAll(1 = 0, $tag)
+    GROUP BY run_id
+)
+GROUP BY run_id
+ORDER BY max(since) DESC"""
+
+
 def variables() -> list[dash_b.QueryVariable]:
-    """run (multi, newest first), node and dataset (multi, with All) of the chosen runs."""
+    """group and tag (multi, with All), run (multi, newest first), node and dataset (multi, with All)."""
     return [
+        _variable(
+            "group",
+            "Group",
+            f"SELECT DISTINCT `group` FROM {view('runs')} WHERE `group` IS NOT NULL AND `group` != '' ORDER BY `group`",
+            include_all=True,
+            description="Run groups (init(group=...)); narrows the Run list.",
+        ),
+        _variable(
+            "tag",
+            "Tag",
+            f"SELECT DISTINCT arrayJoin(tags) AS tag FROM {view('runs')} ORDER BY tag",
+            include_all=True,
+            description="Run tags (init(tags=[...])); narrows the Run list to runs with any chosen tag.",
+        ),
         _variable(
             "run",
             "Run",
-            "SELECT run_id FROM areal.steps FINAL GROUP BY run_id ORDER BY max(ts) DESC",
+            RUN_PICKER,
             include_all=False,
             description="Training runs (newest first); pick several to compare them.",
         ),
         _variable(
             "node",
             "Node",
-            "SELECT DISTINCT node FROM areal.steps FINAL WHERE run_id IN (${run:singlequote}) ORDER BY node",
+            f"SELECT DISTINCT node FROM {view('steps')} WHERE {RUN_FILTER} ORDER BY node",
             include_all=True,
             description="Nodes of the chosen runs.",
         ),
         _variable(
             "dataset",
             "Dataset",
-            "SELECT DISTINCT dataset FROM areal.evals FINAL WHERE run_id IN (${run:singlequote}) ORDER BY dataset",
+            f"SELECT DISTINCT dataset FROM {view('evals')} WHERE {RUN_FILTER} ORDER BY dataset",
             include_all=True,
             description="Evaluation datasets of the chosen runs.",
         ),
@@ -104,22 +138,22 @@ def builtin_annotations() -> dash_b.AnnotationQuery:
     )
 
 
-COMMAND_MARKERS_SQL = """SELECT
+COMMAND_MARKERS_SQL = f"""SELECT
     ts AS time,
     concat(command, if(target_node IS NULL, '', concat(' @', target_node))) AS title,
     concat(command, ' ', args, if(reason = '', '', concat(': ', reason))) AS text,
     concat('command,', command) AS tags
-FROM areal.commands FINAL
-WHERE $__timeFilter(ts) AND run_id IN (${run:singlequote})
+FROM {view('commands')}
+WHERE $__timeFilter(ts) AND {RUN_FILTER}
 ORDER BY time"""
 
-ALERT_MARKERS_SQL = """SELECT
+ALERT_MARKERS_SQL = f"""SELECT
     ts AS time,
     concat(severity, ': ', kind) AS title,
     message AS text,
     concat('alert,', severity, ',', kind) AS tags
-FROM areal.alerts FINAL
-WHERE $__timeFilter(ts) AND run_id IN (${run:singlequote}) AND severity != 'info'
+FROM {view('alerts')}
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND severity != 'info'
 ORDER BY time"""
 
 
@@ -249,7 +283,7 @@ def stat(title: str, description: str, query: SQL, *, unit: str, width: int = 6,
 
 
 def base(uid: str, title: str, description: str, tags: list[str]) -> dash_b.Dashboard:
-    """A dashboard with our time settings, the three variables and the built-in annotations."""
+    """A dashboard with our time settings, the variables and the built-in annotations."""
     board = (
         dash_b.Dashboard(title)
         .uid(uid)

@@ -2,7 +2,9 @@
 
 Runs happen at different times, so the curves are drawn against the step
 (Grafana's trend panel, x = step), one line per run: pick for example a run
-with group size 4 and one with group size 2 in the `run` variable.
+with group size 4 and one with group size 2 in the `run` variable. The run
+lifecycle (status, attempts, group, tags) and the configs side by side come
+from `v_runs`, one row per run folded from its `run` events.
 """
 
 from __future__ import annotations
@@ -10,14 +12,14 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import dashboard
 
-from grafana.clickhouse import SQL, Format
+from grafana.clickhouse import SQL, Format, view
 from grafana.panels import DATASET_FILTER, RUN_FILTER, base, table, timeseries, trend
 
 UID = "areal-runs"
 
 RAW_BY_STEP = SQL(
     f"""SELECT step, run_id, avg(reward) AS reward
-FROM areal.steps FINAL
+FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY step, run_id
 ORDER BY step""",
@@ -26,7 +28,7 @@ ORDER BY step""",
 
 EMA_BY_STEP = SQL(
     f"""SELECT step, run_id, argMax(ema, ts) AS `reward EMA`
-FROM areal.rewards_smoothed FINAL
+FROM {view('rewards_smoothed')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY step, run_id
 ORDER BY step""",
@@ -35,7 +37,7 @@ ORDER BY step""",
 
 ACCURACY_BY_STEP = SQL(
     f"""SELECT step, concat(run_id, ' · ', dataset) AS series, argMax(accuracy, (stage = 'full', ts)) AS accuracy
-FROM areal.eval_consensus FINAL
+FROM {view('eval_consensus')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {DATASET_FILTER}
 GROUP BY step, series
 ORDER BY step""",
@@ -44,7 +46,7 @@ ORDER BY step""",
 
 THROUGHPUT = SQL(
     f"""SELECT $__timeInterval(ts) AS time, run_id, sum(tokens) / $__interval_s AS `tokens/s`
-FROM areal.steps FINAL
+FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY time, run_id
 ORDER BY time""",
@@ -69,14 +71,14 @@ FROM
     SELECT run_id, uniqExact(node) AS nodes, uniqExact(node, rank) AS ranks, max(step) AS last_step,
            min(ts) AS started, dateDiff('second', min(ts), max(ts)) AS duration_s,
            avg(throughput) AS mean_throughput
-    FROM areal.steps FINAL
+    FROM {view('steps')}
     WHERE $__timeFilter(ts) AND {RUN_FILTER}
     GROUP BY run_id
 ) AS s
 LEFT JOIN
 (
     SELECT run_id, argMax(ema, step) AS last_ema, max(sliding_avg) AS best_avg
-    FROM areal.rewards_smoothed FINAL
+    FROM {view('rewards_smoothed')}
     WHERE $__timeFilter(ts) AND {RUN_FILTER}
     GROUP BY run_id
 ) AS r ON r.run_id = s.run_id
@@ -86,7 +88,7 @@ LEFT JOIN
     FROM
     (
         SELECT run_id, dataset, argMax(accuracy, (step, stage = 'full', ts)) AS acc
-        FROM areal.eval_consensus FINAL
+        FROM {view('eval_consensus')}
         WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {DATASET_FILTER}
         GROUP BY run_id, dataset
     )
@@ -96,6 +98,42 @@ ORDER BY started DESC""",
     expects=("run_id", "nodes", "ranks", "last step", "started", "duration", "tokens/s per rank", "reward EMA",
              "best sliding avg", "last accuracy"),
 )
+
+
+LIFECYCLE = SQL(
+    f"""SELECT
+    run_id,
+    status,
+    attempt,
+    attempts,
+    ifNull(`group`, '') AS `group`,
+    arrayStringConcat(tags, ', ') AS tags,
+    world_size AS `world size`,
+    ranks AS `ranks reported`,
+    ifNull(framework, '') AS framework,
+    ifNull(git_commit, '') AS `git commit`,
+    started,
+    ended,
+    dateDiff('second', started, ifNull(ended, now64(3))) AS duration,
+    exit_code AS `exit code`
+FROM {view('runs')}
+WHERE {RUN_FILTER}
+ORDER BY started DESC""",
+    expects=("run_id", "status", "attempt", "attempts", "group", "tags", "world size", "ranks reported", "framework",
+             "git commit", "started", "ended", "duration", "exit code"),
+)
+
+# one row per (config key, run): Grafana's "grouping to matrix" puts the runs side by side
+CONFIG = SQL(
+    f"""SELECT kv.1 AS key, run_id, kv.2 AS value
+FROM {view('runs')}
+ARRAY JOIN JSONExtractKeysAndValuesRaw(config) AS kv
+WHERE {RUN_FILTER}
+ORDER BY key, run_id""",
+    expects=("key", "run_id", "value"),
+)
+
+STATUS_COLORS = {"running": "blue", "finished": "green", "failed": "red", "killed": "orange"}
 
 
 def _unit(name: str, unit: str) -> tuple[dashboard.MatcherConfig, list[dashboard.DynamicConfigValue]]:
@@ -161,4 +199,19 @@ def build() -> dash_b.Dashboard:
         ("started", "dateTimeAsIso"),
     ):
         summary = summary.with_override(*_unit(name, unit))
-    return board.with_panel(summary)
+    board = board.with_panel(summary)
+    lifecycle = table("Run lifecycle", "One line per run from its run events: the latest attempt's status "
+                      "(running, finished, failed, killed), attempts, group, tags, size and code version.",
+                      LIFECYCLE, height=7)
+    for name, unit in (("duration", "s"), ("started", "dateTimeAsIso"), ("ended", "dateTimeAsIso")):
+        lifecycle = lifecycle.with_override(*_unit(name, unit))
+    lifecycle = lifecycle.with_override(
+        dashboard.MatcherConfig(id_val="byName", options="status"),
+        [dashboard.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
+         dashboard.DynamicConfigValue(id_val="mappings", value=[{"type": "value", "options": {
+             status: {"color": color, "index": i} for i, (status, color) in enumerate(STATUS_COLORS.items())}}])])
+    board = board.with_panel(lifecycle)
+    config = table("Config side by side", "The config each chosen run logged (init(config=...)), one column per run.",
+                   CONFIG, height=10).with_transformation(dashboard.DataTransformerConfig(
+                       id_val="groupingToMatrix", options={"columnField": "run_id", "rowField": "key", "valueField": "value"}))
+    return board.with_panel(config)

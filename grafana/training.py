@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as dash_b
 
-from grafana.clickhouse import SQL, Format
+from grafana.clickhouse import SQL, Format, view
 from grafana.panels import (
     ALERT_MARKERS_SQL,
     COMMAND_MARKERS_SQL,
@@ -33,7 +33,7 @@ def _step_metric(*columns: str) -> SQL:
     $__timeInterval(ts) AS time,
     run_id,
     {select}
-FROM areal.steps FINAL
+FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
 GROUP BY time, run_id
 ORDER BY time"""
@@ -47,7 +47,7 @@ REWARD_SMOOTHED = SQL(
     avg(reward) AS `reward (raw)`,
     avg(sliding_avg) AS `sliding avg`,
     avg(ema) AS `EMA`
-FROM areal.rewards_smoothed FINAL
+FROM {view('rewards_smoothed')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY time, run_id
 ORDER BY time""",
@@ -57,7 +57,7 @@ ORDER BY time""",
 
 LATEST_STEP = SQL(
     f"""SELECT $__timeInterval(ts) AS time, run_id, max(step) AS step
-FROM areal.steps FINAL
+FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
 GROUP BY time, run_id
 ORDER BY time""",
@@ -67,7 +67,7 @@ ORDER BY time""",
 
 LATEST_EMA = SQL(
     f"""SELECT $__timeInterval(ts) AS time, run_id, argMax(ema, step) AS `reward EMA`
-FROM areal.rewards_smoothed FINAL
+FROM {view('rewards_smoothed')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY time, run_id
 ORDER BY time""",
@@ -77,7 +77,7 @@ ORDER BY time""",
 
 RUN_THROUGHPUT = SQL(
     f"""SELECT $__timeInterval(ts) AS time, run_id, sum(tokens) / $__interval_s AS `tokens/s`
-FROM areal.steps FINAL
+FROM {view('steps')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
 GROUP BY time, run_id
 ORDER BY time""",
@@ -87,7 +87,7 @@ ORDER BY time""",
 
 LATEST_ALERTS = SQL(
     f"""SELECT $__timeInterval(ts) AS time, run_id, toFloat64(count()) AS alerts
-FROM areal.alerts FINAL
+FROM {view('alerts')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY time, run_id
 ORDER BY time""",

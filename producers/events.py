@@ -26,6 +26,11 @@ from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 from producers.errors import UserError
 from producers.ids import RUN_ID_PATTERN
 
+try:  # compiled JSON for readers (worker, sink); the bare client package does without
+    import orjson
+except ImportError:
+    orjson = None  # type: ignore[assignment]
+
 SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 1 << 20  # a reader refuses larger messages before parsing them
 _HOSTNAME = socket.gethostname()[:128] or "localhost"
@@ -520,12 +525,28 @@ def _has_no_default(cls: type, name: str) -> bool:
     return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
+# orjson reads an integer beyond 64 bits as a float; `json` keeps it an int, which the
+# field checks refuse by name. Such a digit run (or a long mantissa) goes to `json`.
+_LONG_NUMBER = re.compile(rb"\d{19,}")
+
+
+def _loads(raw: bytes | str) -> Any:
+    """json.loads, through orjson where the two agree: for anything orjson refuses (NaN,
+    a BOM, a lone surrogate, bad UTF-8...) `json` decides, with its own error."""
+    if orjson is not None and isinstance(raw, bytes) and not _LONG_NUMBER.search(raw):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
+
+
 def parse_event(raw: bytes | str, expected: type[Event] | None = None) -> Event:
     """Bytes off the wire -> record. Raises ValidationError naming the field."""
     if len(raw) > MAX_MESSAGE_BYTES:
         raise ValidationError("event", f"message too large ({len(raw)} bytes > {MAX_MESSAGE_BYTES})")
     try:
-        data = json.loads(raw)
+        data = _loads(raw)
     except UnicodeDecodeError as exc:
         raise ValidationError("event", f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
     except RecursionError:

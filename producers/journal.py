@@ -142,3 +142,23 @@ class Journal:
             self._file.close()
         fcntl.flock(self._lock_file, fcntl.LOCK_UN)
         self._lock_file.close()
+
+
+SLOTS = 64  # directories a journal falls back to: <dir>, <dir>.1, ... <dir>.63
+
+
+def open_journal(directory: Path, *, fsync: bool = False) -> Journal:
+    """The journal in `directory`, or in the first free sibling slot `<dir>.1`, `<dir>.2`, ... when it is in use.
+
+    Two processes that default to one directory (two ranks on one host, an old
+    attempt still exiting) each get their own; a journal left in a slot is
+    re-sent by the next process that opens that slot.
+    """
+    directory = Path(directory)
+    for slot in range(SLOTS):
+        path = directory if slot == 0 else directory.with_name(f"{directory.name}.{slot}")
+        try:
+            return Journal(path, fsync=fsync)
+        except JournalLocked:
+            continue
+    raise JournalLocked(f"journal {directory} and its {SLOTS - 1} fallback slots are all in use")

@@ -16,22 +16,30 @@ order, and newer ones wait in the journal behind them. A message that
 kafka-python gives up on after that timeout is journaled behind newer ones:
 still delivered, with its event_id, but out of order (the stream worker
 orders steps by step number anyway).
+
+At interpreter exit a publisher that was not closed closes itself (atexit,
+waiting at most `exit_timeout_s`): what the broker has not acknowledged by
+then is in the journal. The queue also takes `Outgoing` items, records built
+on the sender thread (the client's steps: the caller only enqueues a dict).
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import itertools
 import logging
+import os
 import socket
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from producers.events import Event
-from producers.journal import Journal
+from producers.journal import Journal, open_journal
 from producers.settings import Settings, state_dir
 from producers.topics import Topics
 
@@ -39,6 +47,12 @@ log = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.02  # how long the sender sleeps when idle: rare wake-ups leave the GIL to training
 _RESEND_CHUNK = 2000  # journal records re-sent per acknowledged chunk
+
+
+class Outgoing(Protocol):
+    """A record the sender thread builds: `encode` gives (topic, key, value); it must not raise."""
+
+    def encode(self, topics: Topics) -> tuple[str, bytes, bytes]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +87,8 @@ class Publisher:
         stall_s: float = 5.0,
         kafka_config: dict[str, Any] | None = None,
         fsync_journal: bool = False,
+        close_at_exit: bool = True,
+        exit_timeout_s: float = 10.0,
     ) -> None:
         self.topics = topics or Topics.from_env()
         self.max_queue = max_queue
@@ -80,8 +96,8 @@ class Publisher:
         self._delivery_timeout_s = delivery_timeout_s
         self._stall_s = stall_s  # oldest message unacknowledged this long: the broker is away
         self._kafka_config = {"bootstrap_servers": bootstrap.split(","), **(kafka_config or {})}
-        self._journal = Journal(Path(journal_dir or state_dir() / "journal" / "default"), fsync=fsync_journal)
-        self._queue: collections.deque[Event] = collections.deque()
+        self._journal = open_journal(Path(journal_dir or state_dir() / "journal" / "default"), fsync=fsync_journal)
+        self._queue: collections.deque[Event | Outgoing] = collections.deque()
         self._in_flight: collections.deque[_InFlight] = collections.deque()
         self._queued = itertools.count()  # next() is atomic under the GIL
         self._n_queued = 0
@@ -97,6 +113,9 @@ class Publisher:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="areal-publisher", daemon=True)
         self._thread.start()
+        self.exit_timeout_s = exit_timeout_s
+        if close_at_exit:
+            _close_at_exit(self)
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, journal_dir: Path | str | None = None, **kw: Any) -> Publisher:
@@ -107,7 +126,7 @@ class Publisher:
 
     # ------------------------------------------------------------ caller side
 
-    def publish(self, event: Event) -> None:
+    def publish(self, event: Event | Outgoing) -> None:
         """Enqueue and return at once. Never raises a transport error."""
         if self._closing:
             raise RuntimeError("publish() after close()")
@@ -119,14 +138,18 @@ class Publisher:
         # the journal, oldest first, so the order per run holds.
         with self._order_lock:
             self._queue_to_journal()
-            self._spill(self.topics.for_event(event), event.run_id.encode(), event.to_json())
+            self._spill(*self._encode(event))
 
-    def flush(self, timeout: float = 30.0) -> bool:
-        """Wait until everything published so far is acknowledged; False on timeout."""
+    def flush(self, timeout: float = 30.0, *, journaled_ok: bool = False) -> bool:
+        """Wait until everything published so far is acknowledged; False on timeout.
+
+        `journaled_ok`: also done once the broker is away (no connection) and
+        everything is in the journal (what exit wants: delivered or on disk).
+        """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if (not self._queue and not self._in_flight and self._resending is None
-                    and not self._journal.has_pending()):
+            if not self._queue and not self._in_flight and self._resending is None and (
+                    not self._journal.has_pending() or (journaled_ok and self._producer is None)):
                 return True
             if self._stopped.is_set():
                 return False
@@ -134,12 +157,13 @@ class Publisher:
             time.sleep(0.005)
         return False
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0, *, journaled_ok: bool = False) -> None:
         """Flush for up to `timeout`; whatever is still unsent stays in the journal for the next start."""
         if self._closing:
             return
-        self.flush(timeout)
+        self.flush(timeout, journaled_ok=journaled_ok)
         self._closing = True
+        _OPEN.discard(self)
         self._wake.set()
         self._thread.join(timeout=max(timeout, 5.0))
         if self._thread.is_alive():
@@ -208,7 +232,7 @@ class Publisher:
                 if not self._queue:
                     break
                 event = self._queue.popleft()
-                self._send(self.topics.for_event(event), event.run_id.encode(), event.to_json())
+                self._send(*self._encode(event))
             worked = True
             if self._journal.has_pending():
                 break
@@ -226,9 +250,14 @@ class Publisher:
         moved = False
         while self._queue:
             event = self._queue.popleft()
-            self._spill(self.topics.for_event(event), event.run_id.encode(), event.to_json())
+            self._spill(*self._encode(event))
             moved = True
         return moved
+
+    def _encode(self, item: Event | Outgoing) -> tuple[str, bytes, bytes]:
+        if isinstance(item, Event):
+            return self.topics.for_event(item), item.run_id.encode(), item.to_json()
+        return item.encode(self.topics)
 
     def _ensure_producer(self) -> bool:
         if self._producer is not None:
@@ -262,14 +291,7 @@ class Publisher:
         return True
 
     def _bootstrap_reachable(self) -> bool:
-        for server in self._kafka_config["bootstrap_servers"]:
-            host, _, port = server.rpartition(":")
-            try:
-                with socket.create_connection((host or "localhost", int(port or 9092)), timeout=1.0):
-                    return True
-            except (OSError, ValueError):
-                continue
-        return False
+        return bootstrap_reachable(self._kafka_config["bootstrap_servers"])
 
     def _back_off(self) -> None:
         self._backoff_until = time.monotonic() + self._backoff_s
@@ -371,3 +393,39 @@ class Publisher:
                 self._producer.close(timeout=1.0)
             except Exception:  # noqa: BLE001
                 pass
+
+
+def bootstrap_reachable(servers: list[str], timeout: float = 1.0) -> bool:
+    """True when one of the `host:port` servers accepts a TCP connection (a cheap check before a Kafka client)."""
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        try:
+            with socket.create_connection((host or "localhost", int(port or 9092)), timeout=timeout):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+# ------------------------------------------------------------ at exit
+
+_OPEN: weakref.WeakSet[Publisher] = weakref.WeakSet()
+_HOOKED = False
+
+
+def _close_at_exit(publisher: Publisher) -> None:
+    global _HOOKED
+    _OPEN.add(publisher)
+    if not _HOOKED:
+        atexit.register(_close_open_publishers)
+        os.register_at_fork(after_in_child=_OPEN.clear)  # a forked child has no sender thread to wait for
+        _HOOKED = True
+
+
+def _close_open_publishers() -> None:
+    """Events published before a normal exit are delivered, or journaled when the broker is away."""
+    for publisher in list(_OPEN):
+        try:
+            publisher.close(publisher.exit_timeout_s, journaled_ok=True)
+        except Exception:  # noqa: BLE001 - exit must go on; the journal keeps what is written
+            log.exception("publisher: closing at exit failed")

@@ -38,6 +38,16 @@ def _secret(name: str) -> str | None:
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 
+def _float_env(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw[:40]!r}: expected a number") from None
+
+
 def _int_env(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
@@ -46,6 +56,26 @@ def _int_env(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw[:40]!r}: expected an integer") from None
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _bool_env(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    if raw.strip().lower() in _TRUE:
+        return True
+    if raw.strip().lower() in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw[:40]!r}: expected 1/0, true/false, yes/no or on/off")
+def _ttl_days_env(name: str) -> int | None:
+    """A number of days >= 1, or None when unset, empty or 0 (off)."""
+    days = _int_env(name, 0)
+    if days < 0:
+        raise ConfigError(f"{name}={days}: expected a number of days >= 1 (0 or unset: keep forever)")
+    return days or None
 
 
 @dataclass(frozen=True)
@@ -70,8 +100,17 @@ class Settings:
     # unless configured.
     raw_retention_ms: int = -1
     derived_retention_ms: int = -1
-    # ClickHouse on a cluster: DDL runs ON CLUSTER and tables use Replicated engines.
+    # ClickHouse on a cluster: DDL runs ON CLUSTER <clickhouse_cluster>, and with
+    # `clickhouse_replicated` the tables use Replicated* engines (Keeper). Unset
+    # AREAL_CLICKHOUSE_REPLICATED means "replicated when a cluster is named".
     clickhouse_cluster: str | None = None
+    # Raw steps (table `steps`) older than this many days are deleted by ClickHouse's TTL
+    # and hidden from `v_steps`; None keeps them (Kafka stays the source of truth: `replay`).
+    clickhouse_steps_ttl_days: int | None = None
+    # The client (`areal_metrics.init`): how long exit and finish() wait for the broker's
+    # acknowledgement before leaving the rest in the journal.
+    exit_timeout_s: float = 10.0
+    clickhouse_replicated: bool = False
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -92,6 +131,9 @@ class Settings:
             raw_retention_ms=_int_env("AREAL_RAW_RETENTION_MS", -1),
             derived_retention_ms=_int_env("AREAL_DERIVED_RETENTION_MS", -1),
             clickhouse_cluster=env("AREAL_CLICKHOUSE_CLUSTER") or None,
+            clickhouse_steps_ttl_days=_ttl_days_env("AREAL_CLICKHOUSE_STEPS_TTL_DAYS"),
+            exit_timeout_s=_float_env("AREAL_EXIT_TIMEOUT_S", 10.0),
+            clickhouse_replicated=_bool_env("AREAL_CLICKHOUSE_REPLICATED", bool(env("AREAL_CLICKHOUSE_CLUSTER"))),
         )
 
     @property

@@ -2,7 +2,8 @@
 
 schema.py (DDL, migrations, views), batching.py / rows.py / decode.py (the pure
 core), writer.py (inserts), sink.py (the loop, `python -m sinks`), query.py
-(`connect()`: the one way readers reach the store), owner.py (the embedded
-store's query endpoint), replay.py (rebuild from the Kafka log).
+(`connect()`: the one way readers reach the store), http_server.py /
+http_protocol.py / native.py (the embedded store served over ClickHouse's HTTP
+interface), replay.py (rebuild from the Kafka log).
 See docs/CLICKHOUSE.md.
 """

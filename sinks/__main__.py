@@ -6,7 +6,8 @@ AREAL_SINK_MAX_WAIT_MS (default 500): the batching policy;
 AREAL_SINK_INSTANCE_ID (default <group>@<host>): the static member id
 of this sink in its consumer group (give each sink of one group its own);
 AREAL_SINK_STOP_MERGES=1 (audits, tests): no background merges, so the raw
-row count shows every stored block.
+row count shows every stored block; AREAL_SINK_HTTP_PORT (default 0: a free
+port): the loopback port of the ClickHouse HTTP interface of an embedded store.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import signal
 import sys
 
+from producers.errors import ArealError, one_line
 from producers.settings import Settings
 
 from sinks.batching import BatchPolicy
@@ -31,7 +33,12 @@ def main() -> int:
         max_wait_s=int(os.environ.get("AREAL_SINK_MAX_WAIT_MS", "500")) / 1000,
     )
     stop_merges = os.environ.get("AREAL_SINK_STOP_MERGES", "") == "1"
-    sink = Sink(Settings.from_env(), policy=policy, stop_merges=stop_merges)
+    http_port = int(os.environ.get("AREAL_SINK_HTTP_PORT", "0"))
+    try:
+        sink = Sink(Settings.from_env(), policy=policy, stop_merges=stop_merges, http_port=http_port)
+    except ArealError as exc:  # a setting that cannot work (e.g. a cluster on the embedded engine): one line
+        print(f"areal-sink: {one_line(exc)}", file=sys.stderr)
+        return exc.exit_code
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sink.stop())
     sink.run()

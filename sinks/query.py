@@ -13,28 +13,27 @@
 - ``http(s)://user:pass@host:8123/db``: clickhouse-connect's HTTP client.
 - ``chdb:///path`` (embedded engine): chdb lets ONE process open a data
   directory. When a running sink (`python -m sinks`, started by
-  `areal-metrics up`) holds it, the sink answers queries on a loopback HTTP
-  endpoint recorded in ``<path>/owner.json``, and `connect` returns a client
-  of that endpoint. Otherwise `connect` opens the directory itself (and holds
-  it until `close()`: keep such sessions short, the sink cannot start
-  meanwhile, it waits and retries).
+  `areal-metrics up`) holds it, the sink serves it over ClickHouse's HTTP
+  interface on loopback (`sinks.http_server`; port and passwords in
+  ``<path>/owner.json``), and `connect` returns a clickhouse-connect HTTP
+  client of that endpoint, as user `reader` (or `writer` with `write=True`).
+  Otherwise `connect` opens the directory itself (and holds it until
+  `close()`: keep such sessions short, the sink cannot start meanwhile, it
+  waits and retries).
 
-Read-only unless `write=True`: the session runs with ClickHouse's
-``readonly=2`` (no INSERT/ALTER/DDL; reading settings may still change).
-The default database is `areal` (or the one in the http URL's path), so
-table names may be written without it. Errors are
-`StoreError` with ClickHouse's message.
+Read-only unless `write=True` (ClickHouse's ``readonly``: no INSERT, ALTER or
+DDL). The default database is `areal` (or the one in the http URL's path), so
+table names may be written without it. Errors are `StoreError` with
+ClickHouse's message on one line.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
+import re
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,9 +88,15 @@ class QueryResult:
         yield self.rows
 
 
+_DRIVER_PREFIX = re.compile(r"^.*?server response: ")
+_DRIVER_TRAILERS = re.compile(r"( \(version [^)]*\))?( \(for url [^)]*\))?$")
+
+
 def one_line(exc: BaseException) -> str:
-    """ClickHouse's message on one line, without the driver's trailers."""
+    """ClickHouse's message on one line, without the driver's wrapping and trailers."""
     text = " ".join(str(exc).split())
+    if "server response: Code:" in text:
+        text = _DRIVER_TRAILERS.sub("", _DRIVER_PREFIX.sub("", text, count=1))
     for junk in (" FORMAT Native", " FORMAT TabSeparatedWithNames"):
         text = text.replace(junk, "")
     return text
@@ -122,37 +127,6 @@ def open_client(target: Target, *, readonly: bool, use_database: bool = True) ->
     if database:
         client.database = database
     return client
-
-
-def encode_value(v: Any) -> Any:
-    """A query value as JSON (datetimes as ISO text, decoded again by column type)."""
-    if isinstance(v, (dt.datetime, dt.date)):
-        return v.isoformat()
-    if isinstance(v, (list, tuple)):
-        return [encode_value(x) for x in v]
-    if isinstance(v, dict):
-        return {str(k): encode_value(x) for k, x in v.items()}
-    if isinstance(v, (bytes, bytearray)):
-        return v.decode("utf-8", "replace")
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    return str(v)  # Decimal, UUID, IP addresses
-
-
-def _decoder(ch_type: str) -> Any:
-    t = ch_type.removeprefix("Nullable(").removeprefix("LowCardinality(")
-    if t.startswith("DateTime"):
-        return dt.datetime.fromisoformat
-    if t.startswith("Date"):
-        return dt.date.fromisoformat
-    return None
-
-
-def decode_rows(types: list[str], rows: list[list[Any]]) -> list[tuple[Any, ...]]:
-    decoders = [_decoder(t) for t in types]
-    if not any(decoders):
-        return [tuple(r) for r in rows]
-    return [tuple(d(v) if d and v is not None else v for d, v in zip(decoders, r)) for r in rows]
 
 
 class DirectStore:
@@ -187,22 +161,54 @@ class DirectStore:
         self.close()
 
 
-# ------------------------------------------------------ the owner's endpoint
+# ------------------------------------------- the holder's ClickHouse endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class StoreUser:
+    """A user of the holder's ClickHouse HTTP endpoint."""
+
+    name: str
+    password: str
+    readonly: bool
 
 
 @dataclass(frozen=True, slots=True)
 class Owner:
+    """The process holding a chdb directory, as its owner.json records it."""
+
     pid: int
     port: int
-    token: str
+    database: str
+    users: dict[str, StoreUser]  # "reader", "writer"
+
+    def user(self, *, write: bool) -> StoreUser:
+        return self.users["writer" if write else "reader"]
+
+    def dsn(self, *, write: bool = False) -> str:
+        """http://USER:PASSWORD@127.0.0.1:PORT/DATABASE (read-only unless write)."""
+        user = self.user(write=write)
+        return f"http://{user.name}:{user.password}@127.0.0.1:{self.port}/{self.database}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "port": self.port, "database": self.database,
+                "users": {role: {"user": u.name, "password": u.password, "readonly": u.readonly}
+                          for role, u in self.users.items()}}
+
+    @classmethod
+    def from_json(cls, info: Mapping[str, Any]) -> Owner:
+        users = {str(role): StoreUser(str(u["user"]), str(u["password"]), bool(u["readonly"]))
+                 for role, u in info["users"].items()}
+        if set(users) != {"reader", "writer"}:
+            raise ValueError("owner.json must name a reader and a writer")
+        return cls(int(info["pid"]), int(info["port"]), str(info["database"]), users)
 
 
 def read_owner(path: Path) -> Owner | None:
     """The live owner of a chdb directory, from <path>/owner.json; None when nobody holds it."""
     try:
-        info = json.loads((path / OWNER_FILE).read_text())
-        owner = Owner(int(info["pid"]), int(info["port"]), str(info["token"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        owner = Owner.from_json(json.loads((path / OWNER_FILE).read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     try:
         os.kill(owner.pid, 0)
@@ -217,53 +223,27 @@ def read_owner(path: Path) -> Owner | None:
     return owner
 
 
-class OwnerStore:
-    """Queries sent to the process that holds the chdb directory (a running sink)."""
+def owner_client(owner: Owner, *, write: bool) -> Any:
+    """A clickhouse-connect HTTP client of the holder's endpoint (no compression: it is loopback)."""
+    import clickhouse_connect
 
-    def __init__(self, target: Target, owner: Owner, *, write: bool, timeout: float = 300.0) -> None:
-        self.target = target
-        self.owner = owner
-        self.write = write
-        self.timeout = timeout
-
-    def call(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.owner.port}/{op}",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json", "X-Areal-Token": self.owner.token},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            try:
-                message = json.loads(exc.read()).get("error", str(exc))
-            except ValueError:
-                message = str(exc)
-            raise StoreError(message) from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise StoreError(f"the sink holding {self.target.path} (pid {self.owner.pid}) did not answer: {exc}") from None
-
-    def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> QueryResult:
-        out = self.call("query", {"sql": sql, "write": self.write, "parameters": dict(parameters or {})})
-        types = out["types"]
-        return QueryResult(out["columns"], decode_rows(types, out["rows"]), types)
-
-    def command(self, sql: str, parameters: Mapping[str, Any] | None = None) -> Any:
-        return self.call("command", {"sql": sql, "write": self.write, "parameters": dict(parameters or {})})["result"]
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> OwnerStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    user = owner.user(write=write)
+    return clickhouse_connect.get_client(host="127.0.0.1", port=owner.port, username=user.name,
+                                         password=user.password, database=owner.database, compress=False,
+                                         send_receive_timeout=3600)
 
 
-Store = DirectStore | OwnerStore
+def http_dsn(settings: Settings) -> str | None:
+    """The read-only ClickHouse HTTP DSN of the configured store: the server's URL, or the holder's endpoint."""
+    target = Target.parse(settings.clickhouse_url)
+    if target.kind == "http":
+        return target.url
+    assert target.path is not None
+    owner = read_owner(target.path)
+    return owner.dsn() if owner is not None else None
+
+
+Store = DirectStore
 
 
 def connect(settings: Settings | None = None, *, write: bool = False, wait_s: float = 10.0) -> Store:
@@ -280,7 +260,11 @@ def connect(settings: Settings | None = None, *, write: bool = False, wait_s: fl
     while True:
         owner = read_owner(target.path)
         if owner is not None:
-            return OwnerStore(target, owner, write=write)
+            try:
+                return DirectStore(target, owner_client(owner, write=write), write=write)
+            except Exception as exc:  # noqa: BLE001
+                raise StoreError(f"the sink holding {target.path} (pid {owner.pid}) did not answer on "
+                                 f"127.0.0.1:{owner.port}: {one_line(exc)}") from None
         try:
             return DirectStore(target, open_client(target, readonly=not write), write=write)
         except Exception as exc:  # noqa: BLE001 - locked by a process that has not published its endpoint yet

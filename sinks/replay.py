@@ -8,9 +8,11 @@ mistake them for the blocks of the dropped tables. Messages that fail
 validation are skipped: the live sink already published their dead letters,
 which replay reads back from the dead-letter topic like every other event.
 
-While the stack runs, the sink that holds an embedded store runs the replay
-(POST /replay on its endpoint); the sink's own inserts that land during the
-replay are deduplicated by `FINAL` and the views.
+While the stack runs, the sink holds an embedded store: replay then writes
+through the sink's ClickHouse HTTP endpoint as its `writer` user, with the
+same clickhouse-connect calls as against a ClickHouse server (it reads Kafka
+in the calling process). The sink's own inserts that land during the replay
+are deduplicated by `FINAL` and the views.
 """
 
 from __future__ import annotations
@@ -35,18 +37,55 @@ class ReplayRefused(Exception):
     """Replaying would lose data, or there is nothing to replay from; the tables are untouched."""
 
 
+def cluster_refusal(schema: SchemaOptions) -> str | None:
+    """Why replay cannot be safe with these schema options; None when it can (pure)."""
+    if schema.replicated and not schema.cluster:
+        return ("replicated tables without AREAL_CLICKHOUSE_CLUSTER: replay could drop this server's replica only, "
+                "and the other replicas would bring the old rows back; name the cluster (tables untouched)")
+    if schema.cluster and not schema.replicated:
+        return (f"cluster {schema.cluster} with non-replicated tables: replay writes through one server, so the "
+                "rebuilt rows would live on that node alone and the other nodes' tables would be left empty; "
+                "use AREAL_CLICKHOUSE_REPLICATED=1 (tables untouched)")
+    return None
+
+
+def check_cluster(client: Any, schema: SchemaOptions) -> None:
+    """ReplayRefused unless the cluster is known to the server and has one shard (the tables are not sharded)."""
+    if not schema.cluster:
+        return
+    shards = int(client.command(
+        f"SELECT uniqExact(shard_num) FROM system.clusters WHERE cluster = '{schema.cluster}'") or 0)
+    if shards == 0:
+        raise ReplayRefused(f"no cluster named {schema.cluster} in this server's system.clusters (tables untouched)")
+    if shards > 1:
+        raise ReplayRefused(
+            f"cluster {schema.cluster} has {shards} shards, and the tables are not sharded (no Distributed tables): "
+            "replay would put every row on one shard (tables untouched)")
+
+
+def rebuild_tables(client: Any, schema: SchemaOptions) -> None:
+    """Drop the per-topic tables and make them again, empty (ON CLUSTER ... SYNC on a cluster)."""
+    apply_schema(client, schema)
+    drop_tables(client, schema)
+    recreate_tables(client, schema)
+
+
 def replay_into(client: Any, settings: Settings, schema: SchemaOptions | None = None,
                 policy: BatchPolicy = BatchPolicy(max_rows=20_000, max_wait_s=0), *, force: bool = False) -> dict[str, int]:
     """Rebuild the tables through `client`; returns {table: rows (FINAL)}.
 
-    Refuses (ReplayRefused, before touching anything) when no topic of the
-    prefix exists, or when retention already deleted the start of a partition
-    (the rebuilt tables would lack those events) unless `force`.
+    Refuses (ReplayRefused, before touching anything) when the schema options
+    cannot be replayed safely on their cluster (`cluster_refusal`, `check_cluster`),
+    when no topic of the prefix exists, or when retention already deleted the start
+    of a partition (the rebuilt tables would lack those events) unless `force`.
     """
     from kafka import KafkaConsumer
     from kafka.structs import TopicPartition
 
     schema = schema or SchemaOptions()
+    refusal = cluster_refusal(schema)
+    if refusal:
+        raise ReplayRefused(refusal)
     topics = settings.topics
     consumer = KafkaConsumer(**settings.kafka_python_config(), group_id=None, enable_auto_commit=False,
                              client_id="areal-replay", isolation_level="read_committed")
@@ -67,9 +106,8 @@ def replay_into(client: Any, settings: Settings, schema: SchemaOptions | None = 
                 f"the log no longer starts at offset 0 ({', '.join(expired[:3])}{', ...' if len(expired) > 3 else ''}): "
                 "retention deleted events the tables hold; rebuild anyway with --force (tables untouched)")
 
-        apply_schema(client, schema)
-        drop_tables(client, schema)
-        recreate_tables(client, schema)
+        check_cluster(client, schema)
+        rebuild_tables(client, schema)
 
         prefix = f"replay-{uuid.uuid4().hex[:12]}:"
         batcher: Batcher[Any] = Batcher(policy)
@@ -99,19 +137,18 @@ def replay_into(client: Any, settings: Settings, schema: SchemaOptions | None = 
 
 
 def run_replay(settings: Settings, *, force: bool = False) -> dict[str, int]:
-    """Replay against the configured store: through the running sink when it holds the embedded store."""
-    from sinks.query import OwnerStore, Target, open_client, read_owner
+    """Replay against the configured store: through the running sink's endpoint when it holds the embedded store."""
+    from sinks.query import Target, open_client, owner_client, read_owner
 
     target = Target.parse(settings.clickhouse_url)
-    if target.kind == "chdb":
-        assert target.path is not None
-        owner = read_owner(target.path)
-        if owner is not None:
-            result = OwnerStore(target, owner, write=True, timeout=3600).call("replay", {"force": force})["result"]
-            return {str(k): int(v) for k, v in result.items()}
-    client = open_client(target, readonly=False, use_database=False)
+    schema = SchemaOptions.from_settings(settings, target.database, embedded=target.kind == "chdb")
+    owner = read_owner(target.path) if target.path is not None else None
+    if owner is not None:
+        client = owner_client(owner, write=True)
+    else:
+        client = open_client(target, readonly=False, use_database=False)
     try:
-        return replay_into(client, settings, SchemaOptions(database=target.database), force=force)
+        return replay_into(client, settings, schema, force=force)
     finally:
         client.close()
 

@@ -3,6 +3,9 @@
 The same records always give the same columns, in the same order: a batch
 retried after a crash is rebuilt identically, which is what lets ClickHouse
 drop it by its deduplication token.
+
+A projected table (generations) takes its rows from another table's events:
+one row per sample of each eval event, `sample` being its index in `samples`.
 """
 
 from __future__ import annotations
@@ -14,8 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from producers.events import Event
-
-from sinks.schema import TABLES_BY_EVENT_TYPE, Table
+from sinks.schema import PROJECTIONS, TABLES_BY_EVENT_TYPE, Table
 
 UTC = dt.timezone.utc
 
@@ -34,7 +36,30 @@ def table_for(event: Event) -> Table:
     return TABLES_BY_EVENT_TYPE[event.type]
 
 
+def projections_for(table: Table) -> tuple[Table, ...]:
+    """The tables projected from this table's events (evals -> generations)."""
+    return () if table.projected else PROJECTIONS.get(table.event_type, ())
+
+
 _INT_RANGES = {"UInt16": 2**16, "UInt32": 2**32, "UInt64": 2**64}
+
+
+_BOUNDED: dict[str, tuple[tuple[str, str, int], ...]] = {}
+
+
+def _bounded_columns(table: Table) -> tuple[tuple[str, str, int], ...]:
+    """(column, type, limit) of the table's unsigned integer columns an event fills."""
+    found = _BOUNDED.get(table.name)
+    if found is not None:
+        return found
+    out = []
+    for column in table.columns:
+        kind = column.type.removeprefix("Nullable(").rstrip(")")
+        limit = _INT_RANGES.get(kind)
+        if limit is not None and column.server_default is None and not column.name.startswith("_"):
+            out.append((column.name, kind, limit))
+    found = _BOUNDED[table.name] = tuple(out)
+    return found
 
 
 def unstorable(event: Event) -> str | None:
@@ -45,14 +70,10 @@ def unstorable(event: Event) -> str | None:
     dead-letter topic instead.
     """
     table = table_for(event)
-    for column in table.columns:
-        kind = column.type.removeprefix("Nullable(").rstrip(")")
-        limit = _INT_RANGES.get(kind)
-        if limit is None or column.server_default is not None or column.name.startswith("_"):
-            continue
-        v = getattr(event, column.name)
+    for name, kind, limit in _bounded_columns(table):
+        v = getattr(event, name)
         if v is not None and not (0 <= v < limit):
-            return f"{table.name}.{column.name}: {v} does not fit the column type {kind}"
+            return f"{table.name}.{name}: {v} does not fit the column type {kind}"
     if event.ts >= 2**32:  # DateTime64(3) holds dates up to the year 2299; stay far inside
         return f"{table.name}.ts: {event.ts} is beyond the storable range"
     return None
@@ -86,11 +107,34 @@ def _column(name: str, rows: Sequence[Located]) -> list[Any]:
 def build_columns(table: Table, rows: Sequence[Located]) -> tuple[tuple[str, ...], list[list[Any]]]:
     """(column names, one list per column) for `client.insert(..., column_oriented=True)`.
 
-    Every row must belong to `table`; the provenance columns `_topic`,
-    `_partition`, `_offset` come from the log position.
+    Every row must belong to `table` (or to the table it is projected from);
+    the provenance columns `_topic`, `_partition`, `_offset` come from the log
+    position.
     """
     for loc in rows:
         if loc.event.type != table.event_type:
             raise ValueError(f"a {loc.event.type!r} event cannot go into table {table.name}")
     names = table.insert_columns
+    if table.projected:
+        return names, _sample_columns(names, rows)
     return names, [_column(name, rows) for name in names]
+
+
+SAMPLE_COLUMNS = ("sample", "prompt", "response", "verdict", "reward")
+
+
+def _sample_columns(names: Sequence[str], rows: Sequence[Located]) -> list[list[Any]]:
+    """One row per sample; the event's own fields repeat on each of its samples."""
+    located = [loc for loc in rows for _ in (loc.event.samples or ())]  # type: ignore[attr-defined]
+    samples = [(i, s) for loc in rows for i, s in enumerate(loc.event.samples or ())]  # type: ignore[attr-defined]
+    out = []
+    for name in names:
+        if name == "sample":
+            out.append([i for i, _ in samples])
+        elif name in ("prompt", "response"):
+            out.append([s.get(name, "") for _, s in samples])
+        elif name in ("verdict", "reward"):
+            out.append([s.get(name) for _, s in samples])
+        else:
+            out.append(_column(name, located))
+    return out

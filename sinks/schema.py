@@ -12,8 +12,25 @@ Design (see docs/CLICKHOUSE.md):
   Only columns that a re-sent event cannot change are in the key.
 - Version column `_offset`: of two rows with one `event_id`, the one later in
   the log wins, the same on every rebuild (live and `replay` agree).
-- No time partitioning: `FINAL` deduplicates within a partition only, and a
-  re-emitted derived event may carry a new `ts`.
+- Trainer input is keyed by what it is about instead: a step by (run_id, step,
+  rank), an evaluation result by (run_id, dataset, step, stage, eval_id, node,
+  rank), a generation by that and its sample index. Their version `_version`
+  is (attempt, offset) in one UInt64 (attempt << 43 | offset), so a resumed
+  run's later attempt replaces an earlier attempt's row, a re-sent event
+  collapses as before, and a step logged twice keeps its later (merged) event.
+- `generations` is projected from `eval` events (one row per sample), not a
+  topic of its own; `v_runs` is one row per run, folded from the `run` events.
+- Partitioned by run (`PARTITION BY cityHash64(run_id) % 16`, schema version
+  4), never by time: `FINAL` deduplicates within a partition only, so every
+  version of a row (a re-sent event, a resumed attempt's replacement, a
+  re-emitted derived event with a new `ts`) must land in the partition of the
+  row it replaces, and only a function of the sorting key guarantees that.
+  A query for some runs reads only their partitions (and, inside them, only
+  their key range); `FINAL` merges only where parts overlap, and a partition
+  of one merged part is read without merging.
+- Raw steps may expire: `SchemaOptions.steps_ttl_days` (AREAL_CLICKHOUSE_STEPS_TTL_DAYS,
+  off by default) sets `TTL ts + N days` on `steps`, and `v_steps` hides rows
+  past it, so a read does not depend on which parts a merge has cleaned yet.
 - `non_replicated_deduplication_window`: without it a plain MergeTree ignores
   `insert_deduplication_token`, and a retried batch would be stored twice.
 - Migrations are numbered, each statement is idempotent (`IF NOT EXISTS`), and
@@ -28,15 +45,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-SCHEMA_VERSION = 2
+from producers.errors import ConfigError
+from sinks.views import RUNS_VIEW, final_view
+
+SCHEMA_VERSION = 4
 DEFAULT_DATABASE = "areal"
 DEDUP_WINDOW = 10_000  # insert blocks remembered per table for token deduplication
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Every table has run_id first in its sorting key: partitions by run keep each row's versions together.
+RUN_BUCKETS = 16
+PARTITION_BY = f"cityHash64(run_id) % {RUN_BUCKETS}"
 
 
 class CommandClient(Protocol):
     def command(self, cmd: str, *args: Any, **kwargs: Any) -> Any: ...
+
+
+class StoreSettings(Protocol):
+    """What `SchemaOptions.from_settings` reads; `producers.settings.Settings` has these fields."""
+
+    clickhouse_cluster: str | None
+    clickhouse_replicated: bool
+    clickhouse_steps_ttl_days: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +86,11 @@ class Column:
 @dataclass(frozen=True, slots=True)
 class Table:
     name: str
-    event_type: str  # the `type` field of the events it stores
+    event_type: str  # the `type` field of the events it stores (or is projected from)
     columns: tuple[Column, ...]
     order_by: tuple[str, ...]
+    version: str = "_offset"  # ReplacingMergeTree's version column
+    projected: bool = False  # rows derived from another table's events (generations from evals)
 
     @property
     def insert_columns(self) -> tuple[str, ...]:
@@ -100,8 +133,16 @@ PROVENANCE = (
 )
 
 
-def _table(name: str, event_type: str, spec: str, order_by: str) -> Table:
-    return Table(name, event_type, ENVELOPE + _cols(spec) + PROVENANCE, tuple(order_by.split(", ")))
+# (attempt, offset) as one number: a later attempt wins, then the later log position.
+# Offsets stay below 2**43 (8.8e12 messages per partition), attempts below 2**20.
+VERSION = Column("_version", "UInt64", server_default="bitShiftLeft(toUInt64(attempt), 43) + _offset")
+
+
+def _table(name: str, event_type: str, spec: str, order_by: str, *, by_attempt: bool = False,
+           projected: bool = False) -> Table:
+    columns = ENVELOPE + _cols(spec) + PROVENANCE + ((VERSION,) if by_attempt else ())
+    return Table(name, event_type, columns, tuple(order_by.split(", ")), "_version" if by_attempt else "_offset",
+                 projected)
 
 
 # Column names are the JSON field names of CONTRACT.md; optional fields are Nullable.
@@ -114,7 +155,8 @@ TABLES: tuple[Table, ...] = (
         f"tokens Nullable(UInt64), throughput {F}, latency_ms {F}, gpu_mem_bytes Nullable(UInt64), "
         "metrics Map(String, Float64), world_size Nullable(UInt32), attempt UInt32, non_finite Array(String), "
         "n_samples Nullable(UInt64)",
-        "run_id, step, event_id",
+        "run_id, step, rank",
+        by_attempt=True,
     ),
     _table(
         "evals",
@@ -123,7 +165,8 @@ TABLES: tuple[Table, ...] = (
         f"response_length {F}, reward {F}, n_samples Nullable(UInt32), latency_ms {F}, "
         "verdicts Array(UInt8), error Nullable(String), replicas UInt32, dataset_fingerprint Nullable(String), "
         "metrics Map(String, Float64), attempt UInt32",
-        "run_id, dataset, step, event_id",
+        "run_id, dataset, step, stage, eval_id, node, rank",
+        by_attempt=True,
     ),
     _table(
         "eval_consensus",
@@ -164,11 +207,25 @@ TABLES: tuple[Table, ...] = (
         "exit_code Nullable(Int32)",
         "run_id, event_id",
     ),
+    # one row per sample of an eval event (its `samples`): what W&B users see as sample tables
+    _table(
+        "generations",
+        "eval",
+        f"eval_id String, step UInt64, dataset {LC}, stage {LC}, sample UInt32, prompt String, response String, "
+        f"verdict Nullable(UInt8), reward {F}, attempt UInt32",
+        "run_id, dataset, step, stage, eval_id, node, rank, sample",
+        by_attempt=True,
+        projected=True,
+    ),
 )
 # Fields of an event that its table does not hold as a column: stored elsewhere.
 NOT_COLUMNS: dict[str, frozenset[str]] = {"evals": frozenset({"samples"})}  # samples: the generations table
 TABLES_BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
-TABLES_BY_EVENT_TYPE: dict[str, Table] = {t.event_type: t for t in TABLES}
+TABLES_BY_EVENT_TYPE: dict[str, Table] = {t.event_type: t for t in TABLES if not t.projected}
+PROJECTIONS: dict[str, tuple[Table, ...]] = {
+    event_type: tuple(t for t in TABLES if t.projected and t.event_type == event_type)
+    for event_type in {t.event_type for t in TABLES if t.projected}
+}
 
 # The sink's own bookkeeping: the last planned batch per partition, so a retry
 # after a crash rebuilds exactly the same batch (same rows, same token).
@@ -190,12 +247,40 @@ class SchemaOptions:
     cluster: str | None = None
     replicated: bool = False
     zk_path: str = "/clickhouse/tables/{shard}/{database}/{table}"
+    steps_ttl_days: int | None = None  # raw steps older than this many days expire; None: kept
+
+    @classmethod
+    def from_settings(cls, settings: StoreSettings, database: str = DEFAULT_DATABASE, *,
+                      embedded: bool = False) -> SchemaOptions:
+        """The options `Settings` ask for (AREAL_CLICKHOUSE_CLUSTER, AREAL_CLICKHOUSE_REPLICATED).
+
+        `embedded`: the store is the embedded engine (chdb), one process on one machine with
+        no Keeper and no cluster, so a cluster or replication setting is refused (ConfigError).
+        """
+        if embedded and (settings.clickhouse_cluster or settings.clickhouse_replicated):
+            raise ConfigError(
+                "AREAL_CLICKHOUSE_CLUSTER / AREAL_CLICKHOUSE_REPLICATED need a ClickHouse server (an http(s):// "
+                "AREAL_CLICKHOUSE_URL); the embedded engine (chdb://) is one node without Keeper")
+        try:
+            return cls(database=database, cluster=settings.clickhouse_cluster,
+                       replicated=settings.clickhouse_replicated, steps_ttl_days=settings.clickhouse_steps_ttl_days)
+        except ValueError as exc:
+            raise ConfigError(f"AREAL_CLICKHOUSE_CLUSTER: {exc}") from None  # the TTL is checked by Settings
 
     def __post_init__(self) -> None:
+        if self.steps_ttl_days is not None and (isinstance(self.steps_ttl_days, bool) or
+                                                 not isinstance(self.steps_ttl_days, int) or self.steps_ttl_days < 1):
+            raise ValueError(f"steps_ttl_days must be a whole number of days >= 1 (got {self.steps_ttl_days!r})")
         if not _IDENT.fullmatch(self.database):
             raise ValueError(f"database name {self.database!r} must match {_IDENT.pattern}")
         if self.cluster is not None and not _IDENT.fullmatch(self.cluster):
             raise ValueError(f"cluster name {self.cluster!r} must match {_IDENT.pattern}")
+
+    def ttl(self, table: Table) -> str | None:
+        """The table's TTL expression, or None (only raw steps expire, and only when configured)."""
+        if table.name != "steps" or self.steps_ttl_days is None:
+            return None
+        return f"toDateTime(ts) + toIntervalDay({self.steps_ttl_days})"
 
     @property
     def on_cluster(self) -> str:
@@ -219,19 +304,29 @@ class SchemaOptions:
 TS_INDEX = "INDEX ts_minmax ts TYPE minmax GRANULARITY 1"
 
 
-def create_table_sql(table: Table, o: SchemaOptions) -> str:
+def create_table_sql(table: Table, o: SchemaOptions, name: str | None = None) -> str:
+    name = name or table.name
     cols = ",\n    ".join([c.ddl() for c in table.columns] + [TS_INDEX])
+    ttl = o.ttl(table)
     return (
-        f"CREATE TABLE IF NOT EXISTS {o.database}.{table.name}{o.on_cluster} (\n    {cols}\n)\n"
-        f"ENGINE = {o.engine(table.name, args='_offset')}\n"
+        f"CREATE TABLE IF NOT EXISTS {o.database}.{name}{o.on_cluster} (\n    {cols}\n)\n"
+        f"ENGINE = {o.engine(name, args=table.version)}\n"
+        f"PARTITION BY {PARTITION_BY}\n"
         f"ORDER BY ({', '.join(table.order_by)})\n"
-        f"SETTINGS {o.dedup_settings()}"
+        + (f"TTL {ttl}\n" if ttl else "")
+        + f"SETTINGS {o.dedup_settings()}"
     )
 
 
 def create_view_sql(table: Table, o: SchemaOptions) -> str:
-    # CREATE OR REPLACE: a later migration may change the view's query
-    return f"CREATE OR REPLACE VIEW {o.database}.{table.view}{o.on_cluster} AS SELECT * FROM {o.database}.{table.name} FINAL"
+    # CREATE OR REPLACE: a later migration (or another TTL) may change the view's query
+    if table.name == "runs":
+        query = RUNS_VIEW.format(db=o.database)
+    else:
+        query = final_view(o.database, table.name, o.ttl(table))
+    return f"CREATE OR REPLACE VIEW {o.database}.{table.view}{o.on_cluster} AS {query}"
+
+
 
 
 def drop_table_sql(table: Table, o: SchemaOptions) -> str:
@@ -256,7 +351,65 @@ def _migrations_sql(o: SchemaOptions) -> str:
     )
 
 
-def migrations(o: SchemaOptions) -> list[tuple[int, str, list[str]]]:
+@dataclass(frozen=True, slots=True)
+class Rekey:
+    """Move a table to a new sorting or partition key (ClickHouse cannot ALTER them): copy into a new
+    table, swap, drop.
+
+    Idempotent by looking: a table that already has both keys is left alone (a
+    copy left over by an interrupted run is dropped); an interrupted copy is
+    started again from scratch. Rows keep every column, `_ingested_at` included.
+    On a cluster the DDL runs ON CLUSTER and the copy (an INSERT, which has no
+    ON CLUSTER) runs once: the tables are replicated, one shard.
+    """
+
+    table: str
+    version: int  # the migration's: names the copy (and its Keeper path on a cluster) uniquely
+
+    def temp(self) -> str:
+        return f"{self.table}__v{self.version}"
+
+    def statements(self, o: SchemaOptions) -> list[str]:
+        t, db, oc = TABLES_BY_NAME[self.table], o.database, o.on_cluster
+        cols = "<the columns both tables have>"
+        return [
+            f"DROP TABLE IF EXISTS {db}.{self.temp()}{oc} SYNC",
+            create_table_sql(t, o, self.temp()),
+            f"INSERT INTO {db}.{self.temp()} ({cols}) SELECT {cols} FROM {db}.{t.name}",
+            f"EXCHANGE TABLES {db}.{t.name} AND {db}.{self.temp()}{oc}",
+            f"DROP TABLE IF EXISTS {db}.{self.temp()}{oc} SYNC",
+        ]
+
+    def apply(self, client: Any, o: SchemaOptions) -> None:
+        t, db = TABLES_BY_NAME[self.table], o.database
+        where = f"database = '{db}' AND name = '{t.name}'"
+        keys = str(client.command(f"SELECT concat(sorting_key, '|', partition_key) FROM system.tables WHERE {where}"))
+        drop, create, insert, exchange, _ = self.statements(o)
+        if "|" not in keys:  # no such table (yet): nothing to move, make it in its layout
+            client.command(create_table_sql(t, o))
+            return
+        if _layout(*keys.partition("|")[::2]) == _layout(", ".join(t.order_by), PARTITION_BY):
+            client.command(drop)
+            return
+        old = set(str(client.command(f"SELECT arrayStringConcat(groupArray(name), ',') FROM system.columns "
+                                     f"WHERE {where.replace('name =', 'table =')}")).split(","))
+        cols = ", ".join(f"`{c.name}`" for c in t.columns if c.name in old and c.name != "_version")
+        client.command(drop)
+        client.command(create)
+        client.command(insert.replace("<the columns both tables have>", cols))
+        client.command(exchange)
+        client.command(drop)
+
+
+def _layout(sorting_key: str, partition_key: str) -> tuple[str, str]:
+    """A table's keys as system.tables spells them, spaces aside."""
+    return "".join(str(sorting_key).split()), "".join(str(partition_key).split())
+
+
+Statement = str | Rekey
+
+
+def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
     """(version, description, idempotent statements), oldest first."""
     v1 = [create_table_sql(t, o) for t in TABLES] + [_plans_sql(o)] + [create_view_sql(t, o) for t in TABLES]
     # v2 brings a store made by v1 to the columns above (on a new store v1 already made
@@ -268,9 +421,25 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[str]]]:
         create_table_sql(TABLES_BY_NAME["runs"], o),
         create_view_sql(TABLES_BY_NAME["runs"], o),
     ]
+    # v3: steps and evals keyed by what they are about, versioned by (attempt, offset), so
+    # a resumed attempt replaces the earlier one's rows; generations; v_runs folds run events.
+    v3: list[Statement] = [
+        Rekey("steps", 3),
+        Rekey("evals", 3),
+        create_table_sql(TABLES_BY_NAME["generations"], o),
+        create_view_sql(TABLES_BY_NAME["generations"], o),
+        create_view_sql(TABLES_BY_NAME["steps"], o),
+        create_view_sql(TABLES_BY_NAME["evals"], o),
+        create_view_sql(TABLES_BY_NAME["runs"], o),
+    ]
+    # v4: every table partitioned by run (FINAL per partition; a run's parts apart from the others'),
+    # copied into the new layout; the views again (v_steps may leave out expired rows).
+    v4: list[Statement] = [*(Rekey(t.name, 4) for t in TABLES), *(create_view_sql(t, o) for t in TABLES)]
     return [
         (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
         (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
+        (3, "steps and evals keyed by run, step, rank (a later attempt replaces); generations; v_runs", v3),
+        (4, "every table partitioned by run (cityHash64(run_id) % 16)", v4),
     ]
 
 
@@ -283,8 +452,12 @@ def schema_statements(o: SchemaOptions = SchemaOptions()) -> list[str]:
     """Every statement `apply_schema` may run, in order (for review and for docs)."""
     out = [f"CREATE DATABASE IF NOT EXISTS {o.database}{o.on_cluster}", _migrations_sql(o)]
     for _, _, stmts in migrations(o):
-        out.extend(stmts)
-    return out
+        for stmt in stmts:
+            if isinstance(stmt, Rekey):  # a new store makes the table in its layout; an older one copies
+                out.extend([create_table_sql(TABLES_BY_NAME[stmt.table], o), *stmt.statements(o)])
+            else:
+                out.append(stmt)
+    return [*out, _ttl_sql(o), create_view_sql(TABLES_BY_NAME["steps"], o)]  # apply_ttl: when the TTL differs
 
 
 def applied_version(client: Any, o: SchemaOptions = SchemaOptions()) -> int:
@@ -311,15 +484,40 @@ def apply_schema(client: CommandClient, options: SchemaOptions = SchemaOptions()
         if version <= current:
             continue
         for stmt in stmts:
-            client.command(stmt)
+            if isinstance(stmt, Rekey):
+                stmt.apply(client, o)
+            else:
+                client.command(stmt)
         escaped = description.replace("\\", "\\\\").replace("'", "\\'")
         client.command(f"INSERT INTO {o.database}.{MIGRATIONS_TABLE} (version, description) VALUES ({version}, '{escaped}')")
         current = version
+    apply_ttl(client, o)
     return current
 
 
+def apply_ttl(client: CommandClient, o: SchemaOptions) -> None:
+    """Give raw steps the TTL the options ask for (or none), and `v_steps` the matching filter.
+
+    Not a migration: the setting may change between two starts of the sink.
+    ALTER only when the table's TTL differs (a changed TTL is applied to the
+    stored parts too, ClickHouse's `materialize_ttl_after_modify`).
+    """
+    steps = TABLES_BY_NAME["steps"]
+    wanted = o.ttl(steps)
+    where = f"database = '{o.database}' AND name = 'steps'"
+    current = str(client.command(f"SELECT extract(create_table_query, 'TTL (.*) SETTINGS') FROM system.tables WHERE {where}"))
+    if "".join(current.split()) != "".join((wanted or "").split()):
+        client.command(_ttl_sql(o))
+    client.command(create_view_sql(steps, o))  # also after an ALTER that an interrupted start left without it
+
+
+def _ttl_sql(o: SchemaOptions) -> str:
+    table, wanted = f"{o.database}.steps{o.on_cluster}", o.ttl(TABLES_BY_NAME["steps"])
+    return f"ALTER TABLE {table} MODIFY TTL {wanted}" if wanted else f"ALTER TABLE {table} REMOVE TTL"
+
+
 def drop_tables(client: CommandClient, options: SchemaOptions = SchemaOptions(), names: Sequence[str] | None = None) -> None:
-    """Drop the per-topic tables (for `replay`); the views are recreated by `recreate_tables`."""
+    """Drop the tables (for `replay`); the views are recreated by `recreate_tables`."""
     for t in TABLES:
         if names is None or t.name in names:
             client.command(drop_table_sql(t, options))

@@ -48,18 +48,21 @@ class Sink:
         backoff: Backoff = Backoff(),
         group: str | None = None,
         serve_queries: bool = True,
+        http_port: int = 0,
         schema: SchemaOptions | None = None,
         stop_merges: bool = False,
     ) -> None:
         self.settings = settings
         self.topics = settings.topics
         self.target = Target.parse(settings.clickhouse_url)
-        self.schema = schema or SchemaOptions(database=self.target.database)
+        self.schema = schema or SchemaOptions.from_settings(settings, self.target.database,
+                                                            embedded=self.target.kind == "chdb")
         self.policy = policy
         self.backoff = backoff
         self.group = group or consumer_group(settings)
         self.instance_id = os.environ.get("AREAL_SINK_INSTANCE_ID") or f"{self.group}@{socket.gethostname()}"
-        self.serve_queries = serve_queries
+        self.serve_queries = serve_queries  # the embedded store: serve it over ClickHouse's HTTP interface
+        self.http_port = http_port  # 0: a free port (recorded in <store>/owner.json)
         # audits and tests: keep every inserted block unmerged, so a block stored
         # twice would show in the raw (non-FINAL) counts
         self.stop_merges = stop_merges
@@ -105,13 +108,11 @@ class Sink:
 
         self.client = self._retry("opening the store", open_and_migrate)
         if self.target.kind == "chdb" and self.serve_queries:
-            from sinks.owner import OwnerEndpoint
-            from sinks.replay import replay_into
+            from sinks.http_server import ClickHouseHTTPServer
 
-            self.endpoint = OwnerEndpoint(
-                self.target,
-                replay=lambda force: replay_into(self.endpoint.write_client, self.settings, self.schema, force=force),
-            )
+            assert self.target.path is not None
+            self.endpoint = ClickHouseHTTPServer(self.target.path, self.schema.database, port=self.http_port)
+            self.endpoint.publish()
         self.plans = self._retry("loading batch plans", lambda: load_plans(self.client, self.schema.database, self.group))
 
     def _open_kafka(self) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sinks.batching import Plan, TopicPartition
-from sinks.rows import Located, build_columns, table_for
+from sinks.rows import Located, build_columns, projections_for, table_for
 from sinks.schema import BATCH_PLANS
 
 # Set explicitly: ClickHouse changed the defaults of async inserts and of
@@ -26,19 +26,28 @@ def insert_settings(token: str) -> dict[str, Any]:
 
 
 def insert_rows(client: Any, database: str, rows: Sequence[Located], token: str) -> int:
-    """Insert one chunk (all rows of one table) as one deduplicated block; returns the row count."""
+    """Insert one chunk (all rows of one table) as one deduplicated block; returns the row count.
+
+    The tables projected from those events (generations from evals) get their
+    block too, with the same token: deduplication is per table, so a retried
+    chunk is dropped from both, and a crash between the two inserts is healed
+    by the retry (the first is dropped, the second lands).
+    """
     if not rows:
         return 0
     table = table_for(rows[0].event)
-    names, columns = build_columns(table, rows)
-    client.insert(
-        table.name,
-        columns,
-        column_names=list(names),
-        database=database,
-        column_oriented=True,
-        settings=insert_settings(token),
-    )
+    for target in (table, *projections_for(table)):
+        names, columns = build_columns(target, rows)
+        if not columns or not columns[0]:
+            continue  # e.g. eval events without samples: no generations
+        client.insert(
+            target.name,
+            columns,
+            column_names=list(names),
+            database=database,
+            column_oriented=True,
+            settings=insert_settings(token),
+        )
     return len(rows)
 
 

@@ -1,8 +1,8 @@
 """`python -m streams`: run the stream worker until SIGTERM (or Ctrl-C).
 
-Environment: AREAL_KAFKA_BOOTSTRAP, AREAL_TOPIC_PREFIX, AREAL_KAFKA_REPLICATION_FACTOR and
-AREAL_KAFKA_MIN_INSYNC_REPLICAS (topics the worker creates: inputs on a fresh broker, its
-ticks, its state changelog), AREAL_HOME (Faust's data
+Environment: AREAL_KAFKA_BOOTSTRAP, AREAL_TOPIC_PREFIX, AREAL_KAFKA_REPLICATION_FACTOR,
+AREAL_KAFKA_MIN_INSYNC_REPLICAS, AREAL_RAW_RETENTION_MS, AREAL_DERIVED_RETENTION_MS (topics
+the worker creates: inputs on a fresh broker, its ticks, its state changelog), AREAL_HOME (Faust's data
 directory is $AREAL_HOME/streams/), AREAL_STREAMS_CONFIG (optional JSON, see
 streams.config), AREAL_STREAMS_LOGLEVEL (default warning).
 Tuning for tests and benchmarks: AREAL_STREAMS_COMMIT_INTERVAL (s, default 0.5),
@@ -17,6 +17,7 @@ import sys
 
 
 def main() -> int:
+    from producers.errors import ArealError
     from producers.settings import Settings, state_dir
     from streams.config import ConfigError, StreamsConfig
     from streams.kafka_admin import (
@@ -52,14 +53,16 @@ def main() -> int:
         ticks_topic_for,
     )
 
+    # Faust's name for the changelog of table "runs" (checked against the app below)
+    changelog = f"{app_id_for(topics.prefix)}-runs-changelog"
     try:
         partitions = prepare_topics(
             settings.kafka_bootstrap,
             [topics.steps, topics.evals, topics.runs],
             ticks_topic_for(topics.prefix),
             client_config=settings.kafka_python_config(),
-            replication_factor=settings.kafka_replication_factor,
-            min_insync_replicas=settings.kafka_min_insync_replicas,
+            durability=settings,
+            changelogs=[changelog],
         )
         committed = ensure_committed_offsets(
             settings.kafka_bootstrap,
@@ -69,7 +72,7 @@ def main() -> int:
             timeout=max(60.0, 3 * session_timeout),
             client_config=settings.kafka_python_config(),
         )
-    except (TopicLayoutError, TimeoutError) as exc:
+    except (TopicLayoutError, TimeoutError, ArealError) as exc:  # ArealError: a topic the settings cannot make
         print(f"areal-streams: {exc}", file=sys.stderr)
         return 2
     except KafkaError as exc:
@@ -93,6 +96,8 @@ def main() -> int:
         replication_factor=settings.kafka_replication_factor,
         min_insync_replicas=settings.kafka_min_insync_replicas,
     )
+    made = worker.app.tables["runs"].changelog_topic.get_topic_name()
+    assert made == changelog, f"the worker made changelog {changelog}, Faust uses {made}"
     faust_worker = faust.Worker(worker.app, loglevel=loglevel, quiet=True, redirect_stdouts=False,
                                 override_logging=False)
     try:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from producers.topic_admin import create_missing_topics
+from producers.topics import DurabilitySettings, TopicSpec, topic_spec
+
 DEFAULT_PARTITIONS = 3
 TICKS_RETENTION_MS = 60 * 60 * 1000  # ticks are worthless after a moment; keep an hour
 
@@ -21,15 +24,18 @@ class TopicLayoutError(RuntimeError):
 
 def prepare_topics(
     bootstrap: str, inputs: Iterable[str], ticks: str, *, timeout: float = 30.0, client_config: dict | None = None,
-    replication_factor: int = -1, min_insync_replicas: int | None = None,
+    durability: DurabilitySettings | None = None, changelogs: Iterable[str] = (),
 ) -> int:
-    """Partition count shared by the input topics; creates missing inputs and the ticks topic.
+    """Partition count shared by the input topics; creates missing inputs, the ticks topic and `changelogs`.
 
-    Created topics get `replication_factor` (-1: the broker's default) and, when given,
-    `min.insync.replicas` (Settings.kafka_replication_factor / kafka_min_insync_replicas).
+    Created topics are specified by `producers.topics.topic_spec` from `durability`
+    (`Settings`: replication factor, min.insync.replicas, retention; inputs are raw
+    topics, the ticks derived ones with a retention of an hour); None: the broker's
+    defaults. The same creation code as the local stack (`producers.topic_admin`), which
+    waits until every replica broker has a new topic. `changelogs`: Faust's table
+    changelogs (compacted), made here so that every broker knows them before Faust asks.
     """
     from kafka import KafkaAdminClient
-    from kafka.errors import TopicAlreadyExistsError
 
     inputs = list(inputs)
     config = dict(client_config or {})
@@ -45,22 +51,16 @@ def prepare_topics(
                 + "; a run's steps, evals and run events must share a partition number"
             )
         partitions = next(iter(present.values()), DEFAULT_PARTITIONS)
-        durability = {} if min_insync_replicas is None else {"min.insync.replicas": str(min_insync_replicas)}
-        new: dict[str, dict] = {t: {"num_partitions": partitions, "replication_factor": replication_factor,
-                                    "configs": dict(durability)}
-                                for t in inputs if not counts.get(t)}
+        specs = [_spec(t, durability, derived=False) for t in inputs if not counts.get(t)]
         if not _partition_counts(admin, [ticks])[ticks]:
-            new[ticks] = {"num_partitions": partitions, "replication_factor": replication_factor,
-                          "configs": {"retention.ms": str(TICKS_RETENTION_MS), **durability}}
-        if new:
-            try:
-                admin.create_topics(new, timeout_ms=int(timeout * 1000), raise_errors=False)
-            except TopicAlreadyExistsError:
-                pass
+            specs.append(ticks_spec(ticks, durability))
+        changelogs = list(changelogs)
+        specs += [changelog_spec(t, durability) for t, n in _partition_counts(admin, changelogs).items() if not n]
+        create_missing_topics(admin, specs, partitions, timeout=timeout)
         deadline = time.monotonic() + timeout
         while not all(_partition_counts(admin, [*inputs, ticks]).values()):
             if time.monotonic() > deadline:
-                raise TimeoutError("topics did not appear: " + ", ".join(new))
+                raise TimeoutError("topics did not appear: " + ", ".join(s.name for s in specs))
             time.sleep(0.1)
         ticks_count = _partition_counts(admin, [ticks])[ticks]
         if ticks_count != partitions:
@@ -68,6 +68,28 @@ def prepare_topics(
         return partitions
     finally:
         admin.close()
+
+
+def _spec(name: str, durability: DurabilitySettings | None, *, derived: bool) -> TopicSpec:
+    if durability is None:
+        return TopicSpec(name, -1)  # the broker's default replication and configs
+    return topic_spec(name, durability, derived=derived)
+
+
+def changelog_spec(name: str, durability: DurabilitySettings | None) -> TopicSpec:
+    """A table's changelog, as Faust makes it: compacted (the latest state per run kept), replicated."""
+    spec = _spec(name, durability, derived=True)
+    config = {k: v for k, v in spec.config.items() if not k.startswith("retention.")}
+    config["cleanup.policy"] = "compact"
+    return TopicSpec(name, spec.replication_factor, config)
+
+
+def ticks_spec(name: str, durability: DurabilitySettings | None) -> TopicSpec:
+    """The worker's clock ticks: replicated like a derived topic, but kept an hour only."""
+    spec = _spec(name, durability, derived=True)
+    config = {k: v for k, v in spec.config.items() if k != "retention.bytes"}
+    config["retention.ms"] = str(TICKS_RETENTION_MS)
+    return TopicSpec(name, spec.replication_factor, config)
 
 
 def _partition_counts(admin: object, topics: list[str]) -> dict[str, int]:

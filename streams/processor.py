@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from producers.events import (
@@ -62,30 +62,9 @@ from streams.ranks import (
     supersede,
 )
 from streams.ranks import expire as expire_ranks
-from streams.smoothing import (
-    SmoothedPoint,
-    SmoothingState,
-    add_reward,
-    classify,
-    slope_noise,
-)
-from streams.triggers import (
-    CommandDecision,
-    TriggerState,
-    decide,
-    published_interval,
-    rewind,
-    with_base_interval,
-)
-from streams.voting import (
-    Consensus,
-    NodeResult,
-    RoundKey,
-    VoteOutcome,
-    VoteState,
-    add_result,
-    expire,
-)
+from streams.smoothing import SmoothedPoint, SmoothingState, add_reward, classify
+from streams.triggers import CommandDecision, TriggerState, decide, published_interval, rewind, with_base_interval
+from streams.voting import Consensus, NodeResult, RoundKey, VoteOutcome, VoteState, add_result, expire
 
 WORKER_NODE = "areal-streams"  # the `node` of every event the worker derives
 _ID_NAMESPACE = uuid.UUID("5d1f3c1e-6a57-4a53-9a8e-2f4b8c3e7a10")
@@ -136,6 +115,18 @@ class RunState:
     def from_json(cls, raw: bytes | str) -> RunState:
         """StateDecodeError (naming the field) for a record that is not a RunState."""
         return codec.loads(cls, raw)
+
+
+_RUN_FIELDS = tuple(f.name for f in fields(RunState))
+
+
+def _evolve(state: RunState, **changes: Any) -> RunState:
+    """dataclasses.replace for the run state, without its per-call introspection (the
+    worker does this several times per step; RunState has no __post_init__ to skip)."""
+    new = object.__new__(RunState)
+    for name in _RUN_FIELDS:
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(state, name))
+    return new
 
 
 # ------------------------------------------------------------------ records
@@ -219,7 +210,7 @@ def _vote_outputs(state: RunState, outcome: VoteOutcome, ts: float, cfg: RunConf
     out.extend(Output(alert_event(state.run_id, a, ts, attempt)) for a in outcome.alerts)
     if c is not None:
         loop, alerts, commands = on_consensus(state.eval_loop, c, cfg)
-        state = replace(state, eval_loop=loop)
+        state = _evolve(state, eval_loop=loop)
         out.extend(Output(alert_event(state.run_id, a, ts, attempt)) for a in alerts)
         out.extend(Output(command_event(state.run_id, d, ts)) for d in commands)
     return state, out
@@ -230,7 +221,7 @@ def _vote_outputs(state: RunState, outcome: VoteOutcome, ts: float, cfg: RunConf
 
 def _saw_attempt(state: RunState, attempt: int) -> RunState:
     lifecycle = saw_attempt(state.lifecycle, attempt)
-    return state if lifecycle is state.lifecycle else replace(state, lifecycle=lifecycle)
+    return state if lifecycle is state.lifecycle else _evolve(state, lifecycle=lifecycle)
 
 
 def _smooth(
@@ -250,14 +241,13 @@ def _smooth(
     if point is None or outcome.kind == "duplicate":
         return state, []
     trigger = rewind(state.trigger, ready.step) if ready.attempt > before.attempt else state.trigger
-    state = replace(state, smoothing=smoothing, trigger=trigger)
     resend = bool(ready.source_id) and ready.source_id == current_id
     outputs = [Output(smoothed_event(state.run_id, point, ready.ts), must_ack=not resend)]
     if not outcome.is_newest:
-        return state, outputs
-    trigger, commands = decide(state.trigger, point, cfg, slope_noise(smoothing))
+        return _evolve(state, smoothing=smoothing, trigger=trigger), outputs
+    trigger, commands = decide(trigger, point, cfg, outcome.slope_se)
     reward_alert, alerts = check_reward(state.reward_alert, point, cfg)
-    state = replace(state, trigger=trigger, reward_alert=reward_alert)
+    state = _evolve(state, smoothing=smoothing, trigger=trigger, reward_alert=reward_alert)
     outputs.extend(Output(alert_event(state.run_id, a, ready.ts, ready.attempt)) for a in alerts)
     outputs.extend(Output(command_event(state.run_id, c, ready.ts)) for c in commands)
     return state, outputs
@@ -288,21 +278,21 @@ def _step_reward(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> 
     report = RankReport(rank=ev.rank, reward=ev.reward, n_samples=ev.n_samples)
     ranks, ready = add_rank(ranks, (ev.attempt, ev.step), ev.world_size, report, ev.ts, ev.event_id, now,
                             cfg.max_pending_steps)
-    return _smooth_all(replace(state, ranks=ranks), ready, cfg, ev.event_id)
+    return _smooth_all(_evolve(state, ranks=ranks), ready, cfg, ev.event_id)
 
 
 def on_step(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
     outputs: list[Output] = []
     state = _saw_attempt(state, ev.attempt)
+    changes: dict[str, Any] = {}
     if ev.throughput is not None and is_newest(state.stall, ev.step, ev.attempt):
-        throughput, alerts = check_throughput(state.throughput, ev.step, ev.throughput, cfg)
-        state = replace(state, throughput=throughput)
+        changes["throughput"], alerts = check_throughput(state.throughput, ev.step, ev.throughput, cfg)
         outputs.extend(Output(alert_event(state.run_id, a, ev.ts, ev.attempt)) for a in alerts)
-    state = replace(state, stall=saw_step(state.stall, ev.step, now, ev.attempt))
+    changes["stall"] = saw_step(state.stall, ev.step, now, ev.attempt)
     if ev.non_finite:
-        non_finite, alerts = check_non_finite(state.non_finite, ev.non_finite, ev.step, ev.rank)
-        state = replace(state, non_finite=non_finite)
+        changes["non_finite"], alerts = check_non_finite(state.non_finite, ev.non_finite, ev.step, ev.rank)
         outputs.extend(Output(alert_event(state.run_id, a, ev.ts)) for a in alerts)
+    state = _evolve(state, **changes)
     if ev.reward is None and (ev.world_size or 1) <= 1:
         return state, outputs  # nothing to average, and no other rank to wait for
     state, more = _step_reward(state, ev, now, cfg)

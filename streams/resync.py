@@ -73,6 +73,13 @@ class InputGuard:
         self.seeks += 1
         return last + 1
 
+    def touch(self, now: float) -> None:
+        """The reader paused on purpose (its own backlog): every quiet spell starts again now."""
+        for tp in self.progress_at:
+            self.progress_at[tp] = now
+        for tp, (target, _) in self.seeking.items():
+            self.seeking[tp] = (target, now)
+
     def forget(self) -> None:
         """After a rebalance: offsets restart from the committed ones."""
         self.last.clear()

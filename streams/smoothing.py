@@ -64,6 +64,7 @@ Kind = Literal["new", "late", "duplicate", "too_late", "stale"]
 class SmoothingOutcome:
     kind: Kind
     point: SmoothedPoint | None  # to emit (new/late), or the earlier one (duplicate); None when too late/stale
+    slope_se: float = 0.0  # new/late: `slope_noise` of the window after the step joined it
 
     @property
     def is_newest(self) -> bool:
@@ -78,30 +79,31 @@ def ema_fold(base: float | None, rewards: list[float] | tuple[float, ...], alpha
     return ema
 
 
-def ls_slope(steps: list[int], values: list[float]) -> float:
+def _fit(steps: list[int], values: list[float], with_se: bool) -> tuple[float, float]:
+    """(least-squares slope, its standard error); one pass of each sum, so the two share them."""
     n = len(steps)
     if n < 2:
-        return 0.0
+        return 0.0, 0.0
     mean_x = sum(steps) / n
     mean_y = sum(values) / n
-    sxx = sum((x - mean_x) ** 2 for x in steps)
+    dx = [x - mean_x for x in steps]
+    sxx = sum(d ** 2 for d in dx)
     if sxx == 0:
-        return 0.0
-    return sum((x - mean_x) * (y - mean_y) for x, y in zip(steps, values)) / sxx
+        return 0.0, 0.0
+    slope = sum(d * (y - mean_y) for d, y in zip(dx, values)) / sxx
+    if not with_se or n < 3:
+        return slope, 0.0
+    residual = sum((y - mean_y - slope * d) ** 2 for d, y in zip(dx, values))
+    return slope, math.sqrt(max(0.0, residual) / (n - 2) / sxx)
+
+
+def ls_slope(steps: list[int], values: list[float]) -> float:
+    return _fit(steps, values, with_se=False)[0]
 
 
 def ls_slope_se(steps: list[int], values: list[float]) -> float:
     """Standard error of the least-squares slope (0 with fewer than 3 points: no estimate)."""
-    n = len(steps)
-    if n < 3:
-        return 0.0
-    mean_x, mean_y = sum(steps) / n, sum(values) / n
-    sxx = sum((x - mean_x) ** 2 for x in steps)
-    if sxx == 0:
-        return 0.0
-    slope = ls_slope(steps, values)
-    residual = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in zip(steps, values))
-    return math.sqrt(max(0.0, residual) / (n - 2) / sxx)
+    return _fit(steps, values, with_se=True)[1]
 
 
 def slope_noise(state: SmoothingState) -> float:
@@ -118,8 +120,10 @@ def resume(state: SmoothingState, step: int, attempt: int) -> SmoothingState:
     """Record where `attempt` starts; its first step replaces earlier attempts' from there on."""
     if attempt > state.attempt:
         state = replace(state, attempt=attempt)
+    if attempt == 0:
+        return state
     first = dict(state.starts).get(attempt)
-    if attempt == 0 or (first is not None and first <= step):
+    if first is not None and first <= step:
         return state
     starts = tuple(sorted({**dict(state.starts), attempt: step}.items()))[-ATTEMPTS_KEPT:]
     state = replace(state, starts=starts)
@@ -141,9 +145,10 @@ def classify(state: SmoothingState, step: int, attempt: int, window: int) -> tup
     if is_stale(state, step, attempt):
         return state, SmoothingOutcome("stale", None)
     state = resume(state, step, attempt)
-    for p in state.points:
-        if p.step == step:
-            return state, SmoothingOutcome("duplicate", p)
+    if step <= state.max_step:  # beyond every step seen it cannot be a repeat
+        for p in state.points:
+            if p.step == step:
+                return state, SmoothingOutcome("duplicate", p)
     if (len(state.points) >= window and step < state.points[0].step) or (
         state.ema_trail and step <= state.ema_trail[-1][0]  # already in the EMA (a resume shrank the window)
     ):
@@ -161,7 +166,10 @@ def add_reward(
     state = resumed
     # Insert in step order; the placeholder gets its values below.
     placeholder = SmoothedPoint(step, reward, 0, 0.0, 0.0, 0.0, source_id, attempt)
-    points = sorted((*state.points, placeholder), key=lambda p: p.step)
+    if not state.points or step > state.points[-1].step:
+        points = [*state.points, placeholder]  # the usual case: the newest step
+    else:
+        points = sorted((*state.points, placeholder), key=lambda p: p.step)
     ema_base, trail = state.ema_base, state.ema_trail
     while len(points) > window:
         evicted = points.pop(0)
@@ -172,17 +180,18 @@ def add_reward(
     steps = [p.step for p in points]
     ema = ema_fold(ema_base, rewards, alpha)
     assert ema is not None
+    slope, slope_se = _fit(steps, rewards, with_se=True)
     point = SmoothedPoint(
         step=step,
         reward=reward,
         window=len(points),
         sliding_avg=sum(rewards) / len(rewards),
         ema=ema,
-        slope=ls_slope(steps, rewards),
+        slope=slope,
         source_id=source_id,
         attempt=attempt,
     )
     points = [point if p is placeholder else p for p in points]
     new_state = replace(state, points=tuple(points), ema_base=ema_base, ema_trail=trail,
                         max_step=max(state.max_step, step))
-    return new_state, SmoothingOutcome(outcome.kind, point)
+    return new_state, SmoothingOutcome(outcome.kind, point, slope_se)

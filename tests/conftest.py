@@ -1,8 +1,14 @@
-"""Shared fixtures: ONE real Kafka broker (KRaft) per pytest session.
+"""Shared fixtures: ONE real Kafka broker (KRaft) per pytest session, and a cluster on demand.
 
-`kafka_bootstrap` starts it on free loopback ports and stops it at the end;
+`kafka_bootstrap` starts the broker on free loopback ports and stops it at the end;
 its log is kept (and its path printed) when a test failed. `topics` gives each
-test a fresh topic prefix whose seven topics already exist.
+test a fresh topic prefix whose topics already exist.
+
+`kafka_cluster` is a three-node KRaft cluster (same jars), started only when a test
+asks for it, once per session; `cluster_topics` creates a fresh prefix on it from
+`Topics.specs(CLUSTER_DURABILITY)` (replication factor 3, min.insync.replicas 2), and
+`cluster_env` is the environment of subprocesses wired to it. A test that kills a
+node starts it again before it ends (`KafkaCluster.start_node`).
 """
 
 from __future__ import annotations
@@ -16,21 +22,32 @@ from pathlib import Path
 import pytest
 
 from areal_metrics.stack.kafka_broker import KafkaBroker, create_topics
+from areal_metrics.stack.kafka_cluster import KafkaCluster
+from producers.settings import Settings
 from producers.topics import Topics
+
+# The durability of topics on the test cluster: what `areal-metrics up --brokers 3` uses.
+CLUSTER_DURABILITY = Settings(kafka_replication_factor=3, kafka_min_insync_replicas=2)
+
+
+def _session_kafka(request: pytest.FixtureRequest, prefix: str, make, timeout: float, logs: str):
+    """Start what `make(data_dir)` builds, yield it, stop it; its logs are kept when a test failed."""
+    data_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    kafka = make(data_dir)
+    kafka.start(timeout=timeout)
+    yield kafka
+    kafka.stop()
+    if request.session.testsfailed:
+        print(f"\nKafka logs kept at {data_dir / logs}")
+    else:
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def kafka_broker(request: pytest.FixtureRequest):
-    data_dir = Path(tempfile.mkdtemp(prefix="areal-test-kafka-"))
     # a SASL/PLAIN listener beside the plain one, for the security-settings tests
-    broker = KafkaBroker(data_dir, sasl_users={"areal": "areal-secret"})
-    broker.start(timeout=120)
-    yield broker
-    broker.stop()
-    if request.session.testsfailed:
-        print(f"\nKafka broker log kept at {broker.log_file}")
-    else:
-        shutil.rmtree(data_dir, ignore_errors=True)
+    yield from _session_kafka(request, "areal-test-kafka-",
+                              lambda d: KafkaBroker(d, sasl_users={"areal": "areal-secret"}), 120, "broker.log")
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +69,35 @@ def stack_env(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> dict[str,
     env.update(
         AREAL_KAFKA_BOOTSTRAP=kafka_bootstrap,
         AREAL_TOPIC_PREFIX=topics.prefix,
+        AREAL_HOME=str(tmp_path / "areal"),
+        AREAL_CLICKHOUSE_URL=f"chdb://{tmp_path / 'clickhouse'}",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(request: pytest.FixtureRequest):
+    yield from _session_kafka(request, "areal-test-kafka-cluster-", lambda d: KafkaCluster(d, size=3), 180,
+                              "node-*/broker.log")
+
+
+@pytest.fixture
+def cluster_topics(kafka_cluster: KafkaCluster) -> Topics:
+    t = Topics(f"c{uuid.uuid4().hex[:10]}.")
+    create_topics(kafka_cluster.bootstrap, t.specs(CLUSTER_DURABILITY), partitions=3)
+    return t
+
+
+@pytest.fixture
+def cluster_env(kafka_cluster: KafkaCluster, cluster_topics: Topics, tmp_path: Path) -> dict[str, str]:
+    """Environment for subprocesses wired to the test cluster, with its durability settings."""
+    env = dict(os.environ)
+    env.update(
+        AREAL_KAFKA_BOOTSTRAP=kafka_cluster.bootstrap,
+        AREAL_TOPIC_PREFIX=cluster_topics.prefix,
+        AREAL_KAFKA_REPLICATION_FACTOR=str(CLUSTER_DURABILITY.kafka_replication_factor),
+        AREAL_KAFKA_MIN_INSYNC_REPLICAS=str(CLUSTER_DURABILITY.kafka_min_insync_replicas),
         AREAL_HOME=str(tmp_path / "areal"),
         AREAL_CLICKHOUSE_URL=f"chdb://{tmp_path / 'clickhouse'}",
         PYTHONUNBUFFERED="1",

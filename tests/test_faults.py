@@ -24,7 +24,7 @@ from areal_train.launch import start
 from producers.events import parse_event
 from producers.settings import Settings
 
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(720)]
 
 QUIET_TRAINING = TrainConfig(eval_every_steps=None, eval_at_start=False, eval_at_end=False, batch_prompts=4)
 
@@ -41,6 +41,19 @@ def consume_steps(bootstrap: str, topic: str, run_id: str, until: int, timeout: 
     finally:
         consumer.close()
     return out
+
+
+# Ranks can take minutes to start on a loaded machine (torch import, gloo rendezvous). A
+# fault must land on a run that trains: `make fault-soak` once killed a rank of a run that
+# had published no step yet (the wait below used to end silently after 90 s), and the
+# worker, which had never heard of the run, rightly raised no `stalled` for it.
+STARTUP_S = 300
+
+
+def until_training(bootstrap: str, topic: str, run_id: str, events: int) -> None:
+    """Wait until `run_id` published `events` step events; fail if its ranks never got there."""
+    seen = {e.event_id for e in consume_steps(bootstrap, topic, run_id, until=events, timeout=STARTUP_S)}
+    assert len(seen) >= events, f"{run_id}: {len(seen)} step events after {STARTUP_S} s; its ranks did not start"
 
 
 def start_module(module: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -63,7 +76,7 @@ def test_broker_restart_during_training_loses_nothing_and_counts_nothing_twice(k
     run = start("fault-broker", nproc, steps, QUIET_TRAINING, env=stack_env, log_dir=tmp_path / "logs")
     try:
         # let the ranks publish, then take the broker away while they train on
-        consume_steps(kafka_broker.bootstrap, topics.steps, "fault-broker", until=20, timeout=60)
+        until_training(kafka_broker.bootstrap, topics.steps, "fault-broker", events=20)
         kafka_broker.stop()
         time.sleep(3)
         assert run.poll() is None, "training must not stall or fail while the broker is away"
@@ -117,7 +130,7 @@ def test_a_dead_rank_stalls_its_run_while_other_runs_flow(kafka_bootstrap, topic
     alerts = KafkaConsumer(topics.alerts, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
                            enable_auto_commit=False, group_id=None)
     try:
-        consume_steps(kafka_bootstrap, topics.steps, "fault-dead", until=20, timeout=90)
+        until_training(kafka_bootstrap, topics.steps, "fault-dead", events=20)
         killed_at = time.time()
         os.kill(victim.procs[1].pid, signal.SIGKILL)  # rank 1 dies; its run cannot go on without it
         stalled = []

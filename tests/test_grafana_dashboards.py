@@ -72,7 +72,7 @@ def test_validation_catches_schema_and_reference_mistakes() -> None:
 def test_issue_requirements_are_in_the_dashboards() -> None:
     boards = {name: to_dict(model) for name, model in all_models().items()}
     for name, board in boards.items():
-        assert [v["name"] for v in board["templating"]["list"]] == ["run", "node", "dataset"], name
+        assert [v["name"] for v in board["templating"]["list"]] == ["group", "tag", "run", "node", "dataset"], name
         assert board["refresh"] == "5s", name
         titles = [p["title"] for p in board["panels"]]
         assert len(titles) == len(set(titles)), name
@@ -91,6 +91,12 @@ def test_issue_requirements_are_in_the_dashboards() -> None:
     assert {"id": "custom.axisPlacement", "value": "right"} in right["properties"]
     assert "stale" in json.dumps(evaluation["annotations"]) and "partial" in json.dumps(evaluation["annotations"])
     assert any(p["type"] == "trend" and "Reward by step" in p["title"] for p in boards["runs"]["panels"])
+    runs = {p["title"]: p for p in boards["runs"]["panels"]}
+    assert "v_runs" in runs["Run lifecycle"]["targets"][0]["rawSql"]
+    assert runs["Config side by side"]["transformations"][0]["id"] == "groupingToMatrix"
+    assert "v_runs" in boards["runs"]["templating"]["list"][2]["query"]["rawSql"]  # the run picker
+    assert any(p["title"] == "Generations" and "areal.v_generations" in p["targets"][0]["rawSql"]
+               for p in evaluation["panels"])
     efficiency = " ".join(p["title"] for p in boards["efficiency"]["panels"])
     assert "Throughput per node and rank" in efficiency and "latency" in efficiency and "Memory" in efficiency
     assert "commands they caused" in boards["alerts"]["panels"][0]["title"]
@@ -182,7 +188,7 @@ def test_cli_generate_writes_the_same_json(tmp_path: Path, capsys: pytest.Captur
 def test_cli_provision_errors_are_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AREAL_CLICKHOUSE_URL", "chdb:///tmp/nowhere")
     monkeypatch.delenv("AREAL_GRAFANA_CLICKHOUSE_URL", raising=False)
-    assert main(["grafana", "provision", "--url", "http://127.0.0.1:9"]) == 2
+    assert main(["grafana", "provision", "--url", "http://127.0.0.1:9"]) == 1  # no sink serves the embedded store
     assert "pass --clickhouse-url" in capsys.readouterr().err
     assert main(["grafana", "provision", "--url", "http://127.0.0.1:9", "--clickhouse-url", "http://d:@c:8123",
                  "--timeout", "2"]) == 2

@@ -129,11 +129,11 @@ def test_sql_builder_keeps_expectations() -> None:
     assert "expects" not in q.to_json()  # not part of what Grafana stores
 
 
-def test_every_dashboard_has_queries_on_all_three_variables() -> None:
+def test_every_dashboard_has_queries_on_all_the_variables() -> None:
     for name in BUILDERS:
         model = build(name)
         names = [v.name for v in model.templating.list_val]
-        assert names == ["run", "node", "dataset"], name
+        assert names == ["group", "tag", "run", "node", "dataset"], name
         assert model.refresh == "5s"
 
 

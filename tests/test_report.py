@@ -128,16 +128,19 @@ def test_moving_average_and_band() -> None:
 
 def test_report_while_the_sink_holds_the_store(store: tuple[DirectStore, Path], tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """During `demo` the running sink owns the chdb directory; the report asks it over its endpoint."""
-    from sinks.owner import OwnerEndpoint
-    from sinks.query import OwnerStore, Target, connect
+    """During `demo` the running sink owns the chdb directory; the report asks its ClickHouse HTTP endpoint."""
+    from clickhouse_connect.driver.httpclient import HttpClient
+
+    from sinks.http_server import ClickHouseHTTPServer
+    from sinks.query import connect
 
     url = f"chdb://{store[1]}"
-    endpoint = OwnerEndpoint(Target.parse(url))
+    endpoint = ClickHouseHTTPServer(store[1], "areal")
+    endpoint.publish()
     try:
         monkeypatch.setenv("AREAL_CLICKHOUSE_URL", url)
         with connect() as owner_store:
-            assert isinstance(owner_store, OwnerStore)
+            assert isinstance(owner_store.client, HttpClient)
             written = write_report(tmp_path, ["wl-mt4-s1"], owner_store)
             assert [p.name for p in written] == list(FILES)
             assert "stale" in {p.state for p in load_evals(owner_store, "run_id IN ('wl-mt4-s1')")["math_id"]["wl-mt4-s1"]}

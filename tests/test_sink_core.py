@@ -134,9 +134,17 @@ def test_every_contract_field_has_its_column() -> None:
 
     for table in TABLES:
         cls = EVENT_TYPES[table.event_type]
+        assert table.order_by[0] == "run_id"
+        if table.projected:  # generations: the eval's identity, and each sample's own fields
+            assert set(table.order_by) <= set(table.insert_columns) and "sample" in table.order_by
+            continue
         fields = {c.name for c in _checks(cls)} - NOT_COLUMNS.get(table.name, frozenset())
         assert fields <= set(table.insert_columns), (table.name, fields - set(table.insert_columns))
-        assert table.order_by[0] == "run_id" and table.order_by[-1] == "event_id"
+        # trainer input is keyed by what it is about (a resumed attempt replaces it); the rest by event
+        if table.name in ("steps", "evals"):
+            assert table.version == "_version" and "rank" in table.order_by and "event_id" not in table.order_by
+        else:
+            assert table.order_by[-1] == "event_id" and table.version == "_offset"
 
 
 def test_decode_valid_invalid_and_deadletter_messages() -> None:
@@ -162,9 +170,10 @@ def test_cluster_options_change_only_the_engine_and_on_cluster() -> None:
     clustered = SchemaOptions(cluster="prod", replicated=True)
     sql = create_table_sql(TABLES_BY_NAME["steps"], clustered)
     assert "ON CLUSTER prod" in sql
-    assert "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/areal/steps', '{replica}', _offset)" in sql
+    assert "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/areal/steps', '{replica}', _version)" in sql
     assert "replicated_deduplication_window" in sql
-    assert all("ON CLUSTER prod" in s for s in schema_statements(clustered))
+    ddl = [s for s in schema_statements(clustered) if not s.startswith("INSERT")]  # an INSERT has no ON CLUSTER
+    assert ddl and all("ON CLUSTER prod" in s for s in ddl)
     assert not any("ON CLUSTER" in s for s in schema_statements(plain))
     with pytest.raises(ValueError):
         SchemaOptions(database="a; DROP")

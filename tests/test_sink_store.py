@@ -1,5 +1,6 @@
 """The embedded store (chdb through clickhouse-connect): schema, token deduplication, FINAL views,
-read-only sessions, the owner's query endpoint and the `sql` verb. No broker needed."""
+read-only sessions, the holder's ClickHouse HTTP endpoint as `connect()` and the `sql` verb use it.
+No broker needed (tests/test_clickhouse_http.py covers the endpoint itself)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import pytest
 
 from producers.events import EvalEvent, StepEvent
 from producers.settings import Settings
-from sinks.owner import OwnerEndpoint
-from sinks.query import OWNER_FILE, DirectStore, OwnerStore, StoreError, Target, connect, open_client, read_owner
+from sinks.http_server import ClickHouseHTTPServer
+from sinks.query import OWNER_FILE, DirectStore, StoreError, Target, connect, open_client, read_owner
 from sinks.rows import Located
 from sinks.schema import SCHEMA_VERSION, TABLES, apply_schema, applied_version
 from sinks.writer import insert_rows
@@ -120,24 +121,31 @@ def cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "areal_metrics", *args], capture_output=True, text=True, env=env, timeout=60)
 
 
-def test_sql_verb_through_the_owner_endpoint_while_the_store_is_held(client, url: str) -> None:
-    """This process holds the directory (like a running sink); another process's `sql` goes through it."""
+def test_sql_verb_through_the_http_endpoint_while_the_store_is_held(client, url: str) -> None:
+    """This process holds the directory (like a running sink); `connect` and another process's `sql` use
+    its ClickHouse HTTP endpoint with clickhouse-connect."""
+    from clickhouse_connect.driver.httpclient import HttpClient
+
     insert_rows(client, "areal", located(steps(4)), "t")
     target = Target.parse(url)
-    endpoint = OwnerEndpoint(target)
+    endpoint = ClickHouseHTTPServer(target.path, "areal")
+    endpoint.publish()
     try:
         owner = read_owner(target.path)
         assert owner is not None and owner.port == endpoint.port
-        assert (target.path / OWNER_FILE).stat().st_mode & 0o077 == 0  # the token is private
+        assert owner.dsn() == endpoint.dsn() and owner.dsn(write=True) == endpoint.dsn("writer")
+        assert (target.path / OWNER_FILE).stat().st_mode & 0o077 == 0  # the passwords are private
         store = connect(Settings(clickhouse_url=url))
-        assert isinstance(store, OwnerStore)
+        assert isinstance(store, DirectStore) and isinstance(store.client, HttpClient)
         # server-side parameters and typed values survive the trip through the endpoint
         r = store.query("SELECT step, ts, metrics FROM v_steps WHERE run_id IN {runs:Array(String)} AND step < {n:UInt32} ORDER BY step",
                         {"runs": ["r1"], "n": 2})
         assert [row[0] for row in r.rows] == [0, 1] and r.rows[1][1].year == 2023 and r.rows[0][2] == {}
+        assert r.types == ["UInt64", "DateTime64(3, 'UTC')", "Map(String, Float64)"]
         assert store.command("SELECT count() FROM v_steps WHERE run_id = {r:String}", {"r": "r1"}) == 4
-        with pytest.raises(StoreError, match="readonly"):
+        with pytest.raises(StoreError, match="Code: 164.*readonly") as err:
             store.command("TRUNCATE TABLE steps")
+        assert "\n" not in str(err.value) and "for url" not in str(err.value)
 
         r = cli("sql", "SELECT step, reward, ts FROM v_steps ORDER BY step", "--format", "json", url=url)
         assert r.returncode == 0, r.stderr
@@ -157,7 +165,7 @@ def test_sql_verb_through_the_owner_endpoint_while_the_store_is_held(client, url
         assert len(r.stderr.strip().splitlines()) == 1 and "nope" in r.stderr and "Traceback" not in r.stderr
 
         r = cli("sql", "TRUNCATE TABLE steps", url=url)
-        assert r.returncode == 2 and "readonly" in r.stderr
+        assert r.returncode == 2 and "readonly" in r.stderr and "Code: 164" in r.stderr
         r = cli("sql", "TRUNCATE TABLE steps", "--write", url=url)
         assert r.returncode == 0, r.stderr
         assert client.command("SELECT count() FROM areal.steps") == 0
@@ -166,10 +174,16 @@ def test_sql_verb_through_the_owner_endpoint_while_the_store_is_held(client, url
     assert read_owner(target.path) is None
 
 
-def test_a_stale_owner_file_is_ignored(client, url: str) -> None:
+def test_a_stale_or_foreign_owner_file_is_ignored(client, url: str) -> None:
     target = Target.parse(url)
-    (target.path / OWNER_FILE).write_text(json.dumps({"pid": 2**22 + 12345, "port": 1, "token": "x"}))
-    assert read_owner(target.path) is None
+    users = {"reader": {"user": "reader", "password": "x", "readonly": True},
+             "writer": {"user": "writer", "password": "y", "readonly": False}}
+    (target.path / OWNER_FILE).write_text(json.dumps({"pid": 2**22 + 12345, "port": 1, "database": "areal", "users": users}))
+    assert read_owner(target.path) is None  # no such process
+    (target.path / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "port": 1, "token": "x"}))
+    assert read_owner(target.path) is None  # the private protocol's file: not ours any more
+    (target.path / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "port": 1, "database": "areal", "users": users}))
+    assert read_owner(target.path) is None  # nothing listens on the port
 
 
 def test_bad_url_is_one_line() -> None:

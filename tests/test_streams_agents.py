@@ -1,7 +1,10 @@
 """Each Faust agent of the stream worker, through Faust's `test_context` (no broker).
 
 The Kafka producer is replaced by a recorder (`send`), the clock by a settable one; the
-`runs` table is Faust's real in-memory table.
+`runs` table is Faust's real in-memory table. The agents hand messages to the batcher,
+which processes them a little later: `worker.settled()` waits for that (after each tick,
+where the clock matters; at the end of a context otherwise, so several messages may share
+a batch).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from producers.events import EvalEvent, RunEvent, StepEvent, parse_event
 from producers.topics import Topics
 from streams.app import StreamWorker, app_id_for, build_worker
 from streams.config import RunConfig, StreamsConfig
-from streams.processor import RunState, derived_id
+from streams.processor import derived_id
+from streams.state_store import stored_state
 
 TOPICS = Topics("agent.")
 
@@ -93,6 +97,7 @@ def test_steps_agent_smooths_and_dead_letters_bad_input(tmp_path: Path) -> None:
             await agent.put(step("r1", 1, 3.0), key=b"r1")
             await agent.put(step("r1", 1, 3.0), key=b"r1")  # redelivery: same event, same output
             await agent.put(step("r1", 2, 5.0), key=b"r1")
+            await worker.settled()
 
     run(go)
     smoothed = rec.on(TOPICS.smoothed)
@@ -108,7 +113,7 @@ def test_steps_agent_smooths_and_dead_letters_bad_input(tmp_path: Path) -> None:
     assert dead[1]["raw"].startswith("base64:") and all(d["source_topic"] == TOPICS.steps for d in dead)
     alerts = rec.on(TOPICS.alerts)
     assert [a["kind"] for a in alerts] == ["invalid_event"]  # rate-limited: one for three
-    state = RunState.from_json(worker.core.table[b"r1"])
+    state = stored_state(worker.core.table, "r1")
     assert state.smoothing.max_step == 2
 
 
@@ -125,6 +130,7 @@ def test_evals_agent_votes_and_degrades(tmp_path: Path) -> None:
             await agent.put(result("a", "e2", status="failed"), key=b"r1")
             await agent.put(result("bad", "e2", status="failed"), key=b"r1")
             await agent.put(result("c", "e2", truth), key=b"r1")  # too late for the failed round
+            await worker.settled()
 
     run(go)
     consensus = rec.on(TOPICS.consensus)
@@ -140,20 +146,27 @@ def test_ticks_agent_times_out_rounds_and_finds_stalled_runs(tmp_path: Path) -> 
     async def go() -> None:
         async with worker.steps_agent.test_context() as steps:
             await steps.put(step("r1", 0, 0.5), key=b"r1", partition=0)
+            await worker.settled()
         async with worker.evals_agent.test_context() as evals:
             await evals.put(result("a", "e1", (1, 0)), key=b"r1", partition=0)
             await evals.put(result("b", "e1", (1, 1)), key=b"r1", partition=0)
+            await worker.settled()
         async with worker.ticks_agent.test_context() as ticks:
+
+            async def tick(partition: int) -> None:
+                await ticks.put(b"{}", partition=partition)
+                await worker.settled()
+
             clock.now += 29
-            await ticks.put(b"{}", partition=0)
+            await tick(0)
             assert rec.on(TOPICS.consensus) == []
             clock.now += 1
-            await ticks.put(b"{}", partition=1)  # not the run's partition: nothing
+            await tick(1)  # not the run's partition: nothing
             assert rec.on(TOPICS.consensus) == []
-            await ticks.put(b"{}", partition=0)
+            await tick(0)
             clock.now += 30
-            await ticks.put(b"{}", partition=0)
-            await ticks.put(b"{}", partition=0)  # stalled is said once
+            await tick(0)
+            await tick(0)  # stalled is said once
 
     run(go)
     consensus = rec.on(TOPICS.consensus)
@@ -168,6 +181,7 @@ def test_runs_agent_ends_the_stall_watch_and_dead_letters_bad_run_events(tmp_pat
         async with worker.steps_agent.test_context() as steps:
             await steps.put(step("r1", 0, 0.5), key=b"r1", partition=0)
             await steps.put(step("r2", 0, 0.5), key=b"r2", partition=0)
+            await worker.settled()
         async with worker.runs_agent.test_context() as runs:
             await runs.put(RunEvent(run_id="r1", node="n0", status="running", config={"eval_interval_steps": 25},
                                     ts=1.0, event_id="run-r1-a").to_json(), key=b"r1", partition=0)
@@ -176,16 +190,18 @@ def test_runs_agent_ends_the_stall_watch_and_dead_letters_bad_run_events(tmp_pat
             await runs.put(b'{"type":"run","run_id":"r2","event_id":"x","ts":1,"status":"paused"}', key=b"r2",
                            partition=0)
             await runs.put(b"\xff", key=None, partition=0)
+            await worker.settled()
         async with worker.ticks_agent.test_context() as ticks:
             clock.now += 61
             await ticks.put(b"{}", partition=0)
+            await worker.settled()
 
     run(go)
     assert [(a["run_id"], a["kind"]) for a in rec.on(TOPICS.alerts) if a["kind"] == "stalled"] == [("r2", "stalled")]
     reasons = [d["reason"] for d in rec.on(TOPICS.deadletter)]
     assert reasons[0].startswith("runs.status: 'paused' is not one of") and reasons[1].startswith("event: not UTF-8")
     assert all(d["source_topic"] == TOPICS.runs for d in rec.on(TOPICS.deadletter))
-    state = RunState.from_json(worker.core.table[b"r1"])
+    state = stored_state(worker.core.table, "r1")
     assert state.lifecycle.ended and state.trigger.base_interval == 25
 
 
@@ -197,6 +213,7 @@ def test_state_in_the_table_survives_a_new_worker(tmp_path: Path) -> None:
         async with worker.steps_agent.test_context() as agent:
             for n in range(3):
                 await agent.put(step("r1", n, float(n)), key=b"r1")
+            await worker.settled()
 
     run(first)
     saved = dict(worker.core.table.items())
@@ -208,6 +225,7 @@ def test_state_in_the_table_survives_a_new_worker(tmp_path: Path) -> None:
                 worker2.core.table.data[key] = value  # what changelog recovery does
             await agent.put(step("r1", 3, 3.0), key=b"r1")
             await agent.put(step("r1", 1, 1.0, ), key=b"r1")  # redelivered after the crash
+            await worker2.settled()
 
     run(second)
     got = rec2.on(TOPICS.smoothed)
@@ -223,6 +241,7 @@ def test_no_message_stops_the_evals_agent(tmp_path: Path, payload: bytes) -> Non
         async with worker.evals_agent.test_context() as agent:
             await agent.put(payload, key=None)
             await agent.put(result("a", "e1", (1,), replicas=1), key=b"r1")
+            await worker.settled()
 
     run(go)
     assert len(rec.on(TOPICS.deadletter)) == 1

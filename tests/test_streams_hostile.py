@@ -29,6 +29,7 @@ from producers.topics import Topics
 from streams.app import StreamCore
 from streams.config import RunConfig, StreamsConfig
 from streams.processor import RunState
+from streams.state_store import stored_state
 from streams.voting import NodeResult, RoundKey, VoteState, add_result
 
 TOPICS = Topics("hostile.")
@@ -243,8 +244,9 @@ def test_a_stored_state_that_does_not_decode_is_dead_lettered_once_and_the_run_g
     assert all("stream state of run" in d["reason"] for d in dead)
     assert "open_rounds" in next(d["reason"] for d in dead if d["run_id"] == "run-1")
     assert [s["step"] for s in rec.on(TOPICS.smoothed)] == [0]
-    assert RunState.from_json(table[b"run-1"]).smoothing.max_step == 0
-    assert RunState.from_json(table[b"run-2"]) == RunState("run-2", partition=0)
+    assert stored_state(table, "run-1").smoothing.max_step == 0
+    assert stored_state(table, "run-2") == RunState("run-2", partition=0)
+    assert b"run-1" not in table and b"run-2" not in table  # the bad records are replaced
     assert c.stats["errors"] == 0
 
 
@@ -267,6 +269,7 @@ def test_bad_input_through_the_faust_agent_with_hostile_keys_and_headers(tmp_pat
                 good = StepEvent(run_id="r|ok".replace("|", "-"), node="n0", step=i, epoch=0, reward=0.1 * i,
                                  ts=1.0, event_id=f"s{i}").to_json()
                 await agent.put(good, key=key, headers=hdrs)
+            await worker.settled()
 
         async with worker.runs_agent.test_context() as agent:
             for i, (key, hdrs) in enumerate(zip(keys, headers)):
@@ -275,6 +278,7 @@ def test_bad_input_through_the_faust_agent_with_hostile_keys_and_headers(tmp_pat
                 good_run = RunEvent(run_id="r-ok", node="n0", rank=i, status="finished", world_size=len(keys),
                                     ts=1.0, event_id=f"run{i}").to_json()
                 await agent.put(good_run, key=key, headers=hdrs)
+            await worker.settled()
 
     asyncio.run(go())
     dead = rec.on(TOPICS.deadletter)
@@ -282,7 +286,7 @@ def test_bad_input_through_the_faust_agent_with_hostile_keys_and_headers(tmp_pat
     assert all(d["reason"] == "runs.world_size: not an integer (str)" for d in dead if d["source_topic"] == TOPICS.runs)
     assert [s["step"] for s in rec.on(TOPICS.smoothed)] == list(range(len(keys)))
     assert worker.core.stats["errors"] == 0 and worker.core.stats["runs"] == len(keys)
-    assert RunState.from_json(worker.core.table[b"r-ok"]).lifecycle.ended
+    assert stored_state(worker.core.table, "r-ok").lifecycle.ended
 
 
 def test_stored_states_whose_new_fields_do_not_decode_are_dead_lettered_once() -> None:
@@ -323,7 +327,7 @@ def test_a_step_waiting_for_its_other_rank_survives_a_restart() -> None:
                          n_samples=1 + rank, ts=1.0, event_id=f"w{rank}").to_json()
 
     asyncio.run(core(table, rec, clock).on_input(TOPICS.steps, 0, 0, b"run-w", step(0, 0.0)))
-    assert rec.on(TOPICS.smoothed) == [] and RunState.from_json(table[b"run-w"]).ranks.pending
+    assert rec.on(TOPICS.smoothed) == [] and stored_state(table, "run-w").ranks.pending
     asyncio.run(core(table, rec, clock).on_input(TOPICS.steps, 0, 1, b"run-w", step(1, 0.9)))  # after the restart
     assert [s["reward"] for s in rec.on(TOPICS.smoothed)] == [0.6]  # (0 * 1 + 0.9 * 2) / 3
 
@@ -346,5 +350,6 @@ def test_a_state_written_by_the_older_worker_still_loads_and_goes_on() -> None:
                                                                ts=4.0, event_id="e3").to_json()))
     assert c.stats.get("bad_states", 0) == 0 and rec.on(TOPICS.deadletter) == []
     assert [(s["step"], s["sliding_avg"]) for s in rec.on(TOPICS.smoothed)] == [(3, 1.0)]
-    state = RunState.from_json(table[b"r"])
+    state = stored_state(table, "r")
+    assert b"r" not in table  # replaced by the records of the new layout
     assert state.trigger.interval == 25 and state.lifecycle.attempt == 0 and state.ranks.pending == {}

@@ -114,3 +114,37 @@ def test_state_round_trips_through_json_dict() -> None:
     for step in range(7):
         state, _ = add_reward(state, step, step * 0.5, 4, 0.3, f"e{step}")
     assert codec.loads(SmoothingState, codec.dumps(state)) == state
+
+
+def _reference_slope(steps: list[int], values: list[float]) -> float:
+    """The slope as the first version computed it, sum by sum (the fit must give the same bits)."""
+    n = len(steps)
+    if n < 2:
+        return 0.0
+    mean_x, mean_y = sum(steps) / n, sum(values) / n
+    sxx = sum((x - mean_x) ** 2 for x in steps)
+    if sxx == 0:
+        return 0.0
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(steps, values)) / sxx
+
+
+def _reference_se(steps: list[int], values: list[float]) -> float:
+    n = len(steps)
+    if n < 3:
+        return 0.0
+    mean_x, mean_y = sum(steps) / n, sum(values) / n
+    sxx = sum((x - mean_x) ** 2 for x in steps)
+    if sxx == 0:
+        return 0.0
+    slope = _reference_slope(steps, values)
+    residual = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in zip(steps, values))
+    return math.sqrt(max(0.0, residual) / (n - 2) / sxx)
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.floats(-1e6, 1e6)), max_size=40))
+def test_the_fit_gives_the_very_bits_of_the_first_version(points: list[tuple[int, float]]) -> None:
+    from streams.smoothing import ls_slope_se
+
+    steps, values = [p[0] for p in points], [p[1] for p in points]
+    assert ls_slope(steps, values) == _reference_slope(steps, values)
+    assert ls_slope_se(steps, values) == _reference_se(steps, values)

@@ -8,19 +8,8 @@ import pytest
 from kafka import KafkaProducer
 from rich.console import Console
 
-from areal_metrics.commands.watch import (
-    WatchState,
-    evenly,
-    render,
-    sparkline,
-    watch_loop,
-)
-from producers.events import (
-    AlertEvent,
-    CommandEvent,
-    EvalConsensusEvent,
-    RewardSmoothedEvent,
-)
+from areal_metrics.commands.watch import WatchState, evenly, render, sparkline, watch_loop
+from producers.events import AlertEvent, CommandEvent, EvalConsensusEvent, RewardSmoothedEvent, RunEvent
 from producers.settings import Settings
 
 
@@ -92,6 +81,29 @@ def test_render_shows_reward_accuracy_interval_and_alerts() -> None:
     for expected in ("run-a", "120", "0.625", "add_1digit: 81%@100", "add_2digit: 0%@100", "stale", "7 steps",
                      "reward_below_threshold", "reward 0.1 < 0.2"):
         assert expected in text, expected
+
+
+def test_status_comes_from_the_run_events() -> None:
+    state = WatchState()
+
+    def run_event(rank: int, status: str, ts: float, attempt: int = 0) -> RunEvent:
+        return RunEvent(run_id="run-b", node=f"h:{rank}", rank=rank, status=status, world_size=2, attempt=attempt, ts=ts)
+
+    state.apply(smoothed("run-b", 3, 0.5))
+    state.apply(run_event(0, "running", 1.0))
+    assert "running 1/2 ranks" in text_of(render(state, now=10))
+    state.apply(run_event(1, "running", 1.0))
+    state.apply(run_event(1, "finished", 5.0))
+    state.apply(run_event(0, "running", 2.0))  # a late duplicate of rank 0's start changes nothing
+    assert state.runs["run-b"].state.status == "running"
+    state.apply(run_event(0, "finished", 6.0))
+    assert state.runs["run-b"].state.status == "finished" and "finished" in text_of(render(state, now=10))
+    state.apply(run_event(0, "running", 9.0, attempt=1))
+    state.apply(run_event(1, "running", 9.0, attempt=1))
+    state.apply(run_event(1, "killed", 12.0, attempt=1))
+    assert "killed (attempt 1)" in text_of(render(state, now=20))
+    state.apply(smoothed("no-lifecycle", 1, 0.1))  # a producer without run events
+    assert state.runs["no-lifecycle"].state is None
 
 
 @pytest.mark.broker

@@ -1,7 +1,11 @@
 """`areal-metrics grafana ACTION`: the dashboards as code.
 
 - `provision --url URL --token TOKEN [--clickhouse-url URL]`: push the ClickHouse
-  datasource (uid areal-clickhouse) and every dashboard to a running Grafana.
+  datasource (uid areal-clickhouse) and every dashboard to a running Grafana;
+  `provision --files DIR`: write them as a provisioning folder instead (for a
+  Grafana on this machine: `GF_PATHS_PROVISIONING=DIR grafana server`).
+  ClickHouse defaults to the configured server, or, for the embedded store, the
+  running sink's ClickHouse HTTP endpoint (the read-only DSN of `status --json`).
 - `generate [--out DIR]`: write the dashboards' JSON (and the provisioning files).
 - `check [--since 1h]`: run every panel's query, expanded as Grafana would, against
   the configured ClickHouse and report those that fail or return nothing.
@@ -15,8 +19,12 @@ import re
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from areal_metrics.errors import UserError
+from areal_metrics.errors import ServiceUnavailable, UserError
+
+if TYPE_CHECKING:
+    from grafana.provision import ClickHouseServer
 
 CLICKHOUSE_URL_ENV = "AREAL_GRAFANA_CLICKHOUSE_URL"
 
@@ -26,14 +34,18 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     actions.required = True
 
     provision = actions.add_parser("provision", help="push the datasource and the dashboards to a Grafana")
-    provision.add_argument("--url", required=True, help="Grafana's URL, e.g. http://localhost:3000")
+    where = provision.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="Grafana's URL, e.g. http://localhost:3000")
+    where.add_argument("--files", type=Path, metavar="DIR",
+                       help="write a provisioning folder (datasources/, dashboards/) for a Grafana on this machine")
     provision.add_argument("--token", default=os.environ.get("GRAFANA_TOKEN"),
                            help="service account token (default: $GRAFANA_TOKEN; or put user:password in --url)")
     provision.add_argument(
         "--clickhouse-url",
         default=None,
         help="ClickHouse as Grafana reaches it: http(s)://user:pass@host:8123 or clickhouse://user:pass@host:9000 "
-        f"(default: ${CLICKHOUSE_URL_ENV}, else AREAL_CLICKHOUSE_URL when it is a server)",
+        f"(default: ${CLICKHOUSE_URL_ENV}, else AREAL_CLICKHOUSE_URL when it is a server, else the running "
+        "sink's endpoint of the embedded store)",
     )
     provision.add_argument("--timeout", type=float, default=10.0, help="seconds per HTTP request (default: 10)")
 
@@ -65,13 +77,19 @@ def _clickhouse_for_grafana(explicit: str | None) -> str:
         return os.environ[CLICKHOUSE_URL_ENV]
     from producers.settings import Settings
 
-    url = Settings.from_env().clickhouse_url
-    if url.startswith(("http://", "https://")):
-        return url
-    raise UserError(
-        f"Grafana needs a ClickHouse server, and AREAL_CLICKHOUSE_URL is the embedded store ({url.split('?')[0]}): "
-        "pass --clickhouse-url http://user:pass@host:8123 (as Grafana reaches it)"
-    )
+    from sinks.query import StoreError, http_dsn
+
+    settings = Settings.from_env()
+    try:
+        dsn = http_dsn(settings)
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
+    if dsn is None:
+        raise ServiceUnavailable(
+            f"no process serves the embedded store {settings.clickhouse_url.split('?')[0]} over HTTP: start the stack "
+            "(`areal-metrics up`: its sink serves it), or pass --clickhouse-url http://user:pass@host:8123"
+        )
+    return dsn
 
 
 def _provision(args: argparse.Namespace) -> int:
@@ -85,6 +103,8 @@ def _provision(args: argparse.Namespace) -> int:
         server = ClickHouseServer.parse(_clickhouse_for_grafana(args.clickhouse_url))
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if args.files is not None:
+        return _provision_files(args.files, server)
     if not args.url.startswith(("http://", "https://")):
         raise UserError(f"--url {args.url!r}: expected http(s)://host:port")
     api = GrafanaApi.from_url(args.url, credential=args.token or None, timeout=args.timeout)
@@ -97,6 +117,19 @@ def _provision(args: argparse.Namespace) -> int:
         raise UserError(f"cannot reach Grafana at {where}: {' '.join(str(exc).split())[:300]}") from None
     print(f"datasource {pushed.datasource} (uid areal-clickhouse -> {server.protocol}://{server.host}:{server.port}); "
           f"folder {pushed.folder}; dashboards: {', '.join(pushed.dashboards)}")
+    return 0
+
+
+def _provision_files(directory: Path, server: ClickHouseServer) -> int:
+    from grafana.catalog import write_all
+    from grafana.provision import write_provisioning
+
+    dashboards = (directory / "dashboards" / "areal").absolute()
+    written = write_all(dashboards) + write_provisioning(directory, server, str(dashboards))
+    for path in written:
+        print(path)
+    print(f"datasource uid areal-clickhouse -> {server.protocol}://{server.host}:{server.port}; "
+          f"start Grafana with GF_PATHS_PROVISIONING={directory.absolute()}", file=sys.stderr)
     return 0
 
 

@@ -13,19 +13,35 @@ from areal_metrics.errors import ServiceUnavailable, UserError
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     if verb == "up":
         parser.add_argument("--partitions", type=int, default=3, help="partitions per topic (default 3)")
+        parser.add_argument("--brokers", type=int, default=None,
+                            help="Kafka brokers: 1, or 3 for a KRaft cluster whose topics have replication factor 3 "
+                                 "and min.insync.replicas 2 (default: as the stack here was made, else 1)")
         parser.add_argument("--no-worker", action="store_true", help="do not start the stream worker")
         parser.add_argument("--no-sink", action="store_true", help="do not start the ClickHouse sink")
     if verb == "status":
         parser.add_argument("--json", action="store_true", help="print the state as JSON")
 
 
+def _clickhouse_http(clickhouse_url: str) -> str | None:
+    """The read-only DSN any ClickHouse client can use: the server's URL, or the sink's endpoint of the embedded store."""
+    from producers.settings import Settings
+    from sinks.query import StoreError, http_dsn
+
+    try:
+        return http_dsn(Settings(clickhouse_url=clickhouse_url))
+    except StoreError:
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.verb == "up":
         if args.partitions < 1:
             raise UserError(f"--partitions must be >= 1 (got {args.partitions})")
+        if args.brokers is not None and not (args.brokers == 1 or 3 <= args.brokers <= 9):
+            raise UserError(f"--brokers must be 1 or 3..9 (got {args.brokers}; a cluster of 2 cannot lose a node)")
         services = tuple(s for s in stack.SERVICES if not getattr(args, f"no_{s}"))
         try:
-            info, started = stack.up(args.partitions, services)
+            info, started = stack.up(args.partitions, services, brokers=args.brokers)
         except (RuntimeError, TimeoutError) as exc:
             raise ServiceUnavailable(str(exc)) from None
         word = "started" if started else "already running"
@@ -39,20 +55,28 @@ def run(args: argparse.Namespace) -> int:
     info = stack.read_info()
     running = info is not None and info.running()
     if args.json:
-        out = {"running": running}
+        out: dict[str, object] = {"running": running}
         if info is not None:
             out.update(
-                kafka_bootstrap=info.kafka_bootstrap, kafka_version=info.kafka_version,
+                kafka_bootstrap=info.kafka_bootstrap, kafka_version=info.kafka_version, brokers=info.brokers,
                 topic_prefix=info.topic_prefix, clickhouse_url=mask_url(info.clickhouse_url), home=info.home,
-                processes={name: {"pid": pid, "alive": alive}
-                           for (name, pid), alive in zip(info.pids.items(), info.alive().values())},
+                processes={name: {"pid": pid, "alive": alive, **({"address": addr} if addr else {})}
+                           for name, pid, alive, addr in _processes(info)},
+                clickhouse_http=_clickhouse_http(info.clickhouse_url),
             )
         print(json.dumps(out))
     elif info is None:
         print("not running (no stack here)")
     else:
-        parts = [f"{name} pid {pid} {'up' if alive else 'DOWN'}"
-                 for (name, pid), alive in zip(info.pids.items(), info.alive().values())]
+        parts = [f"{name} pid {pid} {'up' if alive else 'DOWN'}" + (f" at {addr}" if addr else "")
+                 for name, pid, alive, addr in _processes(info)]
         print(f"{'running' if running else 'not running'}: kafka at {info.kafka_bootstrap}; "
               + ("; ".join(parts) if parts else "no processes"))
     return 0 if running else 1
+
+
+def _processes(info: stack.StackInfo) -> list[tuple[str, int, bool, str]]:
+    """(name, pid, alive, broker address or "") of every process of the stack, each broker by name."""
+    addresses = dict(zip(stack.broker_names(info.brokers), info.kafka_bootstrap.split(",")))
+    alive = info.alive()
+    return [(name, pid, alive[name], addresses.get(name, "")) for name, pid in info.pids.items()]

@@ -1,8 +1,9 @@
 """`watch`: a live terminal view of running runs, fed from the derived topics.
 
-Per run: the smoothed reward with a sparkline, the latest consensus accuracy
-per dataset (quick and full stage), the evaluation interval, and the latest
-alerts. The state is a pure fold over events (`WatchState.apply`), the view a
+Per run: its status (from its `run` events: running, finished, failed,
+killed, and the attempt), the smoothed reward with a sparkline, the latest
+consensus accuracy per dataset (quick and full stage), the evaluation
+interval, and the latest alerts. The state is a pure fold over events (`WatchState.apply`), the view a
 pure function of it (`render`), and `watch_loop` only moves messages from
 Kafka into the state and the state onto the screen.
 """
@@ -16,7 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers.events import AlertEvent, CommandEvent, EvalConsensusEvent, Event, RewardSmoothedEvent
+from producers.events import (
+    AlertEvent,
+    CommandEvent,
+    EvalConsensusEvent,
+    Event,
+    RewardSmoothedEvent,
+    RunEvent,
+)
+from producers.run_status import RunState, fold
 
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_POINTS = 40
@@ -70,6 +79,12 @@ class RunView:
     eval_interval: int | None = None  # from the last set_eval_interval command
     last_command: str | None = None
     updated: float = 0.0
+    # per (attempt, rank, node): the event that decides that rank's status (the same rule as v_runs)
+    lifecycle: dict[tuple[int, int, str], RunEvent] = field(default_factory=dict)
+
+    @property
+    def state(self) -> RunState | None:
+        return fold(self.lifecycle.values()).get(self.run_id) if self.lifecycle else None
 
     @property
     def observed_interval(self) -> int | None:
@@ -109,6 +124,11 @@ class WatchState:
                                                  event.replicas, event.stale, event.partial)
             run.eval_steps.append(event.step)
             del run.eval_steps[:-20]
+        elif isinstance(event, RunEvent):
+            key = (event.attempt, event.rank, event.node)
+            held = run.lifecycle.get(key)
+            if held is None or (event.status != "running", event.ts) >= (held.status != "running", held.ts):
+                run.lifecycle[key] = event
         elif isinstance(event, CommandEvent):
             run.last_command = event.command + (f" {dict(event.args)}" if event.args else "")
             if event.command == "set_eval_interval":
@@ -123,9 +143,9 @@ def render(state: WatchState, now: float | None = None) -> Any:
 
     now = time.time() if now is None else now
     runs = Table(title="areal-metrics: runs", expand=True)
-    for name in ("run", "step", "reward (EMA)", "sliding avg", "trend", "datasets: accuracy (full / quick)",
+    for name in ("run", "status", "step", "reward (EMA)", "sliding avg", "trend", "datasets: accuracy (full / quick)",
                  "eval interval", "last command", "age"):
-        runs.add_column(name, no_wrap=name in ("run", "step", "trend"))
+        runs.add_column(name, no_wrap=name in ("run", "status", "step", "trend"))
     for run in sorted(state.runs.values(), key=lambda r: r.run_id):
         datasets = sorted({d for d, _ in run.consensus})
         lines = []
@@ -141,7 +161,7 @@ def render(state: WatchState, now: float | None = None) -> Any:
             lines.append(f"{d}: {parts[0]} / {parts[1]}")
         interval = (f"{run.eval_interval} steps" if run.eval_interval is not None else
                     f"~{run.observed_interval} steps (seen)" if run.observed_interval else "-")
-        runs.add_row(run.run_id, str(run.step), _fmt(run.ema), _fmt(run.sliding_avg),
+        runs.add_row(run.run_id, _status(run.state), str(run.step), _fmt(run.ema), _fmt(run.sliding_avg),
                      Text(sparkline(evenly(run.history, SPARK_POINTS), lo=0.0, hi=1.0), style="green"),
                      "\n".join(lines) or "-", interval, run.last_command or "-",
                      f"{max(now - run.updated, 0):.0f}s" if run.updated else "-")
@@ -157,6 +177,23 @@ def render(state: WatchState, now: float | None = None) -> Any:
     return Group(runs, alerts, footer)
 
 
+STATUS_STYLES = {"running": "cyan", "finished": "green", "failed": "bold red", "killed": "yellow"}
+
+
+def _status(state: RunState | None) -> Any:
+    """`finished`, `running 1/2 ranks`, `failed (attempt 2)`...; `-` for a run that sent no run events."""
+    from rich.text import Text
+
+    if state is None:
+        return "-"
+    label = state.status
+    if state.status == "running" and state.ranks < state.world_size:
+        label += f" {state.ranks}/{state.world_size} ranks"
+    if state.attempt:
+        label += f" (attempt {state.attempt})"
+    return Text(label, style=STATUS_STYLES.get(state.status, ""))
+
+
 def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
@@ -164,7 +201,7 @@ def _fmt(v: float | None) -> str:
 def watch_loop(settings: Any, run_ids: list[str] | None = None, duration: float | None = None, *,
                console: Any = None, from_beginning: bool = True, refresh_per_second: float = 4.0,
                until: Callable[[], bool] | None = None) -> WatchState:
-    """Follow the derived topics and redraw until `duration` passes (forever if None), `until()`
+    """Follow the derived topics (and the runs topic) and redraw until `duration` passes (forever if None), `until()`
     returns True (checked between polls; e.g. "the training runs have ended"), or Ctrl-C."""
     from kafka import KafkaConsumer
     from rich.live import Live
@@ -173,7 +210,7 @@ def watch_loop(settings: Any, run_ids: list[str] | None = None, duration: float 
 
     topics = settings.topics
     state = WatchState(set(run_ids) if run_ids else None)
-    consumer = KafkaConsumer(topics.smoothed, topics.consensus, topics.control, topics.alerts,
+    consumer = KafkaConsumer(topics.smoothed, topics.consensus, topics.control, topics.alerts, topics.runs,
                              **settings.kafka_python_config(), group_id=None, enable_auto_commit=False,
                              auto_offset_reset="earliest" if from_beginning else "latest")
     deadline = None if duration is None else time.monotonic() + duration

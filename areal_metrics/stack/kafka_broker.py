@@ -1,9 +1,11 @@
-"""The real Apache Kafka broker (KRaft, one node) from the Maven Central jars.
+"""The real Apache Kafka broker (KRaft) from the Maven Central jars.
 
 The broker version lives in one place: `kafka/pom.xml` (`kafka.version`).
 `ensure_jars()` lets Maven fetch `org.apache.kafka:kafka_2.13` and its runtime
 dependencies once into a cache folder; `KafkaBroker` formats the storage with
-`kafka.tools.StorageTool` and runs `kafka.Kafka` on loopback ports.
+`kafka.tools.StorageTool` and runs `kafka.Kafka` on loopback ports: on its own
+(one broker+controller node), or as one node of a `KafkaCluster`
+(`kafka_cluster.py`), which sets `node_id`, `voters`, `cluster_id` and `replicas`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_metrics.errors import UserError
+from producers.topics import TopicSpec
 
 POM = Path(__file__).with_name("kafka") / "pom.xml"
 JVM_HEAP = os.environ.get("AREAL_KAFKA_HEAP", "-Xmx512m -Xms128m")
@@ -88,6 +92,13 @@ class KafkaBroker:
     port: int = 0
     controller_port: int = 0
     partitions: int = 3
+    # One node of a cluster: its id, the controller quorum ("1@host:port,2@..."; default:
+    # this node alone), the id every node is formatted with, and how many copies the
+    # broker's own topics (consumer offsets, transactions) and auto-created topics get.
+    node_id: int = 1
+    voters: str = ""
+    cluster_id: str = ""
+    replicas: int = 1
     # Optional SASL/PLAIN listener beside the plain one (user -> password), to test secured clients.
     sasl_users: dict[str, str] = field(default_factory=dict, repr=False)
     sasl_port: int = 0
@@ -114,10 +125,11 @@ class KafkaBroker:
 
     def _write_config(self) -> Path:
         logs = self.data_dir / "logs"
+        min_isr = str(min(2, self.replicas))  # a cluster of 3 takes a write with one node down
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.voters or f"{self.node_id}@127.0.0.1:{self.controller_port}",
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
@@ -126,11 +138,12 @@ class KafkaBroker:
             "log.dirs": str(logs),
             "num.partitions": str(self.partitions),
             "auto.create.topics.enable": "true",
-            # a single node: internal topics cannot be replicated
-            "offsets.topic.replication.factor": "1",
+            "default.replication.factor": str(self.replicas),
+            "min.insync.replicas": min_isr,
+            "offsets.topic.replication.factor": str(self.replicas),
             "offsets.topic.num.partitions": "5",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": str(self.replicas),
+            "transaction.state.log.min.isr": min_isr,
             "transaction.state.log.num.partitions": "3",
             "group.initial.rebalance.delay.ms": "0",
             # Kafka is the source of truth: keep the log, so `replay` can rebuild everything
@@ -167,7 +180,7 @@ class KafkaBroker:
     def _format(self, jars: Path, config: Path) -> None:
         if (self.data_dir / "logs" / "meta.properties").exists():
             return  # formatted earlier: keep the data
-        cluster_id = uuid.uuid4().hex[:22]
+        cluster_id = self.cluster_id or uuid.uuid4().hex[:22]
         result = subprocess.run(
             self._java(jars, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
             capture_output=True, text=True,
@@ -177,6 +190,11 @@ class KafkaBroker:
 
     def start(self, timeout: float = 60.0, detach: bool = False) -> None:
         """Format (first time) and start; returns when the broker serves metadata."""
+        self.launch(detach)
+        self.wait_ready(timeout)
+
+    def launch(self, detach: bool = False) -> None:
+        """Format (first time) and start the process; does not wait (a cluster starts all nodes first)."""
         jars = ensure_jars()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self._write_config()
@@ -188,9 +206,9 @@ class KafkaBroker:
             start_new_session=detach,
         )
         out.close()
-        self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float) -> None:
+        """Until this node answers metadata requests and lists itself among the live brokers."""
         from kafka import KafkaAdminClient
         from kafka.errors import KafkaError
 
@@ -202,14 +220,23 @@ class KafkaBroker:
                 try:
                     admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=3000)
                     try:
-                        admin.describe_cluster()
-                        return
+                        brokers = admin.describe_cluster().get("brokers", [])
+                        if any(b.get("broker_id") == self.node_id for b in brokers):
+                            return
                     finally:
                         admin.close()
                 except KafkaError:
                     pass
             time.sleep(0.2)
         raise TimeoutError(f"Kafka broker not ready after {timeout:.0f}s; see {self.log_file}")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would (fault tests); `start()` brings it back on its data."""
+        if self.process is None:
+            return
+        self.process.kill()
+        self.process.wait(30)
+        self.process = None
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.process is None:
@@ -254,25 +281,20 @@ def stop_pid(pid: int, timeout: float = 30.0) -> None:
         pass
 
 
-def create_topics(bootstrap: str, names: list[str], partitions: int = 3, timeout: float = 30.0) -> None:
-    """Create topics that do not exist yet; waits until they are visible."""
-    from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
+def create_topics(bootstrap: str, topics: Sequence[str | TopicSpec], partitions: int = 3,
+                  timeout: float = 30.0) -> None:
+    """Create the topics that do not exist yet; waits until they are visible.
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    `topics`: specs (`Topics.specs(settings)`: replication, min ISR, retention) or bare
+    names, which get the broker's defaults.
+    """
+    from kafka import KafkaAdminClient
+
+    from producers.topic_admin import create_missing_topics
+
+    specs = [t if isinstance(t, TopicSpec) else TopicSpec(t, -1) for t in topics]
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","), request_timeout_ms=int(timeout * 1000))
     try:
-        existing = set(admin.list_topics())
-        missing = [n for n in names if n not in existing]
-        if missing:
-            try:
-                admin.create_topics([NewTopic(n, partitions, 1) for n in missing], timeout_ms=int(timeout * 1000))
-            except TopicAlreadyExistsError:
-                pass
-        deadline = time.monotonic() + timeout
-        while not set(names) <= set(admin.list_topics()):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"topics not visible: {sorted(set(names) - set(admin.list_topics()))}")
-            time.sleep(0.1)
+        create_missing_topics(admin, specs, partitions, timeout=timeout)
     finally:
         admin.close()

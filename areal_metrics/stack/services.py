@@ -1,26 +1,34 @@
-"""The local stack: Kafka broker, stream worker and sink as background processes.
+"""The local stack: Kafka broker(s), stream worker and sink as background processes.
 
 All state lives under one folder (`AREAL_HOME`, default `.areal/`):
-`kafka/` (broker data and log), `logs/` (worker and sink logs), the store
-(`clickhouse/` for the embedded engine) and `stack.json`, which records the
-pids and the broker address so that `down`, `status` and every client find
-them. The broker keeps its port across restarts, so a client configured once
-keeps working.
+`kafka/` (broker data and log; `kafka-cluster/node-N/` for `--brokers 3`), `logs/`
+(worker and sink logs), the store (`clickhouse/` for the embedded engine) and
+`stack.json`, which records the pids and the broker addresses so that `down`,
+`status` and every client find them. The brokers keep their ports across
+restarts, so a client configured once keeps working.
+
+With `brokers > 1` the stack is a KRaft cluster (`kafka_cluster.py`); its topics,
+and those the services create, get replication factor = brokers and
+`min.insync.replicas` = 2 unless AREAL_KAFKA_REPLICATION_FACTOR /
+AREAL_KAFKA_MIN_INSYNC_REPLICAS say otherwise.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from producers.settings import state_dir
+from producers.settings import Settings, state_dir
 
+from areal_metrics.errors import UserError
 from areal_metrics.stack.kafka_broker import KafkaBroker, create_topics, kafka_version, pid_alive, port_open, stop_pid
+from areal_metrics.stack.kafka_cluster import KafkaCluster
 
 SERVICES = ("worker", "sink")  # started after the broker, stopped before it
 SERVICE_MODULES = {"worker": "streams", "sink": "sinks"}
@@ -37,13 +45,21 @@ class StackInfo:
     home: str
     pids: dict[str, int] = field(default_factory=dict)
     started_at: float = 0.0
+    # a cluster: [client port, controller port] of every node (node N's pid is "kafka-N")
+    brokers: int = 1
+    kafka_ports: list[list[int]] = field(default_factory=list)
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
 
     def alive(self) -> dict[str, bool]:
         return {name: pid_alive(pid) for name, pid in self.pids.items()}
 
+    def broker_ports(self) -> list[int]:
+        return [p for p, _ in self.kafka_ports] or [self.kafka_port]
+
     def running(self) -> bool:
         alive = self.alive()
-        return bool(alive) and all(alive.values()) and port_open("127.0.0.1", self.kafka_port)
+        return bool(alive) and all(alive.values()) and all(port_open("127.0.0.1", p) for p in self.broker_ports())
 
 
 def info_path() -> Path:
@@ -83,46 +99,61 @@ def service_env(info: StackInfo) -> dict[str, str]:
         AREAL_TOPIC_PREFIX=info.topic_prefix,
         AREAL_CLICKHOUSE_URL=info.clickhouse_url,
         AREAL_HOME=info.home,
+        AREAL_KAFKA_REPLICATION_FACTOR=str(info.replication_factor),
+        AREAL_KAFKA_MIN_INSYNC_REPLICAS=str(info.min_insync_replicas),
         PYTHONUNBUFFERED="1",
     )
     return env
 
 
-def up(partitions: int = 3, services: tuple[str, ...] = SERVICES, timeout: float = 120.0) -> tuple[StackInfo, bool]:
-    """Start what is not running; returns (info, started_anything)."""
-    from producers.settings import Settings
-    from producers.topics import Topics
+def broker_names(brokers: int) -> list[str]:
+    """The pid names of the stack's brokers: "kafka" alone, "kafka-1".."kafka-N" in a cluster."""
+    return ["kafka"] if brokers == 1 else [f"kafka-{i}" for i in range(1, brokers + 1)]
 
+
+def broker_dir(home: Path, brokers: int) -> Path:
+    return home / ("kafka" if brokers == 1 else "kafka-cluster")
+
+
+def cluster_settings(settings: Settings, brokers: int) -> Settings:
+    """A cluster's durability unless the environment chose: every broker a replica, 2 in sync."""
+    if brokers == 1:
+        return settings
+    return replace(
+        settings,
+        kafka_replication_factor=settings.kafka_replication_factor
+        if os.environ.get("AREAL_KAFKA_REPLICATION_FACTOR") else brokers,
+        kafka_min_insync_replicas=settings.kafka_min_insync_replicas
+        if os.environ.get("AREAL_KAFKA_MIN_INSYNC_REPLICAS") else min(2, brokers),
+    )
+
+
+def up(partitions: int = 3, services: tuple[str, ...] = SERVICES, timeout: float = 120.0,
+       brokers: int | None = None) -> tuple[StackInfo, bool]:
+    """Start what is not running; returns (info, started_anything).
+
+    `brokers`: 1 (one broker), 3 (a KRaft cluster), None: as the stack here was made (1 if new).
+    A stack made with another broker count is refused (its Kafka log is elsewhere), with one line.
+    """
     home = state_dir()
     previous = read_info()
-    if previous is not None and previous.running() and set(previous.pids) >= {"kafka", *services}:
+    if brokers is None:
+        brokers = previous.brokers if previous is not None else 1
+    if previous is not None and previous.brokers != brokers and broker_dir(home, previous.brokers).exists():
+        raise UserError(
+            f"the stack in {home} was made with {previous.brokers} broker(s), whose Kafka log is the source of "
+            f"truth; use --brokers {previous.brokers}, or `areal-metrics down` and remove {home} for a new stack")
+    if previous is not None and previous.running() and set(previous.pids) >= {*broker_names(brokers), *services}:
         os.environ.setdefault("AREAL_KAFKA_BOOTSTRAP", previous.kafka_bootstrap)
         return previous, False
     if previous is not None:  # stale or partial: stop what is left, keep data and ports
         down(previous)
-    settings = Settings.from_env()
-    broker = KafkaBroker(
-        home / "kafka",
-        port=_reuse_port(previous.kafka_port if previous else 0),
-        controller_port=_reuse_port(previous.controller_port if previous else 0),
-        partitions=partitions,
-    )
-    broker.start(timeout=timeout, detach=True)
-    assert broker.process is not None
-    info = StackInfo(
-        kafka_bootstrap=broker.bootstrap,
-        kafka_port=broker.port,
-        controller_port=broker.controller_port,
-        kafka_version=kafka_version(),
-        topic_prefix=settings.topic_prefix,
-        clickhouse_url=os.environ.get("AREAL_CLICKHOUSE_URL") or f"chdb://{home / 'clickhouse'}",
-        home=str(home),
-        pids={"kafka": broker.process.pid},
-        started_at=time.time(),
-    )
-    write_info(info)  # now `down` can stop the broker even if what follows fails
+    settings = cluster_settings(Settings.from_env(), brokers)
+    specs = settings.topics.specs(settings)  # a setting Kafka would refuse fails here, before any start
+    info = _start_brokers(home, brokers, partitions, previous, timeout, settings)
+    write_info(info)  # now `down` can stop the brokers even if what follows fails
     os.environ.setdefault("AREAL_KAFKA_BOOTSTRAP", info.kafka_bootstrap)  # for this process's later verbs
-    create_topics(info.kafka_bootstrap, Topics(info.topic_prefix).all(), partitions)
+    create_topics(info.kafka_bootstrap, specs, partitions)
     env = service_env(info)
     for name in services:
         info.pids[name] = _start_service(name, env, home / "logs")
@@ -132,6 +163,35 @@ def up(partitions: int = 3, services: tuple[str, ...] = SERVICES, timeout: float
     if dead:
         raise RuntimeError(f"{', '.join(dead)} exited at start; see {home / 'logs'}")
     return info, True
+
+
+def _start_brokers(home: Path, brokers: int, partitions: int, previous: StackInfo | None,
+                   timeout: float, settings: Settings) -> StackInfo:
+    """Start one broker or a cluster on the ports of the previous start where free; its StackInfo."""
+    common = dict(kafka_version=kafka_version(), topic_prefix=settings.topic_prefix, home=str(home),
+                  started_at=time.time(), replication_factor=settings.kafka_replication_factor,
+                  min_insync_replicas=settings.kafka_min_insync_replicas,
+                  clickhouse_url=os.environ.get("AREAL_CLICKHOUSE_URL") or f"chdb://{home / 'clickhouse'}")
+    if brokers == 1:
+        broker = KafkaBroker(
+            broker_dir(home, 1),
+            port=_reuse_port(previous.kafka_port if previous else 0),
+            controller_port=_reuse_port(previous.controller_port if previous else 0),
+            partitions=partitions,
+        )
+        broker.start(timeout=timeout, detach=True)
+        assert broker.process is not None
+        return StackInfo(kafka_bootstrap=broker.bootstrap, kafka_port=broker.port,
+                         controller_port=broker.controller_port, pids={"kafka": broker.process.pid}, **common)
+    old = previous.kafka_ports if previous else []
+    cluster = KafkaCluster(broker_dir(home, brokers), size=brokers, partitions=partitions,
+                           ports=[(_reuse_port(p), _reuse_port(c)) for p, c in old])
+    cluster.start(timeout=timeout, detach=True)
+    first = cluster.nodes[0]
+    return StackInfo(kafka_bootstrap=cluster.bootstrap, kafka_port=first.port, controller_port=first.controller_port,
+                     pids={name: n.process.pid for name, n in zip(broker_names(brokers), cluster.nodes)
+                           if n.process is not None},
+                     brokers=brokers, kafka_ports=[[p, c] for p, c in cluster.ports], **common)
 
 
 def _reuse_port(port: int) -> int:
@@ -144,11 +204,21 @@ def down(info: StackInfo | None = None) -> list[str]:
     if info is None:
         return []
     stopped = []
-    for name in (*SERVICES, "kafka"):
+    for name in SERVICES:
         pid = info.pids.get(name)
         if pid and pid_alive(pid):
             stop_pid(pid, timeout=30)
             stopped.append(name)
+    # every broker at once: stopped one by one, the last would wait for a quorum that is gone
+    brokers = {name: pid for name, pid in info.pids.items() if name.startswith("kafka") and pid_alive(pid)}
+    for pid in brokers.values():
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for name, pid in brokers.items():
+        stop_pid(pid, timeout=30)
+        stopped.append(name)
     info.pids = {}
     write_info(info)
     return stopped

@@ -25,6 +25,14 @@ consensus); two malformed step messages are dead-lettered.
 
 The trainers are not wired to the control topic here (no broker), so they do
 not obey the commands; the full loop is `areal-metrics demo`.
+
+What the Python client adds to a trainer's events is added here the way the
+client does it, for the trainer recorded here predates it: each rank's `run`
+events (`running` before training, `finished` after, with the run's config,
+tags and group), and the `samples` of each evaluation result (the first
+SAMPLES_KEPT problems: the real prompt, the policy's real greedy answer, the
+verdict published and its reward), captured around the trainer's
+`evaluate_problems`.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from producers.events import EvalEvent, StepEvent, parse_event  # noqa: E402
+from producers.events import EvalEvent, RunEvent, StepEvent, parse_event  # noqa: E402
 from producers.topics import Topics  # noqa: E402
 
 RUNS = {
@@ -56,6 +64,52 @@ COMMON_STREAMS = {"window": 10, "min_eval_interval": 10, "eval_interval": 20, "i
                   "evaluate_delta": 0.05, "vote_timeout_s": 30.0}
 WORLD_SIZE = 2
 WITHHELD = ("demo-g2", 120, "add_2digit", "full", 1)  # run, step, dataset, stage, rank: never reaches the worker
+GROUP = "demo"  # both runs: one comparison
+TAGS = {"demo-g4": ("grpo", "group-4"), "demo-g2": ("grpo", "group-2")}
+SAMPLES_KEPT = 4  # samples per evaluation result
+
+
+def capture_answers() -> list[list[tuple[str, str]]]:
+    """Wrap the trainer's `evaluate_problems` so each call also records (prompt, answer) per problem."""
+    import torch
+
+    from areal_train import evaluation
+    from areal_train.policy import encode_prompts
+    from areal_train.task import decode_response
+
+    calls: list[list[tuple[str, str]]] = []
+    real = evaluation.evaluate_problems
+
+    @torch.no_grad()
+    def recording(policy, problems, max_len, device, batch=512):  # type: ignore[no-untyped-def]
+        answers = []
+        for start in range(0, min(len(problems), SAMPLES_KEPT), batch):
+            chunk = problems[start:start + batch][:SAMPLES_KEPT]
+            rollout = policy.generate(encode_prompts(chunk, device), max_len, greedy=True)
+            for problem, actions in zip(chunk, rollout.actions.tolist()):
+                answers.append((problem.text, decode_response(actions) or ""))
+        calls.append(answers)
+        return real(policy, problems, max_len, device, batch)
+
+    evaluation.evaluate_problems = recording
+    return calls
+
+
+def with_samples(event: EvalEvent, answers: list[tuple[str, str]]) -> EvalEvent:
+    verdicts = event.verdicts or ()
+    samples = [{"prompt": q, "response": a, "verdict": v, "reward": float(v)} for (q, a), v in zip(answers, verdicts)]
+    return event.replace(samples=samples)  # type: ignore[return-value]
+
+
+def lifecycle(run_id: str, rank: int, status: str, cfg: dict[str, object]) -> RunEvent:
+    """The run event the client sends for this rank (see producers.client)."""
+    import socket
+
+    from areal_train.trainer import node_name
+
+    return RunEvent(run_id=run_id, node=node_name(rank), rank=rank, status=status, config=cfg,
+                    tags=TAGS[run_id], group=GROUP, world_size=WORLD_SIZE, host=socket.gethostname(),
+                    framework="torch", exit_code=0 if status == "finished" else None)
 
 
 # ----------------------------------------------------------- one rank (child)
@@ -70,11 +124,16 @@ def rank_main(args: argparse.Namespace) -> int:
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
     cfg = from_mapping(json.loads(args.config_json))
+    answers = capture_answers()
     with open(args.out, "w") as sink:
         def publish(event: object) -> None:
+            if isinstance(event, EvalEvent) and event.status == "ok":
+                event = with_samples(event, answers[-1])  # the stage's own evaluate_problems call
             sink.write(event.to_json().decode() + "\n")  # type: ignore[attr-defined]
 
+        publish(lifecycle(args.run_id, rank, "running", cfg.to_dict()))
         train(cfg, args.run_id, args.steps, rank, WORLD_SIZE, publish=publish)
+        publish(lifecycle(args.run_id, rank, "finished", cfg.to_dict()))
     dist.barrier()
     dist.destroy_process_group()
     return 0
@@ -137,6 +196,8 @@ def derive(trainer_events: list[bytes]) -> list[bytes]:
             if _withheld(event):
                 continue
             partition = partition_of[event.run_id]
+            if isinstance(event, RunEvent):
+                continue  # the stream worker does not read the runs topic
             topic = topics.steps if isinstance(event, StepEvent) else topics.evals
             await core.on_input(topic, partition, offsets[partition], event.run_id.encode(), raw)
             offsets[partition] += 1

@@ -1,0 +1,72 @@
+"""Metric names of the common RL frameworks -> the typed columns of a step (data, no logic).
+
+`run.log({...})` stores a key listed here in its typed column (scaled to the
+column's unit), every other key in `metrics` under its own name. The names
+are the ones the frameworks log:
+
+- TRL (GRPOTrainer's `on_log`): reward, reward_std, kl, entropy,
+  clip_ratio/region_mean, completions/mean_length, learning_rate, grad_norm,
+  loss, step_time (seconds);
+- verl (`compute_data_metrics`, actor and perf metrics): critic/score/mean,
+  critic/advantages/mean, actor/entropy, actor/pg_clipfrac, actor/ppo_kl,
+  actor/pg_loss, actor/lr, actor/grad_norm, response_length/mean,
+  perf/throughput, perf/total_num_tokens, perf/max_memory_allocated_gb,
+  timing_s/step (seconds);
+- AReaL (`stats_tracker` under the `ppo_actor` scope, `/avg` of each
+  statistic; the engine's grad_norm and lr as scalars): ppo_actor/task_reward/avg,
+  ppo_actor/advantages/avg, ppo_actor/update/entropy/avg,
+  ppo_actor/update/approx_kl/avg, ppo_actor/update/clip_ratio/avg,
+  ppo_actor/update/actor_loss/avg, ppo_actor/update/grad_norm,
+  ppo_actor/update/lr.
+
+When a step has both the column's own name and an alias, the own name wins
+and the alias stays in `metrics`.
+"""
+
+from __future__ import annotations
+
+# column -> (name, factor to the column's unit), the column's own name first
+COLUMN_ALIASES: dict[str, tuple[tuple[str, float], ...]] = {
+    "reward": (("reward", 1.0), ("critic/score/mean", 1.0), ("ppo_actor/task_reward/avg", 1.0)),
+    "reward_std": (("reward_std", 1.0),),
+    "entropy": (("entropy", 1.0), ("actor/entropy", 1.0), ("ppo_actor/update/entropy/avg", 1.0)),
+    "advantage_mean": (("advantage_mean", 1.0), ("critic/advantages/mean", 1.0), ("ppo_actor/advantages/avg", 1.0)),
+    "advantage_std": (("advantage_std", 1.0),),
+    "kl": (("kl", 1.0), ("actor/ppo_kl", 1.0), ("ppo_actor/update/approx_kl/avg", 1.0)),
+    "clip_ratio": (("clip_ratio", 1.0), ("clip_ratio/region_mean", 1.0), ("actor/pg_clipfrac", 1.0),
+                   ("ppo_actor/update/clip_ratio/avg", 1.0)),
+    "loss": (("loss", 1.0), ("actor/pg_loss", 1.0), ("ppo_actor/update/actor_loss/avg", 1.0)),
+    "lr": (("lr", 1.0), ("learning_rate", 1.0), ("actor/lr", 1.0), ("ppo_actor/update/lr", 1.0)),
+    "grad_norm": (("grad_norm", 1.0), ("actor/grad_norm", 1.0), ("ppo_actor/update/grad_norm", 1.0)),
+    "response_length": (("response_length", 1.0), ("completions/mean_length", 1.0), ("response_length/mean", 1.0)),
+    "tokens": (("tokens", 1.0), ("perf/total_num_tokens", 1.0)),
+    "throughput": (("throughput", 1.0), ("perf/throughput", 1.0)),
+    "latency_ms": (("latency_ms", 1.0), ("step_time", 1000.0), ("timing_s/step", 1000.0)),
+    "gpu_mem_bytes": (("gpu_mem_bytes", 1.0), ("perf/max_memory_allocated_gb", float(1 << 30))),
+    "n_samples": (("n_samples", 1.0),),
+}
+
+# name -> (column, factor, priority: 0 for the column's own name)
+ALIASES: dict[str, tuple[str, float, int]] = {
+    name: (column, factor, priority)
+    for column, names in COLUMN_ALIASES.items()
+    for priority, (name, factor) in enumerate(names)
+}
+
+# Columns that hold integers: a float value is rounded when it is within this of an integer.
+INT_COLUMNS = frozenset({"tokens", "gpu_mem_bytes", "n_samples"})
+
+# Bounds of the typed columns (StepEvent's rules); a value a hair outside is clamped.
+BOUNDS: dict[str, tuple[float | None, float | None]] = {
+    "reward_std": (0.0, None),
+    "advantage_std": (0.0, None),
+    "clip_ratio": (0.0, 1.0),
+    "lr": (0.0, None),
+    "grad_norm": (0.0, None),
+    "response_length": (0.0, None),
+    "tokens": (0.0, None),
+    "throughput": (0.0, None),
+    "latency_ms": (0.0, None),
+    "gpu_mem_bytes": (0.0, None),
+    "n_samples": (0.0, None),
+}

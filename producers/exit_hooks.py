@@ -1,0 +1,118 @@
+"""How a run ends when the program does not call `finish()`: atexit, uncaught exceptions, signals.
+
+Installed once, at the first `init`:
+
+- atexit: every open run finishes (`finished`, or what an exception or a
+  signal marked), waiting a bounded time: delivered, or journaled when the
+  broker is away;
+- sys.excepthook (chained): an uncaught exception marks the open runs
+  `failed` (KeyboardInterrupt: `killed`), then the previous hook prints it;
+- SIGTERM and SIGINT (main thread only, previous handlers chained): mark the
+  runs `killed`. Where the previous disposition is the default (SIGTERM
+  kills the process without running atexit), the runs finish first and the
+  signal is then re-delivered with the default disposition, so the exit
+  status stays "killed by SIGTERM". An ignored signal marks nothing;
+- fork: a child process (a DataLoader worker) forgets the parent's runs, so
+  it never sends their terminal status.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class Ending(Protocol):
+    def mark_exit(self, status: str, exit_code: int) -> None: ...
+    def finish_at_exit(self) -> None: ...
+    def forget_after_fork(self) -> None: ...
+
+
+_RUNS: list[Ending] = []
+_LOCK = threading.Lock()
+_INSTALLED = False
+_PREVIOUS_HANDLERS: dict[int, Any] = {}
+_previous_excepthook: Any = None
+
+
+def register(run: Ending) -> None:
+    with _LOCK:
+        _install()
+        _RUNS.append(run)
+
+
+def unregister(run: Ending) -> None:
+    with _LOCK:
+        if run in _RUNS:
+            _RUNS.remove(run)
+
+
+def open_runs() -> list[Ending]:
+    with _LOCK:
+        return list(_RUNS)
+
+
+def _install() -> None:
+    global _INSTALLED, _previous_excepthook
+    if _INSTALLED:
+        return
+    _INSTALLED = True
+    atexit.register(_at_exit)
+    _previous_excepthook = sys.excepthook
+    sys.excepthook = _excepthook
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
+                signal.signal(signum, _on_signal)
+            except (ValueError, OSError) as exc:  # an embedded interpreter without signals
+                log.debug("cannot handle signal %s: %s", signum, exc)
+    else:
+        log.debug("init outside the main thread: SIGTERM/SIGINT are not watched")
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _at_exit() -> None:
+    for run in open_runs():
+        try:
+            run.finish_at_exit()
+        except Exception:  # noqa: BLE001 - exit must go on
+            log.exception("finishing a run at exit failed")
+
+
+def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+    killed = issubclass(exc_type, KeyboardInterrupt)
+    for run in open_runs():
+        run.mark_exit("killed" if killed else "failed", 130 if killed else 1)
+    hook = _previous_excepthook or sys.__excepthook__
+    hook(exc_type, exc, tb)
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    previous = _PREVIOUS_HANDLERS.get(signum, signal.SIG_DFL)
+    if previous is signal.SIG_IGN:
+        return
+    for run in open_runs():
+        run.mark_exit("killed", 128 + signum)
+    if callable(previous):
+        previous(signum, frame)  # e.g. SIGINT's default_int_handler raises KeyboardInterrupt
+        return
+    # the default disposition ends the process without atexit: finish now, then die by the signal
+    _at_exit()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _forget_in_child() -> None:
+    global _RUNS, _LOCK
+    _LOCK = threading.Lock()  # another thread may have held it at the fork
+    for run in _RUNS:
+        run.forget_after_fork()
+    _RUNS = []

@@ -1,0 +1,61 @@
+"""What a run says about itself in its `run` events: id, framework, git commit, tags (best effort)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+# checked in this order: the first one imported names the framework
+FRAMEWORKS = ("trl", "verl", "areal", "transformers", "torch")
+TAGS_MAX = 256
+TAG_MAX_CHARS = 256
+GROUP_MAX_CHARS = 256
+_SHA = re.compile(r"[0-9a-f]{7,64}")
+
+
+def new_run_id(now: float | None = None) -> str:
+    """`run-YYYYmmdd-HHMMSS-xxxxxx`: sortable by start time, unique enough to never collide."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
+    return f"run-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def detect_framework(modules: Mapping[str, Any] | None = None) -> str:
+    """The RL framework this process has imported (never imports one): trl, verl, areal, ..., else `python`."""
+    modules = sys.modules if modules is None else modules
+    return next((name for name in FRAMEWORKS if name in modules), "python")
+
+
+def source_dir() -> Path:
+    """The directory of the training script (`__main__`), else the working directory."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return Path(path).resolve().parent if path else Path.cwd()
+
+
+def git_commit(directory: Path | None = None, timeout_s: float = 2.0) -> str | None:
+    """`git rev-parse HEAD` of the training code, or None (no git, not a repository, too slow). Never raises."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=directory or source_dir(), capture_output=True,
+                             text=True, timeout=timeout_s, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    sha = out.stdout.strip()
+    return sha if out.returncode == 0 and _SHA.fullmatch(sha) else None
+
+
+def clean_tags(tags: Iterable[Any]) -> tuple[str, ...]:
+    """Tags as the contract holds them: strings, unique, at most 256 of at most 256 chars."""
+    if isinstance(tags, (str, bytes)):
+        raise TypeError("tags: expected a list of strings, got a single string (write tags=[...])")
+    if not isinstance(tags, Iterable):
+        raise TypeError(f"tags: expected a list of strings, got {type(tags).__name__}")
+    out = dict.fromkeys(str(t)[:TAG_MAX_CHARS] for t in tags)
+    out.pop("", None)
+    return tuple(out)[:TAGS_MAX]

@@ -1,0 +1,89 @@
+"""The views every reader uses (their SQL text; `schema` creates them).
+
+`v_<table>` is the table deduplicated: `SELECT * FROM <table> FINAL`, which
+ClickHouse merges only in the key ranges where parts overlap (all versions of
+a row share a partition, see `sinks.schema`); a reader's filter on the
+sorting key (run_id first) narrows the partitions and ranges read before that. A filter on another column (`ts`) is
+applied after the deduplication, as it must be: of a row's versions only the
+winner may be tested. With a TTL on raw steps, `v_steps` also hides rows past
+it, whether or not a merge has removed them yet (TTL is applied part by part,
+so an expired winner could be gone while the version it replaced is not).
+"""
+
+from __future__ import annotations
+
+
+def final_view(db: str, table: str, ttl: str | None = None) -> str:
+    """The deduplicated table; `ttl`: the table's TTL expression (rows past it are left out)."""
+    where = f" WHERE {ttl} > now()" if ttl else ""
+    return f"SELECT * FROM {db}.{table} FINAL{where}"
+
+
+# v_runs: one row per run, folded from its run events in three steps (producers.run_status
+# states the same rule in Python, for `watch`):
+# - a rank's status in an attempt: its terminal event if it sent one, else `running`;
+# - an attempt's status: failed if a rank failed, else killed if a rank was killed, else
+#   running while a rank is running or fewer ranks than world_size reported, else finished;
+# - the run: its latest attempt (config, tags, group from its lowest rank), started at its
+#   first event of any attempt, ended when its latest attempt ended.
+# argMax skips NULLs: `argMax(tuple(x), a).1` takes the latest attempt's value, NULL included.
+RUNS_VIEW = """SELECT
+    run_id,
+    argMax(a_status, a_attempt) AS status,
+    max(a_attempt) AS attempt,
+    count() AS attempts,
+    argMax(a_config, a_attempt) AS config,
+    argMax(a_tags, a_attempt) AS tags,
+    argMax(tuple(a_group), a_attempt).1 AS `group`,
+    argMax(a_world_size, a_attempt) AS world_size,
+    argMax(a_ranks, a_attempt) AS ranks,
+    argMax(a_hosts, a_attempt) AS hosts,
+    argMax(tuple(a_framework), a_attempt).1 AS framework,
+    argMax(tuple(a_git_commit), a_attempt).1 AS git_commit,
+    argMax(tuple(a_exit_code), a_attempt).1 AS exit_code,
+    min(a_started) AS started,
+    argMax(tuple(a_ended), a_attempt).1 AS ended,
+    max(a_ts) AS ts
+FROM
+(
+    SELECT
+        run_id,
+        attempt AS a_attempt,
+        multiIf(countIf(r_status = 'failed') > 0, 'failed', countIf(r_status = 'killed') > 0, 'killed',
+                countIf(r_status = 'running') > 0 OR count() < max(r_world_size), 'running', 'finished') AS a_status,
+        argMin(r_config, rank) AS a_config,
+        argMin(r_tags, rank) AS a_tags,
+        argMin(r_group, rank) AS a_group,
+        max(r_world_size) AS a_world_size,
+        count() AS a_ranks,
+        arraySort(groupUniqArray(r_host)) AS a_hosts,
+        argMin(r_framework, rank) AS a_framework,
+        argMin(r_git_commit, rank) AS a_git_commit,
+        argMax(r_exit_code, (ifNull(r_exit_code, 0) != 0, r_ts)) AS a_exit_code,
+        min(r_started) AS a_started,
+        if(a_status = 'running', NULL, max(r_ended)) AS a_ended,
+        max(r_ts) AS a_ts
+    FROM
+    (
+        SELECT
+            run_id,
+            attempt,
+            rank,
+            argMax(status, (status != 'running', ts, status)) AS r_status,
+            argMax(config, ts) AS r_config,
+            argMax(tags, ts) AS r_tags,
+            argMax(`group`, ts) AS r_group,
+            max(world_size) AS r_world_size,
+            ifNull(argMax(host, ts), node) AS r_host,
+            argMax(framework, ts) AS r_framework,
+            argMax(git_commit, ts) AS r_git_commit,
+            argMaxIf(exit_code, ts, status != 'running') AS r_exit_code,
+            min(ts) AS r_started,
+            if(countIf(status != 'running') > 0, maxIf(ts, status != 'running'), NULL) AS r_ended,
+            max(ts) AS r_ts
+        FROM {db}.runs FINAL
+        GROUP BY run_id, attempt, rank, node
+    )
+    GROUP BY run_id, attempt
+)
+GROUP BY run_id"""

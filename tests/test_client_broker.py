@@ -1,0 +1,273 @@
+"""The client against the real broker, with the real stream worker and sink as processes.
+
+- Two ranks on one host (RANK=0/1, WORLD_SIZE=2, default settings) log numpy,
+  torch, NaN, None and fractional epochs for 20 steps and one evaluation; rank 0
+  calls finish(), rank 1 just exits: 40 step rows from 2 ranks, the NaN null and
+  named, one consensus with 2 votes, a finished run with its config in v_runs.
+- A run SIGKILLed after logging (one rank reaching the broker, one only its
+  journal) and restarted with resume=True: every event that had reached the
+  broker or the journal is stored once; the new attempt's steps are attempt 1.
+- commands(): a command for the run (and one for another node) on the control topic.
+- A Publisher never closed: its 100 events are delivered at exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer
+
+from areal_metrics.stack.kafka_broker import free_port
+from producers.events import CommandEvent, parse_event
+from producers.settings import Settings
+from producers.topics import Topics
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(400)]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_for(check: Callable[[], object], timeout: float, what: str, every: float = 0.5) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def child_env(stack_env: dict[str, str], **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in stack_env.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_"))}
+    env.update(PYTHONPATH=str(ROOT), AREAL_EXIT_TIMEOUT_S="20", **extra)
+    return env
+
+
+def start(code: str, env: dict[str, str], log: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, stdout=subprocess.PIPE,
+                            stderr=log.open("w"), text=True, cwd=ROOT)
+
+
+def service(module: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", module], env=env, cwd=ROOT, stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def sink(stack_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[str], list[tuple]]]:
+    """The real sink as a process; yields `query(sql) -> rows` through its endpoint."""
+    from sinks.query import Target, connect, read_owner
+
+    proc = service("sinks", stack_env, tmp_path / "sink.log")
+    settings = Settings(kafka_bootstrap=stack_env["AREAL_KAFKA_BOOTSTRAP"], topic_prefix=stack_env["AREAL_TOPIC_PREFIX"],
+                        clickhouse_url=stack_env["AREAL_CLICKHOUSE_URL"])
+    store_path = Target.parse(settings.clickhouse_url).path
+    wait_for(lambda: read_owner(store_path) is not None or proc.poll() is not None, 90, "the sink to start")
+    assert proc.poll() is None, (tmp_path / "sink.log").read_text()[-3000:]
+
+    def query(sql: str) -> list[tuple]:
+        with connect(settings, wait_s=30) as store:
+            return store.query(sql).rows
+
+    try:
+        yield query
+    finally:
+        stop(proc)
+
+
+RANK_SCRIPT = """
+    import sys
+    import numpy as np
+    import torch
+    import areal_metrics as am
+
+    run = am.init(run_id="two-ranks", config={"lr": 1e-3, "group_size": np.int64(4), "model": {"layers": 2}},
+                  tags=["grpo", "test"], group="client-e2e")
+    for step in range(20):
+        run.log({"reward": np.float32(0.5 + step / 100), "kl": torch.tensor(0.01), "entropy": float("nan") if step == 7 else 1.2,
+                 "grad_norm": None, "epoch": step / 8, "critic/score/mean": np.float64(0.4), "my/extra": torch.tensor([2.0])},
+                step=step)
+    run.log_eval("math500", 19, verdicts=np.array([1, 0, 1, 1]), samples=[{"prompt": "1+1=", "response": "2", "verdict": 1}])
+    if run.rank == 0:
+        run.finish()
+    print("logged", run.node, flush=True)
+"""
+
+
+def test_two_ranks_on_one_host_reach_clickhouse(stack_env: dict[str, str], topics: Topics, tmp_path: Path, sink) -> None:
+    worker = service("streams", stack_env, tmp_path / "worker.log")
+    try:
+        ranks = [start(RANK_SCRIPT, child_env(stack_env, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r)),
+                       tmp_path / f"rank{r}.log") for r in range(2)]
+        outs = [p.communicate(timeout=120)[0] for p in ranks]
+        assert [p.returncode for p in ranks] == [0, 0], [(tmp_path / f"rank{r}.log").read_text() for r in range(2)]
+        assert len({o.split()[1] for o in outs}) == 2  # one node name per rank
+        steps = wait_for(lambda: sink("SELECT count() FROM v_steps WHERE run_id = 'two-ranks'")[0][0] == 40, 120,
+                         "40 step rows")
+        assert steps
+        rows = sink("SELECT rank, step, epoch, reward, kl, entropy, grad_norm, non_finite, metrics FROM v_steps "
+                    "WHERE run_id = 'two-ranks' ORDER BY rank, step")
+        assert {r[0] for r in rows} == {0, 1} and len(rows) == 40
+        by = {(r[0], r[1]): r for r in rows}
+        rank, step, epoch, reward, kl, entropy, grad_norm, non_finite, metrics = by[(1, 7)]
+        assert entropy is None and non_finite == ["entropy"] and grad_norm is None
+        assert epoch == 7 / 8 and reward == pytest.approx(0.57) and kl == pytest.approx(0.01)
+        assert metrics == {"critic/score/mean": 0.4, "my/extra": 2.0}
+        assert by[(0, 6)][5] == 1.2 and by[(0, 6)][7] == []
+        consensus = wait_for(lambda: sink("SELECT votes, replicas, accuracy FROM v_eval_consensus "
+                                          "WHERE run_id = 'two-ranks'"), 120, "the consensus")
+        assert consensus == [(2, 2, 0.75)]
+        assert sink("SELECT count() FROM v_generations WHERE run_id = 'two-ranks'") == [(2,)]
+        runs = wait_for(lambda: sink("SELECT status, config, tags, `group`, ranks, world_size FROM v_runs "
+                                     "WHERE run_id = 'two-ranks' AND status != 'running'"), 60, "the run to finish")
+        status, config, tags, group, n_ranks, world = runs[0]
+        assert (status, tags, group, n_ranks, world) == ("finished", ["grpo", "test"], "client-e2e", 2, 2)
+        assert json.loads(config) == {"lr": 1e-3, "group_size": 4, "model": {"layers": 2}}
+    finally:
+        stop(worker)
+
+
+KILLED_SCRIPT = """
+    import sys, time
+    import areal_metrics as am
+
+    rank = int(sys.argv[1])
+    run = am.init(run_id="killed-run", resume=bool(int(sys.argv[2])))
+    first = 0 if run.attempt == 0 else 35  # the resumed attempt restarts from a checkpoint at step 35
+    for step in range(first, first + 30):
+        run.log({"reward": step / 100, "loss": 1.0 - step / 100}, step=step)
+    if run.attempt == 0:
+        want = 31  # the running event and 30 steps: sent (rank 0) or journaled (rank 1, no broker)
+        while run.stats().sent + run.stats().journaled < want:
+            time.sleep(0.05)
+        for step in range(30, 40):  # logged right before the kill: these may or may not get out
+            run.log({"reward": 0.0}, step=step)
+        print("ready", run.attempt, flush=True)
+        time.sleep(600)
+    print("done", run.attempt, flush=True)
+"""
+
+
+def journal_ids(home: Path) -> dict[str, int]:
+    """event_id -> step of the steps still in the journals (not yet acknowledged)."""
+    out = {}
+    for path in (home / "journal" / "killed-run").glob("rank-*/journal.log"):
+        cursor = int((path.parent / "journal.cursor").read_text() or 0) if (path.parent / "journal.cursor").exists() else 0
+        for line in path.read_bytes()[cursor:].splitlines():
+            value = json.loads(line.split(b"\t", 2)[2])
+            if value["type"] == "step":
+                out[value["event_id"]] = value["step"]
+    return out
+
+
+def topic_ids(bootstrap: str, topic: str) -> dict[str, int]:
+    """event_id -> step of the steps on the topic."""
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
+                             group_id=None, consumer_timeout_ms=3000)
+    try:
+        events = [parse_event(m.value) for m in consumer]
+        return {e.event_id: e.step for e in events if e.run_id == "killed-run"}
+    finally:
+        consumer.close()
+
+
+def test_a_killed_run_resumed_stores_every_event_that_got_out_once(stack_env: dict[str, str], topics: Topics,
+                                                                   tmp_path: Path, sink) -> None:
+    home = Path(stack_env["AREAL_HOME"])
+    dead = f"127.0.0.1:{free_port()}"
+    envs = [child_env(stack_env, RANK="0", WORLD_SIZE="2"),
+            child_env(stack_env, RANK="1", WORLD_SIZE="2", AREAL_KAFKA_BOOTSTRAP=dead)]  # rank 1: broker unreachable
+    first = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILLED_SCRIPT), str(r), "0"], env=envs[r],
+                              stdout=subprocess.PIPE, stderr=(tmp_path / f"a0-r{r}.log").open("w"), text=True, cwd=ROOT)
+             for r in range(2)]
+    try:
+        for p in first:
+            assert p.stdout.readline().split() == ["ready", "0"]
+    finally:
+        for p in first:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+    in_journal, on_topic = journal_ids(home), topic_ids(stack_env["AREAL_KAFKA_BOOTSTRAP"], topics.steps)
+    assert len(in_journal) >= 30 and len(on_topic) >= 30  # rank 1's only in its journal, rank 0's on the broker
+    reached = in_journal | on_topic
+    before_checkpoint = {i for i, step in reached.items() if step < 35}
+
+    resumed = [subprocess.run([sys.executable, "-c", textwrap.dedent(KILLED_SCRIPT), str(r), "1"], cwd=ROOT,
+                              env=child_env(stack_env, RANK=str(r), WORLD_SIZE="2"), capture_output=True, text=True,
+                              timeout=120) for r in range(2)]
+    assert [r.stdout.split() for r in resumed] == [["done", "1"], ["done", "1"]], [r.stderr for r in resumed]
+
+    wait_for(lambda: sink("SELECT count() FROM v_steps WHERE run_id = 'killed-run' AND attempt = 1")[0][0] == 60, 120,
+             "the resumed attempt's steps")
+    # what got out before the kill is stored, once; from the checkpoint on the new attempt replaced it
+    wait_for(lambda: before_checkpoint <= {r[0] for r in sink("SELECT event_id FROM v_steps WHERE run_id = 'killed-run'")},
+             60, "every event that got out before the kill")
+    rows = sink("SELECT event_id, rank, step, attempt FROM v_steps WHERE run_id = 'killed-run'")
+    assert len(rows) == len({r[0] for r in rows}) == len({(r[1], r[2]) for r in rows}) == len(before_checkpoint) + 60
+    assert all(attempt == (1 if step >= 35 else 0) for _, _, step, attempt in rows)
+    run = sink("SELECT status, attempt, attempts FROM v_runs WHERE run_id = 'killed-run'")
+    assert run == [("finished", 1, 2)]
+
+
+def test_commands_arrive_for_this_run_and_node(stack_env: dict[str, str], topics: Topics, kafka_bootstrap: str) -> None:
+    from producers.client import init
+
+    settings = dict(kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix, journal_dir=str(Path(stack_env["AREAL_HOME"]) / "j"),
+                    git=False, node="me:0", rank=0, world_size=1)
+    run = init(run_id="cmd-run", **settings)
+    try:
+        assert run.commands() == []  # starts the background consumer, returns at once
+        wait_for(lambda: run._feed is not None and run._feed.ready.is_set(), 60, "the control consumer")
+        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        for cmd in (CommandEvent(run_id="cmd-run", command="evaluate_now", reason="test"),
+                    CommandEvent(run_id="cmd-run", command="stop", target_node="other:0"),
+                    CommandEvent(run_id="other-run", command="stop"),
+                    CommandEvent(run_id="cmd-run", command="scale_lr", args={"factor": 0.5}, target_node="me:0")):
+            producer.send(topics.control, key=cmd.run_id.encode(), value=cmd.to_json())
+        producer.send(topics.control, key=b"cmd-run", value=b"not json")
+        producer.flush(30)
+        producer.close()
+        got: list[CommandEvent] = []
+        wait_for(lambda: got.extend(run.commands()) or len(got) >= 2, 60, "two commands")
+        assert [c.command for c in got] == ["evaluate_now", "scale_lr"]
+    finally:
+        run.finish()
+
+
+def test_a_publisher_never_closed_delivers_at_exit(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
+    code = f"""
+        from producers.events import StepEvent
+        from producers.publisher import Publisher
+        from producers.topics import Topics
+        p = Publisher({kafka_bootstrap!r}, Topics({topics.prefix!r}))
+        for i in range(100):
+            p.publish(StepEvent(run_id="no-close", step=i, epoch=0))
+    """
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), "AREAL_HOME": str(tmp_path / "h")})
+    assert out.returncode == 0, out.stderr
+    consumer = KafkaConsumer(topics.steps, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False, group_id=None, consumer_timeout_ms=3000)
+    try:
+        steps = sorted(parse_event(m.value).step for m in consumer)
+    finally:
+        consumer.close()
+    assert steps == list(range(100))

@@ -1,0 +1,212 @@
+"""The client's pure parts: value coercion, key aliases, launcher environments, attempts (no broker)."""
+
+from __future__ import annotations
+
+import json
+import math
+from decimal import Decimal
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from producers import coerce
+from producers.aliases import ALIASES
+from producers.attempts import next_attempt, read_local, write_local
+from producers.events import SAMPLE_TEXT_MAX, SAMPLES_MAX, StepEvent, event_from_dict
+from producers.launcher_env import identity_from_env, job_run_id
+from producers.run_info import clean_tags, detect_framework, git_commit, new_run_id
+from producers.topics import Topics
+
+
+class _FakeRun:
+    """What `_Step.encode` reads of a Run."""
+
+    run_id, node, rank, world_size, attempt, _epoch, _key = "r1", "h:0", 0, 2, 1, 0.0, b"r1"
+
+
+def encoded_step(values: dict, step: int = 3) -> StepEvent:
+    from producers.client import _Step
+
+    snap, _ = coerce.snapshot(values)
+    topic, key, raw = _Step(_FakeRun(), step, snap, 1.7e9).encode(Topics("t."))  # type: ignore[arg-type]
+    assert (topic, key) == ("t.steps", b"r1")
+    event = event_from_dict(json.loads(raw))
+    assert isinstance(event, StepEvent)
+    return event
+
+
+def test_numbers_of_every_kind_become_python_numbers() -> None:
+    values = {
+        "a": np.float32(0.5), "b": np.int64(7), "c": torch.tensor(0.25), "d": torch.tensor([3.0]), "e": np.array(2.0),
+        "f": True, "g": Decimal("1.5"), "h": Fraction(1, 4), "i": np.float64(0.1), "j": torch.tensor(1, dtype=torch.int32),
+    }
+    snap, skipped = coerce.snapshot(values)
+    assert skipped == ()
+    assert snap == {"a": 0.5, "b": 7, "c": 0.25, "d": 3.0, "e": 2.0, "f": 1, "g": 1.5, "h": 0.25, "i": 0.1, "j": 1}
+    assert all(type(v) in (int, float) for v in snap.values())
+
+
+def test_non_numbers_are_skipped_and_named_none_silently() -> None:
+    snap, skipped = coerce.snapshot({"s": "0.5", "t": torch.ones(3), "l": [1.0], "n": None, "c": 1j, "ok": 1.0})
+    assert snap == {"ok": 1.0}
+    assert set(skipped) == {"s", "t", "l", "c"}
+
+
+def test_a_tensor_is_read_when_logged_not_when_sent() -> None:
+    t = torch.tensor(1.0)
+    snap, _ = coerce.snapshot({"loss": t})
+    t.add_(5.0)  # the training loop reuses the tensor after log() returned
+    assert snap == {"loss": 1.0}
+
+
+def test_nan_and_inf_become_null_and_are_named() -> None:
+    event = encoded_step({"reward": float("nan"), "kl": np.float32("inf"), "mine": -math.inf, "entropy": 1.0})
+    assert event.reward is None and event.kl is None and event.entropy == 1.0
+    assert set(event.non_finite) == {"reward", "kl", "mine"}
+    assert "mine" not in event.metrics
+
+
+def test_framework_aliases_fill_the_typed_columns() -> None:
+    trl = encoded_step({"reward": 0.5, "reward_std": 0.1, "kl": 0.01, "entropy": 1.2, "clip_ratio/region_mean": 0.05,
+                        "clip_ratio/low_mean": 0.01, "completions/mean_length": 40.0, "learning_rate": 1e-6,
+                        "grad_norm": 0.7, "loss": 0.3, "step_time": 0.25, "epoch": 0.04})
+    assert (trl.reward, trl.reward_std, trl.kl, trl.entropy, trl.clip_ratio) == (0.5, 0.1, 0.01, 1.2, 0.05)
+    assert (trl.response_length, trl.lr, trl.grad_norm, trl.loss, trl.latency_ms) == (40.0, 1e-6, 0.7, 0.3, 250.0)
+    assert trl.epoch == 0.04 and dict(trl.metrics) == {"clip_ratio/low_mean": 0.01}
+    verl = encoded_step({"critic/score/mean": 0.4, "actor/entropy": 1.1, "actor/pg_clipfrac": 0.02, "actor/ppo_kl": 0.003,
+                         "actor/lr": 1e-6, "response_length/mean": 100.0, "perf/throughput": 900.0,
+                         "perf/total_num_tokens": 51200, "perf/max_memory_allocated_gb": 2.0, "timing_s/step": 3.0})
+    assert (verl.reward, verl.entropy, verl.clip_ratio, verl.kl, verl.lr) == (0.4, 1.1, 0.02, 0.003, 1e-6)
+    assert (verl.response_length, verl.throughput, verl.tokens, verl.gpu_mem_bytes, verl.latency_ms) == (
+        100.0, 900.0, 51200, 2 << 30, 3000.0)
+    areal = encoded_step({"ppo_actor/task_reward/avg": 0.6, "ppo_actor/update/actor_loss/avg": 0.2,
+                          "ppo_actor/update/clip_ratio/avg": 0.1, "ppo_actor/update/approx_kl/avg": 0.01,
+                          "ppo_actor/update/grad_norm": 1.5, "ppo_actor/update/lr": 2e-6,
+                          "ppo_actor/update/grad_norm__count": 4})
+    assert (areal.reward, areal.loss, areal.clip_ratio, areal.kl, areal.grad_norm, areal.lr) == (0.6, 0.2, 0.1, 0.01, 1.5, 2e-6)
+    assert dict(areal.metrics) == {"ppo_actor/update/grad_norm__count": 4.0}
+
+
+def test_the_columns_own_name_wins_over_an_alias_whichever_comes_first() -> None:
+    for values in ({"critic/score/mean": 0.1, "reward": 0.9}, {"reward": 0.9, "critic/score/mean": 0.1}):
+        event = encoded_step(values)
+        assert event.reward == 0.9 and dict(event.metrics) == {"critic/score/mean": 0.1}
+
+
+def test_a_hair_outside_a_rule_is_clamped_far_outside_moves_to_metrics() -> None:
+    event = encoded_step({"clip_ratio": 1.0000001, "lr": -1e-12, "grad_norm": -0.5, "tokens": 4096.4, "epoch": -1})
+    assert event.clip_ratio == 1.0 and event.lr == 0.0 and event.tokens == 4096
+    assert event.grad_norm is None and dict(event.metrics) == {"grad_norm": -0.5, "epoch": -1.0}
+    assert encoded_step({"clip_ratio": 1.5}).metrics == {"clip_ratio": 1.5}
+
+
+def test_long_and_odd_names() -> None:
+    event = encoded_step({"x" * 300: 1.0, "": 2.0, 7: 3.0, ("a", 1): 4.0})
+    assert dict(event.metrics) == {"x" * 256: 1.0, "7": 3.0, "('a', 1)": 4.0}
+
+
+def test_epoch_is_kept_fractional_and_carried_over() -> None:
+    parts = coerce.split_step({"epoch": 0.375, "reward": 1.0})
+    assert parts.epoch == 0.375
+    assert coerce.split_step({"reward": 1.0}, previous_epoch=0.375).epoch == 0.375
+    nan = coerce.split_step({"epoch": float("nan")}, previous_epoch=2.5)
+    assert nan.epoch == 2.5 and nan.non_finite == ["epoch"]
+
+
+_weird = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=5),
+    st.decimals(allow_nan=False), st.fractions(), st.binary(max_size=3), st.lists(st.floats(), max_size=2),
+    st.floats(width=32).map(np.float32), st.integers(-(2**63), 2**63 - 1).map(np.int64),
+    st.floats(width=32).map(lambda x: torch.tensor(x)), st.complex_numbers(),
+)
+_names = st.one_of(st.sampled_from(sorted(ALIASES)), st.text(max_size=300), st.integers(), st.just("epoch"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_names, _weird, max_size=30), st.integers(0, 2**40))
+def test_any_values_give_a_valid_step_event(values: dict, step: int) -> None:
+    """log() never raises for a value: whatever is logged, the client sends a record every reader accepts."""
+    event = encoded_step(values, step)
+    assert event.step == step and event.attempt == 1 and event.world_size == 2
+
+
+# ----------------------------------------------------------------- evaluations
+
+
+def test_verdicts_and_samples_are_coerced_and_capped() -> None:
+    assert coerce.verdicts([True, 0, 1.0, 0.2, -1, float("nan"), "x"]) == [1, 0, 1, 1, 0, 0, 0]
+    assert coerce.verdicts(np.array([1, 0, 1])) == [1, 0, 1] and coerce.verdicts(torch.tensor([0, 1])) == [0, 1]
+    records, cut = coerce.samples([{"prompt": "p" * (SAMPLE_TEXT_MAX + 10), "response": 5, "verdict": True,
+                                    "reward": float("nan"), "extra": 1}] * (SAMPLES_MAX + 3))
+    assert len(records) == SAMPLES_MAX and cut == 3
+    assert records[0] == {"prompt": "p" * SAMPLE_TEXT_MAX, "response": "5", "verdict": 1}
+
+
+def test_eval_fields_compute_accuracy_and_refuse_nothing() -> None:
+    from producers.client import _eval_fields
+
+    f = _eval_fields([1, 0, 1, 1], None, None, "ok", None, np.float32(12.0), None, None, {"pass@4": 0.9, "bad": "x"})
+    assert f["accuracy"] == 0.75 and f["n_samples"] == 4 and f["response_length"] == 12.0
+    assert f["metrics"] == {"pass@4": 0.9}
+    pct = _eval_fields(None, 85.0, None, "ok", None, None, None, None, {})
+    assert pct["status"] == "failed" and pct["metrics"] == {"accuracy": 85.0} and "accuracy" not in pct
+    assert _eval_fields(None, 1.0000001, None, "ok", None, None, None, None, {})["accuracy"] == 1.0
+
+
+# ------------------------------------------------------------ environment
+
+
+@pytest.mark.parametrize("env, want", [
+    ({}, (0, 1, None, None)),
+    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3"}, (3, 8, 3, "torchrun")),
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1"}, (5, 16, 1, "slurm")),
+    ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, (2, 4, 0, "openmpi")),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2"}, (1, 2, None, "pmi")),
+    # torchrun under srun: RANK names the process
+    ({"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, (9, 16, 1, "torchrun")),
+    ({"RANK": "x", "WORLD_SIZE": "2", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, (1, 2, None, "slurm")),
+    ({"RANK": "4", "WORLD_SIZE": "2"}, (0, 1, None, None)),
+])
+def test_identity_from_the_launchers(env: dict, want: tuple) -> None:
+    ident = identity_from_env(env, "gpu7")
+    assert (ident.rank, ident.world_size, ident.local_rank, ident.launcher) == want
+
+
+def test_eight_ranks_on_one_host_are_eight_nodes() -> None:
+    nodes = {identity_from_env({"RANK": str(r), "WORLD_SIZE": "8", "LOCAL_RANK": str(r)}, "h").node for r in range(8)}
+    assert len(nodes) == 8 and "h:0" in nodes
+    assert len(identity_from_env({}, "x" * 300).node) == 128
+
+
+def test_job_run_ids_every_rank_shares() -> None:
+    assert job_run_id({"AREAL_RUN_ID": "mine", "SLURM_JOB_ID": "1"}) == "mine"
+    assert job_run_id({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"}) == "slurm-77.0"
+    assert job_run_id({"TORCHELASTIC_RUN_ID": "abc-1"}) == "torchrun-abc-1"
+    assert job_run_id({}) is None
+    assert new_run_id(0).startswith("run-19700101-000000-")
+
+
+def test_tags_framework_and_git_never_raise(tmp_path) -> None:
+    assert clean_tags(["a", "a", 3, "", "b" * 300]) == ("a", "3", "b" * 256)
+    with pytest.raises(TypeError):
+        clean_tags("grpo")
+    assert detect_framework({"torch": 1, "trl": 1}) == "trl" and detect_framework({}) == "python"
+    assert git_commit(tmp_path) is None  # not a repository
+    assert git_commit(tmp_path / "missing") is None
+
+
+def test_next_attempt_and_the_local_record(tmp_path) -> None:
+    assert next_attempt(None, None, None) == 0
+    assert next_attempt(2, None, 5) == 3  # own history first: never the attempt peers just announced
+    assert next_attempt(None, 4, 4) == 5 and next_attempt(1, 3, None) == 4
+    assert next_attempt(None, None, 2) == 2  # a new rank joins the run's latest attempt
+    path = tmp_path / "r" / "rank-0.json"
+    assert read_local(path) is None
+    write_local(path, 3)
+    assert read_local(path) == 3
+    path.write_text("garbage")
+    assert read_local(path) is None

@@ -1,0 +1,88 @@
+"""Packaging: `pip install areal-metrics` is the client only; the extras hold the rest.
+
+The bare-install test builds the project's wheel, installs it with no
+dependencies into a fresh virtual environment (no system site packages), adds
+kafka-python (the one thing the client needs; from PyPI), and runs a trainer
+that logs with the broker away: it journals and exits 0, with no torch,
+faust or chdb present.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NETWORK_TROUBLE = ("Failed to establish a new connection", "Temporary failure in name resolution",
+                   "No matching distribution found", "Could not fetch URL", "Network is unreachable")
+
+
+def test_the_bare_dependencies_are_the_client_and_torch_is_a_range() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = [d.split(">")[0].split("=")[0].split("<")[0].strip() for d in project["dependencies"]]
+    assert names == ["kafka-python", "crc32c"]
+    extras = project["optional-dependencies"]
+    assert {"stack", "train", "integrations", "test", "bench"} <= set(extras)
+    torch = [d for d in extras["train"] if d.startswith("torch")]
+    assert torch and ">=" in torch[0] and "<" in torch[0] and "==" not in torch[0]
+    assert any(d.startswith("faust-streaming") for d in extras["stack"])
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert not any(p.startswith("benchmarks") for p in packages)
+    assert ".[stack,train,test,bench]" in (ROOT / "Makefile").read_text()
+
+
+def _run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, **kw)  # type: ignore[call-overload]
+
+
+def _pip(venv: Path, *args: str) -> None:
+    out = _run([str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", *args])
+    if out.returncode != 0 and any(t in out.stdout + out.stderr for t in NETWORK_TROUBLE):
+        pytest.skip(f"PyPI not reachable from here: {out.stderr.strip().splitlines()[-1][:200]}")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+@pytest.mark.timeout(900)
+def test_a_fresh_environment_with_the_bare_package_runs_the_client(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    files = _run(["git", "ls-files", "-z"], cwd=ROOT).stdout.split("\0")
+    for name in filter(None, files):
+        target = src / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if (ROOT / name).is_file():
+            target.write_bytes((ROOT / name).read_bytes())
+    venv = tmp_path / "venv"
+    assert _run([sys.executable, "-m", "venv", str(venv)]).returncode == 0
+    _pip(venv, "wheel", "--no-deps", "--quiet", "-w", str(tmp_path / "dist"), str(src))  # setuptools from PyPI
+    wheel = next((tmp_path / "dist").glob("areal_metrics-*.whl"))
+    _pip(venv, "install", "--no-deps", "--quiet", str(wheel), f"kafka-python=={version('kafka-python')}")
+
+    home = tmp_path / "home"
+    script = textwrap.dedent("""
+        import importlib.util, sys
+        import areal_metrics as am
+        absent = [m for m in ("torch", "faust", "chdb", "clickhouse_connect", "matplotlib", "numpy")
+                  if importlib.util.find_spec(m) is not None]
+        assert not absent, f"installed in the bare environment: {absent}"
+        assert importlib.util.find_spec("benchmarks") is None
+        run = am.init(run_id="bare", config={"lr": 3e-4}, tags=["bare"])
+        for step in range(5):
+            run.log({"reward": 0.1 * step, "loss": float("nan"), "epoch": step / 4}, step=step)
+        print("logged", run.stats().steps)
+    """)
+    env = {"PATH": "/usr/bin:/bin", "AREAL_HOME": str(home), "AREAL_KAFKA_BOOTSTRAP": "127.0.0.1:9",
+           "AREAL_EXIT_TIMEOUT_S": "5"}
+    out = _run([str(venv / "bin" / "python"), "-c", script], cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "logged 5" in out.stdout
+    lines = (home / "journal" / "bare" / "rank-0" / "journal.log").read_bytes().splitlines()
+    events = [json.loads(line.split(b"\t", 2)[2]) for line in lines]
+    assert [e["type"] for e in events] == ["run"] + ["step"] * 5 + ["run"]
+    assert events[-1]["status"] == "finished" and events[1]["non_finite"] == ["loss"]

@@ -1,0 +1,74 @@
+"""How topics are created, from the settings (pure): replication, min ISR, retention per raw/derived topic."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from producers.errors import ConfigError
+from producers.settings import Settings
+from producers.topics import DERIVED_SUFFIXES, TopicSpec, Topics, topic_spec
+from streams.kafka_admin import TICKS_RETENTION_MS, changelog_spec, ticks_spec
+
+TOPICS = Topics("x.")
+
+
+def test_defaults_keep_every_topic_forever_on_one_replica() -> None:
+    for spec in TOPICS.specs(Settings()):
+        assert spec.replication_factor == 1
+        assert spec.config == {"min.insync.replicas": "1", "retention.ms": "-1", "retention.bytes": "-1"}
+
+
+def test_on_a_cluster_raw_topics_are_kept_and_derived_ones_expire_when_configured() -> None:
+    settings = Settings(kafka_replication_factor=3, kafka_min_insync_replicas=2, derived_retention_ms=7 * 86_400_000)
+    specs = {s.name: s for s in TOPICS.specs(settings)}
+    assert set(specs) == set(TOPICS.all())
+    for name, spec in specs.items():
+        assert spec.replication_factor == 3 and spec.config["min.insync.replicas"] == "2"
+        if name[len("x."):] in DERIVED_SUFFIXES:
+            assert spec.config["retention.ms"] == "604800000" and "retention.bytes" not in spec.config
+        else:
+            assert spec.config["retention.ms"] == "-1" and spec.config["retention.bytes"] == "-1"
+
+
+@pytest.mark.parametrize("settings, field", [
+    (Settings(kafka_replication_factor=0), "AREAL_KAFKA_REPLICATION_FACTOR"),
+    (Settings(kafka_replication_factor=3, kafka_min_insync_replicas=4), "AREAL_KAFKA_MIN_INSYNC_REPLICAS"),
+    (Settings(kafka_min_insync_replicas=0), "AREAL_KAFKA_MIN_INSYNC_REPLICAS"),
+    (Settings(raw_retention_ms=0), "AREAL_RAW_RETENTION_MS"),
+    (Settings(derived_retention_ms=-5), "AREAL_DERIVED_RETENTION_MS"),
+])
+def test_values_kafka_would_refuse_name_the_setting(settings: Settings, field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        TOPICS.specs(settings)
+
+
+@given(rf=st.integers(1, 9), isr=st.integers(1, 9), raw=st.sampled_from([-1, 1, 3_600_000, 2**62]),
+       derived=st.sampled_from([-1, 1, 86_400_000]))
+def test_every_spec_follows_the_settings(rf: int, isr: int, raw: int, derived: int) -> None:
+    settings = Settings(kafka_replication_factor=rf, kafka_min_insync_replicas=isr, raw_retention_ms=raw,
+                        derived_retention_ms=derived)
+    if isr > rf:
+        with pytest.raises(ConfigError):
+            TOPICS.specs(settings)
+        return
+    for spec in TOPICS.specs(settings):
+        retention = derived if TOPICS.is_derived(spec.name) else raw
+        assert (spec.replication_factor, spec.config["min.insync.replicas"]) == (rf, str(isr))
+        assert spec.config["retention.ms"] == str(retention)
+        assert ("retention.bytes" in spec.config) == (retention == -1)
+
+
+def test_the_workers_ticks_are_replicated_like_derived_topics_but_kept_an_hour() -> None:
+    spec = ticks_spec("x.ticks", Settings(kafka_replication_factor=3, kafka_min_insync_replicas=2))
+    assert spec == TopicSpec("x.ticks", 3, {"min.insync.replicas": "2", "retention.ms": str(TICKS_RETENTION_MS)})
+    assert ticks_spec("x.ticks", None) == TopicSpec("x.ticks", -1, {"retention.ms": str(TICKS_RETENTION_MS)})
+    assert topic_spec("x.steps", Settings(), derived=False).replication_factor == 1
+
+
+def test_the_workers_changelog_is_compacted_and_replicated_like_derived_topics() -> None:
+    settings = Settings(kafka_replication_factor=3, kafka_min_insync_replicas=2, derived_retention_ms=1000)
+    assert changelog_spec("x.changelog", settings) == TopicSpec(
+        "x.changelog", 3, {"min.insync.replicas": "2", "cleanup.policy": "compact"})  # compacted: no retention
+    assert changelog_spec("x.changelog", None) == TopicSpec("x.changelog", -1, {"cleanup.policy": "compact"})
