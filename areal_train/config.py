@@ -26,6 +26,7 @@ class TrainConfig:
     # optimisation (PPO with group-relative advantages by default)
     seed: int = 0
     lr: float = 2e-4
+    lr_min_scale: float = 1 / 64  # the floor of the lr scale that scale_lr commands multiply (six halvings)
     batch_prompts: int = 8  # prompts per rank and step
     group_size: int = 4  # episodes per prompt (the GRPO group)
     ppo_epochs: int = 1  # passes over one rollout
@@ -112,6 +113,7 @@ class TrainConfig:
             need(math.isfinite(getattr(self, key)) and getattr(self, key) >= 0, key, "must be a finite number >= 0")
         for key in ("gamma", "gae_lambda", "turn_discount"):
             need(0 <= getattr(self, key) <= 1, key, "must be in [0, 1]")
+        need(0 < self.lr_min_scale <= 1, "lr_min_scale", "must be in (0, 1]")
         need(0 < self.eval_cpu_share <= 1, "eval_cpu_share", "must be in (0, 1]")
         need(self.advantage in ("grpo", "gae"), "advantage", "must be grpo or gae")
         need(self.eval_mode in ("sync", "async"), "eval_mode", "must be sync or async")

@@ -75,7 +75,7 @@ def free_port() -> int:
 
 def start(run_id: str, nproc: int, steps: int, config: TrainConfig | str | Path | None = None, *,
           env: dict[str, str] | None = None, log_dir: str | Path | None = None,
-          summary_dir: str | Path | None = None, since: float | None = None, resume: bool = False) -> Run:
+          summary_dir: str | Path | None = None, resume: bool = False) -> Run:
     """Spawn the ranks of one run and return at once.
 
     `config`: a TrainConfig, a JSON/TOML file, or None for the defaults.
@@ -95,7 +95,7 @@ def start(run_id: str, nproc: int, steps: int, config: TrainConfig | str | Path 
     base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc),
                     OMP_NUM_THREADS=str(cfg.threads), PYTHONUNBUFFERED="1")
     argv = [sys.executable, "-m", "areal_train.worker", "--run-id", run_id, "--steps", str(steps),
-            "--config-json", json.dumps(cfg.to_dict()), "--since", repr(time.time() if since is None else since)]
+            "--config-json", json.dumps(cfg.to_dict())]
     if summary_dir is not None:
         argv += ["--summary-dir", str(summary_dir)]
     if resume:

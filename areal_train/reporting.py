@@ -1,23 +1,23 @@
-"""Everything the trainer publishes, built in one place: run, step and eval events, dead letters.
+"""What the trainer reports, through the public client only (`producers.client`, `areal_metrics.init`).
 
-The trainer calls `Reporter`; nothing else in `areal_train` builds an event.
-Each event carries the run's `attempt` (a resumed run publishes with the
-checkpoint's attempt + 1), a step event also `world_size` and `n_samples`
-(the episodes behind its reward: the weight when ranks are averaged). A
-non-finite number becomes null and is named in `non_finite`, so a diverging
-run is reported, not crashed. `publish` never blocks (the Publisher queues).
+The trainer talks to a `RunLike`: the `Run` that `init()` returns (the
+worker opens it, `open_client_run`), or `NullRun` when publishing is off.
+`Reporter` turns the trainer's numbers into `Run.log` / `Run.log_eval` calls;
+the client does the rest (typed columns, NaN -> null + `non_finite`, the
+`run` events, delivery, the journal). Each event carries the run's `attempt`
+(a resumed run opens its `Run` with the checkpoint's attempt + 1), a step also
+`world_size` and `n_samples` (the episodes behind its reward: the weight when
+ranks are averaged). Nothing in `areal_train` builds an event.
 """
 
 from __future__ import annotations
 
-import math
-import socket
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from areal_train.evaluation import Outcome
-from producers.deadletter import rejected
-from producers.events import EvalEvent, Event, RunEvent, StepEvent
+from producers.events import CommandEvent
 
 FRAMEWORK = "torch"
 
@@ -27,59 +27,99 @@ def eval_id(run_id: str, step: int, dataset: str, stage: str) -> str:
     return f"{run_id}:{step}:{dataset}:{stage}"  # the worker keys rounds by (eval_id, attempt)
 
 
+class RunLike(Protocol):
+    """The part of the client's `Run` the trainer uses."""
+
+    def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None: ...
+    def log_eval(self, dataset: str, step: int | None = None, **fields: Any) -> None: ...
+    def commands(self) -> list[CommandEvent]: ...
+    def finish(self, status: str | None = None, exit_code: int | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What the trainer knows once its session is open: enough to start (or resume) the run."""
+
+    run_id: str
+    rank: int
+    world_size: int
+    attempt: int
+    node: str
+    config: Mapping[str, Any]
+    tags: tuple[str, ...]
+    group: str | None
+
+
+class NullRun:
+    """Publishing off: every call is accepted and dropped."""
+
+    def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        pass
+
+    def log_eval(self, dataset: str, step: int | None = None, **fields: Any) -> None:
+        pass
+
+    def commands(self) -> list[CommandEvent]:
+        return []
+
+    def finish(self, status: str | None = None, exit_code: int | None = None) -> None:
+        pass
+
+
+def open_client_run(spec: RunSpec, **settings: Any) -> RunLike:
+    """The public client's run for this rank (the attempt is the trainer's: its checkpoint decides)."""
+    from producers.client import init
+
+    return init(spec.run_id, config=dict(spec.config), tags=spec.tags, group=spec.group, rank=spec.rank,
+                world_size=spec.world_size, attempt=spec.attempt, node=spec.node, framework=FRAMEWORK, **settings)
+
+
 class Reporter:
-    def __init__(self, publish: Callable[[Event], None], run_id: str, node: str, rank: int, world_size: int,
-                 attempt: int = 0) -> None:
-        self._publish = publish
-        self.run_id, self.node, self.rank, self.world_size, self.attempt = run_id, node, rank, world_size, attempt
-
-    def _envelope(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "node": self.node, "rank": self.rank}
-
-    def run(self, status: str, config: Mapping[str, Any], exit_code: int | None = None,
-            tags: tuple[str, ...] = (), group: str | None = None) -> None:
-        self._publish(RunEvent(**self._envelope(), status=status, config=dict(config), tags=tags, group=group,
-                               world_size=self.world_size, host=socket.gethostname()[:256], attempt=self.attempt,
-                               framework=FRAMEWORK, exit_code=exit_code))
+    def __init__(self, run: RunLike, run_id: str) -> None:
+        self.run, self.run_id = run, run_id
 
     def step(self, step: int, epoch: float, n_samples: int, fields: Mapping[str, float | int | None],
-             metrics: Mapping[str, float]) -> StepEvent:
-        clean: dict[str, Any] = {}
-        non_finite: list[str] = []
-        for name, value in fields.items():
-            if isinstance(value, float) and not math.isfinite(value):
-                non_finite.append(name)
-                value = None
-            clean[name] = value
-        kept = {}
-        for name, value in metrics.items():
-            if math.isfinite(value):
-                kept[name] = float(value)
-            else:
-                non_finite.append(name)
-        event = StepEvent(**self._envelope(), step=step, epoch=max(epoch, 0.0), world_size=self.world_size,
-                          attempt=self.attempt, n_samples=n_samples, metrics=kept, non_finite=tuple(non_finite),
-                          **clean)
-        self._publish(event)
-        return event
+             metrics: Mapping[str, float]) -> None:
+        """One step: the typed fields (None skipped, NaN named by the client) and the other metrics."""
+        self.run.log({**metrics, **fields, "epoch": max(epoch, 0.0), "n_samples": n_samples}, step=step)
 
-    def evaluation(self, outcome: Outcome) -> EvalEvent:
+    def evaluation(self, outcome: Outcome) -> None:
         common: dict[str, Any] = dict(
-            **self._envelope(), eval_id=eval_id(self.run_id, outcome.step, outcome.dataset, outcome.stage),
-            step=outcome.step, dataset=outcome.dataset, stage=outcome.stage, status=outcome.status,
-            dataset_fingerprint=outcome.fingerprint, replicas=self.world_size, attempt=self.attempt,
-            latency_ms=outcome.latency_ms)
+            stage=outcome.stage, eval_id=eval_id(self.run_id, outcome.step, outcome.dataset, outcome.stage),
+            status=outcome.status, dataset_fingerprint=outcome.fingerprint, latency_ms=outcome.latency_ms)
         result = outcome.result
         if outcome.status == "ok" and result is not None:
-            event = EvalEvent(**common, accuracy=result.accuracy, reward=result.accuracy,
-                              response_length=result.response_length, n_samples=len(result.verdicts),
-                              verdicts=result.verdicts, metrics=result.metrics, samples=result.samples)
+            self.run.log_eval(outcome.dataset, outcome.step, **common, accuracy=result.accuracy,
+                              reward=result.accuracy, response_length=result.response_length,
+                              verdicts=list(result.verdicts), samples=list(result.samples), **result.metrics)
         else:
-            event = EvalEvent(**common, error=(outcome.error or outcome.status)[:4096],
-                              n_samples=outcome.n_samples or None)
-        self._publish(event)
-        return event
+            self.run.log_eval(outcome.dataset, outcome.step, **common, error=(outcome.error or outcome.status)[:4096])
 
-    def dead_letter(self, raw: bytes, reason: str, topic: str, key: bytes) -> None:
-        """A control message that failed validation (the control listener's)."""
-        self._publish(rejected(raw, reason, topic, node=self.node, key=key))
+
+@dataclass
+class Logged:
+    """One `log` call a `RecordedRun` kept: the values as the trainer handed them, and when."""
+
+    step: int
+    values: dict[str, Any]
+    at: float  # time.perf_counter() of the call
+
+
+class RecordedRun(NullRun):
+    """Keeps what the trainer logs in memory: for the checks and benchmarks that run without a broker."""
+
+    def __init__(self) -> None:
+        self.steps: list[Logged] = []
+        self.evals: list[dict[str, Any]] = []
+        self.status: str | None = None
+
+    def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        import time
+
+        self.steps.append(Logged(len(self.steps) if step is None else step, dict(metrics), time.perf_counter()))
+
+    def log_eval(self, dataset: str, step: int | None = None, **fields: Any) -> None:
+        self.evals.append({"dataset": dataset, "step": step, **fields})
+
+    def finish(self, status: str | None = None, exit_code: int | None = None) -> None:
+        self.status = status or "finished"

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STEP, EPOCH, TIME, START, COMMAND = "step", "epoch", "time", "start", "command"
+TIME_SLACK_S = 1e-6
 
 
 @dataclass
@@ -41,7 +42,8 @@ class Trigger:
         self.last_time = self.start_time
 
     def time_due(self, now: float) -> bool:
-        return self.every_seconds is not None and now - self.last_time >= self.every_seconds
+        # a microsecond of slack: a restored baseline (now - time_since_last) is a few ulps off on another clock
+        return self.every_seconds is not None and now - self.last_time >= self.every_seconds - TIME_SLACK_S
 
     def fire(self, step: int, epoch: int, time_due: bool, now: float) -> set[str]:
         """Reasons to act after update `step` in `epoch` (completed epochs); resets what fired.

@@ -23,18 +23,18 @@ import torch
 from areal_train import ppo
 from areal_train.collective import Collective
 from areal_train.config import TrainConfig
-from areal_train.control import Applied, ControlListener, apply_commands, due
+from areal_train.control import Applied, apply_commands, due
 from areal_train.episodes import Episodes, rollout
 from areal_train.evaluation import Outcome, RoundJob
 from areal_train.metrics import choose_device, memory_bytes, rss_bytes
-from areal_train.reporting import Reporter
+from areal_train.reporting import NullRun, Reporter, RunLike, RunSpec
 from areal_train.session import Session
 from areal_train.task import EOS
-from producers.events import CommandEvent, Event, event_from_dict
+from producers.events import CommandEvent, event_from_dict
 
 log = logging.getLogger("areal_train")
 
-ListenerFactory = Callable[[list[str], Callable[[bytes, str, str, bytes], None]], ControlListener | None]
+RunFactory = Callable[[RunSpec], RunLike]  # opens this rank's run: the public client's `init` (worker.py)
 
 
 @dataclass
@@ -60,8 +60,9 @@ def node_name(rank: int) -> str:
 
 
 def train(cfg: TrainConfig, run_id: str, steps: int, rank: int = 0, world_size: int = 1,
-          publish: Callable[[Event], None] | None = None, listener_factory: ListenerFactory | None = None,
-          clock: Callable[[], float] = time.time, resume: bool = False) -> Summary:
+          open_run: RunFactory | None = None, clock: Callable[[], float] = time.time,
+          resume: bool = False) -> Summary:
+    """Train `steps` steps (from the last checkpoint with `resume`), reporting through `open_run`'s run."""
     started = time.perf_counter()
     torch.set_num_threads(cfg.threads)
     if cfg.device != "cpu" and torch.cuda.is_available():
@@ -69,26 +70,22 @@ def train(cfg: TrainConfig, run_id: str, steps: int, rank: int = 0, world_size: 
     device = choose_device(cfg.device)
     comm = Collective(world_size)
     session = Session.open(cfg, run_id, rank, world_size, device, comm, clock, resume)
-    reporter = Reporter(publish or (lambda event: None), run_id, node_name(rank), rank, world_size, session.attempt)
+    spec = RunSpec(run_id, rank, world_size, session.attempt, node_name(rank), session.run_config(steps),
+                   tuple(cfg.tags), cfg.group or cfg.strategy)
+    run = open_run(spec) if open_run is not None else NullRun()  # sends the `running` run event
+    reporter = Reporter(run, run_id)
     summary = Summary(rank, session.step, 0.0, 0.0, [], False, str(device), 0.0, session.attempt, session.step)
-    on_outcome = _outcome_handler(reporter, summary)
-    session.start_evaluator(on_outcome)
-    listener = listener_factory([node_name(r) for r in range(world_size)], reporter.dead_letter) \
-        if (rank == 0 and listener_factory) else None
-    reporter.run("running", session.run_config(steps), group=cfg.group or cfg.strategy, tags=cfg.tags)
+    session.start_evaluator(_outcome_handler(reporter, summary))
     status = "failed"
     try:
-        rewards = _loop(cfg, session, reporter, summary, listener, comm, clock, steps)
+        rewards = _loop(cfg, session, reporter, summary, run, comm, clock, steps)
         status = "finished"
     except KeyboardInterrupt:
         status = "killed"
         raise
     finally:
         session.evaluator.close()
-        if listener is not None:
-            listener.close()
-        reporter.run(status, session.run_config(steps), exit_code=0 if status == "finished" else 1,
-                     group=cfg.group or cfg.strategy, tags=cfg.tags)
+        run.finish(status, 0 if status == "finished" else 1)
     tail = rewards[-max(len(rewards) // 10, 1):] if rewards else [0.0]
     summary.first_reward = rewards[0] if rewards else 0.0
     summary.last_reward = sum(tail) / len(tail)
@@ -107,7 +104,7 @@ def _outcome_handler(reporter: Reporter, summary: Summary) -> Callable[[Outcome]
     return on_outcome
 
 
-def _loop(cfg: TrainConfig, session: Session, reporter: Reporter, summary: Summary, listener: ControlListener | None,
+def _loop(cfg: TrainConfig, session: Session, reporter: Reporter, summary: Summary, run: RunLike,
           comm: Collective, clock: Callable[[], float], steps: int) -> list[float]:
     rewards: list[float] = []
     if session.eval_schedule.before_training():
@@ -117,7 +114,7 @@ def _loop(cfg: TrainConfig, session: Session, reporter: Reporter, summary: Summa
         stats = _train_step(cfg, session, reporter, comm, step)
         rewards.append(stats)
         session.step = step
-        applied = _sync_commands(session, comm, listener, clock, step)
+        applied = _sync_commands(session, comm, run, clock, step)
         last = step == steps or applied.stop
         reasons = session.eval_schedule.after_step(step, session.data.epoch, session.control["time_due"],
                                                    session.control["now"])
@@ -182,12 +179,13 @@ def episode_metrics(episodes: Episodes) -> dict[str, float]:
             "truncated_share": sum(1 for a in episodes.attempts for t in a if EOS not in t) / n}
 
 
-def _sync_commands(session: Session, comm: Collective, listener: ControlListener | None,
-                   clock: Callable[[], float], step: int) -> Applied:
-    """Rank 0 hands over the commands that arrived and whether the time triggers are due; all apply them."""
+def _sync_commands(session: Session, comm: Collective, run: RunLike, clock: Callable[[], float],
+                   step: int) -> Applied:
+    """Rank 0 hands over the commands that arrived (`Run.commands()`, never blocking) and whether the
+    time triggers are due; every rank applies the same ones after the same step."""
     now = clock()
     payload = comm.broadcast_object({
-        "commands": [c.to_dict() for c in listener.drain()] if listener else [],
+        "commands": [c.to_dict() for c in run.commands()] if session.rank == 0 else [],
         "time_due": session.eval_schedule.time_due(now),
         "checkpoint_due": session.checkpoint_schedule.time_due(now), "now": now})
     session.control = payload
@@ -196,7 +194,7 @@ def _sync_commands(session: Session, comm: Collective, listener: ControlListener
     applied = apply_commands(commands, session.eval_schedule)
     if applied.count:
         session.commands_applied += applied.count
-        session.lr_scale *= applied.lr_factor
+        session.lr_scale = max(session.lr_scale * applied.lr_factor, session.cfg.lr_min_scale)  # the floor
         log.info("rank %d step %d applied %s", session.rank, step, [c.command for c in commands])
     return applied
 

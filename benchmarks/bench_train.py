@@ -10,9 +10,10 @@ One rank in this process, on the cached warm start (built first if missing):
 - step cost: wall and CPU seconds (this process) per training step, the
   generated tokens per step and the tokens per CPU second, for 1, 2 and 4
   attempts per episode; evaluations off, publishing off;
-- publishing: the step time with publishing off, with `Publisher.publish` to
-  a real broker (AREAL_KAFKA_BOOTSTRAP, or one this benchmark starts), and with
-  TensorBoard's `SummaryWriter.add_scalar` of the same scalars, interleaved;
+- publishing: the step time with publishing off, with the public client's
+  `Run.log` to a real broker (AREAL_KAFKA_BOOTSTRAP, or one this benchmark
+  starts), and with TensorBoard's `SummaryWriter.add_scalar` of the same
+  values, interleaved;
 - evaluation sharding: the work of each of `--ranks` ranks for one full
   stage (the default evaluation sets) when every rank evaluates everything
   (redundancy = ranks, the unsharded vote) and with redundancy 2: samples,
@@ -29,23 +30,12 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
+from areal_train.reporting import NullRun, RecordedRun, RunLike, RunSpec
 from benchmarks.common import broker, machine, print_table
-from producers.events import Event, StepEvent
-
-
-def scalars(event: StepEvent) -> dict[str, float]:
-    """Every number a step event carries: what TensorBoard would log."""
-    out = {}
-    for name in ("reward", "reward_std", "entropy", "advantage_mean", "advantage_std", "kl", "clip_ratio", "loss",
-                 "lr", "grad_norm", "response_length", "tokens", "throughput", "latency_ms", "gpu_mem_bytes"):
-        value = getattr(event, name)
-        if value is not None:
-            out[f"train/{name}"] = float(value)
-    out.update({f"train/{k}": v for k, v in event.metrics.items()})
-    return out
 
 
 def quiet_config(**changes: object):
@@ -56,24 +46,57 @@ def quiet_config(**changes: object):
                        **changes)  # type: ignore[arg-type]
 
 
-def timed_run(steps: int, sink: Callable[[Event], None], **changes: object) -> tuple[list[float], list[StepEvent], float]:
-    """(intervals between step events in ms after warm-up, the step events, CPU seconds of the run)."""
+class Timed(RecordedRun):
+    """Records when each step is logged and hands every call on to `inner` (the client's run, TensorBoard, nothing)."""
+
+    def __init__(self, inner: RunLike) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        super().log(metrics, step)
+        self.inner.log(metrics, step)
+
+    def log_eval(self, dataset: str, step: int | None = None, **fields: Any) -> None:
+        self.inner.log_eval(dataset, step, **fields)
+
+    def commands(self) -> list[Any]:
+        return self.inner.commands()
+
+    def finish(self, status: str | None = None, exit_code: int | None = None) -> None:
+        super().finish(status, exit_code)
+        self.inner.finish(status, exit_code)
+
+
+class TensorBoardRun(NullRun):
+    """The same numbers through TensorBoard's `SummaryWriter.add_scalar`, one call per value."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+
+    def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        for name, value in metrics.items():
+            if value is not None:
+                self.writer.add_scalar(f"train/{name}", float(value), step)
+
+
+def timed_run(steps: int, open_inner: Callable[[RunSpec], RunLike] | None = None,
+              **changes: object) -> tuple[list[float], list[dict[str, Any]], float]:
+    """(intervals between logged steps in ms after warm-up, the logged values, CPU seconds of the run)."""
     from areal_train.trainer import train
 
-    stamps: list[float] = []
-    events: list[StepEvent] = []
+    opened: list[Timed] = []
 
-    def publish(event: Event) -> None:
-        sink(event)
-        if isinstance(event, StepEvent):
-            stamps.append(time.perf_counter())
-            events.append(event)
+    def open_run(spec: RunSpec) -> RunLike:
+        opened.append(Timed(open_inner(spec) if open_inner else NullRun()))
+        return opened[-1]
 
     cpu = time.process_time()
-    train(quiet_config(**changes), f"bench-{uuid.uuid4().hex[:6]}", steps, publish=publish)
+    train(quiet_config(**changes), f"bench-{uuid.uuid4().hex[:6]}", steps, open_run=open_run)
     cpu = time.process_time() - cpu
+    stamps = [s.at for s in opened[0].steps]
     intervals = [(b - a) * 1000 for a, b in zip(stamps, stamps[1:])]
-    return intervals[3:], events, cpu
+    return intervals[3:], [s.values for s in opened[0].steps], cpu
 
 
 def step_cost(steps: int) -> int:
@@ -83,13 +106,13 @@ def step_cost(steps: int) -> int:
     print(f"machine: {machine()}")
     rows = []
     for turns in (1, 2, 4):
-        _, events, cpu = timed_run(steps, lambda e: None, max_turns=turns)
-        tail = events[3:]
-        wall = statistics.median(e.latency_ms for e in tail)
-        tokens = statistics.fmean(e.tokens or 0 for e in tail)
+        _, logged, cpu = timed_run(steps, max_turns=turns)
+        tail = logged[3:]
+        wall = statistics.median(v["latency_ms"] for v in tail)
+        tokens = statistics.fmean(v["tokens"] for v in tail)
         rows.append((f"mt{turns}: step wall p50 / CPU mean", f"{wall:.0f} / {cpu / steps * 1000:.0f} ms",
                      f"{tokens:.0f} generated tokens/step, {tokens * steps / cpu:.0f} per CPU s, "
-                     f"reward {statistics.fmean(e.reward or 0 for e in tail):.2f}"))
+                     f"reward {statistics.fmean(v['reward'] for v in tail):.2f}"))
     print_table(f"training step, 1 rank, {steps} steps each, 8 prompts x 4 episodes, warm start", rows)
     return 0
 
@@ -137,41 +160,39 @@ def publishing(steps: int, repeats: int, switch_interval: float | None) -> int:
     from torch.utils.tensorboard import SummaryWriter
 
     from areal_train.launch import prepare
-    from producers.publisher import Publisher
-    from producers.topics import Topics
+    from areal_train.reporting import open_client_run
 
     prepare(quiet_config())
     print(f"machine: {machine()}; GIL switch interval {sys.getswitchinterval() * 1000:g} ms")
     times: dict[str, list[float]] = {"off": [], "kafka": [], "tensorboard": []}
+    clients: list[Any] = []
     with broker() as bootstrap, tempfile.TemporaryDirectory() as tmp:
-        publisher = Publisher(bootstrap, Topics(f"bench{uuid.uuid4().hex[:6]}."), Path(tmp) / "journal")
+        prefix = f"bench{uuid.uuid4().hex[:6]}."
         writer = SummaryWriter(log_dir=str(Path(tmp) / "tb"))
 
-        def to_tensorboard(event: Event) -> None:
-            if isinstance(event, StepEvent):
-                for tag, value in scalars(event).items():
-                    writer.add_scalar(tag, value, event.step)
+        def client(spec: RunSpec) -> RunLike:  # the public client, as the worker opens it
+            clients.append(open_client_run(spec, kafka_bootstrap=bootstrap, topic_prefix=prefix, git=False,
+                                           journal_dir=Path(tmp) / f"journal-{len(clients)}"))
+            return clients[-1]
 
-        sinks: dict[str, Callable[[Event], None]] = {"off": lambda e: None, "kafka": publisher.publish,
-                                                     "tensorboard": to_tensorboard}
-        timed_run(10, publisher.publish)  # warm up the producer connection and torch
+        opens: dict[str, Callable[[RunSpec], RunLike] | None] = {
+            "off": None, "kafka": client, "tensorboard": lambda spec: TensorBoardRun(writer)}
+        timed_run(10, client)  # warm up torch and the broker
         for _ in range(repeats):
-            for mode, sink in sinks.items():
-                times[mode] += timed_run(steps, sink)[0]
-        flushed = publisher.flush(60)
-        stats = publisher.stats()
-        publisher.close()
+            for mode, open_inner in opens.items():
+                times[mode] += timed_run(steps, open_inner)[0]
         writer.close()
+    stats = [c.stats() for c in clients[1:]]
     base = statistics.median(times["off"])
     rows = []
-    for mode, label in (("off", "publishing off"), ("kafka", "Publisher -> Kafka"),
+    for mode, label in (("off", "publishing off"), ("kafka", "areal_metrics client -> Kafka"),
                         ("tensorboard", "TensorBoard SummaryWriter")):
         med = statistics.median(times[mode])
         ratio = "1.00 (baseline)" if mode == "off" else f"{med / base:.3f} ({(med / base - 1) * 100:+.1f}%)"
         rows.append((f"{label}: step p50 / mean", f"{med:.1f} / {statistics.fmean(times[mode]):.1f} ms", ratio))
     print_table(f"trainer step time, 1 rank, {steps} steps x {repeats} repeats per mode, interleaved", rows)
-    print(f"\n  Kafka: {stats.sent + stats.resent} of {stats.queued} events acknowledged"
-          f" ({'flushed' if flushed else 'NOT flushed'}), {stats.spilled} spilled to the journal")
+    print(f"\n  Kafka: {sum(s.sent + s.resent for s in stats)} of {sum(s.queued for s in stats)} events acknowledged"
+          f" by finish(), {sum(s.journaled for s in stats)} journaled")
     return 0
 
 

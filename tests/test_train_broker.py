@@ -16,7 +16,6 @@ from areal_train.launch import start
 from producers.events import (
     CommandEvent,
     EvalEvent,
-    RejectedEvent,
     RunEvent,
     StepEvent,
     parse_event,
@@ -63,7 +62,7 @@ def first_step_where(steps: list[StepEvent], condition) -> int:
 def test_two_ranks_publish_steps_and_evals_and_obey_commands(kafka_bootstrap, topics, stack_env, tmp_path) -> None:
     run_id = "broker-run"
     cfg = TrainConfig(**TINY, seed=3, eval_every_steps=None, eval_at_start=True, checkpoint_dir=str(tmp_path / "c"))
-    collector = Collector(kafka_bootstrap, [topics.steps, topics.evals, topics.deadletter, topics.runs])
+    collector = Collector(kafka_bootstrap, [topics.steps, topics.evals, topics.runs])
     run = start(run_id, nproc=2, steps=100_000, config=cfg, env=stack_env, log_dir=tmp_path / "logs",
                 summary_dir=tmp_path / "summary")
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
@@ -76,7 +75,8 @@ def test_two_ranks_publish_steps_and_evals_and_obey_commands(kafka_bootstrap, to
         collector.until(lambda: {e.rank for e in collector.of(StepEvent) if e.step >= 10} == {0, 1}, 120,
                         "step 10 from both ranks")
         producer.send(topics.control, key=run_id.encode(),
-                      value=b'{"type":"command","command":"explode","run_id":"broker-run","event_id":"bad-1","ts":1.0}').get(timeout=30)
+                      value=b'{"type":"command","command":"explode","run_id":"broker-run","event_id":"bad-1","ts":1.0}'
+                      ).get(timeout=30)  # an invalid command: the client's feed skips it, training goes on
         newest = max(e.step for e in collector.of(StepEvent))
         command("set_eval_interval", steps=7)
         command("scale_lr", factor=0.5, from_step=newest + 15)  # the closed loop's form: from a step boundary on
@@ -90,7 +90,6 @@ def test_two_ranks_publish_steps_and_evals_and_obey_commands(kafka_bootstrap, to
     finally:
         run.terminate()
         producer.close()
-    collector.until(lambda: len(collector.of(RejectedEvent)) >= 1, 30, "the dead-lettered command")
     collector.until(lambda: len([e for e in collector.of(RunEvent) if e.status == "finished"]) == 2, 30, "the ends")
     collector.poll()
 
@@ -132,9 +131,6 @@ def test_two_ranks_publish_steps_and_evals_and_obey_commands(kafka_bootstrap, to
     run_events = collector.of(RunEvent)
     assert {(e.rank, e.status) for e in run_events} == {(0, "running"), (1, "running"), (0, "finished"), (1, "finished")}
     assert "eval_interval_steps" not in run_events[0].config  # no step trigger: nothing to publish
-
-    rejected = collector.of(RejectedEvent)
-    assert len(rejected) == 1 and rejected[0].reason.startswith("commands.command") and rejected[0].run_id == run_id
 
 
 def test_async_evaluation_and_a_failing_round_do_not_stop_training(kafka_bootstrap, topics, stack_env, tmp_path) -> None:

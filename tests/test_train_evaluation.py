@@ -177,20 +177,23 @@ def test_eval_sets_are_the_same_for_every_run_seed() -> None:
     assert {n: s.fingerprint() for n, s in a.items()} == {n: s.fingerprint() for n, s in b.items()}
 
 
-def test_the_stream_worker_votes_the_published_shards_back_into_the_whole_set() -> None:
-    """Four ranks' events of one round, through the worker's vote: the accuracy of the whole set."""
-    from areal_train.reporting import Reporter
+def test_the_stream_worker_votes_the_published_shards_back_into_the_whole_set(tmp_path) -> None:
+    """Four ranks' events of one round, sent by the public client, through the worker's vote: the whole set's accuracy."""
+    from areal_train.reporting import Reporter, RunSpec
     from producers.events import EvalEvent
     from streams.config import RunConfig
     from streams.processor import RunState, on_eval
+    from tests.train_capture import ClientCapture
 
     policy, evalset = tiny_policy(2), small_set(n=16, k=2)
     sets = {"math_id": evalset}
-    events: list[EvalEvent] = []
+    capture = ClientCapture(tmp_path)
     for rank in range(4):
-        reporter = Reporter(events.append, "run-v", f"node-{rank}", rank, 4)
+        run = capture.open_run(RunSpec("run-v", rank, 4, 0, f"node-{rank}", {}, (), None))
         job = RoundJob(step=3, round_no=1, rank=rank, world_size=4, redundancy=2, quick_size=8, force_full="test")
-        run_round(policy, sets, job, {}, TwoStage(), reporter.evaluation, CPU)
+        run_round(policy, sets, job, {}, TwoStage(), Reporter(run, "run-v").evaluation, CPU)
+        run.finish()
+    events = [e for e in capture.events() if isinstance(e, EvalEvent)]
     whole = evaluate_shard(policy, evalset, layout(16, 2, 1, 1, 0), CPU)
     quick_whole = evaluate_shard(policy, evalset.head(8), layout(8, 2, 1, 1, 0), CPU)
     for stage, expected in (("full", whole.accuracy), ("quick", quick_whole.accuracy)):

@@ -19,6 +19,7 @@ from areal_train.session import build_eval_sets
 from areal_train.trainer import train
 from areal_train.warmstart import load, spec_for
 from producers.events import EvalEvent, RunEvent, StepEvent
+from tests.train_capture import ClientCapture
 
 SMALL = dict(d_model=64, layers=2, heads=2, warmstart_steps=0, eval_size=16, quick_size=8, eval_samples=2,
              publish=False, checkpoint_every_steps=None)
@@ -68,10 +69,11 @@ def test_the_warm_start_learns_the_answer_format() -> None:
 
 
 def test_every_step_reports_the_metrics_and_cpu_memory(tmp_path) -> None:
-    events: list = []
+    capture = ClientCapture(tmp_path / "journals")
     cfg = TrainConfig(**{**SMALL, "warmstart_steps": 0}, seed=1, eval_at_start=False, eval_every_steps=None,
                       eval_at_end=False, advantage="gae", max_turns=2, checkpoint_dir=str(tmp_path))
-    train(cfg, "metrics", steps=4, publish=events.append)
+    train(cfg, "metrics", steps=4, open_run=capture.open_run)
+    events = capture.events()
     steps = steps_of(events)
     assert [e.step for e in steps] == [1, 2, 3, 4] and not [e for e in events if isinstance(e, EvalEvent)]
     for e in steps:
@@ -93,10 +95,11 @@ def test_every_step_reports_the_metrics_and_cpu_memory(tmp_path) -> None:
 
 
 def test_the_first_evaluation_sees_the_warm_start(tmp_path) -> None:
-    events: list = []
+    capture = ClientCapture(tmp_path / "journals")
     cfg = TrainConfig(**{**SMALL, "warmstart_steps": 20}, seed=5, eval_every_steps=None, eval_every_epochs=1, train_size=64, batch_prompts=16,
                       two_stage=False, eval_at_end=False, lr=0.01, checkpoint_dir=str(tmp_path))
-    summary = train(cfg, "start", steps=8, publish=events.append)
+    summary = train(cfg, "start", steps=8, open_run=capture.open_run)
+    events = capture.events()
     assert summary.eval_steps == [0, 4, 8]  # before training, then after each epoch of 64 / 16 = 4 steps
     device = choose_device()
     evalset = build_eval_sets(cfg)["math_id"]
@@ -111,16 +114,16 @@ def test_the_first_evaluation_sees_the_warm_start(tmp_path) -> None:
 
 def test_a_resumed_run_continues_exactly_where_an_uninterrupted_one_goes(tmp_path) -> None:
     common = dict(**SMALL, seed=3, eval_every_steps=3, max_turns=2, checkpoint_dir=str(tmp_path))
-    whole: list = []
-    train(TrainConfig(**common), "whole", steps=9, publish=whole.append)
-    cut: list = []
-    first = train(TrainConfig(**{**common, "checkpoint_every_steps": 3}), "cut", steps=5, publish=cut.append)
+    whole, cut_run = ClientCapture(tmp_path / "whole"), ClientCapture(tmp_path / "cut")
+    train(TrainConfig(**common), "whole", steps=9, open_run=whole.open_run)
+    first = train(TrainConfig(**{**common, "checkpoint_every_steps": 3}), "cut", steps=5, open_run=cut_run.open_run)
     assert first.attempt == 0 and first.steps == 5
-    resumed = train(TrainConfig(**common), "cut", steps=9, publish=cut.append, resume=True)
+    resumed = train(TrainConfig(**common), "cut", steps=9, open_run=cut_run.open_run, resume=True)
+    cut = cut_run.events()
     assert resumed.attempt == 1 and resumed.start_step == 5
     steps = steps_of(cut)
     assert [(e.step, e.attempt) for e in steps] == [(s, 0) for s in range(1, 6)] + [(s, 1) for s in range(6, 10)]
-    expected = {e.step: e for e in steps_of(whole)}
+    expected = {e.step: e for e in steps_of(whole.events())}
     for e in steps:
         assert math.isclose(e.reward, expected[e.step].reward) and math.isclose(e.loss, expected[e.step].loss,
                                                                                  rel_tol=1e-5), e.step

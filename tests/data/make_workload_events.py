@@ -7,7 +7,7 @@ What it runs, all real code of this repository:
 - the real trainer (`areal_train.trainer.train`: the warm-started transformer
   policy, GRPO, evaluation rounds on `math_id` and `math_hard`, two stages,
   the full stage sharded), as gloo ranks in separate processes, every event
-  captured from its `publish` hook:
+  what the public client sent (its journal, no broker: tests/train_capture.py):
   - mt4-grpo (up to 4 attempts) and mt2-grpo (up to 2), seeds 1 and 2, 2 ranks
     each; the first run's third evaluation round fails on every rank;
   - two short throughput runs without evaluation, with 1 and 4 ranks;
@@ -60,16 +60,17 @@ def rank_main(args: argparse.Namespace) -> int:
 
     from areal_train.config import from_mapping
     from areal_train.trainer import train
+    from tests.train_capture import ClientCapture
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world)
     cfg = from_mapping(json.loads(args.config_json))
+    capture = ClientCapture(Path(args.out).with_suffix(".journals"))
+    train(cfg, args.run_id, args.steps, rank, world, open_run=capture.open_run)
     with open(args.out, "w") as sink:
-        def publish(event: object) -> None:
-            sink.write(event.to_json().decode() + "\n")  # type: ignore[attr-defined]
-
-        train(cfg, args.run_id, args.steps, rank, world, publish=publish)
+        for event in capture.events():
+            sink.write(event.to_json().decode() + "\n")
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
