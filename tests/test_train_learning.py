@@ -18,7 +18,8 @@ from areal_train.metrics import choose_device
 from areal_train.session import build_eval_sets
 from areal_train.trainer import train
 from areal_train.warmstart import load, spec_for
-from producers.events import EvalEvent, RunEvent, StepEvent
+from areal_train.reporting import RecordedRun
+from producers.events import CommandEvent, EvalEvent, RunEvent, StepEvent
 from tests.train_capture import ClientCapture
 
 SMALL = dict(d_model=64, layers=2, heads=2, warmstart_steps=0, eval_size=16, quick_size=8, eval_samples=2,
@@ -132,3 +133,26 @@ def test_a_resumed_run_continues_exactly_where_an_uninterrupted_one_goes(tmp_pat
     assert all(e.attempt == (1 if e.step > 5 else 0) for e in evals.values())
     runs = [(e.status, e.attempt) for e in cut if isinstance(e, RunEvent)]
     assert runs == [("running", 0), ("finished", 0), ("running", 1), ("finished", 1)]
+
+
+class CommandedRun(RecordedRun):
+    """A run whose control feed hands over `arriving[i]` at the i-th call (rank 0 calls once per step)."""
+
+    def __init__(self, arriving: list[list[CommandEvent]]) -> None:
+        super().__init__()
+        self.arriving = arriving
+
+    def commands(self) -> list[CommandEvent]:
+        return self.arriving.pop(0) if self.arriving else []
+
+
+def test_scale_lr_applies_from_its_step_boundary_and_stops_at_the_floor(tmp_path) -> None:
+    halve = [CommandEvent(run_id="lr", command="scale_lr", args={"factor": 0.5, "from_step": 3}) for _ in range(8)]
+    now = [CommandEvent(run_id="lr", command="scale_lr", args={"factor": 0.5})]
+    run = CommandedRun([halve, now])  # after step 1: eight halvings for step 3's boundary; after step 2: one now
+    cfg = TrainConfig(**SMALL, seed=2, eval_at_start=False, eval_every_steps=None, eval_at_end=False,
+                      lr_min_scale=1 / 16, checkpoint_dir=str(tmp_path))
+    train(cfg, "lr", steps=5, open_run=lambda spec: run)
+    scales = [s.values["lr_scale"] for s in run.steps]
+    assert scales == [1.0, 1.0, 0.5, 1 / 16, 1 / 16]  # 1/512 asked for, the floor kept
+    assert [s.values["lr"] for s in run.steps] == [cfg.lr * x for x in scales]
