@@ -36,11 +36,11 @@ STREAMS = {"defaults": {"window": 10, "min_eval_interval": 5, "interval_dwell_st
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-    parser.add_argument("--steps", type=int, default=60, help="training steps per run (default 60)")
+    parser.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks per run (default 2)")
     parser.add_argument("--seeds", type=int, default=2, help="seeds per strategy (default 2)")
-    parser.add_argument("--scaling-steps", type=int, default=8,
-                        help="steps of each 1-, 2- and 4-rank throughput run (default 8; 0: none)")
+    parser.add_argument("--scaling-steps", type=int, default=6,
+                        help="steps of each 1-, 2- and 4-rank throughput run (default 6; 0: none)")
     parser.add_argument("--config", type=Path, default=None, metavar="FILE",
                         help="JSON or TOML trainer settings applied to every run (see areal_train/config.py)")
     parser.add_argument("--out", type=Path, default=Path("reports/demo"), help="where the report PNGs go")
@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 
 DEMO_TRAINING = {"batch_prompts": 4, "group_size": 4, "eval_mode": "async", "eval_every_steps": 10,
-                 "eval_size": 48, "eval_cpu_share": 0.5, "checkpoint_every_steps": None, "tags": ["demo"]}
+                 "eval_size": 32, "eval_cpu_share": 0.5, "checkpoint_every_steps": None, "tags": ["demo"]}
 
 
 def run_configs(args: argparse.Namespace, stamp: str) -> dict[str, tuple[int, object]]:
