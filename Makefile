@@ -6,16 +6,22 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The integrations' tests run against these from PyPI, installed without their
+# requirements (which pin torch < 2.11, packaging < 26, protobuf < 7, pillow < 13
+# against the stack's); what their modules import comes with the `integrations`
+# extra. See docs/INTEGRATIONS.md.
+NO_DEPS := areal==1.0.4 verl==0.9.1 swanlab==0.10.3 trackio==0.43.0
 
 .PHONY: install demo test bench clean-state fault-soak
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed"'
 	@command -v java >/dev/null || { echo "Java 17+ is needed for the local Kafka broker"; exit 2; }
 	@command -v mvn >/dev/null || { echo "Maven is needed to fetch the Kafka jars"; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[stack,train,test,bench]'
+	$(PY) -m pip install --quiet -e '.[stack,train,test,bench,integrations]'
+	$(PY) -m pip install --quiet --no-deps $(NO_DEPS)
 	$(PY) -c 'from areal_metrics.stack.kafka_broker import ensure_jars; print("kafka jars:", ensure_jars())'
 	touch $(STAMP)
 

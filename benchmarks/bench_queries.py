@@ -45,10 +45,17 @@ from benchmarks.common import machine, percentile
 from benchmarks.query_data import Shape, generate
 from grafana.catalog import BUILDERS, build
 from grafana.macros import ALL, expand
-from grafana.queries import QueryRunner, context_for, dashboard_queries, expansions, resolve_variables
+from grafana.queries import (
+    QueryRunner,
+    context_for,
+    dashboard_queries,
+    expansions,
+    resolve_variables,
+)
 from producers.settings import Settings
+from sinks.migrations import apply_schema
 from sinks.query import DirectStore, Target, connect, open_client
-from sinks.schema import DEFAULT_DATABASE, apply_schema
+from sinks.schema import DEFAULT_DATABASE
 
 Choose = Callable[[str, list[str]], Any]
 

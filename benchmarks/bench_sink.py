@@ -21,9 +21,9 @@ from producers.events import StepEvent, parse_event
 from producers.settings import Settings
 from producers.topics import Topics
 from sinks.batching import BatchPolicy
+from sinks.migrations import apply_schema
 from sinks.query import Target, connect, open_client
 from sinks.rows import Located
-from sinks.schema import apply_schema
 from sinks.sink import Sink
 from sinks.writer import insert_rows
 

@@ -1,7 +1,19 @@
-"""`python -m grafana`: regenerate grafana/dashboards/*.json and grafana/provisioning/."""
+"""`python -m grafana [--out DIR]`: write the dashboards' JSON and the provisioning files.
+
+The committed copies live in `grafana/` (DIR's default): `DIR/dashboards/*.json`
+and `DIR/provisioning/` (the Docker stack of compose.yaml mounts both). A test
+checks that the committed files are what this command writes.
+"""
+
+import argparse
+from pathlib import Path
 
 from grafana.catalog import repo_root, write_all
 from grafana.provision import write_provisioning
 
-for path in [*write_all(), *write_provisioning(repo_root() / "grafana" / "provisioning")]:
-    print(path.relative_to(repo_root()))
+parser = argparse.ArgumentParser(prog="python -m grafana", description=__doc__.splitlines()[0])
+parser.add_argument("--out", type=Path, default=repo_root() / "grafana", metavar="DIR",
+                    help="folder to write dashboards/ and provisioning/ into (default: the repository's grafana/)")
+out = parser.parse_args().out
+for path in [*write_all(out / "dashboards"), *write_provisioning(out / "provisioning")]:
+    print(path)

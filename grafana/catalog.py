@@ -56,9 +56,8 @@ def all_models() -> dict[str, dashboard.Dashboard]:
     return {name: build(name) for name in BUILDERS}
 
 
-def write_all(directory: Path | None = None) -> list[Path]:
-    """Write every dashboard as <name>.json; returns the paths written."""
-    directory = directory or dashboards_dir()
+def write_all(directory: Path) -> list[Path]:
+    """Write every dashboard as <name>.json into `directory`; returns the paths written."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for name, model in all_models().items():

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from producers.aliases import ALIASES, BOUNDS, INT_COLUMNS
-from producers.events import METRIC_NAME_MAX, SAMPLE_TEXT_MAX, SAMPLES_MAX
+from producers.field_rules import METRIC_NAME_MAX, SAMPLE_TEXT_MAX, SAMPLES_MAX
 
 TOLERANCE = 1e-6  # how far outside a column's bound a value is still clamped (relative, at least absolute)
 INT64 = (-(2**63), 2**63 - 1)

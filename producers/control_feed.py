@@ -13,9 +13,11 @@ import logging
 import threading
 from typing import Any
 
+from producers.backoff import Backoff
 from producers.events import CommandEvent, ValidationError, parse_event
 
 log = logging.getLogger(__name__)
+RETRY = Backoff(initial_s=1.0, max_s=30.0)  # the broker may be away for minutes
 
 
 def applies_to(command: CommandEvent, run_id: str, node: str) -> bool:
@@ -48,14 +50,16 @@ class ControlFeed:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        backoff = 1.0
+        failures = 0
         while not self._stop.is_set():
             try:
                 self._consume()
+                failures = 0
             except Exception as exc:  # noqa: BLE001 - the broker may come and go; training must not care
-                log.debug("control feed: %s; retrying in %.0f s", exc, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                failures += 1
+                delay = RETRY.delay(failures)
+                log.debug("control feed: %s; retrying in %.0f s", exc, delay)
+                self._stop.wait(delay)
 
     def _consume(self) -> None:
         from kafka import KafkaConsumer, TopicPartition

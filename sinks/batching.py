@@ -1,4 +1,4 @@
-"""Batching policy, batch plans, deduplication tokens and backoff (pure).
+"""Batching policy, batch plans and deduplication tokens (pure).
 
 A batch is cut per Kafka partition: one chunk is a contiguous run of offsets
 of one partition, inserted as one block with the token
@@ -134,18 +134,3 @@ class Batcher(Generic[T]):
         for tp in list(self._buffers):
             if tps is None or tp in tps:
                 self.total -= len(self._buffers.pop(tp).offsets)
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential backoff for a store that is down: initial, doubling, capped."""
-
-    initial_s: float = 0.2
-    factor: float = 2.0
-    max_s: float = 10.0
-
-    def delay(self, attempt: int) -> float:
-        """Seconds to wait before retry number `attempt` (1-based)."""
-        if attempt < 1:
-            return 0.0
-        return min(self.max_s, self.initial_s * self.factor ** (attempt - 1))

@@ -23,10 +23,10 @@ import uuid
 from typing import Any
 
 from producers.settings import Settings
-
 from sinks.batching import Batcher, BatchPolicy, dedup_token
 from sinks.decode import decode
-from sinks.schema import TABLES, SchemaOptions, apply_schema, drop_tables, recreate_tables
+from sinks.migrations import apply_schema, drop_tables, recreate_tables
+from sinks.schema import TABLES, SchemaOptions
 from sinks.writer import insert_rows
 
 log = logging.getLogger("areal.sink.replay")

@@ -1,7 +1,7 @@
-"""The ClickHouse schema: one table per topic, views that read FINAL, migrations.
+"""The ClickHouse schema: one table per topic, views that read FINAL.
 
 Everything here is plain SQL text built from `SchemaOptions`, applied by
-`apply_schema(client, options)` to any clickhouse-connect client (embedded chdb
+`sinks.migrations.apply_schema(client, options)` to any clickhouse-connect client (embedded chdb
 or a server: the same statements on both paths).
 
 Design (see docs/CLICKHOUSE.md):
@@ -35,13 +35,12 @@ Design (see docs/CLICKHOUSE.md):
   `insert_deduplication_token`, and a retried batch would be stored twice.
 - Migrations are numbered, each statement is idempotent (`IF NOT EXISTS`), and
   the applied versions are recorded in `schema_migrations`, so running
-  `apply_schema` twice, or from two processes, is harmless.
+  `apply_schema` (sinks/migrations.py) twice, or from two processes, is harmless.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -333,7 +332,7 @@ def drop_table_sql(table: Table, o: SchemaOptions) -> str:
     return f"DROP TABLE IF EXISTS {o.database}.{table.name}{o.on_cluster} SYNC"
 
 
-def _plans_sql(o: SchemaOptions) -> str:
+def plans_sql(o: SchemaOptions) -> str:
     return (
         f"CREATE TABLE IF NOT EXISTS {o.database}.{BATCH_PLANS}{o.on_cluster} (\n"
         f"    consumer_group String, topic String, partition UInt32,\n"
@@ -341,191 +340,3 @@ def _plans_sql(o: SchemaOptions) -> str:
         f")\nENGINE = {o.engine(BATCH_PLANS, args='planned_at')}\n"
         f"ORDER BY (consumer_group, topic, partition)"
     )
-
-
-def _migrations_sql(o: SchemaOptions) -> str:
-    return (
-        f"CREATE TABLE IF NOT EXISTS {o.database}.{MIGRATIONS_TABLE}{o.on_cluster} (\n"
-        f"    version UInt32, description String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3, 'UTC')\n"
-        f")\nENGINE = {o.engine(MIGRATIONS_TABLE)}\nORDER BY version"
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Rekey:
-    """Move a table to a new sorting or partition key (ClickHouse cannot ALTER them): copy into a new
-    table, swap, drop.
-
-    Idempotent by looking: a table that already has both keys is left alone (a
-    copy left over by an interrupted run is dropped); an interrupted copy is
-    started again from scratch. Rows keep every column, `_ingested_at` included.
-    On a cluster the DDL runs ON CLUSTER and the copy (an INSERT, which has no
-    ON CLUSTER) runs once: the tables are replicated, one shard.
-    """
-
-    table: str
-    version: int  # the migration's: names the copy (and its Keeper path on a cluster) uniquely
-
-    def temp(self) -> str:
-        return f"{self.table}__v{self.version}"
-
-    def statements(self, o: SchemaOptions) -> list[str]:
-        t, db, oc = TABLES_BY_NAME[self.table], o.database, o.on_cluster
-        cols = "<the columns both tables have>"
-        return [
-            f"DROP TABLE IF EXISTS {db}.{self.temp()}{oc} SYNC",
-            create_table_sql(t, o, self.temp()),
-            f"INSERT INTO {db}.{self.temp()} ({cols}) SELECT {cols} FROM {db}.{t.name}",
-            f"EXCHANGE TABLES {db}.{t.name} AND {db}.{self.temp()}{oc}",
-            f"DROP TABLE IF EXISTS {db}.{self.temp()}{oc} SYNC",
-        ]
-
-    def apply(self, client: Any, o: SchemaOptions) -> None:
-        t, db = TABLES_BY_NAME[self.table], o.database
-        where = f"database = '{db}' AND name = '{t.name}'"
-        keys = str(client.command(f"SELECT concat(sorting_key, '|', partition_key) FROM system.tables WHERE {where}"))
-        drop, create, insert, exchange, _ = self.statements(o)
-        if "|" not in keys:  # no such table (yet): nothing to move, make it in its layout
-            client.command(create_table_sql(t, o))
-            return
-        if _layout(*keys.partition("|")[::2]) == _layout(", ".join(t.order_by), PARTITION_BY):
-            client.command(drop)
-            return
-        old = set(str(client.command(f"SELECT arrayStringConcat(groupArray(name), ',') FROM system.columns "
-                                     f"WHERE {where.replace('name =', 'table =')}")).split(","))
-        cols = ", ".join(f"`{c.name}`" for c in t.columns if c.name in old and c.name != "_version")
-        client.command(drop)
-        client.command(create)
-        client.command(insert.replace("<the columns both tables have>", cols))
-        client.command(exchange)
-        client.command(drop)
-
-
-def _layout(sorting_key: str, partition_key: str) -> tuple[str, str]:
-    """A table's keys as system.tables spells them, spaces aside."""
-    return "".join(str(sorting_key).split()), "".join(str(partition_key).split())
-
-
-Statement = str | Rekey
-
-
-def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
-    """(version, description, idempotent statements), oldest first."""
-    v1 = [create_table_sql(t, o) for t in TABLES] + [_plans_sql(o)] + [create_view_sql(t, o) for t in TABLES]
-    # v2 brings a store made by v1 to the columns above (on a new store v1 already made
-    # them, and every statement here is then a no-op).
-    v2 = [
-        f"ALTER TABLE {o.database}.steps{o.on_cluster} MODIFY COLUMN epoch Float64",
-        *_add_columns("steps", ("world_size", "attempt", "non_finite", "n_samples"), o),
-        *_add_columns("evals", ("dataset_fingerprint", "metrics", "attempt"), o),
-        create_table_sql(TABLES_BY_NAME["runs"], o),
-        create_view_sql(TABLES_BY_NAME["runs"], o),
-    ]
-    # v3: steps and evals keyed by what they are about, versioned by (attempt, offset), so
-    # a resumed attempt replaces the earlier one's rows; generations; v_runs folds run events.
-    v3: list[Statement] = [
-        Rekey("steps", 3),
-        Rekey("evals", 3),
-        create_table_sql(TABLES_BY_NAME["generations"], o),
-        create_view_sql(TABLES_BY_NAME["generations"], o),
-        create_view_sql(TABLES_BY_NAME["steps"], o),
-        create_view_sql(TABLES_BY_NAME["evals"], o),
-        create_view_sql(TABLES_BY_NAME["runs"], o),
-    ]
-    # v4: every table partitioned by run (FINAL per partition; a run's parts apart from the others'),
-    # copied into the new layout; the views again (v_steps may leave out expired rows).
-    v4: list[Statement] = [*(Rekey(t.name, 4) for t in TABLES), *(create_view_sql(t, o) for t in TABLES)]
-    return [
-        (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
-        (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
-        (3, "steps and evals keyed by run, step, rank (a later attempt replaces); generations; v_runs", v3),
-        (4, "every table partitioned by run (cityHash64(run_id) % 16)", v4),
-    ]
-
-
-def _add_columns(table: str, names: Sequence[str], o: SchemaOptions) -> list[str]:
-    columns = {c.name: c for c in TABLES_BY_NAME[table].columns}
-    return [f"ALTER TABLE {o.database}.{table}{o.on_cluster} ADD COLUMN IF NOT EXISTS {columns[n].ddl()}" for n in names]
-
-
-def schema_statements(o: SchemaOptions = SchemaOptions()) -> list[str]:
-    """Every statement `apply_schema` may run, in order (for review and for docs)."""
-    out = [f"CREATE DATABASE IF NOT EXISTS {o.database}{o.on_cluster}", _migrations_sql(o)]
-    for _, _, stmts in migrations(o):
-        for stmt in stmts:
-            if isinstance(stmt, Rekey):  # a new store makes the table in its layout; an older one copies
-                out.extend([create_table_sql(TABLES_BY_NAME[stmt.table], o), *stmt.statements(o)])
-            else:
-                out.append(stmt)
-    return [*out, _ttl_sql(o), create_view_sql(TABLES_BY_NAME["steps"], o)]  # apply_ttl: when the TTL differs
-
-
-def applied_version(client: Any, o: SchemaOptions = SchemaOptions()) -> int:
-    """The highest recorded migration, 0 when none (or no database yet)."""
-    exists = client.command(
-        f"SELECT count() FROM system.tables WHERE database = '{o.database}' AND name = '{MIGRATIONS_TABLE}'"
-    )
-    if not int(exists):
-        return 0
-    return int(client.command(f"SELECT max(version) FROM {o.database}.{MIGRATIONS_TABLE}") or 0)
-
-
-def apply_schema(client: CommandClient, options: SchemaOptions = SchemaOptions()) -> int:
-    """Create or upgrade the schema; safe to run any number of times. Returns the version now applied.
-
-    Every statement is idempotent, and a migration is recorded only after all
-    its statements succeeded, so an interrupted run is finished by the next.
-    """
-    o = options
-    client.command(f"CREATE DATABASE IF NOT EXISTS {o.database}{o.on_cluster}")
-    client.command(_migrations_sql(o))
-    current = applied_version(client, o)
-    for version, description, stmts in migrations(o):
-        if version <= current:
-            continue
-        for stmt in stmts:
-            if isinstance(stmt, Rekey):
-                stmt.apply(client, o)
-            else:
-                client.command(stmt)
-        escaped = description.replace("\\", "\\\\").replace("'", "\\'")
-        client.command(f"INSERT INTO {o.database}.{MIGRATIONS_TABLE} (version, description) VALUES ({version}, '{escaped}')")
-        current = version
-    apply_ttl(client, o)
-    return current
-
-
-def apply_ttl(client: CommandClient, o: SchemaOptions) -> None:
-    """Give raw steps the TTL the options ask for (or none), and `v_steps` the matching filter.
-
-    Not a migration: the setting may change between two starts of the sink.
-    ALTER only when the table's TTL differs (a changed TTL is applied to the
-    stored parts too, ClickHouse's `materialize_ttl_after_modify`).
-    """
-    steps = TABLES_BY_NAME["steps"]
-    wanted = o.ttl(steps)
-    where = f"database = '{o.database}' AND name = 'steps'"
-    current = str(client.command(f"SELECT extract(create_table_query, 'TTL (.*) SETTINGS') FROM system.tables WHERE {where}"))
-    if "".join(current.split()) != "".join((wanted or "").split()):
-        client.command(_ttl_sql(o))
-    client.command(create_view_sql(steps, o))  # also after an ALTER that an interrupted start left without it
-
-
-def _ttl_sql(o: SchemaOptions) -> str:
-    table, wanted = f"{o.database}.steps{o.on_cluster}", o.ttl(TABLES_BY_NAME["steps"])
-    return f"ALTER TABLE {table} MODIFY TTL {wanted}" if wanted else f"ALTER TABLE {table} REMOVE TTL"
-
-
-def drop_tables(client: CommandClient, options: SchemaOptions = SchemaOptions(), names: Sequence[str] | None = None) -> None:
-    """Drop the tables (for `replay`); the views are recreated by `recreate_tables`."""
-    for t in TABLES:
-        if names is None or t.name in names:
-            client.command(drop_table_sql(t, options))
-
-
-def recreate_tables(client: CommandClient, options: SchemaOptions = SchemaOptions()) -> None:
-    """Create the per-topic tables and their views again after `drop_tables`."""
-    for t in TABLES:
-        client.command(create_table_sql(t, options))
-    for t in TABLES:
-        client.command(create_view_sql(t, options))

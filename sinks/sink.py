@@ -19,12 +19,20 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from producers.backoff import Backoff
 from producers.settings import Settings
-
-from sinks.batching import Backoff, Batcher, BatchPolicy, Chunk, Plan, TopicPartition, dedup_token
+from sinks.batching import (
+    Batcher,
+    BatchPolicy,
+    Chunk,
+    Plan,
+    TopicPartition,
+    dedup_token,
+)
 from sinks.decode import decode
+from sinks.migrations import apply_schema
 from sinks.query import Target, open_client
-from sinks.schema import TABLES, SchemaOptions, apply_schema
+from sinks.schema import TABLES, SchemaOptions
 from sinks.writer import insert_rows, load_plans, record_plans
 
 log = logging.getLogger("areal.sink")

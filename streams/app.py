@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import faust
-from faust.types import TP
 
 from producers.topics import Topics
 from streams.batch import Input, SendFn, StreamCore
 from streams.batcher import Batcher, Tick
 from streams.config import StreamsConfig
+from streams.input_feed import InputFeed
 from streams.resync import InputGuard
 
 __all__ = ["Input", "SendFn", "StreamCore", "StreamWorker", "app_id_for", "build_worker", "ticks_topic_for"]
@@ -106,6 +106,35 @@ def _env_float(name: str, default: float) -> float:
         return default
 
 
+def _faust_app(prefix: str, bootstrap: str, credentials: Any, datadir: Path, partitions: int,
+               replication_factor: int, commit_interval: float, session_timeout: float) -> faust.App:
+    return faust.App(
+        app_id_for(prefix),
+        broker="kafka://" + ";".join(bootstrap.split(",")),
+        broker_credentials=credentials,
+        datadir=str(datadir),
+        store="memory://",  # the changelog topic is the durable copy
+        web_enabled=False,
+        autodiscover=False,
+        topic_partitions=partitions,
+        topic_replication_factor=replication_factor,
+        table_standby_replicas=0,
+        key_serializer="raw",
+        value_serializer="raw",
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=commit_interval,
+        broker_session_timeout=session_timeout,
+        broker_heartbeat_interval=1.0,
+        broker_rebalance_timeout=session_timeout,
+        producer_acks=-1,
+        # A batch's outputs and state records leave in a few produce requests, not one each
+        # (the batch waits for their acknowledgement anyway).
+        producer_linger=0.005,
+        producer_max_batch_size=256 * 1024,
+        worker_redirect_stdouts=False,
+    )
+
+
 def build_worker(
     *,
     bootstrap: str,
@@ -132,31 +161,8 @@ def build_worker(
     """
     config = config or StreamsConfig()
     durability = {"min.insync.replicas": str(min_insync_replicas)}
-    app = faust.App(
-        app_id_for(topics.prefix),
-        broker="kafka://" + ";".join(bootstrap.split(",")),
-        broker_credentials=credentials,
-        datadir=str(datadir),
-        store="memory://",  # the changelog topic is the durable copy
-        web_enabled=False,
-        autodiscover=False,
-        topic_partitions=partitions,
-        topic_replication_factor=replication_factor,
-        table_standby_replicas=0,
-        key_serializer="raw",
-        value_serializer="raw",
-        consumer_auto_offset_reset="earliest",
-        broker_commit_interval=commit_interval,
-        broker_session_timeout=session_timeout,
-        broker_heartbeat_interval=1.0,
-        broker_rebalance_timeout=session_timeout,
-        producer_acks=-1,
-        # A batch's outputs and state records leave in a few produce requests, not one each
-        # (the batch waits for their acknowledgement anyway).
-        producer_linger=0.005,
-        producer_max_batch_size=256 * 1024,
-        worker_redirect_stdouts=False,
-    )
+    app = _faust_app(topics.prefix, bootstrap, credentials, datadir, partitions, replication_factor,
+                     commit_interval, session_timeout)
     steps = app.topic(topics.steps, key_type=bytes, value_type=bytes)
     evals = app.topic(topics.evals, key_type=bytes, value_type=bytes)
     run_events = app.topic(topics.runs, key_type=bytes, value_type=bytes)
@@ -172,6 +178,8 @@ def build_worker(
         return await app.producer.send(topic, key, value, None, None, None)
 
     core = StreamCore(topics=topics, config=config, table=runs, send=send or kafka_send, clock=clock)
+    real_consumer = send is None
+    feed = InputFeed(app, InputGuard() if real_consumer else None, (topics.steps, topics.evals, topics.runs))
 
     async def ack(token: tuple[Any, Any]) -> None:
         stream, event = token
@@ -182,52 +190,21 @@ def build_worker(
 
     if linger_s is None:
         linger_s = _env_float("AREAL_STREAMS_LINGER_MS", 5.0) / 1000.0
-    guard = InputGuard() if send is None else None  # a real consumer: guard against skipped input
-
-    def backlog() -> bool:
-        """More input in Kafka than the agents have read (the high-water marks of the last fetch)."""
-        assert guard is not None
-        for (topic, partition), last in list(guard.last.items()):
-            try:
-                high = app.consumer.highwater(TP(topic, partition))
-            except Exception:  # noqa: BLE001 - a partition being reassigned
-                continue
-            if high is not None and high > last + 1:
-                return True
-        return False
-
-    batcher = Batcher(core, ack, max_batch=max_batch, linger_s=max(0.0, linger_s),
-                      backlog=backlog if guard is not None else None, on_crash=crash if send is None else None)
-
-    async def seek(topic: str, partition: int, offset: int) -> None:
-        await app.consumer.seek(TP(topic, partition), offset)
-
-    async def consume_inputs(stream: Any) -> None:
-        stream = stream.noack()  # acknowledged by the batcher, once processed
-        async for event in stream.events():
-            m = event.message
-            if guard is not None:  # at arrival: how long a batch takes does not matter to it
-                verdict, target = guard.on_message((m.topic, m.partition), m.offset, time.monotonic())
-                if verdict != "process":
-                    if verdict == "seek" and target is not None:
-                        log.warning("%s/%s jumped to offset %s; re-reading from %s", m.topic, m.partition,
-                                    m.offset, target)
-                        await seek(m.topic, m.partition, target)
-                    await stream.ack(event)
-                    continue
-            await batcher.add(Input(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp), (stream, event))
+    batcher = feed.batcher = Batcher(core, ack, max_batch=max_batch, linger_s=max(0.0, linger_s),
+                                     backlog=feed.backlog if real_consumer else None,
+                                     on_crash=crash if real_consumer else None)
 
     @app.agent(steps, name="steps")
     async def steps_agent(stream: Any) -> None:
-        await consume_inputs(stream)
+        await feed.consume(stream)
 
     @app.agent(evals, name="evals")
     async def evals_agent(stream: Any) -> None:
-        await consume_inputs(stream)
+        await feed.consume(stream)
 
     @app.agent(run_events, name="runs")
     async def runs_agent(stream: Any) -> None:
-        await consume_inputs(stream)
+        await feed.consume(stream)
 
     @app.agent(ticks, name="ticks")
     async def ticks_agent(stream: Any) -> None:
@@ -243,35 +220,13 @@ def build_worker(
 
     @app.timer(interval=5.0)
     async def unstick_inputs() -> None:
-        """Partitions whose fetched messages stopped coming: seek back (streams.resync)."""
-        if guard is None:
-            return
-        now = time.monotonic()
-        if batcher.paused():  # the agents stopped reading on purpose: a quiet spell starts now
-            guard.touch(now)
-            return
-        for tp in list(app.consumer.assignment()):
-            if tp.topic not in (topics.steps, topics.evals, topics.runs):
-                continue
-            try:
-                position = await app.consumer.position(tp)
-            except Exception:  # noqa: BLE001 - a partition being reassigned: next time
-                continue
-            # Faust keeps a committed offset of 0 as None; the worker commits start offsets
-            # for every partition before it starts, so None means 0 here.
-            committed = getattr(app.consumer, "_committed_offset", {}).get(tp) or 0
-            target = guard.stuck((tp.topic, tp.partition), position, now, committed)
-            if target is not None:
-                log.warning("%s/%s fetched up to %s but delivers nothing; re-reading from %s",
-                            tp.topic, tp.partition, position, target)
-                await seek(tp.topic, tp.partition, target)
+        await feed.unstick()
 
     @app.on_partitions_revoked.connect
     async def drop_cache(app: faust.App, revoked: Any, **kwargs: Any) -> None:
         # Another worker may own these runs next: their cached state would go stale.
         core.forget_cache()
-        if guard is not None:
-            guard.forget()
+        feed.forget()
 
     # Table writes queue changelog records in Faust's producer buffer; the default of 100
     # makes the stream stop and drain (with a warning) every 100 records under load.

@@ -72,13 +72,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from producers.config_fields import typed_fields
+from producers.errors import ConfigError
+
 CONFIG_ENV = "AREAL_STREAMS_CONFIG"
 _OPTIONAL = frozenset({"reward_threshold", "lr_eval_threshold", "lr_eval_dataset"})  # None: off / any
 _TEXT = frozenset({"lr_eval_dataset"})  # names, not numbers
-
-
-class ConfigError(ValueError):
-    """A config file or override that cannot be used; the message names the field."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,19 +182,7 @@ class RunConfig:
                 raise ConfigError(f"streams config {name}: must be >= 0")
 
     def with_overrides(self, overrides: Mapping[str, Any], where: str = "") -> RunConfig:
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ConfigError(f"streams config{where}: unknown setting {', '.join(map(repr, unknown))}")
-        changes = dict(overrides)
-        # JSON has one number type: accept 30.0 where an integer is meant.
-        for f in dataclasses.fields(self):
-            v = changes.get(f.name)
-            if f.type == "int" and isinstance(v, float) and v.is_integer():
-                changes[f.name] = int(v)
-            if f.type in ("float", "float | None") and isinstance(v, int) and not isinstance(v, bool):
-                changes[f.name] = float(v)
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **typed_fields(RunConfig, overrides, f"streams config{where}"))
 
 
 @dataclass(frozen=True, slots=True)

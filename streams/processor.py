@@ -381,17 +381,3 @@ def has_clock_work(state: RunState, now: float, cfg: RunConfig) -> bool:
     return bool(cfg.stall_seconds > 0 and not s.stalled and not state.lifecycle.ended
                 and s.last_step_at is not None and now - s.last_step_at >= cfg.stall_seconds)
 
-
-def describe(state: RunState) -> dict[str, Any]:
-    """A short summary for logs and debugging."""
-    return {
-        "run_id": state.run_id,
-        "max_step": state.smoothing.max_step,
-        "attempt": state.lifecycle.attempt,
-        "ended": state.lifecycle.ended,
-        "pending_steps": len(state.ranks.pending),
-        "mode": state.trigger.mode,
-        "interval": state.trigger.interval,
-        "open_rounds": len(state.votes.open_rounds),
-        "lr_factor": state.eval_loop.factor,
-    }

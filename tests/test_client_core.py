@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from producers import coerce
 from producers.aliases import ALIASES
 from producers.attempts import next_attempt, read_local, write_local
-from producers.events import SAMPLE_TEXT_MAX, SAMPLES_MAX, StepEvent, event_from_dict
+from producers.events import StepEvent, event_from_dict
+from producers.field_rules import SAMPLE_TEXT_MAX, SAMPLES_MAX
 from producers.launcher_env import identity_from_env, job_run_id
 from producers.run_info import clean_tags, detect_framework, git_commit, new_run_id
 from producers.topics import Topics

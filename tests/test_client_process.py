@@ -204,8 +204,8 @@ def test_a_step_logged_twice_is_one_row_with_both_calls_values(tmp_path: Path) -
     """What the journal holds, stored the way the sink stores it: the later (merged) event replaces the first."""
     from producers.topics import Topics
     from sinks.decode import decode
+    from sinks.migrations import apply_schema
     from sinks.query import Target, open_client
-    from sinks.schema import apply_schema
     from sinks.writer import insert_rows
 
     out = run_script("""

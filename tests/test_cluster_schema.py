@@ -16,9 +16,16 @@ import pytest
 
 from producers.errors import ConfigError
 from producers.settings import Settings
+from sinks.migrations import apply_schema, schema_statements
 from sinks.query import Target, open_client
-from sinks.replay import ReplayRefused, check_cluster, cluster_refusal, rebuild_tables, replay_into
-from sinks.schema import BATCH_PLANS, MIGRATIONS_TABLE, TABLES, SchemaOptions, apply_schema, schema_statements
+from sinks.replay import (
+    ReplayRefused,
+    check_cluster,
+    cluster_refusal,
+    rebuild_tables,
+    replay_into,
+)
+from sinks.schema import BATCH_PLANS, MIGRATIONS_TABLE, TABLES, SchemaOptions
 
 CLUSTER = SchemaOptions(cluster="prod", replicated=True)
 
@@ -122,8 +129,8 @@ def test_an_unknown_or_sharded_cluster_is_refused(shards, reason) -> None:
 
 @pytest.mark.broker
 def test_a_sharded_cluster_is_refused_before_any_table_is_dropped(kafka_bootstrap, topics) -> None:
-    from producers.publisher import Publisher
     from producers.events import StepEvent
+    from producers.publisher import Publisher
 
     publisher = Publisher(kafka_bootstrap, topics)
     publisher.publish(StepEvent(run_id="r1", step=1, epoch=0))

@@ -179,10 +179,27 @@ def test_push_creates_then_updates() -> None:
     assert ("datasource.update_datasource_by_uid", (DATASOURCE_UID, datasource(server))) in again.calls
 
 
-def test_cli_generate_writes_the_same_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_generate_writes_the_committed_files_into_the_folder_named(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["grafana", "generate", "--out", str(tmp_path)]) == 0
     for name in BUILDERS:
-        assert (tmp_path / f"{name}.json").read_text() == (dashboards_dir() / f"{name}.json").read_text()
+        assert (tmp_path / "dashboards" / f"{name}.json").read_text() == (dashboards_dir() / f"{name}.json").read_text()
+    committed_provisioning = dashboards_dir().parent / "provisioning"
+    for path in committed_provisioning.rglob("*.yaml"):
+        assert (tmp_path / "provisioning" / path.relative_to(committed_provisioning)).read_text() == path.read_text()
+    assert sorted(p.name for p in (tmp_path / "provisioning").rglob("*.yaml")) == \
+        sorted(p.name for p in committed_provisioning.rglob("*.yaml"))
+
+
+def test_python_m_grafana_writes_into_the_out_folder(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "grafana", "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=120, check=False, cwd=dashboards_dir().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in (tmp_path / "dashboards").glob("*.json")) == sorted(f"{n}.json" for n in BUILDERS)
+    assert (tmp_path / "provisioning" / "datasources" / "clickhouse.yaml").is_file()
 
 
 def test_cli_provision_errors_are_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

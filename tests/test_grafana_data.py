@@ -3,7 +3,7 @@
 The fixture is what `tests/data/make_demo_events.py` captured from two real
 training runs and the stream worker's real logic (see that script). Loading
 uses the sink's own row building and insert (`sinks.writer.insert_rows`) into
-the sink's schema (`sinks.schema.apply_schema`) on the embedded engine, so the
+the sink's schema (`sinks.migrations.apply_schema`) on the embedded engine, so the
 dashboards' and the report's tests read exactly what a running sink stores.
 """
 
@@ -19,9 +19,10 @@ from typing import Any
 from producers.events import Event, parse_event
 from producers.settings import Settings
 from producers.topics import Topics
+from sinks.migrations import apply_schema
 from sinks.query import DirectStore, Target, connect, open_client
 from sinks.rows import Located, table_for
-from sinks.schema import SchemaOptions, apply_schema
+from sinks.schema import SchemaOptions
 from sinks.writer import insert_rows
 
 FIXTURE = Path(__file__).parent / "data" / "demo_events.jsonl"

@@ -35,7 +35,7 @@ def test_the_bare_dependencies_are_the_client_and_torch_is_a_range() -> None:
     assert any(d.startswith("faust-streaming") for d in extras["stack"])
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     assert not any(p.startswith("benchmarks") for p in packages)
-    assert ".[stack,train,test,bench]" in (ROOT / "Makefile").read_text()
+    assert ".[stack,train,test,bench,integrations]" in (ROOT / "Makefile").read_text()
 
 
 def _run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:

@@ -226,7 +226,11 @@ def test_sigkill_mid_batch_repeatedly_loses_and_duplicates_nothing(stack_env: di
         rng = random.Random(3)
         kills = 0
         for _ in range(4):
-            time.sleep(rng.uniform(2.0, 3.0))  # the sink needs ~1-2 s to start; kill after it worked a while
+            # Kill a sink at work: once it has committed a batch (its start takes 1-2 s on a
+            # quiet machine, far longer under load), a little later, mid-way through the next.
+            wait_for(lambda: "committed" in log.read_text().rsplit("=== SIGKILL", 1)[-1], 120,
+                     "the sink to commit a batch before it is killed")
+            time.sleep(rng.uniform(0.0, 0.3))
             sink.send_signal(signal.SIGKILL)
             sink.wait(10)
             kills += 1
@@ -253,9 +257,6 @@ def test_sigkill_mid_batch_repeatedly_loses_and_duplicates_nothing(stack_env: di
     finally:
         client.close()
     assert kills == 4
-    # the kills hit sinks at work: most killed processes had committed batches
-    segments = log.read_text().split("=== SIGKILL")[:-1]
-    assert sum("committed" in seg for seg in segments) >= 3, log.read_text()[-3000:]
 
 
 def test_store_outage_backs_off_and_catches_up(running_sink: Sink, kafka_bootstrap: str, topics: Topics) -> None:
@@ -287,10 +288,10 @@ def test_replay_refuses_to_lose_data(settings: Settings, kafka_bootstrap: str, t
     from kafka import KafkaAdminClient
     from kafka.structs import TopicPartition
 
+    from sinks.migrations import apply_schema
     from sinks.replay import ReplayRefused
-    from sinks.schema import apply_schema
-    from sinks.writer import insert_rows
     from sinks.rows import Located
+    from sinks.writer import insert_rows
 
     client = open_client(Target.parse(settings.clickhouse_url), readonly=False, use_database=False)
     try:

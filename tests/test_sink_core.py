@@ -10,12 +10,14 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from producers.backoff import Backoff
 from producers.events import CommandEvent, EvalEvent, StepEvent
 from producers.topics import Topics
-from sinks.batching import Backoff, Batcher, BatchPolicy, Plan, dedup_token
+from sinks.batching import Batcher, BatchPolicy, Plan, dedup_token
 from sinks.decode import dead_letter_id, decode
+from sinks.migrations import schema_statements
 from sinks.rows import Located, build_columns
-from sinks.schema import TABLES, TABLES_BY_NAME, SchemaOptions, create_table_sql, schema_statements
+from sinks.schema import TABLES, TABLES_BY_NAME, SchemaOptions, create_table_sql
 
 TOPICS = Topics("x.")
 
@@ -129,7 +131,8 @@ def test_wrong_table_is_refused() -> None:
 
 
 def test_every_contract_field_has_its_column() -> None:
-    from producers.events import EVENT_TYPES, _checks
+    from producers.events import EVENT_TYPES
+    from producers.field_rules import field_checks
     from sinks.schema import NOT_COLUMNS
 
     for table in TABLES:
@@ -138,7 +141,7 @@ def test_every_contract_field_has_its_column() -> None:
         if table.projected:  # generations: the eval's identity, and each sample's own fields
             assert set(table.order_by) <= set(table.insert_columns) and "sample" in table.order_by
             continue
-        fields = {c.name for c in _checks(cls)} - NOT_COLUMNS.get(table.name, frozenset())
+        fields = {c.name for c in field_checks(cls)} - NOT_COLUMNS.get(table.name, frozenset())
         assert fields <= set(table.insert_columns), (table.name, fields - set(table.insert_columns))
         # trainer input is keyed by what it is about (a resumed attempt replaces it); the rest by event
         if table.name in ("steps", "evals"):

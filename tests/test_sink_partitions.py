@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from producers.errors import ConfigError
 from producers.events import EvalConsensusEvent, EvalEvent, StepEvent
 from producers.settings import Settings
+from sinks.migrations import apply_schema
 from sinks.query import Target, open_client
 from sinks.rows import Located
 from sinks.schema import (
@@ -30,7 +31,6 @@ from sinks.schema import (
     TABLES,
     TABLES_BY_NAME,
     SchemaOptions,
-    apply_schema,
     create_table_sql,
 )
 from sinks.writer import insert_rows

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from producers.events import EvalEvent, RunEvent, StepEvent
 from producers.run_status import fold
+from sinks.migrations import apply_schema
 from sinks.query import Target, open_client
 from sinks.rows import Located
 from sinks.schema import (
@@ -26,7 +27,6 @@ from sinks.schema import (
     TABLES,
     TABLES_BY_NAME,
     SchemaOptions,
-    apply_schema,
     create_table_sql,
 )
 from sinks.writer import insert_rows

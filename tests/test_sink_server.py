@@ -13,10 +13,11 @@ import pytest
 from producers.events import EvalEvent, StepEvent
 from producers.settings import Settings
 from producers.topics import Topics
+from sinks.migrations import apply_schema, schema_statements
 from sinks.query import DirectStore, StoreError, Target, connect, open_client
 from sinks.replay import fingerprints
 from sinks.rows import Located
-from sinks.schema import TABLES, apply_schema, schema_statements
+from sinks.schema import TABLES
 from sinks.writer import insert_rows
 
 pytestmark = pytest.mark.timeout(300)

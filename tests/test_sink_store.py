@@ -16,9 +16,18 @@ import pytest
 from producers.events import EvalEvent, StepEvent
 from producers.settings import Settings
 from sinks.http_server import ClickHouseHTTPServer
-from sinks.query import OWNER_FILE, DirectStore, StoreError, Target, connect, open_client, read_owner
+from sinks.migrations import applied_version, apply_schema
+from sinks.query import (
+    OWNER_FILE,
+    DirectStore,
+    StoreError,
+    Target,
+    connect,
+    open_client,
+    read_owner,
+)
 from sinks.rows import Located
-from sinks.schema import SCHEMA_VERSION, TABLES, apply_schema, applied_version
+from sinks.schema import SCHEMA_VERSION, TABLES
 from sinks.writer import insert_rows
 
 

@@ -185,10 +185,12 @@ def test_config_overrides_per_run_and_patterns(tmp_path) -> None:
 @pytest.mark.parametrize(
     "data,message",
     [
-        ({"defaults": {"windw": 3}}, "unknown setting 'windw'"),
+        ({"defaults": {"windw": 3}}, "streams config defaults: unknown key 'windw'"),
         ({"runs": {"r": {"window": 0}}}, "window: must be >= 1"),
         ({"defaults": {"fast_exit_slope": 1.0}}, "fast_exit_slope"),
-        ({"defaults": {"window": "ten"}}, "window: not a number"),
+        ({"defaults": {"window": "ten"}}, "window: must be an integer"),
+        ({"defaults": {"window": 2.5}}, "window: must be an integer"),
+        ({"defaults": {"lr_eval_threshold": None, "reward_threshold": True}}, "reward_threshold: must be a number"),
         ({"extra": 1}, "unknown key 'extra'"),
     ],
 )

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
     generate = actions.add_parser("generate", help="write the dashboards' JSON and the provisioning files")
     generate.add_argument("--out", type=Path, default=None,
-                          help="directory for the dashboards (default: grafana/dashboards of this checkout)")
+                          help="folder for dashboards/ and provisioning/ (default: grafana/ of this checkout)")
 
     check = actions.add_parser("check", help="run every panel query against the configured ClickHouse")
     check.add_argument("--since", default="1h", help="time range to check, ending now: 30m, 6h, 2d (default: 1h)")
@@ -140,9 +140,8 @@ def _generate(args: argparse.Namespace) -> int:
     from grafana.catalog import repo_root, write_all
     from grafana.provision import write_provisioning
 
-    written = write_all(args.out)
-    if args.out is None:
-        written += write_provisioning(repo_root() / "grafana" / "provisioning")
+    out = args.out or repo_root() / "grafana"  # the committed copies by default
+    written = write_all(out / "dashboards") + write_provisioning(out / "provisioning")
     for path in written:
         print(path)
     return 0

@@ -1,0 +1,107 @@
+"""AReaL: tee what its `StatsLogger` commits (`areal.utils.stats_logger`) into a run.
+
+    from areal_metrics.integrations.areal import attach
+    with PPOTrainer(config, train_dataset=..., valid_dataset=...) as trainer:
+        attach(trainer.stats_logger, tags=["grpo"])
+        trainer.train(workflow=..., eval_workflow=...)
+
+AReaL's trainers commit their statistics with `commit(epoch, step, global_step,
+data)`, `data` a dict or a list of dicts (one per logged step), on rank 0 only.
+`attach` wraps that instance's `commit` (AReaL's own backends still run first)
+and its `close` (which finishes a run that `attach` created). Each dict
+becomes one `run.log` at the step AReaL itself logged it at (it keeps steps
+increasing across commits), with the fractional epoch `epoch + (step + 1) /
+steps_per_epoch`; AReaL's `__count` keys are left out as AReaL leaves them out.
+Names such as `ppo_actor/task_reward/avg` reach the typed columns through the
+client's aliases. Nothing of AReaL is imported here: any object with that
+`commit` works.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from producers.ids import is_valid_run_id
+
+log = logging.getLogger("areal_metrics.integrations.areal")
+
+ATTACHED = "_areal_metrics_run"  # the attribute that marks a StatsLogger already attached
+
+
+def attach(stats_logger: Any, run: Any = None, **init_kwargs: Any) -> Any:
+    """Tee `stats_logger`'s commits into `run` (or a run created with `init_kwargs`); returns the run.
+
+    On a rank other than 0 (where AReaL's StatsLogger logs nothing) nothing is
+    attached and None is returned. Attaching twice returns the first run.
+    """
+    if run is not None and init_kwargs:
+        raise TypeError("attach(): pass either run= or init() keywords, not both")
+    if getattr(stats_logger, ATTACHED, None) is not None:
+        return getattr(stats_logger, ATTACHED)
+    if _rank() != 0:
+        return None
+    owns = run is None
+    if owns:
+        import areal_metrics
+
+        run = areal_metrics.init(**{**_defaults(stats_logger), **init_kwargs, "world_size": 1})
+    commit, close = stats_logger.commit, getattr(stats_logger, "close", None)
+
+    def commit_and_log(epoch: int, step: int, global_step: int, data: Mapping[str, Any] | list) -> None:
+        commit(epoch, step, global_step, data)
+        items = [data] if isinstance(data, Mapping) else list(data)
+        last = getattr(stats_logger, "_last_commit_step", None)  # where AReaL put the last of these items
+        first = last - len(items) + 1 if isinstance(last, int) else global_step
+        epoch_now = _epoch(stats_logger, epoch, step)
+        for i, item in enumerate(items):
+            values = {k: v for k, v in item.items() if not str(k).endswith("__count")}
+            run.log({**values, "epoch": epoch_now}, step=max(first + i, 0))
+
+    def close_and_finish() -> None:
+        try:
+            if close is not None:
+                close()
+        finally:
+            if owns:
+                run.finish()
+
+    stats_logger.commit = commit_and_log
+    if close is not None or owns:
+        stats_logger.close = close_and_finish
+    setattr(stats_logger, ATTACHED, run)
+    return run
+
+
+def _rank() -> int:
+    """This process's rank as AReaL's StatsLogger sees it (torch.distributed), else the launcher's RANK."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def _defaults(stats_logger: Any) -> dict[str, Any]:
+    """init() keywords from AReaL's config: run id `<experiment>-<trial>`, group the experiment, config the whole."""
+    cfg = getattr(stats_logger, "config", None)
+    experiment, trial = getattr(cfg, "experiment_name", None), getattr(cfg, "trial_name", None)
+    out: dict[str, Any] = {"framework": "areal", "config": getattr(stats_logger, "exp_config", None)}
+    run_id = f"{experiment}-{trial}" if isinstance(experiment, str) and isinstance(trial, str) else None
+    if is_valid_run_id(run_id):
+        out["run_id"] = run_id
+    if isinstance(experiment, str) and experiment:
+        out["group"] = experiment
+    return out
+
+
+def _epoch(stats_logger: Any, epoch: int, step: int) -> float:
+    per_epoch = getattr(getattr(stats_logger, "ft_spec", None), "steps_per_epoch", None)
+    if isinstance(per_epoch, int) and per_epoch > 0:
+        return epoch + (step + 1) / per_epoch
+    return float(epoch)

@@ -1,0 +1,92 @@
+"""How the agents hand Kafka messages to the batcher, with the skipped-input guard.
+
+A real consumer's messages pass `streams.resync.InputGuard` on arrival: a
+partition that jumped past offsets it never delivered, or that fetched messages
+but stopped delivering them, is sought back and read again (what a batch takes
+does not matter to the guard). Agent tests that replace the producer have no
+consumer: `InputFeed(app, batcher, guard=None)` then only forwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import faust
+from faust.types import TP
+
+from streams.batch import Input
+from streams.batcher import Batcher
+from streams.resync import InputGuard
+
+log = logging.getLogger("streams")
+
+
+class InputFeed:
+    def __init__(self, app: faust.App, guard: InputGuard | None, inputs: tuple[str, ...]) -> None:
+        self.app = app
+        self.guard = guard
+        self.inputs = inputs  # the topics read for the core (not the ticks)
+        self.batcher: Batcher | None = None  # set once built (the batcher asks `backlog`)
+
+    def backlog(self) -> bool:
+        """More input in Kafka than the agents have read (the high-water marks of the last fetch)."""
+        assert self.guard is not None
+        for (topic, partition), last in list(self.guard.last.items()):
+            try:
+                high = self.app.consumer.highwater(TP(topic, partition))
+            except Exception:  # noqa: BLE001 - a partition being reassigned
+                continue
+            if high is not None and high > last + 1:
+                return True
+        return False
+
+    async def seek(self, topic: str, partition: int, offset: int) -> None:
+        await self.app.consumer.seek(TP(topic, partition), offset)
+
+    async def consume(self, stream: Any) -> None:
+        """An input agent's loop: every message to the batcher, acknowledged once processed."""
+        assert self.batcher is not None
+        stream = stream.noack()
+        async for event in stream.events():
+            m = event.message
+            if self.guard is not None:
+                verdict, target = self.guard.on_message((m.topic, m.partition), m.offset, time.monotonic())
+                if verdict != "process":
+                    if verdict == "seek" and target is not None:
+                        log.warning("%s/%s jumped to offset %s; re-reading from %s", m.topic, m.partition,
+                                    m.offset, target)
+                        await self.seek(m.topic, m.partition, target)
+                    await stream.ack(event)
+                    continue
+            await self.batcher.add(Input(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp), (stream, event))
+
+    async def unstick(self) -> None:
+        """Partitions whose fetched messages stopped coming: seek back (streams.resync)."""
+        if self.guard is None or self.batcher is None:
+            return
+        now = time.monotonic()
+        if self.batcher.paused():  # the agents stopped reading on purpose: a quiet spell starts now
+            self.guard.touch(now)
+            return
+        consumer = self.app.consumer
+        for tp in list(consumer.assignment()):
+            if tp.topic not in self.inputs:
+                continue
+            try:
+                position = await consumer.position(tp)
+            except Exception:  # noqa: BLE001 - a partition being reassigned: next time
+                continue
+            # Faust keeps a committed offset of 0 as None; the worker commits start offsets
+            # for every partition before it starts, so None means 0 here.
+            committed = getattr(consumer, "_committed_offset", {}).get(tp) or 0
+            target = self.guard.stuck((tp.topic, tp.partition), position, now, committed)
+            if target is not None:
+                log.warning("%s/%s fetched up to %s but delivers nothing; re-reading from %s",
+                            tp.topic, tp.partition, position, target)
+                await self.seek(tp.topic, tp.partition, target)
+
+    def forget(self) -> None:
+        if self.guard is not None:
+            self.guard.forget()

@@ -1,0 +1,87 @@
+"""The integrations' pure parts, their imports and the frameworks under test (no broker).
+
+- Every package the integration tests need (the `integrations` extra and the
+  Makefile's `NO_DEPS`) is installed in a version its pin allows: a missing
+  one fails here by name, so a run without the frameworks is never green.
+- `import areal_metrics` imports no integration; the AReaL and verl modules
+  import neither their framework nor torch until used.
+- The TRL callback's decision from commands, and HF evaluation metrics ->
+  `log_eval` keywords (a metric named like one of log_eval's parameters
+  keeps its `eval_` prefix instead of taking that parameter's place).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+import tomllib
+from importlib import metadata
+
+import pytest
+from packaging.requirements import Requirement
+
+from producers.events import CommandEvent
+from tests.test_client_broker import ROOT
+
+
+def requirements_under_test() -> list[Requirement]:
+    """The integrations extra of pyproject.toml and the Makefile's NO_DEPS (installed without their requirements)."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    no_deps = re.search(r"^NO_DEPS := (.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert no_deps is not None, "the Makefile has no NO_DEPS line"
+    return [Requirement(line) for line in [*extras["integrations"], *no_deps.group(1).split()]]
+
+
+@pytest.mark.parametrize("requirement", requirements_under_test(), ids=str)
+def test_what_the_integration_tests_need_is_installed(requirement: Requirement) -> None:
+    try:
+        version = metadata.version(requirement.name)
+    except metadata.PackageNotFoundError:
+        pytest.fail(f"{requirement.name} is not installed: `make install` installs the integrations extra and the "
+                    "Makefile's NO_DEPS (docs/INTEGRATIONS.md)")
+    assert requirement.specifier.contains(version, prereleases=True), (
+        f"{requirement.name} {version} is outside {requirement}: run `make install`")
+
+
+def test_importing_the_client_and_the_areal_and_verl_modules_stays_light() -> None:
+    code = textwrap.dedent("""
+        import sys
+        import areal_metrics
+        assert "areal_metrics.integrations" not in sys.modules
+        import areal_metrics.integrations.areal, areal_metrics.integrations.verl
+        heavy = [m for m in ("areal", "verl", "torch", "transformers", "trl", "ray") if m in sys.modules]
+        print("heavy", *heavy)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["heavy"]
+
+
+def command(name: str, **args: object) -> CommandEvent:
+    return CommandEvent(run_id="r", command=name, args=args)
+
+
+def test_commands_make_one_decision() -> None:
+    from areal_metrics.integrations.trl import Decision, decide
+
+    assert decide([]) == Decision()
+    got = decide([command("set_eval_interval", steps=5), command("evaluate_now"), command("scale_lr", factor=0.5),
+                   command("set_eval_interval", steps=7), command("stop")])
+    assert got == Decision(evaluate=True, stop=True, eval_interval=7, ignored=("scale_lr",))
+
+
+@pytest.mark.parametrize("accuracy_key", ["eval_accuracy", "eval_reward"])
+def test_evaluation_metrics_become_log_eval_keywords(accuracy_key: str) -> None:
+    from areal_metrics.integrations.trl import eval_result
+
+    metrics = {"eval_accuracy": 0.75, "eval_reward": 0.75, "eval_runtime": 2.5, "eval_completions/mean_length": 4.0,
+               "eval_loss": 0.1, "eval_status": 3.0, "eval_samples": 8.0, "epoch": 0.5}
+    got = eval_result(metrics, accuracy_key)
+    assert got is not None and got["accuracy"] == 0.75
+    assert got["reward"] == 0.75 and got["response_length"] == 4.0 and got["latency_ms"] == 2500.0
+    assert got["loss"] == 0.1 and got["eval_status"] == 3.0 and got["eval_samples"] == 8.0  # not log_eval's own
+    assert "status" not in got and "samples" not in got and "epoch" not in got
+    assert eval_result({"eval_loss": 0.1}, accuracy_key) is None

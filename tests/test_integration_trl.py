@@ -1,0 +1,193 @@
+"""TRL's GRPOTrainer with `ArealMetricsCallback`, against the real broker, stream worker and sink.
+
+The model and tokenizer are built here (a GPT-2 of two tiny layers over a
+character vocabulary, randomly initialised): nothing is downloaded. A Python
+reward function rewards completions that contain a digit, so `eval_reward` is
+an accuracy.
+
+- A few GRPO steps with an evaluation every 2 steps: every step is a row in
+  ClickHouse with TRL's values in the typed columns (reward, lr, latency from
+  step_time...), the fractional epoch, the rest in `metrics`; each evaluation
+  is an eval result with its consensus; the run is `finished`.
+- `evaluate_now` and `stop` published on the control topic: the trainer
+  evaluates once more and stops long before its max_steps; under torchrun
+  with 2 processes (only rank 0 has a run), both ranks evaluate and stop at
+  the same step.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from producers.topics import Topics
+from tests import integration_support, test_client_broker
+from tests.integration_support import publish_commands, rows_when, torchrun_obeying
+from tests.test_client_broker import wait_for
+
+sink = test_client_broker.sink  # the fixture: the real sink as a process, queried through its endpoint
+stream_worker = integration_support.stream_worker  # the fixture: the real stream worker as a process
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(600)]
+
+CHARS = "abcdefghijklmnopqrstuvwxyz0123456789+= "
+
+
+def reward_has_digit(completions: list[str], **kwargs: Any) -> list[float]:
+    return [1.0 if any(c.isdigit() for c in text) else 0.0 for text in completions]
+
+
+def tiny_grpo_trainer(out: Path, callback: Any, **config: Any) -> Any:
+    """GRPOTrainer on a randomly initialised 2-layer GPT-2 and a character tokenizer, on CPU, offline."""
+    import torch
+    from datasets import Dataset
+    from huggingface_hub import constants as hub
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from trl import GRPOConfig, GRPOTrainer
+
+    assert hub.HF_HUB_OFFLINE, "huggingface_hub was imported before the offline switch"
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(CHARS)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<eos>",
+                                        unk_token="<unk>")
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_positions=32, n_embd=16, n_layer=2, n_head=2,
+                                       bos_token_id=1, eos_token_id=1, pad_token_id=0))
+    prompts = Dataset.from_list([{"prompt": f"{i}+{i}="} for i in range(32)])
+    args = GRPOConfig(output_dir=str(out), use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True,
+                      per_device_train_batch_size=4, num_generations=2, max_completion_length=4, logging_steps=1,
+                      eval_strategy="steps", per_device_eval_batch_size=4, seed=0, **config)
+    return GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward_has_digit, args=args,
+                       train_dataset=prompts, eval_dataset=prompts.select(range(4)), callbacks=[callback])
+
+
+@pytest.fixture
+def areal_env(stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """This process talks to the test broker as a trainer would: through the AREAL_* environment."""
+    for name, value in stack_env.items():
+        if name.startswith("AREAL_"):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AREAL_EXIT_TIMEOUT_S", "30")
+    return stack_env
+
+
+def test_grpo_steps_and_evaluations_reach_clickhouse(areal_env: dict[str, str], topics: Topics, tmp_path: Path,
+                                                     sink, stream_worker) -> None:
+    from areal_metrics.integrations.trl import ArealMetricsCallback
+
+    callback = ArealMetricsCallback(run_id="trl-grpo", tags=["trl", "test"], group="integrations",
+                                    accuracy_key="eval_reward", git=False)
+    trainer = tiny_grpo_trainer(tmp_path / "out", callback, max_steps=4, eval_steps=2)
+    trainer.train()
+    assert callback.run.stats().failed == 0
+    logged = {e["step"]: e for e in trainer.state.log_history if "reward" in e}
+    evaluated = {e["step"]: e for e in trainer.state.log_history if "eval_reward" in e}
+    assert sorted(logged) == [1, 2, 3, 4] and sorted(evaluated) == [2, 4]
+
+    wait_for(lambda: sink("SELECT count() FROM v_steps WHERE run_id = 'trl-grpo'") == [(4,)], 120, "4 step rows")
+    # HF's train summary is logged at step 4 again: a second event for that row, the union of both
+    wait_for(lambda: sink("SELECT step FROM v_steps WHERE run_id = 'trl-grpo' "
+                          "AND mapContains(metrics, 'train_runtime')") == [(4,)], 120, "the summary on step 4")
+    rows = sink("SELECT step, epoch, reward, reward_std, entropy, lr, loss, latency_ms, response_length, "
+                "clip_ratio, metrics, rank, world_size FROM v_steps WHERE run_id = 'trl-grpo' ORDER BY step")
+    for step, epoch, reward, reward_std, entropy, lr, loss, latency_ms, length, clip, metrics, rank, world in rows:
+        trl_log = logged[step]
+        assert (rank, world) == (0, 1)
+        assert epoch == pytest.approx(trl_log["epoch"]) and 0 < epoch < 1  # fractional, as HF counts it
+        assert reward == pytest.approx(trl_log["reward"]) and reward_std == pytest.approx(trl_log["reward_std"])
+        assert entropy == pytest.approx(trl_log["entropy"]) and lr == pytest.approx(trl_log["learning_rate"])
+        assert loss == pytest.approx(trl_log["loss"]) and latency_ms == pytest.approx(trl_log["step_time"] * 1000)
+        assert length == pytest.approx(trl_log["completions/mean_length"])
+        assert clip == pytest.approx(trl_log["clip_ratio/region_mean"])
+        assert metrics["rewards/reward_has_digit/mean"] == pytest.approx(trl_log["rewards/reward_has_digit/mean"])
+        assert "clip_ratio/low_mean" in metrics and "num_tokens" in metrics
+        assert not any(name.startswith("eval_") for name in metrics)  # evaluations are eval results
+    summary = next(e for e in trainer.state.log_history if "train_runtime" in e)  # HF's last log, at step 4
+    assert rows[-1][10]["train_runtime"] == pytest.approx(summary["train_runtime"])  # joins the last row
+    assert all("train_runtime" not in row[10] for row in rows[:-1])
+
+    evals = rows_when(sink, "SELECT step, dataset, accuracy, reward, replicas, status, metrics FROM v_evals "
+                            "WHERE run_id = 'trl-grpo' ORDER BY step", 2, "the eval results")
+    assert [(s, d, r, st) for s, d, _, _, r, st, _ in evals] == [(2, "eval", 1, "ok"), (4, "eval", 1, "ok")]
+    for step, _, accuracy, reward, _, _, metrics in evals:
+        assert accuracy == pytest.approx(evaluated[step]["eval_reward"]) and reward == pytest.approx(accuracy)
+        assert metrics["rewards/reward_has_digit/mean"] == pytest.approx(accuracy)
+    consensus = rows_when(sink, "SELECT step, votes FROM v_eval_consensus WHERE run_id = 'trl-grpo' ORDER BY step",
+                          2, "the consensus of each evaluation")
+    assert consensus == [(2, 1), (4, 1)]
+    runs = wait_for(lambda: sink("SELECT status, framework, tags, `group`, config FROM v_runs "
+                                 "WHERE run_id = 'trl-grpo' AND status != 'running'"), 60, "the run to finish")
+    status, framework, tags, group, config = runs[0]
+    assert (status, framework, tags, group) == ("finished", "trl", ["trl", "test"], "integrations")
+    assert json.loads(config)["max_steps"] == 4  # the training arguments are the run's config
+    assert stream_worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]  # faust runs beside TRL's click
+
+
+def test_evaluate_now_and_stop_on_the_control_topic_are_obeyed(areal_env: dict[str, str], topics: Topics,
+                                                               tmp_path: Path, sink) -> None:
+    import areal_metrics as am
+    from areal_metrics.integrations.trl import ArealMetricsCallback
+
+    run = am.init(run_id="trl-stop", world_size=1, git=False)  # a run of the test's own: the callback leaves it open
+    publish_commands(areal_env["AREAL_KAFKA_BOOTSTRAP"], topics, "trl-stop", ("evaluate_now", "stop"))  # after init
+
+    trainer = tiny_grpo_trainer(tmp_path / "out", ArealMetricsCallback(run, accuracy_key="eval_reward"),
+                                max_steps=400, eval_steps=1000)  # never a scheduled evaluation before max_steps
+    trainer.train()
+    stopped_at = trainer.state.global_step
+    assert stopped_at < 400
+    evaluated = [e["step"] for e in trainer.state.log_history if "eval_reward" in e]
+    assert len(evaluated) == 1 and evaluated[0] <= stopped_at  # the command's evaluation; none was scheduled
+    run.finish()
+
+    wait_for(lambda: sink("SELECT count() FROM v_steps WHERE run_id = 'trl-stop'") == [(stopped_at,)], 120,
+             "the steps before the stop")
+    assert rows_when(sink, "SELECT step, status FROM v_evals WHERE run_id = 'trl-stop'", 1, "the eval result") == [
+        (evaluated[0], "ok")]
+
+
+DDP_SCRIPT = """
+    import os, sys
+    from pathlib import Path
+    import areal_metrics as am
+    from areal_metrics.integrations.trl import ArealMetricsCallback
+    from tests.test_integration_trl import tiny_grpo_trainer
+
+    rank = int(os.environ["RANK"])
+    run = am.init(run_id="trl-ddp", world_size=1, git=False) if rank == 0 else None  # only rank 0 logs
+    if rank == 0:
+        print("ready", flush=True)
+    callback = ArealMetricsCallback(run, accuracy_key="eval_reward")
+    trainer = tiny_grpo_trainer(Path(sys.argv[1]) / f"rank{rank}", callback, max_steps=400, eval_steps=1000)
+    trainer.train()
+    if run is not None:
+        run.finish()  # a run of your own: you finish it (the callback leaves it open)
+    evaluated = [e["step"] for e in trainer.state.log_history if "eval_reward" in e]
+    print("stopped", rank, trainer.state.global_step, "evaluated", *evaluated, flush=True)
+"""
+
+
+def test_two_processes_evaluate_and_stop_at_the_same_step(stack_env: dict[str, str], topics: Topics, tmp_path: Path,
+                                                          sink) -> None:
+    script = tmp_path / "ddp_grpo.py"
+    script.write_text(textwrap.dedent(DDP_SCRIPT))
+    out = torchrun_obeying([str(script), str(tmp_path)], stack_env, topics, "trl-ddp", ["ready"],
+                           tmp_path / "torchrun.log", timeout=500)
+    ends = sorted(line.split()[1:] for line in out.splitlines() if line.startswith("stopped"))
+    assert [e[0] for e in ends] == ["0", "1"] and ends[0][1:] == ends[1][1:]  # rank 0's decision, on both ranks
+    stopped_at, evaluated = int(ends[0][1]), [int(s) for s in ends[0][3:]]
+    assert stopped_at < 400 and len(evaluated) == 1 and evaluated[0] <= stopped_at
+
+    wait_for(lambda: sink("SELECT count() FROM v_steps WHERE run_id = 'trl-ddp'") == [(stopped_at,)], 120,
+             "rank 0's steps")
+    assert sink("SELECT DISTINCT rank, world_size FROM v_steps WHERE run_id = 'trl-ddp'") == [(0, 1)]
+    assert rows_when(sink, "SELECT step FROM v_evals WHERE run_id = 'trl-ddp'", 1, "the eval result") == [
+        (evaluated[0],)]
+    assert rows_when(sink, "SELECT status FROM v_runs WHERE run_id = 'trl-ddp' AND status != 'running'", 1,
+                     "the run to finish") == [("finished",)]
