@@ -204,7 +204,7 @@ def _scaling_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]
     ax.plot(range(len(worlds)), [sum(per_node[w]) / len(per_node[w]) for w in worlds], "D", color="tab:orange",
             label="per node (rank)")
     ax.set_xticks(range(len(worlds)), [f"{w} rank{'s' if w > 1 else ''}\n({len(by_world[w])} runs)" for w in worlds])
-    ax.set_title("Across rank counts (mean over steps and runs" + (", runs tagged scaling)" if scaling else ")"))
+    ax.set_title("Across rank counts (mean over steps and runs" + (",\nruns tagged scaling)" if scaling else ")"))
     ax.set_ylabel("generated tokens / s")
     ax.legend(fontsize=8)
     _style(ax)
