@@ -1,11 +1,13 @@
-"""A small but real distributed PPO/GRPO trainer that publishes its metrics to Kafka.
+"""A small but real distributed PPO/GRPO trainer on math problems; it reports through the public client.
 
-- `task`: addition problems and the exact verifier (datasets `add_1digit`, `add_2digit`);
-- `policy`: a tiny GRU policy that writes answers token by token;
-- `advantages`: group-relative (GRPO) and GAE estimators;
-- `scheduler`: when to evaluate (epoch / step / time triggers, commands);
-- `control`: which control commands apply, and the control-topic reader;
-- `evaluation`: evaluation rounds (two-stage, asynchronous, failures as events);
-- `trainer`: the training loop, top to bottom; `worker`: one rank's process;
-- `launch`: start N ranks and wait; `gpu_check`: the CUDA check.
+- `task`, `grader`: procedural math in four skills and three levels, the exact-answer grader with error types;
+- `policy`, `warmstart`: a 0.8M-parameter decoder-only transformer and its cached supervised warm start;
+- `episodes`, `advantages`, `ppo`: multi-turn rollouts, GRPO/GAE advantages, the clipped PPO update;
+- `data`, `evalsets`: each rank's share of the training set; the fixed evaluation sets and their fingerprints;
+- `evaluation`, `evaluator`, `eval_process`: two-stage sharded rounds, inline or in a process per rank;
+- `scheduler`, `control`, `checkpoint`, `session`: triggers, commands, checkpoints, one rank's state;
+- `reporting`: `Run.log` / `Run.log_eval` calls (producers.client, what `areal_metrics.init` re-exports);
+- `trainer`: the training loop, top to bottom; `worker`: one rank's process; `launch`: start N ranks;
+- `collective`, `metrics`, `config`, `gpu_check`: gloo collectives, device and memory, settings, the CUDA check.
+See docs/WORKLOAD.md.
 """

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from areal_train.task import DATASETS
+from areal_train.task import DATASETS, EVAL_EXCLUDE_SIZE
 
 
 class ConfigError(ValueError):
@@ -23,77 +23,116 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    # optimisation
+    # optimisation (PPO with group-relative advantages by default)
     seed: int = 0
-    lr: float = 5e-3
-    batch_prompts: int = 16  # prompts per rank and step
-    group_size: int = 8  # responses per prompt (the GRPO group)
-    ppo_epochs: int = 2  # passes over one rollout; >1 makes the clip matter
+    lr: float = 2e-4
+    lr_min_scale: float = 1 / 64  # the floor of the lr scale that scale_lr commands multiply (six halvings)
+    batch_prompts: int = 8  # prompts per rank and step
+    group_size: int = 4  # episodes per prompt (the GRPO group)
+    ppo_epochs: int = 1  # passes over one rollout
+    ppo_minibatches: int = 2  # updates per pass; the later ones are off-policy, so the clip matters
     clip_eps: float = 0.2
-    entropy_coef: float = 0.01
-    kl_coef: float = 0.02  # k3 estimator against the frozen initial policy
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0  # k3 against the frozen warm start; 0 skips that forward (kl then reports old vs new)
     max_grad_norm: float = 1.0
-    advantage: str = "grpo"  # grpo (group-relative) | gae (PPO with a value head)
+    advantage: str = "grpo"  # grpo (group-relative) | gae (PPO with the value head)
     gamma: float = 1.0
     gae_lambda: float = 0.95
     value_coef: float = 0.5
+    temperature: float = 1.0  # of the training rollouts
+    # the strategy: single or multi-turn (attempts with feedback between them)
+    max_turns: int = 1  # mt4-grpo: 4, mt2-grpo: 2
+    turn_discount: float = 0.9  # reward of a right answer at attempt t: turn_discount ** (t - 1)
     # model and task
-    hidden: int = 64
-    max_response_len: int = 4
-    train_dataset: str = "add_1digit"
-    train_size: int = 100  # problems in one epoch
+    d_model: int = 128
+    layers: int = 4
+    heads: int = 4
+    warmstart_steps: int = 3000  # supervised steps before RL (cached on disk); 0: RL from random weights
+    max_response_len: int = 28  # tokens per attempt
+    train_size: int = 4096  # problems in one epoch
     # evaluation
-    eval_datasets: tuple[str, ...] = ("add_1digit", "add_2digit")
-    eval_size: int = 64
+    eval_datasets: tuple[str, ...] = DATASETS
+    eval_size: int = 64  # prompts per dataset
+    eval_samples: int = 4  # samples per prompt (pass@k, maj@k)
+    eval_temperature: float = 1.0
+    eval_redundancy: int = 2  # ranks that evaluate each sample of the full stage
     eval_every_steps: int | None = 25
     eval_every_epochs: int | None = None
     eval_every_seconds: float | None = None
     eval_at_start: bool = True
     eval_at_end: bool = True  # a last round after the final step, unless that step was just evaluated
-    eval_mode: str = "sync"  # sync | async (a snapshot of the weights, evaluated in a thread)
-    two_stage: bool = True  # a quick subset first, then the full set
+    eval_mode: str = "sync"  # sync (inline) | async (an evaluation process per rank, on a weight snapshot)
+    eval_cpu_share: float = 1.0  # async: the share of a core the evaluation process may use
+    eval_max_pending: int = 1  # async: rounds in the evaluation process at once; more are skipped
+    eval_threads: int = 1
+    two_stage: bool = True  # a quick subset first; the full set only when the quick stage calls for it
     quick_size: int = 16
+    quick_z: float = 1.0  # the quick stage calls for the full one when it moved more than z standard errors
+    full_max_skipped: int = 2  # ... or after this many skipped full stages
+    # checkpoints (every K steps and at the end) and the run's labels
+    checkpoint_every_steps: int | None = 50
+    checkpoint_every_seconds: float | None = None
+    checkpoint_dir: str | None = None  # default: $AREAL_HOME/checkpoints
+    group: str | None = None  # the run's group (compared runs share one); default: the strategy
+    tags: tuple[str, ...] = ()
     # runtime
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 1  # torch threads per process
     publish: bool = True
-    # fault injection, for demonstrations of degraded mode and dissent
+    # fault injection, for demonstrations of degraded mode, dissent and a broken data copy
     fail_eval_at_steps: tuple[int, ...] = ()  # every rank's evaluation raises at these steps
     fail_eval_rounds: tuple[int, ...] = ()  # ... or in these rounds (1 = the first), whatever their step
     dissent_rank: int | None = None  # this rank flips some verdicts (a faulty replica)
+    corrupt_eval_rank: int | None = None  # this rank's copy of the evaluation data differs (fingerprint check)
 
     def __post_init__(self) -> None:
         self._check()
+
+    @property
+    def strategy(self) -> str:
+        return f"mt{self.max_turns}-{self.advantage}"
 
     def _check(self) -> None:
         def need(ok: bool, key: str, rule: str) -> None:
             if not ok:
                 raise ConfigError(f"{key}: {rule} (got {getattr(self, key)!r})")
 
-        for key in ("batch_prompts", "ppo_epochs", "hidden", "max_response_len", "train_size", "eval_size",
+        for key in ("batch_prompts", "ppo_epochs", "ppo_minibatches", "max_turns", "d_model", "layers", "heads",
+                    "train_size", "eval_size", "eval_samples", "eval_redundancy", "eval_max_pending", "eval_threads",
                     "quick_size", "threads"):
             need(getattr(self, key) >= 1, key, "must be >= 1")
         need(self.group_size >= 2, "group_size", "must be >= 2 (a group needs company)")
-        for key in ("lr", "clip_eps", "max_grad_norm"):
+        need(self.warmstart_steps >= 0, "warmstart_steps", "must be >= 0")
+        need(self.full_max_skipped >= 0, "full_max_skipped", "must be >= 0")
+        need(self.d_model % self.heads == 0, "d_model", f"must be a multiple of heads ({self.heads})")
+        need((self.batch_prompts * self.group_size) % self.ppo_minibatches == 0, "ppo_minibatches",
+             "must divide batch_prompts * group_size")
+        for key in ("lr", "clip_eps", "max_grad_norm", "temperature", "eval_temperature"):
             need(math.isfinite(getattr(self, key)) and getattr(self, key) > 0, key, "must be a finite number > 0")
-        for key in ("entropy_coef", "kl_coef", "value_coef"):
+        for key in ("entropy_coef", "kl_coef", "value_coef", "quick_z"):
             need(math.isfinite(getattr(self, key)) and getattr(self, key) >= 0, key, "must be a finite number >= 0")
-        for key in ("gamma", "gae_lambda"):
+        for key in ("gamma", "gae_lambda", "turn_discount"):
             need(0 <= getattr(self, key) <= 1, key, "must be in [0, 1]")
+        need(0 < self.lr_min_scale <= 1, "lr_min_scale", "must be in (0, 1]")
+        need(0 < self.eval_cpu_share <= 1, "eval_cpu_share", "must be in (0, 1]")
         need(self.advantage in ("grpo", "gae"), "advantage", "must be grpo or gae")
         need(self.eval_mode in ("sync", "async"), "eval_mode", "must be sync or async")
         need(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
-        need(self.train_dataset in DATASETS, "train_dataset", f"must be one of {', '.join(DATASETS)}")
-        need(len(self.eval_datasets) > 0 and all(d in DATASETS for d in self.eval_datasets), "eval_datasets",
-             f"must be a non-empty list of {', '.join(DATASETS)}")
-        need(self.max_response_len >= 4, "max_response_len", "must be >= 4 (3 digits and the end token)")
-        for key in ("eval_every_steps", "eval_every_epochs"):
+        need(len(self.eval_datasets) > 0 and all(d in DATASETS for d in self.eval_datasets)
+             and len(set(self.eval_datasets)) == len(self.eval_datasets), "eval_datasets",
+             f"must be a non-empty list of distinct names from {', '.join(DATASETS)}")
+        need(self.eval_size <= EVAL_EXCLUDE_SIZE, "eval_size", f"must be <= {EVAL_EXCLUDE_SIZE}")
+        need(self.quick_size <= self.eval_size, "quick_size", "must be <= eval_size")
+        need(self.max_response_len >= 4, "max_response_len", "must be >= 4 (# , a digit and the end token)")
+        for key in ("eval_every_steps", "eval_every_epochs", "checkpoint_every_steps"):
             need(getattr(self, key) is None or getattr(self, key) >= 1, key, "must be >= 1 or null")
-        need(self.eval_every_seconds is None or self.eval_every_seconds > 0, "eval_every_seconds",
-             "must be > 0 or null")
+        for key in ("eval_every_seconds", "checkpoint_every_seconds"):
+            need(getattr(self, key) is None or getattr(self, key) > 0, key, "must be > 0 or null")
         need(all(s >= 0 for s in self.fail_eval_at_steps), "fail_eval_at_steps", "must be steps >= 0")
         need(all(r >= 1 for r in self.fail_eval_rounds), "fail_eval_rounds", "must be rounds >= 1")
-        need(self.dissent_rank is None or self.dissent_rank >= 0, "dissent_rank", "must be >= 0 or null")
+        for key in ("dissent_rank", "corrupt_eval_rank"):
+            need(getattr(self, key) is None or getattr(self, key) >= 0, key, "must be >= 0 or null")
+        need(self.group is None or 0 < len(self.group) <= 256, "group", "must be 1..256 characters or null")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}

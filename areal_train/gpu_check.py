@@ -5,7 +5,9 @@
 Needs no Kafka: the step and eval events are collected in memory. It runs
 (1) one rank in this process on CUDA, (2) the same on CPU for comparison and
 (3) a 2-rank gloo run on CUDA through the launcher (gradients travel through
-CPU memory), and exits non-zero if CUDA is absent or a check fails.
+CPU memory; evaluation in a CUDA evaluation process per rank, sharded), and
+exits non-zero if CUDA is absent or a check fails. The policy starts from
+random weights (no warm start): this checks devices, not learning.
 """
 
 from __future__ import annotations
@@ -22,29 +24,30 @@ import torch
 
 from areal_train.config import TrainConfig
 from areal_train.launch import launch
+from areal_train.reporting import RecordedRun
 from areal_train.trainer import train
-from producers.events import EvalEvent, StepEvent
 
 
 def one_rank(device: str, steps: int) -> dict[str, object]:
-    events: list = []
-    cfg = TrainConfig(device=device, publish=False, batch_prompts=32, eval_every_steps=50, two_stage=False)
-    summary = train(cfg, f"gpu-check-{device}", steps, publish=events.append)
-    step_events = [e for e in events if isinstance(e, StepEvent)]
-    latencies = [e.latency_ms for e in step_events[5:]]  # after warm-up
-    evals = [e for e in events if isinstance(e, EvalEvent) and e.stage == "full"]
+    run = RecordedRun()
+    cfg = TrainConfig(device=device, publish=False, batch_prompts=16, eval_every_steps=50, two_stage=False,
+                      warmstart_steps=0, checkpoint_every_steps=None, checkpoint_dir=tempfile.mkdtemp())
+    summary = train(cfg, f"gpu-check-{device}", steps, open_run=lambda spec: run)
+    logged = [s.values for s in run.steps]
+    latencies = [v["latency_ms"] for v in logged[5:]]  # after warm-up
+    evals = [e for e in run.evals if e["stage"] == "full" and e["status"] == "ok"]
     return {
         "device": summary.device,
         "steps": summary.steps,
         "step_ms_median": statistics.median(latencies),
         "step_ms_mean": statistics.fmean(latencies),
-        "throughput_tokens_per_s_median": statistics.median(e.throughput for e in step_events[5:]),
-        "gpu_mem_bytes_reported": step_events[-1].gpu_mem_bytes,
-        "mem_bytes_reported": step_events[-1].metrics["mem_bytes"],
+        "generated_tokens_per_s_median": statistics.median(v["throughput"] for v in logged[5:]),
+        "gpu_mem_bytes_reported": logged[-1]["gpu_mem_bytes"],
+        "mem_bytes_reported": logged[-1]["mem_bytes"],
         "cuda_max_memory_allocated": torch.cuda.max_memory_allocated() if device == "cuda" else None,
-        "reward_first_10": statistics.fmean(e.reward for e in step_events[:10]),
-        "reward_last_10": statistics.fmean(e.reward for e in step_events[-10:]),
-        "eval_accuracy": {f"{e.dataset}@{e.step}": e.accuracy for e in evals},
+        "reward_first_10": statistics.fmean(v["reward"] for v in logged[:10]),
+        "reward_last_10": statistics.fmean(v["reward"] for v in logged[-10:]),
+        "eval_accuracy": {f"{e['dataset']}@{e['step']}": e["accuracy"] for e in evals},
         "seconds": summary.seconds,
     }
 
@@ -52,8 +55,8 @@ def one_rank(device: str, steps: int) -> dict[str, object]:
 def two_ranks(steps: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        code = launch("gpu-check-2r", 2, steps, TrainConfig(device="cuda", publish=False), summary_dir=tmp,
-                      log_dir=Path(tmp) / "logs", timeout=300)
+        cfg = TrainConfig(device="cuda", publish=False, warmstart_steps=0, eval_mode="async", checkpoint_dir=tmp)
+        code = launch("gpu-check-2r", 2, steps, cfg, summary_dir=tmp, log_dir=Path(tmp) / "logs", timeout=300)
         summaries = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("rank*.json"))]
         logs = {p.name: p.read_text()[-2000:] for p in (Path(tmp) / "logs").glob("*.log")} if code else {}
     return {"exit_status": code, "wall_s": time.perf_counter() - started, "ranks": summaries, "logs": logs}

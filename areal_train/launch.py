@@ -75,7 +75,7 @@ def free_port() -> int:
 
 def start(run_id: str, nproc: int, steps: int, config: TrainConfig | str | Path | None = None, *,
           env: dict[str, str] | None = None, log_dir: str | Path | None = None,
-          summary_dir: str | Path | None = None, since: float | None = None) -> Run:
+          summary_dir: str | Path | None = None, resume: bool = False) -> Run:
     """Spawn the ranks of one run and return at once.
 
     `config`: a TrainConfig, a JSON/TOML file, or None for the defaults.
@@ -83,17 +83,23 @@ def start(run_id: str, nproc: int, steps: int, config: TrainConfig | str | Path 
     carries AREAL_KAFKA_BOOTSTRAP / AREAL_TOPIC_PREFIX / AREAL_HOME.
     `log_dir`: write each rank's output to `<log_dir>/<run_id>-r<rank>.log`
     instead of this terminal (a live view needs the terminal to itself).
+    `resume`: continue from the run's last checkpoint (a new attempt).
+    The warm start is built here first if it is not cached, so the ranks
+    (and runs started side by side) never wait for it on a timeout.
     """
     if nproc < 1 or steps < 1:
         raise ValueError("nproc and steps must be >= 1")
     cfg = config if isinstance(config, TrainConfig) else load(config)
+    prepare(cfg)
     base_env = dict(os.environ if env is None else env)
     base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc),
                     OMP_NUM_THREADS=str(cfg.threads), PYTHONUNBUFFERED="1")
     argv = [sys.executable, "-m", "areal_train.worker", "--run-id", run_id, "--steps", str(steps),
-            "--config-json", json.dumps(cfg.to_dict()), "--since", repr(time.time() if since is None else since)]
+            "--config-json", json.dumps(cfg.to_dict())]
     if summary_dir is not None:
         argv += ["--summary-dir", str(summary_dir)]
+    if resume:
+        argv.append("--resume")
     run = Run(run_id, [])
     for rank in range(nproc):
         out: IO[bytes] | None = None
@@ -104,6 +110,14 @@ def start(run_id: str, nproc: int, steps: int, config: TrainConfig | str | Path 
         run.procs.append(subprocess.Popen(argv, env={**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                                           stdout=out, stderr=subprocess.STDOUT if out else None))
     return run
+
+
+def prepare(cfg: TrainConfig) -> None:
+    """Build the cached warm start this config needs, if it is missing."""
+    if cfg.warmstart_steps > 0:
+        from areal_train.warmstart import ensure, spec_for
+
+        ensure(spec_for(cfg))
 
 
 def launch(run_id: str, nproc: int, steps: int, config: TrainConfig | str | Path | None = None, *,

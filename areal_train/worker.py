@@ -2,8 +2,9 @@
 
 The launcher passes the rank layout in the usual torch.distributed variables
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and the run in arguments. This
-shell wires the trainer to Kafka (publisher, control listener) and writes a
-summary JSON when asked to.
+shell starts torch.distributed and the trainer, and writes a
+summary JSON when asked to. The run is reported through the public client only
+(`areal_train.reporting.open_client_run`: `init` with the checkpoint's attempt).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -20,9 +22,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 from areal_train.config import from_mapping
-from areal_train.control import ControlListener
-from areal_train.trainer import node_name, train
-from producers.settings import Settings, state_dir
+from areal_train.reporting import open_client_run
+from areal_train.trainer import train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--config-json", default="{}", help="the full TrainConfig as JSON")
-    parser.add_argument("--since", type=float, required=True, help="launch time: commands from then on apply")
     parser.add_argument("--summary-dir", default=None)
+    parser.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     args = parser.parse_args(argv)
 
     # The publisher's sender thread and kafka-python's I/O thread share the GIL with
@@ -46,26 +47,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if world_size > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(minutes=5))
-    settings = Settings.from_env()
-    publisher = None
-    if cfg.publish:
-        from producers.publisher import Publisher
-
-        journal = state_dir() / "journal" / f"{args.run_id}-r{rank}"
-        publisher = Publisher.from_settings(settings, journal_dir=journal)
-
-    def listener_factory(nodes: list[str]) -> ControlListener | None:
-        if publisher is None:
-            return None
-        return ControlListener(settings.kafka_python_config(), settings.topics.control, args.run_id, nodes,
-                               since=args.since, publish=publisher.publish, node=node_name(rank)).start()
-
-    try:
-        summary = train(cfg, args.run_id, args.steps, rank, world_size,
-                        publish=publisher.publish if publisher else None, listener_factory=listener_factory)
-    finally:
-        if publisher is not None:
-            publisher.close(timeout=30)
+    signal.signal(signal.SIGTERM, _interrupt)  # the launcher stops a run with SIGTERM: the run ends `killed`
+    summary = train(cfg, args.run_id, args.steps, rank, world_size,
+                    open_run=open_client_run if cfg.publish else None, resume=args.resume)
     if args.summary_dir:
         path = Path(args.summary_dir) / f"rank{rank}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         dist.destroy_process_group()
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

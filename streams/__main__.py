@@ -20,7 +20,11 @@ def main() -> int:
     from producers.errors import ArealError
     from producers.settings import Settings, state_dir
     from streams.config import ConfigError, StreamsConfig
-    from streams.kafka_admin import TopicLayoutError, ensure_committed_offsets, prepare_topics
+    from streams.kafka_admin import (
+        TopicLayoutError,
+        ensure_committed_offsets,
+        prepare_topics,
+    )
 
     settings = Settings.from_env()
     topics = settings.topics
@@ -42,7 +46,12 @@ def main() -> int:
     import faust
     from kafka.errors import KafkaError
 
-    from streams.app import app_id_for, broker_credentials, build_worker, ticks_topic_for
+    from streams.app import (
+        app_id_for,
+        broker_credentials,
+        build_worker,
+        ticks_topic_for,
+    )
 
     # Faust's name for the changelog of table "runs" (checked against the app below)
     changelog = f"{app_id_for(topics.prefix)}-runs-changelog"

@@ -53,7 +53,14 @@ from streams.alerts import (
 from streams.config import RunConfig
 from streams.eval_loop import EvalLoopState, on_consensus
 from streams.lifecycle import Lifecycle, on_run_event, saw_attempt
-from streams.ranks import RankReport, RankState, StepReward, add_rank, oldest_wait, supersede
+from streams.ranks import (
+    RankReport,
+    RankState,
+    StepReward,
+    add_rank,
+    oldest_wait,
+    supersede,
+)
 from streams.ranks import expire as expire_ranks
 from streams.smoothing import SmoothedPoint, SmoothingState, add_reward, classify
 from streams.triggers import CommandDecision, TriggerState, decide, published_interval, rewind, with_base_interval
@@ -304,9 +311,24 @@ def on_eval(state: RunState, ev: EvalEvent, now: float, cfg: RunConfig) -> tuple
         response_length=ev.response_length,
         verdicts=ev.verdicts,
         error=ev.error,
+        **shard_window(ev),
     )
     votes, outcome = add_result(state.votes, key, ev.step, ev.replicas, result, now, cfg)
     return _vote_outputs(replace(state, votes=votes), outcome, ev.ts, cfg)
+
+
+SHARD_KEYS = {"offset": "shard_offset", "total": "shard_total", "redundancy": "shard_redundancy"}
+
+
+def shard_window(ev: EvalEvent) -> dict[str, int]:
+    """The sharded-round layout an eval event's `metrics` describe (areal_train's evaluation), if valid."""
+    found = {field: ev.metrics.get(key) for field, key in SHARD_KEYS.items()}
+    values = {f: int(v) for f, v in found.items() if v is not None and float(v).is_integer() and v >= 0}
+    if len(values) != len(SHARD_KEYS) or values["total"] < 1 or values["redundancy"] < 1:
+        return {}
+    if ev.verdicts is None or len(ev.verdicts) > values["total"] or values["offset"] >= values["total"]:
+        return {}
+    return values
 
 
 def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:

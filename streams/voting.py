@@ -19,6 +19,12 @@ result from the same node, changes nothing.
 
 Because a per-sample majority of replicas is final the moment it exists, the consensus
 verdicts (so the accuracy) do not depend on the order results arrive in.
+
+Sharded rounds (areal_train's full stage): each node evaluates a cyclic window of the
+round's samples (`offset`, `total`; from the eval event's `metrics` shard_offset,
+shard_total, shard_redundancy) and each sample has `redundancy` replicas. The vote is
+then per sample among the nodes that cover it (`_combine_windows`): decided when a strict
+majority of its replicas agree; the accuracy is over the covered samples.
 """
 
 from __future__ import annotations
@@ -41,6 +47,15 @@ class NodeResult:
     response_length: float | None = None
     verdicts: tuple[int, ...] | None = None
     error: str | None = None
+    # A sharded round: the verdicts are the cyclic window of the round's `total` samples that
+    # starts at `offset`; each sample has `redundancy` replicas (see _combine_windows).
+    offset: int | None = None
+    total: int | None = None
+    redundancy: int | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return self.total is not None and self.offset is not None and self.verdicts is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +148,55 @@ def combine(results: Iterable[NodeResult], replicas: int, cfg: RunConfig) -> Com
     if not ok:
         raise ValueError("combine needs at least one ok result")
     need = quorum(replicas)
+    if _window_mode(ok):
+        return _combine_windows(ok)
     if _verdict_mode(ok):
         return _combine_verdicts(ok, need)
     return _combine_values(ok, need, cfg)
+
+
+def _window_mode(results: list[NodeResult]) -> bool:
+    totals = {r.total for r in results}
+    return all(r.sharded for r in results) and len(totals) == 1 and totals != {0}
+
+
+def _combine_windows(ok: list[NodeResult]) -> Combination:
+    """Per-sample vote of a sharded round: each sample among the nodes whose window covers it.
+
+    A sample is decided when a strict majority of its `redundancy` replicas agree; the
+    consensus (so the accuracy) is over the samples some node covered.
+    """
+    total = ok[0].total or 0
+    need = quorum(max(r.redundancy or 1 for r in ok))
+    votes: list[list[tuple[str, int]]] = [[] for _ in range(total)]
+    for r in ok:
+        for j, v in enumerate(r.verdicts or ()):
+            votes[((r.offset or 0) + j) % total].append((r.node, v))
+    consensus: list[int] = []
+    decisive = True
+    for sample in votes:
+        ones = sum(v for _, v in sample)
+        zeros = len(sample) - ones
+        decisive = decisive and max(ones, zeros) >= need
+        consensus.append(1 if ones > zeros else 0)  # a tie counts as 0 (not solved)
+    off = {r.node: 0 for r in ok}
+    for sample, agreed in zip(votes, consensus):
+        for node, v in sample:
+            off[node] += v != agreed
+    cast = sum(len(sample) for sample in votes)
+    covered = [c for c, sample in zip(consensus, votes) if sample]
+    weights = [len(r.verdicts or ()) for r in ok if r.response_length is not None]
+    lengths = [r.response_length * len(r.verdicts or ()) for r in ok if r.response_length is not None]
+    return Combination(
+        accuracy=sum(covered) / len(covered) if covered else 0.0,
+        response_length=sum(lengths) / sum(weights) if lengths and sum(weights) else None,  # type: ignore[operator]
+        agreement=1.0 - sum(off.values()) / cast if cast else 1.0,
+        dissenters=tuple(node for node, n in off.items() if n > 0),
+        divergence={r.node: off[r.node] / max(len(r.verdicts or ()), 1) for r in ok},
+        decisive=decisive,
+        has_majority=True,
+        verdicts=tuple(consensus),
+    )
 
 
 def _combine_verdicts(ok: list[NodeResult], need: int) -> Combination:

@@ -94,7 +94,7 @@ def test_fixture_is_a_real_two_run_training_with_derived_events() -> None:
         assert last > first + 0.1, (run, first, last)  # the policy learned something
     consensus = [e for e in events if e.type == "eval_consensus"]
     assert any(e.stale for e in consensus) and any(e.dissenters for e in consensus)
-    assert any(e.type == "command" and e.command == "scale_lr" for e in events)
+    assert any(e.type == "command" and e.command == "scale_lr" and e.reason.startswith("evaluation ") for e in events)
 
 
 def test_loading_twice_counts_each_event_once(tmp_path: Path) -> None:

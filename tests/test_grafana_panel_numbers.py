@@ -4,7 +4,11 @@
 annotation query (expanded as Grafana expands it) and the report's loaders
 returned on the recorded demo run, recorded by `tests/data/make_panel_results.py`
 at commit 439b732, before schema version 4 (partitioned tables, panels
-reading the views). This test runs the same queries of the current code on
+reading the views), and recorded again on the i11-workload branch when the
+fixture's derived events were derived again by the current stream worker
+(`make_demo_events.py --rederive`: the reward rule only alerts, `scale_lr`
+comes from the closed loop on evaluation) and the report read full-stage,
+n_samples-weighted numbers. This test runs the same queries of the current code on
 the current schema and compares column names and every value (floats to 12
 significant digits: a sum may be added up in another order; rows as a
 multiset, since ties in an ORDER BY may come in either order).

@@ -160,5 +160,5 @@ def test_alerts_table_links_an_alert_to_the_command_it_caused(runner: QueryRunne
     ctx = resolve_variables(build("alerts"), runner, context_for(*span))
     columns, _, rows = runner.run(expand(ALERTS_WITH_COMMANDS.build().raw_sql, ctx))
     kind, caused = columns.index("kind"), columns.index("commands caused")
-    reward_alerts = [r for r in rows if r[kind] == "reward_below_threshold"]
-    assert reward_alerts and all('scale_lr {"factor":0.5}' in r[caused] for r in reward_alerts)
+    eval_alerts = [r for r in rows if r[kind] == "eval_below_threshold"]  # the closed loop on evaluation
+    assert eval_alerts and all('scale_lr {"factor":0.5,"from_step":' in r[caused] for r in eval_alerts)

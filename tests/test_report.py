@@ -1,4 +1,9 @@
-"""`areal-metrics report`: PNG figures drawn from ClickHouse holding a real recorded run."""
+"""`areal-metrics report`: PNG figures drawn from ClickHouse holding a real recorded workload.
+
+The recording (tests/data/workload_events.jsonl, from tests/data/make_workload_events.py):
+mt4-grpo and mt2-grpo, two seeds each, 2 ranks; 1- and 4-rank throughput runs; the
+stream worker's derived events. Loaded through the sink's own code path.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +14,34 @@ import pytest
 
 from areal_metrics.cli import main
 from areal_metrics.errors import UserError
-from areal_metrics.report import FILES, load_evals, load_rewards, load_throughput, moving_average, write_report
+from areal_metrics.report import (
+    FILES,
+    load_errors,
+    load_evals,
+    load_fingerprints,
+    load_rewards,
+    load_runs,
+    load_throughput,
+    write_report,
+)
+from areal_metrics.report_figures import band, config_table, moving_average
+from producers.events import Event, parse_event
 from sinks.query import DirectStore
-from tests.test_grafana_data import RUNS, loaded_store
+from tests.test_grafana_data import loaded_store
 
+RECORDING = Path(__file__).parent / "data" / "workload_events.jsonl"
+STRATEGY_RUNS = ("wl-mt4-s1", "wl-mt4-s2", "wl-mt2-s1", "wl-mt2-s2")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def recorded() -> list[Event]:
+    return [parse_event(line) for line in RECORDING.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DirectStore, Path]]:
     directory = tmp_path_factory.mktemp("report-store")
-    with loaded_store(directory) as opened:
+    with loaded_store(directory, recorded()) as opened:
         yield opened, directory
 
 
@@ -30,43 +52,62 @@ def _image_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
-def test_report_writes_the_three_figures(store: tuple[DirectStore, Path], tmp_path: Path) -> None:
+def test_report_writes_every_figure(store: tuple[DirectStore, Path], tmp_path: Path) -> None:
     written = write_report(tmp_path / "out", None, store[0])
     assert [p.name for p in written] == list(FILES)
     for path in written:
         data = path.read_bytes()
-        assert data.startswith(PNG_MAGIC) and len(data) > 30_000, path  # a drawn figure, not an empty canvas
+        assert data.startswith(PNG_MAGIC) and len(data) > 20_000, path  # a drawn figure, not an empty canvas
         width, height = _image_size(path)
-        assert width >= 1200 and height >= 500
+        assert width >= 900 and height >= 300, path
 
 
 def test_figure_data_comes_from_the_store(store: tuple[DirectStore, Path]) -> None:
-    where = "1"
-    evals = load_evals(store[0], where)
-    assert set(evals) == {"add_1digit", "add_2digit"}
-    assert set(evals["add_1digit"]) == set(RUNS)
-    g4 = evals["add_1digit"]["demo-g4"]
-    assert [p.step for p in g4] == list(range(0, 201, 20))
-    assert {p.state for p in g4} == {"ok", "stale"}  # the injected failure at step 100
-    assert g4[-1].accuracy > g4[0].accuracy  # the policy learned
-    raw, smooth = load_rewards(store[0], where)
-    assert set(raw) == set(smooth) == set(RUNS)
-    assert [s for s, _ in raw["demo-g2"]] == list(range(1, 201))
-    assert all(len(v) == 200 for v in smooth.values())
-    throughput = load_throughput(store[0], where)
-    assert len(throughput) == 4 and all(len(v) == 200 for v in throughput.values())  # 2 runs x 2 nodes
+    evals = load_evals(store[0], "1")
+    assert set(evals) == {"math_id", "math_hard"}
+    assert set(evals["math_id"]) == set(STRATEGY_RUNS)  # the throughput runs do not evaluate
+    states = {p.state for p in evals["math_id"]["wl-mt4-s1"]}
+    assert "stale" in states  # the failed third round: degraded mode repeated the last good result
+    for run in STRATEGY_RUNS:
+        assert [p.step for p in evals["math_hard"][run]][0] == 0
+        assert all(p.response_length and p.response_length > 0 for p in evals["math_hard"][run])
+    raw, smooth = load_rewards(store[0], "1")
+    assert set(STRATEGY_RUNS) <= set(raw) and set(STRATEGY_RUNS) <= set(smooth)
+    assert [s for s, _ in raw["wl-mt2-s1"]] == list(range(1, 21))
+    info = load_runs(store[0], "1")
+    assert {info[r].group for r in STRATEGY_RUNS} == {"mt4-grpo", "mt2-grpo"}
+    assert (info["wl-tput-1r"].world_size, info["wl-tput-4r"].world_size, info["wl-mt4-s1"].world_size) == (1, 4, 2)
+    assert info["wl-mt4-s1"].config["max_turns"] == 4
+    throughput = load_throughput(store[0], "1")
+    assert {run for run, _ in throughput} == {*STRATEGY_RUNS, "wl-tput-1r", "wl-tput-4r"}
+    assert len([node for run, node in throughput if run == "wl-tput-4r"]) == 4
+    errors = load_errors(store[0], "1")
+    kinds = {k for per_run in errors.values() for counts in per_run.values() for k in counts}
+    assert kinds == {"truncated", "format", "off_by_one", "carry", "arithmetic"}
+    fingerprints = load_fingerprints(store[0], "1")
+    for dataset in ("math_id", "math_hard"):  # both strategies evaluated the same sets
+        assert len(set().union(*fingerprints[dataset].values())) == 1
+
+
+def test_the_config_table_shows_what_differs(store: tuple[DirectStore, Path]) -> None:
+    info = load_runs(store[0], "run_id IN ('wl-mt4-s1', 'wl-mt2-s2')")
+    keys, runs, cells = config_table(info)
+    assert runs == ["wl-mt2-s2", "wl-mt4-s1"]
+    rows = dict(zip(keys, cells))
+    assert rows["max_turns"] == ["2", "4"] and rows["seed"] == ["2", "1"] and rows["strategy"] == ["mt2-grpo", "mt4-grpo"]
+    assert "lr" in rows  # always shown, equal or not
 
 
 def test_one_run_only(store: tuple[DirectStore, Path]) -> None:
-    raw, smooth = load_rewards(store[0], "run_id IN ('demo-g4')")
-    assert set(raw) == {"demo-g4"}
+    raw, _ = load_rewards(store[0], "run_id IN ('wl-mt4-s2')")
+    assert set(raw) == {"wl-mt4-s2"}
 
 
 def test_cli(store: tuple[DirectStore, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
              capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("AREAL_CLICKHOUSE_URL", f"chdb://{store[1]}")
     out = tmp_path / "figures"
-    assert main(["report", "--out", str(out), "--run", "demo-g2"]) == 0
+    assert main(["report", "--out", str(out), "--run", "wl-mt2-s1", "--run", "wl-mt4-s1"]) == 0
     assert capsys.readouterr().out.split() == [str(out / f) for f in FILES]
     assert main(["report", "--out", str(out), "--run", "no-such-run"]) == 2
     assert "no training steps stored for runs no-such-run" in capsys.readouterr().err
@@ -79,9 +120,10 @@ def test_bad_run_ids_never_reach_sql() -> None:
         write_report(Path("unused"), ["x') OR 1=1 --"], store=object())
 
 
-def test_moving_average() -> None:
+def test_moving_average_and_band() -> None:
     assert moving_average([2, 4, 6, 8], 2) == [2, 3, 5, 7]
     assert moving_average([1.0], 10) == [1.0]
+    assert band([[(1, 0.0), (2, 1.0)], [(1, 1.0)]]) == ([1, 2], [0.5, 1.0], [0.0, 1.0], [1.0, 1.0])
 
 
 def test_report_while_the_sink_holds_the_store(store: tuple[DirectStore, Path], tmp_path: Path,
@@ -99,9 +141,9 @@ def test_report_while_the_sink_holds_the_store(store: tuple[DirectStore, Path], 
         monkeypatch.setenv("AREAL_CLICKHOUSE_URL", url)
         with connect() as owner_store:
             assert isinstance(owner_store.client, HttpClient)
-            written = write_report(tmp_path, ["demo-g4"], owner_store)
-        assert [p.name for p in written] == list(FILES)
-        evals = load_evals(owner_store, "run_id IN ('demo-g4')")
-        assert {p.state for p in evals["add_1digit"]["demo-g4"]} == {"ok", "stale"}
+            written = write_report(tmp_path, ["wl-mt4-s1"], owner_store)
+            assert [p.name for p in written] == list(FILES)
+            assert "stale" in {p.state for p in load_evals(owner_store, "run_id IN ('wl-mt4-s1')")["math_id"]["wl-mt4-s1"]}
+            assert load_errors(owner_store, "run_id IN ('wl-mt4-s1')")  # the Map column through the endpoint
     finally:
         endpoint.close()

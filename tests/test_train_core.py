@@ -1,45 +1,107 @@
-"""Pure pieces of the trainer: task and verifier, advantages, config, evaluation rounds."""
+"""Pure pieces of the trainer: task and grader, advantages, config, the policy's sampling."""
 
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from areal_train import advantages as adv
 from areal_train.config import ConfigError, TrainConfig, load
-from areal_train.evaluation import Evaluator, evaluate_problems
-from areal_train.policy import Policy, answer_mask, encode_prompts
-from areal_train.task import EOS_ACTION, Problem, decode_response, make_problems, verify
-from producers.events import EvalEvent
-
+from areal_train.episodes import rollout, sample
+from areal_train.grader import ERROR_TYPES, final_answer, grade
+from areal_train.policy import Policy
+from areal_train.task import (
+    DATASETS,
+    EOS,
+    EVAL_EXCLUDE_SIZE,
+    GENERATORS,
+    SKILLS,
+    VOCAB_SIZE,
+    column_steps,
+    encode,
+    eval_prompts,
+    fingerprint,
+    make_eval_set,
+    make_train_set,
+)
 
 # ------------------------------------------------------------------ task
 
 
-def test_verifier_accepts_exactly_the_right_terminated_answer() -> None:
-    p = Problem(7, 8)
-    assert p.text == "7+8=" and p.answer == "15"
-    assert verify(p, "15") == 1.0
-    for wrong in ("16", "015", "1", "", None):
-        assert verify(p, wrong) == 0.0
+@settings(max_examples=300, deadline=None)
+@given(skill=st.sampled_from(SKILLS), level=st.integers(1, 3), seed=st.integers(0, 10**6))
+def test_every_worked_solution_and_bare_answer_grades_right(skill: str, level: int, seed: int) -> None:
+    problem = GENERATORS[skill](random.Random(seed), level)
+    assert grade(problem, problem.solution(with_scratch=True)).correct
+    assert grade(problem, problem.solution(with_scratch=False)).correct
+    assert problem.answer >= 0
+    encode(problem.prompt)  # every token is in the vocabulary
 
 
-def test_decode_stops_at_the_end_token_and_refuses_unterminated_answers() -> None:
-    assert decode_response([1, 5, EOS_ACTION, 3]) == "15"
-    assert decode_response([EOS_ACTION]) == ""
-    assert decode_response([1, 5, 3, 3]) is None
+@settings(max_examples=200, deadline=None)
+@given(a=st.integers(10, 999), b=st.integers(10, 999))
+def test_column_scratchpads_spell_the_sum_and_difference(a: int, b: int) -> None:
+    steps, _ = column_steps(a, b, subtract=False)
+    digits = steps[0::3]  # digit, carry, separator
+    assert int("".join(reversed(digits)) or "0") + int(steps[-1]) * 10 ** len(digits) == a + b
+    big, small = max(a, b), min(a, b)
+    steps, _ = column_steps(big, small, subtract=True)
+    assert int("".join(reversed(steps[0::3]))) == big - small and steps[-1] == "0"  # no borrow out of the top
 
 
-def test_datasets_have_the_difficulty_their_names_say_and_are_seeded() -> None:
-    easy, hard = make_problems("add_1digit", 64, seed=1), make_problems("add_2digit", 64, seed=1)
-    assert all(0 <= p.a <= 9 and 0 <= p.b <= 9 for p in easy)
-    assert all(10 <= p.a <= 99 and 10 <= p.b <= 99 for p in hard)
-    assert len(set(easy)) == 64  # distinct while the dataset has enough
-    assert make_problems("add_1digit", 64, seed=1) == easy
-    assert make_problems("add_1digit", 64, seed=2) != easy
-    assert len(make_problems("add_1digit", 250, seed=0)) == 250  # more than 100 pairs: repeats
+def test_the_hard_set_is_level_three_and_has_its_carries() -> None:
+    hard = make_eval_set("math_hard", 64)
+    assert {p.level for p in hard} == {3}
+    for p in hard:
+        if p.skill in ("add", "sub"):
+            a, b = (int("".join(part)) for part in "".join(p.prompt[:-1]).replace("-", "+").split("+"))
+            assert column_steps(a, b, subtract=p.skill == "sub")[1] >= 2
+
+
+def test_eval_sets_are_fixed_distinct_and_independent_of_any_run_seed() -> None:
+    first = make_eval_set("math_id", 64)
+    assert first == make_eval_set("math_id", 64) and len({p.prompt for p in first}) == 64
+    assert make_eval_set("math_id", 128)[:64] == first  # a larger set starts with the smaller one
+    assert fingerprint(first) == fingerprint(make_eval_set("math_id", 64))
+    assert fingerprint(first) != fingerprint(first[:63])
+
+
+def test_training_never_draws_an_evaluation_prompt() -> None:
+    exclude = eval_prompts({name: EVAL_EXCLUDE_SIZE for name in DATASETS})
+    train = make_train_set(3000, seed=5, exclude=exclude)
+    assert len({p.prompt for p in train}) == 3000
+    assert not {p.prompt for p in train} & exclude
+    assert make_train_set(50, seed=5, exclude=exclude) == train[:50]
+    assert make_train_set(50, seed=6, exclude=exclude) != train[:50]
+
+
+# ---------------------------------------------------------------- grader
+
+
+def test_the_grader_reads_the_last_number_after_hash_and_names_the_error() -> None:
+    problem = GENERATORS["add"](random.Random(1), 1)
+    n = problem.answer
+    right = ["1", "#", *str(n), EOS]
+    assert grade(problem, right).correct
+    cases = {
+        "truncated": ["#", *str(n)],
+        "format": ["5", "+", "3", EOS],
+        "off_by_one": ["#", *str(n + 1), EOS],
+        "carry": ["#", *str(n + 10), EOS],
+        "arithmetic": ["#", *str(n + 7), EOS],
+    }
+    for error, tokens in cases.items():
+        result = grade(problem, tokens)
+        assert not result.correct and result.error == error, (error, result)
+    assert set(cases) == set(ERROR_TYPES)
+    assert final_answer(["#", "0", "7", EOS]) == (None, "format")  # a leading zero is not the number 7
+    assert final_answer(["#", "1", "#", "2", EOS]) == (2, None)  # the last '#' counts
+    assert final_answer(["#", EOS]) == (None, "format")
 
 
 # ------------------------------------------------------------ advantages
@@ -65,37 +127,76 @@ def test_gae_with_lambda_one_is_return_minus_value() -> None:
     assert torch.allclose(returns, torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))
 
 
-def test_gae_with_lambda_zero_is_the_one_step_td_error() -> None:
-    mask = torch.ones(1, 3)
-    rewards = torch.tensor([[0.0, 0.0, 1.0]])
-    values = torch.tensor([[0.1, 0.3, 0.5]])
-    advantages, _ = adv.gae(rewards, values, mask, gamma=1.0, lam=0.0)
-    assert torch.allclose(advantages, torch.tensor([[0.2, 0.2, 0.5]]))
+# ----------------------------------------------------- policy and sampling
 
 
-def test_answer_mask_covers_the_answer_up_to_its_end_token() -> None:
-    actions = torch.tensor([[3, EOS_ACTION, 4, 4], [1, 2, 3, 4], [EOS_ACTION, 1, EOS_ACTION, 1]])
-    assert answer_mask(actions).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+def tiny_policy(seed: int = 0) -> Policy:
+    torch.manual_seed(seed)
+    return Policy(d_model=32, layers=2, heads=2).eval()
 
 
-def test_scoring_reproduces_the_sampling_log_probs() -> None:
-    torch.manual_seed(0)
-    policy = Policy(hidden=16)
-    prompts = encode_prompts(make_problems("add_1digit", 8, 0))
-    rollout = policy.generate(prompts, 4)
-    logprobs, entropy, _ = policy.score(prompts, rollout.actions)
-    assert torch.allclose(logprobs, rollout.logprobs, atol=1e-5)
-    assert (entropy > 0).all()
+def test_a_rows_answer_does_not_depend_on_the_rest_of_the_batch() -> None:
+    """Left padding is invisible and sampling noise is per row: what replicas rely on."""
+    policy = tiny_policy()
+    problems = make_eval_set("math_id", 6)
+    noise = torch.rand(6, 29, VOCAB_SIZE, generator=torch.Generator().manual_seed(3))
+    together = rollout(policy, problems, attempt_len=28, noise=noise)
+    for i in (0, 3, 5):
+        alone = rollout(policy, [problems[i]], attempt_len=28, noise=noise[i:i + 1])
+        assert alone.attempts[0] == together.attempts[i]
+        assert torch.allclose(alone.logprobs[0, :alone.ids.shape[1]], together.logprobs[i, :alone.ids.shape[1]],
+                              atol=1e-5)
+
+
+def test_scoring_reproduces_the_sampling_log_probs_over_several_turns() -> None:
+    from areal_train.ppo import response_scores
+
+    policy = tiny_policy(1)
+    problems = make_eval_set("math_hard", 8)
+    episodes = rollout(policy, problems, max_turns=3, attempt_len=6,
+                       noise=torch.rand(8, 3 * 7, VOCAB_SIZE, generator=torch.Generator().manual_seed(0)))
+    logprobs, entropy, _ = response_scores(policy, episodes, slice(None), 1.0)
+    mask = episodes.action > 0
+    assert torch.allclose(logprobs[mask], episodes.logprobs[mask], atol=1e-4)
+    assert (entropy[mask] > 0).all()
+    assert max(len(g) for g in episodes.grades) == 3  # a random policy needs every attempt
+    for grades, attempts in zip(episodes.grades, episodes.attempts):
+        assert len(grades) == len(attempts) and all(not g.correct for g in grades[:-1])
+    # feedback tokens sit between attempts and are never actions
+    from areal_train.task import WRONG_ID
+    assert not (episodes.action[episodes.ids == WRONG_ID]).any()
+
+
+def test_greedy_and_gumbel_sampling() -> None:
+    logits = torch.tensor([[0.0, 2.0, 1.0]])
+    token, logp = sample(logits, None, 1.0)
+    assert token.item() == 1 and torch.isclose(logp, torch.log_softmax(logits, -1)[0, 1:2]).all()
+    counts = torch.zeros(3)
+    noise = torch.rand(4000, 3, generator=torch.Generator().manual_seed(0))
+    for row in noise:
+        counts[sample(logits, row[None], 1.0)[0]] += 1
+    assert torch.allclose(counts / 4000, torch.softmax(logits[0], -1), atol=0.03)
+
+
+def test_rewards_are_discounted_per_extra_attempt() -> None:
+    policy = tiny_policy()
+    episodes = rollout(policy, make_eval_set("math_id", 2), max_turns=4, attempt_len=4)
+    from areal_train.grader import Grade
+
+    episodes.grades = [[Grade(False, 1, "arithmetic"), Grade(True, 2, None)], [Grade(False, None, "format")] * 4]
+    assert episodes.rewards(0.9) == [0.9, 0.0]
+    assert episodes.solved_turn == [2, None]
 
 
 # ---------------------------------------------------------------- config
 
 
 def test_config_file_overrides_defaults_json_and_toml(tmp_path) -> None:
-    (tmp_path / "c.json").write_text(json.dumps({"lr": 0.01, "eval_datasets": ["add_2digit"]}))
+    (tmp_path / "c.json").write_text(json.dumps({"lr": 0.01, "eval_datasets": ["math_hard"], "max_turns": 4}))
     (tmp_path / "c.toml").write_text('eval_mode = "async"\neval_every_steps = 7\n')
     cfg = load(tmp_path / "c.json")
-    assert cfg.lr == 0.01 and cfg.eval_datasets == ("add_2digit",) and cfg.group_size == TrainConfig().group_size
+    assert cfg.lr == 0.01 and cfg.eval_datasets == ("math_hard",) and cfg.group_size == TrainConfig().group_size
+    assert cfg.strategy == "mt4-grpo"
     cfg = load(tmp_path / "c.toml")
     assert cfg.eval_mode == "async" and cfg.eval_every_steps == 7
 
@@ -107,6 +208,10 @@ def test_config_file_overrides_defaults_json_and_toml(tmp_path) -> None:
     ('{"lrr": 0.1}', "unknown key 'lrr'"),
     ('{"batch_prompts": "8"}', "batch_prompts: must be an integer"),
     ('{"eval_datasets": ["gsm8k"]}', "eval_datasets: must be a non-empty list"),
+    ('{"eval_cpu_share": 0}', "eval_cpu_share: must be in (0, 1]"),
+    ('{"quick_size": 100, "eval_size": 50}', "quick_size: must be <= eval_size"),
+    ('{"ppo_minibatches": 3}', "ppo_minibatches: must divide"),
+    ('{"d_model": 30, "heads": 4}', "d_model: must be a multiple of heads"),
     ("{not json", "not valid JSON"),
 ])
 def test_bad_config_values_name_the_key_and_the_file(tmp_path, content: str, message: str) -> None:
@@ -121,73 +226,3 @@ def test_bad_config_values_name_the_key_and_the_file(tmp_path, content: str, mes
 def test_missing_config_file_is_a_config_error(tmp_path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load(tmp_path / "nope.json")
-
-
-# ------------------------------------------------------------- evaluation
-
-
-def make_evaluator(events: list, **kw) -> Evaluator:
-    datasets = {"add_1digit": make_problems("add_1digit", 20, 3), "add_2digit": make_problems("add_2digit", 20, 3)}
-    return Evaluator(events.append, "run-1", "node-a", 0, 2, datasets, 4, torch.device("cpu"), quick_size=5, **kw)
-
-
-def test_two_stage_round_publishes_quick_then_full_for_each_dataset() -> None:
-    torch.manual_seed(0)
-    events: list[EvalEvent] = []
-    make_evaluator(events).evaluate(Policy(hidden=16), step=10)
-    assert [(e.stage, e.dataset, e.n_samples) for e in events] == [
-        ("quick", "add_1digit", 5), ("quick", "add_2digit", 5), ("full", "add_1digit", 20), ("full", "add_2digit", 20)]
-    assert all(e.status == "ok" and e.replicas == 2 and e.step == 10 for e in events)
-    assert events[0].verdicts == events[2].verdicts[:5]  # the quick stage is a prefix of the full set
-    assert events[2].eval_id == "run-1:10:add_1digit:full"
-
-
-def test_verdicts_follow_the_problem_order_and_are_deterministic() -> None:
-    torch.manual_seed(0)
-    policy = Policy(hidden=16)
-    problems = make_problems("add_1digit", 30, 0)
-    full = evaluate_problems(policy, problems, 4, torch.device("cpu"))
-    parts = evaluate_problems(policy, problems[:10], 4, torch.device("cpu"), batch=3)
-    assert full.verdicts[:10] == parts.verdicts and len(full.verdicts) == 30
-
-
-def test_an_exception_during_evaluation_publishes_failed_and_returns() -> None:
-    events: list[EvalEvent] = []
-    make_evaluator(events, fail_at_steps=(5,), two_stage=False).evaluate(Policy(hidden=16), step=5)
-    assert [e.status for e in events] == ["failed", "failed"]
-    assert "injected evaluation failure at step 5" in events[0].error and events[0].accuracy is None
-
-
-def test_a_failure_can_be_injected_by_round_whatever_its_step() -> None:
-    events: list[EvalEvent] = []
-    evaluator = make_evaluator(events, fail_rounds=(2,), two_stage=False)
-    for step in (0, 7, 9):
-        evaluator.evaluate(Policy(hidden=16), step=step)
-    assert [(e.step, e.status) for e in events] == [(0, "ok"), (0, "ok"), (7, "failed"), (7, "failed"),
-                                                    (9, "ok"), (9, "ok")]
-    assert "(round 2)" in events[2].error
-
-
-def test_asynchronous_round_evaluates_the_snapshot_taken_when_asked() -> None:
-    torch.manual_seed(0)
-    policy = Policy(hidden=16)
-    sync_events: list[EvalEvent] = []
-    make_evaluator(sync_events).evaluate(policy, step=1)
-    async_events: list[EvalEvent] = []
-    evaluator = make_evaluator(async_events, asynchronous=True)
-    evaluator.evaluate(policy, step=1)
-    with torch.no_grad():  # training goes on and changes the weights meanwhile
-        for p in policy.parameters():
-            p.add_(torch.randn_like(p))
-    evaluator.close()
-    assert [e.verdicts for e in async_events] == [e.verdicts for e in sync_events]
-
-
-def test_a_dissenting_replica_flips_some_verdicts() -> None:
-    torch.manual_seed(0)
-    policy = Policy(hidden=16)
-    honest: list[EvalEvent] = []
-    faulty: list[EvalEvent] = []
-    make_evaluator(honest, two_stage=False).evaluate(policy, 1)
-    make_evaluator(faulty, two_stage=False, dissent=True).evaluate(policy, 1)
-    assert honest[0].verdicts != faulty[0].verdicts

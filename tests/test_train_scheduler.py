@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from areal_train.control import apply_commands, applies_to
-from areal_train.scheduler import COMMAND, EPOCH, START, STEP, TIME, EvalScheduler
+from areal_train.control import apply_commands, due, from_step
+from areal_train.scheduler import (
+    COMMAND,
+    EPOCH,
+    START,
+    STEP,
+    TIME,
+    EvalScheduler,
+    Trigger,
+)
 from producers.events import CommandEvent
 
 
@@ -85,7 +93,7 @@ def test_set_eval_interval_changes_the_step_trigger_from_the_last_step_eval() ->
     s = EvalScheduler(every_steps=10)
     assert run_steps(s, range(1, 13)) == {10: {STEP}}
     applied = apply_commands([command("set_eval_interval", args={"steps": 3})], s)
-    assert applied.eval_interval == 3
+    assert applied.count == 1 and s.every_steps == 3
     assert run_steps(s, range(13, 20)) == {13: {STEP}, 16: {STEP}, 19: {STEP}}
 
 
@@ -111,21 +119,13 @@ def test_scale_lr_and_stop_are_handed_to_the_trainer() -> None:
     assert not apply_commands([], s).stop
 
 
-def test_commands_for_other_runs_or_nodes_do_not_apply() -> None:
-    nodes = ["host-r0", "host-r1"]
-    assert applies_to(command("stop"), "run-1", nodes)
-    assert applies_to(command("stop", target_node="host-r1"), "run-1", nodes)
-    assert not applies_to(command("stop", target_node="elsewhere"), "run-1", nodes)
-    assert not applies_to(command("stop", run_id="run-2"), "run-1", nodes)
-
-
 def test_a_bad_interval_is_refused() -> None:
     with pytest.raises(ValueError):
         EvalScheduler().set_step_interval(0)
 
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 @settings(max_examples=200, deadline=None)
@@ -148,3 +148,61 @@ def test_combined_triggers_fire_exactly_where_each_alone_would(every_steps, ever
         for step, reasons in one.items():
             union.setdefault(step, set()).update(reasons)
     assert together == union
+
+
+# ------------------------------------------------------------ state and resume
+
+
+@settings(max_examples=200, deadline=None)
+@given(every_steps=st.one_of(st.none(), st.integers(1, 9)), every_seconds=st.one_of(st.none(), st.floats(0.5, 20)),
+       cut=st.integers(1, 59), seconds_per_step=st.lists(st.floats(0.0, 5.0), min_size=60, max_size=60),
+       shift=st.floats(-1e6, 1e6), commands=st.lists(st.integers(1, 59), max_size=3))
+def test_a_restored_scheduler_fires_where_the_uninterrupted_one_does(every_steps, every_seconds, cut,
+                                                                     seconds_per_step, shift, commands) -> None:
+    """Save after step `cut`, restore on another clock (shifted by `shift`): the same decisions after."""
+    clock = [sum(seconds_per_step[:i]) for i in range(61)]
+
+    def decide(s: EvalScheduler, step: int, offset: float = 0.0) -> set[str]:
+        if step in commands:
+            s.request()
+        now = clock[step] + offset
+        return s.after_step(step, step // 7, s.time_due(now), now)
+
+    whole = EvalScheduler(every_steps=every_steps, every_epochs=2, every_seconds=every_seconds, at_start=True)
+    whole.before_training()
+    first = EvalScheduler(every_steps=every_steps, every_epochs=2, every_seconds=every_seconds, at_start=True)
+    first.before_training()
+    expected = {step: decide(whole, step) for step in range(1, 61)}
+    before = {step: decide(first, step) for step in range(1, cut + 1)}
+    state = first.state_dict(now=clock[cut])
+    restored = EvalScheduler()
+    restored.load_state_dict(state, now=clock[cut] + shift)
+    after = {step: decide(restored, step, shift) for step in range(cut + 1, 61)}
+    assert {**before, **after} == expected
+    assert restored.before_training() == set()  # a resumed run does not evaluate "before training" again
+
+
+def test_state_carries_a_changed_interval_and_a_pending_request() -> None:
+    s = EvalScheduler(every_steps=10)
+    s.set_step_interval(3)
+    s.request()
+    restored = EvalScheduler()
+    restored.load_state_dict(s.state_dict(now=5.0), now=100.0)
+    assert restored.every_steps == 3 and restored.after_step(1, 0, False, 100.0) == {COMMAND}
+
+
+def test_the_checkpoint_trigger_is_the_same_kind_of_trigger() -> None:
+    t = Trigger(every_steps=10, every_seconds=30.0, start_time=0.0)
+    fired = {step: t.fire(step, 0, t.time_due(step * 4.0), step * 4.0) for step in range(1, 31)}
+    assert {s for s, r in fired.items() if r} == {8, 10, 16, 20, 24, 30}
+
+
+def test_scale_lr_waits_for_its_step_boundary() -> None:
+    now = command("scale_lr", args={"factor": 0.5})
+    later = command("scale_lr", args={"factor": 0.5, "from_step": 12})
+    stop = command("stop")
+    ready, waiting = due([now, later, stop], step=10)
+    assert ready == [now, stop] and waiting == [later]
+    assert due(waiting, step=11) == ([], [later])
+    assert due(waiting, step=12) == ([later], [])
+    assert from_step(command("scale_lr", args={"factor": 0.5, "from_step": True})) == 0

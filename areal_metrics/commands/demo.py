@@ -1,12 +1,17 @@
 """`demo`: the main job, end to end on this machine.
 
-1. start the local stack (Kafka broker, stream worker, ClickHouse sink);
-2. train two runs side by side with 2 ranks each, group size 4 vs 2, each
-   publishing steps and evaluations; the stream worker derives smoothed
-   rewards, votes, alerts and commands, and the trainers obey the commands;
-3. show the live view while they train;
-4. wait until the sink has stored every event, print a summary from SQL and
-   write the report figures.
+1. build the policy's supervised warm start if it is not cached yet (once);
+2. start the local stack (Kafka broker, stream worker, ClickHouse sink) with the
+   demo's stream settings: the closed loop on evaluation is on (`scale_lr` when
+   the full-stage consensus of `math_hard` is below a threshold);
+3. train two strategies side by side, mt4-grpo (up to 4 attempts with feedback)
+   and mt2-grpo (up to 2), two seeds each, 2 ranks each, the same evaluation
+   sets; evaluation runs in a process per rank on weight snapshots, two-stage,
+   sharded with redundancy 2; the first run's third round fails on every rank
+   (degraded mode: the last good result repeated, stale, with an alert);
+4. time short runs with 1, 2 and 4 ranks, one after the other (throughput);
+5. wait until the sink has stored every step, print what happened from SQL
+   (and the checks the demo stands for) and write the report figures.
 
 The stack keeps running afterwards, with its data, for `sql`, `report`,
 `alerts` and `watch`; `areal-metrics down` stops it.
@@ -15,56 +20,63 @@ The stack keeps running afterwards, with its data, for `sql`, `report`,
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
+from areal_metrics.commands import demo_sql
 from areal_metrics.errors import UserError
 
-SUMMARY_SQL = """
-SELECT
-    s.run_id AS run,
-    uniqExact(s.step) AS steps,
-    round(avgIf(s.reward, s.step < 10), 3) AS reward_first_10,
-    round(avgIf(s.reward, s.step >= max_step - 9), 3) AS reward_last_10,
-    round(avg(s.throughput), 0) AS tokens_per_s
-FROM v_steps AS s
-INNER JOIN (SELECT run_id, max(step) AS max_step FROM v_steps GROUP BY run_id) AS m USING (run_id)
-WHERE s.run_id IN {runs:Array(String)}
-GROUP BY s.run_id
-ORDER BY s.run_id
-"""
-
-EVAL_SQL = """
-SELECT run_id AS run, dataset, stage,
-       count() AS rounds,
-       round(argMax(accuracy, step), 3) AS last_accuracy,
-       round(max(accuracy), 3) AS best_accuracy,
-       countIf(stale) AS stale_rounds,
-       round(min(agreement), 3) AS min_agreement
-FROM v_eval_consensus
-WHERE run_id IN {runs:Array(String)} AND stage = 'full'
-GROUP BY run_id, dataset, stage
-ORDER BY run_id, dataset
-"""
-
-LOOP_SQL = """
-SELECT run_id AS run, what, kind, n FROM (
-    SELECT run_id, 'command' AS what, command AS kind, count() AS n
-    FROM v_commands WHERE run_id IN {runs:Array(String)} GROUP BY run_id, command
-    UNION ALL
-    SELECT run_id, 'alert' AS what, kind, count() AS n
-    FROM v_alerts WHERE run_id IN {runs:Array(String)} GROUP BY run_id, kind
-)
-ORDER BY run, what, kind
-"""
+STRATEGIES = {"mt4-grpo": 4, "mt2-grpo": 2}
+# The worker's settings for the demo's runs: the closed loop on evaluation, a short window.
+STREAMS = {"defaults": {"window": 10, "min_eval_interval": 5, "interval_dwell_steps": 20, "step_wait_s": 20.0,
+                        "lr_eval_threshold": 0.5, "lr_eval_dataset": "math_hard", "lr_apply_delay_steps": 2,
+                        "no_improvement_rounds": 3, "vote_timeout_s": 60.0, "stall_seconds": 120.0}}
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-    parser.add_argument("--steps", type=int, default=500, help="training steps per run (default 500)")
-    parser.add_argument("--nproc", type=int, default=2, help="ranks per run (default 2; the first run gets one more, a faulty replica)")
+    parser.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks per run (default 2)")
+    parser.add_argument("--seeds", type=int, default=2, help="seeds per strategy (default 2)")
+    parser.add_argument("--scaling-steps", type=int, default=6,
+                        help="steps of each 1-, 2- and 4-rank throughput run (default 6; 0: none)")
+    parser.add_argument("--config", type=Path, default=None, metavar="FILE",
+                        help="JSON or TOML trainer settings applied to every run (see areal_train/config.py)")
     parser.add_argument("--out", type=Path, default=Path("reports/demo"), help="where the report PNGs go")
     parser.add_argument("--no-watch", action="store_true", help="no live view (plain progress lines)")
+
+
+DEMO_TRAINING = {"batch_prompts": 4, "group_size": 4, "eval_mode": "async", "eval_every_steps": 10,
+                 "eval_size": 32, "eval_cpu_share": 0.5, "checkpoint_every_steps": None, "tags": ["demo"]}
+
+
+def run_configs(args: argparse.Namespace, stamp: str) -> dict[str, tuple[int, object]]:
+    """run id -> (ranks, TrainConfig) of the compared runs: the demo's settings, then --config's."""
+    from areal_train.config import ConfigError, load
+
+    runs: dict[str, tuple[int, object]] = {}
+    for strategy, turns in STRATEGIES.items():
+        for seed in range(1, args.seeds + 1):
+            first = not runs
+            try:
+                base = load(args.config)
+                overrides = {k: v for k, v in DEMO_TRAINING.items() if args.config is None or k not in _keys(args.config)}
+                cfg = base.replace(**overrides, seed=seed, max_turns=turns, group=strategy,
+                                   fail_eval_rounds=[3] if first else [])
+            except ConfigError as exc:
+                raise UserError(str(exc)) from None
+            runs[f"demo-{stamp}-{strategy}-s{seed}"] = (args.nproc, cfg)
+    return runs
+
+
+def _keys(path: Path) -> set[str]:
+    """The settings a config file sets (they win over the demo's own)."""
+    import tomllib
+
+    text = path.read_text(encoding="utf-8")
+    data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    return set(data) if isinstance(data, dict) else set()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,68 +84,94 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--steps: must be >= 10 (got {args.steps})")
     if not 1 <= args.nproc <= 8:
         raise UserError(f"--nproc: must be in 1..8 (got {args.nproc})")
-
-    from areal_train.config import TrainConfig
-    from areal_train.launch import start
+    if not 1 <= args.seeds <= 4:
+        raise UserError(f"--seeds: must be in 1..4 (got {args.seeds})")
+    import os
 
     from areal_metrics.stack import services as stack
+    from areal_train.launch import prepare, start
     from producers.settings import Settings, state_dir
 
     started = time.monotonic()
+    stamp = time.strftime("%H%M%S")
+    runs = run_configs(args, stamp)
+    prepare(next(iter(runs.values()))[1])  # the warm start, built once and cached
+    streams_config = state_dir() / "demo-streams.json"
+    streams_config.parent.mkdir(parents=True, exist_ok=True)
+    streams_config.write_text(json.dumps(STREAMS, indent=2))
+    os.environ["AREAL_STREAMS_CONFIG"] = str(streams_config)
     print("starting the local stack (Kafka broker, stream worker, sink) ...", flush=True)
     try:
-        info, _ = stack.up()
+        info, fresh = stack.up()
     except (RuntimeError, TimeoutError) as exc:
         raise UserError(str(exc)) from None
     print(f"stack up: kafka {info.kafka_version} at {info.kafka_bootstrap}, store {info.clickhouse_url}")
+    if not fresh:
+        print("note: the stack was already running; its stream worker keeps the settings it started with "
+              f"(the demo's are in {streams_config}; `areal-metrics down` first to use them)", file=sys.stderr)
     env = stack.service_env(info)
     settings = Settings.from_env()
-
-    stamp = time.strftime("%H%M%S")
-    # Two settings side by side: GRPO group size 4 vs 2. The first run has one
-    # more rank whose verdicts are partly wrong (the vote outvotes it and names
-    # it a dissenter), and its 4th evaluation round fails on every rank
-    # (degraded mode: the last good result is repeated, stale, with an alert).
-    runs = {
-        f"demo-{stamp}-g4": (args.nproc + 1, TrainConfig(group_size=4, batch_prompts=8, seed=1,
-                                                         dissent_rank=args.nproc, fail_eval_rounds=(4,))),
-        f"demo-{stamp}-g2": (args.nproc, TrainConfig(group_size=2, batch_prompts=16, seed=2)),
-    }
     logs = state_dir() / "logs"
-    handles = [start(run_id, nproc, args.steps, cfg, env=env, log_dir=logs) for run_id, (nproc, cfg) in runs.items()]
-    print(f"training {', '.join(runs)} ({', '.join(str(n) for n, _ in runs.values())} ranks, "
-          f"{args.steps} steps each); logs in {logs}", flush=True)
+    handles = [start(run_id, nproc, args.steps, cfg, env=env, log_dir=logs)  # type: ignore[arg-type]
+               for run_id, (nproc, cfg) in runs.items()]
+    print(f"training {len(runs)} runs ({', '.join(runs)}), {args.nproc} ranks and {args.steps} steps each; "
+          f"logs in {logs}", flush=True)
+    _follow(handles, settings, list(runs), args.no_watch, started)
+    codes = [h.wait() for h in handles]
+    if any(codes):
+        raise UserError(f"a training run failed (exit status {codes}); see {logs}")
+    scaling = _scaling_runs(args, stamp, env, logs)
+    every = [*runs, *scaling]
+    expected = sum(n for n, _ in runs.values()) * args.steps + sum(n * args.scaling_steps for n in scaling.values())
+    stored = _wait_for_sink(settings, every, expected)
+    demo_sql.print_summary(settings, list(runs))
+    paths = _write_report(args.out, every)
+    print(f"\ndone in {time.monotonic() - started:.0f} s ({stored} step events stored). The stack is still up:")
+    print('  .venv/bin/areal-metrics sql "SELECT run_id, count() FROM v_steps GROUP BY run_id"')
+    print("  .venv/bin/areal-metrics alerts        .venv/bin/areal-metrics down")
+    return 0 if paths else 1
 
+
+def _follow(handles: list, settings: object, runs: list[str], no_watch: bool, started: float) -> None:
     def finished() -> bool:
         return all(h.poll() is not None for h in handles)
 
     try:
-        if args.no_watch or not sys.stdout.isatty():
+        if no_watch or not sys.stdout.isatty():
             while not finished():
                 time.sleep(5)
                 print(f"  ... {time.monotonic() - started:.0f} s", flush=True)
         else:
             from areal_metrics.commands.watch import watch_loop
 
-            watch_loop(settings, list(runs), until=finished)
+            watch_loop(settings, runs, until=finished)
     except KeyboardInterrupt:
         for h in handles:
             h.terminate()
         raise
-    codes = [h.wait() for h in handles]
-    if any(codes):
-        raise UserError(f"a training run failed (exit status {codes}); see {logs}")
-
-    expected = _wait_for_sink(settings, list(runs), sum(n for n, _ in runs.values()) * args.steps)
-    _print_summary(settings, list(runs))
-    _write_report(args.out, list(runs))
-    print(f"\ndone in {time.monotonic() - started:.0f} s ({expected} step events stored). The stack is still up:")
-    print('  .venv/bin/areal-metrics sql "SELECT run_id, count() FROM v_steps GROUP BY run_id"')
-    print("  .venv/bin/areal-metrics alerts        .venv/bin/areal-metrics down")
-    return 0
 
 
-def _wait_for_sink(settings, runs: list[str], expected: int, timeout: float = 120.0) -> int:
+def _scaling_runs(args: argparse.Namespace, stamp: str, env: dict[str, str], logs: Path) -> dict[str, int]:
+    """Short runs with 1, 2 and 4 ranks, one at a time (throughput across rank counts): run id -> ranks."""
+    from areal_train.launch import start
+
+    if args.scaling_steps <= 0:
+        return {}
+    model = next(iter(run_configs(args, stamp).values()))[1]
+    quiet = model.replace(eval_at_start=False, eval_every_steps=None, eval_at_end=False, group="throughput",  # type: ignore[attr-defined]
+                          tags=["demo", "scaling"], fail_eval_rounds=[], max_turns=1)
+    out = {}
+    for nproc in (1, 2, 4):
+        run_id = f"demo-{stamp}-tput-{nproc}r"
+        print(f"throughput: {run_id} ({nproc} rank{'s' if nproc > 1 else ''}, {args.scaling_steps} steps)", flush=True)
+        code = start(run_id, nproc, args.scaling_steps, quiet, env=env, log_dir=logs).wait(600)
+        if code:
+            raise UserError(f"throughput run {run_id} failed (exit status {code}); see {logs}")
+        out[run_id] = nproc
+    return out
+
+
+def _wait_for_sink(settings: object, runs: list[str], expected: int, timeout: float = 120.0) -> int:
     """Every rank publishes one step event per step: wait until the sink stored them all."""
     from sinks.query import StoreError, connect
 
@@ -141,7 +179,7 @@ def _wait_for_sink(settings, runs: list[str], expected: int, timeout: float = 12
     stored = 0
     while time.monotonic() < deadline:
         try:
-            with connect(settings) as store:
+            with connect(settings) as store:  # type: ignore[arg-type]
                 stored = int(store.command(
                     "SELECT count() FROM v_steps WHERE run_id IN {runs:Array(String)}", {"runs": runs}))
         except StoreError:
@@ -149,31 +187,12 @@ def _wait_for_sink(settings, runs: list[str], expected: int, timeout: float = 12
         if stored >= expected:
             return stored
         time.sleep(1)
-    raise UserError(f"the sink stored {stored} of {expected} step events within {timeout:.0f} s; "
-                    f"see {Path(settings.clickhouse_url)}")
+    raise UserError(f"the sink stored {stored} of {expected} step events within {timeout:.0f} s")
 
 
-def _print_summary(settings, runs: list[str]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from sinks.query import connect
-
-    console = Console(width=max(Console().width, 120))
-    with connect(settings) as store:
-        for title, sql in (("training", SUMMARY_SQL), ("evaluation (majority vote, full stage)", EVAL_SQL),
-                           ("closed loop", LOOP_SQL)):
-            result = store.query(sql, {"runs": runs})
-            table = Table(title=f"{title}  [SQL over ClickHouse]")
-            for column in result.columns:
-                table.add_column(column)
-            for row in result.rows:
-                table.add_row(*(str(v) for v in row))
-            console.print(table)
-
-
-def _write_report(out: Path, runs: list[str]) -> None:
+def _write_report(out: Path, runs: list[str]) -> list[Path]:
     from areal_metrics.report import write_report
 
     paths = write_report(out, runs)
     print("report figures: " + ", ".join(str(p) for p in paths))
+    return paths

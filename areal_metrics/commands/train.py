@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                         help="write each rank's log to DIR/<run-id>-r<rank>.log instead of the terminal")
     parser.add_argument("--no-publish", action="store_true", help="train without publishing (no Kafka needed)")
     parser.add_argument("--timeout", type=float, default=None, help="stop the run after this many seconds")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run from its last checkpoint up to --steps (a new attempt)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = load(args.config, **({"publish": False} if args.no_publish else {}))
     except ConfigError as exc:
         raise UserError(str(exc)) from None
+    if args.resume:
+        _check_resumable(cfg, args)
     if cfg.publish:
         from producers.settings import Settings
 
@@ -51,17 +55,34 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="areal-train-") as summary_dir:
         try:
             code = launch(args.run_id, args.nproc, args.steps, cfg, log_dir=args.log_dir, summary_dir=summary_dir,
-                          timeout=args.timeout)
+                          timeout=args.timeout, resume=args.resume)
         except TimeoutError as exc:
             raise UserError(str(exc)) from None
         for path in sorted(Path(summary_dir).glob("rank*.json")):
             s = json.loads(path.read_text())
-            print(f"{args.run_id} rank {s['rank']}: {s['steps']} steps on {s['device']} in {s['seconds']:.1f} s, "
+            resumed = f" (attempt {s['attempt']}, resumed at step {s['start_step']})" if s["attempt"] else ""
+            print(f"{args.run_id} rank {s['rank']}: {s['steps']} steps on {s['device']} in {s['seconds']:.1f} s{resumed}, "
                   f"reward {s['first_reward']:.3f} -> {s['last_reward']:.3f}, evaluations at steps {s['eval_steps']}"
                   + (" (stopped by command)" if s["stopped_by_command"] else ""))
     if code != 0:
         print(f"areal-metrics train: run {args.run_id} failed (exit status {code})", file=sys.stderr)
     return code
+
+
+def _check_resumable(cfg: object, args: argparse.Namespace) -> None:
+    """A one-line error before any rank starts: no checkpoint, other rank count, nothing left to train."""
+    from areal_train.checkpoint import latest_meta
+    from areal_train.session import checkpoint_root
+
+    root = checkpoint_root(cfg)  # type: ignore[arg-type]
+    meta = latest_meta(root, args.run_id)
+    if meta is None:
+        raise UserError(f"--resume: no checkpoint of run {args.run_id} in {root}")
+    if meta.get("world_size") != args.nproc:
+        raise UserError(f"--nproc: the checkpoint of {args.run_id} was written by {meta.get('world_size')} ranks "
+                        f"(got {args.nproc})")
+    if args.steps <= int(meta["step"]):
+        raise UserError(f"--steps: {args.steps} is not beyond the checkpoint's step {meta['step']}")
 
 
 def _reachable(bootstrap: str, timeout: float = 1.0) -> bool:

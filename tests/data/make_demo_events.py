@@ -1,6 +1,11 @@
 """Regenerate tests/data/demo_events.jsonl: the events of a real short training run.
 
     .venv/bin/python tests/data/make_demo_events.py [--steps 200] [--out tests/data/demo_events.jsonl]
+    .venv/bin/python tests/data/make_demo_events.py --rederive   # the worker's events only, again
+
+The trainer recorded here is the one before issue 11 (a GRU on addition, its
+`publish` hook): a full regeneration needs that trainer's code. `--rederive`
+keeps its recorded events and feeds them through today's stream worker logic.
 
 What it runs, all real code of this repository:
 
@@ -18,8 +23,9 @@ What it runs, all real code of this repository:
 Faults, so that every dashboard panel has something to show: `demo-g4` fails
 its evaluation at one step on every rank (the trainer's `fail_eval_at_steps`:
 degraded mode, a stale consensus); `demo-g2` has a dissenting replica (the
-trainer's `dissent_rank`) and a reward threshold in the worker's config (the
-alert -> `scale_lr` path); one evaluation result of `demo-g2` is withheld from
+trainer's `dissent_rank`), a reward threshold in the worker's config (an
+alert) and its closed loop on evaluation (`scale_lr` while the `add_2digit`
+consensus is below 0.5); one evaluation result of `demo-g2` is withheld from
 the worker, as if the replica died (the round times out: a partial
 consensus); two malformed step messages are dead-lettered.
 
@@ -56,7 +62,8 @@ from producers.topics import Topics  # noqa: E402
 RUNS = {
     # run id -> (trainer config overrides, streams config overrides)
     "demo-g4": ({"group_size": 4, "fail_eval_at_steps": [100]}, {}),
-    "demo-g2": ({"group_size": 2, "dissent_rank": 1}, {"reward_threshold": 0.05, "reward_cooldown_steps": 20}),
+    "demo-g2": ({"group_size": 2, "dissent_rank": 1}, {"reward_threshold": 0.05, "reward_cooldown_steps": 20,
+                                                       "lr_eval_threshold": 0.5, "lr_eval_dataset": "add_2digit"}),
 }
 COMMON_TRAIN = {"eval_every_steps": 20, "eval_size": 32, "quick_size": 8, "batch_prompts": 16, "threads": 1,
                 "device": "cpu", "publish": True, "seed": 3}
@@ -199,11 +206,12 @@ def derive(trainer_events: list[bytes]) -> list[bytes]:
             if isinstance(event, RunEvent):
                 continue  # the stream worker does not read the runs topic
             topic = topics.steps if isinstance(event, StepEvent) else topics.evals
-            await core.on_input(topic, partition, offsets[partition], event.run_id.encode(), raw)
+            # the Kafka timestamp: the event's time (a dead letter's ts, so the file is the same on every run)
+            await core.on_input(topic, partition, offsets[partition], event.run_id.encode(), raw, event.ts)
             offsets[partition] += 1
             if isinstance(event, StepEvent) and event.step in (50, 150) and event.rank == 0 and event.run_id == "demo-g2":
                 await core.on_input(topics.steps, partition, offsets[partition], event.run_id.encode(),
-                                    _malformed(event))
+                                    _malformed(event), event.ts)
                 offsets[partition] += 1
         # after the last event: the open rounds time out (partial consensus)
         clock[0] += defaults.vote_timeout_s + 1
@@ -228,16 +236,33 @@ def _malformed(event: StepEvent) -> bytes:
     return json.dumps(data).encode()
 
 
+TRAINER_TYPES = ("step", "eval", "run")
+
+
+def rederive(path: Path) -> int:
+    """The recorded trainer events again through today's stream worker logic (its rules changed since)."""
+    lines = [line.encode() for line in path.read_text().splitlines()
+             if line and json.loads(line)["type"] in TRAINER_TYPES and json.loads(line)["node"] != "areal-streams"]
+    derived = derive(lines)
+    path.write_text("".join(raw.decode() + "\n" for raw in [*lines, *derived]))
+    print(f"{path}: {len(lines)} trainer events kept, {len(derived)} derived again")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("demo_events.jsonl"))
+    parser.add_argument("--rederive", action="store_true",
+                        help="keep the recorded trainer events of --out, derive the worker's events again")
     parser.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--run-id", help=argparse.SUPPRESS)
     parser.add_argument("--config-json", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_worker:
         return rank_main(args)
+    if args.rederive:
+        return rederive(args.out)
 
     from areal_train.launch import free_port
 

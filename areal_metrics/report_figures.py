@@ -1,0 +1,272 @@
+"""The report's drawings (matplotlib, Agg): one function per figure, data in, PNG path out.
+
+The data come from areal_metrics.report's loaders; nothing here reads a store.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SMOOTH_STEPS = 10  # throughput per step is noisy (other processes share the cores)
+CONFIG_KEYS = ("strategy", "seed", "world_size", "max_turns", "group_size", "batch_prompts", "lr", "steps",
+               "eval_size", "eval_samples", "eval_redundancy", "eval_mode")  # shown even when equal
+
+
+def tagged_scaling(info: dict[str, Any], run: str) -> bool:
+    """A run of the demo's throughput comparison across rank counts (tag `scaling`)."""
+    return run in info and "scaling" in (info[run].config.get("tags") or ())
+
+
+def _colors(names: Sequence[str]) -> dict[str, Any]:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10"]
+    return {name: cmap(i % 10) for i, name in enumerate(sorted(set(names)))}
+
+
+def _style(ax: Any) -> None:
+    ax.grid(True, alpha=0.3)
+    ax.spines[["top"]].set_visible(False)
+
+
+def _save(fig: Any, path: Path, title: str, bottom: float = 0.0) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=13)
+    fig.tight_layout(rect=(0, bottom, 1, 0.95))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def moving_average(values: Sequence[float], n: int) -> list[float]:
+    """Trailing mean over up to `n` values (shorter at the start), same length as `values`."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= n:
+            total -= values[i - n]
+        out.append(total / min(i + 1, n))
+    return out
+
+
+def band(series: Sequence[Sequence[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """(steps, mean, min, max) over the series that have each step."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for one in series:
+        for step, value in one:
+            by_step[step].append(value)
+    steps = sorted(by_step)
+    return (steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], [min(by_step[s]) for s in steps],
+            [max(by_step[s]) for s in steps])
+
+
+# ------------------------------------------------------------------ figure 1
+
+
+def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    datasets = sorted(evals)
+    runs = sorted({run for per_run in evals.values() for run in per_run})
+    colors = _colors(runs)
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6.5 * len(datasets), 5.0), squeeze=False)
+    for ax, dataset in zip(axes[0], datasets):
+        right = ax.twinx()
+        for run, points in sorted(evals[dataset].items()):
+            ax.plot([p.step for p in points], [100 * p.accuracy for p in points], "-o", color=colors[run], lw=2, ms=4)
+            lengths = [(p.step, p.response_length) for p in points if p.response_length is not None]
+            if lengths:
+                right.plot(*zip(*lengths), "--", color=colors[run], lw=1.4, alpha=0.8)
+            for state, marker in (("stale", "X"), ("partial", "s")):
+                marked = [p for p in points if p.state == state]
+                if marked:
+                    ax.scatter([p.step for p in marked], [100 * p.accuracy for p in marked], marker=marker, s=90,
+                               facecolors="none" if state == "partial" else colors[run], edgecolors="black",
+                               linewidths=1.2, zorder=5)
+        ax.set_title(f"{dataset}: full-stage accuracy and response length")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("accuracy (%)  — solid")
+        top = max((100 * p.accuracy for pts in evals[dataset].values() for p in pts), default=0.0)
+        ax.set_ylim(-1, min(102, max(10.0, top * 1.15)))
+        right.set_ylabel("mean response length (tokens)  — dashed")
+        right.set_ylim(bottom=0)
+        _style(ax)
+    handles = [Line2D([], [], color=colors[r], lw=2, label=r) for r in runs]
+    handles += [
+        Line2D([], [], color="gray", lw=2, marker="o", label="accuracy (left axis)"),
+        Line2D([], [], color="gray", lw=1.4, ls="--", label="response length (right axis)"),
+        Line2D([], [], ls="", marker="X", color="gray", markeredgecolor="black", ms=9, label="stale round (degraded)"),
+        Line2D([], [], ls="", marker="s", markerfacecolor="none", markeredgecolor="black", ms=8, label="partial round"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), frameon=False, fontsize=8)
+    rows = (len(handles) + 3) // 4
+    return _save(fig, path, "Evaluation accuracy and response length per dataset (cross-node consensus)",
+                 bottom=0.05 * rows)
+
+
+# ------------------------------------------------------------------ figure 2
+
+
+def plot_rewards(raw: dict[str, list[tuple[int, float]]], smooth: dict[str, list[tuple[int, float, float, int]]],
+                 info: dict[str, Any], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, list[str]] = defaultdict(list)
+    for run in sorted(set(raw) | set(smooth)):
+        if not tagged_scaling(info, run):  # throughput runs are no strategy
+            groups[info[run].group if run in info else run].append(run)
+    colors = _colors(list(groups))
+    fig, (ax_raw, ax_smooth) = plt.subplots(1, 2, figsize=(14, 5), sharey=True)
+    for group, runs in sorted(groups.items()):
+        label = f"{group} ({len(runs)} run{'s' if len(runs) > 1 else ''})"
+        raws = [moving_average_series(raw[r], 5) for r in runs if raw.get(r)]
+        if raws:
+            steps, mean, lo, hi = band(raws)
+            ax_raw.fill_between(steps, lo, hi, color=colors[group], alpha=0.2, lw=0)
+            ax_raw.plot(steps, mean, color=colors[group], lw=2, label=label)
+        smooths = [[(s, avg) for s, avg, _, _ in smooth[r]] for r in runs if smooth.get(r)]
+        if smooths:
+            steps, mean, lo, hi = band(smooths)
+            ax_smooth.fill_between(steps, lo, hi, color=colors[group], alpha=0.2, lw=0)
+            ax_smooth.plot(steps, mean, color=colors[group], lw=2.2, label=label)
+    ax_raw.set_title("Reward (mean over ranks, 5-step average): mean over seeds, band min-max")
+    ax_smooth.set_title("Smoothed reward (stream worker's sliding average): mean and band" if smooth else
+                        "Smoothed reward: none stored (stream worker not running?)")
+    for ax in (ax_raw, ax_smooth):
+        ax.set_xlabel("training step")
+        _style(ax)
+        if ax.lines:
+            ax.legend(fontsize=8, loc="upper left")
+    ax_raw.set_ylabel("reward (right answers, discounted per extra attempt)")
+    return _save(fig, path, "Reward of the strategies side by side")
+
+
+def moving_average_series(points: list[tuple[int, float]], n: int) -> list[tuple[int, float]]:
+    steps = [s for s, _ in points]
+    return list(zip(steps, moving_average([v for _, v in points], n)))
+
+
+# ------------------------------------------------------------------ figure 3
+
+
+def plot_throughput(series: dict[tuple[str, str], list[tuple[int, float]]], info: dict[str, Any], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    runs = sorted({run for run, _ in series})
+    colors = _colors(runs)
+    styles = ["-", "--", ":", "-."]
+    fig, (ax_line, ax_bar) = plt.subplots(1, 2, figsize=(14, 5.5), gridspec_kw={"width_ratios": [3, 2]})
+    keys = sorted(series)
+    for run, node in keys:
+        nodes = sorted(n for r, n in keys if r == run)
+        steps, values = zip(*series[(run, node)])
+        ax_line.plot(steps, moving_average(values, SMOOTH_STEPS), color=colors[run],
+                     ls=styles[nodes.index(node) % len(styles)], lw=1.4, label=f"{run} · {node}")
+    ax_line.set_title(f"Per node, over training ({SMOOTH_STEPS}-step moving average)")
+    ax_line.set_xlabel("training step")
+    ax_line.set_ylabel("generated tokens / s")
+    ax_line.set_ylim(bottom=0)
+    ax_line.legend(fontsize=7, ncol=2)
+    _style(ax_line)
+    _scaling_bars(ax_bar, series, info)
+    return _save(fig, path, "Throughput: generated tokens per second (the policy's tokens, no padding)")
+
+
+def _scaling_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]], info: dict[str, Any]) -> None:
+    """Total tokens/s across a run's ranks (mean over steps), grouped by the run's rank count.
+
+    Runs tagged `scaling` (the demo's one-at-a-time runs) are compared alone when there are any:
+    runs that shared the cores with others would not compare.
+    """
+    scaling = {run for run in info if tagged_scaling(info, run)}
+    totals: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for (run, _node), points in series.items():
+        if scaling and run not in scaling:
+            continue
+        for step, value in points:
+            totals[run][step] += value
+    by_world: dict[int, list[float]] = defaultdict(list)
+    per_node: dict[int, list[float]] = defaultdict(list)
+    for run, steps in totals.items():
+        world = info[run].world_size if run in info else 1
+        mean = sum(steps.values()) / len(steps)
+        by_world[world].append(mean)
+        per_node[world].append(mean / world)
+    worlds = sorted(by_world)
+    means = [sum(by_world[w]) / len(by_world[w]) for w in worlds]
+    bars = ax.bar(range(len(worlds)), means, color="tab:blue", alpha=0.8, label="total across the ranks")
+    ax.bar_label(bars, fmt="%.0f", fontsize=8)
+    ax.plot(range(len(worlds)), [sum(per_node[w]) / len(per_node[w]) for w in worlds], "D", color="tab:orange",
+            label="per node (rank)")
+    ax.set_xticks(range(len(worlds)), [f"{w} rank{'s' if w > 1 else ''}\n({len(by_world[w])} runs)" for w in worlds])
+    ax.set_title("Across rank counts (mean over steps and runs" + (",\nruns tagged scaling)" if scaling else ")"))
+    ax.set_ylabel("generated tokens / s")
+    ax.legend(fontsize=8)
+    _style(ax)
+
+
+# --------------------------------------------------------------- wrong answers
+
+
+def plot_errors(errors: dict[str, dict[str, dict[str, float]]], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    datasets = sorted(errors)
+    kinds = sorted({k for per_run in errors.values() for counts in per_run.values() for k in counts})
+    colors = _colors(kinds)
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6.5 * len(datasets), 5.2), squeeze=False)
+    for ax, dataset in zip(axes[0], datasets):
+        runs = sorted(errors[dataset])
+        bottoms = [0.0] * len(runs)
+        for kind in kinds:
+            totals = [sum(errors[dataset][r].values()) or 1.0 for r in runs]
+            shares = [100 * errors[dataset][r].get(kind, 0.0) / t for r, t in zip(runs, totals)]
+            ax.bar(range(len(runs)), shares, bottom=bottoms, color=colors[kind], label=kind)
+            bottoms = [b + s for b, s in zip(bottoms, shares)]
+        ax.set_xticks(range(len(runs)), runs, fontsize=7, rotation=30, ha="right")
+        ax.set_ylim(0, 100)
+        ax.set_ylabel("share of wrong answers (%)")
+        ax.set_title(f"{dataset}: wrong answers by error type")
+        _style(ax)
+    axes[0][0].legend(fontsize=8, loc="lower left")
+    return _save(fig, path, "Why answers were wrong (full-stage evaluations, the workload's grader)")
+
+
+# ----------------------------------------------------------------- configs
+
+
+def config_table(info: dict[str, Any]) -> tuple[list[str], list[str], list[list[str]]]:
+    """(keys, runs, cells): the keys that differ between the runs, and the always-shown ones."""
+    runs = sorted(info)
+    configs = {r: {**info[r].config, "world_size": info[r].world_size} for r in runs}
+    keys = sorted({k for c in configs.values() for k, v in c.items() if not isinstance(v, (dict, list))})
+    differing = [k for k in keys if len({repr(configs[r].get(k)) for r in runs}) > 1]
+    shown = [k for k in CONFIG_KEYS if k in keys] + [k for k in differing if k not in CONFIG_KEYS]
+    cells = [[_cell(configs[r].get(k)) for r in runs] for k in shown]
+    return shown, runs, cells
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def plot_configs(info: dict[str, Any], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    keys, runs, cells = config_table(info)
+    fig, ax = plt.subplots(figsize=(max(8.0, 2.2 * len(runs) + 3), 0.3 * (len(keys) + 1) + 1.0))
+    ax.axis("off")
+    if keys:
+        table = ax.table(cellText=cells, rowLabels=keys, colLabels=runs, cellLoc="center", bbox=(0.08, 0, 0.92, 1))
+        table.auto_set_font_size(False)
+        table.set_fontsize(8)
+    else:
+        ax.text(0.5, 0.5, "no run configs stored", ha="center")
+    return _save(fig, path, "Compared runs: config side by side (settings that differ, and the main ones)")

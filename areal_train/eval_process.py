@@ -1,0 +1,68 @@
+"""The evaluation process: rounds on weight snapshots, outside the training interpreter.
+
+Started (spawned) by `evaluator.Evaluator` in `async` mode, one per rank. It
+receives the evaluation sets once, then jobs (a `RoundJob` and a snapshot of
+the weights); it sends back each stage's `Outcome` as soon as it is done and
+then ("done", round_no, memory). It owns the quick-stage memory between
+rounds. `cpu_share` < 1 makes it pause after each generation batch for as
+long as the share asks (0.5: as long as the batch took), so evaluation takes
+at most that share of a core from training.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from areal_train.evalsets import EvalSet
+from areal_train.evaluation import Outcome, RoundJob, StageMemory, TwoStage, run_round
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    model: dict[str, int]  # Policy(**model)
+    sets: dict[str, EvalSet]
+    device: str
+    threads: int
+    cpu_share: float
+    rule: TwoStage
+    memory: dict[str, StageMemory]
+
+
+def pause_for(busy_seconds: float, cpu_share: float) -> float:
+    """Seconds to sleep after `busy_seconds` of work so the work is `cpu_share` of the time."""
+    if cpu_share >= 1.0:
+        return 0.0
+    return busy_seconds * (1.0 / cpu_share - 1.0)
+
+
+def main(conn: Connection, spec: ProcessSpec) -> None:
+    import torch
+
+    from areal_train.policy import Policy
+
+    torch.set_num_threads(spec.threads)
+    device = torch.device(spec.device)
+    policy = Policy(**spec.model).to(device).eval()
+    memory = dict(spec.memory)
+
+    def emit(outcome: Outcome) -> None:
+        conn.send(("outcome", outcome))
+
+    def pause(busy: float) -> None:
+        time.sleep(pause_for(busy, spec.cpu_share))
+
+    while True:
+        try:
+            message: tuple[Any, ...] = conn.recv()
+        except EOFError:  # the trainer is gone
+            return
+        if message[0] == "stop":
+            return
+        _, job, weights = message
+        assert isinstance(job, RoundJob)
+        policy.load_state_dict(weights)
+        memory = run_round(policy, spec.sets, job, memory, spec.rule, emit, device, pause)
+        conn.send(("done", job.round_no, memory))

@@ -1,0 +1,223 @@
+"""One rank's training state: built fresh or restored from the last checkpoint, and saved.
+
+Fresh: the warm-started policy (rank 0 builds the cached warm start if it is
+missing, the others wait), rank 0's weights everywhere, the evaluation sets
+built on the head and broadcast. Restored (`resume`): the model, optimizer,
+schedulers, quick-stage memory, learning-rate scale and counters from the
+checkpoint's shared part, the RNG states and data cursor from this rank's
+part, and `attempt` one more than the checkpoint's.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from areal_train import checkpoint, warmstart
+from areal_train.collective import Collective
+from areal_train.config import TrainConfig
+from areal_train.data import TrainData
+from areal_train.evalsets import EvalSet
+from areal_train.evaluation import Outcome, TwoStage
+from areal_train.evaluator import Evaluator
+from areal_train.policy import Policy
+from areal_train.ppo import PPOSettings
+from areal_train.scheduler import EvalScheduler, Trigger
+from areal_train.task import (
+    DATASETS,
+    EVAL_EXCLUDE_SIZE,
+    EVAL_SEED,
+    Problem,
+    eval_prompts,
+    make_eval_set,
+    make_train_set,
+)
+from producers.events import CommandEvent, event_from_dict
+
+log = logging.getLogger("areal_train")
+
+
+def checkpoint_root(cfg: TrainConfig) -> Path:
+    if cfg.checkpoint_dir:
+        return Path(cfg.checkpoint_dir)
+    from producers.settings import state_dir
+
+    return state_dir() / "checkpoints"
+
+
+def build_eval_sets(cfg: TrainConfig) -> dict[str, EvalSet]:
+    return {name: EvalSet(name, tuple(make_eval_set(name, cfg.eval_size)), k=cfg.eval_samples,
+                          temperature=cfg.eval_temperature, attempt_len=cfg.max_response_len,
+                          seed=EVAL_SEED + DATASETS.index(name))
+            for name in cfg.eval_datasets}
+
+
+@dataclass
+class Session:
+    cfg: TrainConfig
+    run_id: str
+    rank: int
+    world_size: int
+    device: torch.device
+    comm: Collective
+    clock: Callable[[], float]
+    policy: Policy
+    optimizer: torch.optim.Optimizer
+    data: TrainData
+    eval_sets: dict[str, EvalSet]
+    eval_schedule: EvalScheduler
+    checkpoint_schedule: Trigger
+    sampler: torch.Generator
+    reference: Policy | None = None
+    ppo: PPOSettings = field(default_factory=PPOSettings)
+    step: int = 0
+    start_step: int = 0
+    attempt: int = 0
+    lr_scale: float = 1.0
+    commands_applied: int = 0
+    rounds: int = 0
+    control: dict[str, Any] = field(default_factory=dict)  # this step's broadcast payload
+    waiting: list[CommandEvent] = field(default_factory=list)  # scale_lr commands for a later step boundary
+    evaluator: Evaluator = field(init=False)
+    _eval_memory: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------ building
+
+    @classmethod
+    def open(cls, cfg: TrainConfig, run_id: str, rank: int, world_size: int, device: torch.device,
+             comm: Collective, clock: Callable[[], float], resume: bool) -> Session:
+        policy = _initial_policy(cfg, comm, rank, resume).to(device)
+        now = clock()
+        exclude = eval_prompts({name: EVAL_EXCLUDE_SIZE for name in DATASETS})
+        session = cls(
+            cfg=cfg, run_id=run_id, rank=rank, world_size=world_size, device=device, comm=comm, clock=clock,
+            policy=policy, optimizer=torch.optim.Adam(policy.parameters(), lr=cfg.lr),
+            data=TrainData(make_train_set(cfg.train_size, cfg.seed, exclude), cfg.seed, rank, world_size),
+            eval_sets=_shared_eval_sets(cfg, comm, rank),
+            eval_schedule=EvalScheduler(every_steps=cfg.eval_every_steps, every_epochs=cfg.eval_every_epochs,
+                                        every_seconds=cfg.eval_every_seconds, at_start=cfg.eval_at_start,
+                                        start_time=now),
+            checkpoint_schedule=Trigger(every_steps=cfg.checkpoint_every_steps,
+                                        every_seconds=cfg.checkpoint_every_seconds, start_time=now),
+            sampler=torch.Generator().manual_seed(cfg.seed * 1000 + rank + 1),  # each rank its own samples
+            reference=_frozen_copy(policy) if cfg.kl_coef > 0 else None,
+            ppo=PPOSettings(clip_eps=cfg.clip_eps, entropy_coef=cfg.entropy_coef, kl_coef=cfg.kl_coef,
+                            value_coef=cfg.value_coef, max_grad_norm=cfg.max_grad_norm, epochs=cfg.ppo_epochs,
+                            minibatches=cfg.ppo_minibatches, temperature=cfg.temperature))
+        if resume:
+            session._restore(checkpoint.load_latest(checkpoint_root(cfg), run_id, rank, world_size, device))
+        return session
+
+    def start_evaluator(self, on_outcome: Callable[[Outcome], None]) -> None:
+        cfg = self.cfg
+        self.evaluator = Evaluator(
+            self.eval_sets, on_outcome, {"d_model": cfg.d_model, "layers": cfg.layers, "heads": cfg.heads},
+            self.device, asynchronous=cfg.eval_mode == "async",
+            rule=TwoStage(z=cfg.quick_z, max_skipped=cfg.full_max_skipped), threads=cfg.eval_threads,
+            cpu_share=cfg.eval_cpu_share, max_pending=cfg.eval_max_pending, memory=dict(self._eval_memory))
+
+    # ------------------------------------------------------------ checks
+
+    def check_eval_data(self) -> dict[str, str]:
+        """Compare the fingerprints of the evaluation sets across ranks: dataset -> why it fails."""
+        mine = {name: s.fingerprint() for name, s in self.eval_sets.items()}
+        everyone = self.comm.all_gather_object(mine)
+        out = {}
+        for name in mine:
+            held = [fps.get(name) for fps in everyone]
+            if len(set(held)) > 1:
+                detail = ", ".join(f"rank {r} holds {fp}" for r, fp in enumerate(held))
+                out[name] = f"dataset fingerprint mismatch on {name}: {detail}"
+        return out
+
+    # ------------------------------------------------------------ checkpoints
+
+    def save(self) -> Path:
+        now = self.clock()
+        shared = None
+        if self.rank == 0:
+            def shared() -> dict[str, Any]:
+                return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "reference": self.reference.state_dict() if self.reference is not None else None,
+                        "eval_schedule": self.eval_schedule.state_dict(now),
+                        "checkpoint_schedule": self.checkpoint_schedule.state_dict(now),
+                        "eval_memory": dict(self.evaluator.memory), "lr_scale": self.lr_scale,
+                        "commands_applied": self.commands_applied, "rounds": self.rounds,
+                        "waiting": [c.to_dict() for c in self.waiting]}
+        own = {"sampler": self.sampler.get_state(), "torch": torch.get_rng_state(), "python": random.getstate(),
+               "data": self.data.state_dict()}
+        meta = {"run_id": self.run_id, "attempt": self.attempt, "world_size": self.world_size,
+                "config": self.cfg.to_dict()}
+        path = checkpoint.save(checkpoint_root(self.cfg), self.run_id, self.step, self.rank, shared=shared, own=own,
+                               meta=meta, barrier=self.comm.barrier)
+        if self.rank == 0:
+            log.info("%s: checkpoint at step %d in %s", self.run_id, self.step, path)
+        return path
+
+    def _restore(self, loaded: checkpoint.Loaded) -> None:
+        shared, own, now = loaded.shared, loaded.own, self.clock()
+        self.policy.load_state_dict(shared["policy"])
+        self.optimizer.load_state_dict(shared["optimizer"])
+        if self.reference is not None and shared["reference"] is not None:
+            self.reference.load_state_dict(shared["reference"])
+        self.eval_schedule.load_state_dict(shared["eval_schedule"], now)
+        self.checkpoint_schedule.load_state_dict(shared["checkpoint_schedule"], now)
+        self._eval_memory = dict(shared["eval_memory"])
+        self.lr_scale, self.commands_applied, self.rounds = shared["lr_scale"], shared["commands_applied"], shared["rounds"]
+        self.waiting = [event_from_dict(c, CommandEvent) for c in shared["waiting"]]  # type: ignore[misc]
+        self.sampler.set_state(own["sampler"])
+        torch.set_rng_state(own["torch"])
+        random.setstate(own["python"])
+        self.data.load_state_dict(own["data"])
+        self.step = self.start_step = int(loaded.meta["step"])
+        self.attempt = int(loaded.meta["attempt"]) + 1
+
+    def run_config(self, steps: int) -> dict[str, Any]:
+        """The config the run event carries: the settings, the strategy and what the trainer decided."""
+        interval = self.eval_schedule.every_steps  # the stream worker's base interval (CONTRACT.md additions)
+        return {**self.cfg.to_dict(), "strategy": self.cfg.strategy, "steps": steps,
+                "n_parameters": self.policy.n_parameters(),
+                **({"eval_interval_steps": interval} if interval else {}),
+                "resumed_from_step": self.start_step if self.attempt else None,
+                "dataset_fingerprints": {name: s.fingerprint() for name, s in self.eval_sets.items()}}
+
+
+def _initial_policy(cfg: TrainConfig, comm: Collective, rank: int, resume: bool) -> Policy:
+    torch.manual_seed(cfg.seed)
+    if cfg.warmstart_steps > 0 and not resume:
+        spec = warmstart.spec_for(cfg)
+        if rank == 0:
+            warmstart.ensure(spec)  # built once, cached; the other ranks wait at the barrier
+        comm.barrier()
+        policy = warmstart.load(spec)
+    else:
+        policy = Policy(cfg.d_model, cfg.layers, cfg.heads)  # a resumed run's weights come from the checkpoint
+    comm.broadcast_module_(policy)  # rank 0's weights, to be sure
+    return policy
+
+
+def _frozen_copy(policy: Policy) -> Policy:
+    """The reference policy for the KL term: the weights training starts from, frozen."""
+    import copy
+
+    reference = copy.deepcopy(policy)
+    reference.requires_grad_(False)
+    return reference
+
+
+def _shared_eval_sets(cfg: TrainConfig, comm: Collective, rank: int) -> dict[str, EvalSet]:
+    """Built on the data-parallel head and broadcast, so every rank holds the same samples."""
+    sets = comm.broadcast_object(build_eval_sets(cfg) if rank == 0 else None)
+    if cfg.corrupt_eval_rank == rank:  # injected: this rank's copy differs in one answer
+        name, first = next(iter(sets.items()))
+        problems = list(first.problems)
+        p = problems[0]
+        problems[0] = Problem(p.skill, p.level, p.prompt, p.answer + 1, p.scratch)
+        sets[name] = EvalSet(name, tuple(problems), first.k, first.temperature, first.attempt_len, first.seed)
+    return sets

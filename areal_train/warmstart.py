@@ -1,0 +1,219 @@
+"""The supervised warm start: a few hundred steps on generated worked solutions, cached on disk.
+
+RL from random weights would not find a right multi-token answer within a
+demonstration's few hundred steps, so training starts from a policy that has
+seen solutions (as RL recipes start from an SFT model). The examples are
+training problems only (never an evaluation prompt), written half of the
+time with the scratchpad and half of the time as the bare answer, and a
+quarter of them as a retry: a wrong first attempt (not trained on), the
+feedback token, then the worked solution. So the warm-started policy knows
+both formats and what feedback means; which format pays is left to RL.
+
+The result is cached under `cache_dir()` by a key of everything it depends
+on; `ensure(spec)` builds it once (a file lock keeps concurrent processes
+from building it twice) and returns the path.
+
+    python -m areal_train.warmstart [--steps N]   # build (or find) the default one
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from areal_train.policy import Policy
+from areal_train.task import (
+    ANS,
+    BOS,
+    DATASETS,
+    EOS,
+    EVAL_EXCLUDE_SIZE,
+    PAD_ID,
+    VOCAB,
+    WRONG,
+    Problem,
+    digits,
+    encode,
+    eval_prompts,
+    make_train_set,
+)
+
+FORMAT_VERSION = 2  # bump when the task, the vocabulary or the recipe below changes
+SCRATCH_SHARE = 0.8  # of the examples written with the scratchpad (the rest: the bare answer)
+RETRY_SHARE = 0.1  # of the examples that are a wrong attempt, the feedback and the worked solution
+
+
+@dataclass(frozen=True)
+class WarmStartSpec:
+    d_model: int = 128
+    layers: int = 4
+    heads: int = 4
+    steps: int = 3000
+    batch: int = 64
+    lr: float = 2e-3
+    seed: int = 12345
+    threads: int = 1  # one: OpenMP threads spin and stall when the cores are shared
+
+    def key(self) -> str:
+        payload = json.dumps({**asdict(self), "threads": None, "version": FORMAT_VERSION, "vocab": list(VOCAB)},
+                             sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def spec_for(cfg: Any) -> WarmStartSpec:
+    """The warm start a TrainConfig asks for (its model shape and step count)."""
+    return WarmStartSpec(d_model=cfg.d_model, layers=cfg.layers, heads=cfg.heads, steps=cfg.warmstart_steps)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("AREAL_CACHE_DIR") or Path.home() / ".cache" / "areal-metrics") / "warmstart"
+
+
+def path_for(spec: WarmStartSpec) -> Path:
+    return cache_dir() / f"policy-{spec.key()}.pt"
+
+
+# ------------------------------------------------------------------ the data
+
+
+def _wrong_answer(rng: random.Random, answer: int) -> int:
+    for _ in range(10):
+        wrong = answer + rng.choice((1, -1, 10, -10, 100, rng.randint(2, 30)))
+        if wrong >= 0 and wrong != answer:
+            return wrong
+    return answer + 1
+
+
+def example(problem: Problem, rng: random.Random) -> tuple[list[str], list[bool]]:
+    """(tokens, trained-on mask) of one supervised example; the mask marks the target tokens."""
+    tokens = [BOS, *problem.prompt, ANS]
+    target = [False] * len(tokens)
+    if rng.random() < RETRY_SHARE:  # a retry: a wrong attempt, the feedback, then the worked solution
+        wrong = [*(problem.scratch if rng.random() < 0.5 else ()), "#", *digits(_wrong_answer(rng, problem.answer)), EOS]
+        tokens += [*wrong, WRONG]
+        target += [False] * (len(wrong) + 1)
+        solution = problem.solution(with_scratch=True)
+    else:
+        solution = problem.solution(with_scratch=rng.random() < SCRATCH_SHARE)
+    tokens += solution
+    target += [True] * len(solution)
+    return tokens, target
+
+
+def batch_tensors(examples: list[tuple[list[str], list[bool]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, valid, target) [B, T], right-padded."""
+    width = max(len(t) for t, _ in examples)
+    ids = torch.full((len(examples), width), PAD_ID, dtype=torch.long)
+    target = torch.zeros(len(examples), width, dtype=torch.bool)
+    for i, (tokens, mask) in enumerate(examples):
+        ids[i, : len(tokens)] = torch.tensor(encode(tokens))
+        target[i, : len(mask)] = torch.tensor(mask)
+    return ids, ids != PAD_ID, target
+
+
+def bucketed(examples: list[tuple[list[str], list[bool]]], size: int, rng: random.Random,
+             span: int = 16) -> list[list[tuple[list[str], list[bool]]]]:
+    """Batches of similar lengths (less padding), `span` batches sorted together, in a shuffled order."""
+    out = []
+    for first in range(0, len(examples), size * span):
+        window = sorted(examples[first:first + size * span], key=lambda e: len(e[0]))
+        out += [window[i:i + size] for i in range(0, len(window), size)]
+    rng.shuffle(out)
+    return out
+
+
+# ------------------------------------------------------------------ training
+
+
+def supervised_loss(policy: Policy, ids: torch.Tensor, valid: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    hidden = policy(ids, valid)[:, :-1]
+    logp = torch.log_softmax(policy.logits(hidden), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    mask = target[:, 1:].float()
+    return -(logp * mask).sum() / mask.sum().clamp(min=1)
+
+
+def build(spec: WarmStartSpec, log: bool = True) -> tuple[Policy, dict[str, float]]:
+    torch.manual_seed(spec.seed)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(spec.threads)
+    rng = random.Random(spec.seed)
+    exclude = eval_prompts({name: EVAL_EXCLUDE_SIZE for name in DATASETS})
+    problems = make_train_set(spec.steps * spec.batch, spec.seed, exclude)
+    policy = Policy(spec.d_model, spec.layers, spec.heads)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=spec.lr, weight_decay=0.01)
+    warmup = max(spec.steps // 20, 1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda i: min((i + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(i / spec.steps, 1.0)))))
+    started, losses = time.perf_counter(), []
+    batches = bucketed([example(p, rng) for p in problems], spec.batch, rng)
+    try:
+        for step, chunk in enumerate(batches):
+            loss = supervised_loss(policy, *batch_tensors(chunk))
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            losses.append(float(loss.detach()))
+            if log and (step + 1) % 100 == 0:
+                print(f"warm start: step {step + 1}/{spec.steps}, loss {sum(losses[-100:]) / 100:.3f}",
+                      file=sys.stderr, flush=True)
+    finally:
+        torch.set_num_threads(previous_threads)
+    tail = losses[-max(len(losses) // 10, 1):]
+    return policy, {"loss_first": losses[0], "loss_last": sum(tail) / len(tail),
+                    "seconds": time.perf_counter() - started}
+
+
+def ensure(spec: WarmStartSpec, log: bool = True) -> Path:
+    """The cached warm start for `spec`, built first if missing (once, under a file lock)."""
+    path = path_for(spec)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():  # another process built it while this one waited
+            return path
+        if log:
+            print(f"building the supervised warm start ({spec.steps} steps, cached in {path.parent}) ...",
+                  file=sys.stderr, flush=True)
+        policy, info = build(spec, log)
+        tmp = path.with_suffix(".tmp")
+        torch.save({"spec": asdict(spec), "info": info, "state_dict": policy.state_dict()}, tmp)
+        os.replace(tmp, path)
+        if log:
+            print(f"warm start ready in {info['seconds']:.0f} s (loss {info['loss_first']:.2f} -> "
+                  f"{info['loss_last']:.3f})", file=sys.stderr, flush=True)
+    return path
+
+
+def load(spec: WarmStartSpec, device: torch.device | str = "cpu") -> Policy:
+    policy = Policy(spec.d_model, spec.layers, spec.heads)
+    saved = torch.load(ensure(spec), map_location="cpu", weights_only=True)
+    policy.load_state_dict(saved["state_dict"])
+    return policy.to(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m areal_train.warmstart")
+    parser.add_argument("--steps", type=int, default=WarmStartSpec.steps)
+    args = parser.parse_args(argv)
+    print(ensure(WarmStartSpec(steps=args.steps)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
