@@ -28,7 +28,7 @@ def compose() -> dict[str, Any]:
 
 def test_every_long_running_service_has_a_health_check(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert {"kafka", "clickhouse", "grafana", "streams", "sink", "trainer-g4", "trainer-g2", "topics"} <= set(services)
+    assert {"kafka", "clickhouse", "grafana", "streams", "sink", "trainer-mt4", "trainer-mt2", "topics"} <= set(services)
     for name in ("kafka", "clickhouse", "grafana", "streams", "sink"):
         assert services[name].get("healthcheck", {}).get("test"), name
 
@@ -37,7 +37,7 @@ def test_start_order_waits_for_health(compose: dict[str, Any]) -> None:
     s = compose["services"]
     assert s["topics"]["depends_on"]["kafka"]["condition"] == "service_healthy"
     assert s["sink"]["depends_on"]["clickhouse"]["condition"] == "service_healthy"
-    for trainer in ("trainer-g4", "trainer-g2"):
+    for trainer in ("trainer-mt4", "trainer-mt2"):
         assert s[trainer]["depends_on"] == {"streams": {"condition": "service_healthy"},
                                             "sink": {"condition": "service_healthy"}}
 
@@ -56,7 +56,7 @@ def test_grafana_gets_the_plugin_provisioning_and_datasource_environment(compose
 
 def test_our_services_share_one_image_and_the_settings(compose: dict[str, Any]) -> None:
     s = compose["services"]
-    for name in ("streams", "sink", "trainer-g4", "trainer-g2"):
+    for name in ("streams", "sink", "trainer-mt4", "trainer-mt2"):
         assert s[name]["build"]["dockerfile"] == "docker/Dockerfile"
         env = s[name]["environment"]
         assert env["AREAL_KAFKA_BOOTSTRAP"] == "kafka:9092"
@@ -70,14 +70,14 @@ def test_mounted_configs_are_valid(compose: dict[str, Any]) -> None:
     from areal_train.config import load
     from streams.config import StreamsConfig
 
-    groups = []
-    for trainer in ("trainer-g4", "trainer-g2"):
+    strategies = []
+    for trainer in ("trainer-mt4", "trainer-mt2"):
         command = compose["services"][trainer]["command"]
         config = command[command.index("--config") + 1].replace("/app/", "")
-        groups.append(load(ROOT / config).group_size)
-    assert groups == [4, 2]
+        strategies.append(load(ROOT / config).strategy)
+    assert strategies == ["mt4-grpo", "mt2-grpo"]
     streams_config = compose["services"]["streams"]["environment"]["AREAL_STREAMS_CONFIG"].replace("/app/", "")
-    assert StreamsConfig.load(ROOT / streams_config).for_run("compose-g2").reward_threshold is not None
+    assert StreamsConfig.load(ROOT / streams_config).for_run("compose-mt2").lr_eval_threshold is not None
 
 
 @pytest.mark.broker
