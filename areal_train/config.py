@@ -12,13 +12,11 @@ import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any
 
 from areal_train.task import DATASETS, EVAL_EXCLUDE_SIZE
-
-
-class ConfigError(ValueError):
-    """A configuration value that breaks a rule; str says which key and why."""
+from producers.config_fields import typed_fields
+from producers.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -142,59 +140,12 @@ class TrainConfig:
 
 
 def from_mapping(data: dict[str, Any], where: str = "config") -> TrainConfig:
-    """Build a config from a mapping, checking every key's type."""
-    hints = get_type_hints(TrainConfig)
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in known:
-            raise ConfigError(f"{where}: unknown key {_show(key)} (known: {', '.join(sorted(known))})")
-        kwargs[key] = _coerce(key, value, hints[key], where)
+    """Build a config from a mapping, checking every key's type (producers.config_fields)."""
+    kwargs = typed_fields(TrainConfig, data, where)
     try:
         return TrainConfig(**kwargs)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-
-
-def _show(value: Any, limit: int = 60) -> str:
-    """A value for an error message: repr, cut short (a config file may hold anything)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _coerce(key: str, value: Any, hint: Any, where: str) -> Any:
-    text = str(hint)
-    optional = "None" in text
-    if value is None:
-        if optional:
-            return None
-        raise ConfigError(f"{where}: {key}: must not be null")
-    if "tuple" in text:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: {key}: must be a list (got {_show(value)})")
-        inner = int if "int" in text else str
-        for item in value:
-            if not isinstance(item, inner) or isinstance(item, bool):
-                raise ConfigError(f"{where}: {key}: items must be {inner.__name__} (got {_show(item)})")
-        return tuple(value)
-    if hint is bool or text == "bool":
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: {key}: must be true or false (got {_show(value)})")
-        return value
-    if "float" in text:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: {key}: must be a number (got {_show(value)})")
-        try:
-            return float(value)
-        except OverflowError:
-            raise ConfigError(f"{where}: {key}: number too large (got {_show(value)})") from None
-    if "int" in text:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: {key}: must be an integer (got {_show(value)})")
-        return value
-    if not isinstance(value, str):
-        raise ConfigError(f"{where}: {key}: must be a string (got {_show(value)})")
-    return value
 
 
 def load(path: str | Path | None, **overrides: Any) -> TrainConfig:
