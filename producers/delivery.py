@@ -142,6 +142,7 @@ class _ConfluentProducer:
             "queue.buffering.max.messages": 1_000_000,  # the Publisher caps what is in flight
             **config,  # the caller's settings win
             "error_cb": _log_client_error,
+            "logger": log,  # librdkafka's log lines through Python logging (served by poll), not raw stderr
         })
 
     def send(self, topic: str, key: bytes, value: bytes) -> Delivery:
