@@ -12,9 +12,9 @@ acknowledged it, so nothing is lost; a re-send carries the same event_id, so
 nothing is counted twice downstream.
 
 Order per run holds for outages shorter than `delivery_timeout_s` (10 minutes
-by default): messages already inside kafka-python are retried by it, in
+by default): messages already inside the Kafka client are retried by it, in
 order, and newer ones wait in the journal behind them. A message that
-kafka-python gives up on after that timeout is journaled behind newer ones:
+the client gives up on after that timeout is journaled behind newer ones:
 still delivered, with its event_id, but out of order (the stream worker
 orders steps by step number anyway).
 
@@ -224,10 +224,10 @@ class Publisher:
     def _step(self) -> bool:
         """One round of work; True when something was done.
 
-        Order of delivery is: in flight (inside kafka-python, which retries in
+        Order of delivery is: in flight (inside the Kafka client, which retries in
         order), then the journal, then the queue. While the broker is away
         (no producer, a stalled or full pipeline, a journal to re-send), new
-        events go to the end of the journal instead of into kafka-python.
+        events go to the end of the journal instead of into the client.
         """
         if self._producer is not None:
             self._producer.poll()
@@ -324,7 +324,7 @@ class Publisher:
         return worked
 
     def _start_resend(self) -> bool:
-        """Hand the oldest journal chunk to kafka-python; `_reap_resend` moves the cursor."""
+        """Hand the oldest journal chunk to the Kafka client; `_reap_resend` moves the cursor."""
         probing = self._backoff_s > 0.5  # after a failure, one record before a whole chunk
         records = self._journal.read(1 if probing else _RESEND_CHUNK)
         if not records:
