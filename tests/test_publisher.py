@@ -165,3 +165,17 @@ def test_auto_picks_confluent_kafka_when_installed(kafka_bootstrap, topics, tmp_
 def test_an_unknown_client_name_is_refused_at_once(tmp_path):
     with pytest.raises(ValueError, match="kafka_client 'rdkafka'"):
         Publisher("127.0.0.1:1", None, tmp_path / "journal", kafka_client="rdkafka")
+
+
+def test_every_connection_setting_has_its_librdkafka_spelling():
+    from producers.delivery import librdkafka_config
+    from producers.settings import Settings
+
+    settings = Settings(kafka_bootstrap="a:1,b:2", kafka_security_protocol="SASL_SSL", kafka_sasl_mechanism="PLAIN",
+                        kafka_sasl_username="u", kafka_sasl_password="p", kafka_ssl_cafile="/ca.pem",
+                        kafka_ssl_certfile="/cert.pem", kafka_ssl_keyfile="/key.pem")
+    assert librdkafka_config(settings.kafka_python_config()) == {
+        "bootstrap.servers": "a:1,b:2", "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+        "sasl.username": "u", "sasl.password": "p", "ssl.ca.location": "/ca.pem",
+        "ssl.certificate.location": "/cert.pem", "ssl.key.location": "/key.pem"}
+    assert librdkafka_config({"bootstrap_servers": ["a:1"], "max_request_size": 1}) is None  # -> kafka-python
