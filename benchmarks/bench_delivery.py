@@ -21,7 +21,6 @@ moves by more than the whole cost of monitoring, the CPU a thread used does not.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import threading
@@ -29,7 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
-from benchmarks.common import broker, machine, print_table
+from benchmarks.common import measure_and_report, print_table
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -123,15 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=3000)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    print(f"machine: {machine()}")
-    with broker() as bootstrap:
-        result = run(bootstrap, args.events)
-    report(result)
-    load = os.getloadavg()
-    print(f"\nload average at the end: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min)")
-    if args.json:
-        args.json.write_text(json.dumps({**result, "load_average": list(load)}, indent=2))
-    return 0
+    return measure_and_report(lambda bootstrap: run(bootstrap, args.events), report, args.json)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ time; `*_cpu_pct` the same from CPU time).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -46,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import broker, machine, percentile, print_table
+from benchmarks.common import measure_and_report, percentile, print_table
 
 _WARM_STEPS = 3  # dropped at the start of each block
 
@@ -232,15 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: 2 shared cores here)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    print(f"machine: {machine()}")
-    with broker() as bootstrap:
-        result = run(bootstrap, args.rounds, args.steps, args.threads)
-    report(result)
-    load = os.getloadavg()
-    print(f"\nload average at the end: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min)")
-    if args.json:
-        args.json.write_text(json.dumps({**result, "load_average": list(load)}, indent=2))
-    return 0
+    return measure_and_report(lambda bootstrap: run(bootstrap, args.rounds, args.steps, args.threads), report,
+                              args.json)
 
 
 if __name__ == "__main__":
