@@ -43,7 +43,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from benchmarks.common import measure_and_report, percentile, print_table
 
@@ -92,25 +92,42 @@ def make_step() -> Callable[[], dict[str, float]]:
     return step
 
 
-def _block(step: Callable[[], dict[str, float]], n: int, sink: Callable[[dict[str, float], int], None],
-           first: int, child_cpu: Callable[[], float]) -> tuple[float, float, float]:
-    """Per step over one block: (wall ms, CPU ms, background CPU ms); wall: the block's 25th percentile.
+class Block(NamedTuple):
+    """Per step over one block of one mode."""
 
-    CPU: this process's threads plus a delivery child's; background: all but
-    the training loop's thread (the client's sender, librdkafka's threads,
-    TensorBoard's writer, the child).
-    """
-    ends, cpu, loop = [], 0.0, 0.0
+    wall_ms: float  # the block's 25th-percentile step
+    cpu_ms: float  # this process's threads plus a delivery child's
+    background_ms: float  # all but the training loop's thread (sender, librdkafka, TensorBoard's writer, child)
+    waits: float  # the training loop's voluntary context switches (it blocked: the GIL, a lock, I/O)
+    preempted: float  # its involuntary ones (the scheduler gave its core to another thread or process)
+
+
+def _switches() -> tuple[int, int]:
+    """The calling thread's (voluntary, involuntary) context switches, from /proc ((0, 0) where absent)."""
+    try:
+        lines = Path("/proc/thread-self/status").read_text().splitlines()
+    except OSError:
+        return 0, 0
+    counts = dict(line.split(":\t") for line in lines if line.endswith(tuple("0123456789")) and ":\t" in line)
+    return int(counts.get("voluntary_ctxt_switches", 0)), int(counts.get("nonvoluntary_ctxt_switches", 0))
+
+
+def _block(step: Callable[[], dict[str, float]], n: int, sink: Callable[[dict[str, float], int], None],
+           first: int, child_cpu: Callable[[], float]) -> Block:
+    ends, cpu, loop, switches = [], 0.0, 0.0, (0, 0)
     for i in range(n):
         values = step()
         sink(values, first + i)
         ends.append(time.perf_counter())
         if i == _WARM_STEPS:
-            cpu, loop = time.process_time() + child_cpu(), time.thread_time()
+            cpu, loop, switches = time.process_time() + child_cpu(), time.thread_time(), _switches()
     cpu = time.process_time() + child_cpu() - cpu
     loop = time.thread_time() - loop
+    now = _switches()
     walls = [(b - a) * 1000 for a, b in zip(ends, ends[1:])][_WARM_STEPS:]
-    return percentile(walls, 25), cpu * 1000 / len(walls), (cpu - loop) * 1000 / len(walls)
+    k = len(walls)
+    return Block(percentile(walls, 25), cpu * 1000 / k, (cpu - loop) * 1000 / k, (now[0] - switches[0]) / k,
+                 (now[1] - switches[1]) / k)
 
 
 def _cpu_of(pid: int) -> Callable[[], float]:
@@ -171,7 +188,7 @@ def run(bootstrap: str, rounds: int = 16, steps: int = 12, threads: int = 1) -> 
         for mode, sink in sinks.items():  # warm torch, the connections and TensorBoard's writer up
             _block(step, _WARM_STEPS + 3, sink, 0, lambda: 0.0)
         modes = list(sinks)
-        blocks: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
+        blocks: dict[str, list[Block]] = {mode: [] for mode in modes}
         for r in range(rounds):
             order = modes[r % len(modes):] + modes[:r % len(modes)]  # rotate: no mode always follows another
             for mode in order:
@@ -191,6 +208,9 @@ def run(bootstrap: str, rounds: int = 16, steps: int = 12, threads: int = 1) -> 
             "step_ms_p25": {mode: statistics.median(b[0] for b in blocks[mode]) for mode in modes},
             "cpu_ms_per_step": {mode: statistics.median(b[1] for b in blocks[mode]) for mode in modes},
             # what each mode's background threads (and child) take per step beyond the idle ones of `off`
+            # the training loop's context switches per step: blocked (e.g. waiting for the GIL) and preempted
+            "loop_waits_per_step": {mode: statistics.median(b.waits for b in blocks[mode]) for mode in modes},
+            "loop_preempted_per_step": {mode: statistics.median(b.preempted for b in blocks[mode]) for mode in modes},
             "background_cpu_ms_per_step": {
                 mode: statistics.median(b[2] - o[2] for b, o in zip(blocks[mode], blocks["off"])) for mode in modes},
             "overhead_pct": wall, "cpu_overhead_pct": cpu, "delivered": delivered, "default_client": default,
@@ -208,11 +228,15 @@ def report(result: dict[str, Any]) -> None:
     for mode, ms in result["step_ms_p25"].items():
         cpu = result["cpu_ms_per_step"][mode]
         if mode == "off":
-            rows.append((mode, f"{ms:.1f} / {cpu:.1f} ms", "1.00 (baseline)"))
+            rows.append((mode, f"{ms:.1f} / {cpu:.1f} ms",
+                         f"1.00 (baseline); loop switches/step {result['loop_waits_per_step'][mode]:.0f} blocked, "
+                         f"{result['loop_preempted_per_step'][mode]:.0f} preempted"))
             continue
         rows.append((mode, f"{ms:.1f} / {cpu:.1f} ms",
                      f"wall {result['overhead_pct'][mode]:+.1f}%, CPU {result['cpu_overhead_pct'][mode]:+.1f}%; "
-                     f"background CPU {result['background_cpu_ms_per_step'][mode]:+.2f} ms/step"))
+                     f"background CPU {result['background_cpu_ms_per_step'][mode]:+.2f} ms/step; "
+                     f"loop switches/step {result['loop_waits_per_step'][mode]:.0f} blocked, "
+                     f"{result['loop_preempted_per_step'][mode]:.0f} preempted"))
     print_table(f"training step (wall p25 / CPU per step) with monitoring: {result['parameters'] / 1e6:.2f}M-param "
                 f"transformer on the CPU ({result['threads']} torch thread(s)), {result['values_per_step']} values "
                 f"per step, {result['rounds']} rounds x {result['steps_per_block']} steps per mode, interleaved; "
