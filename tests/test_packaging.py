@@ -31,7 +31,7 @@ def test_the_bare_dependencies_are_the_client_and_torch_is_a_range() -> None:
     assert names == ["kafka-python", "crc32c"]
     extras = project["optional-dependencies"]
     assert {"stack", "train", "integrations", "test", "bench", "fast"} <= set(extras)
-    assert [d.split(">")[0] for d in extras["fast"]] == ["confluent-kafka"]
+    assert [d.split(">")[0] for d in extras["fast"]] == ["confluent-kafka", "orjson"]
     torch = [d for d in extras["train"] if d.startswith("torch")]
     assert torch and ">=" in torch[0] and "<" in torch[0] and "==" not in torch[0]
     assert any(d.startswith("faust-streaming") for d in extras["stack"])
@@ -70,7 +70,8 @@ def test_a_fresh_environment_with_the_bare_package_runs_the_client(tmp_path: Pat
     script = textwrap.dedent("""
         import importlib.util, sys
         import areal_metrics as am
-        absent = [m for m in ("torch", "faust", "chdb", "clickhouse_connect", "matplotlib", "numpy", "confluent_kafka")
+        absent = [m for m in ("torch", "faust", "chdb", "clickhouse_connect", "matplotlib", "numpy", "confluent_kafka",
+                                     "orjson")
                   if importlib.util.find_spec(m) is not None]
         assert not absent, f"installed in the bare environment: {absent}"
         assert importlib.util.find_spec("benchmarks") is None
