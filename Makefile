@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	@command -v mvn >/dev/null || { echo "Maven is needed to fetch the Kafka jars"; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[stack,train,test,bench,integrations]'
+	$(PY) -m pip install --quiet -e '.[stack,train,test,bench,fast,integrations]'
 	$(PY) -m pip install --quiet --no-deps $(NO_DEPS)
 	$(PY) -c 'from areal_metrics.stack.kafka_broker import ensure_jars; print("kafka jars:", ensure_jars())'
 	touch $(STAMP)

@@ -8,6 +8,12 @@ here unless AREAL_KAFKA_BOOTSTRAP is set):
 - client: microseconds per `run.log` of a 100-key step on the caller's
   thread, beside a validated StepEvent + publish(), wandb.log (offline) and
   TensorBoard's add_scalar for the same 100 values;
+- training step: the step time of a ~1M-parameter transformer trained on the
+  CPU with no monitoring, with `run.log` every step (each Kafka client, and a
+  separate delivery process), and with TensorBoard, interleaved
+  (`train_overhead_pct`, `tensorboard_overhead_pct`; benchmarks.bench_step);
+- delivery: CPU per logged step by delivery option, GIL-holding threads apart
+  from native ones (benchmarks.bench_delivery);
 - pipeline: events/s from publishers through the stream worker into
   ClickHouse rows, beside the raw produce-then-consume rate (the ceiling);
 - latency: publish() to alert, publish() to row visible to `sql`;
@@ -32,7 +38,7 @@ import logging
 import os
 from pathlib import Path
 
-from benchmarks import bench_client, bench_publisher, bench_queries, pipeline
+from benchmarks import bench_client, bench_delivery, bench_publisher, bench_queries, bench_step, pipeline
 from benchmarks.common import broker, machine, print_table
 
 
@@ -45,14 +51,19 @@ def main() -> int:
     # pipeline phases long enough that the sink's 500 ms flush wait is a small part of each
     n_pub, n_pipe, samples = (20_000, 16_000, 10) if args.quick else (50_000, 48_000, 30)
     n_client = 5_000 if args.quick else 20_000
+    step_rounds, n_delivery = (8, 1_000) if args.quick else (24, 3_000)
     print(f"machine: {machine()}")
     with broker() as bootstrap:
         pub = bench_publisher.run(bootstrap, n_pub)
         client = bench_client.run(bootstrap, n_client)
+        step = bench_step.run(bootstrap, step_rounds)
+        delivery = bench_delivery.run(bootstrap, n_delivery)
         pipe = pipeline.run(bootstrap, n_pipe, samples, scales=(1, 8, 64))
     queries = bench_queries.run(5 if args.quick else 20)  # no broker needed: after the others, not beside them
     bench_publisher.report(pub)
     bench_client.report(client)
+    bench_step.report(step)
+    bench_delivery.report(delivery)
     raw = pipe["raw_events_per_s"]
     rows = [("raw produce-then-consume (kafka-python)", f"{raw:,.0f} ev/s", "1.00 (ceiling)")]
     for ranks, s in pipe["scale"].items():
@@ -81,6 +92,13 @@ def main() -> int:
         "raw_send_us_p50": pub["raw_send_us_p50"],
         "tensorboard_us_p50": pub["tensorboard_us_p50"],
         **client,
+        "train_overhead_pct": step["train_overhead_pct"],
+        "tensorboard_overhead_pct": step["tensorboard_overhead_pct"],
+        "train_overhead_cpu_pct": step["train_overhead_cpu_pct"],
+        "tensorboard_overhead_cpu_pct": step["tensorboard_overhead_cpu_pct"],
+        "train_kafka_client": step["default_client"],
+        "train_step": step,
+        "delivery_cpu_us": delivery,
         "pipeline_events_per_s": pipe["pipeline_events_per_s"],
         "raw_events_per_s": raw,
         "pipeline_to_raw": pipe["pipeline_events_per_s"] / raw,

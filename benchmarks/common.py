@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from producers.events import StepEvent
 
@@ -80,3 +82,23 @@ def print_table(title: str, rows: list[tuple[str, str, str]]) -> None:
     print(f"  {'measure'.ljust(width)}  {'figure':>22}  ratio")
     for what, figure, ratio in rows:
         print(f"  {what.ljust(width)}  {figure:>22}  {ratio}")
+
+
+def measure_and_report(measure: Callable[[str], dict[str, Any]], report: Callable[[dict[str, Any]], None],
+                       json_path: Path | None) -> int:
+    """A benchmark's main: measure against a broker, print the tables and the load, write the JSON."""
+    print(f"machine: {machine()}")
+    with broker() as bootstrap:
+        result = measure(bootstrap)
+    report(result)
+    load = print_load()
+    if json_path:
+        json_path.write_text(json.dumps({**result, "load_average": load}, indent=2))
+    return 0
+
+
+def print_load() -> list[float]:
+    """Print and return the load average: how shared the machine was while it measured."""
+    load = os.getloadavg()
+    print(f"\nload average at the end: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min)")
+    return list(load)

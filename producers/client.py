@@ -17,7 +17,6 @@ later event replaces the earlier one (steps are keyed by run, rank, step).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import operator
 import os
@@ -42,6 +41,7 @@ from producers.events import (
     EvalEvent,
     RunEvent,
     ValidationError,
+    dumps_compact,
 )
 from producers.ids import RUN_ID_RULE, is_valid_run_id
 from producers.launcher_env import Identity, identity_from_env, job_run_id
@@ -374,7 +374,7 @@ class _Step:
                     "node": run.node, "rank": run.rank, "ts": self.ts, "step": self.step, "epoch": parts.epoch,
                     **parts.columns, "metrics": parts.metrics, "world_size": run.world_size, "attempt": run.attempt,
                     "non_finite": parts.non_finite}
-            return topics.steps, run._key, json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+            return topics.steps, run._key, dumps_compact(data)
         except Exception as exc:
             log.exception("step %d of run %s could not be encoded", self.step, run.run_id)
             raw = repr({str(k): v for k, v in list(self.values.items())[:200]})

@@ -2,8 +2,9 @@
 
 `publish(event)` appends the record to an in-memory queue and returns: no
 serialisation, no I/O, no lock on the caller's thread. A background sender
-thread serialises and hands the messages to kafka-python (acks=all,
-idempotent, key = run_id). When the broker cannot be reached, or the queue is
+thread serialises and hands the messages to a Kafka client (acks=all,
+idempotent, key = run_id): confluent-kafka when installed, else kafka-python
+(`producers.delivery`). When the broker cannot be reached, or the queue is
 full, messages go to an append-only journal on disk (`producers.journal`);
 once the broker answers again the journal is re-sent in order, before any
 newer message. A message leaves the journal only after the broker
@@ -11,9 +12,9 @@ acknowledged it, so nothing is lost; a re-send carries the same event_id, so
 nothing is counted twice downstream.
 
 Order per run holds for outages shorter than `delivery_timeout_s` (10 minutes
-by default): messages already inside kafka-python are retried by it, in
+by default): messages already inside the Kafka client are retried by it, in
 order, and newer ones wait in the journal behind them. A message that
-kafka-python gives up on after that timeout is journaled behind newer ones:
+the client gives up on after that timeout is journaled behind newer ones:
 still delivered, with its event_id, but out of order (the stream worker
 orders steps by step number anyway).
 
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from producers import delivery
 from producers.events import Event
 from producers.journal import Journal, open_journal
 from producers.settings import Settings, state_dir
@@ -89,6 +91,7 @@ class Publisher:
         fsync_journal: bool = False,
         close_at_exit: bool = True,
         exit_timeout_s: float = 10.0,
+        kafka_client: str = "auto",
     ) -> None:
         self.topics = topics or Topics.from_env()
         self.max_queue = max_queue
@@ -102,7 +105,10 @@ class Publisher:
         self._queued = itertools.count()  # next() is atomic under the GIL
         self._n_queued = 0
         self._sent = self._spilled = self._resent = self._failed = 0
-        self._producer: Any = None
+        if kafka_client not in delivery.CLIENTS:
+            raise ValueError(f"kafka_client {kafka_client!r}: expected one of {', '.join(delivery.CLIENTS)}")
+        self._client = kafka_client
+        self._producer: delivery.Producer | None = None
         self._backoff_until = 0.0
         self._backoff_s = 0.5
         self._resending: tuple[list[Any], list[Any]] | None = None
@@ -122,6 +128,7 @@ class Publisher:
         settings = settings or Settings.from_env()
         config = settings.kafka_python_config()
         bootstrap = ",".join(config.pop("bootstrap_servers"))  # type: ignore[arg-type]
+        kw.setdefault("kafka_client", settings.kafka_client)
         return cls(bootstrap, settings.topics, journal_dir, kafka_config=config, **kw)
 
     # ------------------------------------------------------------ caller side
@@ -186,6 +193,12 @@ class Publisher:
         )
 
     @property
+    def kafka_client(self) -> str | None:
+        """The client delivering ("confluent-kafka" or "kafka-python"); None before the first connection."""
+        producer = self._producer
+        return producer.name if producer is not None else None
+
+    @property
     def journal(self) -> Journal:
         return self._journal
 
@@ -211,11 +224,13 @@ class Publisher:
     def _step(self) -> bool:
         """One round of work; True when something was done.
 
-        Order of delivery is: in flight (inside kafka-python, which retries in
+        Order of delivery is: in flight (inside the Kafka client, which retries in
         order), then the journal, then the queue. While the broker is away
         (no producer, a stalled or full pipeline, a journal to re-send), new
-        events go to the end of the journal instead of into kafka-python.
+        events go to the end of the journal instead of into the client.
         """
+        if self._producer is not None:
+            self._producer.poll()
         worked = self._reap_in_flight() | self._reap_resend()
         has_work = bool(self._queue) or self._journal.has_pending()
         if has_work and self._producer is None and time.monotonic() >= self._backoff_until:
@@ -265,22 +280,10 @@ class Publisher:
         if not self._bootstrap_reachable():
             self._back_off()
             return False
-        from kafka import KafkaProducer
-        from kafka.errors import KafkaError
-
-        config = {
-            "acks": "all",
-            "enable_idempotence": True,
-            "linger_ms": 20,  # batch: fewer, larger requests, less GIL time taken from training
-            "max_block_ms": 1000,
-            "bootstrap_timeout_ms": 5000,  # the sender must not hang in the constructor for long
-            "request_timeout_ms": max(1000, int(self._delivery_timeout_s * 500)),
-            "delivery_timeout_ms": int(self._delivery_timeout_s * 1000),
-            **self._kafka_config,  # the caller's settings win
-        }
         try:
-            self._producer = KafkaProducer(**config)
-        except KafkaError as exc:
+            self._producer = delivery.create(self._kafka_config, self._client,
+                                             delivery_timeout_s=self._delivery_timeout_s)
+        except delivery.SendError as exc:
             log.warning("publisher: broker not available (%s); journaling", exc)
             self._back_off()
             return False
@@ -298,11 +301,9 @@ class Publisher:
         self._backoff_s = min(self._backoff_s * 2, 5.0)
 
     def _send(self, topic: str, key: bytes, value: bytes) -> None:
-        from kafka.errors import KafkaError
-
         try:
-            future = self._producer.send(topic, key=key, value=value)
-        except KafkaError as exc:  # metadata or buffer timeout: the broker is away
+            future = self._producer.send(topic, key, value)
+        except delivery.SendError as exc:  # metadata or buffer timeout: the broker is away
             log.warning("publisher: send failed (%s); journaling", exc)
             self._failed += 1
             self._spill(topic, key, value)
@@ -323,9 +324,7 @@ class Publisher:
         return worked
 
     def _start_resend(self) -> bool:
-        """Hand the oldest journal chunk to kafka-python; `_reap_resend` moves the cursor."""
-        from kafka.errors import KafkaError
-
+        """Hand the oldest journal chunk to the Kafka client; `_reap_resend` moves the cursor."""
         probing = self._backoff_s > 0.5  # after a failure, one record before a whole chunk
         records = self._journal.read(1 if probing else _RESEND_CHUNK)
         if not records:
@@ -333,8 +332,8 @@ class Publisher:
         futures = []
         try:
             for r in records:
-                futures.append(self._producer.send(r.topic, key=r.key, value=r.value))
-        except KafkaError as exc:
+                futures.append(self._producer.send(r.topic, r.key, r.value))
+        except delivery.SendError as exc:
             log.warning("publisher: re-send from journal failed (%s); retrying later", exc)
             self._failed += 1
             self._back_off()
@@ -373,6 +372,7 @@ class Publisher:
         if self._producer is not None:
             try:
                 self._producer.flush(timeout=1.0)
+                self._producer.poll()
             except Exception:  # noqa: BLE001 - a dead broker on exit is expected
                 pass
             self._reap_in_flight()

@@ -70,6 +70,17 @@ def _bool_env(name: str, default: bool) -> bool:
     if raw.strip().lower() in _FALSE:
         return False
     raise ConfigError(f"{name}={raw[:40]!r}: expected 1/0, true/false, yes/no or on/off")
+
+
+def _choice_env(name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = (os.environ.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw not in choices:
+        raise ConfigError(f"{name}={raw[:40]!r}: expected one of {', '.join(choices)}")
+    return raw
+
+
 def _ttl_days_env(name: str) -> int | None:
     """A number of days >= 1, or None when unset, empty or 0 (off)."""
     days = _int_env(name, 0)
@@ -111,6 +122,9 @@ class Settings:
     # acknowledgement before leaving the rest in the journal.
     exit_timeout_s: float = 10.0
     clickhouse_replicated: bool = False
+    # The Kafka client that delivers the trainers' events (producers.delivery): auto
+    # (confluent-kafka when installed, else kafka-python), confluent-kafka or kafka-python.
+    kafka_client: str = "auto"
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -134,6 +148,7 @@ class Settings:
             clickhouse_steps_ttl_days=_ttl_days_env("AREAL_CLICKHOUSE_STEPS_TTL_DAYS"),
             exit_timeout_s=_float_env("AREAL_EXIT_TIMEOUT_S", 10.0),
             clickhouse_replicated=_bool_env("AREAL_CLICKHOUSE_REPLICATED", bool(env("AREAL_CLICKHOUSE_CLUSTER"))),
+            kafka_client=_choice_env("AREAL_KAFKA_CLIENT", ("auto", "confluent-kafka", "kafka-python"), "auto"),
         )
 
     @property

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from producers import coerce
 from producers.aliases import ALIASES
 from producers.attempts import next_attempt, read_local, write_local
-from producers.events import StepEvent, event_from_dict
+from producers.events import StepEvent, dumps_compact, event_from_dict
 from producers.field_rules import SAMPLE_TEXT_MAX, SAMPLES_MAX
 from producers.launcher_env import identity_from_env, job_run_id
 from producers.run_info import clean_tags, detect_framework, git_commit, new_run_id
@@ -211,3 +211,28 @@ def test_next_attempt_and_the_local_record(tmp_path) -> None:
     assert read_local(path) == 3
     path.write_text("garbage")
     assert read_local(path) is None
+
+
+# ------------------------------------------------------------ the step record's JSON codec
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20)
+
+
+@given(st.dictionaries(st.text(max_size=12), _json_values, max_size=8))
+def test_the_compact_encoder_writes_what_json_writes_or_fails_as_json_fails(data):
+    try:
+        expected = json.dumps(data, allow_nan=False, separators=(",", ":"))
+    except ValueError:
+        with pytest.raises(ValueError):
+            dumps_compact(data)
+        return
+    assert json.loads(dumps_compact(data)) == json.loads(expected)
+
+
+def test_the_compact_encoder_keeps_integers_beyond_64_bits_and_refuses_nan():
+    assert dumps_compact({"tokens": 2**70, "m": {"a": 0.5}}) == b'{"tokens":1180591620717411303424,"m":{"a":0.5}}'
+    with pytest.raises(ValueError):
+        dumps_compact({"metrics": {"loss": float("nan")}})

@@ -4,7 +4,8 @@ The bare-install test builds the project's wheel, installs it with no
 dependencies into a fresh virtual environment (no system site packages), adds
 kafka-python (the one thing the client needs; from PyPI), and runs a trainer
 that logs with the broker away: it journals and exits 0, with no torch,
-faust or chdb present.
+faust or chdb present; then, against the real broker, it delivers through
+kafka-python, since the `fast` extra (confluent-kafka) is not installed.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ def test_the_bare_dependencies_are_the_client_and_torch_is_a_range() -> None:
     names = [d.split(">")[0].split("=")[0].split("<")[0].strip() for d in project["dependencies"]]
     assert names == ["kafka-python", "crc32c"]
     extras = project["optional-dependencies"]
-    assert {"stack", "train", "integrations", "test", "bench"} <= set(extras)
+    assert {"stack", "train", "integrations", "test", "bench", "fast"} <= set(extras)
+    assert [d.split(">")[0] for d in extras["fast"]] == ["confluent-kafka", "orjson"]
     torch = [d for d in extras["train"] if d.startswith("torch")]
     assert torch and ">=" in torch[0] and "<" in torch[0] and "==" not in torch[0]
     assert any(d.startswith("faust-streaming") for d in extras["stack"])
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     assert not any(p.startswith("benchmarks") for p in packages)
-    assert ".[stack,train,test,bench,integrations]" in (ROOT / "Makefile").read_text()
+    assert ".[stack,train,test,bench,fast,integrations]" in (ROOT / "Makefile").read_text()
 
 
 def _run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
@@ -50,7 +52,7 @@ def _pip(venv: Path, *args: str) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_a_fresh_environment_with_the_bare_package_runs_the_client(tmp_path: Path) -> None:
+def test_a_fresh_environment_with_the_bare_package_runs_the_client(tmp_path: Path, kafka_bootstrap: str) -> None:
     src = tmp_path / "src"
     files = _run(["git", "ls-files", "-z"], cwd=ROOT).stdout.split("\0")
     for name in filter(None, files):
@@ -68,7 +70,8 @@ def test_a_fresh_environment_with_the_bare_package_runs_the_client(tmp_path: Pat
     script = textwrap.dedent("""
         import importlib.util, sys
         import areal_metrics as am
-        absent = [m for m in ("torch", "faust", "chdb", "clickhouse_connect", "matplotlib", "numpy")
+        absent = [m for m in ("torch", "faust", "chdb", "clickhouse_connect", "matplotlib", "numpy", "confluent_kafka",
+                                     "orjson")
                   if importlib.util.find_spec(m) is not None]
         assert not absent, f"installed in the bare environment: {absent}"
         assert importlib.util.find_spec("benchmarks") is None
@@ -86,3 +89,17 @@ def test_a_fresh_environment_with_the_bare_package_runs_the_client(tmp_path: Pat
     events = [json.loads(line.split(b"\t", 2)[2]) for line in lines]
     assert [e["type"] for e in events] == ["run"] + ["step"] * 5 + ["run"]
     assert events[-1]["status"] == "finished" and events[1]["non_finite"] == ["loss"]
+
+    live = textwrap.dedent("""
+        import areal_metrics as am
+        run = am.init(run_id="bare-live", git=False)
+        for step in range(3):
+            run.log({"reward": 0.1 * step}, step=step)
+        run.finish()
+        s = run.stats()
+        print("client", run._publisher.kafka_client, "acknowledged", s.sent + s.resent, "of", s.queued)
+    """)
+    out = _run([str(venv / "bin" / "python"), "-c", live], cwd=tmp_path,
+               env={**env, "AREAL_KAFKA_BOOTSTRAP": kafka_bootstrap, "AREAL_TOPIC_PREFIX": "bare."})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "client kafka-python acknowledged 5 of 5" in out.stdout, out.stdout + out.stderr[-2000:]

@@ -1,5 +1,6 @@
 """The non-blocking publisher against the real broker."""
 
+import importlib.util
 import json
 import time
 
@@ -12,6 +13,14 @@ from producers.publisher import Publisher
 from tests.test_events import one_of_each
 
 pytestmark = pytest.mark.broker
+
+# every test runs with each Kafka client the publisher can deliver through (producers.delivery)
+CLIENTS = ["kafka-python"] + (["confluent-kafka"] if importlib.util.find_spec("confluent_kafka") else [])
+
+
+@pytest.fixture(params=CLIENTS)
+def client(request):
+    return request.param
 
 
 def consume_all(bootstrap, topics, expect, timeout=30.0):
@@ -29,12 +38,13 @@ def consume_all(bootstrap, topics, expect, timeout=30.0):
     return out
 
 
-def test_every_event_type_round_trips_field_by_field(kafka_bootstrap, topics, tmp_path):
-    publisher = Publisher(kafka_bootstrap, topics, tmp_path / "journal")
+def test_every_event_type_round_trips_field_by_field(kafka_bootstrap, topics, tmp_path, client):
+    publisher = Publisher(kafka_bootstrap, topics, tmp_path / "journal", kafka_client=client)
     events = one_of_each()
     for event in events:
         publisher.publish(event)
     assert publisher.flush(30)
+    assert publisher.kafka_client == client
     publisher.close()
     messages = consume_all(kafka_bootstrap, topics.all(), len(events))
     by_id = {parse_event(m.value).event_id: m for m in messages}
@@ -49,9 +59,10 @@ def test_every_event_type_round_trips_field_by_field(kafka_bootstrap, topics, tm
     assert (stats.queued, stats.sent, stats.spilled, stats.pending) == (len(events), len(events), 0, 0)
 
 
-def test_unreachable_broker_spills_to_journal_and_a_later_publisher_sends_it(kafka_bootstrap, topics, tmp_path):
+def test_unreachable_broker_spills_to_journal_and_a_later_publisher_sends_it(kafka_bootstrap, topics, tmp_path,
+                                                                            client):
     dead = f"127.0.0.1:{free_port()}"
-    publisher = Publisher(dead, topics, tmp_path / "journal")
+    publisher = Publisher(dead, topics, tmp_path / "journal", kafka_client=client)
     events = [StepEvent(run_id="r-dead", step=i, epoch=0, reward=float(i)) for i in range(200)]
     started = time.perf_counter()
     for event in events:
@@ -61,7 +72,7 @@ def test_unreachable_broker_spills_to_journal_and_a_later_publisher_sends_it(kaf
     publisher.close(timeout=1)
     assert publisher.stats().spilled == 200
 
-    again = Publisher(kafka_bootstrap, topics, tmp_path / "journal")  # the same journal, a live broker
+    again = Publisher(kafka_bootstrap, topics, tmp_path / "journal", kafka_client=client)  # same journal, live broker
     assert again.flush(30)
     again.close()
     assert again.stats().resent == 200
@@ -69,9 +80,9 @@ def test_unreachable_broker_spills_to_journal_and_a_later_publisher_sends_it(kaf
     assert [e.event_id for e in got] == [e.event_id for e in events]
 
 
-def test_broker_down_while_publishing_loses_nothing_and_keeps_order(kafka_broker, topics, tmp_path):
+def test_broker_down_while_publishing_loses_nothing_and_keeps_order(kafka_broker, topics, tmp_path, client):
     """Stop the real broker mid-stream, keep publishing, restart it: every event arrives, once per id, in order."""
-    publisher = Publisher(kafka_broker.bootstrap, topics, tmp_path / "journal", stall_s=0.5)
+    publisher = Publisher(kafka_broker.bootstrap, topics, tmp_path / "journal", stall_s=0.5, kafka_client=client)
     runs = ["run-a", "run-b", "run-c"]
     sent: list[StepEvent] = []
     worst_publish = 0.0
@@ -95,6 +106,7 @@ def test_broker_down_while_publishing_loses_nothing_and_keeps_order(kafka_broker
     kafka_broker.start(timeout=120)
     publish_some(300)
     assert publisher.flush(90), publisher.stats()
+    assert publisher.kafka_client == client
     publisher.close()
     stats = publisher.stats()
     assert stats.spilled > 0 and stats.resent > 0
@@ -113,3 +125,57 @@ def test_broker_down_while_publishing_loses_nothing_and_keeps_order(kafka_broker
         assert first_seen[run] == sorted(first_seen[run])  # in order per run
     # re-sends keep their event_id; a duplicate delivery is at most the single probe record
     assert len(ids) - len(set(ids)) <= 1
+
+
+@pytest.mark.skipif(len(CLIENTS) < 2, reason="confluent-kafka is not installed")
+def test_both_clients_put_a_run_on_the_same_partition(kafka_bootstrap, topics, tmp_path):
+    """Order per run survives a change of client: the same key lands on the same partition (murmur2)."""
+    runs = [f"run-{i}" for i in range(12)]
+    for client in CLIENTS:
+        publisher = Publisher(kafka_bootstrap, topics, tmp_path / client, kafka_client=client)
+        for run in runs:
+            publisher.publish(StepEvent(run_id=run, step=0, epoch=0, reward=0.5))
+        assert publisher.flush(30)
+        publisher.close()
+    partitions: dict[str, set[int]] = {}
+    for m in consume_all(kafka_bootstrap, [topics.steps], 2 * len(runs)):
+        partitions.setdefault(m.key.decode(), set()).add(m.partition)
+    assert sorted(partitions) == sorted(runs)
+    assert all(len(p) == 1 for p in partitions.values()), partitions
+    assert len(set().union(*partitions.values())) > 1  # the keys do spread over the 3 partitions
+
+
+def test_auto_falls_back_to_kafka_python_for_a_setting_librdkafka_cannot_spell(kafka_bootstrap, topics, tmp_path):
+    publisher = Publisher(kafka_bootstrap, topics, tmp_path / "journal", kafka_config={"max_request_size": 2_000_000})
+    publisher.publish(StepEvent(run_id="r-fallback", step=0, epoch=0, reward=0.5))
+    assert publisher.flush(30)
+    assert publisher.kafka_client == "kafka-python"
+    publisher.close()
+    assert [m.key for m in consume_all(kafka_bootstrap, [topics.steps], 1)] == [b"r-fallback"]
+
+
+def test_auto_picks_confluent_kafka_when_installed(kafka_bootstrap, topics, tmp_path):
+    publisher = Publisher(kafka_bootstrap, topics, tmp_path / "journal")
+    publisher.publish(StepEvent(run_id="r-auto", step=0, epoch=0, reward=0.5))
+    assert publisher.flush(30)
+    assert publisher.kafka_client == CLIENTS[-1]
+    publisher.close()
+
+
+def test_an_unknown_client_name_is_refused_at_once(tmp_path):
+    with pytest.raises(ValueError, match="kafka_client 'rdkafka'"):
+        Publisher("127.0.0.1:1", None, tmp_path / "journal", kafka_client="rdkafka")
+
+
+def test_every_connection_setting_has_its_librdkafka_spelling():
+    from producers.delivery import librdkafka_config
+    from producers.settings import Settings
+
+    settings = Settings(kafka_bootstrap="a:1,b:2", kafka_security_protocol="SASL_SSL", kafka_sasl_mechanism="PLAIN",
+                        kafka_sasl_username="u", kafka_sasl_password="p", kafka_ssl_cafile="/ca.pem",
+                        kafka_ssl_certfile="/cert.pem", kafka_ssl_keyfile="/key.pem")
+    assert librdkafka_config(settings.kafka_python_config()) == {
+        "bootstrap.servers": "a:1,b:2", "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+        "sasl.username": "u", "sasl.password": "p", "ssl.ca.location": "/ca.pem",
+        "ssl.certificate.location": "/cert.pem", "ssl.key.location": "/key.pem"}
+    assert librdkafka_config({"bootstrap_servers": ["a:1"], "max_request_size": 1}) is None  # -> kafka-python
