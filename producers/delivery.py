@@ -194,6 +194,13 @@ class _KafkaPythonProducer:
             })
         except KafkaError as exc:
             raise SendError(f"broker not available ({exc})") from exc
+        # kafka-python closes every producer in an atexit hook of its own. Registered after the
+        # publisher's (atexit runs last-in first-out), it would close this one before the
+        # publisher's exit delivery re-sends the journal ("KafkaProducer already closed"); the
+        # publisher closes it itself, so the hook goes.
+        unregister = getattr(self._producer, "_unregister_cleanup", None)
+        if callable(unregister):
+            unregister()
 
     def send(self, topic: str, key: bytes, value: bytes) -> Delivery:
         from kafka.errors import KafkaError

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from producers import delivery
+from producers.backoff import Backoff
 from producers.events import Event
 from producers.journal import Journal, open_journal
 from producers.settings import Settings, state_dir
@@ -47,6 +48,7 @@ from producers.topics import Topics
 
 log = logging.getLogger(__name__)
 
+RETRY = Backoff(initial_s=0.5, max_s=5.0)  # reconnecting to a broker that is away
 _IDLE_WAIT_S = 0.02  # how long the sender sleeps when idle: rare wake-ups leave the GIL to training
 _RESEND_CHUNK = 2000  # journal records re-sent per acknowledged chunk
 
@@ -110,7 +112,7 @@ class Publisher:
         self._client = kafka_client
         self._producer: delivery.Producer | None = None
         self._backoff_until = 0.0
-        self._backoff_s = 0.5
+        self._failures = 0  # in a row: the wait before the next try grows (RETRY)
         self._resending: tuple[list[Any], list[Any]] | None = None
         self._order_lock = threading.Lock()  # the journal is appended in publish order
         self._wake = threading.Event()
@@ -297,8 +299,8 @@ class Publisher:
         return bootstrap_reachable(self._kafka_config["bootstrap_servers"])
 
     def _back_off(self) -> None:
-        self._backoff_until = time.monotonic() + self._backoff_s
-        self._backoff_s = min(self._backoff_s * 2, 5.0)
+        self._failures += 1
+        self._backoff_until = time.monotonic() + RETRY.delay(self._failures)
 
     def _send(self, topic: str, key: bytes, value: bytes) -> None:
         try:
@@ -325,7 +327,7 @@ class Publisher:
 
     def _start_resend(self) -> bool:
         """Hand the oldest journal chunk to the Kafka client; `_reap_resend` moves the cursor."""
-        probing = self._backoff_s > 0.5  # after a failure, one record before a whole chunk
+        probing = self._failures > 0  # after a failure, one record before a whole chunk
         records = self._journal.read(1 if probing else _RESEND_CHUNK)
         if not records:
             return False
@@ -359,7 +361,7 @@ class Publisher:
                 self._failed += 1
             self._back_off()
         else:
-            self._backoff_s = 0.5
+            self._failures = 0
         self._resending = None
         return True
 
