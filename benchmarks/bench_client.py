@@ -16,7 +16,6 @@ typed columns, TRL/verl names among them, and 84 extra metrics), in one run:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import tempfile
@@ -25,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import broker, machine, print_table, summary
+from benchmarks.common import measure_and_report, print_table, summary
 
 TYPED = ("reward", "reward_std", "kl", "entropy", "clip_ratio/region_mean", "completions/mean_length", "learning_rate",
          "grad_norm", "loss", "step_time", "critic/score/mean", "actor/pg_clipfrac", "perf/throughput", "tokens",
@@ -159,18 +158,13 @@ def report(r: dict[str, float]) -> None:
     print_table("client: caller's cost per logged step (100 keys)", rows)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    print(f"machine: {machine()}")
-    with broker() as bootstrap:
-        result = run(bootstrap, args.steps)
-    report(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    return measure_and_report(lambda bootstrap: run(bootstrap, args.steps), report, args.json)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

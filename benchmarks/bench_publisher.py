@@ -8,13 +8,17 @@ same run against the same broker.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from benchmarks.common import broker, machine, print_table, step_events, summary
+from benchmarks.common import (
+    measure_and_report,
+    print_table,
+    step_events,
+    summary,
+)
 from producers.publisher import Publisher
 from producers.topics import Topics
 
@@ -111,18 +115,13 @@ def report(r: dict[str, float]) -> None:
     ])
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    print(f"machine: {machine()}")
-    with broker() as bootstrap:
-        result = run(bootstrap, args.events)
-    report(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    return measure_and_report(lambda bootstrap: run(bootstrap, args.events), report, args.json)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
