@@ -178,6 +178,29 @@ def check_stalled(
     return replace(state, stalled=True), [alert]
 
 
+# ------------------------------------------------------------------ abnormal end
+
+
+def check_ended(before_ended: bool, ended: bool, status: str | None, attempt: int, rank: int,
+                exit_code: int | None) -> list[AlertDecision]:
+    """A run whose end the lifecycle just recorded as `failed` or `killed`: one alert.
+
+    An ended run is no longer watched for `stalled` (streams.lifecycle), so this is
+    how a subscriber learns that a run died (a rank's exception, or the launcher
+    tearing down the other ranks after one was lost); a finished run raises nothing.
+    """
+    if before_ended or not ended or status not in ("failed", "killed"):
+        return []
+    code = f", exit code {exit_code}" if exit_code is not None else ""
+    return [AlertDecision(
+        kind=f"run_{status}",
+        severity="critical",
+        message=f"the run ended {status} (attempt {attempt}, reported by rank {rank}{code})",
+        about=("ended", attempt),
+        value=float(exit_code) if exit_code is not None else None,
+    )]
+
+
 # ------------------------------------------------------------------ non-finite values
 
 

@@ -42,6 +42,7 @@ from streams.alerts import (
     NonFiniteState,
     StallState,
     ThroughputState,
+    check_ended,
     check_invalid,
     check_non_finite,
     check_reward,
@@ -337,7 +338,10 @@ def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[R
     trigger = state.trigger
     if ev.status == "running" and ev.attempt >= state.lifecycle.attempt:
         trigger = with_base_interval(trigger, published_interval(ev.config))
-    return replace(state, lifecycle=lifecycle, trigger=trigger), []
+    alerts = check_ended(state.lifecycle.ended and state.lifecycle.attempt == lifecycle.attempt, lifecycle.ended,
+                         lifecycle.status, lifecycle.attempt, ev.rank, ev.exit_code)
+    outputs = [Output(alert_event(state.run_id, a, ev.ts, lifecycle.attempt)) for a in alerts]
+    return replace(state, lifecycle=lifecycle, trigger=trigger), outputs
 
 
 def on_rejected(

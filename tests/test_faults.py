@@ -3,7 +3,9 @@
 - The broker stops and restarts while two ranks train: the publishers journal
   and re-send; every step event reaches ClickHouse exactly once.
 - A rank of one run is killed with SIGKILL: the other run's events keep
-  flowing, and the stream worker raises `stalled` for the dead run.
+  flowing, and the stream worker raises a critical alert for the dead run:
+  `run_killed` or `run_failed` when its surviving rank reports the end (SIGTERM
+  from the launcher, or gloo's error), `stalled` when it dies without a word.
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ def test_broker_restart_during_training_loses_nothing_and_counts_nothing_twice(k
         stop(sink)
 
 
-def test_a_dead_rank_stalls_its_run_while_other_runs_flow(kafka_bootstrap, topics, stack_env, tmp_path):
+def test_a_dead_rank_ends_its_run_with_a_critical_alert_while_other_runs_flow(kafka_bootstrap, topics, stack_env, tmp_path):
     config = tmp_path / "streams.json"
     config.write_text(json.dumps({"defaults": {"stall_seconds": 4}, "tick_interval_s": 0.5}))
     env = {**stack_env, "AREAL_STREAMS_CONFIG": str(config)}
@@ -133,13 +135,16 @@ def test_a_dead_rank_stalls_its_run_while_other_runs_flow(kafka_bootstrap, topic
         until_training(kafka_bootstrap, topics.steps, "fault-dead", events=20)
         killed_at = time.time()
         os.kill(victim.procs[1].pid, signal.SIGKILL)  # rank 1 dies; its run cannot go on without it
-        stalled = []
+        # The launcher tears the run's other rank down, which reports the run `killed`: the
+        # worker says so (`run_killed`); a run whose other ranks hung instead would be `stalled`.
+        died = []
         deadline = time.monotonic() + 90
-        while not stalled and time.monotonic() < deadline:
+        while not died and time.monotonic() < deadline:
             for records in alerts.poll(timeout_ms=500).values():
-                stalled += [a for a in (parse_event(r.value) for r in records)
-                            if a.kind == "stalled" and a.run_id == "fault-dead"]
-        assert stalled, "the worker raised no `stalled` alert for the run whose rank died"
+                died += [a for a in (parse_event(r.value) for r in records)
+                         if a.kind in ("run_killed", "run_failed", "stalled") and a.run_id == "fault-dead"]
+        assert died, "the worker raised no alert for the run whose rank died"
+        assert died[0].severity == "critical"
         assert victim.poll() not in (None, 0)  # the launcher stopped the run's other ranks
 
         # The other run kept publishing after the death, and is not stalled.

@@ -69,6 +69,28 @@ def test_a_finished_run_is_never_stalled_but_a_resumed_one_is_watched_again() ->
     assert kinds(out) == ["stalled"]
 
 
+def test_a_run_that_ends_failed_or_killed_raises_one_alert_and_a_finished_one_none() -> None:
+    for status in ("failed", "killed"):
+        state = RunState("run-z")
+        state, _ = on_step(state, step_ev(0), 0.0, CFG)
+        state, out = on_run(state, run_ev(status, 1), 1.0, CFG)  # rank 1 alone does not end a 2-rank run
+        assert kinds(out) == []
+        state, out = on_run(state, run_ev(status, 0), 2.0, CFG)
+        assert kinds(out) == [f"run_{status}"] and out[0].event.severity == "critical"
+        assert status in out[0].event.message
+        first_id = out[0].event.event_id
+        state, again = on_run(state, run_ev(status, 0), 3.0, CFG)  # redelivered: the run had ended already
+        assert kinds(again) == []
+        state, out = on_tick(state, 1e6, CFG)
+        assert kinds(out) == []  # an ended run is not stalled
+        state, _ = on_run(state, run_ev("running", 0, attempt=1), 2e6, CFG)
+        state, resumed_end = on_run(state, run_ev(status, 0, attempt=1), 2e6 + 1, CFG)
+        assert kinds(resumed_end) == [f"run_{status}"]  # a resumed attempt's own end
+        assert resumed_end[0].event.event_id != first_id
+    _, finished = on_run(RunState("run-z"), run_ev("finished", 0), 1.0, CFG)
+    assert finished == []
+
+
 def test_a_step_of_a_new_attempt_re_arms_the_watch_without_a_run_event() -> None:
     state, _ = on_step(RunState("run-z"), step_ev(5), 0.0, CFG)
     state, _ = on_run(state, run_ev("finished", 0, world=1), 1.0, CFG)
