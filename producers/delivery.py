@@ -142,7 +142,10 @@ class _ConfluentProducer:
             "queue.buffering.max.messages": 1_000_000,  # the Publisher caps what is in flight
             **config,  # the caller's settings win
             "error_cb": _log_client_error,
-            "logger": log,  # librdkafka's log lines through Python logging (served by poll), not raw stderr
+            # librdkafka's log lines through Python logging (served by poll), not raw stderr, and at
+            # DEBUG: what it logs are retries it makes itself ("Coordinator load in progress:
+            # retrying"); a delivery that fails reaches the caller, and stderr stays the CLI's one line.
+            "logger": _QuietLog(),
         })
 
     def send(self, topic: str, key: bytes, value: bytes) -> Delivery:
@@ -167,6 +170,13 @@ class _ConfluentProducer:
         self._producer.purge(in_queue=True, in_flight=True, blocking=False)
         self._producer.poll(0)
         self._producer.close()
+
+
+class _QuietLog:
+    """A logger for librdkafka: every line at DEBUG, whatever its syslog level."""
+
+    def log(self, _level: int, message: str, *args: Any) -> None:
+        log.debug(message, *args)
 
 
 def _log_client_error(err: Any) -> None:

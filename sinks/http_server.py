@@ -6,7 +6,10 @@ ClickHouse's HTTP interface that clickhouse-connect and clickhouse-go v2 (the
 driver in Grafana's ClickHouse data source) speak; `sinks.http_protocol`
 parses the requests, `sinks.native` lays out Native for the client's revision.
 
-Two users with random passwords, recorded in `<store>/owner.json` (mode 0600):
+Two users with random passwords, recorded in `<store>/owner.json` (mode 0600) while
+the endpoint serves, and kept with its port in `<store>/endpoint.json` (0600), so
+that a restarted sink serves the same DSN (a Grafana data source keeps working;
+another port only when the old one is taken):
 `reader` (every session runs with `readonly=1` after the URL's settings are
 applied: no INSERT, DDL, SYSTEM, table functions reading files or URLs, or
 settings changed by the statement; ClickHouse's error 164) and `writer`
@@ -42,6 +45,7 @@ from sinks.query import OWNER_FILE, Owner, StoreUser
 
 log = logging.getLogger("areal.sink.http")
 READER, WRITER = "reader", "writer"
+ENDPOINT_FILE = "endpoint.json"  # the users and port of the store's last endpoint, kept across restarts
 _PYTHON_ONLY_FORMATS = {"dataframe", "datastore", "arrowtable"}  # chdb's Python wrappers, not ClickHouse formats
 
 
@@ -74,16 +78,26 @@ class ClickHouseHTTPServer:
 
         self.path = Path(path)
         self.database = database
-        self.users = users or generated_users()
+        kept = _kept_endpoint(self.path) if users is None else None
+        self.users = users or (kept.users if kept else generated_users())
         self._by_name = {u.name: u for u in self.users.values()}
         self._connect = lambda: chdb.connect(str(self.path))
         self._slots = threading.BoundedSemaphore(max_concurrent)
         self.version, self.timezone, self.display_name = self._hello()
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler_class(self))
+        self._server = self._bind(port or (kept.port if kept else 0), fall_back=port == 0)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="clickhouse-http", daemon=True)
         self._thread.start()
         log.info("ClickHouse HTTP interface of %s on 127.0.0.1:%d", self.path, self.port)
+
+    def _bind(self, port: int, *, fall_back: bool) -> ThreadingHTTPServer:
+        try:
+            return ThreadingHTTPServer(("127.0.0.1", port), _handler_class(self))
+        except OSError:
+            if not fall_back or port == 0:
+                raise
+            log.info("the endpoint's last port %d is taken; serving on another", port)
+            return ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(self))
 
     @property
     def port(self) -> int:
@@ -170,13 +184,8 @@ class ClickHouseHTTPServer:
     def publish(self) -> Path:
         """Write owner.json (mode 0600) in the store: pid, port, database and the users' passwords."""
         owner = Owner(os.getpid(), self.port, self.database, dict(self.users))
-        path = self.path / OWNER_FILE
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(owner.to_json(), f)
-        os.replace(tmp, path)
-        return path
+        _write_private(self.path / ENDPOINT_FILE, owner.to_json())
+        return _write_private(self.path / OWNER_FILE, owner.to_json())
 
     def close(self) -> None:
         path = self.path / OWNER_FILE
@@ -187,6 +196,29 @@ class ClickHouseHTTPServer:
             pass
         self._server.shutdown()
         self._server.server_close()
+
+
+def _write_private(path: Path, data: dict[str, Any]) -> Path:
+    """JSON that holds passwords: written whole (rename) and readable by this user only."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+    return path
+
+
+def _kept_endpoint(path: Path) -> Owner | None:
+    """The users and port a previous endpoint of this store served (None: make new ones)."""
+    try:
+        kept = Owner.from_json(json.loads((path / ENDPOINT_FILE).read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not all(len(u.password) >= 16 for u in kept.users.values()) or not 0 < kept.port < 65536:
+        return None
+    users = {READER: StoreUser(READER, kept.users[READER].password, readonly=True),  # the roles as made here
+             WRITER: StoreUser(WRITER, kept.users[WRITER].password, readonly=False)}
+    return Owner(kept.pid, kept.port, kept.database, users)
 
 
 # ----------------------------------------------------------------- the shell

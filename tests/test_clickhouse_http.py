@@ -72,6 +72,48 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         server.close()
 
 
+def test_a_restarted_endpoint_serves_the_same_dsn_and_another_port_only_when_its_own_is_taken(tmp_path: Path) -> None:
+    import socket
+    import stat
+
+    write_events(tmp_path)  # a store with the project's tables (database areal)
+    first = ClickHouseHTTPServer(tmp_path, "areal")
+    first.publish()
+    dsn, port = first.dsn("reader"), first.port
+    first.close()
+    assert stat.S_IMODE((tmp_path / "endpoint.json").stat().st_mode) == 0o600
+    assert not (tmp_path / "owner.json").exists()  # gone with its process; the endpoint's users stay
+
+    again = ClickHouseHTTPServer(tmp_path, "areal")
+    try:
+        assert again.dsn("reader") == dsn and again.dsn("writer") == first.dsn("writer")
+        assert again.users["reader"].readonly and not again.users["writer"].readonly
+        r = clickhouse_connect.get_client(dsn=dsn).query("SELECT count() > 0 FROM areal.steps")
+        assert r.result_rows == [(1,)]
+        again.publish()
+    finally:
+        again.close()
+
+    with socket.socket() as taken:  # the old port is in use: same users, another port
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the closed endpoint's TIME_WAIT
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        moved = ClickHouseHTTPServer(tmp_path, "areal")
+        try:
+            assert moved.port != port and moved.users == again.users
+        finally:
+            moved.close()
+
+    (tmp_path / "endpoint.json").write_text('{"pid": 1, "port": 5, "database": "areal", "users": '
+                                            '{"reader": {"user": "reader", "password": "short", "readonly": false}, '
+                                            '"writer": {"user": "writer", "password": "short", "readonly": false}}}')
+    fresh = ClickHouseHTTPServer(tmp_path, "areal")  # weak or broken kept users: new ones
+    try:
+        assert fresh.users["reader"].password != "short" and fresh.users["reader"].readonly
+    finally:
+        fresh.close()
+
+
 # ------------------------------------------------------------------ formats
 
 
