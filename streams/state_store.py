@@ -220,19 +220,9 @@ class StateStore:
         vote_values = _decode_fields(VoteState, _vote_fields(), votes, "$.votes")
         open_keys = codec.decode(tuple[RoundKey, ...], votes.get("open", []), "$.votes.open")
         low, next_no = codec.decode(tuple[int, int], votes.get("closed_range", [0, 0]), "$.votes.closed_range")
-        open_rounds = {}
-        for i, key in enumerate(open_keys):
-            raw = self.io.get(record_key(run_id, ROUND, key))
-            if raw is None:
-                raise StateDecodeError(f"stream state $.votes.open_rounds[{i}]: the round's record is missing")
-            open_rounds[key] = codec.decode(RoundState, codec.parse(raw), f"$.votes.open_rounds[{i}]")
+        open_rounds = self._listed(run_id, ROUND, open_keys, RoundState, "$.votes.open_rounds", "round")
         closed_no = self._closed_rounds(keys, low, next_no)
-        pending = {}
-        for i, step_key in enumerate(waiting):
-            raw = self.io.get(record_key(run_id, PENDING, step_key))
-            if raw is None:
-                raise StateDecodeError(f"stream state $.ranks.pending[{i}]: the step's record is missing")
-            pending[step_key] = codec.decode(PendingStep, codec.parse(raw), f"$.ranks.pending[{i}]")
+        pending = self._listed(run_id, PENDING, waiting, PendingStep, "$.ranks.pending", "step")
         try:
             vote_state = VoteState(open_rounds=open_rounds, closed=tuple(closed_no), **vote_values)
             ranks = RankState(pending=pending, **rank_values)
@@ -240,6 +230,17 @@ class StateStore:
         except (TypeError, ValueError) as exc:
             raise StateDecodeError(f"stream state $: {exc}") from None
         return _Saved(state, closed_no, next_no)
+
+    def _listed(self, run_id: str, kind: str, keys: tuple[Any, ...], cls: type, where: str,
+                what: str) -> dict[Any, Any]:
+        """The records the head lists (open rounds, waiting steps), each decoded as `cls`."""
+        out = {}
+        for i, key in enumerate(keys):
+            raw = self.io.get(record_key(run_id, kind, key))
+            if raw is None:
+                raise StateDecodeError(f"stream state {where}[{i}]: the {what}'s record is missing")
+            out[key] = codec.decode(cls, codec.parse(raw), f"{where}[{i}]")
+        return out
 
     def _closed_rounds(self, keys: dict[bytes, tuple[Any, ...]], low: int, high: int) -> dict[RoundKey, int]:
         """The closed rounds numbered low..high-1 (others are left over from a save cut
