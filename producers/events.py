@@ -66,6 +66,8 @@ class Event:
     def __post_init__(self) -> None:
         for c in field_checks(type(self)):
             v = getattr(self, c.name)
+            if (v is None and c.optional) or c.passes(v):
+                continue
             if v is None:
                 if not c.optional:
                     raise ValidationError(f"{self.table}.{c.name}", "missing")
@@ -98,7 +100,7 @@ class Event:
         return out
 
     def to_json(self) -> bytes:
-        return json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":")).encode()
+        return dumps_compact(self.to_dict())
 
     def replace(self, **changes: Any) -> Event:
         """A copy with some fields changed; the event_id is kept unless given."""
@@ -299,13 +301,11 @@ def event_from_dict(data: Any, expected: type[Event] | None = None) -> Event:
     schema = data.get("schema", None)
     if is_int(schema) and schema > SCHEMA_VERSION:
         raise ValidationError(f"{cls.table}.schema", f"unsupported major {schema} (this reader knows {SCHEMA_VERSION})")
-    kwargs = {}
-    for c in field_checks(cls):
-        if c.name in data:
-            kwargs[c.name] = data[c.name]
-    for c in field_checks(cls):
-        if c.name not in data and not c.optional and _has_no_default(cls, c.name):
-            raise ValidationError(f"{cls.table}.{c.name}", "missing")
+    names, required = _field_names(cls)
+    kwargs = {k: v for k, v in data.items() if k in names}
+    for name in required:
+        if name not in data:
+            raise ValidationError(f"{cls.table}.{name}", "missing")
     # Readers never invent an envelope: these must come from the writer.
     for name in ("event_id", "ts", "run_id"):
         if name not in data:
@@ -316,9 +316,19 @@ def event_from_dict(data: Any, expected: type[Event] | None = None) -> Event:
         raise ValidationError(cls.table, str(exc)) from None
 
 
-def _has_no_default(cls: type, name: str) -> bool:
-    f = cls.__dataclass_fields__[name]  # type: ignore[attr-defined]
-    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+_FIELD_NAMES: dict[type, tuple[frozenset[str], tuple[str, ...]]] = {}
+
+
+def _field_names(cls: type[Event]) -> tuple[frozenset[str], tuple[str, ...]]:
+    """(the fields of `cls`, those a writer must send: not optional and without a default)."""
+    found = _FIELD_NAMES.get(cls)
+    if found is None:
+        checks = field_checks(cls)
+        fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
+        required = tuple(c.name for c in checks if not c.optional and fields[c.name].default is dataclasses.MISSING
+                         and fields[c.name].default_factory is dataclasses.MISSING)
+        found = _FIELD_NAMES[cls] = (frozenset(c.name for c in checks), required)
+    return found
 
 
 # orjson reads an integer beyond 64 bits as a float; `json` keeps it an int, which the

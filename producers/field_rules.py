@@ -13,6 +13,7 @@ import re
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from producers.errors import UserError
@@ -57,6 +58,10 @@ class _Check:
     kind: str  # int | float | str | bool | int_list | str_list | float_map | json_map | sample_list
     optional: bool
     rule: Rule
+    # True only for a value that `check_value` accepts as it is (no conversion either): the
+    # common shapes, tested in one comparison chain. Anything else takes the full check,
+    # which alone words the errors (tests/test_field_rules_fast.py holds the two together).
+    passes: Callable[[Any], bool] = field(default=lambda v: False, compare=False)
 
 
 _KINDS: dict[Any, str] = {int: "int", float: "float", str: "str", bool: "bool"}
@@ -91,12 +96,49 @@ def field_checks(cls: type) -> tuple[_Check, ...]:
     found = _CHECKS.get(cls)
     if found is None:
         hints = get_type_hints(cls)
-        found = tuple(
-            _Check(f.name, *_kind_of(hints[f.name]), f.metadata.get("rule", Rule()))
-            for f in dataclasses.fields(cls)
-        )
-        _CHECKS[cls] = found
-    return found
+        found = []
+        for f in dataclasses.fields(cls):
+            kind, optional = _kind_of(hints[f.name])
+            r = f.metadata.get("rule", Rule())
+            found.append(_Check(f.name, kind, optional, r, _passes(kind, optional, r)))
+        _CHECKS[cls] = tuple(found)
+    return _CHECKS[cls]
+
+
+def _passes(kind: str, optional: bool, r: Rule) -> Callable[[Any], bool]:
+    """The fast accept of `_Check.passes` for one field: exact types, bounds folded into one range."""
+    lo = -math.inf if r.ge is None else r.ge
+    hi = math.inf if r.le is None else r.le
+    int_lo, int_hi = max(lo, _INT64[0]), min(hi, _INT64[1])
+    if kind == "int":
+        def accept(v: Any) -> bool:
+            return (v is None and optional) or (type(v) is int and int_lo <= v <= int_hi)
+    elif kind == "float":
+        # NaN fails every comparison; +-inf fail the strict ones
+        def accept(v: Any) -> bool:
+            t = type(v)
+            return ((v is None and optional) or (t is float and lo <= v <= hi and -math.inf < v < math.inf)
+                    or (t is int and int_lo <= v <= int_hi))
+    elif kind == "str":
+        shortest = 1 if r.nonempty else 0
+        longest = math.inf if r.max_len is None else r.max_len
+        choices, pattern = r.choices, r.pattern
+
+        def accept(v: Any) -> bool:
+            if v is None:
+                return optional
+            return (type(v) is str and shortest <= len(v) <= longest and (choices is None or v in choices)
+                    and (pattern is None or pattern.fullmatch(v) is not None))
+    elif kind == "bool":
+        def accept(v: Any) -> bool:
+            return (v is None and optional) or type(v) is bool
+    elif kind in ("float_map", "json_map"):
+        def accept(v: Any) -> bool:  # an empty, already frozen map; a filled one is checked in full
+            return (v is None and optional) or (type(v) is types.MappingProxyType and not v)
+    else:
+        def accept(v: Any) -> bool:  # lists: an empty tuple; anything else in full
+            return (v is None and optional) or (type(v) is tuple and not v)
+    return accept
 
 
 def is_int(v: Any) -> bool:

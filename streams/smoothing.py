@@ -28,6 +28,7 @@ Rules
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -79,6 +80,10 @@ def ema_fold(base: float | None, rewards: list[float] | tuple[float, ...], alpha
     return ema
 
 
+def _dot(a: list[float], b: list[float]) -> float:
+    return sum(map(operator.mul, a, b))  # math.sumprod from Python 3.12 on
+
+
 def _fit(steps: list[int], values: list[float], with_se: bool) -> tuple[float, float]:
     """(least-squares slope, its standard error); one pass of each sum, so the two share them."""
     n = len(steps)
@@ -87,14 +92,15 @@ def _fit(steps: list[int], values: list[float], with_se: bool) -> tuple[float, f
     mean_x = sum(steps) / n
     mean_y = sum(values) / n
     dx = [x - mean_x for x in steps]
-    sxx = sum(d ** 2 for d in dx)
+    dy = [y - mean_y for y in values]
+    sxx = _dot(dx, dx)
     if sxx == 0:
         return 0.0, 0.0
-    slope = sum(d * (y - mean_y) for d, y in zip(dx, values)) / sxx
+    slope = _dot(dx, dy) / sxx
     if not with_se or n < 3:
         return slope, 0.0
-    residual = sum((y - mean_y - slope * d) ** 2 for d, y in zip(dx, values))
-    return slope, math.sqrt(max(0.0, residual) / (n - 2) / sxx)
+    residual = [e - slope * d for d, e in zip(dx, dy)]
+    return slope, math.sqrt(max(0.0, _dot(residual, residual)) / (n - 2) / sxx)
 
 
 def ls_slope(steps: list[int], values: list[float]) -> float:

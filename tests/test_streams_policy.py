@@ -293,3 +293,15 @@ def test_a_noisy_slope_never_changes_the_interval_twice_within_the_dwell(slopes,
         changes += [d.step for d in decisions if d.command == "set_eval_interval"]
         assert cfg.min_eval_interval <= (state.interval or cfg.eval_interval) <= cfg.max_eval_interval
     assert all(b - a >= dwell for a, b in zip(changes, changes[1:]))
+
+
+@given(st.lists(st.one_of(st.text(), st.integers(), st.sampled_from(["a|b", "\\", "|", "c\\|d"])), max_size=6))
+def test_derived_ids_are_the_uuid5_earlier_versions_gave(parts: list[object]) -> None:
+    """derived_id skips building UUID objects; its ids must stay those of uuid.uuid5, or a
+    batch redelivered across an upgrade would give its outputs new ids (and duplicates)."""
+    import uuid
+
+    from streams.processor import _ID_NAMESPACE, _id_part
+
+    expected = uuid.uuid5(_ID_NAMESPACE, "|".join(_id_part(p) for p in parts)).hex
+    assert derived_id(*parts) == expected
