@@ -1,11 +1,12 @@
 """The Faust shell: bytes in, batches through the core (streams.batch), bytes out.
 
-Four agents, one per input: `steps` (areal.steps), `evals` (areal.evals), `runs`
-(areal.runs: run lifecycle) and `ticks` (an internal topic a timer writes to, one tick per
-partition, so clock-driven decisions (steps whose ranks did not all come, stalled runs,
-vote timeouts) keep their place among the inputs). The agents only read: each message
-goes to one Batcher (streams.batcher), whose single flusher runs the batches through
-StreamCore in arrival order and acknowledges the messages afterwards.
+Three inputs, `steps` (areal.steps), `evals` (areal.evals) and `runs` (areal.runs: run
+lifecycle), reach the worker a fetch at a time (streams.batch_consumer: Faust's consumer
+without its per-message path); one agent, `ticks`, reads an internal topic a timer writes
+to, one tick per partition, so clock-driven decisions (steps whose ranks did not all come,
+stalled runs, vote timeouts) keep their place among the inputs. Everything goes to one
+Batcher (streams.batcher), whose single flusher runs the batches through StreamCore in
+arrival order and acknowledges the messages afterwards.
 
 State: one Faust table `runs` whose changelog topic holds each run's state as small
 records (streams.state_store), so a restarted worker picks up windows, vote rounds and
@@ -36,6 +37,7 @@ import faust
 
 from producers.topics import Topics
 from streams.batch import Input, SendFn, StreamCore
+from streams.batch_consumer import BatchApp
 from streams.batcher import Batcher, Tick
 from streams.config import StreamsConfig
 from streams.input_feed import InputFeed
@@ -83,14 +85,12 @@ def ticks_topic_for(prefix: str) -> str:
 
 @dataclass
 class StreamWorker:
-    """The Faust app with its agents, table and timer, built for one topic prefix."""
+    """The Faust app with its inputs, agent, table and timers, built for one topic prefix."""
 
     app: faust.App
     core: StreamCore
     batcher: Batcher
-    steps_agent: Any
-    evals_agent: Any
-    runs_agent: Any
+    feed: InputFeed  # the input topics' messages, a fetch at a time
     ticks_agent: Any
     partitions: int
 
@@ -108,7 +108,7 @@ def _env_float(name: str, default: float) -> float:
 
 def _faust_app(prefix: str, bootstrap: str, credentials: Any, datadir: Path, partitions: int,
                replication_factor: int, commit_interval: float, session_timeout: float) -> faust.App:
-    return faust.App(
+    return BatchApp(
         app_id_for(prefix),
         broker="kafka://" + ";".join(bootstrap.split(",")),
         broker_credentials=credentials,
@@ -180,10 +180,16 @@ def build_worker(
     core = StreamCore(topics=topics, config=config, table=runs, send=send or kafka_send, clock=clock)
     real_consumer = send is None
     feed = InputFeed(app, InputGuard() if real_consumer else None, (topics.steps, topics.evals, topics.runs))
+    for topic in (steps, evals, run_events):
+        app.topics.add(topic)  # subscribed (and so co-partitioned with the table), read by the feed
+    app.batch_inputs = (frozenset(feed.inputs), feed.deliver)
 
-    async def ack(token: tuple[Any, Any]) -> None:
-        stream, event = token
-        await stream.ack(event)
+    async def ack(token: Any) -> None:
+        if isinstance(token, tuple):  # a tick, through its agent's stream
+            stream, event = token
+            await stream.ack(event)
+        elif real_consumer:  # an input message: its offset may be committed now
+            app.consumer.ack(token)
 
     def crash(exc: BaseException) -> None:
         app.loop.create_task(app.crash(exc))
@@ -193,18 +199,6 @@ def build_worker(
     batcher = feed.batcher = Batcher(core, ack, max_batch=max_batch, linger_s=max(0.0, linger_s),
                                      backlog=feed.backlog if real_consumer else None,
                                      on_crash=crash if real_consumer else None)
-
-    @app.agent(steps, name="steps")
-    async def steps_agent(stream: Any) -> None:
-        await feed.consume(stream)
-
-    @app.agent(evals, name="evals")
-    async def evals_agent(stream: Any) -> None:
-        await feed.consume(stream)
-
-    @app.agent(run_events, name="runs")
-    async def runs_agent(stream: Any) -> None:
-        await feed.consume(stream)
 
     @app.agent(ticks, name="ticks")
     async def ticks_agent(stream: Any) -> None:
@@ -232,5 +226,5 @@ def build_worker(
     # makes the stream stop and drain (with a warning) every 100 records under load.
     app.producer.buffer.max_messages = 2000
 
-    return StreamWorker(app=app, core=core, batcher=batcher, steps_agent=steps_agent, evals_agent=evals_agent,
-                        runs_agent=runs_agent, ticks_agent=ticks_agent, partitions=partitions)
+    return StreamWorker(app=app, core=core, batcher=batcher, feed=feed, ticks_agent=ticks_agent,
+                        partitions=partitions)

@@ -1,10 +1,11 @@
-"""How the agents hand Kafka messages to the batcher, with the skipped-input guard.
+"""How the input messages reach the batcher, with the skipped-input guard.
 
-A real consumer's messages pass `streams.resync.InputGuard` on arrival: a
-partition that jumped past offsets it never delivered, or that fetched messages
-but stopped delivering them, is sought back and read again (what a batch takes
-does not matter to the guard). Agent tests that replace the producer have no
-consumer: `InputFeed(app, batcher, guard=None)` then only forwards.
+The consumer (streams.batch_consumer) hands over each fetch's input messages as one
+list (`deliver`). A real consumer's messages pass `streams.resync.InputGuard` on
+arrival: a partition that jumped past offsets it never delivered, or that fetched
+messages but stopped delivering them, is sought back and read again (what a batch
+takes does not matter to the guard). Tests that replace the producer have no
+consumer: `InputFeed(app, guard=None, ...)` then only forwards.
 """
 
 from __future__ import annotations
@@ -45,22 +46,24 @@ class InputFeed:
     async def seek(self, topic: str, partition: int, offset: int) -> None:
         await self.app.consumer.seek(TP(topic, partition), offset)
 
-    async def consume(self, stream: Any) -> None:
-        """An input agent's loop: every message to the batcher, acknowledged once processed."""
+    async def deliver(self, messages: list[Any]) -> None:
+        """A fetch's input messages (streams.batch_consumer), in order, to the batcher; each is
+        acknowledged (its Message is the token) once processed, or at once when the guard
+        skips it."""
         assert self.batcher is not None
-        stream = stream.noack()
-        async for event in stream.events():
-            m = event.message
-            if self.guard is not None:
-                verdict, target = self.guard.on_message((m.topic, m.partition), m.offset, time.monotonic())
+        guard, add, ack = self.guard, self.batcher.add, self.batcher.ack
+        now = time.monotonic()
+        for m in messages:
+            if guard is not None:
+                verdict, target = guard.on_message((m.topic, m.partition), m.offset, now)
                 if verdict != "process":
                     if verdict == "seek" and target is not None:
                         log.warning("%s/%s jumped to offset %s; re-reading from %s", m.topic, m.partition,
                                     m.offset, target)
                         await self.seek(m.topic, m.partition, target)
-                    await stream.ack(event)
+                    await ack(m)
                     continue
-            await self.batcher.add(Input(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp), (stream, event))
+            await add(Input(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp), m)
 
     async def unstick(self) -> None:
         """Partitions whose fetched messages stopped coming: seek back (streams.resync)."""

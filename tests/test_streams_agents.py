@@ -1,8 +1,9 @@
-"""Each Faust agent of the stream worker, through Faust's `test_context` (no broker).
+"""The stream worker's inputs and its ticks agent, without a broker.
 
 The Kafka producer is replaced by a recorder (`send`), the clock by a settable one; the
-`runs` table is Faust's real in-memory table. The agents hand messages to the batcher,
-which processes them a little later: `worker.settled()` waits for that (after each tick,
+`runs` table is Faust's real in-memory table. Input messages go in as the consumer hands
+them over (tests/feed_support.py), ticks through the ticks agent's `test_context`; both
+reach the batcher, which processes them a little later: `worker.settled()` waits for that (after each tick,
 where the clock matters; at the end of a context otherwise, so several messages may share
 a batch).
 """
@@ -23,6 +24,7 @@ from streams.app import StreamWorker, app_id_for, build_worker
 from streams.config import RunConfig, StreamsConfig
 from streams.processor import derived_id
 from streams.state_store import stored_state
+from tests.feed_support import inputs
 
 TOPICS = Topics("agent.")
 
@@ -88,7 +90,7 @@ def test_steps_agent_smooths_and_dead_letters_bad_input(tmp_path: Path) -> None:
     worker, rec, _ = make(tmp_path, RunConfig(window=2, ema_alpha=0.5))
 
     async def go() -> None:
-        async with worker.steps_agent.test_context() as agent:
+        async with inputs(worker, TOPICS.steps) as agent:
             await agent.put(step("r1", 0, 1.0), key=b"r1")
             await agent.put(b'{"type":"step","run_id":"r1","event_id":"x","ts":1,"step":1,"epoch":0,"reward":"NaN"}',
                             key=b"r1")
@@ -122,7 +124,7 @@ def test_evals_agent_votes_and_degrades(tmp_path: Path) -> None:
     truth, bad = (1, 1, 0, 1), (0, 0, 1, 1)
 
     async def go() -> None:
-        async with worker.evals_agent.test_context() as agent:
+        async with inputs(worker, TOPICS.evals) as agent:
             await agent.put(result("a", "e1", truth), key=b"r1")
             await agent.put(result("bad", "e1", bad), key=b"r1")
             await agent.put(result("c", "e1", truth), key=b"r1")
@@ -144,10 +146,10 @@ def test_ticks_agent_times_out_rounds_and_finds_stalled_runs(tmp_path: Path) -> 
     worker, rec, clock = make(tmp_path, RunConfig(vote_timeout_s=30, stall_seconds=60))
 
     async def go() -> None:
-        async with worker.steps_agent.test_context() as steps:
+        async with inputs(worker, TOPICS.steps) as steps:
             await steps.put(step("r1", 0, 0.5), key=b"r1", partition=0)
             await worker.settled()
-        async with worker.evals_agent.test_context() as evals:
+        async with inputs(worker, TOPICS.evals) as evals:
             await evals.put(result("a", "e1", (1, 0)), key=b"r1", partition=0)
             await evals.put(result("b", "e1", (1, 1)), key=b"r1", partition=0)
             await worker.settled()
@@ -178,11 +180,11 @@ def test_runs_agent_ends_the_stall_watch_and_dead_letters_bad_run_events(tmp_pat
     worker, rec, clock = make(tmp_path, RunConfig(stall_seconds=60, eval_interval=50))
 
     async def go() -> None:
-        async with worker.steps_agent.test_context() as steps:
+        async with inputs(worker, TOPICS.steps) as steps:
             await steps.put(step("r1", 0, 0.5), key=b"r1", partition=0)
             await steps.put(step("r2", 0, 0.5), key=b"r2", partition=0)
             await worker.settled()
-        async with worker.runs_agent.test_context() as runs:
+        async with inputs(worker, TOPICS.runs) as runs:
             await runs.put(RunEvent(run_id="r1", node="n0", status="running", config={"eval_interval_steps": 25},
                                     ts=1.0, event_id="run-r1-a").to_json(), key=b"r1", partition=0)
             await runs.put(RunEvent(run_id="r1", node="n0", status="finished", ts=2.0, event_id="run-r1-b").to_json(),
@@ -210,7 +212,7 @@ def test_state_in_the_table_survives_a_new_worker(tmp_path: Path) -> None:
     worker, rec, _ = make(tmp_path, RunConfig(window=3))
 
     async def first() -> None:
-        async with worker.steps_agent.test_context() as agent:
+        async with inputs(worker, TOPICS.steps) as agent:
             for n in range(3):
                 await agent.put(step("r1", n, float(n)), key=b"r1")
             await worker.settled()
@@ -220,7 +222,7 @@ def test_state_in_the_table_survives_a_new_worker(tmp_path: Path) -> None:
     worker2, rec2, _ = make(tmp_path / "2", RunConfig(window=3))
 
     async def second() -> None:
-        async with worker2.steps_agent.test_context() as agent:
+        async with inputs(worker2, TOPICS.steps) as agent:
             for key, value in saved.items():
                 worker2.core.table.data[key] = value  # what changelog recovery does
             await agent.put(step("r1", 3, 3.0), key=b"r1")
@@ -238,7 +240,7 @@ def test_no_message_stops_the_evals_agent(tmp_path: Path, payload: bytes) -> Non
     worker, rec, _ = make(tmp_path)
 
     async def go() -> None:
-        async with worker.evals_agent.test_context() as agent:
+        async with inputs(worker, TOPICS.evals) as agent:
             await agent.put(payload, key=None)
             await agent.put(result("a", "e1", (1,), replicas=1), key=b"r1")
             await worker.settled()

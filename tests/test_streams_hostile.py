@@ -30,6 +30,7 @@ from streams.app import StreamCore
 from streams.config import RunConfig, StreamsConfig
 from streams.processor import RunState
 from streams.state_store import stored_state
+from tests.feed_support import inputs
 from streams.voting import NodeResult, RoundKey, VoteState, add_result
 
 TOPICS = Topics("hostile.")
@@ -263,7 +264,7 @@ def test_bad_input_through_the_faust_agent_with_hostile_keys_and_headers(tmp_pat
     headers = [None, {"ключ": b"\xff"}, [("x", None)], {"": b"k" * 1000}, [("\x00", b"")], {"a|b": b"c"}]
 
     async def go() -> None:
-        async with worker.steps_agent.test_context() as agent:
+        async with inputs(worker, TOPICS.steps) as agent:
             for i, (key, hdrs) in enumerate(zip(keys, headers)):
                 await agent.put(b"\xff{not json", key=key, headers=hdrs)
                 good = StepEvent(run_id="r|ok".replace("|", "-"), node="n0", step=i, epoch=0, reward=0.1 * i,
@@ -271,7 +272,7 @@ def test_bad_input_through_the_faust_agent_with_hostile_keys_and_headers(tmp_pat
                 await agent.put(good, key=key, headers=hdrs)
             await worker.settled()
 
-        async with worker.runs_agent.test_context() as agent:
+        async with inputs(worker, TOPICS.runs) as agent:
             for i, (key, hdrs) in enumerate(zip(keys, headers)):
                 await agent.put(b'{"type":"run","run_id":"r-ok","event_id":"b","ts":1,"status":"running",'
                                 b'"world_size":"two"}', key=key, headers=hdrs)

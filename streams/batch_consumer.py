@@ -1,0 +1,91 @@
+"""Faust's Kafka consumer, handing the worker's input topics over a fetch at a time.
+
+Faust delivers each message on its own: for every message its fetch loop starts a task
+pair (the conductor's callback raced against flow control), the conductor decodes it into
+an Event and queues it, and the agent's stream iterator yields to the event loop once per
+message. Profiled under load, that path held about half of the worker's CPU (docs/
+PERFORMANCE.md, "Stream worker"), while our batch work was under a fifth.
+
+`BatchConsumer` is Faust's aiokafka consumer with one change: messages of the topics the
+app names in `batch_inputs` leave each fetch as one list for the worker's InputFeed; every
+other topic (the ticks, the table's changelog) still goes through Faust's conductor, in
+its place in the fetch. Everything else stays Faust's: group membership and partition
+assignment (so the `runs` table stays co-partitioned with the inputs), seeks, flow control
+during a rebalance, and the offset commits, which follow `Consumer.ack` as for any
+message. A message handed over is tracked as unacknowledged, so a rebalance or shutdown
+waits for it to be processed (Faust's `wait_empty`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
+
+import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import Message
+
+# (the topic names to batch, the coroutine that takes a fetch's messages of them, in order)
+BatchInputs = tuple[Collection[str], Callable[[list[Message]], Awaitable[None]]]
+
+
+class BatchConsumer(faust_aiokafka.Consumer):
+    async def _drain_messages(self, fetcher: Any) -> None:
+        inputs: BatchInputs | None = getattr(self.app, "batch_inputs", None)
+        if inputs is None:
+            await super()._drain_messages(fetcher)
+            return
+        topics, deliver = inputs
+        read_offset = self._read_offset
+        acks_enabled_for = self.app.topics.acks_enabled_for
+        try:
+            while not (self._stopped.is_set() or fetcher._stopped.is_set()):
+                generation = self.app.consumer_generation_id
+                batch: list[Message] = []
+                async for tp, message in self.getmany(timeout=1.0):
+                    last = read_offset[tp]
+                    if last is not None and message.offset < last:
+                        continue  # behind where a seek put the partition: Faust drops these too
+                    if last is not None and message.offset - last > 1 and acks_enabled_for(tp.topic):
+                        await self._add_gap(tp, last + 1, message.offset)  # so commits can pass the gap
+                    read_offset[tp] = message.offset
+                    if tp.topic in topics:
+                        batch.append(message)
+                        continue
+                    await self._hand_over(batch, deliver, generation)  # what came before it, first
+                    batch = []
+                    await self.wait_first(self.callback(message), self.suspend_flow.wait())
+                await self._hand_over(batch, deliver, generation)
+                await asyncio.sleep(0)  # a fetch that returned at once must not starve the loop
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                return
+            raise
+
+    async def _hand_over(self, batch: list[Message], deliver: Callable[[list[Message]], Awaitable[None]],
+                         generation: int) -> None:
+        if not batch:
+            return
+        if not self.flow_active or generation != self.app.consumer_generation_id:
+            return  # a rebalance began: these are read again from the committed offsets
+        for message in batch:
+            self.track_message(message)
+        await deliver(batch)
+
+
+class BatchTransport(faust_aiokafka.Transport):
+    Consumer = BatchConsumer
+
+
+class BatchApp(faust.App):
+    """A Faust app whose consumer batches the topics set in `batch_inputs` (None: it does not)."""
+
+    batch_inputs: BatchInputs | None = None
+
+    def _new_transport(self) -> Any:
+        return BatchTransport(self.conf.broker_consumer, self)

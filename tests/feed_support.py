@@ -1,0 +1,36 @@
+"""Input messages for a worker built without a broker: the same hand-over the consumer makes.
+
+`inputs(worker, topic)` gives an object whose `put(value, key=, headers=)` turns each value
+into a Faust `Message` (offsets counting up per topic) and hands it to the worker's
+InputFeed, as streams.batch_consumer does with a fetch. `worker.settled()` then waits for
+the batcher.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from faust.types import TP, Message
+
+from streams.app import StreamWorker
+
+
+class FeedInput:
+    def __init__(self, worker: StreamWorker, topic: str) -> None:
+        self.worker, self.topic = worker, topic
+        self.offsets = itertools.count()
+
+    async def put(self, value: bytes | None, *, key: bytes | None = None, headers: Any = None,
+                  partition: int = 0) -> None:
+        offset = next(self.offsets)
+        message = Message(self.topic, partition, offset, time.time(), 0, headers, key, value, None, tp=TP(self.topic, partition))
+        await self.worker.feed.deliver([message])
+
+
+@asynccontextmanager
+async def inputs(worker: StreamWorker, topic: str) -> AsyncIterator[FeedInput]:
+    yield FeedInput(worker, topic)
