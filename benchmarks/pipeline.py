@@ -139,6 +139,54 @@ def raw_ceiling(bootstrap: str, n: int) -> float:
     return n / (produced + consumed)
 
 
+def raw_ceiling_confluent(bootstrap: str, n: int) -> float:
+    """The same as `raw_ceiling` with confluent-kafka (librdkafka), the library the Publisher
+    delivers with when the `fast` extra is installed."""
+    from confluent_kafka import Consumer, Producer
+
+    from benchmarks.common import step_events
+
+    topic = f"rawc{uuid.uuid4().hex[:6]}"
+    payloads = [e.to_json() for e in step_events(n, run_id="raw", ranks=8)]
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                         "linger.ms": 5, "log_level": 3})
+    producer.produce(topic, key=b"warm", value=b"{}")
+    producer.flush(60)
+    t0 = time.perf_counter()
+    for p in payloads:
+        while True:
+            try:
+                producer.produce(topic, key=b"raw", value=p)
+                break
+            except BufferError:  # the local queue is full: let deliveries drain it
+                producer.poll(0.01)
+        producer.poll(0)
+    producer.flush(300)
+    produced = time.perf_counter() - t0
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{uuid.uuid4().hex[:6]}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 3})
+    consumer.subscribe([topic])
+    got = 0
+    t1 = None
+    deadline = time.monotonic() + 300
+    while got < n + 1 and time.monotonic() < deadline:
+        batch = consumer.consume(num_messages=5000, timeout=0.5)
+        if batch and t1 is None:
+            t1 = time.perf_counter()  # from the first message: the group join is not the client's rate
+        got += sum(1 for m in batch if m.error() is None)
+    consumed = time.perf_counter() - (t1 or time.perf_counter())
+    consumer.close()
+    return n / (produced + consumed)
+
+
+def publisher_library() -> str:
+    """The Kafka library the Publisher delivers with here (producers.delivery's choice)."""
+    from producers.delivery import _confluent_available
+
+    choice = os.environ.get("AREAL_KAFKA_CLIENT", "auto")
+    return "confluent-kafka" if choice != "kafka-python" and _confluent_available() else "kafka-python"
+
+
 def count(store: Any, table: str, like: str) -> int:
     return int(store.command(f"SELECT count() FROM {table} FINAL WHERE run_id LIKE {{p:String}}", {"p": like}))
 
@@ -249,7 +297,13 @@ def alert_latency(services: Services, samples: int, timeout: float = 60.0) -> li
 def run(bootstrap: str, n: int, samples: int, scales: tuple[int, ...]) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix="areal-bench-pipeline-"))
     services = Services(bootstrap, home)
-    out: dict[str, Any] = {"raw_events_per_s": raw_ceiling(bootstrap, n)}
+    # The ceiling is the raw rate of the library the publishers deliver with; kafka-python's
+    # is kept beside it (the bare install's library, and the ceiling earlier runs used).
+    library = publisher_library()
+    kafka_python = raw_ceiling(bootstrap, n)
+    out: dict[str, Any] = {"raw_library": library, "raw_events_per_s_kafka_python": kafka_python,
+                           "raw_events_per_s": raw_ceiling_confluent(bootstrap, n) if library == "confluent-kafka"
+                           else kafka_python}
     services.start()
     try:
         wait_ready(services)

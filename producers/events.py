@@ -26,6 +26,7 @@ from producers.field_rules import (
     ValidationError,
     check_value,
     field_checks,
+    field_values,
     is_int,
     is_number,
     rule,
@@ -64,20 +65,19 @@ class Event:
     schema: int = rule(SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION)
 
     def __post_init__(self) -> None:
-        for c in field_checks(type(self)):
-            v = getattr(self, c.name)
+        for c, v in zip(field_checks(type(self)), field_values(self)):
             if (v is None and c.optional) or c.passes(v):
                 continue
             if v is None:
-                if not c.optional:
-                    raise ValidationError(f"{self.table}.{c.name}", "missing")
-                continue
+                raise ValidationError(f"{self.table}.{c.name}", "missing")
             if c.kind in ("int_list", "str_list", "sample_list") and isinstance(v, list):
                 v = tuple(v)
                 object.__setattr__(self, c.name, v)
             elif c.kind in ("float_map", "json_map") and isinstance(v, dict):
                 v = types.MappingProxyType(dict(v))
                 object.__setattr__(self, c.name, v)
+                if c.passes(v):
+                    continue
             check_value(f"{self.table}.{c.name}", c, v)
         self._check_rules()
 
@@ -86,8 +86,7 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type}
-        for c in field_checks(type(self)):
-            v = getattr(self, c.name)
+        for c, v in zip(field_checks(type(self)), field_values(self)):
             if v is None:
                 continue
             if c.kind in ("int_list", "str_list"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import re
 import types
 from collections.abc import Mapping
@@ -105,6 +106,19 @@ def field_checks(cls: type) -> tuple[_Check, ...]:
     return _CHECKS[cls]
 
 
+_GETTERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
+
+
+def field_values(obj: Any) -> tuple[Any, ...]:
+    """The values of `obj`'s fields, in `field_checks` order (one C call, not one per field)."""
+    getter = _GETTERS.get(type(obj))
+    if getter is None:
+        names = [c.name for c in field_checks(type(obj))]
+        getter = _GETTERS[type(obj)] = operator.attrgetter(*names) if len(names) > 1 else (
+            lambda o: (getattr(o, names[0]),))
+    return getter(obj)
+
+
 def _passes(kind: str, optional: bool, r: Rule) -> Callable[[Any], bool]:
     """The fast accept of `_Check.passes` for one field: exact types, bounds folded into one range."""
     lo = -math.inf if r.ge is None else r.ge
@@ -132,7 +146,19 @@ def _passes(kind: str, optional: bool, r: Rule) -> Callable[[Any], bool]:
     elif kind == "bool":
         def accept(v: Any) -> bool:
             return (v is None and optional) or type(v) is bool
-    elif kind in ("float_map", "json_map"):
+    elif kind == "float_map":
+        def accept(v: Any) -> bool:  # a frozen map of named finite numbers
+            if v is None:
+                return optional
+            if type(v) is not types.MappingProxyType:
+                return False
+            for k, x in v.items():
+                t = type(x)
+                if not (type(k) is str and 0 < len(k) <= METRIC_NAME_MAX and (
+                        (t is float and -math.inf < x < math.inf) or (t is int and _INT64[0] <= x <= _INT64[1]))):
+                    return False
+            return True
+    elif kind == "json_map":
         def accept(v: Any) -> bool:  # an empty, already frozen map; a filled one is checked in full
             return (v is None and optional) or (type(v) is types.MappingProxyType and not v)
     else:

@@ -105,7 +105,7 @@ class Output:
     must_ack: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: `_evolve` copies its __dict__ in one go
 class RunState:
     run_id: str
     partition: int | None = None  # the input partition the run lives on (its clock ticks come there)
@@ -130,15 +130,17 @@ class RunState:
         return codec.loads(cls, raw)
 
 
-_RUN_FIELDS = tuple(f.name for f in fields(RunState))
+_RUN_FIELD_SET = frozenset(f.name for f in fields(RunState))
 
 
 def _evolve(state: RunState, **changes: Any) -> RunState:
     """dataclasses.replace for the run state, without its per-call introspection (the
     worker does this several times per step; RunState has no __post_init__ to skip)."""
+    unknown = changes.keys() - _RUN_FIELD_SET
+    if unknown:
+        raise TypeError(f"RunState has no field {sorted(unknown)[0]!r}")
     new = object.__new__(RunState)
-    for name in _RUN_FIELDS:
-        object.__setattr__(new, name, changes[name] if name in changes else getattr(state, name))
+    object.__setattr__(new, "__dict__", {**state.__dict__, **changes})
     return new
 
 
