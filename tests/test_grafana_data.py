@@ -1,7 +1,8 @@
 """The recorded real run (tests/data/demo_events.jsonl) and loading it through the sink's code path.
 
-The fixture is what `tests/data/make_demo_events.py` captured from two real
-training runs and the stream worker's real logic (see that script). Loading
+The fixture holds two real training runs, recorded from the trainer before issue 11,
+and what the stream worker's real logic derives from them (`tests/data/make_demo_events.py`
+derives those again). Loading
 uses the sink's own row building and insert (`sinks.writer.insert_rows`) into
 the sink's schema (`sinks.migrations.apply_schema`) on the embedded engine, so the
 dashboards' and the report's tests read exactly what a running sink stores.

@@ -39,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks per run (default 2)")
     parser.add_argument("--seeds", type=int, default=2, help="seeds per strategy (default 2)")
-    parser.add_argument("--scaling-steps", type=int, default=6,
-                        help="steps of each 1-, 2- and 4-rank throughput run (default 6; 0: none)")
+    parser.add_argument("--scaling-steps", type=int, default=4,
+                        help="steps of each 1-, 2- and 4-rank throughput run (default 4; 0: none)")
     parser.add_argument("--config", type=Path, default=None, metavar="FILE",
                         help="JSON or TOML trainer settings applied to every run (see areal_train/config.py)")
     parser.add_argument("--out", type=Path, default=Path("reports/demo"), help="where the report PNGs go")
@@ -138,9 +138,12 @@ def _follow(handles: list, settings: object, runs: list[str], no_watch: bool, st
 
     try:
         if no_watch or not sys.stdout.isatty():
+            last = time.monotonic()
             while not finished():
-                time.sleep(5)
-                print(f"  ... {time.monotonic() - started:.0f} s", flush=True)
+                time.sleep(0.5)  # notice the end at once; a progress line every 5 s
+                if time.monotonic() - last >= 5:
+                    last = time.monotonic()
+                    print(f"  ... {last - started:.0f} s", flush=True)
         else:
             from areal_metrics.commands.watch import watch_loop
 
