@@ -31,7 +31,7 @@ import pytest
 
 from producers.events import EvalEvent, StepEvent
 from producers.topics import Topics
-from streams.app import StreamCore
+from streams.app import StreamCore, app_id_for
 from streams.config import StreamsConfig
 
 pytestmark = pytest.mark.broker
@@ -411,6 +411,62 @@ def test_worker_killed_and_restarted_mid_scenario_gives_the_same_events(
     # ... and the restarted worker did get its input again: beyond the 2 re-sent steps of the
     # scenario itself, outputs were sent twice (same ids), none was derived twice differently.
     assert len(reader.got) > sum(len(v) for v in got.values()) + 2
+
+
+def test_a_second_worker_joining_mid_scenario_shares_the_runs_without_a_difference(
+    kafka_bootstrap: str, topics: Topics, worker_env, tmp_path
+):
+    """Scale-out: a second worker of the same prefix joins while the first is busy, the
+    group rebalances (the first hands over partitions with the messages it already took
+    from a fetch), and together they derive exactly the events one worker derives."""
+    msgs = scenario(topics)
+    half = next(i for i, m in enumerate(msgs) if m.topic == topics.evals and b'"e3"' in m.value)
+    reader = OutputReader(kafka_bootstrap, topics)
+    first = Worker(worker_env, tmp_path / "worker-1.log")
+    first.start()
+    second_home = tmp_path / "home-2"  # its own state directory, as on another machine
+    second = Worker({**worker_env, "AREAL_HOME": str(second_home)}, tmp_path / "worker-2.log")
+    try:
+        sent = produce(kafka_bootstrap, msgs[:half])
+        reader.wait_for({topics.smoothed: 20}, timeout=40)
+        second.start()
+        members = group_members_when(kafka_bootstrap, app_id_for(topics.prefix), 2, timeout=40)
+        sent += produce(kafka_bootstrap, msgs[half:])
+        ref = reference(topics, sent)
+        reader.wait_for(expected_counts(ref), timeout=60)
+        reader.settle(2.0)
+    finally:
+        rc_second = second.stop() if second.proc is not None else 0
+        rc_first = first.stop()
+        reader.close()
+    assert rc_first == 0, (tmp_path / "worker-1.log").read_text()[-3000:]
+    assert rc_second == 0, (tmp_path / "worker-2.log").read_text()[-3000:]
+    got = reader.distinct()
+    for topic in ref:
+        assert got[topic] == ref[topic], topic  # nothing missing, nothing extra
+    check_hand_written_facts(topics, got)
+    seen: dict[str, dict[str, Any]] = {}
+    for _, _, _, v in reader.got:
+        assert seen.setdefault(v["event_id"], v) == v, v  # a copy sent again is the same event
+    assert members == 2  # both workers were in the group: it rebalanced while the first was busy
+
+
+def group_members_when(bootstrap: str, group: str, want: int, timeout: float) -> int:
+    """The consumer group's member count, once it is `want` (or at the timeout)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        deadline, count = time.monotonic() + timeout, 0
+        while time.monotonic() < deadline:
+            info = admin.describe_groups([group])[group]
+            count = len(info.get("members", [])) if info.get("group_state") == "Stable" else 0
+            if count == want:
+                break
+            time.sleep(0.5)
+        return count
+    finally:
+        admin.close()
 
 
 def test_start_offsets_are_committed_for_a_new_group(kafka_bootstrap: str, topics: Topics):
