@@ -31,8 +31,8 @@ from areal_metrics.errors import UserError
 STRATEGIES = {"mt4-grpo": 4, "mt2-grpo": 2}
 # The worker's settings for the demo's runs: the closed loop on evaluation, a short window.
 STREAMS = {"defaults": {"window": 10, "min_eval_interval": 5, "interval_dwell_steps": 20, "step_wait_s": 20.0,
-                        "lr_eval_threshold": 0.5, "lr_eval_dataset": "math_hard", "lr_apply_delay_steps": 2,
-                        "no_improvement_rounds": 3, "vote_timeout_s": 60.0, "stall_seconds": 120.0}}
+                        "lr_eval_threshold": 0.12, "lr_eval_dataset": "math_hard", "lr_apply_delay_steps": 2,
+                        "no_improvement_rounds": 2, "vote_timeout_s": 60.0, "stall_seconds": 120.0}}
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
