@@ -361,6 +361,20 @@ def test_scenario_derives_exactly_the_expected_events(kafka_bootstrap: str, topi
         assert seen.setdefault(v["event_id"], v) == v
 
 
+def assert_the_one_worker_events(topics: Topics, reader: OutputReader, ref: dict[str, dict[str, Any]]
+                                 ) -> dict[str, dict[str, Any]]:
+    """What the reader got is exactly `ref` (nothing missing, nothing extra), the hand-written
+    facts hold, and every copy sent again is the very same event. Returns the distinct events."""
+    got = reader.distinct()
+    for topic in ref:
+        assert got[topic] == ref[topic], topic
+    check_hand_written_facts(topics, got)
+    seen: dict[str, dict[str, Any]] = {}
+    for _, _, _, v in reader.got:
+        assert seen.setdefault(v["event_id"], v) == v, v
+    return got
+
+
 def test_worker_killed_and_restarted_mid_scenario_gives_the_same_events(
     kafka_bootstrap: str, topics: Topics, worker_env, tmp_path
 ):
@@ -391,15 +405,8 @@ def test_worker_killed_and_restarted_mid_scenario_gives_the_same_events(
         reader.close()
     assert rc == 0, log.read_text()[-3000:]
 
-    got = reader.distinct()
-    for topic in ref:
-        assert got[topic] == ref[topic], topic  # nothing missing, nothing extra
-    check_hand_written_facts(topics, got)
-    # Copies sent again after the restart are the very same events ...
-    seen: dict[str, dict[str, Any]] = {}
-    for _, _, _, v in reader.got:
-        assert seen.setdefault(v["event_id"], v) == v, v
-    # ... and no round ever got two different consensus events.
+    got = assert_the_one_worker_events(topics, reader, ref)
+    # no round ever got two different consensus events
     per_round: dict[tuple, set[str]] = defaultdict(set)
     for topic, _, _, v in reader.got:
         if topic == topics.consensus:
@@ -441,13 +448,7 @@ def test_a_second_worker_joining_mid_scenario_shares_the_runs_without_a_differen
         reader.close()
     assert rc_first == 0, (tmp_path / "worker-1.log").read_text()[-3000:]
     assert rc_second == 0, (tmp_path / "worker-2.log").read_text()[-3000:]
-    got = reader.distinct()
-    for topic in ref:
-        assert got[topic] == ref[topic], topic  # nothing missing, nothing extra
-    check_hand_written_facts(topics, got)
-    seen: dict[str, dict[str, Any]] = {}
-    for _, _, _, v in reader.got:
-        assert seen.setdefault(v["event_id"], v) == v, v  # a copy sent again is the same event
+    assert_the_one_worker_events(topics, reader, ref)
     assert members == 2  # both workers were in the group: it rebalanced while the first was busy
 
 

@@ -34,7 +34,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from producers.events import EvalEvent, RunEvent, StepEvent, parse_event  # noqa: E402
-from producers.topics import Topics  # noqa: E402
 
 RUNS = {
     # run id -> the worker's config overrides of that run
@@ -51,57 +50,32 @@ WITHHELD = ("demo-g2", 120, "add_2digit", "full", 1)  # run, step, dataset, stag
 
 
 def derive(trainer_events: list[bytes]) -> list[bytes]:
-    """Feed the events through StreamCore; returns trainer events + everything it emitted."""
-    from streams.batch import StreamCore
+    """Feed the events through StreamCore; returns everything it emitted."""
     from streams.config import RunConfig, StreamsConfig
+    from tests.data.worker_replay import Replay
 
-    topics = Topics("areal.")
     defaults = RunConfig().with_overrides(COMMON_STREAMS)
     config = StreamsConfig(defaults=defaults, runs=tuple((run, cfg) for run, cfg in RUNS.items() if cfg))
-    clock = [0.0]
-    emitted: list[bytes] = []
-
-    async def send(topic: str, key: bytes, value: bytes) -> asyncio.Future[None]:
-        emitted.append(value)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
-
-    core = StreamCore(topics=topics, config=config, table={}, send=send, clock=lambda: clock[0])
     partition_of = {run: i for i, run in enumerate(RUNS)}
-    offsets = {p: 0 for p in partition_of.values()}
+    replay = Replay(config, partition_of.values())
+    topics = replay.topics
 
     async def feed() -> None:
-        next_tick = None
         for raw in trainer_events:
             event = parse_event(raw)
-            clock[0] = event.ts
-            if next_tick is None:
-                next_tick = event.ts + 1
-            while next_tick <= event.ts:  # the worker's timer, once a second
-                for p in offsets:
-                    await core.on_tick(p)
-                next_tick += 1
-            if _withheld(event):
-                continue
-            partition = partition_of[event.run_id]
-            if isinstance(event, RunEvent):
-                continue  # the stream worker does not read the runs topic
+            await replay.advance(event.ts)
+            if _withheld(event) or isinstance(event, RunEvent):
+                continue  # run events: the recording predates the worker reading the runs topic
+            partition, key = partition_of[event.run_id], event.run_id.encode()
             topic = topics.steps if isinstance(event, StepEvent) else topics.evals
             # the Kafka timestamp: the event's time (a dead letter's ts, so the file is the same on every run)
-            await core.on_input(topic, partition, offsets[partition], event.run_id.encode(), raw, event.ts)
-            offsets[partition] += 1
+            await replay.put(topic, partition, key, raw, event.ts)
             if isinstance(event, StepEvent) and event.step in (50, 150) and event.rank == 0 and event.run_id == "demo-g2":
-                await core.on_input(topics.steps, partition, offsets[partition], event.run_id.encode(),
-                                    _malformed(event), event.ts)
-                offsets[partition] += 1
-        # after the last event: the open rounds time out (partial consensus)
-        clock[0] += defaults.vote_timeout_s + 1
-        for p in offsets:
-            await core.on_tick(p)
+                await replay.put(topics.steps, partition, key, _malformed(event), event.ts)
+        await replay.time_out(defaults.vote_timeout_s + 1)  # after the last event: open rounds time out
 
     asyncio.run(feed())
-    return emitted
+    return replay.emitted
 
 
 def _withheld(event: object) -> bool:

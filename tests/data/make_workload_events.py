@@ -11,8 +11,8 @@ What it runs, all real code of this repository:
   - mt4-grpo (up to 4 attempts) and mt2-grpo (up to 2), seeds 1 and 2, 2 ranks
     each; the first run's third evaluation round fails on every rank;
   - two short throughput runs without evaluation, with 1 and 4 ranks;
-- the stream worker's per-message logic (`streams.app.StreamCore`) fed with
-  those events in publish order, its clock at each event's time and ticking
+- the stream worker's logic (`streams.batch.StreamCore`, through
+  tests/data/worker_replay.py) fed with those events in publish order, its clock at each event's time and ticking
   every second, with the closed loop on evaluation switched on, so the
   smoothed rewards, consensus results, commands and alerts are what the
   worker derives.
@@ -38,7 +38,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from producers.events import EvalEvent, RunEvent, StepEvent, parse_event
-from producers.topics import Topics
 
 COMMON = {"eval_every_steps": 5, "eval_size": 32, "quick_size": 8, "eval_samples": 2, "threads": 1,
           "device": "cpu", "publish": True, "checkpoint_every_steps": None}
@@ -101,44 +100,23 @@ def run_training(run_id: str, ranks: int, overrides: dict[str, object], steps: i
 
 def derive(trainer_events: list[bytes], partitions: dict[str, int]) -> list[bytes]:
     """Feed the events through StreamCore; returns everything it emitted."""
-    from streams.app import StreamCore
     from streams.config import RunConfig, StreamsConfig
+    from tests.data.worker_replay import Replay
 
-    topics = Topics("areal.")
     defaults = RunConfig().with_overrides(STREAMS)
-    clock = [0.0]
-    emitted: list[bytes] = []
-
-    async def send(topic: str, key: bytes, value: bytes) -> asyncio.Future[None]:
-        emitted.append(value)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
-
-    core = StreamCore(topics=topics, config=StreamsConfig(defaults=defaults), table={}, send=send,
-                      clock=lambda: clock[0])
-    offsets = {p: 0 for p in set(partitions.values())}
+    replay = Replay(StreamsConfig(defaults=defaults), set(partitions.values()))
+    topics = replay.topics
     topic_of = {StepEvent: topics.steps, EvalEvent: topics.evals, RunEvent: topics.runs}
 
     async def feed() -> None:
-        next_tick = None
         for raw in trainer_events:
             event = parse_event(raw)
-            clock[0] = event.ts
-            next_tick = event.ts + 1 if next_tick is None else next_tick
-            while next_tick <= event.ts:  # the worker's timer, once a second
-                for p in offsets:
-                    await core.on_tick(p)
-                next_tick += 1
-            partition = partitions[event.run_id]
-            await core.on_input(topic_of[type(event)], partition, offsets[partition], event.run_id.encode(), raw)
-            offsets[partition] += 1
-        clock[0] += max(defaults.vote_timeout_s, defaults.step_wait_s) + 1  # open rounds and steps time out
-        for p in offsets:
-            await core.on_tick(p)
+            await replay.advance(event.ts)
+            await replay.put(topic_of[type(event)], partitions[event.run_id], event.run_id.encode(), raw)
+        await replay.time_out(max(defaults.vote_timeout_s, defaults.step_wait_s) + 1)  # open rounds and steps
 
     asyncio.run(feed())
-    return emitted
+    return replay.emitted
 
 
 def main() -> int:
