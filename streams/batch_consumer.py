@@ -13,12 +13,14 @@ its place in the fetch. Everything else stays Faust's: group membership and part
 assignment (so the `runs` table stays co-partitioned with the inputs), seeks, flow control
 during a rebalance, and the offset commits, which follow `Consumer.ack` as for any
 message. A message handed over is tracked as unacknowledged, so a rebalance or shutdown
-waits for it to be processed (Faust's `wait_empty`).
+waits for it to be processed (Faust's `wait_empty`), and its partition's inbound time is
+recorded as a stream's sensor would (Faust's check for a stream that stopped processing).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
@@ -75,6 +77,11 @@ class BatchConsumer(faust_aiokafka.Consumer):
             return  # a rebalance began: these are read again from the committed offsets
         for message in batch:
             self.track_message(message)
+        monitor = self.app.monitor
+        if monitor is not None:  # what a stream's sensor records: Faust's "stream idle" check reads it
+            now = time.monotonic()
+            for tp in {message.tp for message in batch}:
+                monitor.stream_inbound_time[tp] = now
         await deliver(batch)
 
 

@@ -1,0 +1,54 @@
+"""The worker's consumer (streams.batch_consumer) hands a fetch over, on Faust's real objects.
+
+No broker: the app is built as the worker builds it, and its consumer is created but not
+started. What the broker tests cannot see from outside is checked here: a hand-over
+tracks each message as unacknowledged (so a rebalance or shutdown waits for it), records
+the partition's inbound time (Faust's check for a stream that stopped processing reads
+it), and drops a fetch taken before a rebalance began (it is read again from the
+committed offsets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from faust.types import TP, Message
+
+from producers.topics import Topics
+from streams.app import build_worker
+from streams.batch_consumer import BatchConsumer
+
+TOPICS = Topics("handover.")
+
+
+def message(tp: TP, offset: int) -> Message:
+    return Message(tp.topic, tp.partition, offset, time.time(), 0, None, b"r1", b"{}", None, tp=tp)
+
+
+def test_a_fetch_is_handed_over_tracked_and_timed_and_a_stale_one_dropped(tmp_path: Path) -> None:
+    worker = build_worker(bootstrap="127.0.0.1:9", topics=TOPICS, datadir=tmp_path)
+    worker.app.finalize()
+    consumer = worker.app.consumer
+    assert isinstance(consumer, BatchConsumer)
+    assert set(worker.app.batch_inputs[0]) == {TOPICS.steps, TOPICS.evals, TOPICS.runs}
+    steps, evals = TP(TOPICS.steps, 1), TP(TOPICS.evals, 2)
+    delivered: list[list[Message]] = []
+
+    async def deliver(batch: list[Message]) -> None:
+        delivered.append(batch)
+
+    async def go() -> None:
+        generation = worker.app.consumer_generation_id
+        fetch = [message(steps, 5), message(evals, 9), message(steps, 6)]
+        await consumer._hand_over(fetch, deliver, generation)
+        assert delivered == [fetch]  # one list, in the fetch's order
+        assert all(m in consumer._unacked_messages for m in fetch)
+        assert {steps, evals} <= set(worker.app.monitor.stream_inbound_time)
+
+        stale = [message(steps, 7)]
+        await consumer._hand_over(stale, deliver, generation - 1)  # taken before a rebalance began
+        assert len(delivered) == 1 and stale[0] not in consumer._unacked_messages
+
+    asyncio.run(go())
