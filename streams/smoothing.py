@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, replace
+from itertools import repeat
 from typing import Literal
 
 EMA_TRAIL = 32  # EMA values kept for steps that left the window: a resume this far behind it is exact
@@ -84,6 +85,11 @@ def _dot(a: list[float], b: list[float]) -> float:
     return sum(map(operator.mul, a, b))  # math.sumprod from Python 3.12 on
 
 
+def _sum_of_squares(a: list[float]) -> float:
+    # x ** 2 is C's pow(), which can round differently from x * x: keep the first version's bits
+    return sum(map(pow, a, repeat(2)))
+
+
 def _fit(steps: list[int], values: list[float], with_se: bool) -> tuple[float, float]:
     """(least-squares slope, its standard error); one pass of each sum, so the two share them."""
     n = len(steps)
@@ -93,14 +99,14 @@ def _fit(steps: list[int], values: list[float], with_se: bool) -> tuple[float, f
     mean_y = sum(values) / n
     dx = [x - mean_x for x in steps]
     dy = [y - mean_y for y in values]
-    sxx = _dot(dx, dx)
+    sxx = _sum_of_squares(dx)
     if sxx == 0:
         return 0.0, 0.0
     slope = _dot(dx, dy) / sxx
     if not with_se or n < 3:
         return slope, 0.0
     residual = [e - slope * d for d, e in zip(dx, dy)]
-    return slope, math.sqrt(max(0.0, _dot(residual, residual)) / (n - 2) / sxx)
+    return slope, math.sqrt(max(0.0, _sum_of_squares(residual)) / (n - 2) / sxx)
 
 
 def ls_slope(steps: list[int], values: list[float]) -> float:

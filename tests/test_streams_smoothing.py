@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from streams import codec
@@ -142,6 +142,8 @@ def _reference_se(steps: list[int], values: list[float]) -> float:
 
 
 @given(st.lists(st.tuples(st.integers(0, 10**6), st.floats(-1e6, 1e6)), max_size=40))
+# found by CI: r * r and r ** 2 (C's pow) round this residual differently
+@example([(382, 0.0), (500, 285543.32544702035), (1010, -617672.4158120586), (1328, 0.0)])
 def test_the_fit_gives_the_very_bits_of_the_first_version(points: list[tuple[int, float]]) -> None:
     from streams.smoothing import ls_slope_se
 
