@@ -207,8 +207,9 @@ class KafkaBroker:
         )
         out.close()
 
-    def wait_ready(self, timeout: float) -> None:
-        """Until this node answers metadata requests and lists itself among the live brokers."""
+    def wait_ready(self, timeout: float, peers: Sequence[int] = ()) -> None:
+        """Until this node answers metadata requests and lists itself (and `peers`: these broker
+        ids too) among the live brokers."""
         from kafka import KafkaAdminClient
         from kafka.errors import KafkaError
 
@@ -221,7 +222,7 @@ class KafkaBroker:
                     admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=3000)
                     try:
                         brokers = admin.describe_cluster().get("brokers", [])
-                        if any(b.get("broker_id") == self.node_id for b in brokers):
+                        if {self.node_id, *peers} <= {b.get("broker_id") for b in brokers}:
                             return
                     finally:
                         admin.close()

@@ -74,14 +74,17 @@ class KafkaCluster:
         return ",".join(n.bootstrap for n in self.nodes)
 
     def start(self, timeout: float = 120.0, detach: bool = False) -> None:
-        """Start every node (all first: none is ready before a quorum is), then wait for all."""
+        """Start every node (all first: none is ready before a quorum is), then wait until each
+        lists all of them: a node that answers before it has heard of the others can name a
+        controller it has no address for, and an admin request to it fails (seen in CI)."""
         for node in self.nodes:
             if node.process is None:
                 node.launch(detach)
         deadline = time.monotonic() + timeout
         try:
+            ids = [n.node_id for n in self.nodes]
             for node in self.nodes:
-                node.wait_ready(max(deadline - time.monotonic(), 1.0))
+                node.wait_ready(max(deadline - time.monotonic(), 1.0), peers=ids)
         except (RuntimeError, TimeoutError):
             self.stop()
             raise
