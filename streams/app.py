@@ -177,8 +177,15 @@ def build_worker(
         # Topic.send bookkeeping costs about as much as the rest of a step's work.
         return await app.producer.send(topic, key, value, None, None, None)
 
-    core = StreamCore(topics=topics, config=config, table=runs, send=send or kafka_send, clock=clock)
+    async def changelog_send(partition: int, key: bytes, value: bytes | None) -> Awaitable[Any]:
+        # The table's records straight to the transport producer too (Table.send_changelog
+        # queues each in Faust's buffer for a task to send); the commit flushes the producer
+        # before it commits the inputs' offsets, as for the table's own records.
+        return await app.producer.send(runs.changelog_topic_name, key, value, partition, None, None)
+
     real_consumer = send is None
+    core = StreamCore(topics=topics, config=config, table=runs, send=send or kafka_send, clock=clock,
+                      changelog=changelog_send if real_consumer else None)
     feed = InputFeed(app, InputGuard() if real_consumer else None, (topics.steps, topics.evals, topics.runs))
     for topic in (steps, evals, run_events):
         app.topics.add(topic)  # subscribed (and so co-partitioned with the table), read by the feed

@@ -45,6 +45,8 @@ log = logging.getLogger("streams")
 
 # Sends one message; returns an awaitable that completes when the broker has it.
 SendFn = Callable[[str, bytes, bytes], Awaitable[Awaitable[Any]]]
+# Sends one changelog record of the table (partition, key, value; None: a tombstone).
+ChangelogFn = Callable[[int, bytes, "bytes | None"], Awaitable[Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,18 +72,22 @@ class _Item:
 @dataclass
 class StreamCore:
     """`table` is any mutable mapping bytes -> bytes (Faust's table in the worker), `send`
-    publishes one message."""
+    publishes one message. `changelog`, when given, sends a Faust table's changelog records
+    (after each batch and tick, in the order they were written) instead of the table's own
+    `send_changelog`, whose per-record buffer and tasks cost more than the rest of a record's
+    work; the consumer's commit flushes the producer first either way."""
 
     topics: Topics
     config: StreamsConfig
     table: Any
     send: SendFn
     clock: Callable[[], float] = time.time
+    changelog: ChangelogFn | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"steps": 0, "evals": 0, "runs": 0, "rejected": 0,
                                                             "ticks": 0, "outputs": 0, "errors": 0, "batches": 0})
 
     def __post_init__(self) -> None:
-        self.store = StateStore(self.table)
+        self.store = StateStore(self.table, direct_changelog=self.changelog is not None)
         self._bad_partition: dict[str, int] = {}
 
     # ---------------------------------------------------------------- state
@@ -107,6 +113,13 @@ class StreamCore:
 
     def forget_cache(self) -> None:
         self.store.forget()
+
+    async def send_changelog(self) -> None:
+        """The state records saved since the last call, to the table's changelog."""
+        if self.changelog is None:
+            return
+        for partition, key, value in self.store.io.take():
+            await self.changelog(partition, key, value)
 
     # ---------------------------------------------------------------- output
 
@@ -155,6 +168,7 @@ class StreamCore:
             if state is not before and state != before:
                 await self._save(state, by_run.get(run_id, []))
         await self.dead_letter_bad_states(messages[0].partition if messages else 0)
+        await self.send_changelog()
 
     def input_type(self, topic: str) -> type[Event]:
         """The event type an input topic carries (anything but steps and runs is read as evals)."""
@@ -268,6 +282,7 @@ class StreamCore:
                 self.store.states.pop(state.run_id, None)
                 log.exception("streams: state of run %r not saved after its tick", state.run_id)
         await self.dead_letter_bad_states(partition)
+        await self.send_changelog()
 
     async def dead_letter_bad_states(self, partition: int) -> None:
         """Each stored state that did not decode: once to the dead-letter topic, then replaced."""

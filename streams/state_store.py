@@ -111,21 +111,40 @@ def _decode_fields(cls: type, names: tuple[str, ...], data: Any, path: str) -> d
 
 class TableWrites:
     """Puts and tombstones on the worker's table: a dict (tests, the benchmark's core) or
-    Faust's table, whose changelog gets each record for the run's partition."""
+    Faust's table, whose changelog gets each record for the run's partition.
 
-    def __init__(self, table: Any) -> None:
+    `direct`: a Faust table's changelog records wait in `outbox` (partition, key, value or
+    None for a tombstone), in the order written, for the caller to hand to the producer
+    itself (`take`); otherwise each goes through the table's `send_changelog`.
+    """
+
+    def __init__(self, table: Any, direct: bool = False) -> None:
         self.table = table
         self.faust = hasattr(table, "send_changelog") and hasattr(table, "data")
         self.data = table.data if self.faust else table
+        self.outbox: list[tuple[int, bytes, bytes | None]] | None = [] if direct and self.faust else None
 
     def put(self, partition: int, key: bytes, value: bytes) -> None:
         self.data[key] = value
-        if self.faust:
+        if self.outbox is not None:
+            self.outbox.append((partition, key, value))
+        elif self.faust:
             self.table.send_changelog(partition, key, value)
 
     def delete(self, partition: int, key: bytes) -> None:
-        if self.data.pop(key, None) is not None and self.faust:
+        if self.data.pop(key, None) is None or not self.faust:
+            return
+        if self.outbox is not None:
+            self.outbox.append((partition, key, None))
+        else:
             self.table.send_changelog(partition, key, None, value_serializer="raw")
+
+    def take(self) -> list[tuple[int, bytes, bytes | None]]:
+        """The changelog records written since the last call (always [] unless `direct`)."""
+        if not self.outbox:
+            return []
+        out, self.outbox = self.outbox, []
+        return out
 
     def get(self, key: bytes) -> Any:
         return self.data.get(key)
@@ -142,9 +161,10 @@ class StateStore:
     states: dict[str, RunState] = field(default_factory=dict)  # decoded, as last saved
     bad: list[BadRecord] = field(default_factory=list)  # records that did not decode, to report
     writes: int = 0  # records put or deleted (the changelog's share of the work)
+    direct_changelog: bool = False  # TableWrites' `direct`: the caller sends the changelog records
 
     def __post_init__(self) -> None:
-        self.io = TableWrites(self.table)
+        self.io = TableWrites(self.table, self.direct_changelog)
         self._saved: dict[str, _Saved] = {}
         self._index: dict[str, dict[bytes, tuple[Any, ...]]] | None = None  # run -> raw key -> (kind, part)
 

@@ -261,3 +261,42 @@ def test_batches_give_what_one_message_at_a_time_gives(msgs: list[tuple[str, byt
         assert per_run[0] == per_run[1], run
         assert StateStore(one_table).load(run) == StateStore(many_table).load(run)
     assert one.stats["errors"] == many.stats["errors"] == 0
+
+
+class FaustLikeTable:
+    """What the store uses of Faust's table: `data`, and `send_changelog` (recorded)."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+        self.changelog: list[tuple[int, bytes, bytes | None]] = []
+
+    def send_changelog(self, partition: int, key: bytes, value: bytes | None, **kw: Any) -> None:
+        self.changelog.append((partition, key, value))
+
+
+def test_changelog_records_sent_directly_are_the_tables_own_in_the_same_order() -> None:
+    via_table = FaustLikeTable()
+    core, _ = make_core(via_table)
+    busy_state(core)
+    completes = [[(TOPICS.steps, step("r", 5, rank=1, world=2))]]  # its waiting record goes: a tombstone
+    feed(core, completes)
+    direct_table, sent = FaustLikeTable(), []
+
+    async def changelog(partition: int, key: bytes, value: bytes | None) -> None:
+        sent.append((partition, key, value))
+
+    rec = Recorder()
+    direct = StreamCore(topics=TOPICS, config=StreamsConfig(defaults=CFG), table=direct_table, send=rec.send,
+                        clock=lambda: 1000.0, changelog=changelog)
+    busy_state(direct)
+    feed(direct, completes)
+    assert direct_table.changelog == []  # none through the table's buffer
+    assert sent == via_table.changelog and any(v is None for _, _, v in sent)  # tombstones too
+    assert direct.store.io.take() == []  # every record left at the end of its batch
+    replayed: dict[bytes, bytes] = {}
+    for _, key, value in sent:  # what a worker recovering from the changelog reads
+        if value is None:
+            replayed.pop(key, None)
+        else:
+            replayed[key] = value
+    assert replayed == direct_table.data and StateStore(replayed).load("r") == direct.cache["r"]
