@@ -90,6 +90,12 @@ class TrainConfig:
     def strategy(self) -> str:
         return f"mt{self.max_turns}-{self.advantage}"
 
+    @property
+    def evaluates_on_schedule(self) -> bool:
+        """Whether the scheduler will evaluate by itself (else only an `evaluate_now` command does)."""
+        return (self.eval_at_start or self.eval_at_end or self.eval_every_steps is not None
+                or self.eval_every_epochs is not None or self.eval_every_seconds is not None)
+
     def _check(self) -> None:
         def need(ok: bool, key: str, rule: str) -> None:
             if not ok:

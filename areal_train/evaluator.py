@@ -41,13 +41,16 @@ class Evaluator:
     cpu_share: float = 1.0
     max_pending: int = 1
     memory: dict[str, StageMemory] = field(default_factory=dict)  # the quick stage's, as of the last finished round
+    # async: start the process now, so that its interpreter starts while training does; False
+    # (a run with no scheduled evaluation): at the first round, if any (an `evaluate_now`)
+    start_early: bool = True
 
     def __post_init__(self) -> None:
         self._process: mp.process.BaseProcess | None = None
         self._conn = None
         self._pending: dict[int, RoundJob] = {}
-        if self.asynchronous:
-            self._ensure_process()  # now: its interpreter starts while training does
+        if self.asynchronous and self.start_early:
+            self._ensure_process()
 
     def wait_idle(self, timeout: float) -> None:
         """Wait (up to `timeout` s) until another round would not be skipped: at the end of training."""

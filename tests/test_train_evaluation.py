@@ -165,6 +165,24 @@ def test_asynchronous_rounds_run_in_a_process_on_the_snapshot_and_skip_when_busy
     assert not evaluator.busy()
 
 
+def test_a_run_with_no_scheduled_evaluation_starts_its_process_at_the_first_round_only() -> None:
+    quiet = TrainConfig(eval_at_start=False, eval_at_end=False, eval_every_steps=None)
+    assert not quiet.evaluates_on_schedule and TrainConfig().evaluates_on_schedule
+    assert TrainConfig(eval_at_start=False, eval_at_end=False, eval_every_steps=None,
+                       eval_every_seconds=60.0).evaluates_on_schedule
+    policy, sets = tiny_policy(), {"math_id": small_set()}
+    sent: list[Outcome] = []
+    evaluator = Evaluator(sets, sent.append, {"d_model": 32, "layers": 2, "heads": 2}, CPU, asynchronous=True,
+                          start_early=quiet.evaluates_on_schedule)
+    try:
+        assert evaluator._process is None  # no interpreter (torch and all) for rounds that may never come
+        evaluator.submit(policy, RoundJob(step=1, round_no=1, rank=0, world_size=1, two_stage=False))  # evaluate_now
+        assert evaluator._process is not None
+    finally:
+        evaluator.close(timeout=300)
+    assert [(o.dataset, o.status) for o in sent] == [("math_id", "ok")]
+
+
 def test_the_cpu_share_sets_the_pause() -> None:
     assert pause_for(0.2, 1.0) == 0.0
     assert pause_for(0.2, 0.5) == 0.2
