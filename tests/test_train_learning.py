@@ -156,3 +156,24 @@ def test_scale_lr_applies_from_its_step_boundary_and_stops_at_the_floor(tmp_path
     scales = [s.values["lr_scale"] for s in run.steps]
     assert scales == [1.0, 1.0, 0.5, 1 / 16, 1 / 16]  # 1/512 asked for, the floor kept
     assert [s.values["lr"] for s in run.steps] == [cfg.lr * x for x in scales]
+
+
+def test_an_async_run_with_no_scheduled_evaluation_starts_its_process_at_evaluate_now(tmp_path, monkeypatch) -> None:
+    from areal_train.evaluator import Evaluator
+
+    run = CommandedRun([[], [CommandEvent(run_id="quiet", command="evaluate_now")]])  # after step 2
+    started_after: list[int] = []  # steps logged when the evaluation process was started
+    ensure = Evaluator._ensure_process
+
+    def spy(self: Evaluator) -> None:
+        if self._process is None:
+            started_after.append(len(run.steps))
+        ensure(self)
+
+    monkeypatch.setattr(Evaluator, "_ensure_process", spy)
+    cfg = TrainConfig(**SMALL, seed=3, eval_mode="async", eval_at_start=False, eval_every_steps=None,
+                      eval_at_end=False, two_stage=False, checkpoint_dir=str(tmp_path))
+    assert not cfg.evaluates_on_schedule
+    train(cfg, "quiet", steps=4, open_run=lambda spec: run)
+    assert started_after == [2]  # not at the start: only for the round the command asked for
+    assert {e["step"] for e in run.evals} == {2} and {e["status"] for e in run.evals} == {"ok"}
