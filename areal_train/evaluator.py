@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from areal_train.eval_process import ProcessSpec
+from areal_train.eval_process import ProcessSpec, Standby
 from areal_train.eval_process import main as process_main
 from areal_train.evalsets import EvalSet
 from areal_train.evaluation import Outcome, RoundJob, StageMemory, TwoStage, run_round
@@ -44,6 +44,9 @@ class Evaluator:
     # async: start the process now, so that its interpreter starts while training does; False
     # (a run with no scheduled evaluation): at the first round, if any (an `evaluate_now`)
     start_early: bool = True
+    # async: a process forked before the rank's threads started (`eval_process.fork_standby`), used
+    # for the first process instead of spawning one; a later one (after a crash) is spawned
+    standby: Standby | None = None
 
     def __post_init__(self) -> None:
         self._process: mp.process.BaseProcess | None = None
@@ -102,6 +105,8 @@ class Evaluator:
             self.poll(timeout=0.5)
         if self._pending:
             self._lost(f"evaluation did not finish within {timeout:.0f} s of the end of training")
+        if self.standby is not None:  # never needed: no round came
+            self._process, self._conn, self.standby = self.standby.process, self.standby.conn, None
         if self._conn is not None:
             try:
                 self._conn.send(("stop",))
@@ -119,10 +124,18 @@ class Evaluator:
     def _ensure_process(self) -> None:
         if self._process is not None and self._process.is_alive():
             return
-        context = mp.get_context("spawn")  # a fresh interpreter: no forked torch or Kafka threads
-        parent, child = context.Pipe()
         spec = ProcessSpec(self.model, self.sets, str(self.device), self.threads, self.cpu_share, self.rule,
                            dict(self.memory))
+        standby, self.standby = self.standby, None
+        if standby is not None and standby.process.is_alive():
+            try:
+                standby.conn.send(("spec", spec))
+                self._process, self._conn = standby.process, standby.conn
+                return
+            except OSError:
+                pass
+        context = mp.get_context("spawn")  # a fresh interpreter: no forked torch or Kafka threads
+        parent, child = context.Pipe()
         self._process = context.Process(target=process_main, args=(child, spec), name="areal-eval", daemon=True)
         self._process.start()
         child.close()

@@ -23,6 +23,7 @@ from areal_train import checkpoint, warmstart
 from areal_train.collective import Collective
 from areal_train.config import TrainConfig
 from areal_train.data import TrainData
+from areal_train.eval_process import Standby
 from areal_train.evalsets import EvalSet
 from areal_train.evaluation import Outcome, TwoStage
 from areal_train.evaluator import Evaluator
@@ -114,14 +115,14 @@ class Session:
             session._restore(checkpoint.load_latest(checkpoint_root(cfg), run_id, rank, world_size, device))
         return session
 
-    def start_evaluator(self, on_outcome: Callable[[Outcome], None]) -> None:
+    def start_evaluator(self, on_outcome: Callable[[Outcome], None], standby: Standby | None = None) -> None:
         cfg = self.cfg
         self.evaluator = Evaluator(
             self.eval_sets, on_outcome, {"d_model": cfg.d_model, "layers": cfg.layers, "heads": cfg.heads},
             self.device, asynchronous=cfg.eval_mode == "async",
             rule=TwoStage(z=cfg.quick_z, max_skipped=cfg.full_max_skipped), threads=cfg.eval_threads,
             cpu_share=cfg.eval_cpu_share, max_pending=cfg.eval_max_pending, memory=dict(self._eval_memory),
-            start_early=cfg.evaluates_on_schedule)
+            start_early=cfg.evaluates_on_schedule, standby=standby)
 
     # ------------------------------------------------------------ checks
 

@@ -25,6 +25,7 @@ from areal_train.collective import Collective
 from areal_train.config import TrainConfig
 from areal_train.control import Applied, apply_commands, due
 from areal_train.episodes import Episodes, rollout
+from areal_train.eval_process import Standby
 from areal_train.evaluation import Outcome, RoundJob
 from areal_train.metrics import choose_device, memory_bytes, rss_bytes
 from areal_train.reporting import NullRun, Reporter, RunLike, RunSpec
@@ -61,8 +62,11 @@ def node_name(rank: int) -> str:
 
 def train(cfg: TrainConfig, run_id: str, steps: int, rank: int = 0, world_size: int = 1,
           open_run: RunFactory | None = None, clock: Callable[[], float] = time.time,
-          resume: bool = False) -> Summary:
-    """Train `steps` steps (from the last checkpoint with `resume`), reporting through `open_run`'s run."""
+          resume: bool = False, eval_standby: Standby | None = None) -> Summary:
+    """Train `steps` steps (from the last checkpoint with `resume`), reporting through `open_run`'s run.
+
+    `eval_standby`: an evaluation process forked by the entry point before any thread started, for
+    `async` evaluation (without one, the evaluator spawns its process)."""
     started = time.perf_counter()
     torch.set_num_threads(cfg.threads)
     if cfg.device != "cpu" and torch.cuda.is_available():
@@ -75,7 +79,7 @@ def train(cfg: TrainConfig, run_id: str, steps: int, rank: int = 0, world_size: 
     run = open_run(spec) if open_run is not None else NullRun()  # sends the `running` run event
     reporter = Reporter(run, run_id)
     summary = Summary(rank, session.step, 0.0, 0.0, [], False, str(device), 0.0, session.attempt, session.step)
-    session.start_evaluator(_outcome_handler(reporter, summary))
+    session.start_evaluator(_outcome_handler(reporter, summary), eval_standby)
     status = "failed"
     try:
         rewards = _loop(cfg, session, reporter, summary, run, comm, clock, steps)

@@ -2,7 +2,8 @@
 
 The launcher passes the rank layout in the usual torch.distributed variables
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and the run in arguments. This
-shell starts torch.distributed and the trainer, and writes a
+shell forks the rank's evaluation process (async evaluation), starts
+torch.distributed and the trainer, and writes a
 summary JSON when asked to. The run is reported through the public client only
 (`areal_train.reporting.open_client_run`: `init` with the checkpoint's attempt).
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from areal_train.config import from_mapping
+from areal_train.eval_process import fork_standby
 from areal_train.reporting import open_client_run
 from areal_train.trainer import train
 
@@ -45,11 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kafka").setLevel(logging.WARNING)
     cfg = from_mapping(json.loads(args.config_json))
 
+    # Forked now, before gloo and the client start their threads: the evaluation process
+    # inherits this interpreter's torch instead of importing it again.
+    standby = fork_standby() if cfg.eval_mode == "async" else None
     if world_size > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(minutes=5))
     signal.signal(signal.SIGTERM, _interrupt)  # the launcher stops a run with SIGTERM: the run ends `killed`
     summary = train(cfg, args.run_id, args.steps, rank, world_size,
-                    open_run=open_client_run if cfg.publish else None, resume=args.resume)
+                    open_run=open_client_run if cfg.publish else None, resume=args.resume, eval_standby=standby)
     if args.summary_dir:
         path = Path(args.summary_dir) / f"rank{rank}.json"
         path.parent.mkdir(parents=True, exist_ok=True)

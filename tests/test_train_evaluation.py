@@ -225,3 +225,41 @@ def test_the_stream_worker_votes_the_published_shards_back_into_the_whole_set(tm
     assert [e.n_samples for e in full] == [16, 16, 16, 16]  # 2/4 of the 32 samples each
     assert {e.dataset_fingerprint for e in full} == {evalset.fingerprint()}  # the exact samples evaluated:
     assert {e.dataset_fingerprint for e in events if e.stage == "quick"} == {evalset.head(8).fingerprint()}
+
+
+STANDBY_CHECK = """
+import sys, torch
+from areal_train.eval_process import fork_standby
+from areal_train.evalsets import EvalSet
+from areal_train.evaluation import RoundJob
+from areal_train.evaluator import Evaluator
+from areal_train.policy import Policy
+from areal_train.task import make_eval_set
+
+standby, unused = fork_standby(), fork_standby()  # as the worker does: before any thread starts
+torch.manual_seed(0)
+policy = Policy(d_model=32, layers=2, heads=2).eval()
+sets = {"math_id": EvalSet("math_id", tuple(make_eval_set("math_id", 12)), k=3, attempt_len=8, seed=7)}
+model, cpu, job = {"d_model": 32, "layers": 2, "heads": 2}, torch.device("cpu"), RoundJob(1, 1, 0, 1, two_stage=False)
+inline, sent = [], []
+Evaluator(sets, inline.append, model, cpu).submit(policy, job)
+evaluator = Evaluator(sets, sent.append, model, cpu, asynchronous=True, standby=standby)
+assert evaluator._process is standby.process  # used, not a spawned interpreter
+evaluator.submit(policy, job)
+evaluator.close(timeout=300)
+assert [o.result.verdicts for o in sent] == [o.result.verdicts for o in inline], (sent, inline)
+assert standby.process.exitcode == 0
+idle = Evaluator(sets, sent.append, model, cpu, asynchronous=True, start_early=False, standby=unused)
+idle.close()  # no round came: told to stop
+assert unused.process.exitcode == 0, unused.process.exitcode
+print("standby ok")
+"""
+
+
+def test_a_forked_standby_process_evaluates_as_inline_and_stops_when_unused() -> None:
+    """In a fresh interpreter, as the worker forks it: before any thread of its own starts."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", STANDBY_CHECK], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "standby ok" in done.stdout, done.stderr[-3000:]
