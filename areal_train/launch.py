@@ -2,17 +2,21 @@
 
 `launch(...)` blocks until the run ends and returns its exit status;
 `start(...)` returns a `Run` handle at once, so a caller can run several side
-by side (the demo) and `wait()` on each. If one rank fails, the others are
-stopped, so a run never hangs on a dead peer.
+by side (the demo) and `wait()` on each. The ranks are forked by one host
+process (`areal_train.host`), so the trainer is imported once per run, not
+once per rank. If one rank fails, the others are stopped, so a run never
+hangs on a dead peer.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,16 +28,26 @@ from areal_train.config import TrainConfig, load
 @dataclass
 class Run:
     run_id: str
-    procs: list[subprocess.Popen[bytes]]
+    procs: list[subprocess.Popen[bytes]]  # the host process of the ranks
     logs: list[IO[bytes]] = field(default_factory=list)
+    pid_file: Path | None = None  # where the host writes {rank: pid}
 
     def poll(self) -> int | None:
-        """None while any rank runs; else the run's exit status (the first nonzero, or 0)."""
+        """None while any rank runs; else the run's exit status (the first failing rank's, or 0)."""
         codes = [p.poll() for p in self.procs]
         if any(c not in (None, 0) for c in codes):
             self.terminate()
             return next(c for c in codes if c not in (None, 0))
         return None if any(c is None for c in codes) else 0
+
+    def rank_pids(self, timeout: float = 60.0) -> dict[int, int]:
+        """rank -> process id, once the host has started every rank."""
+        deadline = time.monotonic() + timeout
+        while self.pid_file is None or not self.pid_file.exists():
+            if self.pid_file is None or time.monotonic() > deadline or self.poll() is not None:
+                raise RuntimeError(f"run {self.run_id}: its ranks did not start")
+            time.sleep(0.05)
+        return {int(rank): pid for rank, pid in json.loads(self.pid_file.read_text()).items()}
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for every rank; on timeout stop them all and raise TimeoutError."""
@@ -65,6 +79,8 @@ class Run:
         for f in self.logs:
             f.close()
         self.logs = []
+        if self.pid_file is not None:
+            shutil.rmtree(self.pid_file.parent, ignore_errors=True)
 
 
 def free_port() -> int:
@@ -76,8 +92,11 @@ def free_port() -> int:
 def start(run_id: str, nproc: int, steps: int, config: TrainConfig | str | Path | None = None, *,
           env: dict[str, str] | None = None, log_dir: str | Path | None = None,
           summary_dir: str | Path | None = None, resume: bool = False) -> Run:
-    """Spawn the ranks of one run and return at once.
+    """Start the ranks of one run and return at once.
 
+    The ranks are forked by one host process (`areal_train.host`), which imports
+    the trainer once for all of them, stops the others when one fails and
+    passes a SIGTERM on to every rank.
     `config`: a TrainConfig, a JSON/TOML file, or None for the defaults.
     `env`: the environment of the ranks (default: this process's), which
     carries AREAL_KAFKA_BOOTSTRAP / AREAL_TOPIC_PREFIX / AREAL_HOME.
@@ -91,24 +110,25 @@ def start(run_id: str, nproc: int, steps: int, config: TrainConfig | str | Path 
         raise ValueError("nproc and steps must be >= 1")
     cfg = config if isinstance(config, TrainConfig) else load(config)
     prepare(cfg)
-    base_env = dict(os.environ if env is None else env)
-    base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc),
-                    OMP_NUM_THREADS=str(cfg.threads), PYTHONUNBUFFERED="1")
-    argv = [sys.executable, "-m", "areal_train.worker", "--run-id", run_id, "--steps", str(steps),
-            "--config-json", json.dumps(cfg.to_dict())]
+    run_env = dict(os.environ if env is None else env)
+    run_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc),
+                   OMP_NUM_THREADS=str(cfg.threads), PYTHONUNBUFFERED="1")
+    worker = ["--run-id", run_id, "--steps", str(steps), "--config-json", json.dumps(cfg.to_dict())]
     if summary_dir is not None:
-        argv += ["--summary-dir", str(summary_dir)]
+        worker += ["--summary-dir", str(summary_dir)]
     if resume:
-        argv.append("--resume")
-    run = Run(run_id, [])
-    for rank in range(nproc):
-        out: IO[bytes] | None = None
-        if log_dir is not None:
-            Path(log_dir).mkdir(parents=True, exist_ok=True)
-            out = open(Path(log_dir) / f"{run_id}-r{rank}.log", "wb")
-            run.logs.append(out)
-        run.procs.append(subprocess.Popen(argv, env={**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                                          stdout=out, stderr=subprocess.STDOUT if out else None))
+        worker.append("--resume")
+    pid_file = Path(tempfile.mkdtemp(prefix="areal-run-")) / "ranks.json"
+    host = [sys.executable, "-m", "areal_train.host", "--ranks", str(nproc), "--pid-file", str(pid_file)]
+    run = Run(run_id, [], pid_file=pid_file)
+    if log_dir is not None:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        run.logs = [open(Path(log_dir) / f"{run_id}-r{rank}.log", "wb") for rank in range(nproc)]
+        host += ["--log-fds", ",".join(str(f.fileno()) for f in run.logs)]
+    out = run.logs[0] if run.logs else None  # the host's own messages go to rank 0's log
+    run.procs.append(subprocess.Popen([*host, "--", *worker], env=run_env, stdout=out,
+                                      stderr=subprocess.STDOUT if out else None,
+                                      pass_fds=[f.fileno() for f in run.logs]))
     return run
 
 
