@@ -135,7 +135,11 @@ def start(run_id: str, nproc: int, steps: int, config: TrainConfig | str | Path 
 def prepare(cfg: TrainConfig) -> None:
     """Build the cached warm start this config needs, if it is missing."""
     if cfg.warmstart_steps > 0:
-        from areal_train.warmstart import ensure, spec_for
+        from areal_train.warmstart_cache import path_for, spec_for
+
+        if path_for(spec_for(cfg)).exists():  # found without importing torch into the launcher
+            return
+        from areal_train.warmstart import ensure
 
         ensure(spec_for(cfg))
 

@@ -9,7 +9,7 @@ quarter of them as a retry: a wrong first attempt (not trained on), the
 feedback token, then the worked solution. So the warm-started policy knows
 both formats and what feedback means; which format pays is left to RL.
 
-The result is cached under `cache_dir()` by a key of everything it depends
+The result is cached under `warmstart_cache.cache_dir()` by a key of everything it depends
 on; `ensure(spec)` builds it once (a file lock keeps concurrent processes
 from building it twice) and returns the path.
 
@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import hashlib
-import json
 import math
 import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -41,7 +38,6 @@ from areal_train.task import (
     EOS,
     EVAL_EXCLUDE_SIZE,
     PAD_ID,
-    VOCAB,
     WRONG,
     Problem,
     digits,
@@ -49,40 +45,10 @@ from areal_train.task import (
     eval_prompts,
     make_train_set,
 )
+from areal_train.warmstart_cache import WarmStartSpec, path_for, spec_for  # noqa: F401 (spec_for: for callers)
 
-FORMAT_VERSION = 2  # bump when the task, the vocabulary or the recipe below changes
 SCRATCH_SHARE = 0.8  # of the examples written with the scratchpad (the rest: the bare answer)
 RETRY_SHARE = 0.1  # of the examples that are a wrong attempt, the feedback and the worked solution
-
-
-@dataclass(frozen=True)
-class WarmStartSpec:
-    d_model: int = 128
-    layers: int = 4
-    heads: int = 4
-    steps: int = 3000
-    batch: int = 64
-    lr: float = 2e-3
-    seed: int = 12345
-    threads: int = 1  # one: OpenMP threads spin and stall when the cores are shared
-
-    def key(self) -> str:
-        payload = json.dumps({**asdict(self), "threads": None, "version": FORMAT_VERSION, "vocab": list(VOCAB)},
-                             sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def spec_for(cfg: Any) -> WarmStartSpec:
-    """The warm start a TrainConfig asks for (its model shape and step count)."""
-    return WarmStartSpec(d_model=cfg.d_model, layers=cfg.layers, heads=cfg.heads, steps=cfg.warmstart_steps)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("AREAL_CACHE_DIR") or Path.home() / ".cache" / "areal-metrics") / "warmstart"
-
-
-def path_for(spec: WarmStartSpec) -> Path:
-    return cache_dir() / f"policy-{spec.key()}.pt"
 
 
 # ------------------------------------------------------------------ the data

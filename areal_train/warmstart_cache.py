@@ -1,0 +1,46 @@
+"""Which warm start a config needs and where it is cached: no torch here, so that
+a launcher can find the cached file without importing the trainer.
+`areal_train.warmstart` builds and loads it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from areal_train.task import VOCAB
+
+FORMAT_VERSION = 2  # bump when the task, the vocabulary or the recipe (warmstart.py) changes
+
+
+@dataclass(frozen=True)
+class WarmStartSpec:
+    d_model: int = 128
+    layers: int = 4
+    heads: int = 4
+    steps: int = 3000
+    batch: int = 64
+    lr: float = 2e-3
+    seed: int = 12345
+    threads: int = 1  # one: OpenMP threads spin and stall when the cores are shared
+
+    def key(self) -> str:
+        payload = json.dumps({**asdict(self), "threads": None, "version": FORMAT_VERSION, "vocab": list(VOCAB)},
+                             sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def spec_for(cfg: Any) -> WarmStartSpec:
+    """The warm start a TrainConfig asks for (its model shape and step count)."""
+    return WarmStartSpec(d_model=cfg.d_model, layers=cfg.layers, heads=cfg.heads, steps=cfg.warmstart_steps)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("AREAL_CACHE_DIR") or Path.home() / ".cache" / "areal-metrics") / "warmstart"
+
+
+def path_for(spec: WarmStartSpec) -> Path:
+    return cache_dir() / f"policy-{spec.key()}.pt"
