@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from areal_train.scheduler import EvalScheduler
 from areal_train.task import DATASETS, EVAL_EXCLUDE_SIZE
 from producers.config_fields import typed_fields
 from producers.errors import ConfigError
@@ -90,11 +91,16 @@ class TrainConfig:
     def strategy(self) -> str:
         return f"mt{self.max_turns}-{self.advantage}"
 
+    def eval_schedule(self, now: float) -> EvalScheduler:
+        """The evaluation schedule these settings ask for, from `now` (the round at the end of
+        training, `eval_at_end`, is the trainer's own)."""
+        return EvalScheduler(every_steps=self.eval_every_steps, every_epochs=self.eval_every_epochs,
+                             every_seconds=self.eval_every_seconds, at_start=self.eval_at_start, start_time=now)
+
     @property
     def evaluates_on_schedule(self) -> bool:
-        """Whether the scheduler will evaluate by itself (else only an `evaluate_now` command does)."""
-        return (self.eval_at_start or self.eval_at_end or self.eval_every_steps is not None
-                or self.eval_every_epochs is not None or self.eval_every_seconds is not None)
+        """Whether the run evaluates by itself (else only an `evaluate_now` command makes it)."""
+        return self.eval_at_end or self.eval_schedule(0.0).will_evaluate
 
     def _check(self) -> None:
         def need(ok: bool, key: str, rule: str) -> None:

@@ -41,6 +41,11 @@ class Trigger:
     def __post_init__(self) -> None:
         self.last_time = self.start_time
 
+    @property
+    def can_fire(self) -> bool:
+        """Whether any of the three triggers is set."""
+        return self.every_steps is not None or self.every_epochs is not None or self.every_seconds is not None
+
     def time_due(self, now: float) -> bool:
         # a microsecond of slack: a restored baseline (now - time_since_last) is a few ulps off on another clock
         return self.every_seconds is not None and now - self.last_time >= self.every_seconds - TIME_SLACK_S
@@ -82,6 +87,11 @@ class EvalScheduler(Trigger):
     at_start: bool = False
     _requested: bool = field(default=False, init=False)
     _started: bool = field(default=False, init=False)
+
+    @property
+    def will_evaluate(self) -> bool:
+        """Whether this schedule evaluates by itself (else only an `evaluate_now` command makes it)."""
+        return self.at_start or self.can_fire
 
     # -- inputs --------------------------------------------------------------
 

@@ -101,9 +101,7 @@ class Session:
             policy=policy, optimizer=torch.optim.Adam(policy.parameters(), lr=cfg.lr),
             data=TrainData(make_train_set(cfg.train_size, cfg.seed, exclude), cfg.seed, rank, world_size),
             eval_sets=_shared_eval_sets(cfg, comm, rank),
-            eval_schedule=EvalScheduler(every_steps=cfg.eval_every_steps, every_epochs=cfg.eval_every_epochs,
-                                        every_seconds=cfg.eval_every_seconds, at_start=cfg.eval_at_start,
-                                        start_time=now),
+            eval_schedule=cfg.eval_schedule(now),
             checkpoint_schedule=Trigger(every_steps=cfg.checkpoint_every_steps,
                                         every_seconds=cfg.checkpoint_every_seconds, start_time=now),
             sampler=torch.Generator().manual_seed(cfg.seed * 1000 + rank + 1),  # each rank its own samples

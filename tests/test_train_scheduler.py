@@ -206,3 +206,22 @@ def test_scale_lr_waits_for_its_step_boundary() -> None:
     assert due(waiting, step=11) == ([], [later])
     assert due(waiting, step=12) == ([later], [])
     assert from_step(command("scale_lr", args={"factor": 0.5, "from_step": True})) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(at_start=st.booleans(), at_end=st.booleans(), steps=st.one_of(st.none(), st.integers(1, 5)),
+       epochs=st.one_of(st.none(), st.integers(1, 2)), seconds=st.one_of(st.none(), st.floats(0.5, 3.0)))
+def test_a_config_says_it_evaluates_on_schedule_exactly_when_its_schedule_or_end_round_does(
+        at_start, at_end, steps, epochs, seconds) -> None:
+    """The trainer starts an evaluation process early on `evaluates_on_schedule`: it must agree with
+    what the schedule built from the same config does over a run (10 steps, an epoch every 4, 1 s each)."""
+    from areal_train.config import TrainConfig
+
+    cfg = TrainConfig(eval_at_start=at_start, eval_at_end=at_end, eval_every_steps=steps,
+                      eval_every_epochs=epochs, eval_every_seconds=seconds)
+    schedule = cfg.eval_schedule(now=0.0)
+    fired = bool(schedule.before_training())
+    for step in range(1, 11):
+        now = float(step)
+        fired |= bool(schedule.after_step(step, step // 4, schedule.time_due(now), now))
+    assert cfg.evaluates_on_schedule == (fired or at_end)
