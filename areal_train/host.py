@@ -42,8 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     if log_fds and len(log_fds) != args.ranks:
         raise SystemExit(f"--log-fds: {len(log_fds)} file descriptors for {args.ranks} ranks")
 
+    # A CUDA context does not survive a fork: ask NVML, not the driver, if anything asks for devices.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     from areal_train import worker  # the import each rank would otherwise repeat
     _preload_lazy_imports()
+    import torch
+
+    if torch.cuda.is_initialized():
+        raise SystemExit("areal_train.host: CUDA was initialized before the ranks were forked")
     sys.stdout.flush()
     sys.stderr.flush()
 
