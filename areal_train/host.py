@@ -32,11 +32,12 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     args, worker_argv = _parse(sys.argv[1:] if argv is None else argv)
     log_fds = [int(fd) for fd in args.log_fds.split(",")] if args.log_fds else []
     if log_fds and len(log_fds) != args.ranks:
@@ -66,7 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.pid_file:
         _write_atomically(Path(args.pid_file), json.dumps({str(r): pid for pid, r in ranks.items()}))
     _exit_quickly(_wait(ranks, grace=args.grace))
-    return 0  # not reached
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -89,8 +89,8 @@ def _preload_lazy_imports() -> None:
 
 
 def _become_rank(rank: int, host: int, log_fds: list[int]) -> None:
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a fresh interpreter (the worker sets its own)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != host:  # the host died before the line above
@@ -120,7 +120,7 @@ def _run_rank(worker_main: Callable[[list[str]], int], argv: list[str]) -> int:
         return 1
 
 
-def _exit_quickly(status: int) -> None:
+def _exit_quickly(status: int) -> NoReturn:
     """Exit as at the end of a program (other threads joined, exit handlers run, output flushed),
     but without tearing down the interpreter's modules: for torch's, about 1 s of CPU per process."""
     for thread in threading.enumerate():
@@ -180,4 +180,4 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
