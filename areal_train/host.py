@@ -140,8 +140,9 @@ def _wait(ranks: dict[int, int], grace: float) -> int:
     stopping: list[float] = []  # when the others were told to stop
 
     def stop(*_: object) -> None:
-        if not stopping:
-            stopping.append(time.monotonic())
+        if stopping:  # once: a second SIGTERM would interrupt the ranks' own clean-up
+            return
+        stopping.append(time.monotonic())
         for pid in ranks:
             _signal(pid, signal.SIGTERM)
 
