@@ -9,19 +9,26 @@ the weights); it sends back each stage's `Outcome` as soon as it is done and
 then ("done", round_no, memory). It owns the quick-stage memory between
 rounds. `cpu_share` < 1 makes it pause after each generation batch for as
 long as the share asks (0.5: as long as the batch took), so evaluation takes
-at most that share of a core from training.
+at most that share of a core from training; when training is over (the trainer
+waits for the last rounds) it runs them without pauses.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 from areal_train.evalsets import EvalSet
 from areal_train.evaluation import Outcome, RoundJob, StageMemory, TwoStage, run_round
+
+
+class EventLike(Protocol):  # multiprocessing's Event (its class is not public)
+    def set(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,20 @@ def pause_for(busy_seconds: float, cpu_share: float) -> float:
     return busy_seconds * (1.0 / cpu_share - 1.0)
 
 
-def main(conn: Connection, spec: ProcessSpec) -> None:
+def make_pause(cpu_share: float, unthrottled: EventLike | None) -> Callable[[float], None]:
+    """After `busy` seconds of work, sleep for the CPU share; no sleep, or the end of one, once
+    `unthrottled` is set."""
+    def pause(busy: float) -> None:
+        seconds = pause_for(busy, cpu_share)
+        if unthrottled is None:
+            time.sleep(seconds)
+        elif seconds > 0:
+            unthrottled.wait(seconds)
+    return pause
+
+
+def main(conn: Connection, spec: ProcessSpec, unthrottled: EventLike | None = None) -> None:
+    """Evaluate rounds until told to stop; once `unthrottled` is set (training is over), without pauses."""
     import torch
 
     from areal_train.policy import Policy
@@ -55,9 +75,7 @@ def main(conn: Connection, spec: ProcessSpec) -> None:
     def emit(outcome: Outcome) -> None:
         conn.send(("outcome", outcome))
 
-    def pause(busy: float) -> None:
-        time.sleep(pause_for(busy, spec.cpu_share))
-
+    pause = make_pause(spec.cpu_share, unthrottled)
     while True:
         try:
             message: tuple[Any, ...] = conn.recv()
@@ -79,6 +97,7 @@ class Standby:
 
     process: mp.process.BaseProcess
     conn: Connection
+    unthrottled: EventLike
 
 
 def fork_standby() -> Standby:
@@ -86,17 +105,19 @@ def fork_standby() -> Standby:
     holds copies of every lock, and one held by a thread that does not exist there would never open."""
     context = mp.get_context("fork")
     parent, child = context.Pipe()
-    process = context.Process(target=_standby_main, args=(child, parent), name="areal-eval", daemon=True)
+    unthrottled = context.Event()
+    process = context.Process(target=_standby_main, args=(child, parent, unthrottled), name="areal-eval",
+                              daemon=True)
     process.start()
     child.close()
-    return Standby(process, parent)
+    return Standby(process, parent, unthrottled)
 
 
-def _standby_main(conn: Connection, trainer_end: Connection) -> None:
+def _standby_main(conn: Connection, trainer_end: Connection, unthrottled: EventLike) -> None:
     trainer_end.close()  # the fork copied the trainer's end: closed here, the trainer's exit reads as EOF
     try:
         message = conn.recv()
     except EOFError:
         return
     if message[0] == "spec":
-        main(conn, message[1])
+        main(conn, message[1], unthrottled)

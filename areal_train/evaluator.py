@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from areal_train.eval_process import ProcessSpec, Standby
+from areal_train.eval_process import EventLike, ProcessSpec, Standby
 from areal_train.eval_process import main as process_main
 from areal_train.evalsets import EvalSet
 from areal_train.evaluation import Outcome, RoundJob, StageMemory, TwoStage, run_round
@@ -51,6 +51,7 @@ class Evaluator:
     def __post_init__(self) -> None:
         self._process: mp.process.BaseProcess | None = None
         self._conn = None
+        self._unthrottled: EventLike | None = None  # the process's: set when training is over
         self._pending: dict[int, RoundJob] = {}
         if self.asynchronous and self.start_early:
             self._ensure_process()
@@ -99,8 +100,11 @@ class Evaluator:
             self._lost(f"the evaluation process exited (exit code {self._process.exitcode})")
 
     def close(self, timeout: float = 600.0) -> None:
-        """Wait for the pending rounds (their results are published), then stop the process."""
+        """Wait for the pending rounds (their results are published), then stop the process.
+        Training is over: the process runs them without the CPU share's pauses."""
         deadline = time.monotonic() + timeout
+        if self._unthrottled is not None:  # nothing left to share the CPU with: the last rounds at full speed
+            self._unthrottled.set()
         while self._pending and self._process is not None and time.monotonic() < deadline:
             self.poll(timeout=0.5)
         if self._pending:
@@ -130,13 +134,15 @@ class Evaluator:
         if standby is not None and standby.process.is_alive():
             try:
                 standby.conn.send(("spec", spec))
-                self._process, self._conn = standby.process, standby.conn
+                self._process, self._conn, self._unthrottled = standby.process, standby.conn, standby.unthrottled
                 return
             except OSError:
                 pass
         context = mp.get_context("spawn")  # a fresh interpreter: no forked torch or Kafka threads
         parent, child = context.Pipe()
-        self._process = context.Process(target=process_main, args=(child, spec), name="areal-eval", daemon=True)
+        self._unthrottled = context.Event()
+        self._process = context.Process(target=process_main, args=(child, spec, self._unthrottled), name="areal-eval",
+                                        daemon=True)
         self._process.start()
         child.close()
         self._conn = parent

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_train.config import TrainConfig
-from areal_train.eval_process import pause_for
+from areal_train.eval_process import make_pause, pause_for
 from areal_train.evalsets import EvalSet, covered, layout
 from areal_train.evaluation import (
     Outcome,
@@ -189,6 +189,19 @@ def test_the_cpu_share_sets_the_pause() -> None:
     assert abs(pause_for(0.3, 0.25) - 0.9) < 1e-9
 
 
+def test_the_end_of_training_ends_the_pause_at_once() -> None:
+    import threading
+
+    unthrottled = threading.Event()
+    pausing = threading.Thread(target=make_pause(0.5, unthrottled), args=(300.0,), daemon=True)  # a 300 s pause
+    pausing.start()
+    pausing.join(0.2)
+    assert pausing.is_alive()  # throttled while training goes on
+    unthrottled.set()  # Evaluator.close(): training is over
+    pausing.join(30)
+    assert not pausing.is_alive()
+
+
 def test_eval_sets_are_the_same_for_every_run_seed() -> None:
     a = build_eval_sets(TrainConfig(seed=1, eval_size=16))
     b = build_eval_sets(TrainConfig(seed=2, eval_size=16, max_turns=4))
@@ -249,6 +262,7 @@ evaluator.submit(policy, job)
 evaluator.close(timeout=300)
 assert [o.result.verdicts for o in sent] == [o.result.verdicts for o in inline], (sent, inline)
 assert standby.process.exitcode == 0
+assert standby.unthrottled.is_set()  # close() lifted the CPU share for the last rounds
 idle = Evaluator(sets, sent.append, model, cpu, asynchronous=True, start_early=False, standby=unused)
 idle.close()  # no round came: told to stop
 assert unused.process.exitcode == 0, unused.process.exitcode
