@@ -84,3 +84,26 @@ def test_the_ranks_die_with_their_host(tmp_path) -> None:
         assert until(lambda: not any(alive(pid) for pid in ranks.values()), timeout=30)
     finally:
         run.terminate()
+
+
+def test_the_launcher_finds_a_cached_warm_start_without_importing_torch(tmp_path) -> None:
+    """`areal-metrics demo` and `train` start (and exit) without torch in their own process."""
+    import subprocess
+    import sys
+
+    check = """
+import sys
+from areal_train.config import TrainConfig
+from areal_train.launch import prepare
+from areal_train.warmstart_cache import path_for, spec_for
+cfg = TrainConfig()
+path = path_for(spec_for(cfg))
+path.parent.mkdir(parents=True, exist_ok=True)
+path.write_bytes(b"cached")
+prepare(cfg)
+assert "torch" not in sys.modules, "prepare imported torch"
+print("no torch")
+"""
+    env = {**os.environ, "AREAL_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and "no torch" in done.stdout, done.stderr[-2000:]
