@@ -9,8 +9,9 @@ Rules
   time, unchanged, so re-sending it after a crash is exact.
 - Resume: the first step s of a later `attempt` replaces the earlier attempts' points from
   s on: they leave the window, and the EMA goes back to what it was before step s (from a
-  trail of the EMA after each of the last EMA_TRAIL steps that left the window; a resume
-  further back starts the EMA over rather than count a replaced step twice). From then on
+  trail of the EMA after each of the last EMA_TRAIL steps that left the window, counted from
+  the farthest step the run reached; a resume further back starts the EMA over rather than
+  count a replaced step twice). From then on
   a step of an earlier attempt at or after s is `stale` and ignored, so nothing counts
   twice and a resumed run's step 5 is not refused as a repeat.
 - Steps may arrive out of order. The window holds the W highest distinct steps seen; a
@@ -33,7 +34,9 @@ from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import Literal
 
-EMA_TRAIL = 32  # EMA values kept for steps that left the window: a resume this far behind it is exact
+# EMA values kept for steps that left the window: a resume at most this far behind the farthest
+# step the run reached is exact (a resume does not bring back entries a farther attempt pushed out)
+EMA_TRAIL = 32
 ATTEMPTS_KEPT = 32  # where the last attempts started (older boundaries are forgotten)
 
 

@@ -44,16 +44,30 @@ def test_the_ema_goes_back_to_before_the_resumed_step() -> None:
     assert [p.step for p in state.points] == list(range(15, 20))
 
 
+def test_a_resume_farther_back_than_the_trail_reaches_starts_the_ema_over() -> None:
+    # CI's property test found it (window 1): steps 0..33, a resume at 3, then one at 1. Step 0's
+    # EMA left the trail while the run was at step 33, so the EMA restarts at step 1.
+    state = SmoothingState()
+    for attempt, start, rewards in ((0, 0, [0.0] * 27), (1, 26, [0.0] * 8), (2, 3, [0.0]), (3, 1, [1.0])):
+        for i, r in enumerate(rewards):
+            state, out = add_reward(state, start + i, r, 1, 0.5, attempt=attempt)
+    assert out.point is not None and out.point.ema == 1.0  # not 0.5, the EMA of steps 0 and 1
+    assert [p.step for p in state.points] == [1] and state.ema_base is None
+
+
 @st.composite
 def attempts(draw) -> tuple[list[tuple[int, int, list[float]]], int]:
-    """Attempts as (attempt, first step, rewards); each resumes at most EMA_TRAIL - 1 steps back."""
+    """Attempts as (attempt, first step, rewards); each resumes at most EMA_TRAIL - 1 steps behind
+    the farthest step the run reached (the trail's reach: a resume does not bring back what a
+    replaced, farther attempt pushed out of it), and not beyond where the last attempt ended."""
     window = draw(st.integers(1, 10))
-    out, end = [], 0
+    out, end, farthest = [], 0, 0
     for a in range(draw(st.integers(1, 4))):
-        start = 0 if a == 0 else draw(st.integers(max(0, end - EMA_TRAIL + 1), end))
+        start = 0 if a == 0 else draw(st.integers(max(0, farthest - EMA_TRAIL + 1), end))
         rewards = draw(st.lists(st.floats(-5, 5), min_size=1, max_size=40))
         out.append((a, start, rewards))
         end = start + len(rewards)
+        farthest = max(farthest, end)
     return out, window
 
 
