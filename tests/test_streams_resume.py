@@ -45,8 +45,9 @@ def test_the_ema_goes_back_to_before_the_resumed_step() -> None:
 
 
 def test_a_resume_farther_back_than_the_trail_reaches_starts_the_ema_over() -> None:
-    # CI's property test found it (window 1): steps 0..33, a resume at 3, then one at 1. Step 0's
-    # EMA left the trail while the run was at step 33, so the EMA restarts at step 1.
+    # The property test below found it in a full-suite run (window 1): steps 0..33, a resume at 3,
+    # then one at 1. Step 0's EMA left the trail while the run was at step 33, so the EMA restarts
+    # at step 1.
     state = SmoothingState()
     for attempt, start, rewards in ((0, 0, [0.0] * 27), (1, 26, [0.0] * 8), (2, 3, [0.0]), (3, 1, [1.0])):
         for i, r in enumerate(rewards):
