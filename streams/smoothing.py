@@ -11,9 +11,9 @@ Rules
   s on: they leave the window, and the EMA goes back to what it was before step s (from a
   trail of the EMA after each of the last EMA_TRAIL steps that left the window, counted from
   the farthest step the run reached; a resume further back starts the EMA over rather than
-  count a replaced step twice). From then on
-  a step of an earlier attempt at or after s is `stale` and ignored, so nothing counts
-  twice and a resumed run's step 5 is not refused as a repeat.
+  count a replaced step twice). From then on a step of an earlier attempt at or after s is
+  `stale` and ignored, so nothing counts twice and a resumed run's step 5 is not refused as
+  a repeat.
 - Steps may arrive out of order. The window holds the W highest distinct steps seen; a
   late step that still falls inside it is inserted in its place. A step older than the
   whole (full) window, or not after the last step that left it, is too late and ignored.
