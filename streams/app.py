@@ -28,7 +28,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from streams.batch_consumer import BatchApp
 from streams.batcher import Batcher, Tick
 from streams.config import StreamsConfig
 from streams.input_feed import InputFeed
+from streams.record_batches import Message, send_in_batches
 from streams.resync import InputGuard
 
 __all__ = ["Input", "SendFn", "StreamCore", "StreamWorker", "app_id_for", "build_worker", "ticks_topic_for"]
@@ -172,20 +173,24 @@ def build_worker(
                      extra_topic_configs=durability,
                      help="per-run state of the stream worker (streams.state_store records)")
 
-    async def kafka_send(topic: str, key: bytes, value: bytes) -> Awaitable[Any]:
-        # Straight to the transport producer: our values are bytes already, and Faust's
-        # Topic.send bookkeeping costs about as much as the rest of a step's work.
-        return await app.producer.send(topic, key, value, None, None, None)
+    async def kafka_send(messages: Sequence[Message]) -> list[Awaitable[Any]]:
+        # Straight to the transport producer, as record batches: our values are bytes
+        # already, and Faust's Topic.send bookkeeping (or aiokafka's per-message send) costs
+        # about as much as the rest of a step's work.
+        return await send_in_batches(app.producer._ensure_producer(), messages)
 
-    async def changelog_send(partition: int, key: bytes, value: bytes | None) -> Awaitable[Any]:
+    async def changelog_send(records: list[tuple[int, bytes, bytes | None]]) -> None:
         # The table's records straight to the transport producer too (Table.send_changelog
         # queues each in Faust's buffer for a task to send); the commit flushes the producer
         # before it commits the inputs' offsets, as for the table's own records.
-        return await app.producer.send(runs.changelog_topic_name, key, value, partition, None, None)
+        await kafka_send([(runs.changelog_topic_name, partition, key, value) for partition, key, value in records])
 
     real_consumer = send is None
-    core = StreamCore(topics=topics, config=config, table=runs, send=send or kafka_send, clock=clock,
-                      changelog=changelog_send if real_consumer else None)
+    if real_consumer:
+        core = StreamCore(topics=topics, config=config, table=runs, send_many=kafka_send, clock=clock,
+                          changelog=changelog_send)
+    else:
+        core = StreamCore(topics=topics, config=config, table=runs, send=send, clock=clock)
     feed = InputFeed(app, InputGuard() if real_consumer else None, (topics.steps, topics.evals, topics.runs))
     for topic in (steps, evals, run_events):
         app.topics.add(topic)  # subscribed (and so co-partitioned with the table), read by the feed

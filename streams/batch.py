@@ -39,14 +39,17 @@ from streams.processor import (
     on_step,
     on_tick,
 )
+from streams.record_batches import Message
 from streams.state_store import StateStore
 
 log = logging.getLogger("streams")
 
 # Sends one message; returns an awaitable that completes when the broker has it.
 SendFn = Callable[[str, bytes, bytes], Awaitable[Awaitable[Any]]]
-# Sends one changelog record of the table (partition, key, value; None: a tombstone).
-ChangelogFn = Callable[[int, bytes, "bytes | None"], Awaitable[Any]]
+# Sends messages in their order; one awaitable per message, as SendFn's (streams.record_batches).
+SendManyFn = Callable[[Sequence[Message]], Awaitable[list[Awaitable[Any]]]]
+# Sends changelog records of the table, in their order (partition, key, value; None: a tombstone).
+ChangelogFn = Callable[[list[tuple[int, bytes, "bytes | None"]]], Awaitable[Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,22 +74,28 @@ class _Item:
 
 @dataclass
 class StreamCore:
-    """`table` is any mutable mapping bytes -> bytes (Faust's table in the worker), `send`
-    publishes one message. `changelog`, when given, sends a Faust table's changelog records
-    (after each batch and tick, in the order they were written) instead of the table's own
-    `send_changelog`, whose per-record buffer and tasks cost more than the rest of a record's
-    work; the consumer's commit flushes the producer first either way."""
+    """`table` is any mutable mapping bytes -> bytes (Faust's table in the worker). The
+    outputs go out through `send_many` (a batch's outputs in one call: the worker's record
+    batches) or else `send`, one message at a time. `changelog`, when given, sends a Faust
+    table's changelog records (after each batch and tick, in the order they were written)
+    instead of the table's own `send_changelog`, whose per-record buffer and tasks cost more
+    than the rest of a record's work; the consumer's commit flushes the producer first
+    either way."""
 
     topics: Topics
     config: StreamsConfig
     table: Any
-    send: SendFn
+    send: SendFn | None = None
     clock: Callable[[], float] = time.time
     changelog: ChangelogFn | None = None
+    send_many: SendManyFn | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"steps": 0, "evals": 0, "runs": 0, "rejected": 0,
                                                             "ticks": 0, "outputs": 0, "errors": 0, "batches": 0})
 
     def __post_init__(self) -> None:
+        if self.send_many is None and self.send is None:
+            raise TypeError("StreamCore needs `send` or `send_many`")
+        self._send_all: SendManyFn = self.send_many or self._one_by_one
         self.store = StateStore(self.table, direct_changelog=self.changelog is not None)
         self._bad_partition: dict[str, int] = {}
 
@@ -118,21 +127,26 @@ class StreamCore:
         """The state records saved since the last call, to the table's changelog."""
         if self.changelog is None:
             return
-        for partition, key, value in self.store.io.take():
-            await self.changelog(partition, key, value)
+        records = self.store.io.take()
+        if records:
+            await self.changelog(records)
 
     # ---------------------------------------------------------------- output
 
     async def emit(self, outputs: list[Output]) -> None:
-        pending = []
-        for out in outputs:
-            ev = out.event
-            delivered = await self.send(self.topics.for_event(ev), ev.run_id.encode(), ev.to_json())
-            if out.must_ack:
-                pending.append(delivered)
+        if not outputs:
+            return
+        topic_of = self.topics.for_event
+        delivered = await self._send_all([(topic_of(o.event), None, o.event.run_id.encode(), o.event.to_json())
+                                          for o in outputs])
         self.stats["outputs"] += len(outputs)
-        for fut in pending:
-            await fut
+        for out, fut in zip(outputs, delivered):
+            if out.must_ack:
+                await fut
+
+    async def _one_by_one(self, messages: Sequence[Message]) -> list[Awaitable[Any]]:
+        assert self.send is not None
+        return [await self.send(topic, key, value) for topic, _, key, value in messages]  # type: ignore[arg-type]
 
     # ---------------------------------------------------------------- inputs
 

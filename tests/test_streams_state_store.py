@@ -282,8 +282,8 @@ def test_changelog_records_sent_directly_are_the_tables_own_in_the_same_order() 
     feed(core, completes)
     direct_table, sent = FaustLikeTable(), []
 
-    async def changelog(partition: int, key: bytes, value: bytes | None) -> None:
-        sent.append((partition, key, value))
+    async def changelog(records: list[tuple[int, bytes, bytes | None]]) -> None:
+        sent.extend(records)
 
     rec = Recorder()
     direct = StreamCore(topics=TOPICS, config=StreamsConfig(defaults=CFG), table=direct_table, send=rec.send,

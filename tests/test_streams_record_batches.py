@@ -1,0 +1,97 @@
+"""The worker's record batches (streams.record_batches) against the real broker: every
+message lands where aiokafka's own send() puts it, in its order, whole."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from kafka import KafkaConsumer
+
+from areal_metrics.stack.kafka_broker import create_topics
+from streams.record_batches import send_in_batches
+
+pytestmark = pytest.mark.broker
+
+PARTITIONS = 5
+BATCH_BYTES = 2048  # small, so that one partition's messages fill several batches
+
+
+def _read_all(bootstrap: str, topic: str, expected: int) -> list:
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=10_000, max_partition_fetch_bytes=4 * 1024 * 1024)
+    try:
+        records = []
+        for m in consumer:
+            records.append(m)
+            if len(records) >= expected:
+                break
+        return records
+    finally:
+        consumer.close()
+
+
+async def _send_both(bootstrap: str, batched: str, one_by_one: str, messages: list) -> tuple[list, list]:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_batch_size=BATCH_BYTES,
+                                max_request_size=4 * 1024 * 1024)
+    await producer.start()
+    try:
+        delivered = await send_in_batches(producer, [(batched, p, k, v) for p, k, v in messages])
+        metadata = [await fut for fut in delivered]
+        for p, k, v in messages:  # the reference: aiokafka's per-message path
+            await (await producer.send(one_by_one, v, key=k, partition=p))
+        return delivered, metadata
+    finally:
+        await producer.stop()
+
+
+def test_each_message_lands_where_send_puts_it_in_order_and_whole(kafka_bootstrap: str) -> None:
+    rng = random.Random(7)
+    name = f"rb{uuid.uuid4().hex[:8]}"
+    batched, one_by_one = f"{name}.batched", f"{name}.reference"
+    create_topics(kafka_bootstrap, [batched, one_by_one], partitions=PARTITIONS)
+    keys = [f"run-{i}".encode() for i in range(40)] + ["rün-✓".encode(), b"\x00\xff", b""]
+    messages: list[tuple[int | None, bytes, bytes | None]] = []
+    for i in range(400):
+        key = rng.choice(keys)
+        messages.append((None, key, f'{{"i": {i}, "pad": "{"x" * rng.randint(0, 300)}"}}'.encode()))
+    messages.insert(37, (None, b"run-big", b"B" * (BATCH_BYTES * 8)))  # larger than an empty batch
+    messages.insert(90, (3, b"run-0", None))  # a tombstone, to a partition it names
+    messages.insert(91, (0, b"run-0", b"named"))
+
+    delivered, metadata = asyncio.run(_send_both(kafka_bootstrap, batched, one_by_one, messages))
+
+    assert len(delivered) == len(messages)
+    assert len({id(f) for f in delivered}) > PARTITIONS  # several batches per partition
+    got = _read_all(kafka_bootstrap, batched, len(messages))
+    want = _read_all(kafka_bootstrap, one_by_one, len(messages))
+    assert len(got) == len(want) == len(messages)
+
+    def by_partition(records: list) -> dict[int, list[tuple[bytes, bytes | None]]]:
+        out: dict[int, list[tuple[bytes, bytes | None]]] = {}
+        for r in sorted(records, key=lambda r: (r.partition, r.offset)):
+            out.setdefault(r.partition, []).append((r.key, r.value))
+        return out
+
+    # The same partitions, each with the same messages in the same order, as send() gave.
+    assert by_partition(got) == by_partition(want)
+    assert {r.partition for r in got} == set(range(PARTITIONS))
+    named = {(r.partition, r.value) for r in got if r.key == b"run-0" and r.value in (None, b"named")}
+    assert named == {(3, None), (0, b"named")}
+    big = [r for r in got if r.key == b"run-big"]
+    assert len(big) == 1 and big[0].value == b"B" * (BATCH_BYTES * 8)
+    # A message's awaitable is its batch's delivery, on its partition.
+    placed = {(r.key, r.value): r.partition for r in got}
+    for (_, key, value), meta in zip(messages, metadata):
+        assert meta.topic == batched and meta.partition == placed[(key, value)]
+
+
+def test_nothing_to_send_sends_nothing() -> None:
+    class NoProducer:
+        def __getattr__(self, name: str):  # any use of the producer fails the test
+            raise AssertionError(f"producer.{name} used for no messages")
+
+    assert asyncio.run(send_in_batches(NoProducer(), [])) == []
