@@ -14,6 +14,8 @@ Each run of the benchmark uses a fresh topic prefix (so a fresh consumer group a
      `reward_smoothed` it writes (Kafka CreateTime of its records: startup is not counted),
      and the worker process's CPU time (user + system, all threads, from /proc) over that
      span per event.
+   - send cost: CPU per message to deliver 20,000 messages 500 at a time with aiokafka's
+     `send()` one by one, then as record batches (streams.record_batches), in this process.
    With `--profile FILE` the worker runs under cProfile timed by CPU time (process_time:
    on a shared machine a wall-clock profiler mostly measures the time the process waits
    for a core), and FILE gets the functions that cost the most (`benchmarks.profiling`).
@@ -108,6 +110,36 @@ def core_only(n: int, runs: int, batch: int = 500) -> float:
         return n / (time.process_time() - start)
 
     return asyncio.run(go())
+
+
+async def send_cost(bootstrap: str, topic: str, n: int, batch: int = 500) -> tuple[float, float]:
+    """CPU microseconds per message (this process, all threads) to deliver `n` reward_smoothed-sized
+    messages with acks=all: (aiokafka's send() one by one, streams.record_batches), `batch` at a
+    time and each batch awaited, as the worker sends a batch's outputs."""
+    from aiokafka import AIOKafkaProducer
+
+    from streams.record_batches import send_in_batches
+
+    value = b'{"type":"reward_smoothed","run_id":"bench-0","step":1,"reward":0.5,"window":10}' * 2
+    messages = [(topic, None, f"bench-{i % 8}".encode(), value) for i in range(n)]
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=256 * 1024)
+    await producer.start()
+    try:
+        costs = []
+        for batched in (False, True):
+            start = time.process_time()
+            for i in range(0, n, batch):
+                chunk = messages[i:i + batch]
+                if batched:
+                    delivered = await send_in_batches(producer, chunk)
+                else:
+                    delivered = [await producer.send(t, v, key=k) for t, _, k, v in chunk]
+                for fut in delivered:
+                    await fut
+            costs.append((time.process_time() - start) / n * 1e6)
+        return costs[0], costs[1]
+    finally:
+        await producer.stop()
 
 
 def start_worker(bootstrap: str, topics: Topics, home: Path, log: Path, profile: Path | None = None) -> subprocess.Popen:
@@ -216,7 +248,8 @@ def main() -> int:
     from areal_metrics.stack.kafka_broker import create_topics
 
     topics = Topics(f"bench{uuid.uuid4().hex[:8]}.")
-    create_topics(bootstrap, topics.all(), partitions=3)
+    send_topic = topics.prefix + "send-cost"
+    create_topics(bootstrap, [*topics.all(), send_topic], partitions=3)
     worker = None
     try:
         t = time.perf_counter()
@@ -226,11 +259,14 @@ def main() -> int:
         worker = start_worker(bootstrap, topics, work / "home", work / "worker.log", args.profile)
         rate, span, cpu_us = worker_throughput(bootstrap, topics, args.events, timeout=600, pid=worker.pid)
         core = core_only(args.events, args.runs)
+        one_by_one, batched = asyncio.run(send_cost(bootstrap, send_topic, 20000))
         print(f"throughput  raw aiokafka consumer: {raw:10,.0f} events/s")
         print(f"throughput  worker core, no Kafka: {core:10,.0f} events/s of CPU  "
               f"({1e6 / core:.1f} us/event: parse + core + encode + state records, batches of 500)")
         print(f"throughput  stream worker:         {rate:10,.0f} events/s  ({span:.1f} s for {args.events}); "
               f"CPU {cpu_us:.1f} us/event")
+        print(f"send cost   aiokafka send() one by one: {one_by_one:.1f} us/message of CPU; "
+              f"record batches (streams.record_batches): {batched:.1f} us/message (500 at a time, acks=all)")
         print(f"ratio worker/raw: {rate / raw:.3f}; load average {os.getloadavg()[0]:.1f}")
         lat = latency(bootstrap, topics, args.rate, args.seconds, args.runs)
         expected = int(args.rate * args.seconds)

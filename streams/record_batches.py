@@ -1,9 +1,9 @@
 """A batch's messages to the transport producer as record batches, one per partition.
 
-aiokafka's `send()` costs about 9 us of CPU per message (a future, its callbacks, a
-metadata check and an accumulator lookup each), which was a tenth of the worker's CPU
-per event; `create_batch()` + `send_batch()` cost about 3 us per message (docs/
-PERFORMANCE.md, "Stream worker"). `send_in_batches` groups messages by (topic,
+aiokafka's `send()` costs a future, its callbacks, a metadata check and an accumulator
+lookup per message: 13.8 us of CPU per message against 8.1 us for `create_batch()` +
+`send_batch()` in `python -m benchmarks.bench_streams` ("send cost"; docs/PERFORMANCE.md,
+"with the outputs sent as record batches"). `send_in_batches` groups messages by (topic,
 partition), keeps their order within a partition, fills closed batches (the sender takes
 them at once, without waiting out the linger) and gives back one awaitable per message:
 its batch's delivery. The batches join the same accumulator as `send()`'s, so the
