@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import socket
 import time
 import types
@@ -50,6 +49,15 @@ def new_event_id() -> str:
 # --------------------------------------------------------------------- records
 
 
+def _frozen(kind: str, v: Any) -> Any:
+    """The immutable form a record keeps of a list or dict field given as one (None: as it is)."""
+    if kind in ("int_list", "str_list", "sample_list") and isinstance(v, list):
+        return tuple(v)
+    if kind in ("float_map", "json_map") and isinstance(v, dict):
+        return types.MappingProxyType(dict(v))
+    return None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Event:
     """The envelope every event carries (see CONTRACT.md, 'Envelope')."""
@@ -70,11 +78,9 @@ class Event:
                 continue
             if v is None:
                 raise ValidationError(f"{self.table}.{c.name}", "missing")
-            if c.kind in ("int_list", "str_list", "sample_list") and isinstance(v, list):
-                v = tuple(v)
-                object.__setattr__(self, c.name, v)
-            elif c.kind in ("float_map", "json_map") and isinstance(v, dict):
-                v = types.MappingProxyType(dict(v))
+            frozen = _frozen(c.kind, v)
+            if frozen is not None:  # a list or dict as given: kept as its immutable form
+                v = frozen
                 object.__setattr__(self, c.name, v)
                 if c.passes(v):
                     continue
@@ -332,13 +338,21 @@ def _field_names(cls: type[Event]) -> tuple[frozenset[str], tuple[str, ...]]:
 
 # orjson reads an integer beyond 64 bits as a float; `json` keeps it an int, which the
 # field checks refuse by name. Such a digit run (or a long mantissa) goes to `json`.
-_LONG_NUMBER = re.compile(rb"\d{19,}")
+# Every digit becomes "0" (nothing else does), so a run of 19 digits is a run of 19 zeros,
+# found by a substring search: 0.7 us for a step event here, where the regex \d{19,} took 4.
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_RUN = b"0" * 19
+
+
+def has_long_number(raw: bytes) -> bool:
+    """Does `raw` hold 19 or more consecutive ASCII digits (anywhere, strings included)?"""
+    return _LONG_RUN in raw.translate(_DIGITS_AS_ZERO)
 
 
 def _loads(raw: bytes | str) -> Any:
     """json.loads, through orjson where the two agree: for anything orjson refuses (NaN,
     a BOM, a lone surrogate, bad UTF-8...) `json` decides, with its own error."""
-    if orjson is not None and isinstance(raw, bytes) and not _LONG_NUMBER.search(raw):
+    if orjson is not None and isinstance(raw, bytes) and not has_long_number(raw):
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:

@@ -50,3 +50,13 @@ def test_orjson_and_json_give_the_same_record_or_the_same_error(raw: bytes) -> N
     finally:
         events.orjson = saved
     assert fast == slow
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=8), st.integers(0, 10**25).map(lambda n: str(n).encode()),
+                          st.sampled_from([b"9" * 18, b"1" * 19, "٣".encode() * 20, b"0" * 19, b"-"])),
+                max_size=12).map(b"".join))
+def test_the_long_number_guard_finds_exactly_the_runs_of_19_or_more_digits(raw: bytes) -> None:
+    import re
+
+    assert events.has_long_number(raw) == (re.search(rb"[0-9]{19,}", raw) is not None)
