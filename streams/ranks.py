@@ -86,9 +86,8 @@ def add_rank(
     now: float, cap: int = 256,
 ) -> tuple[RankState, list[StepReward]]:
     world = max(1, world_size or 1)
-    if world == 1 and key not in state.pending:  # a one-rank step is complete as it arrives
-        return state, [StepReward(attempt=key[0], step=key[1], reward=mean_reward((report,)), ranks=1,
-                                  world_size=1, source_id=source_id, ts=ts)]
+    if world == 1 and key not in state.pending:  # a one-rank step is complete as it arrives: nothing waits
+        return state, [_ready(key, PendingStep(world_size=1, opened_at=now, ts=ts, reports=(report,)), source_id)]
     pending = state.pending.get(key) or PendingStep(world_size=world, opened_at=now, ts=ts)
     if any(r.rank == report.rank for r in pending.reports):
         return state, []
