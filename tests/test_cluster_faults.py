@@ -36,8 +36,9 @@ pytestmark = [pytest.mark.broker, pytest.mark.timeout(720)]
 RUN = "cluster-fault"
 RANKS = 2
 # Small evaluation sets, one stage, a round every 4 steps: rounds before, during and after the fault.
+# The same short warm start as test_faults' (one cached build): delivery is under test, not learning.
 TRAINING = TrainConfig(eval_every_steps=4, eval_at_start=False, eval_at_end=False, two_stage=False,
-                       eval_size=16, batch_prompts=4)
+                       eval_size=16, batch_prompts=4, warmstart_steps=300)
 
 
 class Log:
