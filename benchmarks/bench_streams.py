@@ -1,7 +1,7 @@
 """Stream worker benchmark: throughput beside a raw consumer, and step -> reward_smoothed latency.
 
     .venv/bin/python -m benchmarks.bench_streams [--events 20000] [--runs 8] [--rate 200] [--seconds 10]
-                                                 [--profile FILE]
+                                                 [--profile FILE] [--profile-core FILE]
 
 Uses $AREAL_KAFKA_BOOTSTRAP when set, else starts a local broker (areal_metrics.stack.kafka_broker).
 Each run of the benchmark uses a fresh topic prefix (so a fresh consumer group and changelog).
@@ -83,9 +83,10 @@ async def raw_consume(bootstrap: str, topic: str, n: int) -> float:
         await consumer.stop()
 
 
-def core_only(n: int, runs: int, batch: int = 500) -> float:
+def core_only(n: int, runs: int, batch: int = 500, profile: Path | None = None) -> float:
     """events/s of the worker's own work (parse, core, encode, state records) in batches of
-    `batch` messages, without Faust or Kafka."""
+    `batch` messages, without Faust or Kafka. With `profile`, under cProfile timed by CPU
+    time (then the rate is the profiled one's); the report goes to that file."""
     from streams.batch import Input, StreamCore
     from streams.config import StreamsConfig
 
@@ -109,7 +110,19 @@ def core_only(n: int, runs: int, batch: int = 500) -> float:
             await core.on_batch(inputs[i:i + batch])
         return n / (time.process_time() - start)
 
-    return asyncio.run(go())
+    if profile is None:
+        return asyncio.run(go())
+    import cProfile
+
+    from benchmarks.profiling import report
+
+    profiler = cProfile.Profile(time.process_time)
+    profiler.enable()
+    try:
+        return asyncio.run(go())
+    finally:
+        profiler.disable()
+        report(profiler, profile)
 
 
 async def send_cost(bootstrap: str, topic: str, n: int, batch: int = 500) -> tuple[float, float]:
@@ -233,7 +246,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--rate", type=float, default=200.0, help="steps/s in the latency phase")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency phase")
-    parser.add_argument("--profile", type=Path, help="run the worker under pyinstrument; its report goes here")
+    parser.add_argument("--profile", type=Path, help="run the worker under cProfile (CPU time); its report goes here")
+    parser.add_argument("--profile-core", type=Path,
+                        help="also profile the core alone (cProfile, CPU time); its report goes here")
     args = parser.parse_args()
 
     broker = None
@@ -259,6 +274,9 @@ def main() -> int:
         worker = start_worker(bootstrap, topics, work / "home", work / "worker.log", args.profile)
         rate, span, cpu_us = worker_throughput(bootstrap, topics, args.events, timeout=600, pid=worker.pid)
         core = core_only(args.events, args.runs)
+        if args.profile_core:
+            core_only(args.events, args.runs, profile=args.profile_core)
+            print(f"profile of the core alone: {args.profile_core}")
         one_by_one, batched = asyncio.run(send_cost(bootstrap, send_topic, 20000))
         print(f"throughput  raw aiokafka consumer: {raw:10,.0f} events/s")
         print(f"throughput  worker core, no Kafka: {core:10,.0f} events/s of CPU  "
