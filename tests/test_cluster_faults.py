@@ -29,16 +29,15 @@ from areal_train.launch import start
 from producers.events import CommandEvent, EvalConsensusEvent, EvalEvent, StepEvent, parse_event
 from producers.settings import Settings
 from streams.app import app_id_for
-from tests.test_faults import STARTUP_S, start_module, stop
+from tests.test_faults import FAULT_WARMSTART_STEPS, STARTUP_S, start_module, stop
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(720)]
 
 RUN = "cluster-fault"
 RANKS = 2
 # Small evaluation sets, one stage, a round every 4 steps: rounds before, during and after the fault.
-# The same short warm start as test_faults' (one cached build): delivery is under test, not learning.
 TRAINING = TrainConfig(eval_every_steps=4, eval_at_start=False, eval_at_end=False, two_stage=False,
-                       eval_size=16, batch_prompts=4, warmstart_steps=300)
+                       eval_size=16, batch_prompts=4, warmstart_steps=FAULT_WARMSTART_STEPS)
 
 
 class Log:

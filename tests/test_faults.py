@@ -28,10 +28,12 @@ from producers.settings import Settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(720)]
 
-# A short warm start (built once, cached): delivery is under test, not learning, and the full
-# 3,000-step one took 10-12 min to build on a fresh 2-core machine, inside the test's timeout.
+# A short warm start for the fault tests (one cached build, shared with test_cluster_faults):
+# delivery is under test, not learning, and the trainer's 3,000-step default took 10-12 min to
+# build on a fresh 2-core machine, inside the first fault test's timeout.
+FAULT_WARMSTART_STEPS = 300
 QUIET_TRAINING = TrainConfig(eval_every_steps=None, eval_at_start=False, eval_at_end=False, batch_prompts=4,
-                             warmstart_steps=300)
+                             warmstart_steps=FAULT_WARMSTART_STEPS)
 
 
 def consume_steps(bootstrap: str, topic: str, run_id: str, until: int, timeout: float) -> list:
