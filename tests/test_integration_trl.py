@@ -169,7 +169,10 @@ DDP_SCRIPT = """
     if run is not None:
         run.finish()  # a run of your own: you finish it (the callback leaves it open)
     evaluated = [e["step"] for e in trainer.state.log_history if "eval_reward" in e]
-    print("stopped", rank, trainer.state.global_step, "evaluated", *evaluated, flush=True)
+    # a file per rank, not stdout: HF's PrinterCallback prints rank 0's logs unflushed, and a block of them
+    # can end mid-line in the shared pipe, right before rank 1's line
+    ending = " ".join(str(word) for word in ("stopped", trainer.state.global_step, "evaluated", *evaluated))
+    (Path(sys.argv[1]) / f"rank{rank}.end").write_text(ending)
 """
 
 
@@ -177,10 +180,10 @@ def test_two_processes_evaluate_and_stop_at_the_same_step(stack_env: dict[str, s
                                                           sink) -> None:
     script = tmp_path / "ddp_grpo.py"
     script.write_text(textwrap.dedent(DDP_SCRIPT))
-    out = torchrun_obeying([str(script), str(tmp_path)], stack_env, topics, "trl-ddp", ["ready"],
-                           tmp_path / "torchrun.log", timeout=500)
-    ends = sorted(line.split()[1:] for line in out.splitlines() if line.startswith("stopped"))
-    assert [e[0] for e in ends] == ["0", "1"] and ends[0][1:] == ends[1][1:]  # rank 0's decision, on both ranks
+    torchrun_obeying([str(script), str(tmp_path)], stack_env, topics, "trl-ddp", ["ready"],
+                     tmp_path / "torchrun.log", timeout=500)
+    ends = [(tmp_path / f"rank{rank}.end").read_text().split() for rank in (0, 1)]
+    assert ends[0] == ends[1] and ends[0][0] == "stopped"  # rank 0's decision, on both ranks
     stopped_at, evaluated = int(ends[0][1]), [int(s) for s in ends[0][3:]]
     assert stopped_at < 400 and len(evaluated) == 1 and evaluated[0] <= stopped_at
 
