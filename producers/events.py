@@ -28,6 +28,7 @@ from producers.field_rules import (
     field_values,
     is_int,
     is_number,
+    record_accept,
     rule,
 )
 from producers.ids import RUN_ID_PATTERN
@@ -58,6 +59,18 @@ def _frozen(kind: str, v: Any) -> Any:
     return None
 
 
+_CONTAINER_KINDS = ("int_list", "str_list", "sample_list", "float_map", "json_map")
+_CONTAINERS: dict[type, tuple[Any, ...]] = {}
+
+
+def _container_checks(cls: type) -> tuple[Any, ...]:
+    """The checks of `cls`'s list and map fields (the ones `_frozen` converts)."""
+    found = _CONTAINERS.get(cls)
+    if found is None:
+        found = _CONTAINERS[cls] = tuple(c for c in field_checks(cls) if c.kind in _CONTAINER_KINDS)
+    return found
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Event:
     """The envelope every event carries (see CONTRACT.md, 'Envelope')."""
@@ -73,6 +86,22 @@ class Event:
     schema: int = rule(SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION)
 
     def __post_init__(self) -> None:
+        # Lists and dicts as given (e.g. parsed JSON) become their immutable forms; then one
+        # call checks every field, and only a record it refuses takes the field-by-field
+        # check, which words the error.
+        self._freeze()
+        if not record_accept(type(self))(*field_values(self)):
+            self._check_fields()
+        self._check_rules()
+
+    def _freeze(self) -> None:
+        """Lists and dicts of list and map fields in their immutable forms."""
+        for c in _container_checks(type(self)):
+            frozen = _frozen(c.kind, getattr(self, c.name))
+            if frozen is not None:
+                object.__setattr__(self, c.name, frozen)
+
+    def _check_fields(self) -> None:
         for c, v in zip(field_checks(type(self)), field_values(self)):
             if (v is None and c.optional) or c.passes(v):
                 continue
@@ -85,7 +114,6 @@ class Event:
                 if c.passes(v):
                     continue
             check_value(f"{self.table}.{c.name}", c, v)
-        self._check_rules()
 
     def _check_rules(self) -> None:
         """Rules across fields; subclasses add theirs."""

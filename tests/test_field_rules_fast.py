@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.events import EVENT_TYPES
-from producers.field_rules import ValidationError, check_value, field_checks
+from producers.events import EVENT_TYPES, StepEvent
+from producers.field_rules import ValidationError, check_value, field_checks, record_accept
 
 CHECKS = [(cls.__name__, c) for cls in EVENT_TYPES.values() for c in field_checks(cls)]
 
@@ -54,3 +54,38 @@ def test_the_fast_accept_takes_the_common_shapes() -> None:
     assert not by_name[("StepEvent", "clip_ratio")].passes(1.5)  # le=1
     assert not by_name[("StepEvent", "reward")].passes(float("nan"))
     assert not by_name[("StepEvent", "step")].passes(True)  # bool is not an int here
+
+
+RECORDS = list(EVENT_TYPES.values())
+# Values some field accepts, so that most records drawn pass all but a few fields.
+ORDINARY = [None, 0, 1, 7, 0.0, 0.5, 1.0, 1234.5, True, "run-1", "n0", "a" * 32, "ok", "full", "quick", "running",
+            "warning", "critical", "evaluate_now", "steps", (), types.MappingProxyType({}),
+            types.MappingProxyType({"a": 1.0})]
+
+
+@pytest.mark.parametrize("cls", RECORDS, ids=[c.__name__ for c in RECORDS])
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_a_records_one_call_accept_is_every_fields_accept(cls, data) -> None:
+    """`record_accept` (what __post_init__ calls) says yes exactly when each field's `passes`
+    does: each field is drawn from the shapes above or from a value that field accepts."""
+    checks = field_checks(cls)
+    row = []
+    for c in checks:
+        accepted = [v for v in ORDINARY if c.passes(v)]
+        if accepted and data.draw(st.booleans(), label=f"{c.name} ordinary"):
+            row.append(data.draw(st.sampled_from(accepted), label=c.name))
+        else:
+            row.append(data.draw(values, label=c.name))
+    assert record_accept(cls)(*row) == all(c.passes(v) for c, v in zip(checks, row))
+
+
+def test_a_record_from_json_lists_and_maps_is_frozen_and_checked_once() -> None:
+    """Parsed JSON hands lists and dicts: the record keeps their immutable forms, and a bad
+    value inside them is still refused with the field named."""
+    ev = StepEvent(run_id="r", step=1, epoch=0, metrics={"a": 1.0}, non_finite=["loss"])  # type: ignore[arg-type]
+    assert type(ev.metrics) is types.MappingProxyType and ev.non_finite == ("loss",)
+    with pytest.raises(ValidationError, match=r"steps\.metrics\.a: not finite"):
+        StepEvent(run_id="r", step=1, epoch=0, metrics={"a": float("nan")})
+    with pytest.raises(ValidationError, match=r"steps\.non_finite\[0\]: not a string"):
+        StepEvent(run_id="r", step=1, epoch=0, non_finite=[3])  # type: ignore[list-item]

@@ -305,3 +305,4 @@ def test_derived_ids_are_the_uuid5_earlier_versions_gave(parts: list[object]) ->
 
     expected = uuid.uuid5(_ID_NAMESPACE, "|".join(_id_part(p) for p in parts)).hex
     assert derived_id(*parts) == expected
+
