@@ -202,3 +202,40 @@ def test_run_event_config_is_nested_json_with_finite_numbers() -> None:
         RunEvent(run_id="r", status="running", config={"model": {"layers": [1, float("inf")]}})
     with pytest.raises(ValidationError, match="runs.status"):
         RunEvent(run_id="r", status="paused")
+
+
+def test_a_records_init_keeps_the_dataclass_behaviour() -> None:
+    """Records are built by producers.events._slot_init: the dataclass's signature,
+    defaults, factories, errors, validation and immutability, field for field."""
+    import dataclasses
+
+    from producers.events import EVENT_TYPES, SCHEMA_VERSION, StepEvent
+
+    a = StepEvent(run_id="r", step=3, epoch=0.5, reward=0.25)
+    b = StepEvent(run_id="r", step=3, epoch=0.5, reward=0.25)
+    assert (a.step, a.epoch, a.reward, a.rank, a.schema, a.world_size) == (3, 0.5, 0.25, 0, SCHEMA_VERSION, None)
+    assert a.event_id != b.event_id and a.ts > 0  # each factory runs per record
+    assert dict(a.metrics) == {} and a.non_finite == ()
+    given = StepEvent(run_id="r", step=3, epoch=0, event_id="e1", ts=2.0, metrics={"m": 1.0})
+    assert (given.event_id, given.ts, dict(given.metrics)) == ("e1", 2.0, {"m": 1.0})
+    with pytest.raises(TypeError, match=r"StepEvent.__init__\(\) missing 1 required keyword-only argument: 'step'"):
+        StepEvent(run_id="r", epoch=0)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"StepEvent.__init__\(\) got an unexpected keyword argument 'nope'"):
+        StepEvent(run_id="r", step=1, epoch=0, nope=1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        StepEvent("r", 1, 0)  # type: ignore[misc]  # keyword-only, as declared
+    with pytest.raises(ValidationError, match=r"steps\.step: must be >= 0"):
+        StepEvent(run_id="r", step=-1, epoch=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.step = 4  # type: ignore[misc]
+    assert dataclasses.replace(a, step=4).step == 4 and dataclasses.replace(a, step=4).event_id == a.event_id
+    for cls in EVENT_TYPES.values():  # every field with a default is set from it where not given
+        fields = dataclasses.fields(cls)
+        for f in fields:
+            if f.default is not dataclasses.MISSING:
+                assert cls.__init__.__kwdefaults__[f.name] == f.default, (cls.__name__, f.name)
+        required = {f.name for f in fields if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING}
+        assert set(cls.__init__.__code__.co_varnames[1:len(fields) + 1]) == {f.name for f in fields}
+        assert required == {n for n in cls.__init__.__code__.co_varnames[1:len(fields) + 1]
+                            if n not in cls.__init__.__kwdefaults__}, cls.__name__
