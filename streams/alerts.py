@@ -47,7 +47,7 @@ class AlertDecision:
 # ------------------------------------------------------------------ breach / cooldown
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class BreachState:
     """Shared shape of a 'once per breach, with a cooldown' rule."""
 
@@ -99,7 +99,7 @@ def check_reward(state: BreachState, point: SmoothedPoint, cfg: RunConfig) -> tu
 # ------------------------------------------------------------------ throughput
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class ThroughputState:
     history: tuple[float, ...] = ()
     breach: BreachState = BreachState()
@@ -136,7 +136,7 @@ def check_throughput(
 # ------------------------------------------------------------------ stalled
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class StallState:
     last_step_at: float | None = None  # worker clock when the run's last step arrived
     last_step: int | None = None
@@ -204,7 +204,7 @@ def check_ended(before_ended: bool, ended: bool, status: str | None, attempt: in
 # ------------------------------------------------------------------ non-finite values
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class NonFiniteState:
     fields: tuple[str, ...] = ()  # fields already alerted on, sorted
     saturated: bool = False  # NON_FINITE_FIELDS_KEPT reached: no more alerts
@@ -239,7 +239,7 @@ def check_non_finite(
 # ------------------------------------------------------------------ invalid input
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class InvalidState:
     last_alert_at: float | None = None
     folded: int = 0  # rejected since the last alert, not alerted on their own

@@ -38,7 +38,7 @@ from streams.voting import Consensus
 _EPS = 1e-9
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class EvalLoopState:
     dataset: str | None = None  # the dataset the loop watches (pinned at its first full-stage result)
     last: tuple[int, int] | None = None  # (attempt, step) of the last round decided on

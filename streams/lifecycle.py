@@ -22,7 +22,7 @@ TERMINAL = ("finished", "failed", "killed")
 MAX_RANKS_TRACKED = 4096
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class Lifecycle:
     attempt: int = 0
     world_size: int = 1

@@ -33,14 +33,14 @@ from dataclasses import dataclass, field, replace
 StepKey = tuple[int, int]  # (attempt, step)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class RankReport:
     rank: int
     reward: float | None
     n_samples: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class PendingStep:
     world_size: int
     opened_at: float  # worker clock at the first report: the wait counts from here
@@ -48,7 +48,7 @@ class PendingStep:
     reports: tuple[RankReport, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class RankState:
     pending: Mapping[StepKey, PendingStep] = field(default_factory=dict)  # (attempt, step) -> reports so far
 

@@ -40,7 +40,7 @@ EMA_TRAIL = 32
 ATTEMPTS_KEPT = 32  # where the last attempts started (older boundaries are forgotten)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class SmoothedPoint:
     step: int
     reward: float
@@ -52,7 +52,7 @@ class SmoothedPoint:
     attempt: int = 0  # the run's attempt (resume) the step belongs to
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class SmoothingState:
     points: tuple[SmoothedPoint, ...] = ()  # the window, sorted by step
     ema_base: float | None = None  # EMA over all steps older than the window

@@ -39,7 +39,7 @@ Mode = Literal["normal", "fast", "plateau"]
 INTERVAL_KEYS = ("eval_interval_steps", "eval_every_steps")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class TriggerState:
     mode: Mode = "normal"
     interval: int | None = None  # None: the run still uses cfg.eval_interval

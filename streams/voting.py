@@ -39,7 +39,7 @@ from streams.config import RunConfig
 CLOSED_ROUNDS_KEPT = 2048  # per run: remembered to refuse late results without re-voting
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class NodeResult:
     node: str
     ok: bool
@@ -58,7 +58,7 @@ class NodeResult:
         return self.total is not None and self.offset is not None and self.verdicts is not None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class RoundKey:
     run_id: str
     eval_id: str
@@ -72,7 +72,7 @@ class RoundKey:
         return (self.dataset, self.stage)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class RoundState:
     key: RoundKey
     step: int
@@ -81,7 +81,7 @@ class RoundState:
     results: tuple[NodeResult, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class Consensus:
     key: RoundKey
     step: int
@@ -95,7 +95,7 @@ class Consensus:
     partial: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: stored state (streams.codec)
 class VoteState:
     """Keys are structured (RoundKey, (dataset, stage)): never a joined string to split again."""
 
