@@ -21,10 +21,11 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from streams.config import RunConfig
+from streams.evolve import evolve
 from streams.smoothing import SmoothedPoint
 
 NON_FINITE_FIELDS_KEPT = 64
@@ -59,13 +60,13 @@ class BreachState:
 def breach_step(state: BreachState, breached: bool, recovered: bool, step: int, cooldown: int) -> tuple[BreachState, bool]:
     """Advance a breach rule by one observation; True when an alert fires now."""
     if state.in_breach:
-        return (replace(state, in_breach=False), False) if recovered else (state, False)
+        return (evolve(state, in_breach=False), False) if recovered else (state, False)
     if not breached:
         return state, False
     cooled = state.last_fired_step is None or step - state.last_fired_step >= cooldown
     if cooled:
-        return replace(state, in_breach=True, last_fired_step=step), True
-    return replace(state, in_breach=True), False
+        return evolve(state, in_breach=True, last_fired_step=step), True
+    return evolve(state, in_breach=True), False
 
 
 def check_reward(state: BreachState, point: SmoothedPoint, cfg: RunConfig) -> tuple[BreachState, list[AlertDecision]]:
@@ -77,7 +78,7 @@ def check_reward(state: BreachState, point: SmoothedPoint, cfg: RunConfig) -> tu
         # A run that starts below the threshold has not dropped below it: the rule arms
         # once the smoothed reward has reached threshold + margin.
         if avg >= threshold + cfg.reward_recover_margin:
-            state = replace(state, armed=True)
+            state = evolve(state, armed=True)
         return state, []
     state, fired = breach_step(
         state, avg < threshold, avg >= threshold + cfg.reward_recover_margin, point.step, cfg.reward_cooldown_steps
@@ -153,7 +154,7 @@ def is_newest(state: StallState, step: int, attempt: int) -> bool:
 def saw_step(state: StallState, step: int, now: float, attempt: int = 0) -> StallState:
     if is_newest(state, step, attempt):
         return StallState(last_step_at=now, last_step=step, stalled=False, last_attempt=attempt)
-    return replace(state, last_step_at=now, stalled=False)
+    return evolve(state, last_step_at=now, stalled=False)
 
 
 def check_stalled(
@@ -175,7 +176,7 @@ def check_stalled(
         value=quiet,
         threshold=cfg.stall_seconds,
     )
-    return replace(state, stalled=True), [alert]
+    return evolve(state, stalled=True), [alert]
 
 
 # ------------------------------------------------------------------ abnormal end
@@ -249,7 +250,7 @@ def check_invalid(
     state: InvalidState, reason: str, source_topic: str, about: str, now: float, cfg: RunConfig
 ) -> tuple[InvalidState, list[AlertDecision]]:
     if state.last_alert_at is not None and now - state.last_alert_at < cfg.invalid_alert_interval_s:
-        return replace(state, folded=state.folded + 1), []
+        return evolve(state, folded=state.folded + 1), []
     more = f" (+{state.folded} more since the last alert)" if state.folded else ""
     alert = AlertDecision(
         kind="invalid_event",

@@ -20,13 +20,14 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from producers.deadletter import rejected
 from producers.events import EvalEvent, Event, RejectedEvent, RunEvent, StepEvent, ValidationError, parse_event
 from producers.topics import Topics
 from streams.config import StreamsConfig
+from streams.evolve import evolve
 from streams.processor import (
     WORKER_NODE,
     Output,
@@ -114,7 +115,7 @@ class StreamCore:
                 self._bad_partition.setdefault(run_id, partition)
             state = RunState(run_id, partition=partition)
         if state.partition is None:
-            state = replace(state, partition=partition)
+            state = evolve(state, partition=partition)
         return state
 
     def save(self, state: RunState) -> None:

@@ -28,10 +28,11 @@ Rules (thresholds in streams.config; the loop is on when `lr_eval_threshold` is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from streams.alerts import AlertDecision
 from streams.config import RunConfig
+from streams.evolve import evolve
 from streams.triggers import CommandDecision
 from streams.voting import Consensus
 
@@ -84,7 +85,7 @@ def _drop(state: EvalLoopState, c: Consensus, why: str, cfg: RunConfig) -> tuple
     lowered = state.factor * cfg.lr_factor
     if lowered < cfg.lr_min_factor - _EPS:
         return state, None
-    return replace(state, factor=lowered), _command(c, cfg.lr_factor, lowered, why, cfg)
+    return evolve(state, factor=lowered), _command(c, cfg.lr_factor, lowered, why, cfg)
 
 
 def _threshold_rule(
@@ -97,17 +98,17 @@ def _threshold_rule(
     if state.in_breach:
         if acc < threshold + cfg.lr_restore_margin:
             return state, [], []
-        state = replace(state, in_breach=False)
+        state = evolve(state, in_breach=False)
         if state.factor >= 1.0 - _EPS:
             return state, [], []
         raised = min(1.0, state.factor * cfg.lr_restore_factor)
         why = (f"consensus accuracy {acc:.4g} recovered to >= threshold {threshold:g} + margin "
                f"{cfg.lr_restore_margin:g}")
         command = _command(c, raised / state.factor, raised, why, cfg)
-        return replace(state, factor=raised), [], [command]
+        return evolve(state, factor=raised), [], [command]
     if acc >= threshold:
         return state, [], []
-    state = replace(state, in_breach=True)
+    state = evolve(state, in_breach=True)
     state, command = _drop(state, c, f"consensus accuracy {acc:.4g} below threshold {threshold:g}", cfg)
     floor = "" if command is not None else f"; lr already at its floor x{state.factor:.4g}"
     alert = _alert("eval_below_threshold", c, f"consensus accuracy {acc:.4g} below {threshold:g}{floor}", threshold)
@@ -119,12 +120,12 @@ def _improvement_rule(
 ) -> tuple[EvalLoopState, list[AlertDecision], list[CommandDecision]]:
     acc = c.accuracy
     if state.best is None or acc > state.best + cfg.lr_improve_delta:
-        return replace(state, best=acc, best_step=c.step, rounds_since_best=0), [], []
-    state = replace(state, rounds_since_best=state.rounds_since_best + 1)
+        return evolve(state, best=acc, best_step=c.step, rounds_since_best=0), [], []
+    state = evolve(state, rounds_since_best=state.rounds_since_best + 1)
     k = cfg.no_improvement_rounds
     if k <= 0 or state.rounds_since_best < k:
         return state, [], []
-    state = replace(state, rounds_since_best=0)
+    state = evolve(state, rounds_since_best=0)
     why = (f"accuracy {acc:.4g} has not beaten the best {state.best:.4g} (step {state.best_step}) by more than "
            f"{cfg.lr_improve_delta:g} for {k} rounds")
     command = None
@@ -145,7 +146,7 @@ def on_consensus(
 ) -> tuple[EvalLoopState, list[AlertDecision], list[CommandDecision]]:
     if not _counts(state, c, cfg):
         return state, [], []
-    state = replace(state, dataset=c.key.dataset, last=(c.key.attempt, c.step))
+    state = evolve(state, dataset=c.key.dataset, last=(c.key.attempt, c.step))
     state, alerts, commands = _threshold_rule(state, c, cfg)
     state, more_alerts, more_commands = _improvement_rule(state, c, cfg, commanded=bool(commands))
     return state, [*alerts, *more_alerts], [*commands, *more_commands]

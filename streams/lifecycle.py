@@ -16,7 +16,9 @@ Rules (CONTRACT.md `run`; every rank sends `running` at start and one terminal s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+from streams.evolve import evolve
 
 TERMINAL = ("finished", "failed", "killed")
 MAX_RANKS_TRACKED = 4096
@@ -43,12 +45,12 @@ def on_run_event(state: Lifecycle, status: str, rank: int, world_size: int, atte
         return state  # an earlier attempt's news
     state = saw_attempt(state, attempt)
     # A rank number beyond world_size means a larger world than the event says.
-    state = replace(state, world_size=max(state.world_size, world_size, min(rank, MAX_RANKS_TRACKED - 1) + 1))
+    state = evolve(state, world_size=max(state.world_size, world_size, min(rank, MAX_RANKS_TRACKED - 1) + 1))
     if status not in TERMINAL or state.ended:
         return state
     done = state.done_ranks
     if rank not in done and len(done) < MAX_RANKS_TRACKED:
         done = tuple(sorted((*done, rank)))
     if rank == 0 or len(done) >= state.world_size:
-        return replace(state, done_ranks=(), ended=True, status=status)  # ranks no longer needed
-    return replace(state, done_ranks=done)
+        return evolve(state, done_ranks=(), ended=True, status=status)  # ranks no longer needed
+    return evolve(state, done_ranks=done)

@@ -21,7 +21,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from producers.events import (
@@ -54,6 +54,7 @@ from streams.alerts import (
 )
 from streams.config import RunConfig
 from streams.eval_loop import EvalLoopState, on_consensus
+from streams.evolve import evolve
 from streams.lifecycle import Lifecycle, on_run_event, saw_attempt
 from streams.ranks import (
     RankReport,
@@ -105,7 +106,7 @@ class Output:
     must_ack: bool = True
 
 
-@dataclass(frozen=True)  # no slots: `_evolve` copies its __dict__ in one go
+@dataclass(frozen=True)  # no slots: stored state (streams.codec, streams.evolve)
 class RunState:
     run_id: str
     partition: int | None = None  # the input partition the run lives on (its clock ticks come there)
@@ -128,20 +129,6 @@ class RunState:
     def from_json(cls, raw: bytes | str) -> RunState:
         """StateDecodeError (naming the field) for a record that is not a RunState."""
         return codec.loads(cls, raw)
-
-
-_RUN_FIELD_SET = frozenset(f.name for f in fields(RunState))
-
-
-def _evolve(state: RunState, **changes: Any) -> RunState:
-    """dataclasses.replace for the run state, without its per-call introspection (the
-    worker does this several times per step; RunState has no __post_init__ to skip)."""
-    unknown = changes.keys() - _RUN_FIELD_SET
-    if unknown:
-        raise TypeError(f"RunState has no field {sorted(unknown)[0]!r}")
-    new = object.__new__(RunState)
-    object.__setattr__(new, "__dict__", {**state.__dict__, **changes})
-    return new
 
 
 # ------------------------------------------------------------------ records
@@ -225,7 +212,7 @@ def _vote_outputs(state: RunState, outcome: VoteOutcome, ts: float, cfg: RunConf
     out.extend(Output(alert_event(state.run_id, a, ts, attempt)) for a in outcome.alerts)
     if c is not None:
         loop, alerts, commands = on_consensus(state.eval_loop, c, cfg)
-        state = _evolve(state, eval_loop=loop)
+        state = evolve(state, eval_loop=loop)
         out.extend(Output(alert_event(state.run_id, a, ts, attempt)) for a in alerts)
         out.extend(Output(command_event(state.run_id, d, ts)) for d in commands)
     return state, out
@@ -236,7 +223,7 @@ def _vote_outputs(state: RunState, outcome: VoteOutcome, ts: float, cfg: RunConf
 
 def _saw_attempt(state: RunState, attempt: int) -> RunState:
     lifecycle = saw_attempt(state.lifecycle, attempt)
-    return state if lifecycle is state.lifecycle else _evolve(state, lifecycle=lifecycle)
+    return state if lifecycle is state.lifecycle else evolve(state, lifecycle=lifecycle)
 
 
 def _smooth(
@@ -259,10 +246,10 @@ def _smooth(
     resend = bool(ready.source_id) and ready.source_id == current_id
     outputs = [Output(smoothed_event(state.run_id, point, ready.ts), must_ack=not resend)]
     if not outcome.is_newest:
-        return _evolve(state, smoothing=smoothing, trigger=trigger), outputs
+        return evolve(state, smoothing=smoothing, trigger=trigger), outputs
     trigger, commands = decide(trigger, point, cfg, outcome.slope_se)
     reward_alert, alerts = check_reward(state.reward_alert, point, cfg)
-    state = _evolve(state, smoothing=smoothing, trigger=trigger, reward_alert=reward_alert)
+    state = evolve(state, smoothing=smoothing, trigger=trigger, reward_alert=reward_alert)
     outputs.extend(Output(alert_event(state.run_id, a, ready.ts, ready.attempt)) for a in alerts)
     outputs.extend(Output(command_event(state.run_id, c, ready.ts)) for c in commands)
     return state, outputs
@@ -293,7 +280,7 @@ def _step_reward(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> 
     report = RankReport(rank=ev.rank, reward=ev.reward, n_samples=ev.n_samples)
     ranks, ready = add_rank(ranks, (ev.attempt, ev.step), ev.world_size, report, ev.ts, ev.event_id, now,
                             cfg.max_pending_steps)
-    return _smooth_all(_evolve(state, ranks=ranks), ready, cfg, ev.event_id)
+    return _smooth_all(evolve(state, ranks=ranks), ready, cfg, ev.event_id)
 
 
 def on_step(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
@@ -307,7 +294,7 @@ def on_step(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> tuple
     if ev.non_finite:
         changes["non_finite"], alerts = check_non_finite(state.non_finite, ev.non_finite, ev.step, ev.rank)
         outputs.extend(Output(alert_event(state.run_id, a, ev.ts)) for a in alerts)
-    state = _evolve(state, **changes)
+    state = evolve(state, **changes)
     if ev.reward is None and (ev.world_size or 1) <= 1:
         return state, outputs  # nothing to average, and no other rank to wait for
     state, more = _step_reward(state, ev, now, cfg)
@@ -329,7 +316,7 @@ def on_eval(state: RunState, ev: EvalEvent, now: float, cfg: RunConfig) -> tuple
         **shard_window(ev),
     )
     votes, outcome = add_result(state.votes, key, ev.step, ev.replicas, result, now, cfg)
-    return _vote_outputs(replace(state, votes=votes), outcome, ev.ts, cfg)
+    return _vote_outputs(evolve(state, votes=votes), outcome, ev.ts, cfg)
 
 
 SHARD_KEYS = {"offset": "shard_offset", "total": "shard_total", "redundancy": "shard_redundancy"}
@@ -355,7 +342,7 @@ def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[R
     alerts = check_ended(state.lifecycle.ended and state.lifecycle.attempt == lifecycle.attempt, lifecycle.ended,
                          lifecycle.status, lifecycle.attempt, ev.rank, ev.exit_code)
     outputs = [Output(alert_event(state.run_id, a, ev.ts, lifecycle.attempt)) for a in alerts]
-    return replace(state, lifecycle=lifecycle, trigger=trigger), outputs
+    return evolve(state, lifecycle=lifecycle, trigger=trigger), outputs
 
 
 def on_rejected(
@@ -368,7 +355,7 @@ def on_rejected(
     dead = rejected.replace(event_id=derived_id("rejected", about))
     previous = state.invalid.get(rejected.source_topic, InvalidState())
     invalid, alerts = check_invalid(previous, rejected.reason, rejected.source_topic, about, now, cfg)
-    state = replace(state, invalid={**state.invalid, rejected.source_topic: invalid})
+    state = evolve(state, invalid={**state.invalid, rejected.source_topic: invalid})
     outputs = [Output(dead, must_ack=False)]
     outputs.extend(Output(alert_event(state.run_id, a, rejected.ts)) for a in alerts)
     return state, outputs
@@ -377,11 +364,11 @@ def on_rejected(
 def on_tick(state: RunState, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
     """The clock moved: steps whose ranks did not all come, stalled runs, vote timeouts."""
     ranks, ready = expire_ranks(state.ranks, now, cfg.step_wait_s)
-    state, outputs = _smooth_all(replace(state, ranks=ranks), ready, cfg, None)
+    state, outputs = _smooth_all(evolve(state, ranks=ranks), ready, cfg, None)
     stall, alerts = check_stalled(state.stall, now, cfg, ended=state.lifecycle.ended)
     outputs.extend(Output(alert_event(state.run_id, a, now, state.stall.last_attempt)) for a in alerts)
     votes, outcomes = expire(state.votes, now, cfg)
-    state = replace(state, stall=stall, votes=votes)
+    state = evolve(state, stall=stall, votes=votes)
     for outcome in outcomes:
         state, out = _vote_outputs(state, outcome, now, cfg)
         outputs.extend(out)

@@ -28,7 +28,9 @@ Rules (CONTRACT.md 'reward_smoothed')
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+
+from streams.evolve import evolve
 
 StepKey = tuple[int, int]  # (attempt, step)
 
@@ -91,7 +93,7 @@ def add_rank(
     pending = state.pending.get(key) or PendingStep(world_size=world, opened_at=now, ts=ts)
     if any(r.rank == report.rank for r in pending.reports):
         return state, []
-    pending = replace(pending, world_size=max(pending.world_size, world), ts=max(pending.ts, ts),
+    pending = evolve(pending, world_size=max(pending.world_size, world), ts=max(pending.ts, ts),
                       reports=(*pending.reports, report))
     rest = {k: p for k, p in state.pending.items() if k != key}
     if len(pending.reports) >= pending.world_size:

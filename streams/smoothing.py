@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import repeat
 from typing import Literal
+
+from streams.evolve import evolve
 
 # EMA values kept for steps that left the window: a resume at most this far behind the farthest
 # step the run reached is exact (a resume does not bring back entries a farther attempt pushed out)
@@ -134,14 +136,14 @@ def is_stale(state: SmoothingState, step: int, attempt: int) -> bool:
 def resume(state: SmoothingState, step: int, attempt: int) -> SmoothingState:
     """Record where `attempt` starts; its first step replaces earlier attempts' from there on."""
     if attempt > state.attempt:
-        state = replace(state, attempt=attempt)
+        state = evolve(state, attempt=attempt)
     if attempt == 0:
         return state
     first = dict(state.starts).get(attempt)
     if first is not None and first <= step:
         return state
     starts = tuple(sorted({**dict(state.starts), attempt: step}.items()))[-ATTEMPTS_KEPT:]
-    state = replace(state, starts=starts)
+    state = evolve(state, starts=starts)
     kept = tuple(p for p in state.points if not (p.attempt < attempt and p.step >= step))
     rewind = bool(state.ema_trail) and state.ema_trail[-1][0] >= step  # the EMA holds replaced steps
     if len(kept) == len(state.points) and not rewind:
@@ -151,7 +153,7 @@ def resume(state: SmoothingState, step: int, attempt: int) -> SmoothingState:
         trail = tuple(t for t in trail if t[0] < step)
         base = trail[-1][1] if trail else None  # older than the trail: the EMA starts over
     max_step = max((p.step for p in kept), default=min(state.max_step, step - 1))
-    return replace(state, points=kept, ema_base=base, ema_trail=trail, max_step=max_step)
+    return evolve(state, points=kept, ema_base=base, ema_trail=trail, max_step=max_step)
 
 
 def classify(state: SmoothingState, step: int, attempt: int, window: int) -> tuple[SmoothingState, SmoothingOutcome]:
@@ -207,6 +209,6 @@ def add_reward(
         attempt=attempt,
     )
     points = [point if p is placeholder else p for p in points]
-    new_state = replace(state, points=tuple(points), ema_base=ema_base, ema_trail=trail,
+    new_state = evolve(state, points=tuple(points), ema_base=ema_base, ema_trail=trail,
                         max_step=max(state.max_step, step))
     return new_state, SmoothingOutcome(outcome.kind, point, slope_se)

@@ -28,10 +28,11 @@ Policy (thresholds in streams.config):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from streams.config import RunConfig
+from streams.evolve import evolve
 from streams.smoothing import SmoothedPoint
 
 Mode = Literal["normal", "fast", "plateau"]
@@ -73,7 +74,7 @@ def published_interval(config: Mapping[str, Any]) -> int | None:
 
 
 def with_base_interval(state: TriggerState, interval: int | None) -> TriggerState:
-    return state if interval is None or interval == state.base_interval else replace(state, base_interval=interval)
+    return state if interval is None or interval == state.base_interval else evolve(state, base_interval=interval)
 
 
 def rewind(state: TriggerState, step: int) -> TriggerState:
@@ -81,7 +82,7 @@ def rewind(state: TriggerState, step: int) -> TriggerState:
     dwell and the evaluate_now baseline would otherwise wait for the old step numbers)."""
     marks = {name: step for name in ("last_change_step", "baseline_step")
              if (getattr(state, name) or 0) > step}
-    return replace(state, **marks) if marks else state
+    return evolve(state, **marks) if marks else state
 
 
 def next_mode(mode: Mode, abs_slope: float, cfg: RunConfig) -> Mode:
@@ -126,10 +127,10 @@ def decide(
     decisions: list[CommandDecision] = []
     slope = abs(point.slope)
     if not state.learning and slope > cfg.plateau_exit_slope and slope > cfg.learning_slope_t * slope_se:
-        state = replace(state, learning=True)
+        state = evolve(state, learning=True)
 
     if state.baseline is None:
-        state = replace(state, baseline=point.sliding_avg, baseline_step=point.step)
+        state = evolve(state, baseline=point.sliding_avg, baseline_step=point.step)
     elif abs(point.sliding_avg - state.baseline) > cfg.evaluate_delta:
         moved = point.sliding_avg - state.baseline
         since = f"step {state.baseline_step}" if state.baseline_step is not None else "the start"
@@ -143,7 +144,7 @@ def decide(
                 attempt=point.attempt,
             )
         )
-        state = replace(state, baseline=point.sliding_avg, baseline_step=point.step)
+        state = evolve(state, baseline=point.sliding_avg, baseline_step=point.step)
 
     base = state.base_interval or cfg.eval_interval
     interval = state.interval if state.interval is not None else base
@@ -165,7 +166,7 @@ def decide(
                 attempt=point.attempt,
             )
         )
-        state = replace(state, interval=new_interval, last_change_step=point.step)
+        state = evolve(state, interval=new_interval, last_change_step=point.step)
     if entered:
-        state = replace(state, mode=mode)
+        state = evolve(state, mode=mode)
     return state, decisions

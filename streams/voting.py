@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import astuple, dataclass, field, replace
+from dataclasses import astuple, dataclass, field
 
 from streams.alerts import AlertDecision
 from streams.config import RunConfig
+from streams.evolve import evolve
 
 CLOSED_ROUNDS_KEPT = 2048  # per run: remembered to refuse late results without re-voting
 
@@ -334,7 +335,7 @@ def _fail(state: VoteState, rnd: RoundState, why: str) -> tuple[VoteState, VoteO
     previous = state.last_good.get(rnd.key.dataset_stage)
     stale = None
     if previous is not None:
-        stale = replace(previous, key=rnd.key, step=rnd.step, replicas=rnd.replicas, stale=True, partial=False)
+        stale = evolve(previous, key=rnd.key, step=rnd.step, replicas=rnd.replicas, stale=True, partial=False)
     repeat = (
         f"; repeating the last good result (eval {previous.key.eval_id}, accuracy {previous.accuracy:.4g})"
         if previous is not None else "; no earlier result to repeat"
@@ -369,7 +370,7 @@ def add_result(
     rnd = state.open_rounds.get(key) or RoundState(key=key, step=step, replicas=replicas, opened_at=now)
     if any(r.node == result.node for r in rnd.results):
         return state, VoteOutcome()
-    rnd = replace(rnd, results=(*rnd.results, result))
+    rnd = evolve(rnd, results=(*rnd.results, result))
     answered = len(rnd.results)
     ok = [r for r in rnd.results if r.ok]
     need = quorum(rnd.replicas)
