@@ -196,12 +196,14 @@ def build_worker(
         app.topics.add(topic)  # subscribed (and so co-partitioned with the table), read by the feed
     app.batch_inputs = (frozenset(feed.inputs), feed.deliver)
 
-    async def ack(token: Any) -> None:
-        if isinstance(token, tuple):  # a tick, through its agent's stream
-            stream, event = token
-            await stream.ack(event)
-        elif real_consumer:  # an input message: its offset may be committed now
-            app.consumer.ack(token)
+    async def ack(tokens: list[Any]) -> None:
+        consumer_ack = app.consumer.ack if real_consumer else None
+        for token in tokens:
+            if isinstance(token, tuple):  # a tick, through its agent's stream
+                stream, event = token
+                await stream.ack(event)
+            elif consumer_ack is not None:  # an input message: its offset may be committed now
+                consumer_ack(token)
 
     def crash(exc: BaseException) -> None:
         app.loop.create_task(app.crash(exc))

@@ -36,7 +36,7 @@ class Tick:
 @dataclass
 class Batcher:
     core: StreamCore
-    ack: Callable[[Any], Awaitable[Any]]  # acknowledges a message by the token `add` got
+    ack: Callable[[list[Any]], Awaitable[Any]]  # acknowledges messages by the tokens `add` got, in order
     max_batch: int = 2000
     linger_s: float = 0.005
     max_pending: int = 8000
@@ -58,6 +58,13 @@ class Batcher:
         self._idle.set()
 
     async def add(self, item: Input | Tick, token: Any) -> None:
+        await self.add_many([(item, token)])
+
+    async def add_many(self, entries: list[tuple[Input | Tick, Any]]) -> None:
+        """Messages in arrival order, with their tokens (a fetch's at once: the wait for room
+        is per call, so `pending` may pass `max_pending` by one call's messages)."""
+        if not entries:
+            return
         while len(self.pending) >= self.max_pending:
             self._waiting += 1
             self._was_blocked = True
@@ -69,7 +76,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         if not self.pending:
             self._first_at = loop.time()
-        self.pending.append((item, token))
+        self.pending.extend(entries)
         if len(self.pending) >= self.max_batch:
             self._full.set()
         self._idle.clear()
@@ -142,5 +149,4 @@ class Batcher:
             await self.core.on_tick(item.partition)
         if run:
             await self.core.on_batch(run)
-        for _, token in batch:
-            await self.ack(token)
+        await self.ack([token for _, token in batch])

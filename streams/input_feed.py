@@ -51,19 +51,23 @@ class InputFeed:
         acknowledged (its Message is the token) once processed, or at once when the guard
         skips it."""
         assert self.batcher is not None
-        guard, add, ack = self.guard, self.batcher.add, self.batcher.ack
+        guard, add_many, ack = self.guard, self.batcher.add_many, self.batcher.ack
         now = time.monotonic()
+        entries: list[tuple[Input, Any]] = []
         for m in messages:
             if guard is not None:
                 verdict, target = guard.on_message((m.topic, m.partition), m.offset, now)
                 if verdict != "process":
+                    await add_many(entries)  # what came before it, first
+                    entries = []
                     if verdict == "seek" and target is not None:
                         log.warning("%s/%s jumped to offset %s; re-reading from %s", m.topic, m.partition,
                                     m.offset, target)
                         await self.seek(m.topic, m.partition, target)
-                    await ack(m)
+                    await ack([m])
                     continue
-            await add(Input(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp), m)
+            entries.append((Input(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp), m))
+        await add_many(entries)
 
     async def unstick(self) -> None:
         """Partitions whose fetched messages stopped coming: seek back (streams.resync)."""
