@@ -95,7 +95,8 @@ def add_rank(
         return state, []
     pending = evolve(pending, world_size=max(pending.world_size, world), ts=max(pending.ts, ts),
                       reports=(*pending.reports, report))
-    rest = {k: p for k, p in state.pending.items() if k != key}
+    rest = dict(state.pending)  # a C-level copy: a run can have hundreds of steps waiting
+    rest.pop(key, None)
     if len(pending.reports) >= pending.world_size:
         return RankState(rest), [_ready(key, pending, source_id)]
     rest[key] = pending
