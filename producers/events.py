@@ -119,18 +119,9 @@ class Event:
         """Rules across fields; subclasses add theirs."""
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type}
-        for c, v in zip(field_checks(type(self)), field_values(self)):
-            if v is None:
-                continue
-            if c.kind in ("int_list", "str_list"):
-                v = list(v)
-            elif c.kind == "sample_list":
-                v = [dict(x) for x in v]
-            elif c.kind in ("float_map", "json_map"):
-                v = dict(v)
-            out[c.name] = v
-        return out
+        """{"type": ..., then every field that is not None, in field order}: lists and maps
+        as plain lists and dicts (generated per class by `_slot_builders`)."""
+        raise NotImplementedError
 
     def to_json(self) -> bytes:
         return dumps_compact(self.to_dict())
@@ -321,11 +312,13 @@ EVENT_TYPES: dict[str, type[Event]] = {
 _DEFAULT_FROM_FACTORY = object()  # an argument left out whose default comes from a factory
 
 
-def _slot_builders(cls: type[Event]) -> tuple[Any, Any]:
-    """The record's `__init__` and its reader of a decoded JSON object, both writing each
-    field through its slot's descriptor: a frozen dataclass's own `__init__` goes through
-    `object.__setattr__` by name for every field, a third of building a 28-field StepEvent.
-    Then `__post_init__`, as the dataclass's does.
+def _slot_builders(cls: type[Event]) -> tuple[Any, Any, Any]:
+    """The record's `__init__`, its reader of a decoded JSON object and its `to_dict`, as
+    code generated once per class. The first two write each field through its slot's
+    descriptor: a frozen dataclass's own `__init__` goes through `object.__setattr__` by
+    name for every field, a third of building a 28-field StepEvent. Then `__post_init__`,
+    as the dataclass's does. `to_dict` names each field rather than looping over the
+    fields' kinds (a reward_smoothed's JSON is written once per step).
 
     `__init__` has the dataclass's signature and defaults. The reader takes each field from
     the object by name (one that is absent gets its default; other keys are ignored), as
@@ -334,10 +327,12 @@ def _slot_builders(cls: type[Event]) -> tuple[Any, Any]:
     rank). Its caller checks first that the fields without a default are there."""
     namespace: dict[str, Any] = {"_FROM_FACTORY": _DEFAULT_FROM_FACTORY, "_new": object.__new__, "_cls": cls}
     params, init_body, read_body = [], [], []
+    plain = {c.name: _PLAIN_FORM.get(c.kind, "v") for c in field_checks(cls)}
+    dict_body = [f"    out = {{'type': {cls.type!r}}}"]
     for f in dataclasses.fields(cls):
         if not (f.init and f.kw_only):
             raise TypeError(f"{cls.__name__}.{f.name}: a record's fields are keyword-only init fields")
-        if f.name in ("self", "data", "get"):  # the generated functions' own names
+        if f.name in ("self", "data", "get", "out", "v"):  # the generated functions' own names
             raise TypeError(f"{cls.__name__}.{f.name}: a field may not be named {f.name!r}")
         slot = next(c.__dict__[f.name] for c in cls.__mro__ if f.name in c.__dict__)
         namespace[f"_set_{f.name}"] = slot.__set__
@@ -357,20 +352,27 @@ def _slot_builders(cls: type[Event]) -> tuple[Any, Any]:
             params.append(f.name)
         init_body.append(f"    _set_{f.name}(self, {value})")
         read_body.append(f"    _set_{f.name}(self, {read})")
+        dict_body.append(f"    v = self.{f.name}\n    if v is not None:\n        out[{f.name!r}] = {plain[f.name]}")
     source = (f"def __init__(self, *, {', '.join(params)}):\n" + "\n".join(init_body)
               + "\n    self.__post_init__()\n"
               + "def read(data):\n    self = _new(_cls)\n    get = data.get\n" + "\n".join(read_body)
-              + "\n    self.__post_init__()\n    return self\n")
+              + "\n    self.__post_init__()\n    return self\n"
+              + "def to_dict(self):\n" + "\n".join(dict_body) + "\n    return out\n")
     exec(source, namespace)  # noqa: S102 - our own text, as dataclasses builds its __init__
-    init, read = namespace["__init__"], namespace["read"]
+    init, read, to_dict = namespace["__init__"], namespace["read"], namespace["to_dict"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"  # errors read as the dataclass's did
     read.__qualname__ = f"{cls.__qualname__}._read"
-    return init, read
+    to_dict.__qualname__ = f"{cls.__qualname__}.to_dict"
+    to_dict.__doc__ = Event.to_dict.__doc__
+    return init, read, to_dict
 
 
+# What `to_dict` writes for a field of a kind (v: the field's value, not None); others as they are.
+_PLAIN_FORM = {"int_list": "list(v)", "str_list": "list(v)", "sample_list": "[dict(x) for x in v]",
+               "float_map": "dict(v)", "json_map": "dict(v)"}
 _READERS: dict[type, Any] = {}  # record class -> its reader of a decoded JSON object
 for _cls in EVENT_TYPES.values():
-    _cls.__init__, _READERS[_cls] = _slot_builders(_cls)  # type: ignore[method-assign]
+    _cls.__init__, _READERS[_cls], _cls.to_dict = _slot_builders(_cls)  # type: ignore[method-assign]
 
 
 # ---------------------------------------------------------------- reading

@@ -281,3 +281,27 @@ def test_reading_a_json_object_gives_the_record_its_known_fields_build(record, k
     expected = outcome(lambda: cls(**{k: v for k, v in data.items() if k in names}))
     assert outcome(lambda: event_from_dict(data, cls)) == expected
     assert outcome(lambda: parse_event(json.dumps(data).encode())) == expected
+
+
+def test_to_dict_writes_type_then_every_field_not_none_with_plain_lists_and_dicts() -> None:
+    """The generated to_dict of every record class against the rule it replaces: "type",
+    then each field that is not None in field order, lists and maps as list and dict."""
+    import dataclasses
+
+    from producers.field_rules import field_checks
+
+    records = (*_SAMPLE_RECORDS, EvalConsensusEvent(run_id="r", eval_id="e", step=1, dataset="d", accuracy=0.5,
+                                                    votes=2, replicas=3, agreement=0.5, dissenters=("n2",)),
+               RejectedEvent(run_id="r", reason="why", source_topic="t", raw="{"))
+    assert {type(r) for r in records} == set(EVENT_TYPES.values())
+    for record in records:
+        expected = {"type": record.type}
+        for c in field_checks(type(record)):
+            v = getattr(record, c.name)
+            if v is not None:
+                expected[c.name] = {"int_list": list, "str_list": list, "float_map": dict, "json_map": dict,
+                                    "sample_list": lambda s: [dict(x) for x in s]}.get(c.kind, lambda x: x)(v)
+        got = record.to_dict()
+        assert got == expected and list(got) == list(expected), type(record).__name__
+        assert all(type(got[k]) is type(expected[k]) for k in got), type(record).__name__
+        assert type(record)(**{k: v for k, v in got.items() if k != "type"}) == record
