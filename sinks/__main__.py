@@ -18,6 +18,7 @@ import signal
 import sys
 
 from producers.errors import ArealError, one_line
+from producers.service_gc import settle_gc
 from producers.settings import Settings
 
 from sinks.batching import BatchPolicy
@@ -41,6 +42,7 @@ def main() -> int:
         return exc.exit_code
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sink.stop())
+    settle_gc()  # this process's own interpreter: everything built so far lives until exit
     sink.run()
     return 0
 

@@ -18,6 +18,7 @@ import sys
 
 def main() -> int:
     from producers.errors import ArealError
+    from producers.service_gc import settle_gc
     from producers.settings import Settings, state_dir
     from streams.config import ConfigError, StreamsConfig
     from streams.kafka_admin import (
@@ -100,6 +101,7 @@ def main() -> int:
     assert made == changelog, f"the worker made changelog {changelog}, Faust uses {made}"
     faust_worker = faust.Worker(worker.app, loglevel=loglevel, quiet=True, redirect_stdouts=False,
                                 override_logging=False)
+    settle_gc()  # this process's own interpreter: everything built so far lives until exit
     try:
         faust_worker.execute_from_commandline()
     except SystemExit as exc:  # mode's worker exits through SystemExit; keep its status
