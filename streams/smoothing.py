@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import math
 import operator
+from bisect import bisect_left
 from dataclasses import dataclass
+from functools import cache
 from itertools import repeat
 from typing import Literal
 
@@ -102,15 +104,41 @@ def _fit(steps: list[int], values: list[float], with_se: bool) -> tuple[float, f
         return 0.0, 0.0
     mean_x = sum(steps) / n
     mean_y = sum(values) / n
-    dx = [x - mean_x for x in steps]
-    dy = [y - mean_y for y in values]
+    # map over C operators: the same float operations as the comprehensions, without a
+    # Python-level loop (the worker fits the window once per step)
+    dx = list(map(operator.sub, steps, repeat(mean_x)))
+    dy = list(map(operator.sub, values, repeat(mean_y)))
     sxx = _sum_of_squares(dx)
     if sxx == 0:
         return 0.0, 0.0
     slope = _dot(dx, dy) / sxx
     if not with_se or n < 3:
         return slope, 0.0
-    residual = [e - slope * d for d, e in zip(dx, dy)]
+    residual = list(map(operator.sub, dy, map(operator.mul, repeat(slope), dx)))  # e - slope * d
+    return slope, math.sqrt(max(0.0, _sum_of_squares(residual)) / (n - 2) / sxx)
+
+
+@cache
+def _centred_run(n: int) -> tuple[list[float], float]:
+    """(dx, sxx) of n consecutive steps: x - mean_x is i - (n - 1) / 2 whatever the first step."""
+    dx = [i - (n - 1) / 2 for i in range(n)]
+    return dx, _sum_of_squares(dx)
+
+
+def _window_fit(steps: list[int], values: list[float]) -> tuple[float, float]:
+    """`_fit(steps, values, with_se=True)` of a window (distinct steps in order), the same bits.
+
+    A window of consecutive steps (the usual case) takes dx and sxx from `_centred_run`: with
+    steps below 2**50, sum(steps) / n = first + (n - 1) / 2 and each x - mean_x are exact in
+    floating point, so they do not depend on the first step."""
+    n = len(steps)
+    if n < 3 or steps[-1] - steps[0] != n - 1 or steps[-1] >= 1 << 50:
+        return _fit(steps, values, with_se=True)
+    dx, sxx = _centred_run(n)
+    mean_y = sum(values) / n
+    dy = list(map(operator.sub, values, repeat(mean_y)))
+    slope = _dot(dx, dy) / sxx
+    residual = list(map(operator.sub, dy, map(operator.mul, repeat(slope), dx)))  # e - slope * d
     return slope, math.sqrt(max(0.0, _sum_of_squares(residual)) / (n - 2) / sxx)
 
 
@@ -181,34 +209,26 @@ def add_reward(
     if outcome.kind in ("stale", "duplicate", "too_late"):
         return (state if outcome.kind == "stale" else resumed), outcome
     state = resumed
-    # Insert in step order; the placeholder gets its values below.
-    placeholder = SmoothedPoint(step, reward, 0, 0.0, 0.0, 0.0, source_id, attempt)
-    if not state.points or step > state.points[-1].step:
-        points = [*state.points, placeholder]  # the usual case: the newest step
+    old = state.points
+    if old and step < old[-1].step:  # a late step: inserted in step order (never the oldest of a full window)
+        at = bisect_left([p.step for p in old], step)
     else:
-        points = sorted((*state.points, placeholder), key=lambda p: p.step)
+        at = len(old)  # the usual case: the newest step
+    steps = [p.step for p in old]
+    rewards = [p.reward for p in old]
+    steps.insert(at, step)
+    rewards.insert(at, reward)
+    out = max(0, len(steps) - window)  # the oldest leave the window
     ema_base, trail = state.ema_base, state.ema_trail
-    while len(points) > window:
-        evicted = points.pop(0)
-        ema_base = ema_fold(ema_base, [evicted.reward], alpha)
-        trail = (*trail, (evicted.step, ema_base))[-EMA_TRAIL:]  # type: ignore[assignment]
+    for i in range(out):
+        ema_base = ema_fold(ema_base, (rewards[i],), alpha)
+        trail = (*trail, (steps[i], ema_base))[-EMA_TRAIL:]  # type: ignore[assignment]
+    steps, rewards = steps[out:], rewards[out:]
 
-    rewards = [p.reward for p in points]
-    steps = [p.step for p in points]
     ema = ema_fold(ema_base, rewards, alpha)
     assert ema is not None
-    slope, slope_se = _fit(steps, rewards, with_se=True)
-    point = SmoothedPoint(
-        step=step,
-        reward=reward,
-        window=len(points),
-        sliding_avg=sum(rewards) / len(rewards),
-        ema=ema,
-        slope=slope,
-        source_id=source_id,
-        attempt=attempt,
-    )
-    points = [point if p is placeholder else p for p in points]
-    new_state = evolve(state, points=tuple(points), ema_base=ema_base, ema_trail=trail,
-                        max_step=max(state.max_step, step))
+    slope, slope_se = _window_fit(steps, rewards)
+    point = SmoothedPoint(step, reward, len(rewards), sum(rewards) / len(rewards), ema, slope, source_id, attempt)
+    points = (*old[:at], point, *old[at:])[out:] if at >= out else old[out - 1:]  # (a shrunk window evicted it)
+    new_state = evolve(state, points=points, ema_base=ema_base, ema_trail=trail, max_step=max(state.max_step, step))
     return new_state, SmoothingOutcome(outcome.kind, point, slope_se)

@@ -150,3 +150,18 @@ def test_the_fit_gives_the_very_bits_of_the_first_version(points: list[tuple[int
     steps, values = [p[0] for p in points], [p[1] for p in points]
     assert ls_slope(steps, values) == _reference_slope(steps, values)
     assert ls_slope_se(steps, values) == _reference_se(steps, values)
+
+
+@given(first=st.integers(0, 2**53), n=st.integers(0, 40), gap=st.sampled_from([0, 0, 0, 1, 7]),
+       values=st.lists(st.floats(-1e6, 1e6), min_size=40, max_size=40))
+@example(first=2**50 - 10, n=20, gap=0, values=[0.1 * i for i in range(40)])
+@example(first=2**50 - 30, n=20, gap=0, values=[(-1.0) ** i for i in range(40)])
+@example(first=2**52 + 1, n=20, gap=0, values=[(-1.0) ** i * 0.37 * i for i in range(40)])  # mean_x inexact
+def test_the_window_fit_gives_the_bits_of_the_full_fit(first: int, n: int, gap: int, values: list[float]) -> None:
+    """A window of consecutive steps takes dx and sxx from a cache; any window, the same bits."""
+    from streams.smoothing import _fit, _window_fit
+
+    steps = [first + i for i in range(n)]
+    if gap and n > 1:
+        steps[n // 2:] = [s + gap for s in steps[n // 2:]]  # not consecutive: the full fit
+    assert _window_fit(steps, values[:n]) == _fit(steps, values[:n], with_se=True)
