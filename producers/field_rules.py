@@ -180,17 +180,25 @@ def _passes(kind: str, optional: bool, r: Rule) -> Callable[[Any], bool]:
 _RECORD_ACCEPT: dict[type, Callable[..., bool]] = {}
 
 
+def record_accept_source(cls: type, names: list[str]) -> tuple[str, dict[str, Any]]:
+    """(a Python expression over the variables `names`, one per field in `field_checks`
+    order, that is True when every field's fast accept is; the constants and helpers it
+    needs). The same expressions as the fields' `passes`, for code that checks a whole record
+    in one expression (`record_accept`, the records' generated __init__ and reader)."""
+    consts: dict[str, Any] = dict(_ACCEPT_GLOBALS)
+    terms = [_accept_source(c.kind, c.optional, c.rule, v, consts) for c, v in zip(field_checks(cls), names)]
+    return " and ".join(f"({t})" for t in terms) or "True", consts
+
+
 def record_accept(cls: type) -> Callable[..., bool]:
     """One function that takes a record's values (in `field_checks` order) and is True when
-    every field's fast accept is: the same expressions as the fields' `passes`, in one call
-    rather than one per field."""
+    every field's fast accept is, in one call rather than one per field."""
     found = _RECORD_ACCEPT.get(cls)
     if found is None:
-        checks = field_checks(cls)
-        consts: dict[str, Any] = {}
-        params = [f"v{i}" for i in range(len(checks))]
-        terms = [_accept_source(c.kind, c.optional, c.rule, p, consts) for c, p in zip(checks, params)]
-        found = _RECORD_ACCEPT[cls] = _compile_accept(params, terms, consts, f"accept_{cls.__name__}")
+        params = [f"v{i}" for i in range(len(field_checks(cls)))]
+        body, namespace = record_accept_source(cls, params)
+        exec(f"def accept_{cls.__name__}({', '.join(params)}):\n    return {body}\n", namespace)  # noqa: S102
+        found = _RECORD_ACCEPT[cls] = namespace[f"accept_{cls.__name__}"]
     return found
 
 

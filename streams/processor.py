@@ -280,7 +280,9 @@ def _step_reward(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> 
     report = RankReport(rank=ev.rank, reward=ev.reward, n_samples=ev.n_samples)
     ranks, ready = add_rank(ranks, (ev.attempt, ev.step), ev.world_size, report, ev.ts, ev.event_id, now,
                             cfg.max_pending_steps)
-    return _smooth_all(evolve(state, ranks=ranks), ready, cfg, ev.event_id)
+    if ranks is not state.ranks:  # (a one-rank step leaves them as they were)
+        state = evolve(state, ranks=ranks)
+    return _smooth_all(state, ready, cfg, ev.event_id)
 
 
 def on_step(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:

@@ -79,8 +79,12 @@ def mean_reward(reports: tuple[RankReport, ...]) -> float | None:
 
 
 def _ready(key: StepKey, p: PendingStep, source_id: str) -> StepReward:
-    return StepReward(attempt=key[0], step=key[1], reward=mean_reward(p.reports), ranks=len(p.reports),
-                      world_size=p.world_size, source_id=source_id, ts=p.ts)
+    return _ready_reports(key, p.world_size, p.reports, p.ts, source_id)
+
+
+def _ready_reports(key: StepKey, world_size: int, reports: tuple[RankReport, ...], ts: float,
+                   source_id: str) -> StepReward:
+    return StepReward(key[0], key[1], mean_reward(reports), len(reports), world_size, source_id, ts)
 
 
 def add_rank(
@@ -89,7 +93,7 @@ def add_rank(
 ) -> tuple[RankState, list[StepReward]]:
     world = max(1, world_size or 1)
     if world == 1 and key not in state.pending:  # a one-rank step is complete as it arrives: nothing waits
-        return state, [_ready(key, PendingStep(world_size=1, opened_at=now, ts=ts, reports=(report,)), source_id)]
+        return state, [_ready_reports(key, 1, (report,), ts, source_id)]
     pending = state.pending.get(key) or PendingStep(world_size=world, opened_at=now, ts=ts)
     if any(r.rank == report.rank for r in pending.reports):
         return state, []

@@ -67,8 +67,9 @@ ORDINARY = [None, 0, 1, 7, 0.0, 0.5, 1.0, 1234.5, True, "run-1", "n0", "a" * 32,
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_a_records_one_call_accept_is_every_fields_accept(cls, data) -> None:
-    """`record_accept` (what __post_init__ calls) says yes exactly when each field's `passes`
-    does: each field is drawn from the shapes above or from a value that field accepts."""
+    """`record_accept` (its expression is the one the records' generated __init__ and reader
+    evaluate) says yes exactly when each field's `passes` does: each field is drawn from the
+    shapes above or from a value that field accepts."""
     checks = field_checks(cls)
     row = []
     for c in checks:
