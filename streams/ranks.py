@@ -29,10 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from streams.evolve import evolve
 
 StepKey = tuple[int, int]  # (attempt, step)
+_OPENED_AT = attrgetter("opened_at")
+_RANK = attrgetter("rank")
 
 
 @dataclass(frozen=True)  # no slots: stored state (streams.codec)
@@ -95,7 +98,7 @@ def add_rank(
     if world == 1 and key not in state.pending:  # a one-rank step is complete as it arrives: nothing waits
         return state, [_ready_reports(key, 1, (report,), ts, source_id)]
     pending = state.pending.get(key) or PendingStep(world_size=world, opened_at=now, ts=ts)
-    if any(r.rank == report.rank for r in pending.reports):
+    if report.rank in map(_RANK, pending.reports):
         return state, []
     pending = evolve(pending, world_size=max(pending.world_size, world), ts=max(pending.ts, ts),
                       reports=(*pending.reports, report))
@@ -106,7 +109,7 @@ def add_rank(
     rest[key] = pending
     ready: list[StepReward] = []
     while len(rest) > max(1, cap):
-        oldest = min(rest, key=lambda k: (rest[k].opened_at, k))
+        _, oldest = min(zip(map(_OPENED_AT, rest.values()), rest))  # (opened_at, key) pairs, compared in C
         ready.append(_ready(oldest, rest.pop(oldest), ""))
     return RankState(rest), ready
 
@@ -130,4 +133,4 @@ def supersede(state: RankState, attempt: int, from_step: int) -> RankState:
 
 def oldest_wait(state: RankState) -> float | None:
     """Worker clock of the oldest waiting step's first report (None: nothing waits)."""
-    return min((p.opened_at for p in state.pending.values()), default=None)
+    return min(map(_OPENED_AT, state.pending.values()), default=None)
