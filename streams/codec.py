@@ -71,12 +71,19 @@ def prepare(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         if _plain(cls):
             return obj
-        return {f.name: prepare(getattr(obj, f.name)) for f in _fields(cls)}
+        return {name: prepare_as(hint, getattr(obj, name)) for name, hint in _field_hints(cls)}
     if isinstance(obj, Mapping):
         return [[prepare(k), prepare(v)] for k, v in obj.items()]
     if isinstance(obj, (tuple, list)):
         return [prepare(v) for v in obj]
     raise TypeError(f"stream state: cannot encode {cls.__name__}")
+
+
+def prepare_as(tp: Any, obj: Any) -> Any:
+    """`prepare(obj)` for a value of the declared type `tp`: the value as it is when orjson
+    writes every value of that type as `encode` would (no mapping inside), without walking it
+    (a run's list of waiting steps can hold hundreds of (attempt, step) keys)."""
+    return obj if _plain_hint(tp) else prepare(obj)
 
 
 def dumps(obj: Any) -> bytes:
@@ -194,6 +201,18 @@ def _decode_dataclass(cls: type[T], data: Any, path: str) -> T:
 def _plain(cls: type) -> bool:
     """True when orjson's own encoding of dataclass `cls` is `encode`'s (no mapping inside)."""
     return all(_plain_type(hint) for hint in _hints(cls).values())
+
+
+@cache
+def _plain_hint(tp: Any) -> bool:
+    return _plain_type(tp)
+
+
+@cache
+def _field_hints(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, declared type) of each field of dataclass `cls`, in order."""
+    hints = _hints(cls)
+    return tuple((f.name, hints[f.name]) for f in _fields(cls))
 
 
 def _plain_type(tp: Any) -> bool:

@@ -323,12 +323,13 @@ class StateStore:
 
     def _head(self, saved: _Saved) -> bytes:
         state = saved.state
-        head: dict[str, Any] = {name: codec.prepare(getattr(state, name)) for name in _head_fields()}
+        hints = _hints(RunState)
+        head: dict[str, Any] = {name: codec.prepare_as(hints[name], getattr(state, name)) for name in _head_fields()}
         ranks = {name: codec.prepare(getattr(state.ranks, name)) for name in _rank_fields()}
-        ranks["waiting"] = codec.prepare(list(state.ranks.pending))
+        ranks["waiting"] = codec.prepare_as(tuple[StepKey, ...], list(state.ranks.pending))
         head["ranks"] = ranks
         votes = {name: codec.prepare(getattr(state.votes, name)) for name in _vote_fields()}
-        votes["open"] = codec.prepare(list(state.votes.open_rounds))
+        votes["open"] = codec.prepare_as(tuple[RoundKey, ...], list(state.votes.open_rounds))
         # numbers are given in order, so the first one kept is the lowest
         votes["closed_range"] = [next(iter(saved.closed_no.values()), saved.next_no), saved.next_no]
         head["votes"] = votes

@@ -212,6 +212,28 @@ def test_the_codec_writes_the_same_bytes_with_and_without_orjson(monkeypatch: An
     assert codec.loads(RunState, fast[0]) == state
 
 
+def test_the_head_record_holds_what_the_reference_encoder_writes(monkeypatch: Any) -> None:
+    """The head skips walking the parts orjson writes itself (codec.prepare_as): the same
+    data as codec.encode, the codec's reference, with and without orjson."""
+    from streams.state_store import _head_fields, _rank_fields, _vote_fields
+
+    core, _ = make_core({})
+    busy_state(core)
+    feed(core, [[(TOPICS.steps, step("r", n, rank=0, world=8)) for n in range(10, 300)]])
+    state, saved = core.cache["r"], core.store._saved["r"]
+    assert len(state.ranks.pending) > 200 and state.invalid and state.votes.open_rounds
+    expected = {name: codec.encode(getattr(state, name)) for name in _head_fields()}
+    expected["ranks"] = {**{n: codec.encode(getattr(state.ranks, n)) for n in _rank_fields()},
+                         "waiting": codec.encode(list(state.ranks.pending))}
+    expected["votes"] = {**{n: codec.encode(getattr(state.votes, n)) for n in _vote_fields()},
+                         "open": codec.encode(list(state.votes.open_rounds)),
+                         "closed_range": [min(saved.closed_no.values()), saved.next_no]}
+    fast = core.store._head(saved)
+    assert json.loads(fast) == expected
+    monkeypatch.setattr(codec, "orjson", None)
+    assert core.store._head(saved) == fast
+
+
 def test_round_keys_with_separators_stay_apart_in_record_keys() -> None:
     cfg = RunConfig()
     votes, _ = add_result(RunState("r").votes, RoundKey("r", "a|b", "c", "full"), 1, 2, NodeResult("n", True, 0.5),
