@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streams.config import RunConfig
-from streams.evolve import evolve
+from streams.evolve import evolve, stored
 from streams.smoothing import SmoothedPoint
 
 NON_FINITE_FIELDS_KEPT = 64
@@ -48,7 +48,7 @@ class AlertDecision:
 # ------------------------------------------------------------------ breach / cooldown
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class BreachState:
     """Shared shape of a 'once per breach, with a cooldown' rule."""
 
@@ -100,7 +100,7 @@ def check_reward(state: BreachState, point: SmoothedPoint, cfg: RunConfig) -> tu
 # ------------------------------------------------------------------ throughput
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class ThroughputState:
     history: tuple[float, ...] = ()
     breach: BreachState = BreachState()
@@ -137,7 +137,7 @@ def check_throughput(
 # ------------------------------------------------------------------ stalled
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class StallState:
     last_step_at: float | None = None  # worker clock when the run's last step arrived
     last_step: int | None = None
@@ -205,7 +205,7 @@ def check_ended(before_ended: bool, ended: bool, status: str | None, attempt: in
 # ------------------------------------------------------------------ non-finite values
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class NonFiniteState:
     fields: tuple[str, ...] = ()  # fields already alerted on, sorted
     saturated: bool = False  # NON_FINITE_FIELDS_KEPT reached: no more alerts
@@ -240,7 +240,7 @@ def check_non_finite(
 # ------------------------------------------------------------------ invalid input
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class InvalidState:
     last_alert_at: float | None = None
     folded: int = 0  # rejected since the last alert, not alerted on their own

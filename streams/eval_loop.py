@@ -28,18 +28,17 @@ Rules (thresholds in streams.config; the loop is on when `lr_eval_threshold` is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from streams.alerts import AlertDecision
 from streams.config import RunConfig
-from streams.evolve import evolve
+from streams.evolve import evolve, stored
 from streams.triggers import CommandDecision
 from streams.voting import Consensus
 
 _EPS = 1e-9
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class EvalLoopState:
     dataset: str | None = None  # the dataset the loop watches (pinned at its first full-stage result)
     last: tuple[int, int] | None = None  # (attempt, step) of the last round decided on

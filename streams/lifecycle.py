@@ -16,15 +16,14 @@ Rules (CONTRACT.md `run`; every rank sends `running` at start and one terminal s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
-from streams.evolve import evolve
+from streams.evolve import evolve, stored
 
 TERMINAL = ("finished", "failed", "killed")
 MAX_RANKS_TRACKED = 4096
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class Lifecycle:
     attempt: int = 0
     world_size: int = 1

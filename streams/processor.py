@@ -54,7 +54,7 @@ from streams.alerts import (
 )
 from streams.config import RunConfig
 from streams.eval_loop import EvalLoopState, on_consensus
-from streams.evolve import evolve
+from streams.evolve import evolve, stored
 from streams.lifecycle import Lifecycle, on_run_event, saw_attempt
 from streams.ranks import (
     RankReport,
@@ -106,7 +106,7 @@ class Output:
     must_ack: bool = True
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec, streams.evolve)
+@stored  # stored state (streams.codec, streams.evolve)
 class RunState:
     run_id: str
     partition: int | None = None  # the input partition the run lives on (its clock ticks come there)
@@ -250,8 +250,9 @@ def _smooth(
     trigger, commands = decide(trigger, point, cfg, outcome.slope_se)
     reward_alert, alerts = check_reward(state.reward_alert, point, cfg)
     state = evolve(state, smoothing=smoothing, trigger=trigger, reward_alert=reward_alert)
-    outputs.extend(Output(alert_event(state.run_id, a, ready.ts, ready.attempt)) for a in alerts)
-    outputs.extend(Output(command_event(state.run_id, c, ready.ts)) for c in commands)
+    if alerts or commands:  # (rarely: most steps decide nothing)
+        outputs.extend(Output(alert_event(state.run_id, a, ready.ts, ready.attempt)) for a in alerts)
+        outputs.extend(Output(command_event(state.run_id, c, ready.ts)) for c in commands)
     return state, outputs
 
 

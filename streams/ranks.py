@@ -31,21 +31,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from streams.evolve import evolve
+from streams.evolve import evolve, stored
 
 StepKey = tuple[int, int]  # (attempt, step)
 _OPENED_AT = attrgetter("opened_at")
 _RANK = attrgetter("rank")
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class RankReport:
     rank: int
     reward: float | None
     n_samples: int | None
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class PendingStep:
     world_size: int
     opened_at: float  # worker clock at the first report: the wait counts from here
@@ -53,7 +53,7 @@ class PendingStep:
     reports: tuple[RankReport, ...] = ()
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class RankState:
     pending: Mapping[StepKey, PendingStep] = field(default_factory=dict)  # (attempt, step) -> reports so far
 

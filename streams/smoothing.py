@@ -36,7 +36,7 @@ from functools import cache
 from itertools import repeat
 from typing import Literal
 
-from streams.evolve import evolve
+from streams.evolve import evolve, stored
 
 # EMA values kept for steps that left the window: a resume at most this far behind the farthest
 # step the run reached is exact (a resume does not bring back entries a farther attempt pushed out)
@@ -44,7 +44,7 @@ EMA_TRAIL = 32
 ATTEMPTS_KEPT = 32  # where the last attempts started (older boundaries are forgotten)
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class SmoothedPoint:
     step: int
     reward: float
@@ -56,7 +56,7 @@ class SmoothedPoint:
     attempt: int = 0  # the run's attempt (resume) the step belongs to
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class SmoothingState:
     points: tuple[SmoothedPoint, ...] = ()  # the window, sorted by step
     ema_base: float | None = None  # EMA over all steps older than the window

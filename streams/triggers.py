@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from streams.config import RunConfig
-from streams.evolve import evolve
+from streams.evolve import evolve, stored
 from streams.smoothing import SmoothedPoint
 
 Mode = Literal["normal", "fast", "plateau"]
@@ -40,7 +40,7 @@ Mode = Literal["normal", "fast", "plateau"]
 INTERVAL_KEYS = ("eval_interval_steps", "eval_every_steps")
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class TriggerState:
     mode: Mode = "normal"
     interval: int | None = None  # None: the run still uses cfg.eval_interval

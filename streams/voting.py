@@ -35,12 +35,12 @@ from dataclasses import astuple, dataclass, field
 
 from streams.alerts import AlertDecision
 from streams.config import RunConfig
-from streams.evolve import evolve
+from streams.evolve import evolve, stored
 
 CLOSED_ROUNDS_KEPT = 2048  # per run: remembered to refuse late results without re-voting
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class NodeResult:
     node: str
     ok: bool
@@ -59,7 +59,7 @@ class NodeResult:
         return self.total is not None and self.offset is not None and self.verdicts is not None
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class RoundKey:
     run_id: str
     eval_id: str
@@ -73,7 +73,7 @@ class RoundKey:
         return (self.dataset, self.stage)
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class RoundState:
     key: RoundKey
     step: int
@@ -82,7 +82,7 @@ class RoundState:
     results: tuple[NodeResult, ...] = ()
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class Consensus:
     key: RoundKey
     step: int
@@ -96,7 +96,7 @@ class Consensus:
     partial: bool = False
 
 
-@dataclass(frozen=True)  # no slots: stored state (streams.codec)
+@stored  # stored state (streams.codec)
 class VoteState:
     """Keys are structured (RoundKey, (dataset, stage)): never a joined string to split again."""
 
