@@ -21,7 +21,8 @@ Rules (CONTRACT.md 'reward_smoothed')
 - A second report of the same rank for the same step (a redelivery, a retry) adds
   nothing. A report for a step already ready is the caller's to refuse (the smoothing
   window knows which steps were emitted).
-- At most `cap` steps wait at once; beyond that the oldest is made ready as it is (a
+- At most `cap` steps wait at once; beyond that the oldest (the step whose first report
+  came first: the map keeps the steps in that order) is made ready as it is (a
   run whose ranks never all report must not grow the state without bound).
 """
 
@@ -103,13 +104,13 @@ def add_rank(
     pending = evolve(pending, world_size=max(pending.world_size, world), ts=max(pending.ts, ts),
                       reports=(*pending.reports, report))
     rest = dict(state.pending)  # a C-level copy: a run can have hundreds of steps waiting
-    rest.pop(key, None)
     if len(pending.reports) >= pending.world_size:
+        rest.pop(key, None)
         return RankState(rest), [_ready(key, pending, source_id)]
-    rest[key] = pending
+    rest[key] = pending  # a new step joins the end, a waiting one keeps its place: first reported first
     ready: list[StepReward] = []
     while len(rest) > max(1, cap):
-        _, oldest = min(zip(map(_OPENED_AT, rest.values()), rest))  # (opened_at, key) pairs, compared in C
+        oldest = next(iter(rest))  # the step reported first, waiting longest
         ready.append(_ready(oldest, rest.pop(oldest), ""))
     return RankState(rest), ready
 

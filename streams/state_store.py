@@ -365,7 +365,9 @@ def _diff_records(run_id: str, kind: str, old: Any, new: Any, puts: list[tuple[b
     added = False
     for key, value in new.items():
         before = old.get(key)
-        if before is None or _changed(before, value):
+        if before is value:  # most entries: the very object saved last time (the map is copied per change)
+            continue
+        if before is None or before != value:
             puts.append((record_key(run_id, kind, key), codec.dumps(value)))
             added = added or before is None
     gone = [k for k in old if k not in new]

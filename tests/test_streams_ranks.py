@@ -159,25 +159,25 @@ def test_steps_without_world_size_count_at_once_as_before() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 3), st.integers(0, 2)), max_size=60),
        st.integers(1, 5))
-def test_the_step_evicted_is_the_one_waiting_longest_then_the_lowest(reports, cap) -> None:
-    """Beyond `cap` waiting steps the oldest goes out: the least `opened_at` (many share one
-    in a batch), then the least (attempt, step), whatever order the map holds them in."""
+def test_the_step_evicted_is_the_one_reported_first(reports, cap) -> None:
+    """Beyond `cap` waiting steps the oldest goes out: the one whose first report came first,
+    whatever the clock says (it repeats within a batch and may step back) and whatever
+    reports came for the others since."""
     state = RankState()
-    opened: dict[tuple[int, int], float] = {}  # the model: when each waiting step opened, its ranks
-    ranks: dict[tuple[int, int], set[int]] = {}
+    waiting: dict[tuple[int, int], set[int]] = {}  # the model: waiting steps in first-report order
     for i, (step, rank, tick) in enumerate(reports):
-        now = float(i // 4 + tick)  # a clock that repeats (one batch) and may step back
+        now = float(i // 4 + tick)
         key = (step % 2, step)
         state, ready = add_rank(state, key, 4, RankReport(rank, 1.0, None), 1.0, f"e{i}", now=now, cap=cap)
         expected = []
-        if rank not in ranks.get(key, set()):
-            opened.setdefault(key, now)
-            ranks.setdefault(key, set()).add(rank)
-            if len(ranks[key]) == 4:  # complete: it leaves, nothing is evicted
-                del opened[key], ranks[key]
-            while len(opened) > cap:
-                oldest = min(opened, key=lambda k: (opened[k], k))
+        if rank not in waiting.get(key, set()):
+            waiting.setdefault(key, set()).add(rank)
+            if len(waiting[key]) == 4:  # complete: it leaves, nothing is evicted
+                del waiting[key]
+            while len(waiting) > cap:
+                oldest = next(iter(waiting))
                 expected.append(oldest)
-                del opened[oldest], ranks[oldest]
+                del waiting[oldest]
         assert [(r.attempt, r.step) for r in ready if r.source_id == ""] == expected
-        assert {k: p.opened_at for k, p in state.pending.items()} == opened
+        assert list(state.pending) == list(waiting)
+        assert [len(p.reports) for p in state.pending.values()] == [len(r) for r in waiting.values()]
