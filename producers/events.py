@@ -354,6 +354,7 @@ def _slot_builders(cls: type[Event]) -> tuple[Any, Any, Any]:
     built[2].__doc__ = Event.to_dict.__doc__
     return built
 
+
 # What `to_dict` writes for a field of a kind (v: the field's value, not None); others as they are.
 _PLAIN_FORM = {"int_list": "list(v)", "str_list": "list(v)", "sample_list": "[dict(x) for x in v]",
                "float_map": "dict(v)", "json_map": "dict(v)"}
@@ -392,13 +393,12 @@ _REQUIRED: dict[type, tuple[str, ...]] = {}
 
 
 def _required(cls: type[Event]) -> tuple[str, ...]:
-    """The fields of `cls` a writer must send: not optional and without a default."""
+    """The fields of `cls` a writer must send: those without a default (the reader takes
+    them as they are)."""
     found = _REQUIRED.get(cls)
     if found is None:
-        fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
-        found = _REQUIRED[cls] = tuple(
-            c.name for c in field_checks(cls) if not c.optional and fields[c.name].default is dataclasses.MISSING
-            and fields[c.name].default_factory is dataclasses.MISSING)
+        found = _REQUIRED[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                                       and f.default_factory is dataclasses.MISSING)
     return found
 
 

@@ -165,16 +165,19 @@ def _float_map_ok(v: Any) -> bool:
 _ACCEPT_GLOBALS = {"_inf": math.inf, "_proxy": types.MappingProxyType, "_float_map_ok": _float_map_ok}
 
 
-def _compile_accept(params: list[str], terms: list[str], consts: dict[str, Any], name: str) -> Callable[..., bool]:
-    body = " and ".join(f"({t})" for t in terms) or "True"
-    namespace = {**_ACCEPT_GLOBALS, **consts}
+def _accept_body(terms: list[str]) -> str:
+    return " and ".join(f"({t})" for t in terms) or "True"
+
+
+def _compile_accept(params: list[str], body: str, namespace: dict[str, Any], name: str) -> Callable[..., bool]:
     exec(f"def {name}({', '.join(params)}):\n    return {body}\n", namespace)  # noqa: S102 - our own text
     return namespace[name]  # type: ignore[no-any-return]
 
 
 def _passes(kind: str, optional: bool, r: Rule) -> Callable[[Any], bool]:
-    consts: dict[str, Any] = {}
-    return _compile_accept(["v"], [_accept_source(kind, optional, r, "v", consts)], consts, "accept")
+    namespace: dict[str, Any] = dict(_ACCEPT_GLOBALS)
+    return _compile_accept(["v"], _accept_body([_accept_source(kind, optional, r, "v", namespace)]), namespace,
+                           "accept")
 
 
 _RECORD_ACCEPT: dict[type, Callable[..., bool]] = {}
@@ -187,7 +190,7 @@ def record_accept_source(cls: type, names: list[str]) -> tuple[str, dict[str, An
     in one expression (`record_accept`, the records' generated __init__ and reader)."""
     consts: dict[str, Any] = dict(_ACCEPT_GLOBALS)
     terms = [_accept_source(c.kind, c.optional, c.rule, v, consts) for c, v in zip(field_checks(cls), names)]
-    return " and ".join(f"({t})" for t in terms) or "True", consts
+    return _accept_body(terms), consts
 
 
 def record_accept(cls: type) -> Callable[..., bool]:
@@ -196,9 +199,8 @@ def record_accept(cls: type) -> Callable[..., bool]:
     found = _RECORD_ACCEPT.get(cls)
     if found is None:
         params = [f"v{i}" for i in range(len(field_checks(cls)))]
-        body, namespace = record_accept_source(cls, params)
-        exec(f"def accept_{cls.__name__}({', '.join(params)}):\n    return {body}\n", namespace)  # noqa: S102
-        found = _RECORD_ACCEPT[cls] = namespace[f"accept_{cls.__name__}"]
+        found = _RECORD_ACCEPT[cls] = _compile_accept(params, *record_accept_source(cls, params),
+                                                      f"accept_{cls.__name__}")
     return found
 
 
