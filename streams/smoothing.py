@@ -103,14 +103,20 @@ def _fit(steps: list[int], values: list[float], with_se: bool) -> tuple[float, f
     if n < 2:
         return 0.0, 0.0
     mean_x = sum(steps) / n
-    mean_y = sum(values) / n
     # map over C operators: the same float operations as the comprehensions, without a
     # Python-level loop (the worker fits the window once per step)
     dx = list(map(operator.sub, steps, repeat(mean_x)))
-    dy = list(map(operator.sub, values, repeat(mean_y)))
     sxx = _sum_of_squares(dx)
     if sxx == 0:
         return 0.0, 0.0
+    return _fit_centred(dx, sxx, values, with_se)
+
+
+def _fit_centred(dx: list[float], sxx: float, values: list[float], with_se: bool) -> tuple[float, float]:
+    """`_fit` once the steps' deviations from their mean (`dx`, sxx > 0) are known."""
+    n = len(dx)
+    mean_y = sum(values) / n
+    dy = list(map(operator.sub, values, repeat(mean_y)))
     slope = _dot(dx, dy) / sxx
     if not with_se or n < 3:
         return slope, 0.0
@@ -134,12 +140,7 @@ def _window_fit(steps: list[int], values: list[float]) -> tuple[float, float]:
     n = len(steps)
     if n < 3 or steps[-1] - steps[0] != n - 1 or steps[-1] >= 1 << 50:
         return _fit(steps, values, with_se=True)
-    dx, sxx = _centred_run(n)
-    mean_y = sum(values) / n
-    dy = list(map(operator.sub, values, repeat(mean_y)))
-    slope = _dot(dx, dy) / sxx
-    residual = list(map(operator.sub, dy, map(operator.mul, repeat(slope), dx)))  # e - slope * d
-    return slope, math.sqrt(max(0.0, _sum_of_squares(residual)) / (n - 2) / sxx)
+    return _fit_centred(*_centred_run(n), values, with_se=True)
 
 
 def ls_slope(steps: list[int], values: list[float]) -> float:
