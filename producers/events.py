@@ -299,7 +299,7 @@ def _slot_builders(cls: type[Event]) -> tuple[Any, Any, Any]:
     `__init__` has the dataclass's signature and defaults. The reader takes each field from
     the object by name (one that is absent gets its default; other keys are ignored), as
     `cls(**{known keys})` would, without filtering the object into keyword arguments and
-    matching them to 20-30 parameters by name (a fifth of the stream worker's CPU at one
+    matching them to 20-30 parameters by name (14 % of the stream worker's samples at one
     rank); its caller checks first that the fields without a default are there. Both do
     what `__post_init__` does, inline: lists and dicts of list and map fields become their
     immutable forms, each field is written through its slot's descriptor (a frozen
