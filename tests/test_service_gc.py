@@ -10,7 +10,10 @@ import os
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,3 +70,23 @@ def test_the_client_leaves_a_trainers_gc_as_it_was(tmp_path: Path) -> None:
         run.finish()
     """, tmp_path)
     assert seen == {"frozen": 0, "threshold": [700, 10, 10]}
+
+
+@pytest.mark.broker
+def test_the_worker_process_settles_the_gc_before_faust_runs(tmp_path: Path, kafka_bootstrap: str) -> None:
+    """`python -m streams`'s main against the real broker, up to the moment Faust's worker
+    would start: by then the collector is settled."""
+    prefix = f"gc{uuid.uuid4().hex[:6]}."
+    seen = run_python(f"""
+        import gc, json, os
+        os.environ.update(AREAL_KAFKA_BOOTSTRAP={kafka_bootstrap!r}, AREAL_TOPIC_PREFIX={prefix!r})
+        import faust
+        import streams.__main__ as entry
+
+        def started(self):  # where Faust's worker would take over the process
+            print(json.dumps({{"frozen": gc.get_freeze_count(), "young": gc.get_threshold()[0]}}))
+
+        faust.Worker.execute_from_commandline = started
+        entry.main()
+    """, tmp_path)
+    assert seen["frozen"] > 0 and seen["young"] == 20_000
