@@ -1,8 +1,9 @@
 """`python -m sinks`: run the ClickHouse sink until SIGTERM/SIGINT.
 
 Environment: AREAL_KAFKA_BOOTSTRAP, AREAL_TOPIC_PREFIX, AREAL_CLICKHOUSE_URL,
-AREAL_HOME; optional AREAL_SINK_MAX_ROWS (default 5000) and
-AREAL_SINK_MAX_WAIT_MS (default 500): the batching policy;
+AREAL_HOME; optional AREAL_SINK_MAX_ROWS (default 5000),
+AREAL_SINK_MAX_WAIT_MS (default 500) and AREAL_SINK_IDLE_MS (default 50; 0: off,
+wait out MAX_WAIT): the batching policy;
 AREAL_SINK_INSTANCE_ID (default <group>@<host>): the static member id
 of this sink in its consumer group (give each sink of one group its own);
 AREAL_SINK_STOP_MERGES=1 (audits, tests): no background merges, so the raw
@@ -32,6 +33,7 @@ def main() -> int:
     policy = BatchPolicy(
         max_rows=int(os.environ.get("AREAL_SINK_MAX_ROWS", "5000")),
         max_wait_s=int(os.environ.get("AREAL_SINK_MAX_WAIT_MS", "500")) / 1000,
+        idle_s=int(os.environ.get("AREAL_SINK_IDLE_MS", "50")) / 1000,
     )
     stop_merges = os.environ.get("AREAL_SINK_STOP_MERGES", "") == "1"
     http_port = int(os.environ.get("AREAL_SINK_HTTP_PORT", "0"))

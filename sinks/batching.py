@@ -21,16 +21,22 @@ TopicPartition = tuple[str, int]
 
 @dataclass(frozen=True, slots=True)
 class BatchPolicy:
-    """Flush when `max_rows` rows are buffered or the oldest waited `max_wait_s`, whichever first."""
+    """Flush when `max_rows` rows are buffered or the oldest waited `max_wait_s`, whichever
+    first; and, when `idle_s` > 0, as soon as the log has been quiet for `idle_s` (a poll that
+    long brought nothing): the end of a burst is stored at once instead of waiting out
+    `max_wait_s`, while a steady stream still goes in blocks of up to `max_rows`."""
 
     max_rows: int = 5_000
     max_wait_s: float = 0.5
+    idle_s: float = 0.05
 
     def __post_init__(self) -> None:
         if self.max_rows < 1:
             raise ValueError("max_rows must be >= 1")
         if self.max_wait_s < 0:
             raise ValueError("max_wait_s must be >= 0")
+        if self.idle_s < 0:
+            raise ValueError("idle_s must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,17 +90,28 @@ class Batcher(Generic[T]):
         buf.items.append(item)
         self.total += 1
 
-    def due(self, now: float) -> bool:
+    def due(self, now: float, quiet: bool = False) -> bool:
+        """Whether to flush now; `quiet`: the last poll (`poll_timeout` long) brought nothing."""
         if self.total >= self.policy.max_rows:
+            return True
+        if quiet and self.total and self.policy.idle_s > 0:
             return True
         return any(buf.offsets and now - buf.since >= self.policy.max_wait_s for buf in self._buffers.values())
 
     def wait_left(self, now: float) -> float:
-        """Seconds until the oldest buffer is due (the poll timeout); max_wait when empty."""
+        """Seconds until the oldest buffer is due by age; max_wait when empty."""
         ages = [now - b.since for b in self._buffers.values() if b.offsets]
         if not ages:
             return self.policy.max_wait_s
         return max(0.0, self.policy.max_wait_s - max(ages))
+
+    def poll_timeout(self, now: float) -> float:
+        """How long the next poll may wait: until a buffer is due by age, and no longer than
+        `idle_s` while rows are buffered (a poll that long with nothing new means quiet)."""
+        left = self.wait_left(now)
+        if self.total and self.policy.idle_s > 0:
+            return min(left, self.policy.idle_s)
+        return left
 
     def take(
         self,

@@ -167,13 +167,14 @@ class Sink:
             last_report = time.monotonic()
             while not self.stop_event.is_set():
                 now = time.monotonic()
-                timeout_ms = max(10, int(self.batcher.wait_left(now) * 1000))
+                # at most a second: stop() is seen within one poll, whatever max_wait is
+                timeout_ms = min(1000, max(10, int(self.batcher.poll_timeout(now) * 1000)))
                 polled = self.consumer.poll(timeout_ms=timeout_ms, max_records=self.policy.max_rows)
                 now = time.monotonic()
                 for tp, messages in polled.items():
                     for m in messages:
                         self.batcher.add((tp.topic, tp.partition), m.offset, m, now)
-                if self.batcher.due(now):
+                if self.batcher.due(now, quiet=not polled):
                     self.flush()
                 if now - last_report > 30:
                     log.info("sink stats: %s", self.stats)

@@ -289,6 +289,28 @@ def test_store_outage_backs_off_and_catches_up(running_sink: Sink, kafka_bootstr
     no_duplicate_positions(client)
 
 
+def test_the_end_of_a_burst_is_stored_without_waiting_out_max_wait(settings: Settings, kafka_bootstrap: str,
+                                                                   topics: Topics) -> None:
+    """A minute's max_wait, but the log goes quiet after the burst: the rows are stored at once."""
+    sink = Sink(settings, policy=BatchPolicy(max_rows=5_000, max_wait_s=60, idle_s=0.05))
+    thread = threading.Thread(target=sink.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: sink.consumer is not None and sink.client is not None, 60, "the sink to start")
+        wait_for(lambda: bool(sink.consumer.assignment()), 30, "the sink's partitions")
+        time.sleep(0.5)  # past the first poll, so the burst does not find a buffer aged since start-up
+        producer = Producer(kafka_bootstrap, topics)
+        events = [StepEvent(run_id="burst", step=i, epoch=0, reward=0.5) for i in range(50)]
+        for e in events:
+            producer.send(e)
+        producer.close()
+        wait_for(lambda: counts(sink.client)["steps"] == 50, 20, "the burst's rows, long before max_wait")
+        assert sink.stats["rows"] == 50
+    finally:
+        sink.stop()
+        thread.join(30)
+
+
 def test_replay_refuses_to_lose_data(settings: Settings, kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
     """No topics, or a log whose start retention deleted: refused before any table is touched."""
     from kafka import KafkaAdminClient

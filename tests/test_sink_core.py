@@ -43,6 +43,25 @@ def test_flush_by_rows_or_time_whichever_first() -> None:
     assert b.wait_left(10.6) == pytest.approx(0.4)
 
 
+def test_a_quiet_log_flushes_what_is_buffered_before_the_wait_is_out() -> None:
+    b: Batcher[int] = Batcher(BatchPolicy(max_rows=100, max_wait_s=1.0, idle_s=0.05))
+    assert b.poll_timeout(10.0) == pytest.approx(1.0)  # nothing buffered: nothing to flush early
+    assert not b.due(10.0, quiet=True)
+    b.add(("t", 0), 0, 0, now=10.0)
+    assert b.poll_timeout(10.0) == pytest.approx(0.05)  # rows waiting: poll no longer than idle_s
+    assert not b.due(10.05)  # the poll brought more: keep filling the block
+    assert b.due(10.05, quiet=True)  # it brought nothing: store the rows now
+    assert b.poll_timeout(10.97) == pytest.approx(0.03)  # and never past the wait
+
+
+def test_idle_flush_off_waits_out_max_wait() -> None:
+    b: Batcher[int] = Batcher(BatchPolicy(max_rows=100, max_wait_s=1.0, idle_s=0))
+    b.add(("t", 0), 0, 0, now=10.0)
+    assert b.poll_timeout(10.0) == pytest.approx(1.0)
+    assert not b.due(10.5, quiet=True)
+    assert b.due(11.0, quiet=True)
+
+
 def test_chunks_are_per_partition_contiguous_and_capped() -> None:
     b: Batcher[int] = Batcher(BatchPolicy(max_rows=2, max_wait_s=0))
     for o in range(5):
@@ -100,6 +119,8 @@ def test_backoff_doubles_up_to_the_cap() -> None:
 def test_policy_rejects_nonsense() -> None:
     with pytest.raises(ValueError):
         BatchPolicy(max_rows=0)
+    with pytest.raises(ValueError):
+        BatchPolicy(idle_s=-0.1)
 
 
 def test_rows_are_column_oriented_and_identical_when_rebuilt() -> None:
