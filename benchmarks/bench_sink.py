@@ -40,6 +40,9 @@ def produce(bootstrap: str, topics: Topics, events: list[StepEvent]) -> list[byt
     return payloads
 
 
+LATENCY_POLICIES = (("500ms", 500, 0), ("50ms", 50, 0), ("500ms+idle50ms", 500, 50))  # (key suffix, max_wait, idle)
+
+
 def bench_direct(url: str, payloads: list[bytes], chunk: int) -> dict[str, float]:
     """Parse + build + insert the same messages straight into the engine, no Kafka."""
     client = open_client(Target.parse(url), readonly=False, use_database=False)
@@ -114,13 +117,15 @@ def main() -> None:
             url = f"chdb://{store_dir}"
             result.update(bench_direct(url, payloads, args.max_rows))
             settings = Settings(kafka_bootstrap=bootstrap, topic_prefix=topics.prefix, clickhouse_url=url)
-            for wait_ms in (500, 50):
-                policy = BatchPolicy(max_rows=args.max_rows, max_wait_s=wait_ms / 1000)
-                sink, thread, figures = bench_sink(settings, args.events if wait_ms == 500 else 0, policy)
-                if wait_ms == 500:
+            # the wait alone (idle flush off), then the default (max_wait 500 ms, flush once quiet for 50 ms)
+            for name, wait_ms, idle_ms in LATENCY_POLICIES:
+                policy = BatchPolicy(max_rows=args.max_rows, max_wait_s=wait_ms / 1000, idle_s=idle_ms / 1000)
+                first = name == LATENCY_POLICIES[0][0]
+                sink, thread, figures = bench_sink(settings, args.events if first else 0, policy)
+                if first:
                     result.update(figures)
                 lat = bench_latency(settings, args.samples)
-                result.update({f"{k}@{wait_ms}ms": v for k, v in lat.items()})
+                result.update({f"{k}@{name}": v for k, v in lat.items()})
                 sink.stop()
                 thread.join(60)
     finally:
@@ -137,9 +142,9 @@ def main() -> None:
             ("sink: Kafka -> validate -> insert -> commit", f"{result['sink_rows_per_s']:,.0f} rows/s", f"{ratio:.2f} of direct"),
         ]
         + [
-            (f"publish() -> visible to sql, max_wait {w} ms p50 / p99",
-             f"{result[f'latency_ms_p50@{w}ms']:.0f} / {result[f'latency_ms_p99@{w}ms']:.0f} ms", "")
-            for w in (500, 50)
+            (f"publish() -> visible to sql, max_wait {w} ms, idle flush {f'{i} ms' if i else 'off'} p50 / p99",
+             f"{result[f'latency_ms_p50@{name}']:.0f} / {result[f'latency_ms_p99@{name}']:.0f} ms", "")
+            for name, w, i in LATENCY_POLICIES
         ],
     )
     if args.json:
