@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -11,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -128,16 +130,25 @@ def settings(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> Settings:
                     clickhouse_url=f"chdb://{tmp_path / 'clickhouse'}")
 
 
-@pytest.fixture
-def running_sink(settings: Settings) -> Iterator[Sink]:
-    sink = Sink(settings, policy=BatchPolicy(max_rows=500, max_wait_s=0.1), stop_merges=True)
+@contextlib.contextmanager
+def sink_in_a_thread(settings: Settings, policy: BatchPolicy, **options: Any) -> Iterator[Sink]:
+    """A sink running in this process (its client and stats are the test's to read); stopped on exit."""
+    sink = Sink(settings, policy=policy, **options)
     thread = threading.Thread(target=sink.run, daemon=True)
     thread.start()
-    wait_for(lambda: sink.consumer is not None, 60, "the sink to start")
-    yield sink
-    sink.stop()
-    thread.join(30)
+    try:
+        wait_for(lambda: sink.consumer is not None, 60, "the sink to start")
+        yield sink
+    finally:
+        sink.stop()
+        thread.join(30)
     assert not thread.is_alive()
+
+
+@pytest.fixture
+def running_sink(settings: Settings) -> Iterator[Sink]:
+    with sink_in_a_thread(settings, BatchPolicy(max_rows=500, max_wait_s=0.1), stop_merges=True) as sink:
+        yield sink
 
 
 def test_resent_events_and_bad_input_give_exact_rows(running_sink: Sink, kafka_bootstrap: str, topics: Topics) -> None:
@@ -292,11 +303,7 @@ def test_store_outage_backs_off_and_catches_up(running_sink: Sink, kafka_bootstr
 def test_the_end_of_a_burst_is_stored_without_waiting_out_max_wait(settings: Settings, kafka_bootstrap: str,
                                                                    topics: Topics) -> None:
     """A minute's max_wait, but the log goes quiet after the burst: the rows are stored at once."""
-    sink = Sink(settings, policy=BatchPolicy(max_rows=5_000, max_wait_s=60, idle_s=0.05))
-    thread = threading.Thread(target=sink.run, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: sink.consumer is not None and sink.client is not None, 60, "the sink to start")
+    with sink_in_a_thread(settings, BatchPolicy(max_rows=5_000, max_wait_s=60, idle_s=0.05)) as sink:
         wait_for(lambda: bool(sink.consumer.assignment()), 30, "the sink's partitions")
         time.sleep(0.5)  # past the first poll, so the burst does not find a buffer aged since start-up
         producer = Producer(kafka_bootstrap, topics)
@@ -306,9 +313,6 @@ def test_the_end_of_a_burst_is_stored_without_waiting_out_max_wait(settings: Set
         producer.close()
         wait_for(lambda: counts(sink.client)["steps"] == 50, 20, "the burst's rows, long before max_wait")
         assert sink.stats["rows"] == 50
-    finally:
-        sink.stop()
-        thread.join(30)
 
 
 def test_replay_refuses_to_lose_data(settings: Settings, kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
