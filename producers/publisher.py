@@ -248,8 +248,9 @@ class Publisher:
             with self._order_lock:
                 if not self._queue:
                     break
-                event = self._queue.popleft()
-                self._send(*self._encode(event))
+                # popped only once it is in flight or journaled: flush() never sees it nowhere
+                self._send(*self._encode(self._queue[0]))
+                self._queue.popleft()
             worked = True
             if self._journal.has_pending():
                 break
@@ -266,8 +267,8 @@ class Publisher:
         """Caller holds _order_lock."""
         moved = False
         while self._queue:
-            event = self._queue.popleft()
-            self._spill(*self._encode(event))
+            self._spill(*self._encode(self._queue[0]))  # journaled, then popped (see _step)
+            self._queue.popleft()
             moved = True
         return moved
 
@@ -316,13 +317,14 @@ class Publisher:
         """Count acknowledged messages; failed ones (delivery timeout) go to the journal."""
         worked = False
         while self._in_flight and self._in_flight[0].future.is_done:
-            item = self._in_flight.popleft()
+            item = self._in_flight[0]
             worked = True
             if item.future.succeeded():
                 self._sent += 1
             else:
                 self._failed += 1
-                self._spill(item.topic, item.key, item.value)
+                self._spill(item.topic, item.key, item.value)  # journaled before it leaves in_flight
+            self._in_flight.popleft()
         return worked
 
     def _start_resend(self) -> bool:
@@ -385,8 +387,8 @@ class Publisher:
                 self._sent += 1
             else:
                 older.append((item.topic, item.key, item.value))
-        self._in_flight.clear()
         self._journal.prepend(older)
+        self._in_flight.clear()
         self._spilled += len(older)
         with self._order_lock:
             self._queue_to_journal()

@@ -127,6 +127,40 @@ def test_broker_down_while_publishing_loses_nothing_and_keeps_order(kafka_broker
     assert len(ids) - len(set(ids)) <= 1
 
 
+class SlowRecord:
+    """An `Outgoing` whose encoding takes a while: it widens the moment the sender holds it."""
+
+    def __init__(self, run_id: str, seconds: float = 0.5):
+        self.run_id, self.seconds = run_id, seconds
+
+    def encode(self, topics):
+        time.sleep(self.seconds)
+        return topics.steps, self.run_id.encode(), StepEvent(run_id=self.run_id, step=0, epoch=0, reward=0.5).to_json()
+
+
+def test_flush_is_not_fooled_while_the_sender_journals_a_record(topics, tmp_path):
+    """An unreachable broker: the record is being moved to the journal, never acknowledged, so flush says False.
+
+    (It once said True while the sender had the record in hand, between queue and
+    journal: `publish` then printed "published" to a broker nowhere.)"""
+    publisher = Publisher(f"127.0.0.1:{free_port()}", topics, tmp_path / "journal")
+    publisher.publish(SlowRecord("r-slow"))
+    assert not publisher.flush(1.0)
+    assert publisher.flush(5.0, journaled_ok=True)
+    publisher.close(timeout=1)
+    assert publisher.stats().spilled == 1 and publisher.journal.has_pending()
+
+
+def test_flush_waits_for_the_acknowledgement_of_a_record_being_encoded(kafka_bootstrap, topics, tmp_path, client):
+    publisher = Publisher(kafka_bootstrap, topics, tmp_path / "journal", kafka_client=client)
+    publisher.publish(StepEvent(run_id="r-first", step=0, epoch=0, reward=0.5))
+    assert publisher.flush(30)  # connected: the next record goes straight into the client
+    publisher.publish(SlowRecord("r-slow"))
+    assert publisher.flush(30)
+    assert publisher.stats().sent == 2
+    publisher.close()
+
+
 @pytest.mark.skipif(len(CLIENTS) < 2, reason="confluent-kafka is not installed")
 def test_both_clients_put_a_run_on_the_same_partition(kafka_bootstrap, topics, tmp_path):
     """Order per run survives a change of client: the same key lands on the same partition (murmur2)."""
