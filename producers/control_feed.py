@@ -76,13 +76,13 @@ class ControlFeed:
                 return
             tps = [TopicPartition(self._topic, p) for p in sorted(partitions)]
             consumer.assign(tps)
+            # The ends first: a command written after this lookup is past no end we
+            # seek to (seeking to "the end" later could skip it).
+            ends = consumer.end_offsets(tps)
             offsets = consumer.offsets_for_times({tp: self._since_ms for tp in tps})
             for tp in tps:
                 found = offsets.get(tp)
-                if found is None:
-                    consumer.seek_to_end(tp)
-                else:
-                    consumer.seek(tp, found.offset)
+                consumer.seek(tp, ends[tp] if found is None else found.offset)
                 consumer.position(tp)  # resolve the lazy reset now, so `ready` means ready
             self.ready.set()
             while not self._stop.is_set():

@@ -252,6 +252,37 @@ def test_commands_arrive_for_this_run_and_node(stack_env: dict[str, str], topics
         run.finish()
 
 
+def test_a_command_sent_while_the_feed_positions_itself_is_not_skipped(topics: Topics, kafka_bootstrap: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command lands between the feed's lookup by time (nothing newer yet) and its seek.
+
+    The feed once sought "to the end" there, past the command: a trainer starting up
+    as its operator sent `stop` never stopped."""
+    import kafka
+
+    from producers.control_feed import ControlFeed
+
+    lookup = kafka.KafkaConsumer.offsets_for_times
+
+    def lookup_then_command(self, timestamps):
+        found = lookup(self, timestamps)
+        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        producer.send(topics.control, key=b"feed-run", value=CommandEvent(run_id="feed-run", command="stop").to_json())
+        producer.flush(30)
+        producer.close()
+        return found
+
+    monkeypatch.setattr(kafka.KafkaConsumer, "offsets_for_times", lookup_then_command)
+    feed = ControlFeed({"bootstrap_servers": [kafka_bootstrap]}, topics.control, "feed-run", "me:0", since=time.time())
+    try:
+        assert feed.ready.wait(60)
+        got: list[CommandEvent] = []
+        wait_for(lambda: got.extend(feed.drain()) or got, 30, "the command sent during the lookup")
+        assert [c.command for c in got] == ["stop"]
+    finally:
+        feed.close()
+
+
 def test_a_publisher_never_closed_delivers_at_exit(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
     code = f"""
         from producers.events import StepEvent
