@@ -8,9 +8,9 @@ import sys
 import time
 
 import pytest
-from kafka import KafkaConsumer
 
 from producers.events import parse_event
+from tests.kafka_reading import read_to_end
 
 CLI = [sys.executable, "-m", "areal_metrics"]
 
@@ -46,10 +46,7 @@ def test_publish_validates_dead_letters_and_exits_2(stack_env, topics, kafka_boo
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "areal-metrics publish: error: line 2: steps.step: must be >= 0 (got -3) (sent to the dead-letter topic)")
-    consumer = KafkaConsumer(topics.control, topics.deadletter, bootstrap_servers=kafka_bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=5000)
-    got = {m.topic: parse_event(m.value) for m in consumer}
-    consumer.close()
+    got = {m.topic: parse_event(m.value) for m in read_to_end(kafka_bootstrap, topics.control, topics.deadletter)}
     assert got[topics.control].command == "evaluate_now"
     assert got[topics.deadletter].reason == "steps.step: must be >= 0 (got -3)"
     assert json.loads(got[topics.deadletter].raw) == bad
