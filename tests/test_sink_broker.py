@@ -225,14 +225,21 @@ def test_sigkill_mid_batch_repeatedly_loses_and_duplicates_nothing(stack_env: di
     stream = events + resent
     random.Random(7).shuffle(stream)
     stop_producing = threading.Event()
+    # One slice of the input per sink, released as that sink starts: every sink has
+    # work to commit before it is killed, however slowly the machine restarts them.
+    slices = [stream[i::5] for i in range(5)]
+    go = [threading.Event() for _ in slices]
 
     def produce() -> None:
         producer = Producer(kafka_bootstrap, topics)
-        for i, e in enumerate(stream):
-            producer.send(e)
-            if i % 100 == 99:
-                producer.producer.flush()
-                time.sleep(0.5)  # ~9 s of steady input, so kills land while batches are in flight
+        for part, released in zip(slices, go):
+            assert released.wait(300)
+            for i, e in enumerate(part):
+                producer.send(e)
+                if i % 100 == 99:
+                    producer.producer.flush()
+                    time.sleep(0.5)  # steady input, so kills land while batches are in flight
+            producer.producer.flush()
         producer.close()
         stop_producing.set()
 
@@ -242,7 +249,8 @@ def test_sigkill_mid_batch_repeatedly_loses_and_duplicates_nothing(stack_env: di
         producer_thread.start()
         rng = random.Random(3)
         kills = 0
-        for _ in range(4):
+        for released in go[:4]:
+            released.set()
             # Kill a sink at work: once it has committed a batch (its start takes 1-2 s on a
             # quiet machine, far longer under load), a little later, mid-way through the next.
             wait_for(lambda: "committed" in log.read_text().rsplit("=== SIGKILL", 1)[-1], 120,
@@ -253,6 +261,7 @@ def test_sigkill_mid_batch_repeatedly_loses_and_duplicates_nothing(stack_env: di
             kills += 1
             log.open("a").write(f"=== SIGKILL {kills} ===\n")
             sink = start_sink_process(env, log)
+        go[4].set()
         producer_thread.join(60)
         assert stop_producing.is_set()
 
@@ -311,8 +320,9 @@ def test_the_end_of_a_burst_is_stored_without_waiting_out_max_wait(settings: Set
         for e in events:
             producer.send(e)
         producer.close()
-        wait_for(lambda: counts(sink.client)["steps"] == 50, 20, "the burst's rows, long before max_wait")
-        assert sink.stats["rows"] == 50
+        # the sink counts its rows just after the insert that made them visible
+        wait_for(lambda: counts(sink.client)["steps"] == 50 and sink.stats["rows"] == 50, 30,
+                 "the burst's rows, long before max_wait")
 
 
 def test_replay_refuses_to_lose_data(settings: Settings, kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
