@@ -79,7 +79,10 @@ def test_two_ranks_publish_steps_and_evals_and_obey_commands(kafka_bootstrap, to
                       ).get(timeout=30)  # an invalid command: the client's feed skips it, training goes on
         newest = max(e.step for e in collector.of(StepEvent))
         command("set_eval_interval", steps=7)
-        command("scale_lr", factor=0.5, from_step=newest + 15)  # the closed loop's form: from a step boundary on
+        # the closed loop's form: from a step boundary on, far enough ahead that the command
+        # (sent after the collector saw `newest`, which lags the ranks) arrives before it
+        boundary = newest + 100
+        command("scale_lr", factor=0.5, from_step=boundary)
         command("evaluate_now")
         collector.until(lambda: all(s and s[-1].metrics["lr_scale"] == 0.5 for s in
                                     (collector.steps_by_rank()[0], collector.steps_by_rank()[1])), 120,
@@ -108,7 +111,7 @@ def test_two_ranks_publish_steps_and_evals_and_obey_commands(kafka_bootstrap, to
                for r in (0, 1)}
     assert history[0] == history[1]
     lr_step = first_step_where(by_rank[0], lambda e: e.metrics["lr_scale"] == 0.5)
-    assert lr_step == newest + 16 and by_rank[0][lr_step - 1].lr == pytest.approx(by_rank[0][0].lr / 2)
+    assert lr_step == boundary + 1 and by_rank[0][lr_step - 1].lr == pytest.approx(by_rank[0][0].lr / 2)
     interval_at = first_step_where(by_rank[0], lambda e: e.metrics["eval_interval"] == 7) - 1
     evaluate_now_at = first_step_where(by_rank[0], lambda e: e.metrics["commands_applied"] == 2) - 1
 
