@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from kafka import KafkaConsumer
 
 from areal_train.config import TrainConfig
 from areal_train.launch import start
-from producers.events import parse_event
+from producers.events import StepEvent, parse_event
 from producers.settings import Settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(720)]
@@ -36,7 +37,9 @@ QUIET_TRAINING = TrainConfig(eval_every_steps=None, eval_at_start=False, eval_at
                              warmstart_steps=FAULT_WARMSTART_STEPS)
 
 
-def consume_steps(bootstrap: str, topic: str, run_id: str, until: int, timeout: float) -> list:
+def consume_steps(bootstrap: str, topic: str, run_id: str, until: int, timeout: float,
+                  where: Callable[[StepEvent], bool] = lambda e: True) -> list:
+    """`run_id`'s step events (those `where` keeps) from the start, until `until` distinct ones or `timeout`."""
     consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                              enable_auto_commit=False, group_id=None)
     out = []
@@ -44,7 +47,7 @@ def consume_steps(bootstrap: str, topic: str, run_id: str, until: int, timeout: 
     try:
         while len({e.event_id for e in out}) < until and time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=500).values():
-                out.extend(e for e in (parse_event(r.value) for r in records) if e.run_id == run_id)
+                out.extend(e for e in (parse_event(r.value) for r in records) if e.run_id == run_id and where(e))
     finally:
         consumer.close()
     return out
@@ -154,8 +157,8 @@ def test_a_dead_rank_ends_its_run_with_a_critical_alert_while_other_runs_flow(ka
 
         # The other run kept publishing after the death, and is not stalled.
         assert survivor.poll() is None
-        later = [e for e in consume_steps(kafka_bootstrap, topics.steps, "fault-alive", until=10**9, timeout=5)
-                 if e.ts > killed_at + 1]
+        later = consume_steps(kafka_bootstrap, topics.steps, "fault-alive", until=1, timeout=60,
+                              where=lambda e: e.ts > killed_at + 1)
         assert later, "the surviving run stopped publishing"
         for records in alerts.poll(timeout_ms=500).values():
             for a in (parse_event(r.value) for r in records):
