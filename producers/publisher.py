@@ -117,6 +117,8 @@ class Publisher:
         self._order_lock = threading.Lock()  # the journal is appended in publish order
         self._wake = threading.Event()
         self._closing = False
+        self._close_lock = threading.Lock()
+        self._close_started = False
         self._abandoned = False  # close() gave up waiting for the sender thread
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="areal-publisher", daemon=True)
@@ -168,8 +170,10 @@ class Publisher:
 
     def close(self, timeout: float = 10.0, *, journaled_ok: bool = False) -> None:
         """Flush for up to `timeout`; whatever is still unsent stays in the journal for the next start."""
-        if self._closing:
-            return
+        with self._close_lock:  # one closer: a second (atexit beside the caller's) returns at once
+            if self._close_started:
+                return
+            self._close_started = True
         self.flush(timeout, journaled_ok=journaled_ok)
         self._closing = True
         _OPEN.discard(self)
@@ -180,6 +184,9 @@ class Publisher:
             # failing): journal what is queued from here, and let the thread go.
             with self._order_lock:
                 self._abandoned = True
+                self._queue_to_journal()
+        else:
+            with self._order_lock:  # a publish() that passed its check as close began, after the sender's last drain
                 self._queue_to_journal()
         self._journal.close()
 

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import threading
 import time
 
 import pytest
@@ -9,6 +10,7 @@ from kafka import KafkaConsumer
 
 from areal_metrics.stack.kafka_broker import free_port
 from producers.events import StepEvent, parse_event
+from producers.journal import open_journal
 from producers.publisher import Publisher
 from tests.test_events import one_of_each
 
@@ -149,6 +151,44 @@ def test_flush_is_not_fooled_while_the_sender_journals_a_record(topics, tmp_path
     assert publisher.flush(5.0, journaled_ok=True)
     publisher.close(timeout=1)
     assert publisher.stats().spilled == 1 and publisher.journal.has_pending()
+
+
+def test_a_record_enqueued_as_close_began_is_journaled_not_dropped(topics, tmp_path, monkeypatch):
+    """publish() checked that the publisher was open, then close() ran the sender's last drain, then the append."""
+    late = StepEvent(run_id="r-late", step=0, epoch=0)
+    shutdown = Publisher._shutdown
+
+    def shutdown_then_a_late_append(self):
+        shutdown(self)
+        self._queue.append(late)
+
+    monkeypatch.setattr(Publisher, "_shutdown", shutdown_then_a_late_append)
+    publisher = Publisher(f"127.0.0.1:{free_port()}", topics, tmp_path / "journal")
+    publisher.close(timeout=0.2)
+    reopened = open_journal(tmp_path / "journal")
+    try:
+        assert [parse_event(r.value).event_id for r in reopened.read(10)] == [late.event_id]
+    finally:
+        reopened.close()
+
+
+def test_two_closes_at_once_both_return(topics, tmp_path):
+    publisher = Publisher(f"127.0.0.1:{free_port()}", topics, tmp_path / "journal")
+    publisher.publish(StepEvent(run_id="r-two", step=0, epoch=0))
+    errors = []
+
+    def close():
+        try:
+            publisher.close(timeout=0.5)
+        except Exception as exc:  # noqa: BLE001 - the assertion below names it
+            errors.append(exc)
+
+    closers = [threading.Thread(target=close) for _ in range(2)]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join(30)
+    assert errors == [] and publisher.stats().spilled == 1
 
 
 def test_flush_waits_for_the_acknowledgement_of_a_record_being_encoded(kafka_bootstrap, topics, tmp_path, client):
