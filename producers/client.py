@@ -258,15 +258,16 @@ class Run:
             raise ValueError(f"finish(): status must be one of {', '.join(TERMINAL_STATUSES)} (got {status!r})")
         if self._done or self._forked:
             return
-        self._done = True
-        marked = self._exit_status
-        if status is None and marked is not None:
-            status, exit_code = marked[0], marked[1] if exit_code is None else exit_code
-        self._publish_run(status or "finished", exit_code)
-        exit_hooks.unregister(self)
-        if self._feed is not None:
-            self._feed.close()
-        self._publisher.close(self._exit_timeout_s, journaled_ok=True)
+        with exit_hooks.finishing():  # a SIGTERM meanwhile waits for the terminal status and the delivery
+            self._done = True
+            marked = self._exit_status
+            if status is None and marked is not None:
+                status, exit_code = marked[0], marked[1] if exit_code is None else exit_code
+            self._publish_run(status or "finished", exit_code)
+            exit_hooks.unregister(self)
+            if self._feed is not None:
+                self._feed.close()
+            self._publisher.close(self._exit_timeout_s, journaled_ok=True)
 
     def mark_exit(self, status: str, exit_code: int) -> None:
         if self._exit_status is None:

@@ -12,6 +12,9 @@ Installed once, at the first `init`:
   kills the process without running atexit), the runs finish first and the
   signal is then re-delivered with the default disposition, so the exit
   status stays "killed by SIGTERM". An ignored signal marks nothing;
+- a terminating signal that arrives while a run is inside `finish()` (its
+  handler runs on the main thread, possibly in the middle of that finish)
+  waits for the finish to end, then ends the process the same way;
 - fork: a child process (a DataLoader worker) forgets the parent's runs, so
   it never sends their terminal status.
 """
@@ -19,6 +22,7 @@ Installed once, at the first `init`:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -40,6 +44,8 @@ _LOCK = threading.Lock()
 _INSTALLED = False
 _PREVIOUS_HANDLERS: dict[int, Any] = {}
 _previous_excepthook: Any = None
+_finishing = 0  # finish() calls under way
+_deferred_signal: int | None = None  # a signal that arrived during one: delivered once they end
 
 
 def register(run: Ending) -> None:
@@ -57,6 +63,20 @@ def unregister(run: Ending) -> None:
 def open_runs() -> list[Ending]:
     with _LOCK:
         return list(_RUNS)
+
+
+@contextlib.contextmanager
+def finishing() -> Any:
+    """Around a run's finish(): a terminating signal meanwhile waits for it instead of cutting it short."""
+    global _finishing, _deferred_signal
+    _finishing += 1
+    try:
+        yield
+    finally:
+        _finishing -= 1
+        if _finishing == 0 and _deferred_signal is not None:
+            signum, _deferred_signal = _deferred_signal, None
+            _end_by(signum)
 
 
 def _install() -> None:
@@ -105,6 +125,14 @@ def _on_signal(signum: int, frame: Any) -> None:
         previous(signum, frame)  # e.g. SIGINT's default_int_handler raises KeyboardInterrupt
         return
     # the default disposition ends the process without atexit: finish now, then die by the signal
+    if _finishing:  # this handler may have interrupted that finish(): it ends the process when done
+        global _deferred_signal
+        _deferred_signal = signum
+        return
+    _end_by(signum)
+
+
+def _end_by(signum: int) -> None:
     _at_exit()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)

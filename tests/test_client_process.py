@@ -120,6 +120,27 @@ def test_sigterm_and_sigint_mark_the_run_killed(tmp_path: Path, signum: int, cod
     assert statuses(journaled(tmp_path, "sig")) == [("running", None), ("killed", 128 + signum)]
 
 
+def test_a_sigterm_during_finish_waits_for_it_then_kills(tmp_path: Path) -> None:
+    """The signal lands inside finish(), before the terminal status is sent: the status is still journaled."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import os, signal, areal_metrics as am
+        run = am.init(run_id="sig-finish")
+        run.log({"loss": 1.0}, step=0)
+        publish_run = run._publish_run
+
+        def signalled_then_publish(*args):
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, in the middle of finish()
+            publish_run(*args)
+
+        run._publish_run = signalled_then_publish
+        run.finish()
+        print("not reached: the deferred SIGTERM ends the process", flush=True)
+    """)], env=env_for(tmp_path), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    assert "not reached" not in proc.stdout
+    assert statuses(journaled(tmp_path, "sig-finish")) == [("running", None), ("finished", None)]
+
+
 def test_a_previous_sigterm_handler_is_chained(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import signal, sys, time
