@@ -52,6 +52,14 @@ def test_publish_validates_dead_letters_and_exits_2(stack_env, topics, kafka_boo
     assert json.loads(got[topics.deadletter].raw) == bad
 
 
+def status_until(env, done, timeout=30.0):
+    """`status` until `done(result)`: a SIGKILLed JVM takes a moment (longer on a loaded machine) to be gone."""
+    deadline = time.monotonic() + timeout
+    while not done(result := cli("status", env=env)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return result
+
+
 def test_up_status_down_and_a_stale_pid_file(tmp_path):
     """The real stack (broker only, to stay fast): up, second up is a no-op, kill -9, up again, down."""
     env = {**os.environ, "AREAL_HOME": str(tmp_path), "AREAL_TOPIC_PREFIX": "stk."}
@@ -66,8 +74,7 @@ def test_up_status_down_and_a_stale_pid_file(tmp_path):
         assert json.loads(cli("status", "--json", env=env).stdout)["processes"] == status["processes"]
 
         os.kill(status["processes"]["kafka"]["pid"], signal.SIGKILL)  # leaves a stale pid in stack.json
-        time.sleep(0.5)
-        assert cli("status", env=env).returncode == 1
+        assert status_until(env, lambda r: r.returncode == 1).returncode == 1
         restarted = cli("up", "--no-worker", "--no-sink", env=env)
         assert restarted.returncode == 0 and "started" in restarted.stdout, restarted.stderr
         new_status = json.loads(cli("status", "--json", env=env).stdout)

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -18,6 +17,7 @@ from areal_metrics.stack.kafka_broker import create_topics
 from producers.settings import Settings
 from producers.topic_admin import TopicCreationError
 from producers.topics import Topics
+from tests.test_cli_stack import status_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(420)]
 
@@ -97,8 +97,7 @@ def test_up_with_three_brokers_status_shows_each_a_killed_one_and_up_restarts_it
         assert all(replicas == {3} and config["min.insync.replicas"] == "2" for replicas, config in got.values())
 
         os.kill(brokers["kafka-2"]["pid"], signal.SIGKILL)
-        time.sleep(0.5)
-        down_one = cli("status", env=env)
+        down_one = status_until(env, lambda r: "DOWN" in r.stdout)
         assert down_one.returncode == 1
         assert f"kafka-2 pid {brokers['kafka-2']['pid']} DOWN at {brokers['kafka-2']['address']}" in down_one.stdout
         assert f"kafka-1 pid {brokers['kafka-1']['pid']} up" in down_one.stdout

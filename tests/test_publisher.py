@@ -112,7 +112,9 @@ def test_broker_down_while_publishing_loses_nothing_and_keeps_order(kafka_broker
     publisher.close()
     stats = publisher.stats()
     assert stats.spilled > 0 and stats.resent > 0
-    assert worst_publish < 0.05  # the caller never waited on the broker
+    # the caller never waited on the broker (a connect or metadata wait takes seconds; the
+    # bound leaves room for a scheduling pause on a loaded 2-core machine)
+    assert worst_publish < 1.0
 
     got = [parse_event(m.value) for m in consume_all(kafka_broker.bootstrap, [topics.steps], len(sent), 60)]
     ids = [e.event_id for e in got]
