@@ -67,8 +67,14 @@ def open_runs() -> list[Ending]:
 
 @contextlib.contextmanager
 def finishing() -> Any:
-    """Around a run's finish(): a terminating signal meanwhile waits for it instead of cutting it short."""
+    """Around a run's finish(): a terminating signal meanwhile waits for it instead of cutting it short.
+
+    Only on the main thread, where the handler runs (and where the default
+    disposition can be restored to end the process)."""
     global _finishing, _deferred_signal
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     _finishing += 1
     try:
         yield

@@ -141,6 +141,29 @@ def test_a_sigterm_during_finish_waits_for_it_then_kills(tmp_path: Path) -> None
     assert statuses(journaled(tmp_path, "sig-finish")) == [("running", None), ("finished", None)]
 
 
+def test_a_sigterm_during_a_finish_on_another_thread_still_ends_the_process(tmp_path: Path) -> None:
+    """Only the main thread can restore the default disposition: the signal is not deferred to a worker thread."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import os, signal, threading, time, areal_metrics as am
+        run = am.init(run_id="sig-thread")
+        publish_run = run._publish_run
+
+        def signalled_then_publish(*args):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)  # the main thread takes the signal meanwhile
+            publish_run(*args)
+
+        run._publish_run = signalled_then_publish
+        finisher = threading.Thread(target=run.finish)
+        finisher.start()
+        finisher.join()
+        time.sleep(2)
+        print("not reached: SIGTERM ends the process", flush=True)
+    """)], env=env_for(tmp_path), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    assert "not reached" not in proc.stdout and "Traceback" not in proc.stderr
+
+
 def test_a_previous_sigterm_handler_is_chained(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import signal, sys, time
