@@ -6,12 +6,12 @@ import threading
 import time
 
 import pytest
-from kafka import KafkaConsumer
 
 from areal_metrics.stack.kafka_broker import free_port
 from producers.events import StepEvent, parse_event
 from producers.journal import open_journal
 from producers.publisher import Publisher
+from tests.kafka_reading import read_to_end
 from tests.test_events import one_of_each
 
 pytestmark = pytest.mark.broker
@@ -25,21 +25,6 @@ def client(request):
     return request.param
 
 
-def consume_all(bootstrap, topics, expect, timeout=30.0):
-    """Read every topic from the start until `expect` messages arrived."""
-    consumer = KafkaConsumer(*topics, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=1000)
-    out = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(out) < expect and time.monotonic() < deadline:
-            for message in consumer:
-                out.append(message)
-    finally:
-        consumer.close()
-    return out
-
-
 def test_every_event_type_round_trips_field_by_field(kafka_bootstrap, topics, tmp_path, client):
     publisher = Publisher(kafka_bootstrap, topics, tmp_path / "journal", kafka_client=client)
     events = one_of_each()
@@ -48,7 +33,7 @@ def test_every_event_type_round_trips_field_by_field(kafka_bootstrap, topics, tm
     assert publisher.flush(30)
     assert publisher.kafka_client == client
     publisher.close()
-    messages = consume_all(kafka_bootstrap, topics.all(), len(events))
+    messages = read_to_end(kafka_bootstrap, *topics.all())
     by_id = {parse_event(m.value).event_id: m for m in messages}
     assert len(by_id) == len(events)
     for event in events:
@@ -78,7 +63,7 @@ def test_unreachable_broker_spills_to_journal_and_a_later_publisher_sends_it(kaf
     assert again.flush(30)
     again.close()
     assert again.stats().resent == 200
-    got = [parse_event(m.value) for m in consume_all(kafka_bootstrap, [topics.steps], 200)]
+    got = [parse_event(m.value) for m in read_to_end(kafka_bootstrap, topics.steps)]
     assert [e.event_id for e in got] == [e.event_id for e in events]
 
 
@@ -116,7 +101,7 @@ def test_broker_down_while_publishing_loses_nothing_and_keeps_order(kafka_broker
     # bound leaves room for a scheduling pause on a loaded 2-core machine)
     assert worst_publish < 1.0
 
-    got = [parse_event(m.value) for m in consume_all(kafka_broker.bootstrap, [topics.steps], len(sent), 60)]
+    got = [parse_event(m.value) for m in read_to_end(kafka_broker.bootstrap, topics.steps)]
     ids = [e.event_id for e in got]
     assert set(ids) == {e.event_id for e in sent}  # nothing lost
     first_seen: dict[str, list[int]] = {r: [] for r in runs}
@@ -214,7 +199,7 @@ def test_both_clients_put_a_run_on_the_same_partition(kafka_bootstrap, topics, t
         assert publisher.flush(30)
         publisher.close()
     partitions: dict[str, set[int]] = {}
-    for m in consume_all(kafka_bootstrap, [topics.steps], 2 * len(runs)):
+    for m in read_to_end(kafka_bootstrap, topics.steps):
         partitions.setdefault(m.key.decode(), set()).add(m.partition)
     assert sorted(partitions) == sorted(runs)
     assert all(len(p) == 1 for p in partitions.values()), partitions
@@ -227,7 +212,7 @@ def test_auto_falls_back_to_kafka_python_for_a_setting_librdkafka_cannot_spell(k
     assert publisher.flush(30)
     assert publisher.kafka_client == "kafka-python"
     publisher.close()
-    assert [m.key for m in consume_all(kafka_bootstrap, [topics.steps], 1)] == [b"r-fallback"]
+    assert [m.key for m in read_to_end(kafka_bootstrap, topics.steps)] == [b"r-fallback"]
 
 
 def test_auto_picks_confluent_kafka_when_installed(kafka_bootstrap, topics, tmp_path):
