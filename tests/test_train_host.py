@@ -30,7 +30,8 @@ def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def until(condition, timeout: float = 60.0) -> bool:
+def until(condition, timeout: float = 180.0) -> bool:
+    """`condition()` within `timeout`: ranks can take minutes to reach step 1 on a loaded machine (tests/test_faults.py)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
