@@ -89,10 +89,7 @@ def logged_attempts(settings: Settings, run_id: str, rank: int, timeout_s: float
                                  client_id="areal-client-resume", request_timeout_ms=int(timeout_s * 1000) + 1000,
                                  api_version_auto_timeout_ms=int(timeout_s * 1000))
         deadline = time.monotonic() + timeout_s
-        partitions = consumer.partitions_for_topic(topic)
-        while partitions is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-            partitions = consumer.partitions_for_topic(topic)
+        partitions = consumer.partitions_for_topic(topic)  # fetched if unknown; empty: no runs topic, no history
         if not partitions:
             return None, None
         ordered = sorted(partitions)

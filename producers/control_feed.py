@@ -15,9 +15,11 @@ from typing import Any
 
 from producers.backoff import Backoff
 from producers.events import CommandEvent, ValidationError, parse_event
+from producers.topic_metadata import known_partitions
 
 log = logging.getLogger(__name__)
 RETRY = Backoff(initial_s=1.0, max_s=30.0)  # the broker may be away for minutes
+_TOPIC_WAIT_S = 10.0  # for the control topic's partitions, per try
 
 
 def applies_to(command: CommandEvent, run_id: str, node: str) -> bool:
@@ -67,13 +69,11 @@ class ControlFeed:
         consumer = KafkaConsumer(**self._config, group_id=None, enable_auto_commit=False,
                                  auto_offset_reset="latest", client_id=f"areal-control-{self._run_id}"[:200])
         try:
-            partitions = None
-            while partitions is None and not self._stop.is_set():
-                partitions = consumer.partitions_for_topic(self._topic)
-                if partitions is None:
-                    self._stop.wait(0.5)
-            if partitions is None:
+            partitions = known_partitions(consumer, [self._topic], _TOPIC_WAIT_S, self._stop).get(self._topic)
+            if self._stop.is_set():
                 return
+            if not partitions:  # not created yet: try again after a back-off (_run)
+                raise LookupError(f"topic {self._topic} has no partitions yet")
             tps = [TopicPartition(self._topic, p) for p in sorted(partitions)]
             consumer.assign(tps)
             # The ends first: a command written after this lookup is past no end we

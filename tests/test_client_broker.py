@@ -280,6 +280,31 @@ def test_a_command_sent_while_the_feed_positions_itself_is_not_skipped(topics: T
         feed.close()
 
 
+def test_the_control_feed_waits_for_a_control_topic_made_after_it_started(kafka_bootstrap: str) -> None:
+    """A broker that does not create topics on demand, a trainer started before the stack made them:
+    the feed waits for the topic instead of settling on no partitions (and never reading a command)."""
+    import uuid
+
+    from areal_metrics.stack.kafka_broker import create_topics
+    from producers.control_feed import ControlFeed
+
+    topic = f"late-{uuid.uuid4().hex[:8]}.control"
+    config = {"bootstrap_servers": [kafka_bootstrap], "allow_auto_create_topics": False}
+    feed = ControlFeed(config, topic, "late-run", "me:0", since=time.time())
+    try:
+        time.sleep(2)  # the feed is looking for the topic meanwhile
+        assert not feed.ready.is_set()
+        create_topics(kafka_bootstrap, [topic])
+        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        producer.send(topic, key=b"late-run", value=CommandEvent(run_id="late-run", command="stop").to_json()).get(30)
+        producer.close()
+        got: list[CommandEvent] = []
+        wait_for(lambda: got.extend(feed.drain()) or got, 60, "the command on the topic made late")
+        assert [c.command for c in got] == ["stop"]
+    finally:
+        feed.close()
+
+
 def test_a_publisher_never_closed_delivers_at_exit(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
     code = f"""
         from producers.events import StepEvent
