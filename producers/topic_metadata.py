@@ -2,9 +2,8 @@
 
 `KafkaConsumer.partitions_for_topic` fetches metadata for a topic it does not
 know, but answers an empty set (never None) while the broker has no partitions
-to report: a topic just created, or not created yet. A caller that takes that
-answer at face value assigns nothing, or, for a group, may join before its
-metadata is in and be given nothing (the sink once idled so for minutes).
+to report: a topic not created yet. A caller that takes that answer at face
+value assigns itself nothing (the control feed once did, and read no command).
 """
 
 from __future__ import annotations

@@ -76,6 +76,7 @@ class Sink:
         self.stop_merges = stop_merges
         self.stop_event = threading.Event()
         self.batcher: Batcher[Any] = Batcher(policy)
+        self.revoked: set[TopicPartition] = set()  # by a rebalance under way: dropped unless assigned again
         self.plans: dict[TopicPartition, Plan] = {}
         self.stats = {"rows": 0, "chunks": 0, "dead_letters": 0, "retries": 0, "commits": 0, "replanned": 0}
         self.client: Any = None
@@ -129,11 +130,17 @@ class Sink:
         sink = self
 
         class Listener(ConsumerRebalanceListener):
+            # A rebalance revokes every partition, then assigns the new set. kafka-python 3
+            # keeps the position of a partition the sink keeps, so its buffer is kept too
+            # (dropped, its rows would never be read again and the next commit would step
+            # over them); where a client resets the position to the last commit instead,
+            # the batcher skips the offsets it already holds. Only what went elsewhere is dropped.
             def on_partitions_revoked(self, revoked: Any) -> None:
-                sink.batcher.drop({(tp.topic, tp.partition) for tp in revoked})
+                sink.revoked |= {(tp.topic, tp.partition) for tp in revoked}
 
             def on_partitions_assigned(self, assigned: Any) -> None:
-                sink.batcher.drop({(tp.topic, tp.partition) for tp in assigned})
+                sink.batcher.drop(sink.revoked - {(tp.topic, tp.partition) for tp in assigned})
+                sink.revoked = set()
                 try:
                     sink.plans = load_plans(sink.client, sink.schema.database, sink.group)
                 except Exception as exc:  # noqa: BLE001 - keep the plans we have
@@ -234,9 +241,9 @@ class Sink:
                 self.consumer.commit(offsets)
             except (CommitFailedError, IllegalStateError) as exc:
                 # the group moved on: the new owner re-reads from the last commit and
-                # our plans make its batches identical, so the inserts deduplicate
+                # our plans make its batches identical, so the inserts deduplicate. The
+                # buffers stay: the rebalance drops those of partitions that went elsewhere.
                 log.warning("offset commit refused (%s); partitions will be re-read", exc)
-                self.batcher.drop()
 
         self._retry("committing offsets", commit)
         self.stats["commits"] += 1

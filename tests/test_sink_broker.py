@@ -325,6 +325,40 @@ def test_the_end_of_a_burst_is_stored_without_waiting_out_max_wait(settings: Set
                  "the burst's rows, long before max_wait")
 
 
+def test_a_rebalance_while_rows_are_buffered_loses_none(settings: Settings, kafka_bootstrap: str,
+                                                         topics: Topics) -> None:
+    """Another member joins the sink's group while 50 rows wait in the sink's buffer, and the sink keeps
+    its partitions. The buffer is dropped on the rebalance; kafka-python 3 keeps the positions of
+    partitions kept, so the sink must seek back to its last commit, or those rows are never stored
+    and the next commit steps over them."""
+    from kafka import KafkaConsumer
+
+    from areal_metrics.stack.kafka_broker import create_topics
+
+    create_topics(kafka_bootstrap, [topics.prefix + "elsewhere"])
+    with sink_in_a_thread(settings, BatchPolicy(max_rows=5_000, max_wait_s=10, idle_s=0)) as sink:
+        wait_for(lambda: len(sink.consumer.assignment()) == 3 * len(topics.all()), 60, "the sink's partitions")
+        producer = Producer(kafka_bootstrap, topics)
+        for i in range(50):
+            producer.send(StepEvent(run_id="kept", step=i, epoch=0, reward=0.5))
+        producer.producer.flush()
+        wait_for(lambda: sink.batcher.total == 50, 30, "the 50 rows in the sink's buffer")
+        other = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=sink.group, enable_auto_commit=False)
+        try:
+            other.subscribe([topics.prefix + "elsewhere"])  # a topic of its own: the sink keeps all of its partitions
+            wait_for(lambda: other.poll(timeout_ms=200) is not None and bool(other.assignment()), 60,
+                     "the other member's join")
+            assert sink.stats["rows"] == 0  # the rebalance came before the buffer's max_wait
+            for i in range(50, 60):
+                producer.send(StepEvent(run_id="kept", step=i, epoch=0, reward=0.5))
+            producer.close()
+            wait_for(lambda: lag(kafka_bootstrap, topics, sink.group) == 0, 60, "the sink to commit everything")
+        finally:
+            other.close()
+        assert counts(sink.client)["steps"] == 60
+        no_duplicate_positions(sink.client)
+
+
 def test_replay_refuses_to_lose_data(settings: Settings, kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
     """No topics, or a log whose start retention deleted: refused before any table is touched."""
     from kafka import KafkaAdminClient
