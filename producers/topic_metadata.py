@@ -3,7 +3,9 @@
 `KafkaConsumer.partitions_for_topic` fetches metadata for a topic it does not
 know, but answers an empty set (never None) while the broker has no partitions
 to report: a topic not created yet. A caller that takes that answer at face
-value assigns itself nothing (the control feed once did, and read no command).
+value assigns itself nothing (the control feed once did, and read no command);
+a group member that joins before its metadata is in may be given nothing (the
+sink once was).
 """
 
 from __future__ import annotations

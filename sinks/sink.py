@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from producers.backoff import Backoff
 from producers.settings import Settings
+from producers.topic_metadata import known_partitions
 from sinks.batching import (
     Batcher,
     BatchPolicy,
@@ -36,6 +37,7 @@ from sinks.schema import TABLES, SchemaOptions
 from sinks.writer import insert_rows, load_plans, record_plans
 
 log = logging.getLogger("areal.sink")
+_TOPIC_WAIT_S = 30.0  # for every topic's partitions, before joining the group
 R = TypeVar("R")
 
 
@@ -160,7 +162,15 @@ class Sink:
             session_timeout_ms=10_000,
             isolation_level="read_committed",
         )
-        self.consumer.subscribe(self.topics.all(), listener=Listener())
+        # Join the group once the metadata has every topic's partitions: a leader that
+        # assigned from empty metadata gave itself nothing (seen in CI: the sink stored
+        # nothing for over a minute, until another rebalance).
+        topics = self.topics.all()
+        missing = set(topics) - set(known_partitions(self.consumer, topics, _TOPIC_WAIT_S, self.stop_event))
+        if missing:
+            log.warning("topics without partitions after %.0f s: %s; subscribing anyway", _TOPIC_WAIT_S,
+                        ", ".join(sorted(missing)))
+        self.consumer.subscribe(topics, listener=Listener())
         self.producer = KafkaProducer(**cfg, client_id="areal-sink-deadletter", acks="all", retries=5, linger_ms=5)
 
     # ------------------------------------------------------------ the loop

@@ -359,6 +359,25 @@ def test_a_rebalance_while_rows_are_buffered_loses_none(settings: Settings, kafk
         no_duplicate_positions(sink.client)
 
 
+def test_the_sink_joins_its_group_only_once_its_metadata_has_every_topic(settings: Settings, topics: Topics,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group leader that assigns from empty metadata gives itself nothing: a CI run's sink once
+    joined that way (`No partition metadata for topic ...`) and stored nothing for a minute."""
+    import kafka
+
+    known_at_join: dict[str, object] = {}
+    subscribe = kafka.KafkaConsumer.subscribe
+
+    def noting_metadata(self, topics=(), *args, **kwargs):
+        known_at_join.update({t: self._cluster.partitions_for_topic(t) for t in topics})
+        return subscribe(self, topics, *args, **kwargs)
+
+    monkeypatch.setattr(kafka.KafkaConsumer, "subscribe", noting_metadata)
+    with sink_in_a_thread(settings, BatchPolicy(max_rows=500, max_wait_s=0.1)) as sink:
+        wait_for(lambda: len(sink.consumer.assignment()) == 3 * len(topics.all()), 60, "every partition assigned")
+    assert known_at_join == {t: {0, 1, 2} for t in topics.all()}
+
+
 def test_replay_refuses_to_lose_data(settings: Settings, kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
     """No topics, or a log whose start retention deleted: refused before any table is touched."""
     from kafka import KafkaAdminClient
