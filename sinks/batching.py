@@ -147,7 +147,7 @@ class Batcher(Generic[T]):
         return out
 
     def drop(self, tps: set[TopicPartition] | None = None) -> None:
-        """Forget buffered messages (after a rebalance or a failed insert: they are read again)."""
+        """Forget buffered messages: those of partitions a rebalance gave to another member, which reads them again."""
         for tp in list(self._buffers):
             if tps is None or tp in tps:
                 self.total -= len(self._buffers.pop(tp).offsets)
