@@ -1,7 +1,7 @@
 """areal-metrics: the Python client (`init`), the command line and the local stack.
 
 `import areal_metrics as am; run = am.init(...)` is all a trainer needs; the
-client lives in `producers.client` and is imported on first use, so importing
+client lives in `areal_metrics.producers.client.run` and is imported on first use, so importing
 this package pulls in no stream, store, plotting or torch package.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from producers.client import Run, RunStats, init
+    from areal_metrics.producers.client.run import Run, RunStats, init
 
 __all__ = ["Run", "RunStats", "init"]
 _CLIENT = frozenset(__all__)
@@ -18,7 +18,7 @@ _CLIENT = frozenset(__all__)
 
 def __getattr__(name: str) -> Any:
     if name in _CLIENT:
-        from producers import client
+        from areal_metrics.producers.client import run as client
 
         return getattr(client, name)
     raise AttributeError(f"module 'areal_metrics' has no attribute {name!r}")

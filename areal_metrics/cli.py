@@ -17,8 +17,8 @@ import sys
 from types import ModuleType
 from typing import NoReturn
 
-from producers.errors import ArealError, one_line
-from producers.events import ValidationError
+from areal_metrics.producers.contract.errors import ArealError, one_line
+from areal_metrics.producers.contract.events import ValidationError
 
 from areal_metrics.commands import alerts, demo, grafana, publish, replay, report, sql, stack_cmd, train, watch
 

@@ -1,5 +1,5 @@
 """The project's errors, re-exported for the CLI (they live in the ground package)."""
 
-from producers.errors import ArealError, ConfigError, ServiceUnavailable, UserError, one_line
+from areal_metrics.producers.contract.errors import ArealError, ConfigError, ServiceUnavailable, UserError, one_line
 
 __all__ = ["ArealError", "ConfigError", "ServiceUnavailable", "UserError", "one_line"]

@@ -17,7 +17,7 @@
 - `config.png`: the compared runs' configs side by side (the settings that
   differ, and the strategy, seed and rank count), from the `runs` table.
 
-Reads deduplicated rows (the `v_*` views) through `sinks.query.connect`, like
+Reads deduplicated rows (the `v_*` views) through `areal_metrics.sinks.query.connect`, like
 every reader, in the configured database (table names are unqualified: the
 connection's database). `runs=None` means every run in the store.
 """
@@ -177,7 +177,7 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
 
     where = _runs_filter(runs)
     if store is None:
-        from sinks.query import StoreError, connect
+        from areal_metrics.sinks.query import StoreError, connect
 
         try:
             with connect() as opened:

@@ -6,7 +6,7 @@
 - `data`, `evalsets`: each rank's share of the training set; the fixed evaluation sets and their fingerprints;
 - `evaluation`, `evaluator`, `eval_process`: two-stage sharded rounds, inline or in a process per rank;
 - `scheduler`, `control`, `checkpoint`, `session`: triggers, commands, checkpoints, one rank's state;
-- `reporting`: `Run.log` / `Run.log_eval` calls (producers.client, what `areal_metrics.init` re-exports);
+- `reporting`: `Run.log` / `Run.log_eval` calls (areal_metrics.producers.client.run, what `areal_metrics.init` re-exports);
 - `trainer`: the training loop, top to bottom; `worker`: one rank's process; `launch`: start N ranks;
 - `collective`, `metrics`, `config`, `gpu_check`: gloo collectives, device and memory, settings, the CUDA check.
 See docs/WORKLOAD.md.

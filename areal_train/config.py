@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from areal_train.scheduler import EvalScheduler
-from areal_train.task import DATASETS, EVAL_EXCLUDE_SIZE
-from producers.config_fields import typed_fields
-from producers.errors import ConfigError
+from areal_metrics.areal_train.scheduler import EvalScheduler
+from areal_metrics.areal_train.task import DATASETS, EVAL_EXCLUDE_SIZE
+from areal_metrics.producers.contract.config_fields import typed_fields
+from areal_metrics.producers.contract.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ class TrainConfig:
 
 
 def from_mapping(data: dict[str, Any], where: str = "config") -> TrainConfig:
-    """Build a config from a mapping, checking every key's type (producers.config_fields)."""
+    """Build a config from a mapping, checking every key's type (areal_metrics.producers.contract.config_fields)."""
     kwargs = typed_fields(TrainConfig, data, where)
     try:
         return TrainConfig(**kwargs)

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from producers.events import CommandEvent
+from areal_metrics.producers.contract.events import CommandEvent
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from areal_train.task import Problem
+from areal_metrics.areal_train.task import Problem
 
 
 class TrainData:

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from areal_train.grader import Grade, grade
-from areal_train.policy import Policy, positions_of
-from areal_train.task import EOS_ID, PAD_ID, VOCAB, WRONG_ID, Problem
+from areal_metrics.areal_train.grader import Grade, grade
+from areal_metrics.areal_train.policy import Policy, positions_of
+from areal_metrics.areal_train.task import EOS_ID, PAD_ID, VOCAB, WRONG_ID, Problem
 
 
 @dataclass

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from areal_train.evalsets import EvalSet
-from areal_train.evaluation import Outcome, RoundJob, StageMemory, TwoStage, run_round
+from areal_metrics.areal_train.evalsets import EvalSet
+from areal_metrics.areal_train.evaluation import Outcome, RoundJob, StageMemory, TwoStage, run_round
 
 
 class EventLike(Protocol):  # multiprocessing's Event (its class is not public)
@@ -65,7 +65,7 @@ def main(conn: Connection, spec: ProcessSpec, unthrottled: EventLike | None = No
     """Evaluate rounds until told to stop; once `unthrottled` is set (training is over), without pauses."""
     import torch
 
-    from areal_train.policy import Policy
+    from areal_metrics.areal_train.policy import Policy
 
     torch.set_num_threads(spec.threads)
     device = torch.device(spec.device)

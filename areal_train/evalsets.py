@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from areal_train.task import Problem, fingerprint
+from areal_metrics.areal_train.task import Problem, fingerprint
 
 
 @dataclass(frozen=True)

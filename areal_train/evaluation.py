@@ -26,11 +26,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from areal_train.episodes import rollout
-from areal_train.evalsets import EvalSet, Shard, layout
-from areal_train.grader import ERROR_TYPES
-from areal_train.policy import Policy
-from areal_train.task import VOCAB_SIZE, render
+from areal_metrics.areal_train.episodes import rollout
+from areal_metrics.areal_train.evalsets import EvalSet, Shard, layout
+from areal_metrics.areal_train.grader import ERROR_TYPES
+from areal_metrics.areal_train.policy import Policy
+from areal_metrics.areal_train.task import VOCAB_SIZE, render
 
 SAMPLES_KEPT = 4  # generations per event, for the generations table
 MAX_ROWS = 256  # rows per generation batch (a block larger than this is split at fixed points)

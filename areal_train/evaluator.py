@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from areal_train.eval_process import EventLike, ProcessSpec, Standby
-from areal_train.eval_process import main as process_main
-from areal_train.evalsets import EvalSet
-from areal_train.evaluation import Outcome, RoundJob, StageMemory, TwoStage, run_round
-from areal_train.policy import Policy
+from areal_metrics.areal_train.eval_process import EventLike, ProcessSpec, Standby
+from areal_metrics.areal_train.eval_process import main as process_main
+from areal_metrics.areal_train.evalsets import EvalSet
+from areal_metrics.areal_train.evaluation import Outcome, RoundJob, StageMemory, TwoStage, run_round
+from areal_metrics.areal_train.policy import Policy
 
 log = logging.getLogger(__name__)
 

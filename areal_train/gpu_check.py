@@ -1,6 +1,6 @@
 """CUDA check: train a few steps on the GPU and print the device, step times and memory.
 
-    python -m areal_train.gpu_check [--steps 100] [--json OUT.json]
+    python -m areal_metrics.areal_train.gpu_check [--steps 100] [--json OUT.json]
 
 Needs no Kafka: the step and eval events are collected in memory. It runs
 (1) one rank in this process on CUDA, (2) the same on CPU for comparison and
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from areal_train.config import TrainConfig
-from areal_train.launch import launch
-from areal_train.reporting import RecordedRun
-from areal_train.trainer import train
+from areal_metrics.areal_train.config import TrainConfig
+from areal_metrics.areal_train.launch import launch
+from areal_metrics.areal_train.reporting import RecordedRun
+from areal_metrics.areal_train.trainer import train
 
 
 def one_rank(device: str, steps: int) -> dict[str, object]:
@@ -63,7 +63,7 @@ def two_ranks(steps: int) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m areal_train.gpu_check")
+    parser = argparse.ArgumentParser(prog="python -m areal_metrics.areal_train.gpu_check")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)

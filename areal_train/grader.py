@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from areal_train.task import EOS, Problem
+from areal_metrics.areal_train.task import EOS, Problem
 
 ERROR_TYPES = ("truncated", "format", "off_by_one", "carry", "arithmetic")
 

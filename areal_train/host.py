@@ -1,10 +1,10 @@
-"""The ranks of one local run, forked from one interpreter: `python -m areal_train.host`.
+"""The ranks of one local run, forked from one interpreter: `python -m areal_metrics.areal_train.host`.
 
 Every rank is a process of its own (gloo wants that), but the ranks need not
 each start Python and import torch, 2-4 s of CPU per rank on the demo's
 2 cores (docs/PERFORMANCE.md, "make demo"). This host imports the trainer once,
 then forks one child per rank before it starts any thread; each child runs
-`areal_train.worker.main` with RANK and LOCAL_RANK set, its output in its own
+`areal_metrics.areal_train.worker.main` with RANK and LOCAL_RANK set, its output in its own
 log file when the launcher passes one.
 
 The host then only waits. When a rank fails, it stops the others (a run
@@ -45,12 +45,12 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
     # A CUDA context does not survive a fork: ask NVML, not the driver, if anything asks for devices.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    from areal_train import worker  # the import each rank would otherwise repeat
+    from areal_metrics.areal_train import worker  # the import each rank would otherwise repeat
     _preload_lazy_imports()
     import torch
 
     if torch.cuda.is_initialized():
-        raise SystemExit("areal_train.host: CUDA was initialized before the ranks were forked")
+        raise SystemExit("areal_metrics.areal_train.host: CUDA was initialized before the ranks were forked")
     sys.stdout.flush()
     sys.stderr.flush()
 
@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The host's own options, then `--` and the worker's arguments (given to every rank)."""
     if "--" not in argv:
-        raise SystemExit("usage: python -m areal_train.host --ranks N [options] -- WORKER-ARGS")
+        raise SystemExit("usage: python -m areal_metrics.areal_train.host --ranks N [options] -- WORKER-ARGS")
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m areal_train.host")
+    parser = argparse.ArgumentParser(prog="python -m areal_metrics.areal_train.host")
     parser.add_argument("--ranks", type=int, required=True)
     parser.add_argument("--log-fds", default="", help="one inherited file descriptor per rank, comma-separated")
     parser.add_argument("--pid-file", default=None, help="write {rank: pid} here as JSON once every rank started")

@@ -3,7 +3,7 @@
 `launch(...)` blocks until the run ends and returns its exit status;
 `start(...)` returns a `Run` handle at once, so a caller can run several side
 by side (the demo) and `wait()` on each. The ranks are forked by one host
-process (`areal_train.host`), so the trainer is imported once per run, not
+process (`areal_metrics.areal_train.host`), so the trainer is imported once per run, not
 once per rank. If one rank fails, the others are stopped, so a run never
 hangs on a dead peer.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from areal_train.config import TrainConfig, load
+from areal_metrics.areal_train.config import TrainConfig, load
 
 
 @dataclass
@@ -94,7 +94,7 @@ def start(run_id: str, nproc: int, steps: int, config: TrainConfig | str | Path 
           summary_dir: str | Path | None = None, resume: bool = False) -> Run:
     """Start the ranks of one run and return at once.
 
-    The ranks are forked by one host process (`areal_train.host`), which imports
+    The ranks are forked by one host process (`areal_metrics.areal_train.host`), which imports
     the trainer once for all of them, stops the others when one fails and
     passes a SIGTERM on to every rank.
     `config`: a TrainConfig, a JSON/TOML file, or None for the defaults.
@@ -119,7 +119,7 @@ def start(run_id: str, nproc: int, steps: int, config: TrainConfig | str | Path 
     if resume:
         worker.append("--resume")
     pid_file = Path(tempfile.mkdtemp(prefix="areal-run-")) / "ranks.json"
-    host = [sys.executable, "-m", "areal_train.host", "--ranks", str(nproc), "--pid-file", str(pid_file)]
+    host = [sys.executable, "-m", "areal_metrics.areal_train.host", "--ranks", str(nproc), "--pid-file", str(pid_file)]
     run = Run(run_id, [], pid_file=pid_file)
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
@@ -135,11 +135,11 @@ def start(run_id: str, nproc: int, steps: int, config: TrainConfig | str | Path 
 def prepare(cfg: TrainConfig) -> None:
     """Build the cached warm start this config needs, if it is missing."""
     if cfg.warmstart_steps > 0:
-        from areal_train.warmstart_cache import path_for, spec_for
+        from areal_metrics.areal_train.warmstart_cache import path_for, spec_for
 
         if path_for(spec_for(cfg)).exists():  # found without importing torch into the launcher
             return
-        from areal_train.warmstart import ensure
+        from areal_metrics.areal_train.warmstart import ensure
 
         ensure(spec_for(cfg))
 

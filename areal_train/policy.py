@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from areal_train.task import ANS, BOS, PAD, TOKEN_ID, VOCAB_SIZE, WRONG
+from areal_metrics.areal_train.task import ANS, BOS, PAD, TOKEN_ID, VOCAB_SIZE, WRONG
 
 NOT_WRITTEN = (PAD, BOS, ANS, WRONG)  # structure and feedback: the policy's context, never its action
 NEVER = -1e9  # their logit (finite, so entropies stay finite)

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from areal_train import advantages as adv
-from areal_train.episodes import Episodes
-from areal_train.metrics import masked_mean
-from areal_train.policy import Policy
+from areal_metrics.areal_train import advantages as adv
+from areal_metrics.areal_train.episodes import Episodes
+from areal_metrics.areal_train.metrics import masked_mean
+from areal_metrics.areal_train.policy import Policy
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What the trainer reports, through the public client only (`producers.client`, `areal_metrics.init`).
+"""What the trainer reports, through the public client only (`areal_metrics.producers.client.run`, `areal_metrics.init`).
 
 The trainer talks to a `RunLike`: the `Run` that `init()` returns (the
 worker opens it, `open_client_run`), or `NullRun` when publishing is off.
@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from areal_train.evaluation import Outcome
-from producers.events import CommandEvent
+from areal_metrics.areal_train.evaluation import Outcome
+from areal_metrics.producers.contract.events import CommandEvent
 
 FRAMEWORK = "torch"
 
@@ -68,7 +68,7 @@ class NullRun:
 
 def open_client_run(spec: RunSpec, **settings: Any) -> RunLike:
     """The public client's run for this rank (the attempt is the trainer's: its checkpoint decides)."""
-    from producers.client import init
+    from areal_metrics.producers.client.run import init
 
     return init(spec.run_id, config=dict(spec.config), tags=spec.tags, group=spec.group, rank=spec.rank,
                 world_size=spec.world_size, attempt=spec.attempt, node=spec.node, framework=FRAMEWORK, **settings)

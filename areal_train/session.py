@@ -19,18 +19,18 @@ from typing import Any
 
 import torch
 
-from areal_train import checkpoint, warmstart
-from areal_train.collective import Collective
-from areal_train.config import TrainConfig
-from areal_train.data import TrainData
-from areal_train.eval_process import Standby
-from areal_train.evalsets import EvalSet
-from areal_train.evaluation import Outcome, TwoStage
-from areal_train.evaluator import Evaluator
-from areal_train.policy import Policy
-from areal_train.ppo import PPOSettings
-from areal_train.scheduler import EvalScheduler, Trigger
-from areal_train.task import (
+from areal_metrics.areal_train import checkpoint, warmstart
+from areal_metrics.areal_train.collective import Collective
+from areal_metrics.areal_train.config import TrainConfig
+from areal_metrics.areal_train.data import TrainData
+from areal_metrics.areal_train.eval_process import Standby
+from areal_metrics.areal_train.evalsets import EvalSet
+from areal_metrics.areal_train.evaluation import Outcome, TwoStage
+from areal_metrics.areal_train.evaluator import Evaluator
+from areal_metrics.areal_train.policy import Policy
+from areal_metrics.areal_train.ppo import PPOSettings
+from areal_metrics.areal_train.scheduler import EvalScheduler, Trigger
+from areal_metrics.areal_train.task import (
     DATASETS,
     EVAL_EXCLUDE_SIZE,
     EVAL_SEED,
@@ -39,7 +39,7 @@ from areal_train.task import (
     make_eval_set,
     make_train_set,
 )
-from producers.events import CommandEvent, event_from_dict
+from areal_metrics.producers.contract.events import CommandEvent, event_from_dict
 
 log = logging.getLogger("areal_train")
 
@@ -47,7 +47,7 @@ log = logging.getLogger("areal_train")
 def checkpoint_root(cfg: TrainConfig) -> Path:
     if cfg.checkpoint_dir:
         return Path(cfg.checkpoint_dir)
-    from producers.settings import state_dir
+    from areal_metrics.producers.contract.settings import state_dir
 
     return state_dir() / "checkpoints"
 

@@ -20,18 +20,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from areal_train import ppo
-from areal_train.collective import Collective
-from areal_train.config import TrainConfig
-from areal_train.control import Applied, apply_commands, due
-from areal_train.episodes import Episodes, rollout
-from areal_train.eval_process import Standby
-from areal_train.evaluation import Outcome, RoundJob
-from areal_train.metrics import choose_device, memory_bytes, rss_bytes
-from areal_train.reporting import NullRun, Reporter, RunLike, RunSpec
-from areal_train.session import Session
-from areal_train.task import EOS
-from producers.events import CommandEvent, event_from_dict
+from areal_metrics.areal_train import ppo
+from areal_metrics.areal_train.collective import Collective
+from areal_metrics.areal_train.config import TrainConfig
+from areal_metrics.areal_train.control import Applied, apply_commands, due
+from areal_metrics.areal_train.episodes import Episodes, rollout
+from areal_metrics.areal_train.eval_process import Standby
+from areal_metrics.areal_train.evaluation import Outcome, RoundJob
+from areal_metrics.areal_train.metrics import choose_device, memory_bytes, rss_bytes
+from areal_metrics.areal_train.reporting import NullRun, Reporter, RunLike, RunSpec
+from areal_metrics.areal_train.session import Session
+from areal_metrics.areal_train.task import EOS
+from areal_metrics.producers.contract.events import CommandEvent, event_from_dict
 
 log = logging.getLogger("areal_train")
 

@@ -13,7 +13,7 @@ The result is cached under `warmstart_cache.cache_dir()` by a key of everything 
 on; `ensure(spec)` builds it once (a file lock keeps concurrent processes
 from building it twice) and returns the path.
 
-    python -m areal_train.warmstart [--steps N]   # build (or find) the default one
+    python -m areal_metrics.areal_train.warmstart [--steps N]   # build (or find) the default one
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from areal_train.policy import Policy
-from areal_train.task import (
+from areal_metrics.areal_train.policy import Policy
+from areal_metrics.areal_train.task import (
     ANS,
     BOS,
     DATASETS,
@@ -45,7 +45,7 @@ from areal_train.task import (
     eval_prompts,
     make_train_set,
 )
-from areal_train.warmstart_cache import WarmStartSpec, path_for, spec_for  # noqa: F401 (spec_for: for callers)
+from areal_metrics.areal_train.warmstart_cache import WarmStartSpec, path_for, spec_for  # noqa: F401 (spec_for: for callers)
 
 SCRATCH_SHARE = 0.8  # of the examples written with the scratchpad (the rest: the bare answer)
 RETRY_SHARE = 0.1  # of the examples that are a wrong attempt, the feedback and the worked solution
@@ -174,7 +174,7 @@ def load(spec: WarmStartSpec, device: torch.device | str = "cpu") -> Policy:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m areal_train.warmstart")
+    parser = argparse.ArgumentParser(prog="python -m areal_metrics.areal_train.warmstart")
     parser.add_argument("--steps", type=int, default=WarmStartSpec.steps)
     args = parser.parse_args(argv)
     print(ensure(WarmStartSpec(steps=args.steps)))

@@ -1,6 +1,6 @@
 """Which warm start a config needs and where it is cached: no torch here, so that
 a launcher can find the cached file without importing the trainer.
-`areal_train.warmstart` builds and loads it."""
+`areal_metrics.areal_train.warmstart` builds and loads it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from areal_train.task import VOCAB
+from areal_metrics.areal_train.task import VOCAB
 
 FORMAT_VERSION = 2  # bump when the task, the vocabulary or the recipe (warmstart.py) changes
 

@@ -1,11 +1,11 @@
-"""One rank of a training run: `python -m areal_train.worker` (started by `areal_train.launch`).
+"""One rank of a training run: `python -m areal_metrics.areal_train.worker` (started by `areal_metrics.areal_train.launch`).
 
 The launcher passes the rank layout in the usual torch.distributed variables
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and the run in arguments. This
 shell forks the rank's evaluation process (async evaluation), starts
 torch.distributed and the trainer, and writes a
 summary JSON when asked to. The run is reported through the public client only
-(`areal_train.reporting.open_client_run`: `init` with the checkpoint's attempt).
+(`areal_metrics.areal_train.reporting.open_client_run`: `init` with the checkpoint's attempt).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from areal_train.config import from_mapping
-from areal_train.eval_process import fork_standby
-from areal_train.reporting import open_client_run
-from areal_train.trainer import train
+from areal_metrics.areal_train.config import from_mapping
+from areal_metrics.areal_train.eval_process import fork_standby
+from areal_metrics.areal_train.reporting import open_client_run
+from areal_metrics.areal_train.trainer import train
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m areal_train.worker")
+    parser = argparse.ArgumentParser(prog="python -m areal_metrics.areal_train.worker")
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--config-json", default="{}", help="the full TrainConfig as JSON")

@@ -55,7 +55,7 @@ def bench_client(bootstrap: str, steps: int) -> dict[str, float]:
     import numpy as np
     import torch
 
-    from producers.client import init
+    from areal_metrics.producers.client.run import init
 
     prefix = f"benchc{uuid.uuid4().hex[:6]}."
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,9 +79,9 @@ def bench_client(bootstrap: str, steps: int) -> dict[str, float]:
 
 def bench_validated(bootstrap: str, steps: int) -> dict[str, float]:
     """A validated StepEvent per step, then publish(): what a caller paid before the client."""
-    from producers.events import StepEvent
-    from producers.publisher import Publisher
-    from producers.topics import Topics
+    from areal_metrics.producers.contract.events import StepEvent
+    from areal_metrics.producers.delivery.publisher import Publisher
+    from areal_metrics.producers.contract.topics import Topics
 
     with tempfile.TemporaryDirectory() as tmp:
         publisher = Publisher(bootstrap, Topics(f"benchv{uuid.uuid4().hex[:6]}."), Path(tmp))

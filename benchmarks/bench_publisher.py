@@ -19,8 +19,8 @@ from benchmarks.common import (
     step_events,
     summary,
 )
-from producers.publisher import Publisher
-from producers.topics import Topics
+from areal_metrics.producers.delivery.publisher import Publisher
+from areal_metrics.producers.contract.topics import Topics
 
 SCALARS = ("reward", "entropy", "kl", "clip_ratio", "loss", "lr", "grad_norm", "response_length", "throughput")
 

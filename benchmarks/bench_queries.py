@@ -6,7 +6,7 @@ expanded as Grafana expands it, timed on the embedded engine.
 The store is generated in a temporary directory (`benchmarks.query_data`:
 50 runs x 64 ranks x 3,125 steps, the newest run resumed and partly
 delivered twice), through the current schema. Each distinct query runs once
-untimed, once through `sinks.query` with its rows turned into Python tuples
+untimed, once through `areal_metrics.sinks.query` with its rows turned into Python tuples
 (what `report` and `grafana check` pay, timed once), then `N` times timed:
 
 - wall ms: the engine running the query to its whole result in ClickHouse's
@@ -43,19 +43,19 @@ from typing import Any
 
 from benchmarks.common import machine, percentile
 from benchmarks.query_data import Shape, generate
-from grafana.catalog import BUILDERS, build
-from grafana.macros import ALL, expand
-from grafana.queries import (
+from areal_metrics.grafana.catalog import BUILDERS, build
+from areal_metrics.grafana.macros import ALL, expand
+from areal_metrics.grafana.queries import (
     QueryRunner,
     context_for,
     dashboard_queries,
     expansions,
     resolve_variables,
 )
-from producers.settings import Settings
-from sinks.migrations import apply_schema
-from sinks.query import DirectStore, Target, connect, open_client
-from sinks.schema import DEFAULT_DATABASE
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.sinks.migrations import apply_schema
+from areal_metrics.sinks.query import DirectStore, Target, connect, open_client
+from areal_metrics.sinks.schema import DEFAULT_DATABASE
 
 Choose = Callable[[str, list[str]], Any]
 
@@ -118,7 +118,7 @@ def _engine(store: DirectStore, sql: str) -> tuple[float, float]:
 
 
 def _python_rows(store: DirectStore, sql: str) -> tuple[float, int]:
-    """(wall ms, rows) through `sinks.query`, rows as Python tuples."""
+    """(wall ms, rows) through `areal_metrics.sinks.query`, rows as Python tuples."""
     t0 = time.perf_counter()
     rows = len(store.query(sql).rows)
     return (time.perf_counter() - t0) * 1000, rows

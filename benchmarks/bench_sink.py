@@ -17,15 +17,15 @@ import uuid
 from pathlib import Path
 
 from benchmarks.common import broker, machine, print_table, step_events, summary
-from producers.events import StepEvent, parse_event
-from producers.settings import Settings
-from producers.topics import Topics
-from sinks.batching import BatchPolicy
-from sinks.migrations import apply_schema
-from sinks.query import Target, connect, open_client
-from sinks.rows import Located
-from sinks.sink import Sink
-from sinks.writer import insert_rows
+from areal_metrics.producers.contract.events import StepEvent, parse_event
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.sinks.batching import BatchPolicy
+from areal_metrics.sinks.migrations import apply_schema
+from areal_metrics.sinks.query import Target, connect, open_client
+from areal_metrics.sinks.rows import Located
+from areal_metrics.sinks.sink import Sink
+from areal_metrics.sinks.writer import insert_rows
 
 
 def produce(bootstrap: str, topics: Topics, events: list[StepEvent]) -> list[bytes]:
@@ -76,8 +76,8 @@ def bench_sink(settings: Settings, n: int, policy: BatchPolicy) -> tuple[Sink, t
 
 
 def bench_latency(settings: Settings, samples: int) -> dict[str, float]:
-    """publish() one event, then poll `sql`'s path (sinks.query.connect) until the row is visible."""
-    from producers.publisher import Publisher
+    """publish() one event, then poll `sql`'s path (areal_metrics.sinks.query.connect) until the row is visible."""
+    from areal_metrics.producers.delivery.publisher import Publisher
 
     latencies = []
     with tempfile.TemporaryDirectory() as journal:

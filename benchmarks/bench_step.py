@@ -150,8 +150,8 @@ def _clients(bootstrap: str, tmp: Path) -> dict[str, Any]:
 
     from areal_metrics.stack.kafka_broker import create_topics
     from benchmarks.delivery_process import PipePublisher
-    from producers.client import init
-    from producers.topics import Topics
+    from areal_metrics.producers.client.run import init
+    from areal_metrics.producers.contract.topics import Topics
 
     prefix = f"benchstep{uuid.uuid4().hex[:6]}."
     create_topics(bootstrap, Topics(prefix).all(), partitions=3)

@@ -10,12 +10,12 @@ Each run of the benchmark uses a fresh topic prefix (so a fresh consumer group a
    - core only: the worker's per-message code (StreamCore) in-process, no Faust, no Kafka;
    - baseline: a raw aiokafka consumer (the client Faust uses) reads the same topic from the
      start: events/s from its first to its last record;
-   - worker: `python -m streams` reads it: events/s between the first and the last
+   - worker: `python -m areal_metrics.streams` reads it: events/s between the first and the last
      `reward_smoothed` it writes (Kafka CreateTime of its records: startup is not counted),
      and the worker process's CPU time (user + system, all threads, from /proc) over that
      span per event.
    - send cost: CPU per message to deliver 20,000 messages 500 at a time with aiokafka's
-     `send()` one by one, then as record batches (streams.record_batches), in this process.
+     `send()` one by one, then as record batches (areal_metrics.streams.shell.record_batches), in this process.
    With `--profile FILE` the worker runs under cProfile timed by CPU time (process_time:
    on a shared machine a wall-clock profiler mostly measures the time the process waits
    for a core), and FILE gets the functions that cost the most (`benchmarks.profiling`).
@@ -40,9 +40,9 @@ import time
 import uuid
 from pathlib import Path
 
-from producers.events import StepEvent
+from areal_metrics.producers.contract.events import StepEvent
 from benchmarks.common import percentile
-from producers.topics import Topics
+from areal_metrics.producers.contract.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,8 +87,8 @@ def core_only(n: int, runs: int, batch: int = 500, profile: Path | None = None) 
     """events/s of the worker's own work (parse, core, encode, state records) in batches of
     `batch` messages, without Faust or Kafka. With `profile`, under cProfile timed by CPU
     time (then the rate is the profiled one's); the report goes to that file."""
-    from streams.batch import Input, StreamCore
-    from streams.config import StreamsConfig
+    from areal_metrics.streams.shell.batch import Input, StreamCore
+    from areal_metrics.streams.core.config import StreamsConfig
 
     topics = Topics("core.")
     msgs = []
@@ -127,11 +127,11 @@ def core_only(n: int, runs: int, batch: int = 500, profile: Path | None = None) 
 
 async def send_cost(bootstrap: str, topic: str, n: int, batch: int = 500) -> tuple[float, float]:
     """CPU microseconds per message (this process, all threads) to deliver `n` reward_smoothed-sized
-    messages with acks=all: (aiokafka's send() one by one, streams.record_batches), `batch` at a
+    messages with acks=all: (aiokafka's send() one by one, areal_metrics.streams.shell.record_batches), `batch` at a
     time and each batch awaited, as the worker sends a batch's outputs."""
     from aiokafka import AIOKafkaProducer
 
-    from streams.record_batches import send_in_batches
+    from areal_metrics.streams.shell.record_batches import send_in_batches
 
     value = b'{"type":"reward_smoothed","run_id":"bench-0","step":1,"reward":0.5,"window":10}' * 2
     messages = [(topic, None, f"bench-{i % 8}".encode(), value) for i in range(n)]
@@ -159,7 +159,7 @@ def start_worker(bootstrap: str, topics: Topics, home: Path, log: Path, profile:
     env = dict(os.environ, AREAL_KAFKA_BOOTSTRAP=bootstrap, AREAL_TOPIC_PREFIX=topics.prefix,
                AREAL_HOME=str(home), AREAL_STREAMS_SESSION_TIMEOUT="6")
     env.pop("AREAL_STREAMS_CONFIG", None)
-    command = [sys.executable, "-m", "streams"]
+    command = [sys.executable, "-m", "areal_metrics.streams"]
     if profile is not None:
         command = [sys.executable, "-m", "benchmarks.profiling", str(profile), "streams"]
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
@@ -284,7 +284,7 @@ def main() -> int:
         print(f"throughput  stream worker:         {rate:10,.0f} events/s  ({span:.1f} s for {args.events}); "
               f"CPU {cpu_us:.1f} us/event")
         print(f"send cost   aiokafka send() one by one: {one_by_one:.1f} us/message of CPU; "
-              f"record batches (streams.record_batches): {batched:.1f} us/message (500 at a time, acks=all)")
+              f"record batches (areal_metrics.streams.shell.record_batches): {batched:.1f} us/message (500 at a time, acks=all)")
         print(f"ratio worker/raw: {rate / raw:.3f}; load average {os.getloadavg()[0]:.1f}")
         lat = latency(bootstrap, topics, args.rate, args.seconds, args.runs)
         expected = int(args.rate * args.seconds)

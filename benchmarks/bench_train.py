@@ -34,12 +34,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from areal_train.reporting import NullRun, RecordedRun, RunLike, RunSpec
+from areal_metrics.areal_train.reporting import NullRun, RecordedRun, RunLike, RunSpec
 from benchmarks.common import broker, machine, print_table
 
 
 def quiet_config(**changes: object):
-    from areal_train.config import TrainConfig
+    from areal_metrics.areal_train.config import TrainConfig
 
     return TrainConfig(seed=0, eval_at_start=False, eval_every_steps=None, eval_at_end=False, publish=False,
                        checkpoint_every_steps=None, checkpoint_dir=tempfile.mkdtemp(prefix="bench-ckpt-"),
@@ -83,7 +83,7 @@ class TensorBoardRun(NullRun):
 def timed_run(steps: int, open_inner: Callable[[RunSpec], RunLike] | None = None,
               **changes: object) -> tuple[list[float], list[dict[str, Any]], float]:
     """(intervals between logged steps in ms after warm-up, the logged values, CPU seconds of the run)."""
-    from areal_train.trainer import train
+    from areal_metrics.areal_train.trainer import train
 
     opened: list[Timed] = []
 
@@ -100,7 +100,7 @@ def timed_run(steps: int, open_inner: Callable[[RunSpec], RunLike] | None = None
 
 
 def step_cost(steps: int) -> int:
-    from areal_train.launch import prepare
+    from areal_metrics.areal_train.launch import prepare
 
     prepare(quiet_config())
     print(f"machine: {machine()}")
@@ -121,11 +121,11 @@ def eval_sharding(ranks: int) -> int:
     """One full stage of the default sets: work per rank, unsharded (every rank all) and with redundancy 2."""
     import torch
 
-    from areal_train.evalsets import layout
-    from areal_train.evaluation import evaluate_shard
-    from areal_train.launch import prepare
-    from areal_train.session import build_eval_sets
-    from areal_train.warmstart import load, spec_for
+    from areal_metrics.areal_train.evalsets import layout
+    from areal_metrics.areal_train.evaluation import evaluate_shard
+    from areal_metrics.areal_train.launch import prepare
+    from areal_metrics.areal_train.session import build_eval_sets
+    from areal_metrics.areal_train.warmstart import load, spec_for
 
     cfg = quiet_config()
     prepare(cfg)
@@ -159,8 +159,8 @@ def publishing(steps: int, repeats: int, switch_interval: float | None) -> int:
         sys.setswitchinterval(switch_interval)
     from torch.utils.tensorboard import SummaryWriter
 
-    from areal_train.launch import prepare
-    from areal_train.reporting import open_client_run
+    from areal_metrics.areal_train.launch import prepare
+    from areal_metrics.areal_train.reporting import open_client_run
 
     prepare(quiet_config())
     print(f"machine: {machine()}; GIL switch interval {sys.getswitchinterval() * 1000:g} ms")
@@ -202,8 +202,8 @@ def two_runs(steps: int) -> int:
     import os
 
     from areal_metrics.stack.kafka_broker import create_topics
-    from areal_train.launch import prepare, start
-    from producers.topics import Topics
+    from areal_metrics.areal_train.launch import prepare, start
+    from areal_metrics.producers.contract.topics import Topics
 
     print(f"machine: {machine()}")
     with broker() as bootstrap, tempfile.TemporaryDirectory() as tmp:

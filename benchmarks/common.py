@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from producers.events import StepEvent
+from areal_metrics.producers.contract.events import StepEvent
 
 
 @contextlib.contextmanager

@@ -23,8 +23,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from producers.events import Event
-from producers.topics import Topics
+from areal_metrics.producers.contract.events import Event
+from areal_metrics.producers.contract.topics import Topics
 
 _FRAME = struct.Struct("!HHI")  # topic length, key length, value length
 
@@ -80,7 +80,7 @@ class PipePublisher:
 
     def stats(self) -> Any:
         """The child's figures once it has closed (it writes them beside its journal)."""
-        from producers.publisher import PublisherStats
+        from areal_metrics.producers.delivery.publisher import PublisherStats
 
         done = self._journal / "stats.json"
         figures = json.loads(done.read_text()) if done.exists() else {}
@@ -98,7 +98,7 @@ class _Raw:
 
 
 def _child(bootstrap: str, prefix: str, journal: str) -> int:
-    from producers.publisher import Publisher
+    from areal_metrics.producers.delivery.publisher import Publisher
 
     publisher = Publisher(bootstrap, Topics(prefix), journal, kafka_client="kafka-python", close_at_exit=False)
     source = sys.stdin.buffer

@@ -1,5 +1,5 @@
 """The whole pipeline, measured as a user runs it: trainers' publishers -> Kafka
--> stream worker (`python -m streams`) and sink (`python -m sinks`) -> rows in
+-> stream worker (`python -m areal_metrics.streams`) and sink (`python -m areal_metrics.sinks`) -> rows in
 the embedded ClickHouse, beside the raw produce-then-consume rate of the same
 client library on the same broker (the ceiling on this machine).
 
@@ -28,10 +28,10 @@ from typing import Any
 
 from benchmarks.bench_sink import bench_latency
 from benchmarks.common import summary
-from producers.events import StepEvent, parse_event
-from producers.publisher import Publisher
-from producers.settings import Settings
-from producers.topics import Topics
+from areal_metrics.producers.contract.events import StepEvent, parse_event
+from areal_metrics.producers.delivery.publisher import Publisher
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.producers.contract.topics import Topics
 
 RANKS_PER_RUN = 8
 
@@ -180,8 +180,8 @@ def raw_ceiling_confluent(bootstrap: str, n: int) -> float:
 
 
 def publisher_library() -> str:
-    """The Kafka library the Publisher delivers with here (producers.delivery's choice)."""
-    from producers.delivery import _confluent_available
+    """The Kafka library the Publisher delivers with here (areal_metrics.producers.delivery.backends's choice)."""
+    from areal_metrics.producers.delivery.backends import _confluent_available
 
     choice = os.environ.get("AREAL_KAFKA_CLIENT", "auto")
     return "confluent-kafka" if choice != "kafka-python" and _confluent_available() else "kafka-python"
@@ -193,7 +193,7 @@ def count(store: Any, table: str, like: str) -> int:
 
 def wait_ready(services: Services, timeout: float = 120.0) -> None:
     """Both services answer: a warm-up step comes back as a smoothed row in ClickHouse."""
-    from sinks.query import StoreError, connect
+    from areal_metrics.sinks.query import StoreError, connect
 
     journal = services.home / "journal-warmup"
     publisher = Publisher(services.bootstrap, services.topics, journal)
@@ -214,7 +214,7 @@ def wait_ready(services: Services, timeout: float = 120.0) -> None:
 def pipeline_rate(services: Services, ranks: int, n: int, timeout: float = 600.0) -> dict[str, float]:
     """`ranks` publishers (one per simulated rank, each in its own thread) publish n step events
     in all; time until every step row and every smoothed row is in ClickHouse."""
-    from sinks.query import connect
+    from areal_metrics.sinks.query import connect
 
     tag = f"pipe{ranks}-{uuid.uuid4().hex[:4]}"
     per_rank = n // ranks

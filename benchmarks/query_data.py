@@ -1,7 +1,7 @@
 """A store the size of a long-lived deployment, generated inside the engine (INSERT ... SELECT from numbers()).
 
 `generate(client, shape)` fills every table the dashboards read, through the
-schema of `sinks.schema` (whatever layout it has), so the same data can be
+schema of `areal_metrics.sinks.schema` (whatever layout it has), so the same data can be
 measured on an old and a new layout:
 
 - `steps`: `shape.runs` runs x `shape.ranks` ranks x `shape.steps` steps

@@ -15,7 +15,7 @@ def group_has_members(group: str) -> bool:
     from kafka.admin import KafkaAdminClient
     from kafka.errors import KafkaError
 
-    from producers.settings import Settings
+    from areal_metrics.producers.contract.settings import Settings
 
     admin = KafkaAdminClient(**Settings.from_env().kafka_python_config(), request_timeout_ms=5000)
     try:
@@ -29,16 +29,16 @@ def group_has_members(group: str) -> bool:
 
 
 def main(service: str) -> int:
-    from producers.settings import Settings
+    from areal_metrics.producers.contract.settings import Settings
 
     settings = Settings.from_env()
     if service == "streams":
-        from streams.app import app_id_for
+        from areal_metrics.streams.shell.app import app_id_for
 
         return 0 if group_has_members(app_id_for(settings.topic_prefix)) else 1
     if service == "sink":
-        from sinks.query import connect
-        from sinks.sink import consumer_group
+        from areal_metrics.sinks.query import connect
+        from areal_metrics.sinks.sink import consumer_group
 
         with connect(settings) as store:
             if not int(store.command("EXISTS TABLE steps")):

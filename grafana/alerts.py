@@ -12,8 +12,8 @@ from grafana_foundation_sdk.builders import common as common_b
 from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import common, dashboard
 
-from grafana.clickhouse import SQL, Format, view
-from grafana.panels import RUN_FILTER, base, table, timeseries
+from areal_metrics.grafana.clickhouse import SQL, Format, view
+from areal_metrics.grafana.panels import RUN_FILTER, base, table, timeseries
 
 UID = "areal-alerts"
 CAUSE_WINDOW_S = 30

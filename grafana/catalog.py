@@ -1,6 +1,6 @@
 """All dashboards: build them, serialise them, write them under grafana/dashboards/.
 
-`python -m grafana` regenerates the committed JSON; a test
+`python -m areal_metrics.grafana` regenerates the committed JSON; a test
 fails when the committed files differ from what the code builds.
 """
 
@@ -14,7 +14,7 @@ from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard
 
-from grafana import alerts, efficiency, evaluation, runs, training
+from areal_metrics.grafana import alerts, efficiency, evaluation, runs, training
 
 # file name (without .json) -> builder
 BUILDERS: dict[str, Callable[[], dash_b.Dashboard]] = {

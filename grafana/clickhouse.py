@@ -31,7 +31,7 @@ DATABASE = "areal"  # the database every dashboard query names (provisioning's d
 
 
 def view(table: str) -> str:
-    """What a dashboard reads for a table: its deduplicated view (`sinks.views`), in DATABASE."""
+    """What a dashboard reads for a table: its deduplicated view (`areal_metrics.sinks.views`), in DATABASE."""
     return f"{DATABASE}.v_{table}"
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import dashboard
 
-from grafana.clickhouse import SQL, Format, view
-from grafana.panels import NODE_FILTER, RUN_FILTER, base, table, timeseries
+from areal_metrics.grafana.clickhouse import SQL, Format, view
+from areal_metrics.grafana.panels import NODE_FILTER, RUN_FILTER, base, table, timeseries
 
 UID = "areal-efficiency"
 TS = Format.TIME_SERIES

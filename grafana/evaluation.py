@@ -13,8 +13,8 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import common, dashboard
 
-from grafana.clickhouse import SQL, Format, view
-from grafana.panels import (
+from areal_metrics.grafana.clickhouse import SQL, Format, view
+from areal_metrics.grafana.panels import (
     DATASET_FILTER,
     NODE_FILTER,
     RUN_FILTER,
@@ -276,7 +276,7 @@ ORDER BY time""",
         table(
             "Generations",
             "The samples behind each node's result, newest step first: prompt, response, verdict and reward "
-            "(text cut at producers.events.SAMPLE_TEXT_MAX characters, at most SAMPLES_MAX samples per result).",
+            "(text cut at the documented size, docs/CONTRACT.md).",
             GENERATIONS,
             height=12,
         ).with_override(

@@ -2,7 +2,7 @@
 
 Every panel reads the fixed ClickHouse datasource (uid `areal-clickhouse`),
 every query is raw SQL against deduplicated data (the `v_*` views of
-`sinks.views`, in `grafana.clickhouse.DATABASE`), filtered by the
+`areal_metrics.sinks.views`, in `areal_metrics.grafana.clickhouse.DATABASE`), filtered by the
 dashboard's time range and the `run` / `node` / `dataset` variables; `group`
 and `tag` narrow the runs `run` offers.
 """
@@ -17,8 +17,8 @@ from grafana_foundation_sdk.builders import timeseries as ts_b
 from grafana_foundation_sdk.builders import trend as trend_b
 from grafana_foundation_sdk.models import common, dashboard
 
-from grafana.clickhouse import SQL, AnnotationTarget, Format, datasource_ref, stored, view
-from grafana.macros import ALL
+from areal_metrics.grafana.clickhouse import SQL, AnnotationTarget, Format, datasource_ref, stored, view
+from areal_metrics.grafana.macros import ALL
 
 REFRESH = "5s"
 REFRESH_CHOICES = ["5s", "10s", "30s", "1m", "5m"]

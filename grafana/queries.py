@@ -20,8 +20,8 @@ from typing import Any
 
 from grafana_foundation_sdk.models import dashboard
 
-from grafana.clickhouse import ClickHouseAnnotationTarget, ClickHouseQuery, Format
-from grafana.macros import ALL, QueryContext, Variable, auto_interval, expand
+from areal_metrics.grafana.clickhouse import ClickHouseAnnotationTarget, ClickHouseQuery, Format
+from areal_metrics.grafana.macros import ALL, QueryContext, Variable, auto_interval, expand
 
 NUMERIC = ("Int", "UInt", "Float", "Decimal", "Nullable(Int", "Nullable(UInt", "Nullable(Float", "Nullable(Decimal")
 
@@ -55,7 +55,7 @@ class QueryRunner:
 
     @classmethod
     def of_store(cls, store: Any) -> QueryRunner:
-        """From a `sinks.query` store (`.query(sql)` -> QueryResult)."""
+        """From a `areal_metrics.sinks.query` store (`.query(sql)` -> QueryResult)."""
 
         def run(sql: str) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
             result = store.query(sql)

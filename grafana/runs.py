@@ -12,8 +12,8 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import dashboard
 
-from grafana.clickhouse import SQL, Format, view
-from grafana.panels import DATASET_FILTER, RUN_FILTER, base, table, timeseries, trend
+from areal_metrics.grafana.clickhouse import SQL, Format, view
+from areal_metrics.grafana.panels import DATASET_FILTER, RUN_FILTER, base, table, timeseries, trend
 
 UID = "areal-runs"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as dash_b
 
-from grafana.clickhouse import SQL, Format, view
-from grafana.panels import (
+from areal_metrics.grafana.clickhouse import SQL, Format, view
+from areal_metrics.grafana.panels import (
     ALERT_MARKERS_SQL,
     COMMAND_MARKERS_SQL,
     NODE_FILTER,

@@ -27,7 +27,7 @@ from typing import Any
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard
 
-from grafana.clickhouse import DATASOURCE_UID, PLUGIN_ID, ClickHouseQuery, register
+from areal_metrics.grafana.clickhouse import DATASOURCE_UID, PLUGIN_ID, ClickHouseQuery, register
 
 GRAFANA_BUILTIN = {"uid": "-- Grafana --", "type": "grafana"}
 PROVISIONED = {DATASOURCE_UID: PLUGIN_ID}

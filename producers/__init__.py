@@ -1,35 +1,10 @@
-"""The ground floor: the event contract, topics, settings and the publisher.
+"""The ground floor, in rooms by concern (installed as `areal_metrics.producers`):
 
-Imports nothing else of this project; `streams`, `sinks` and `areal_train`
-build on it.
+- `contract/`: the events and their field rules, run ids, topics, dead letters, run status,
+  settings and errors. Imports nothing else of the project.
+- `runtime/`: Kafka admin (topic creation, metadata waits), backoff, the services' GC settings.
+- `delivery/`: the non-blocking publisher, its Kafka backends and the journal.
+- `client/`: the public client (`init` -> `Run`) that `areal_metrics.init` re-exports.
+
+`streams`, `sinks`, `areal_train` and `grafana` build on `contract` and `runtime` only.
 """
-
-from producers.events import (
-    AlertEvent,
-    CommandEvent,
-    EvalConsensusEvent,
-    EvalEvent,
-    Event,
-    RejectedEvent,
-    RewardSmoothedEvent,
-    StepEvent,
-    ValidationError,
-    event_from_dict,
-    parse_event,
-)
-from producers.topics import Topics
-
-__all__ = [
-    "AlertEvent",
-    "CommandEvent",
-    "EvalConsensusEvent",
-    "EvalEvent",
-    "Event",
-    "RejectedEvent",
-    "RewardSmoothedEvent",
-    "StepEvent",
-    "Topics",
-    "ValidationError",
-    "event_from_dict",
-    "parse_event",
-]

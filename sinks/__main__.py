@@ -1,4 +1,4 @@
-"""`python -m sinks`: run the ClickHouse sink until SIGTERM/SIGINT.
+"""`python -m areal_metrics.sinks`: run the ClickHouse sink until SIGTERM/SIGINT.
 
 Environment: AREAL_KAFKA_BOOTSTRAP, AREAL_TOPIC_PREFIX, AREAL_CLICKHOUSE_URL,
 AREAL_HOME; optional AREAL_SINK_MAX_ROWS (default 5000),
@@ -18,12 +18,12 @@ import os
 import signal
 import sys
 
-from producers.errors import ArealError, one_line
-from producers.service_gc import settle_gc
-from producers.settings import Settings
+from areal_metrics.producers.contract.errors import ArealError, one_line
+from areal_metrics.producers.runtime.service_gc import settle_gc
+from areal_metrics.producers.contract.settings import Settings
 
-from sinks.batching import BatchPolicy
-from sinks.sink import Sink
+from areal_metrics.sinks.batching import BatchPolicy
+from areal_metrics.sinks.sink import Sink
 
 
 def main() -> int:

@@ -17,11 +17,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from producers.deadletter import rejected
-from producers.events import Event, RejectedEvent, ValidationError, parse_event
-from producers.topics import Topics
+from areal_metrics.producers.contract.deadletter import rejected
+from areal_metrics.producers.contract.events import Event, RejectedEvent, ValidationError, parse_event
+from areal_metrics.producers.contract.topics import Topics
 
-from sinks.rows import Located, unstorable
+from areal_metrics.sinks.rows import Located, unstorable
 
 SINK_NODE = f"sink@{socket.gethostname()}"[:128]
 

@@ -1,7 +1,7 @@
 """Schema migrations: numbered, idempotent, recorded in `schema_migrations`.
 
 `apply_schema(client, options)` creates or upgrades the store to the tables of
-`sinks.schema`; a key change (ClickHouse cannot ALTER a sorting or partition
+`areal_metrics.sinks.schema`; a key change (ClickHouse cannot ALTER a sorting or partition
 key) is a copy-and-swap (`Rekey`). `schema_statements` lists every statement it
 may run, for review. Drop and recreate serve `replay`.
 """
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sinks.schema import (
+from areal_metrics.sinks.schema import (
     MIGRATIONS_TABLE,
     PARTITION_BY,
     TABLES,

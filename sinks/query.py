@@ -1,6 +1,6 @@
 """Reading (and, on request, writing) the ClickHouse store: one function for every reader.
 
-    from sinks.query import connect
+    from areal_metrics.sinks.query import connect
 
     with connect() as store:                      # Settings.from_env() when not given
         result = store.query("SELECT run_id, max(step) FROM v_steps GROUP BY run_id")
@@ -12,9 +12,9 @@
 
 - ``http(s)://user:pass@host:8123/db``: clickhouse-connect's HTTP client.
 - ``chdb:///path`` (embedded engine): chdb lets ONE process open a data
-  directory. When a running sink (`python -m sinks`, started by
+  directory. When a running sink (`python -m areal_metrics.sinks`, started by
   `areal-metrics up`) holds it, the sink serves it over ClickHouse's HTTP
-  interface on loopback (`sinks.http_server`; port and passwords in
+  interface on loopback (`areal_metrics.sinks.http.server`; port and passwords in
   ``<path>/owner.json``), and `connect` returns a clickhouse-connect HTTP
   client of that endpoint, as user `reader` (or `writer` with `write=True`).
   Otherwise `connect` opens the directory itself (and holds it until
@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from producers.settings import Settings
+from areal_metrics.producers.contract.settings import Settings
 
-from sinks.schema import DEFAULT_DATABASE
+from areal_metrics.sinks.schema import DEFAULT_DATABASE
 
 OWNER_FILE = "owner.json"
 READONLY = {"readonly": 2}  # 2, not 1: clients may still pass per-query format settings

@@ -22,12 +22,12 @@ import time
 import uuid
 from typing import Any
 
-from producers.settings import Settings
-from sinks.batching import Batcher, BatchPolicy, dedup_token
-from sinks.decode import decode
-from sinks.migrations import apply_schema, drop_tables, recreate_tables
-from sinks.schema import TABLES, SchemaOptions
-from sinks.writer import insert_rows
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.sinks.batching import Batcher, BatchPolicy, dedup_token
+from areal_metrics.sinks.decode import decode
+from areal_metrics.sinks.migrations import apply_schema, drop_tables, recreate_tables
+from areal_metrics.sinks.schema import TABLES, SchemaOptions
+from areal_metrics.sinks.writer import insert_rows
 
 log = logging.getLogger("areal.sink.replay")
 STALL_S = 60.0  # give up when the log stops yielding messages before the end offsets
@@ -138,7 +138,7 @@ def replay_into(client: Any, settings: Settings, schema: SchemaOptions | None = 
 
 def run_replay(settings: Settings, *, force: bool = False) -> dict[str, int]:
     """Replay against the configured store: through the running sink's endpoint when it holds the embedded store."""
-    from sinks.query import Target, open_client, owner_client, read_owner
+    from areal_metrics.sinks.query import Target, open_client, owner_client, read_owner
 
     target = Target.parse(settings.clickhouse_url)
     schema = SchemaOptions.from_settings(settings, target.database, embedded=target.kind == "chdb")
@@ -154,7 +154,7 @@ def run_replay(settings: Settings, *, force: bool = False) -> dict[str, int]:
 
 
 def fingerprints(store: Any, database: str = "areal") -> dict[str, tuple[int, int]]:
-    """{table: (rows, checksum)} read with FINAL; `store` is a clickhouse-connect client or a `sinks.query` store.
+    """{table: (rows, checksum)} read with FINAL; `store` is a clickhouse-connect client or a `areal_metrics.sinks.query` store.
 
     The checksum (hashes of whole rows as tuples: NULLs included) covers every column but `_ingested_at` (the server's clock), so
     two builds from the same log give the same figures.

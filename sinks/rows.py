@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from producers.events import Event
-from sinks.schema import PROJECTIONS, TABLES_BY_EVENT_TYPE, Table
+from areal_metrics.producers.contract.events import Event
+from areal_metrics.sinks.schema import PROJECTIONS, TABLES_BY_EVENT_TYPE, Table
 
 UTC = dt.timezone.utc
 

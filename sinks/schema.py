@@ -1,7 +1,7 @@
 """The ClickHouse schema: one table per topic, views that read FINAL.
 
 Everything here is plain SQL text built from `SchemaOptions`, applied by
-`sinks.migrations.apply_schema(client, options)` to any clickhouse-connect client (embedded chdb
+`areal_metrics.sinks.migrations.apply_schema(client, options)` to any clickhouse-connect client (embedded chdb
 or a server: the same statements on both paths).
 
 Design (see docs/CLICKHOUSE.md):
@@ -44,8 +44,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from producers.errors import ConfigError
-from sinks.views import RUNS_VIEW, final_view
+from areal_metrics.producers.contract.errors import ConfigError
+from areal_metrics.sinks.views import RUNS_VIEW, final_view
 
 SCHEMA_VERSION = 4
 DEFAULT_DATABASE = "areal"
@@ -62,7 +62,7 @@ class CommandClient(Protocol):
 
 
 class StoreSettings(Protocol):
-    """What `SchemaOptions.from_settings` reads; `producers.settings.Settings` has these fields."""
+    """What `SchemaOptions.from_settings` reads; `areal_metrics.producers.contract.settings.Settings` has these fields."""
 
     clickhouse_cluster: str | None
     clickhouse_replicated: bool

@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from producers.backoff import Backoff
-from producers.settings import Settings
-from producers.topic_metadata import known_partitions
-from sinks.batching import (
+from areal_metrics.producers.runtime.backoff import Backoff
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.producers.runtime.topic_metadata import known_partitions
+from areal_metrics.sinks.batching import (
     Batcher,
     BatchPolicy,
     Chunk,
@@ -30,11 +30,11 @@ from sinks.batching import (
     TopicPartition,
     dedup_token,
 )
-from sinks.decode import decode
-from sinks.migrations import apply_schema
-from sinks.query import Target, open_client
-from sinks.schema import TABLES, SchemaOptions
-from sinks.writer import insert_rows, load_plans, record_plans
+from areal_metrics.sinks.decode import decode
+from areal_metrics.sinks.migrations import apply_schema
+from areal_metrics.sinks.query import Target, open_client
+from areal_metrics.sinks.schema import TABLES, SchemaOptions
+from areal_metrics.sinks.writer import insert_rows, load_plans, record_plans
 
 log = logging.getLogger("areal.sink")
 _TOPIC_WAIT_S = 30.0  # for every topic's partitions, before joining the group
@@ -119,7 +119,7 @@ class Sink:
 
         self.client = self._retry("opening the store", open_and_migrate)
         if self.target.kind == "chdb" and self.serve_queries:
-            from sinks.http_server import ClickHouseHTTPServer
+            from areal_metrics.sinks.http.server import ClickHouseHTTPServer
 
             assert self.target.path is not None
             self.endpoint = ClickHouseHTTPServer(self.target.path, self.schema.database, port=self.http_port)

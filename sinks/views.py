@@ -2,7 +2,7 @@
 
 `v_<table>` is the table deduplicated: `SELECT * FROM <table> FINAL`, which
 ClickHouse merges only in the key ranges where parts overlap (all versions of
-a row share a partition, see `sinks.schema`); a reader's filter on the
+a row share a partition, see `areal_metrics.sinks.schema`); a reader's filter on the
 sorting key (run_id first) narrows the partitions and ranges read before that. A filter on another column (`ts`) is
 applied after the deduplication, as it must be: of a row's versions only the
 winner may be tested. With a TTL on raw steps, `v_steps` also hides rows past
@@ -19,7 +19,7 @@ def final_view(db: str, table: str, ttl: str | None = None) -> str:
     return f"SELECT * FROM {db}.{table} FINAL{where}"
 
 
-# v_runs: one row per run, folded from its run events in three steps (producers.run_status
+# v_runs: one row per run, folded from its run events in three steps (areal_metrics.producers.contract.run_status
 # states the same rule in Python, for `watch`):
 # - a rank's status in an attempt: its terminal event if it sent one, else `running`;
 # - an attempt's status: failed if a rank failed, else killed if a rank was killed, else

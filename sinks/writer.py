@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sinks.batching import Plan, TopicPartition
-from sinks.rows import Located, build_columns, projections_for, table_for
-from sinks.schema import BATCH_PLANS
+from areal_metrics.sinks.batching import Plan, TopicPartition
+from areal_metrics.sinks.rows import Located, build_columns, projections_for, table_for
+from areal_metrics.sinks.schema import BATCH_PLANS
 
 # Set explicitly: ClickHouse changed the defaults of async inserts and of
 # insert deduplication across versions (and Cloud turns async_insert on).

@@ -1,10 +1,10 @@
-"""`python -m streams`: run the stream worker until SIGTERM (or Ctrl-C).
+"""`python -m areal_metrics.streams`: run the stream worker until SIGTERM (or Ctrl-C).
 
 Environment: AREAL_KAFKA_BOOTSTRAP, AREAL_TOPIC_PREFIX, AREAL_KAFKA_REPLICATION_FACTOR,
 AREAL_KAFKA_MIN_INSYNC_REPLICAS, AREAL_RAW_RETENTION_MS, AREAL_DERIVED_RETENTION_MS (topics
 the worker creates: inputs on a fresh broker, its ticks, its state changelog), AREAL_HOME (Faust's data
 directory is $AREAL_HOME/streams/), AREAL_STREAMS_CONFIG (optional JSON, see
-streams.config), AREAL_STREAMS_LOGLEVEL (default warning).
+areal_metrics.streams.core.config), AREAL_STREAMS_LOGLEVEL (default warning).
 Tuning for tests and benchmarks: AREAL_STREAMS_COMMIT_INTERVAL (s, default 0.5),
 AREAL_STREAMS_SESSION_TIMEOUT (s, default 10).
 """
@@ -17,11 +17,11 @@ import sys
 
 
 def main() -> int:
-    from producers.errors import ArealError
-    from producers.service_gc import settle_gc
-    from producers.settings import Settings, state_dir
-    from streams.config import ConfigError, StreamsConfig
-    from streams.kafka_admin import (
+    from areal_metrics.producers.contract.errors import ArealError
+    from areal_metrics.producers.runtime.service_gc import settle_gc
+    from areal_metrics.producers.contract.settings import Settings, state_dir
+    from areal_metrics.streams.core.config import ConfigError, StreamsConfig
+    from areal_metrics.streams.shell.kafka_admin import (
         TopicLayoutError,
         ensure_committed_offsets,
         prepare_topics,
@@ -47,7 +47,7 @@ def main() -> int:
     import faust
     from kafka.errors import KafkaError
 
-    from streams.app import (
+    from areal_metrics.streams.shell.app import (
         app_id_for,
         broker_credentials,
         build_worker,

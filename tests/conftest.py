@@ -23,8 +23,8 @@ import pytest
 
 from areal_metrics.stack.kafka_broker import KafkaBroker, create_topics
 from areal_metrics.stack.kafka_cluster import KafkaCluster
-from producers.settings import Settings
-from producers.topics import Topics
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.producers.contract.topics import Topics
 
 # The durability of topics on the test cluster: what `areal-metrics up --brokers 3` uses.
 CLUSTER_DURABILITY = Settings(kafka_replication_factor=3, kafka_min_insync_replicas=2)

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 
-from producers.events import CommandEvent
-from producers.topics import Topics
+from areal_metrics.producers.contract.events import CommandEvent
+from areal_metrics.producers.contract.topics import Topics
 from tests.test_client_broker import ROOT, child_env, service, stop, wait_for
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -33,7 +33,7 @@ os.environ.update(OFFLINE)
 @pytest.fixture
 def stream_worker(stack_env: dict[str, str], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """The real stream worker as a process (its log: tmp_path / "worker.log"), stopped at teardown."""
-    proc = service("streams", stack_env, tmp_path / "worker.log")
+    proc = service("areal_metrics.streams", stack_env, tmp_path / "worker.log")
     yield proc
     stop(proc)
 

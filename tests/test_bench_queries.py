@@ -11,10 +11,10 @@ import pytest
 
 from benchmarks.bench_queries import SCENARIOS, build_store, measure
 from benchmarks.query_data import Shape
-from grafana.catalog import BUILDERS, build
-from grafana.queries import QueryRunner, check_dashboard
-from producers.settings import Settings
-from sinks.query import DirectStore, connect
+from areal_metrics.grafana.catalog import BUILDERS, build
+from areal_metrics.grafana.queries import QueryRunner, check_dashboard
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.sinks.query import DirectStore, connect
 
 SHAPE = Shape(runs=4, ranks=8, steps=300, resume_from=150, resumed_steps=40, tail_steps=30, sink_rows=50)
 

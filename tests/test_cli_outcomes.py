@@ -12,7 +12,7 @@ import pytest
 from areal_metrics.commands.alerts import wanted
 from areal_metrics.stack.kafka_broker import free_port
 from areal_metrics.progress import Progress, render, wait_for
-from producers.events import AlertEvent
+from areal_metrics.producers.contract.events import AlertEvent
 
 CLI = [sys.executable, "-m", "areal_metrics"]
 
@@ -92,7 +92,7 @@ def test_severity_filter_is_at_least():
 
 @pytest.mark.broker
 def test_alerts_severity_and_a_durable_group_resume_where_they_stopped(stack_env, topics, kafka_bootstrap, tmp_path):
-    from producers.publisher import Publisher
+    from areal_metrics.producers.delivery.publisher import Publisher
 
     def publish(*alerts):
         publisher = Publisher(kafka_bootstrap, topics, tmp_path / "journal")

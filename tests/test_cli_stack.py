@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from producers.events import parse_event
+from areal_metrics.producers.contract.events import parse_event
 from tests.kafka_reading import read_to_end
 
 CLI = [sys.executable, "-m", "areal_metrics"]
@@ -88,8 +88,8 @@ def test_up_status_down_and_a_stale_pid_file(tmp_path):
 
 @pytest.mark.broker
 def test_alerts_prints_json_lines_filtered_by_run(stack_env, topics, kafka_bootstrap, tmp_path):
-    from producers.events import AlertEvent
-    from producers.publisher import Publisher
+    from areal_metrics.producers.contract.events import AlertEvent
+    from areal_metrics.producers.delivery.publisher import Publisher
 
     publisher = Publisher(kafka_bootstrap, topics, tmp_path / "journal")
     mine = AlertEvent(run_id="r1", kind="stalled", severity="critical", message="no step for 300 s")

@@ -1,7 +1,7 @@
 """The holder's ClickHouse HTTP interface, driven by clickhouse-connect and by plain HTTP requests.
 
 A store holding the recorded demo run (tests/data/demo_events.jsonl) is served
-by `sinks.http_server` in this process, as the running sink serves it; the
+by `areal_metrics.sinks.http.server` in this process, as the running sink serves it; the
 tests read it the way clickhouse-connect and a ClickHouse server's users do:
 each format, query in the URL, the body or both, settings and parameters in
 the URL, both users, errors with ClickHouse's codes and statuses, compression,
@@ -26,8 +26,8 @@ import lz4.frame
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from sinks.http_protocol import _zstd
-from sinks.http_server import ClickHouseHTTPServer
+from areal_metrics.sinks.http.protocol import _zstd
+from areal_metrics.sinks.http.server import ClickHouseHTTPServer
 from tests.test_grafana_data import fixture_events, write_events
 
 STEPS = sum(e.type == "step" for e in fixture_events())
@@ -460,9 +460,9 @@ def test_status_dsn_and_grafana_provisioning_point_at_the_endpoint(served: Serve
     import yaml
 
     from areal_metrics.cli import main
-    from grafana.provision import ClickHouseServer
-    from producers.settings import Settings
-    from sinks.query import http_dsn
+    from areal_metrics.grafana.provision import ClickHouseServer
+    from areal_metrics.producers.contract.settings import Settings
+    from areal_metrics.sinks.query import http_dsn
 
     served.server.publish()
     try:

@@ -9,7 +9,7 @@ compares what it read with what clickhouse-connect reads through the same
 endpoint: column names, row counts, every value.
 
 The queries are every dashboard panel's, variable's and annotation's SQL,
-expanded as Grafana expands it (grafana.queries / grafana.macros), on the
+expanded as Grafana expands it (areal_metrics.grafana.queries / areal_metrics.grafana.macros), on the
 recorded demo run; plus the steps table and a CREATE TABLE through the DSN
 that `areal-metrics status --json` prints while a real stack runs.
 Skipped, saying so, only where `go` is not installed. AREAL_TEST_CLICKHOUSE_GO=v2.40.1
@@ -37,16 +37,16 @@ from typing import Any
 import clickhouse_connect
 import pytest
 
-from grafana.catalog import BUILDERS, build
-from grafana.macros import expand
-from grafana.queries import (
+from areal_metrics.grafana.catalog import BUILDERS, build
+from areal_metrics.grafana.macros import expand
+from areal_metrics.grafana.queries import (
     QueryRunner,
     context_for,
     dashboard_queries,
     expansions,
     resolve_variables,
 )
-from sinks.query import DirectStore, Target
+from areal_metrics.sinks.query import DirectStore, Target
 from tests.test_clickhouse_http import Served, served  # noqa: F401 - `served`: the demo store behind the endpoint
 from tests.test_grafana_data import RUNS, fixture_events, fixture_span
 

@@ -27,9 +27,9 @@ import pytest
 from kafka import KafkaProducer
 
 from areal_metrics.stack.kafka_broker import free_port
-from producers.events import CommandEvent, parse_event
-from producers.settings import Settings
-from producers.topics import Topics
+from areal_metrics.producers.contract.events import CommandEvent, parse_event
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.producers.contract.topics import Topics
 from tests.kafka_reading import read_to_end
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(400)]
@@ -75,9 +75,9 @@ def stop(proc: subprocess.Popen) -> None:
 @pytest.fixture
 def sink(stack_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[str], list[tuple]]]:
     """The real sink as a process; yields `query(sql) -> rows` through its endpoint."""
-    from sinks.query import Target, connect, read_owner
+    from areal_metrics.sinks.query import Target, connect, read_owner
 
-    proc = service("sinks", stack_env, tmp_path / "sink.log")
+    proc = service("areal_metrics.sinks", stack_env, tmp_path / "sink.log")
     settings = Settings(kafka_bootstrap=stack_env["AREAL_KAFKA_BOOTSTRAP"], topic_prefix=stack_env["AREAL_TOPIC_PREFIX"],
                         clickhouse_url=stack_env["AREAL_CLICKHOUSE_URL"])
     store_path = Target.parse(settings.clickhouse_url).path
@@ -114,7 +114,7 @@ RANK_SCRIPT = """
 
 
 def test_two_ranks_on_one_host_reach_clickhouse(stack_env: dict[str, str], topics: Topics, tmp_path: Path, sink) -> None:
-    worker = service("streams", stack_env, tmp_path / "worker.log")
+    worker = service("areal_metrics.streams", stack_env, tmp_path / "worker.log")
     try:
         ranks = [start(RANK_SCRIPT, child_env(stack_env, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r)),
                        tmp_path / f"rank{r}.log") for r in range(2)]
@@ -225,7 +225,7 @@ def test_a_killed_run_resumed_stores_every_event_that_got_out_once(stack_env: di
 
 
 def test_commands_arrive_for_this_run_and_node(stack_env: dict[str, str], topics: Topics, kafka_bootstrap: str) -> None:
-    from producers.client import init
+    from areal_metrics.producers.client.run import init
 
     settings = dict(kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix, journal_dir=str(Path(stack_env["AREAL_HOME"]) / "j"),
                     git=False, node="me:0", rank=0, world_size=1)
@@ -257,7 +257,7 @@ def test_a_command_sent_while_the_feed_positions_itself_is_not_skipped(topics: T
     as its operator sent `stop` never stopped."""
     import kafka
 
-    from producers.control_feed import ControlFeed
+    from areal_metrics.producers.client.control_feed import ControlFeed
 
     lookup = kafka.KafkaConsumer.offsets_for_times
 
@@ -286,7 +286,7 @@ def test_the_control_feed_waits_for_a_control_topic_made_after_it_started(kafka_
     import uuid
 
     from areal_metrics.stack.kafka_broker import create_topics
-    from producers.control_feed import ControlFeed
+    from areal_metrics.producers.client.control_feed import ControlFeed
 
     topic = f"late-{uuid.uuid4().hex[:8]}.control"
     config = {"bootstrap_servers": [kafka_bootstrap], "allow_auto_create_topics": False}
@@ -307,9 +307,9 @@ def test_the_control_feed_waits_for_a_control_topic_made_after_it_started(kafka_
 
 def test_a_publisher_never_closed_delivers_at_exit(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
     code = f"""
-        from producers.events import StepEvent
-        from producers.publisher import Publisher
-        from producers.topics import Topics
+        from areal_metrics.producers.contract.events import StepEvent
+        from areal_metrics.producers.delivery.publisher import Publisher
+        from areal_metrics.producers.contract.topics import Topics
         p = Publisher({kafka_bootstrap!r}, Topics({topics.prefix!r}))
         for i in range(100):
             p.publish(StepEvent(run_id="no-close", step=i, epoch=0))

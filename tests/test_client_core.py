@@ -13,14 +13,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers import coerce
-from producers.aliases import ALIASES
-from producers.attempts import next_attempt, read_local, write_local
-from producers.events import StepEvent, dumps_compact, event_from_dict
-from producers.field_rules import SAMPLE_TEXT_MAX, SAMPLES_MAX
-from producers.launcher_env import identity_from_env, job_run_id
-from producers.run_info import clean_tags, detect_framework, git_commit, new_run_id
-from producers.topics import Topics
+from areal_metrics.producers.client import coerce
+from areal_metrics.producers.client.aliases import ALIASES
+from areal_metrics.producers.client.attempts import next_attempt, read_local, write_local
+from areal_metrics.producers.contract.events import StepEvent, dumps_compact, event_from_dict
+from areal_metrics.producers.contract.field_rules import SAMPLE_TEXT_MAX, SAMPLES_MAX
+from areal_metrics.producers.client.launcher_env import identity_from_env, job_run_id
+from areal_metrics.producers.client.run_info import clean_tags, detect_framework, git_commit, new_run_id
+from areal_metrics.producers.contract.topics import Topics
 
 
 class _FakeRun:
@@ -30,7 +30,7 @@ class _FakeRun:
 
 
 def encoded_step(values: dict, step: int = 3) -> StepEvent:
-    from producers.client import _Step
+    from areal_metrics.producers.client.run import _Step
 
     snap, _ = coerce.snapshot(values)
     topic, key, raw = _Step(_FakeRun(), step, snap, 1.7e9).encode(Topics("t."))  # type: ignore[arg-type]
@@ -148,7 +148,7 @@ def test_verdicts_and_samples_are_coerced_and_capped() -> None:
 
 
 def test_eval_fields_compute_accuracy_and_refuse_nothing() -> None:
-    from producers.client import _eval_fields
+    from areal_metrics.producers.client.run import _eval_fields
 
     f = _eval_fields([1, 0, 1, 1], None, None, "ok", None, np.float32(12.0), None, None, {"pass@4": 0.9, "bad": "x"})
     assert f["accuracy"] == 0.75 and f["n_samples"] == 4 and f["response_length"] == 12.0

@@ -246,11 +246,11 @@ def test_programming_errors_raise_values_never(tmp_path: Path) -> None:
 
 def test_a_step_logged_twice_is_one_row_with_both_calls_values(tmp_path: Path) -> None:
     """What the journal holds, stored the way the sink stores it: the later (merged) event replaces the first."""
-    from producers.topics import Topics
-    from sinks.decode import decode
-    from sinks.migrations import apply_schema
-    from sinks.query import Target, open_client
-    from sinks.writer import insert_rows
+    from areal_metrics.producers.contract.topics import Topics
+    from areal_metrics.sinks.decode import decode
+    from areal_metrics.sinks.migrations import apply_schema
+    from areal_metrics.sinks.query import Target, open_client
+    from areal_metrics.sinks.writer import insert_rows
 
     out = run_script("""
         import areal_metrics as am
@@ -284,9 +284,9 @@ def test_a_forked_child_of_a_publisher_does_not_wait_for_it_at_exit(tmp_path: Pa
     """The child has no sender thread: waiting for it (here up to 300 s) would hang the child's exit."""
     out = run_script(f"""
         import os, sys
-        from producers.events import StepEvent
-        from producers.publisher import Publisher
-        from producers.topics import Topics
+        from areal_metrics.producers.contract.events import StepEvent
+        from areal_metrics.producers.delivery.publisher import Publisher
+        from areal_metrics.producers.contract.topics import Topics
         p = Publisher("127.0.0.1:{free_port()}", Topics(), {str(tmp_path / "j")!r}, exit_timeout_s=300)
         p.publish(StepEvent(run_id="f", step=0, epoch=0))
         pid = os.fork()

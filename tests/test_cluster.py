@@ -14,9 +14,9 @@ from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 
 from areal_metrics.stack.kafka_broker import create_topics
-from producers.settings import Settings
-from producers.topic_admin import TopicCreationError
-from producers.topics import Topics
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.producers.runtime.topic_admin import TopicCreationError
+from areal_metrics.producers.contract.topics import Topics
 from tests.test_cli_stack import status_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(420)]
@@ -54,7 +54,7 @@ def test_topics_from_specs_have_three_replicas_min_isr_two_and_their_retention(k
 
 
 def test_every_broker_answers_for_a_topic_as_soon_as_its_creation_returns(kafka_cluster):
-    """Without waiting for every replica (producers/topic_admin.py), a client asking another
+    """Without waiting for every replica (producers/runtime/topic_admin.py), a client asking another
     broker right after creation missed new topics in about 1 creation of 4 here."""
     settings = Settings(kafka_replication_factor=3, kafka_min_insync_replicas=2)
     for _ in range(6):

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
-from areal_train.config import TrainConfig
-from areal_train.launch import start
-from producers.events import CommandEvent, EvalConsensusEvent, EvalEvent, StepEvent, parse_event
-from producers.settings import Settings
-from streams.app import app_id_for
+from areal_metrics.areal_train.config import TrainConfig
+from areal_metrics.areal_train.launch import start
+from areal_metrics.producers.contract.events import CommandEvent, EvalConsensusEvent, EvalEvent, StepEvent, parse_event
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.streams.shell.app import app_id_for
 from tests.test_faults import FAULT_WARMSTART_STEPS, STARTUP_S, start_module, stop
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(720)]
@@ -85,8 +85,8 @@ def test_a_broker_killed_during_training_loses_nothing_and_counts_nothing_twice(
     worker_config.write_text(json.dumps({"defaults": {"eval_interval": 4, "min_eval_interval": 4,
                                                       "max_eval_interval": 4}}))
     env = {**cluster_env, "AREAL_STREAMS_CONFIG": str(worker_config)}
-    worker = start_module("streams", env, tmp_path / "worker.log")
-    sink = start_module("sinks", env, tmp_path / "sink.log")
+    worker = start_module("areal_metrics.streams", env, tmp_path / "worker.log")
+    sink = start_module("areal_metrics.sinks", env, tmp_path / "sink.log")
     log = Log(kafka_cluster.bootstrap, [topics.steps, topics.evals, topics.consensus])
     try:
         killed_at = train_through_a_broker_kill(kafka_cluster, topics, env, log, tmp_path)
@@ -185,7 +185,7 @@ def check_kafka_has_everything_once(log: Log, last_step: int, eval_steps: set[in
 
 def clickhouse_counts(env: dict[str, str], prefix: str, expected: dict[str, int], timeout: float) -> dict[str, int]:
     """{table: rows FINAL} of the run, once they reach `expected` (or at the timeout)."""
-    from sinks.query import connect
+    from areal_metrics.sinks.query import connect
 
     settings = Settings(kafka_bootstrap=env["AREAL_KAFKA_BOOTSTRAP"], clickhouse_url=env["AREAL_CLICKHOUSE_URL"],
                         topic_prefix=prefix)

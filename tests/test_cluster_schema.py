@@ -14,18 +14,18 @@ from typing import Any
 
 import pytest
 
-from producers.errors import ConfigError
-from producers.settings import Settings
-from sinks.migrations import apply_schema, schema_statements
-from sinks.query import Target, open_client
-from sinks.replay import (
+from areal_metrics.producers.contract.errors import ConfigError
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.sinks.migrations import apply_schema, schema_statements
+from areal_metrics.sinks.query import Target, open_client
+from areal_metrics.sinks.replay import (
     ReplayRefused,
     check_cluster,
     cluster_refusal,
     rebuild_tables,
     replay_into,
 )
-from sinks.schema import BATCH_PLANS, MIGRATIONS_TABLE, TABLES, SchemaOptions
+from areal_metrics.sinks.schema import BATCH_PLANS, MIGRATIONS_TABLE, TABLES, SchemaOptions
 
 CLUSTER = SchemaOptions(cluster="prod", replicated=True)
 
@@ -129,8 +129,8 @@ def test_an_unknown_or_sharded_cluster_is_refused(shards, reason) -> None:
 
 @pytest.mark.broker
 def test_a_sharded_cluster_is_refused_before_any_table_is_dropped(kafka_bootstrap, topics) -> None:
-    from producers.events import StepEvent
-    from producers.publisher import Publisher
+    from areal_metrics.producers.contract.events import StepEvent
+    from areal_metrics.producers.delivery.publisher import Publisher
 
     publisher = Publisher(kafka_bootstrap, topics)
     publisher.publish(StepEvent(run_id="r1", step=1, epoch=0))
@@ -170,7 +170,7 @@ def one_line_exit(args: list[str], env: dict[str, str]) -> subprocess.CompletedP
 def test_a_cluster_on_the_embedded_engine_stops_the_sink_and_replay_with_one_line(tmp_path: Path) -> None:
     env = {**os.environ, "AREAL_HOME": str(tmp_path), "AREAL_CLICKHOUSE_URL": f"chdb://{tmp_path / 'ch'}",
            "AREAL_CLICKHOUSE_CLUSTER": "prod", "AREAL_KAFKA_BOOTSTRAP": "127.0.0.1:1"}
-    sink = one_line_exit(["-m", "sinks"], env)
+    sink = one_line_exit(["-m", "areal_metrics.sinks"], env)
     assert sink.returncode == 2 and "embedded engine" in sink.stderr
     replay = one_line_exit(["-m", "areal_metrics", "replay"], env)
     assert replay.returncode == 2 and "embedded engine" in replay.stderr

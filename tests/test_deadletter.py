@@ -7,8 +7,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.deadletter import UNKNOWN_RUN, guess_run_id, rejected
-from producers.ids import is_valid_run_id
+from areal_metrics.producers.contract.deadletter import UNKNOWN_RUN, guess_run_id, rejected
+from areal_metrics.producers.contract.ids import is_valid_run_id
 
 
 def test_unicode_key_is_not_taken_for_a_run_id() -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.events import (
+from areal_metrics.producers.contract.events import (
     EVENT_TYPES,
     AlertEvent,
     CommandEvent,
@@ -22,7 +22,7 @@ from producers.events import (
     event_from_dict,
     parse_event,
 )
-from producers.topics import Topics
+from areal_metrics.producers.contract.topics import Topics
 
 
 def one_of_each():
@@ -206,11 +206,11 @@ def test_run_event_config_is_nested_json_with_finite_numbers() -> None:
 
 
 def test_a_records_init_keeps_the_dataclass_behaviour() -> None:
-    """Records are built by producers.events._slot_builders: the dataclass's signature,
+    """Records are built by areal_metrics.producers.contract.events._slot_builders: the dataclass's signature,
     defaults, factories, errors, validation and immutability, field for field."""
     import dataclasses
 
-    from producers.events import EVENT_TYPES, SCHEMA_VERSION, StepEvent
+    from areal_metrics.producers.contract.events import EVENT_TYPES, SCHEMA_VERSION, StepEvent
 
     a = StepEvent(run_id="r", step=3, epoch=0.5, reward=0.25)
     b = StepEvent(run_id="r", step=3, epoch=0.5, reward=0.25)
@@ -288,7 +288,7 @@ def test_to_dict_writes_type_then_every_field_not_none_with_plain_lists_and_dict
     then each field that is not None in field order, lists and maps as list and dict."""
     import dataclasses
 
-    from producers.field_rules import field_checks
+    from areal_metrics.producers.contract.field_rules import field_checks
 
     records = (*_SAMPLE_RECORDS, EvalConsensusEvent(run_id="r", eval_id="e", step=1, dataset="d", accuracy=0.5,
                                                     votes=2, replicas=3, agreement=0.5, dissenters=("n2",)),

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers import events
-from producers.events import StepEvent, ValidationError, parse_event
+from areal_metrics.producers.contract import events
+from areal_metrics.producers.contract.events import StepEvent, ValidationError, parse_event
 
 pytestmark = pytest.mark.skipif(events.orjson is None, reason="orjson not installed")
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer
 
-from areal_train.config import TrainConfig
-from areal_train.launch import start
-from producers.events import StepEvent, parse_event
-from producers.settings import Settings
+from areal_metrics.areal_train.config import TrainConfig
+from areal_metrics.areal_train.launch import start
+from areal_metrics.producers.contract.events import StepEvent, parse_event
+from areal_metrics.producers.contract.settings import Settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(720)]
 
@@ -105,9 +105,9 @@ def test_broker_restart_during_training_loses_nothing_and_counts_nothing_twice(k
     assert all(len(ids) == 1 for ids in by_rank_step.values())  # a re-send keeps its event_id
 
     # The sink projects the log into ClickHouse: each step exactly once with FINAL.
-    sink = start_module("sinks", stack_env, tmp_path / "sink.log")
+    sink = start_module("areal_metrics.sinks", stack_env, tmp_path / "sink.log")
     try:
-        from sinks.query import Target, connect, read_owner
+        from areal_metrics.sinks.query import Target, connect, read_owner
 
         store_path = Target.parse(stack_env["AREAL_CLICKHOUSE_URL"]).path
         deadline = time.monotonic() + 60
@@ -134,7 +134,7 @@ def test_a_dead_rank_ends_its_run_with_a_critical_alert_while_other_runs_flow(ka
     config = tmp_path / "streams.json"
     config.write_text(json.dumps({"defaults": {"stall_seconds": 4}, "tick_interval_s": 0.5}))
     env = {**stack_env, "AREAL_STREAMS_CONFIG": str(config)}
-    worker = start_module("streams", env, tmp_path / "worker.log")
+    worker = start_module("areal_metrics.streams", env, tmp_path / "worker.log")
     victim = start("fault-dead", 2, 100_000, QUIET_TRAINING, env=env, log_dir=tmp_path / "logs")
     survivor = start("fault-alive", 1, 100_000, QUIET_TRAINING, env=env, log_dir=tmp_path / "logs")
     alerts = KafkaConsumer(topics.alerts, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",

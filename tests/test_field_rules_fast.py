@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.events import EVENT_TYPES, StepEvent
-from producers.field_rules import ValidationError, check_value, field_checks, record_accept
+from areal_metrics.producers.contract.events import EVENT_TYPES, StepEvent
+from areal_metrics.producers.contract.field_rules import ValidationError, check_value, field_checks, record_accept
 
 CHECKS = [(cls.__name__, c) for cls in EVENT_TYPES.values() for c in field_checks(cls)]
 

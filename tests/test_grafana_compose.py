@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from grafana.catalog import repo_root
-from grafana.clickhouse import PLUGIN_ID, PLUGIN_VERSION
-from grafana.provision import CONTAINER_DASHBOARDS, ENV
+from areal_metrics.grafana.catalog import repo_root
+from areal_metrics.grafana.clickhouse import PLUGIN_ID, PLUGIN_VERSION
+from areal_metrics.grafana.provision import CONTAINER_DASHBOARDS, ENV
 
 ROOT = repo_root()
 
@@ -61,14 +61,14 @@ def test_our_services_share_one_image_and_the_settings(compose: dict[str, Any]) 
         env = s[name]["environment"]
         assert env["AREAL_KAFKA_BOOTSTRAP"] == "kafka:9092"
         assert env["AREAL_CLICKHOUSE_URL"].startswith("http://") and "@clickhouse:8123" in env["AREAL_CLICKHOUSE_URL"]
-    assert s["streams"]["command"] == ["python", "-m", "streams"]
-    assert s["sink"]["command"] == ["python", "-m", "sinks"]
+    assert s["streams"]["command"] == ["python", "-m", "areal_metrics.streams"]
+    assert s["sink"]["command"] == ["python", "-m", "areal_metrics.sinks"]
     assert (ROOT / "docker" / "Dockerfile").exists() and (ROOT / "docker" / "healthcheck.py").exists()
 
 
 def test_mounted_configs_are_valid(compose: dict[str, Any]) -> None:
-    from areal_train.config import load
-    from streams.config import StreamsConfig
+    from areal_metrics.areal_train.config import load
+    from areal_metrics.streams.core.config import StreamsConfig
 
     strategies = []
     for trainer in ("trainer-mt4", "trainer-mt2"):

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from areal_metrics.cli import main
-from grafana.catalog import BUILDERS, all_models, dashboards_dir, render, repo_root, to_dict
-from grafana.clickhouse import DATASOURCE_UID, PLUGIN_ID
-from grafana.provision import (
+from areal_metrics.grafana.catalog import BUILDERS, all_models, dashboards_dir, render, repo_root, to_dict
+from areal_metrics.grafana.clickhouse import DATASOURCE_UID, PLUGIN_ID
+from areal_metrics.grafana.provision import (
     ENV,
     FOLDER_UID,
     ClickHouseServer,
@@ -22,7 +22,7 @@ from grafana.provision import (
     provider_file,
     push,
 )
-from grafana.validate import problems
+from areal_metrics.grafana.validate import problems
 
 PROVISIONING = repo_root() / "grafana" / "provisioning"
 
@@ -34,7 +34,7 @@ def committed(name: str) -> dict[str, Any]:
 @pytest.mark.parametrize("name", list(BUILDERS))
 def test_committed_json_is_what_the_code_builds(name: str) -> None:
     text = (dashboards_dir() / f"{name}.json").read_text()
-    assert text == render(all_models()[name]), "run `python -m grafana` and commit the result"
+    assert text == render(all_models()[name]), "run `python -m areal_metrics.grafana` and commit the result"
 
 
 def test_no_stray_dashboard_files() -> None:
@@ -195,7 +195,7 @@ def test_python_m_grafana_writes_into_the_out_folder(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "grafana", "--out", str(tmp_path)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "areal_metrics.grafana", "--out", str(tmp_path)], capture_output=True, text=True,
                          timeout=120, check=False, cwd=dashboards_dir().parents[1])
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in (tmp_path / "dashboards").glob("*.json")) == sorted(f"{n}.json" for n in BUILDERS)

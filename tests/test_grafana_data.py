@@ -3,8 +3,8 @@
 The fixture holds two real training runs, recorded from the trainer before issue 11,
 and what the stream worker's real logic derives from them (`tests/data/make_demo_events.py`
 derives those again). Loading
-uses the sink's own row building and insert (`sinks.writer.insert_rows`) into
-the sink's schema (`sinks.migrations.apply_schema`) on the embedded engine, so the
+uses the sink's own row building and insert (`areal_metrics.sinks.writer.insert_rows`) into
+the sink's schema (`areal_metrics.sinks.migrations.apply_schema`) on the embedded engine, so the
 dashboards' and the report's tests read exactly what a running sink stores.
 """
 
@@ -17,14 +17,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from producers.events import Event, parse_event
-from producers.settings import Settings
-from producers.topics import Topics
-from sinks.migrations import apply_schema
-from sinks.query import DirectStore, Target, connect, open_client
-from sinks.rows import Located, table_for
-from sinks.schema import SchemaOptions
-from sinks.writer import insert_rows
+from areal_metrics.producers.contract.events import Event, parse_event
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.sinks.migrations import apply_schema
+from areal_metrics.sinks.query import DirectStore, Target, connect, open_client
+from areal_metrics.sinks.rows import Located, table_for
+from areal_metrics.sinks.schema import SchemaOptions
+from areal_metrics.sinks.writer import insert_rows
 
 FIXTURE = Path(__file__).parent / "data" / "demo_events.jsonl"
 RUNS = ("demo-g4", "demo-g2")

@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from grafana.catalog import BUILDERS, build, repo_root
-from grafana.clickhouse import DATASOURCE_UID, PLUGIN_ID, PLUGIN_VERSION, Format
-from grafana.macros import frontend
-from grafana.queries import QueryRunner, context_for, dashboard_queries, expansions, resolve_variables
+from areal_metrics.grafana.catalog import BUILDERS, build, repo_root
+from areal_metrics.grafana.clickhouse import DATASOURCE_UID, PLUGIN_ID, PLUGIN_VERSION, Format
+from areal_metrics.grafana.macros import frontend
+from areal_metrics.grafana.queries import QueryRunner, context_for, dashboard_queries, expansions, resolve_variables
 from tests.test_grafana_data import fixture_events, fixture_span, load_events
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
@@ -85,7 +85,7 @@ def stack() -> Iterator[dict[str, Any]]:
             host, port = clickhouse.get_container_host_ip(), clickhouse.get_exposed_port(8123)
             _wait(lambda: urllib.request.urlopen(f"http://{host}:{port}/ping", timeout=2))
             ch_url = f"http://{CH_USER}:{CH_PASSWORD}@{host}:{port}/areal"
-            from sinks.query import Target, open_client
+            from areal_metrics.sinks.query import Target, open_client
 
             client = open_client(Target.parse(ch_url), readonly=False, use_database=False)
             load_events(client, fixture_events())

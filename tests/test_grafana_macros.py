@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grafana.macros import (
+from areal_metrics.grafana.macros import (
     ALL,
     MacroError,
     QueryContext,

@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 
 from areal_metrics.report import load_evals, load_rewards, load_throughput
-from grafana.catalog import BUILDERS, build
-from grafana.macros import expand
-from grafana.queries import QueryRunner, context_for, dashboard_queries, expansions, resolve_variables
+from areal_metrics.grafana.catalog import BUILDERS, build
+from areal_metrics.grafana.macros import expand
+from areal_metrics.grafana.queries import QueryRunner, context_for, dashboard_queries, expansions, resolve_variables
 from tests.test_grafana_data import RUNS, fixture_events, fixture_span, loaded_store
 
 GOLDEN = Path(__file__).parent / "data" / "panel_results.json"

@@ -15,9 +15,9 @@ from datetime import timedelta
 
 import pytest
 
-from grafana.catalog import BUILDERS, build
-from grafana.clickhouse import SQL, Format
-from grafana.queries import (
+from areal_metrics.grafana.catalog import BUILDERS, build
+from areal_metrics.grafana.clickhouse import SQL, Format
+from areal_metrics.grafana.queries import (
     DashboardQuery,
     QueryRunner,
     check_dashboard,
@@ -108,7 +108,7 @@ def test_panel_sql_filters_really_apply(runner: QueryRunner, span: tuple) -> Non
     """One run selected: a reward query sees that run only; All nodes vs one node changes the rows."""
     model = build("training")
     one_run = resolve_variables(model, runner, context_for(*span), lambda v, o: (RUNS[0],) if v == "run" else "$__all")
-    from grafana.macros import expand
+    from areal_metrics.grafana.macros import expand
 
     sql = expand("SELECT DISTINCT run_id FROM areal.steps FINAL WHERE $__timeFilter(ts) AND run_id IN (${run:singlequote})"
                  " AND $__conditionalAll(node IN (${node:singlequote}), $node)", one_run)
@@ -154,8 +154,8 @@ def test_cli_check_runs_every_query_against_the_configured_store(
 
 
 def test_alerts_table_links_an_alert_to_the_command_it_caused(runner: QueryRunner, span: tuple) -> None:
-    from grafana.alerts import ALERTS_WITH_COMMANDS
-    from grafana.macros import expand
+    from areal_metrics.grafana.alerts import ALERTS_WITH_COMMANDS
+    from areal_metrics.grafana.macros import expand
 
     ctx = resolve_variables(build("alerts"), runner, context_for(*span))
     columns, _, rows = runner.run(expand(ALERTS_WITH_COMMANDS.build().raw_sql, ctx))

@@ -13,12 +13,12 @@ from datetime import timedelta
 
 import pytest
 
-from grafana.catalog import build
-from grafana.evaluation import GENERATIONS
-from grafana.macros import expand
-from grafana.queries import QueryRunner, context_for, resolve_variables
-from grafana.runs import CONFIG, LIFECYCLE
-from producers.events import RunEvent, StepEvent
+from areal_metrics.grafana.catalog import build
+from areal_metrics.grafana.evaluation import GENERATIONS
+from areal_metrics.grafana.macros import expand
+from areal_metrics.grafana.queries import QueryRunner, context_for, resolve_variables
+from areal_metrics.grafana.runs import CONFIG, LIFECYCLE
+from areal_metrics.producers.contract.events import RunEvent, StepEvent
 from tests.test_grafana_data import RUNS, fixture_events, fixture_span, loaded_store
 
 

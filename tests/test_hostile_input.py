@@ -2,8 +2,8 @@
 types and boundary numbers. Each message is processed or dead-lettered with a
 reason that names the field; no reader crashes; memory stays bounded.
 
-Readers: the stream worker's per-message logic (`streams.app.StreamCore`, the
-code its Faust agents call), the sink's decoder (`sinks.decode.decode`), the
+Readers: the stream worker's per-message logic (`areal_metrics.streams.shell.app.StreamCore`, the
+code its Faust agents call), the sink's decoder (`areal_metrics.sinks.decode.decode`), the
 CLI's argument parsing, and the two config files (stream worker, trainer).
 """
 
@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producers.events import EVENT_TYPES, RejectedEvent, parse_event
-from producers.topics import Topics
+from areal_metrics.producers.contract.events import EVENT_TYPES, RejectedEvent, parse_event
+from areal_metrics.producers.contract.topics import Topics
 
 TOPICS = Topics("areal.")
 REASON = re.compile(r"^[a-z_.]+(\.[A-Za-z0-9_]+|\[\d+\])*( key)?: .+")  # "steps.reward: not finite (nan)"
@@ -79,8 +79,8 @@ class Sent:
 
 
 def stream_core(sent: list[Sent]):
-    from streams.app import StreamCore
-    from streams.config import StreamsConfig
+    from areal_metrics.streams.shell.app import StreamCore
+    from areal_metrics.streams.core.config import StreamsConfig
 
     async def send(topic: str, key: bytes, value: bytes):
         sent.append(Sent(topic, key, value))
@@ -123,7 +123,7 @@ def test_stream_worker_processes_or_dead_letters_everything(raw, to_evals):
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(raws=st.lists(hostile, min_size=1, max_size=5), to_evals=st.booleans())
 def test_sink_stores_or_dead_letters_every_message(raws, to_evals):
-    from sinks.decode import decode
+    from areal_metrics.sinks.decode import decode
 
     @dataclass
     class Msg:
@@ -194,7 +194,7 @@ def test_cli_arguments_never_give_a_traceback(args, verb):
                                  max_size=3),
                  wrong_types))
 def test_stream_config_files_are_accepted_or_refused_with_the_field(tmp_path_factory, data):
-    from streams.config import ConfigError, StreamsConfig
+    from areal_metrics.streams.core.config import ConfigError, StreamsConfig
 
     path = tmp_path_factory.mktemp("cfg") / "streams.json"
     path.write_text(json.dumps(data, allow_nan=True))
@@ -211,7 +211,7 @@ def test_stream_config_files_are_accepted_or_refused_with_the_field(tmp_path_fac
 @given(data=st.dictionaries(st.sampled_from(["lr", "group_size", "eval_every_steps", "device", "advantage",
                                         "eval_datasets", "bogus", "seed", "clip_eps"]), wrong_types, max_size=4))
 def test_train_config_files_are_accepted_or_refused_with_the_key(tmp_path_factory, data):
-    from areal_train.config import ConfigError, load
+    from areal_metrics.areal_train.config import ConfigError, load
 
     path = tmp_path_factory.mktemp("cfg") / "train.json"
     path.write_text(json.dumps(data, allow_nan=True))
@@ -225,9 +225,9 @@ def test_train_config_files_are_accepted_or_refused_with_the_key(tmp_path_factor
 
 
 def test_config_file_that_is_not_json_is_refused(tmp_path):
-    from areal_train.config import ConfigError, load
-    from streams.config import ConfigError as StreamsConfigError
-    from streams.config import StreamsConfig
+    from areal_metrics.areal_train.config import ConfigError, load
+    from areal_metrics.streams.core.config import ConfigError as StreamsConfigError
+    from areal_metrics.streams.core.config import StreamsConfig
 
     path = tmp_path / "bad.json"
     path.write_bytes(b"\xff{not json")

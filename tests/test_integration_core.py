@@ -22,7 +22,7 @@ from importlib import metadata
 import pytest
 from packaging.requirements import Requirement
 
-from producers.events import CommandEvent
+from areal_metrics.producers.contract.events import CommandEvent
 from tests.test_client_broker import ROOT
 
 

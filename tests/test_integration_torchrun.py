@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.topics import Topics
+from areal_metrics.producers.contract.topics import Topics
 from tests import integration_support, test_client_broker
 from tests.integration_support import torchrun_obeying
 from tests.test_client_broker import ROOT, wait_for

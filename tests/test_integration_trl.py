@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from producers.topics import Topics
+from areal_metrics.producers.contract.topics import Topics
 from tests import integration_support, test_client_broker
 from tests.integration_support import publish_commands, rows_when, torchrun_obeying
 from tests.test_client_broker import wait_for

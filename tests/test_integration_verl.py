@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.topics import Topics
+from areal_metrics.producers.contract.topics import Topics
 from tests import test_client_broker
 from tests.integration_support import OFFLINE
 from tests.test_client_broker import ROOT, child_env, wait_for

@@ -2,7 +2,7 @@
 
 import pytest
 
-from producers.journal import Journal, JournalLocked
+from areal_metrics.producers.delivery.journal import Journal, JournalLocked
 
 
 def test_append_read_advance_in_order(tmp_path):

@@ -1,4 +1,4 @@
-"""`sinks.native`: chdb's Native bytes laid out for a client's protocol revision.
+"""`areal_metrics.sinks.http.native`: chdb's Native bytes laid out for a client's protocol revision.
 
 The property test draws column types (nested Nullable, Array, Map, Tuple,
 LowCardinality over every scalar the walker knows), lets the engine fill them
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sinks.native import (
+from areal_metrics.sinks.http.native import (
     Reader,
     Truncated,
     UnsupportedType,
@@ -118,7 +118,7 @@ def clients(engine) -> Iterator[tuple[object, object]]:
     """clickhouse-connect over the HTTP endpoint (Native at its revision 54405) and in-process (revision 0)."""
     import clickhouse_connect
 
-    from sinks.http_server import ClickHouseHTTPServer
+    from areal_metrics.sinks.http.server import ClickHouseHTTPServer
 
     server = ClickHouseHTTPServer(engine.path, "default")
     writer = server.users["writer"]

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import tomllib
+import zipfile
 from importlib.metadata import version
 from pathlib import Path
 
@@ -35,9 +36,23 @@ def test_the_bare_dependencies_are_the_client_and_torch_is_a_range() -> None:
     torch = [d for d in extras["train"] if d.startswith("torch")]
     assert torch and ">=" in torch[0] and "<" in torch[0] and "==" not in torch[0]
     assert any(d.startswith("faust-streaming") for d in extras["stack"])
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
-    assert not any(p.startswith("benchmarks") for p in packages)
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert not any("benchmarks" in p or "tests" in p for p in packages)
     assert ".[stack,train,test,bench,fast,integrations]" in (ROOT / "Makefile").read_text()
+
+
+ROOMS = ("producers", "streams", "sinks", "areal_train", "grafana")
+
+
+def test_every_package_folder_is_installed_under_the_one_import_name() -> None:
+    """pyproject's package list is every folder with an __init__.py, each room under areal_metrics."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {".".join(init.parent.relative_to(ROOT).parts) for top in ("areal_metrics", *ROOMS)
+               for init in (ROOT / top).rglob("__init__.py")}
+    expected = {name if name.startswith("areal_metrics") else f"areal_metrics.{name}" for name in on_disk}
+    assert set(setuptools["packages"]) == expected
+    assert setuptools["package-dir"] == {f"areal_metrics.{room}": room for room in ROOMS}
+    assert all(p.split(".")[0] == "areal_metrics" for p in setuptools["packages"])
 
 
 def _run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
@@ -64,12 +79,23 @@ def test_a_fresh_environment_with_the_bare_package_runs_the_client(tmp_path: Pat
     assert _run([sys.executable, "-m", "venv", str(venv)]).returncode == 0
     _pip(venv, "wheel", "--no-deps", "--quiet", "-w", str(tmp_path / "dist"), str(src))  # setuptools from PyPI
     wheel = next((tmp_path / "dist").glob("areal_metrics-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {n.split("/")[0].removesuffix(".py") for n in archive.namelist()}
+    assert {t for t in tops if not t.endswith((".dist-info", ".data"))} == {"areal_metrics"}
     _pip(venv, "install", "--no-deps", "--quiet", str(wheel), f"kafka-python=={version('kafka-python')}")
 
+    # the user's own project has packages named like our folders: both must import
+    project = tmp_path / "project"
+    for room in ROOMS:
+        (project / room).mkdir(parents=True)
+        (project / room / "__init__.py").write_text(f"OWNER = 'user:{room}'\n")
     home = tmp_path / "home"
     script = textwrap.dedent("""
         import importlib.util, sys
+        import producers, streams, sinks, grafana, areal_train
         import areal_metrics as am
+        assert [m.OWNER for m in (producers, streams, sinks, grafana, areal_train)] == [
+            "user:producers", "user:streams", "user:sinks", "user:grafana", "user:areal_train"]
         absent = [m for m in ("torch", "faust", "chdb", "clickhouse_connect", "matplotlib", "numpy", "confluent_kafka",
                                      "orjson")
                   if importlib.util.find_spec(m) is not None]
@@ -82,7 +108,7 @@ def test_a_fresh_environment_with_the_bare_package_runs_the_client(tmp_path: Pat
     """)
     env = {"PATH": "/usr/bin:/bin", "AREAL_HOME": str(home), "AREAL_KAFKA_BOOTSTRAP": "127.0.0.1:9",
            "AREAL_EXIT_TIMEOUT_S": "5"}
-    out = _run([str(venv / "bin" / "python"), "-c", script], cwd=tmp_path, env=env)
+    out = _run([str(venv / "bin" / "python"), "-c", script], cwd=project, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "logged 5" in out.stdout
     lines = (home / "journal" / "bare" / "rank-0" / "journal.log").read_bytes().splitlines()

@@ -8,15 +8,15 @@ import time
 import pytest
 
 from areal_metrics.stack.kafka_broker import free_port
-from producers.events import StepEvent, parse_event
-from producers.journal import open_journal
-from producers.publisher import Publisher
+from areal_metrics.producers.contract.events import StepEvent, parse_event
+from areal_metrics.producers.delivery.journal import open_journal
+from areal_metrics.producers.delivery.publisher import Publisher
 from tests.kafka_reading import read_to_end
 from tests.test_events import one_of_each
 
 pytestmark = pytest.mark.broker
 
-# every test runs with each Kafka client the publisher can deliver through (producers.delivery)
+# every test runs with each Kafka client the publisher can deliver through (areal_metrics.producers.delivery.backends)
 CLIENTS = ["kafka-python"] + (["confluent-kafka"] if importlib.util.find_spec("confluent_kafka") else [])
 
 
@@ -229,8 +229,8 @@ def test_an_unknown_client_name_is_refused_at_once(tmp_path):
 
 
 def test_every_connection_setting_has_its_librdkafka_spelling():
-    from producers.delivery import librdkafka_config
-    from producers.settings import Settings
+    from areal_metrics.producers.delivery.backends import librdkafka_config
+    from areal_metrics.producers.contract.settings import Settings
 
     settings = Settings(kafka_bootstrap="a:1,b:2", kafka_security_protocol="SASL_SSL", kafka_sasl_mechanism="PLAIN",
                         kafka_sasl_username="u", kafka_sasl_password="p", kafka_ssl_cafile="/ca.pem",

@@ -25,8 +25,8 @@ from areal_metrics.report import (
     write_report,
 )
 from areal_metrics.report_figures import band, config_table, moving_average
-from producers.events import Event, parse_event
-from sinks.query import DirectStore
+from areal_metrics.producers.contract.events import Event, parse_event
+from areal_metrics.sinks.query import DirectStore
 from tests.test_grafana_data import loaded_store
 
 RECORDING = Path(__file__).parent / "data" / "workload_events.jsonl"
@@ -131,8 +131,8 @@ def test_report_while_the_sink_holds_the_store(store: tuple[DirectStore, Path], 
     """During `demo` the running sink owns the chdb directory; the report asks its ClickHouse HTTP endpoint."""
     from clickhouse_connect.driver.httpclient import HttpClient
 
-    from sinks.http_server import ClickHouseHTTPServer
-    from sinks.query import connect
+    from areal_metrics.sinks.http.server import ClickHouseHTTPServer
+    from areal_metrics.sinks.query import connect
 
     url = f"chdb://{store[1]}"
     endpoint = ClickHouseHTTPServer(store[1], "areal")

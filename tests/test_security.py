@@ -18,9 +18,9 @@ import time
 import pytest
 from kafka import KafkaConsumer
 
-from producers.events import StepEvent, parse_event
-from producers.publisher import Publisher
-from producers.settings import Settings
+from areal_metrics.producers.contract.events import StepEvent, parse_event
+from areal_metrics.producers.delivery.publisher import Publisher
+from areal_metrics.producers.contract.settings import Settings
 
 pytestmark = pytest.mark.broker
 
@@ -94,7 +94,7 @@ def test_a_wrong_password_loses_nothing_and_never_raises(sasl_env, topics, tmp_p
 
 def test_stream_worker_runs_over_sasl(sasl_env, topics, tmp_path):
     log = tmp_path / "worker.log"
-    worker = subprocess.Popen([sys.executable, "-m", "streams"], env={**os.environ, **sasl_env},
+    worker = subprocess.Popen([sys.executable, "-m", "areal_metrics.streams"], env={**os.environ, **sasl_env},
                               stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     try:
         settings = Settings.from_env()

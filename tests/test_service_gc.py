@@ -29,7 +29,7 @@ def run_python(code: str, tmp_path: Path) -> dict:
 def test_settle_gc_freezes_what_lives_and_collects_the_young_generation_less_often(tmp_path: Path) -> None:
     seen = run_python("""
         import gc, json
-        from producers.service_gc import YOUNG_THRESHOLD, settle_gc
+        from areal_metrics.producers.runtime.service_gc import YOUNG_THRESHOLD, settle_gc
         before = {"frozen": gc.get_freeze_count(), "threshold": gc.get_threshold()}
         kept = [[i] for i in range(1000)]  # alive at the call: frozen with the rest
         settle_gc()
@@ -46,7 +46,7 @@ def test_settle_gc_freezes_what_lives_and_collects_the_young_generation_less_oft
 def test_the_sink_process_settles_the_gc_before_it_runs(tmp_path: Path) -> None:
     seen = run_python("""
         import gc, json
-        import sinks.__main__ as entry
+        import areal_metrics.sinks.__main__ as entry
 
         class Recorded:  # stands in for the Sink: the entry point's wiring is under test
             def __init__(self, *args, **kwargs): pass
@@ -74,14 +74,14 @@ def test_the_client_leaves_a_trainers_gc_as_it_was(tmp_path: Path) -> None:
 
 @pytest.mark.broker
 def test_the_worker_process_settles_the_gc_before_faust_runs(tmp_path: Path, kafka_bootstrap: str) -> None:
-    """`python -m streams`'s main against the real broker, up to the moment Faust's worker
+    """`python -m areal_metrics.streams`'s main against the real broker, up to the moment Faust's worker
     would start: by then the collector is settled."""
     prefix = f"gc{uuid.uuid4().hex[:6]}."
     seen = run_python(f"""
         import gc, json, os
         os.environ.update(AREAL_KAFKA_BOOTSTRAP={kafka_bootstrap!r}, AREAL_TOPIC_PREFIX={prefix!r})
         import faust
-        import streams.__main__ as entry
+        import areal_metrics.streams.__main__ as entry
 
         def started(self):  # where Faust's worker would take over the process
             print(json.dumps({{"frozen": gc.get_freeze_count(), "young": gc.get_threshold()[0]}}))

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from producers.events import (
+from areal_metrics.producers.contract.events import (
     AlertEvent,
     CommandEvent,
     EvalConsensusEvent,
@@ -25,13 +25,13 @@ from producers.events import (
     RewardSmoothedEvent,
     StepEvent,
 )
-from producers.settings import Settings
-from producers.topics import Topics
-from sinks.batching import BatchPolicy
-from sinks.query import Target, open_client
-from sinks.replay import fingerprints, replay_into
-from sinks.schema import TABLES
-from sinks.sink import Sink
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.sinks.batching import BatchPolicy
+from areal_metrics.sinks.query import Target, open_client
+from areal_metrics.sinks.replay import fingerprints, replay_into
+from areal_metrics.sinks.schema import TABLES
+from areal_metrics.sinks.sink import Sink
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 
@@ -212,7 +212,7 @@ def test_replay_rebuilds_identical_tables(running_sink: Sink, settings: Settings
 
 
 def start_sink_process(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "sinks"], env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    return subprocess.Popen([sys.executable, "-m", "areal_metrics.sinks"], env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 
 def test_sigkill_mid_batch_repeatedly_loses_and_duplicates_nothing(stack_env: dict[str, str], kafka_bootstrap: str,
@@ -383,10 +383,10 @@ def test_replay_refuses_to_lose_data(settings: Settings, kafka_bootstrap: str, t
     from kafka import KafkaAdminClient
     from kafka.structs import TopicPartition
 
-    from sinks.migrations import apply_schema
-    from sinks.replay import ReplayRefused
-    from sinks.rows import Located
-    from sinks.writer import insert_rows
+    from areal_metrics.sinks.migrations import apply_schema
+    from areal_metrics.sinks.replay import ReplayRefused
+    from areal_metrics.sinks.rows import Located
+    from areal_metrics.sinks.writer import insert_rows
 
     client = open_client(Target.parse(settings.clickhouse_url), readonly=False, use_database=False)
     try:
@@ -432,7 +432,7 @@ def test_sink_waits_for_a_store_held_by_another_process(stack_env: dict[str, str
         wait_for(lambda: lag(kafka_bootstrap, topics, f"{topics.prefix}sink") == 0, 60, "the sink to take over")
         from clickhouse_connect.driver.httpclient import HttpClient
 
-        from sinks.query import connect
+        from areal_metrics.sinks.query import connect
 
         with connect(Settings(clickhouse_url=url)) as store:  # through the sink's ClickHouse HTTP endpoint
             assert isinstance(store.client, HttpClient)

@@ -10,14 +10,14 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from producers.backoff import Backoff
-from producers.events import CommandEvent, EvalEvent, StepEvent
-from producers.topics import Topics
-from sinks.batching import Batcher, BatchPolicy, Plan, dedup_token
-from sinks.decode import dead_letter_id, decode
-from sinks.migrations import schema_statements
-from sinks.rows import Located, build_columns
-from sinks.schema import TABLES, TABLES_BY_NAME, SchemaOptions, create_table_sql
+from areal_metrics.producers.runtime.backoff import Backoff
+from areal_metrics.producers.contract.events import CommandEvent, EvalEvent, StepEvent
+from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.sinks.batching import Batcher, BatchPolicy, Plan, dedup_token
+from areal_metrics.sinks.decode import dead_letter_id, decode
+from areal_metrics.sinks.migrations import schema_statements
+from areal_metrics.sinks.rows import Located, build_columns
+from areal_metrics.sinks.schema import TABLES, TABLES_BY_NAME, SchemaOptions, create_table_sql
 
 TOPICS = Topics("x.")
 
@@ -152,9 +152,9 @@ def test_wrong_table_is_refused() -> None:
 
 
 def test_every_contract_field_has_its_column() -> None:
-    from producers.events import EVENT_TYPES
-    from producers.field_rules import field_checks
-    from sinks.schema import NOT_COLUMNS
+    from areal_metrics.producers.contract.events import EVENT_TYPES
+    from areal_metrics.producers.contract.field_rules import field_checks
+    from areal_metrics.sinks.schema import NOT_COLUMNS
 
     for table in TABLES:
         cls = EVENT_TYPES[table.event_type]

@@ -19,13 +19,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producers.errors import ConfigError
-from producers.events import EvalConsensusEvent, EvalEvent, StepEvent
-from producers.settings import Settings
-from sinks.migrations import apply_schema
-from sinks.query import Target, open_client
-from sinks.rows import Located
-from sinks.schema import (
+from areal_metrics.producers.contract.errors import ConfigError
+from areal_metrics.producers.contract.events import EvalConsensusEvent, EvalEvent, StepEvent
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.sinks.migrations import apply_schema
+from areal_metrics.sinks.query import Target, open_client
+from areal_metrics.sinks.rows import Located
+from areal_metrics.sinks.schema import (
     PARTITION_BY,
     SCHEMA_VERSION,
     TABLES,
@@ -33,7 +33,7 @@ from sinks.schema import (
     SchemaOptions,
     create_table_sql,
 )
-from sinks.writer import insert_rows
+from areal_metrics.sinks.writer import insert_rows
 
 # 23:59:50 on 31 January 2026 and 00:00:10 on 1 February: one step's two attempts straddle a month
 JAN_31 = dt.datetime(2026, 1, 31, 23, 59, 50, tzinfo=dt.timezone.utc).timestamp()

@@ -3,7 +3,7 @@
 - a later attempt's step replaces an earlier attempt's step for the same (run, rank, step),
   whatever their log positions; a re-sent event and a step logged twice collapse too;
 - eval results likewise, per node; each sample of an eval event is one `generations` row;
-- `v_runs` folds run events with the rule `producers.run_status` states (checked against it);
+- `v_runs` folds run events with the rule `areal_metrics.producers.contract.run_status` states (checked against it);
 - a store made by schema version 2 (steps keyed by event_id) is rekeyed in place (and partitioned:
   tests/test_sink_partitions.py has the version 3 -> 4 move).
 """
@@ -17,19 +17,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producers.events import EvalEvent, RunEvent, StepEvent
-from producers.run_status import fold
-from sinks.migrations import apply_schema
-from sinks.query import Target, open_client
-from sinks.rows import Located
-from sinks.schema import (
+from areal_metrics.producers.contract.events import EvalEvent, RunEvent, StepEvent
+from areal_metrics.producers.contract.run_status import fold
+from areal_metrics.sinks.migrations import apply_schema
+from areal_metrics.sinks.query import Target, open_client
+from areal_metrics.sinks.rows import Located
+from areal_metrics.sinks.schema import (
     SCHEMA_VERSION,
     TABLES,
     TABLES_BY_NAME,
     SchemaOptions,
     create_table_sql,
 )
-from sinks.writer import insert_rows
+from areal_metrics.sinks.writer import insert_rows
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from producers.events import EvalEvent, StepEvent
-from producers.settings import Settings
-from producers.topics import Topics
-from sinks.migrations import apply_schema, schema_statements
-from sinks.query import DirectStore, StoreError, Target, connect, open_client
-from sinks.replay import fingerprints
-from sinks.rows import Located
-from sinks.schema import TABLES
-from sinks.writer import insert_rows
+from areal_metrics.producers.contract.events import EvalEvent, StepEvent
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.sinks.migrations import apply_schema, schema_statements
+from areal_metrics.sinks.query import DirectStore, StoreError, Target, connect, open_client
+from areal_metrics.sinks.replay import fingerprints
+from areal_metrics.sinks.rows import Located
+from areal_metrics.sinks.schema import TABLES
+from areal_metrics.sinks.writer import insert_rows
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -109,8 +109,8 @@ def test_connect_over_http_is_read_only_by_default(server_url: str) -> None:
 def test_sink_into_a_server(server_url: str, kafka_bootstrap: str, topics: Topics) -> None:
     from kafka import KafkaProducer
 
-    from sinks.batching import BatchPolicy
-    from sinks.sink import Sink
+    from areal_metrics.sinks.batching import BatchPolicy
+    from areal_metrics.sinks.sink import Sink
 
     settings = Settings(kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix, clickhouse_url=server_url)
     client = open_client(Target.parse(server_url), readonly=False, use_database=False)

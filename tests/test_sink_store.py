@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from producers.events import EvalEvent, StepEvent
-from producers.settings import Settings
-from sinks.http_server import ClickHouseHTTPServer
-from sinks.migrations import applied_version, apply_schema
-from sinks.query import (
+from areal_metrics.producers.contract.events import EvalEvent, StepEvent
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.sinks.http.server import ClickHouseHTTPServer
+from areal_metrics.sinks.migrations import applied_version, apply_schema
+from areal_metrics.sinks.query import (
     OWNER_FILE,
     DirectStore,
     StoreError,
@@ -26,9 +26,9 @@ from sinks.query import (
     open_client,
     read_owner,
 )
-from sinks.rows import Located
-from sinks.schema import SCHEMA_VERSION, TABLES
-from sinks.writer import insert_rows
+from areal_metrics.sinks.rows import Located
+from areal_metrics.sinks.schema import SCHEMA_VERSION, TABLES
+from areal_metrics.sinks.writer import insert_rows
 
 
 @pytest.fixture

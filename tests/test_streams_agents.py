@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from producers.events import EvalEvent, RunEvent, StepEvent, parse_event
-from producers.topics import Topics
-from streams.app import StreamWorker, app_id_for, build_worker
-from streams.config import RunConfig, StreamsConfig
-from streams.processor import derived_id
-from streams.state_store import stored_state
+from areal_metrics.producers.contract.events import EvalEvent, RunEvent, StepEvent, parse_event
+from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.streams.shell.app import StreamWorker, app_id_for, build_worker
+from areal_metrics.streams.core.config import RunConfig, StreamsConfig
+from areal_metrics.streams.core.processor import derived_id
+from areal_metrics.streams.state.state_store import stored_state
 from tests.feed_support import inputs
 
 TOPICS = Topics("agent.")
@@ -253,8 +253,8 @@ def test_no_message_stops_the_evals_agent(tmp_path: Path, payload: bytes) -> Non
 def test_broker_credentials_follow_the_settings() -> None:
     import faust
 
-    from producers.settings import Settings
-    from streams.app import broker_credentials
+    from areal_metrics.producers.contract.settings import Settings
+    from areal_metrics.streams.shell.app import broker_credentials
 
     assert broker_credentials(Settings()) is None
     sasl = broker_credentials(Settings(kafka_security_protocol="SASL_PLAINTEXT", kafka_sasl_mechanism="SCRAM-SHA-256",

@@ -1,12 +1,12 @@
-"""streams.batcher: messages in, batches through the core in arrival order, then acknowledged."""
+"""areal_metrics.streams.shell.batcher: messages in, batches through the core in arrival order, then acknowledged."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from streams.batch import Input
-from streams.batcher import Batcher, Tick
+from areal_metrics.streams.shell.batch import Input
+from areal_metrics.streams.shell.batcher import Batcher, Tick
 
 
 class FakeCore:

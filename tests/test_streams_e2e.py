@@ -1,4 +1,4 @@
-"""End to end on the real broker: `python -m streams` as a subprocess, kafka-python around it.
+"""End to end on the real broker: `python -m areal_metrics.streams` as a subprocess, kafka-python around it.
 
 Scenario: 2 runs x 3 nodes. Every node reports every step (same reward, the first copy
 counts); the reward climbs, plateaus, then drops below the threshold. Evaluation rounds
@@ -29,10 +29,10 @@ from typing import Any
 
 import pytest
 
-from producers.events import EvalEvent, StepEvent
-from producers.topics import Topics
-from streams.app import StreamCore, app_id_for
-from streams.config import StreamsConfig
+from areal_metrics.producers.contract.events import EvalEvent, StepEvent
+from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.streams.shell.app import StreamCore, app_id_for
+from areal_metrics.streams.core.config import StreamsConfig
 
 pytestmark = pytest.mark.broker
 
@@ -201,7 +201,7 @@ class Worker:
         self.env, self.log, self.proc = env, log, None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "streams"], cwd=ROOT, env=self.env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "areal_metrics.streams"], cwd=ROOT, env=self.env,
                                      stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
 
     def kill9(self) -> None:
@@ -475,8 +475,8 @@ def test_start_offsets_are_committed_for_a_new_group(kafka_bootstrap: str, topic
     committed offset: the worker makes sure every input partition has one."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from streams.app import app_id_for, ticks_topic_for
-    from streams.kafka_admin import ensure_committed_offsets, prepare_topics
+    from areal_metrics.streams.shell.app import app_id_for, ticks_topic_for
+    from areal_metrics.streams.shell.kafka_admin import ensure_committed_offsets, prepare_topics
 
     ticks = ticks_topic_for(topics.prefix)
     assert prepare_topics(kafka_bootstrap, [topics.steps, topics.evals], ticks) == 3

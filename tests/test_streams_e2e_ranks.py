@@ -1,5 +1,5 @@
 """On the real broker: rank means, the step wait, a resumed attempt, the run lifecycle and the
-closed loop on evaluation, through `python -m streams` (helpers of tests/test_streams_e2e.py).
+closed loop on evaluation, through `python -m areal_metrics.streams` (helpers of tests/test_streams_e2e.py).
 
 Runs:
 - run-m, 2 ranks (world_size 2): rank 0 reports reward 0.0, rank 1 reward 1.0, so every
@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from producers.events import EvalEvent, RunEvent, StepEvent
-from producers.topics import Topics
+from areal_metrics.producers.contract.events import EvalEvent, RunEvent, StepEvent
+from areal_metrics.producers.contract.topics import Topics
 from tests.test_streams_e2e import Msg, OutputReader, Worker, produce
 
 pytestmark = pytest.mark.broker

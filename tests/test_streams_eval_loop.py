@@ -1,4 +1,4 @@
-"""The closed loop on evaluation (streams.eval_loop): scale_lr with a floor and a restore, no_improvement."""
+"""The closed loop on evaluation (areal_metrics.streams.core.eval_loop): scale_lr with a floor and a restore, no_improvement."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.events import EvalEvent, parse_event
-from streams.config import RunConfig
-from streams.eval_loop import EvalLoopState, on_consensus
-from streams.processor import RunState, on_eval
-from streams.voting import Consensus, RoundKey
+from areal_metrics.streams.state import codec
+from areal_metrics.producers.contract.events import EvalEvent, parse_event
+from areal_metrics.streams.core.config import RunConfig
+from areal_metrics.streams.core.eval_loop import EvalLoopState, on_consensus
+from areal_metrics.streams.core.processor import RunState, on_eval
+from areal_metrics.streams.core.voting import Consensus, RoundKey
 
 CFG = RunConfig(lr_eval_threshold=0.5, lr_restore_margin=0.05, lr_min_factor=0.25, no_improvement_rounds=3,
                 lr_improve_delta=0.01, lr_apply_delay_steps=5)
@@ -146,4 +147,4 @@ def test_the_processor_sends_one_run_wide_command_with_the_step_it_applies_from(
     assert command.target_node is None and dict(command.args) == {"factor": 0.5, "from_step": 65}
     assert "math500/full" in command.reason and "0.25" in command.reason
     assert parse_event(command.to_json()).to_dict() == command.to_dict()
-    assert RunState.from_json(state.to_json()).eval_loop == state.eval_loop
+    assert codec.loads(RunState, codec.dumps(state)).eval_loop == state.eval_loop

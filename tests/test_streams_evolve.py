@@ -1,4 +1,4 @@
-"""streams.evolve: dataclasses.replace for the stored state, as a __dict__ copy."""
+"""areal_metrics.streams.core.evolve: dataclasses.replace for the stored state, as a __dict__ copy."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from streams.evolve import evolve
-from streams.processor import RunState
-from streams.ranks import RankReport, StepReward
-from streams.smoothing import SmoothedPoint, SmoothingState
+from areal_metrics.streams.core.evolve import evolve
+from areal_metrics.streams.core.processor import RunState
+from areal_metrics.streams.core.ranks import RankReport, StepReward
+from areal_metrics.streams.core.smoothing import SmoothedPoint, SmoothingState
 
 
 def test_evolve_is_dataclasses_replace_for_the_stored_state() -> None:
@@ -40,7 +40,7 @@ def _stored_state_classes() -> list[type]:
 
     found = []
     for name in ("alerts", "eval_loop", "lifecycle", "processor", "ranks", "smoothing", "triggers", "voting"):
-        module = importlib.import_module(f"streams.{name}")
+        module = importlib.import_module(f"areal_metrics.streams.core.{name}")
         found += [c for c in vars(module).values()
                   if isinstance(c, type) and c.__module__ == module.__name__ and c.__dict__.get("_stored")]
     assert len(found) >= 15, found
@@ -50,7 +50,7 @@ def _stored_state_classes() -> list[type]:
 def test_stored_builds_what_a_frozen_dataclass_builds() -> None:
     import inspect
 
-    from streams.evolve import stored
+    from areal_metrics.streams.core.evolve import stored
 
     def body() -> dict:
         return {"__annotations__": {"a": "int", "b": "float", "c": "tuple", "d": "object"}, "b": 1.5, "c": (),

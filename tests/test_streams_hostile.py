@@ -24,14 +24,15 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producers.events import EvalEvent, RunEvent, StepEvent, parse_event
-from producers.topics import Topics
-from streams.app import StreamCore
-from streams.config import RunConfig, StreamsConfig
-from streams.processor import RunState
-from streams.state_store import stored_state
+from areal_metrics.streams.state import codec
+from areal_metrics.producers.contract.events import EvalEvent, RunEvent, StepEvent, parse_event
+from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.streams.shell.app import StreamCore
+from areal_metrics.streams.core.config import RunConfig, StreamsConfig
+from areal_metrics.streams.core.processor import RunState
+from areal_metrics.streams.state.state_store import stored_state
 from tests.feed_support import inputs
-from streams.voting import NodeResult, RoundKey, VoteState, add_result
+from areal_metrics.streams.core.voting import NodeResult, RoundKey, VoteState, add_result
 
 TOPICS = Topics("hostile.")
 CFG = RunConfig(window=3, vote_timeout_s=5.0, stall_seconds=0, step_wait_s=3.0, lr_eval_threshold=0.5,
@@ -220,8 +221,8 @@ def test_a_round_with_separators_survives_a_restart_and_collects_both_votes(
     key = RoundKey("run-1", eval_id, dataset, stage)
     state, out = add_result(VoteState(), key, 10, 2, NodeResult("n0", True, 0.5), 0.0, CFG)
     assert out.consensus is None
-    stored = RunState("run-1", votes=state).to_json()
-    reloaded = RunState.from_json(stored)
+    stored = codec.dumps(RunState("run-1", votes=state))
+    reloaded = codec.loads(RunState, stored)
     assert reloaded.votes == state
     _, out = add_result(reloaded.votes, key, 10, 2, NodeResult("n1", True, 0.5), 1.0, CFG)
     assert out.consensus is not None and out.consensus.votes == 2 and out.consensus.key == key
@@ -253,7 +254,7 @@ def test_a_stored_state_that_does_not_decode_is_dead_lettered_once_and_the_run_g
 
 def test_bad_input_through_the_faust_agent_with_hostile_keys_and_headers(tmp_path: Any) -> None:
     """The same through Faust's real agent and table (test_context), headers included."""
-    from streams.app import build_worker
+    from areal_metrics.streams.shell.app import build_worker
 
     rec = Recorder()
     worker = build_worker(bootstrap="127.0.0.1:9", topics=TOPICS, datadir=tmp_path,
@@ -291,7 +292,7 @@ def test_bad_input_through_the_faust_agent_with_hostile_keys_and_headers(tmp_pat
 
 
 def test_stored_states_whose_new_fields_do_not_decode_are_dead_lettered_once() -> None:
-    good = json.loads(RunState("x").to_json())
+    good = json.loads(codec.dumps(RunState("x")))
     corrupt = {
         "run-3": ("ranks", {"pending": [["0|5", {"world_size": 2, "opened_at": 1.0, "ts": 1.0}]]}, "ranks.pending"),
         "run-4": ("lifecycle", {"done_ranks": ["x"]}, "lifecycle.done_ranks"),

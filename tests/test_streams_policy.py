@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from producers.events import EvalEvent, StepEvent, parse_event
-from producers.deadletter import rejected
-from streams.alerts import (
+from areal_metrics.streams.state import codec
+from areal_metrics.producers.contract.events import EvalEvent, StepEvent, parse_event
+from areal_metrics.producers.contract.deadletter import rejected
+from areal_metrics.streams.core.alerts import (
     BreachState,
     InvalidState,
     StallState,
@@ -20,10 +21,10 @@ from streams.alerts import (
     check_throughput,
     saw_step,
 )
-from streams.config import ConfigError, RunConfig, StreamsConfig
-from streams.processor import RunState, derived_id, on_eval, on_rejected, on_step, on_tick
-from streams.smoothing import SmoothedPoint
-from streams.triggers import TriggerState, decide, next_mode
+from areal_metrics.streams.core.config import ConfigError, RunConfig, StreamsConfig
+from areal_metrics.streams.core.processor import RunState, derived_id, on_eval, on_rejected, on_step, on_tick
+from areal_metrics.streams.core.smoothing import SmoothedPoint
+from areal_metrics.streams.core.triggers import TriggerState, decide, next_mode
 
 CFG = RunConfig(window=5, eval_interval=40, min_eval_interval=10, max_eval_interval=160, interval_dwell_steps=10,
                 evaluate_delta=0.1)
@@ -114,7 +115,7 @@ def test_breach_fires_once_per_breach_with_cooldown() -> None:
 
 
 def test_reward_below_threshold_alerts_once_per_breach() -> None:
-    """An alert only: scale_lr comes from evaluation (streams.eval_loop), not from reward."""
+    """An alert only: scale_lr comes from evaluation (areal_metrics.streams.core.eval_loop), not from reward."""
     cfg = RunConfig(window=5, reward_threshold=0.3, reward_cooldown_steps=100, lr_factor=0.25)
     s = BreachState()
     s, alerts = check_reward(s, pt(10, 0.35, 0.0), cfg)
@@ -214,7 +215,7 @@ def test_processor_step_outputs_and_state_round_trip() -> None:
     for step, r in enumerate([0.9, 0.8, 0.7, 0.3, 0.2, 0.1]):
         state, out = on_step(state, step_ev(step, r), now=float(step), cfg=cfg)
         all_out += out
-        state = RunState.from_json(state.to_json())
+        state = codec.loads(RunState, codec.dumps(state))
     types = [(o.event.type, getattr(o.event, "command", getattr(o.event, "kind", None))) for o in all_out]
     assert types.count(("reward_smoothed", None)) == 6
     assert ("alert", "reward_below_threshold") in types and ("command", "scale_lr") not in types
@@ -301,7 +302,7 @@ def test_derived_ids_are_the_uuid5_earlier_versions_gave(parts: list[object]) ->
     batch redelivered across an upgrade would give its outputs new ids (and duplicates)."""
     import uuid
 
-    from streams.processor import _ID_NAMESPACE, _id_part
+    from areal_metrics.streams.core.processor import _ID_NAMESPACE, _id_part
 
     expected = uuid.uuid5(_ID_NAMESPACE, "|".join(_id_part(p) for p in parts)).hex
     assert derived_id(*parts) == expected

@@ -1,4 +1,4 @@
-"""A step's reward is the mean over its ranks (streams.ranks), through the run processor too."""
+"""A step's reward is the mean over its ranks (areal_metrics.streams.core.ranks), through the run processor too."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.events import StepEvent
-from streams.config import RunConfig
-from streams.processor import RunState, on_step, on_tick
-from streams.ranks import RankReport, RankState, add_rank, expire, mean_reward, oldest_wait, supersede
+from areal_metrics.streams.state import codec
+from areal_metrics.producers.contract.events import StepEvent
+from areal_metrics.streams.core.config import RunConfig
+from areal_metrics.streams.core.processor import RunState, on_step, on_tick
+from areal_metrics.streams.core.ranks import RankReport, RankState, add_rank, expire, mean_reward, oldest_wait, supersede
 
 CFG = RunConfig(window=3, step_wait_s=10.0)
 
@@ -115,7 +116,7 @@ def test_two_ranks_with_different_rewards_are_smoothed_as_their_mean() -> None:
     # (0.8*3 + 0*1) / 4, then (0.5 + 0.6) / 2
     assert point.reward == pytest.approx(0.6) and point.sliding_avg == pytest.approx(0.55)
     assert state.ranks.pending == {}
-    assert RunState.from_json(state.to_json()) == state
+    assert codec.loads(RunState, codec.dumps(state)) == state
 
 
 def test_a_missing_rank_is_waited_for_then_the_tick_emits_the_mean_of_those_that_came() -> None:

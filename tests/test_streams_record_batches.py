@@ -1,4 +1,4 @@
-"""The worker's record batches (streams.record_batches) against the real broker: every
+"""The worker's record batches (areal_metrics.streams.shell.record_batches) against the real broker: every
 message lands where aiokafka's own send() puts it, in its order, whole."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaProducer
 from kafka import KafkaConsumer
 
 from areal_metrics.stack.kafka_broker import create_topics
-from streams.record_batches import send_in_batches
+from areal_metrics.streams.shell.record_batches import send_in_batches
 
 pytestmark = pytest.mark.broker
 

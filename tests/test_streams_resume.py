@@ -7,10 +7,10 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.events import StepEvent
-from streams.config import RunConfig
-from streams.processor import RunState, derived_id, on_step
-from streams.smoothing import EMA_TRAIL, SmoothingState, add_reward, classify, ema_fold
+from areal_metrics.producers.contract.events import StepEvent
+from areal_metrics.streams.core.config import RunConfig
+from areal_metrics.streams.core.processor import RunState, derived_id, on_step
+from areal_metrics.streams.core.smoothing import EMA_TRAIL, SmoothingState, add_reward, classify, ema_fold
 
 
 def close(a: float, b: float) -> bool:

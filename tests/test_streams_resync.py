@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streams.resync import InputGuard
+from areal_metrics.streams.shell.resync import InputGuard
 
 TP = ("areal.steps", 2)
 

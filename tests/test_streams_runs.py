@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import random
 
-from producers.events import RunEvent, StepEvent
-from streams.alerts import NON_FINITE_FIELDS_KEPT, NonFiniteState, check_non_finite
-from streams.config import RunConfig
-from streams.lifecycle import Lifecycle, on_run_event, saw_attempt
-from streams.processor import RunState, has_clock_work, on_run, on_step, on_tick
-from streams.smoothing import SmoothedPoint
-from streams.triggers import TriggerState, decide, published_interval
+from areal_metrics.streams.state import codec
+from areal_metrics.producers.contract.events import RunEvent, StepEvent
+from areal_metrics.streams.core.alerts import NON_FINITE_FIELDS_KEPT, NonFiniteState, check_non_finite
+from areal_metrics.streams.core.config import RunConfig
+from areal_metrics.streams.core.lifecycle import Lifecycle, on_run_event, saw_attempt
+from areal_metrics.streams.core.processor import RunState, has_clock_work, on_run, on_step, on_tick
+from areal_metrics.streams.core.smoothing import SmoothedPoint
+from areal_metrics.streams.core.triggers import TriggerState, decide, published_interval
 
 CFG = RunConfig(window=3, stall_seconds=60)
 
@@ -112,7 +113,7 @@ def test_non_finite_alerts_once_per_run_and_field() -> None:
     assert "critic/score" in next(o.event.message for o in out if o.event.type == "alert")
     _, again = on_step(state, step_ev(0, reward=None, non_finite=("reward", "kl")), 3.0, CFG)  # redelivered
     assert kinds(again) == []
-    assert RunState.from_json(state.to_json()).non_finite.fields == ("critic/score", "kl", "reward")
+    assert codec.loads(RunState, codec.dumps(state)).non_finite.fields == ("critic/score", "kl", "reward")
 
 
 def test_non_finite_fields_remembered_are_bounded() -> None:

@@ -1,7 +1,7 @@
 """Issue 13 on the real broker: a vote round whose dataset and eval_id contain `|`.
 
 One result before a worker restart, one after: the restarted worker reloads the open
-round from its changelog (through streams.codec) and emits ONE consensus with both
+round from its changelog (through areal_metrics.streams.state.codec) and emits ONE consensus with both
 votes, naming the round exactly as the trainers did.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from producers.events import EvalEvent, StepEvent
-from producers.topics import Topics
+from areal_metrics.producers.contract.events import EvalEvent, StepEvent
+from areal_metrics.producers.contract.topics import Topics
 from tests.test_streams_e2e import Msg, OutputReader, Worker, produce
 
 pytestmark = pytest.mark.broker

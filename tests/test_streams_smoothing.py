@@ -8,8 +8,8 @@ import random
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from streams import codec
-from streams.smoothing import SmoothingState, add_reward, ema_fold, ls_slope
+from areal_metrics.streams.state import codec
+from areal_metrics.streams.core.smoothing import SmoothingState, add_reward, ema_fold, ls_slope
 
 
 def reference(rewards: list[float], window: int, alpha: float) -> list[tuple[float, float, float]]:
@@ -145,7 +145,7 @@ def _reference_se(steps: list[int], values: list[float]) -> float:
 # found by CI: r * r and r ** 2 (C's pow) round this residual differently
 @example([(382, 0.0), (500, 285543.32544702035), (1010, -617672.4158120586), (1328, 0.0)])
 def test_the_fit_gives_the_very_bits_of_the_first_version(points: list[tuple[int, float]]) -> None:
-    from streams.smoothing import ls_slope_se
+    from areal_metrics.streams.core.smoothing import ls_slope_se
 
     steps, values = [p[0] for p in points], [p[1] for p in points]
     assert ls_slope(steps, values) == _reference_slope(steps, values)
@@ -159,7 +159,7 @@ def test_the_fit_gives_the_very_bits_of_the_first_version(points: list[tuple[int
 @example(first=2**52 + 1, n=20, gap=0, values=[(-1.0) ** i * 0.37 * i for i in range(40)])  # mean_x inexact
 def test_the_window_fit_gives_the_bits_of_the_full_fit(first: int, n: int, gap: int, values: list[float]) -> None:
     """A window of consecutive steps takes dx and sxx from a cache; any window, the same bits."""
-    from streams.smoothing import _fit, _window_fit
+    from areal_metrics.streams.core.smoothing import _fit, _window_fit
 
     steps = [first + i for i in range(n)]
     if gap and n > 1:

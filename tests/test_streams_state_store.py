@@ -1,4 +1,4 @@
-"""The worker's state as records (streams.state_store) and batches (streams.batch), no broker.
+"""The worker's state as records (areal_metrics.streams.state.state_store) and batches (areal_metrics.streams.shell.batch), no broker.
 
 - a state saved and loaded by a new store (a restart) is the same state;
 - a batch of steps rewrites one record per run; closing a round with 2,048 closed rounds
@@ -18,14 +18,14 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producers.events import EvalEvent, RunEvent, StepEvent
-from producers.topics import Topics
-from streams import codec
-from streams.batch import Input, StreamCore
-from streams.config import RunConfig, StreamsConfig
-from streams.processor import RunState
-from streams.state_store import StateStore, record_key
-from streams.voting import CLOSED_ROUNDS_KEPT, NodeResult, RoundKey, add_result
+from areal_metrics.producers.contract.events import EvalEvent, RunEvent, StepEvent
+from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.streams.state import codec
+from areal_metrics.streams.shell.batch import Input, StreamCore
+from areal_metrics.streams.core.config import RunConfig, StreamsConfig
+from areal_metrics.streams.core.processor import RunState
+from areal_metrics.streams.state.state_store import StateStore, record_key
+from areal_metrics.streams.core.voting import CLOSED_ROUNDS_KEPT, NodeResult, RoundKey, add_result
 
 TOPICS = Topics("store.")
 CFG = RunConfig(window=3, vote_timeout_s=5.0, stall_seconds=0, step_wait_s=3.0, lr_eval_threshold=0.5)
@@ -181,7 +181,7 @@ def test_a_state_of_the_older_layout_loads_and_is_replaced_at_the_next_save() ->
     table: dict[bytes, bytes] = {}
     core, _ = make_core(table)
     busy_state(core)
-    old_layout = {b"r": core.cache["r"].to_json()}
+    old_layout = {b"r": codec.dumps(core.cache["r"])}
     core2, _ = make_core(old_layout)
     assert core2.load("r", 0) == core.cache["r"]
     feed(core2, [[(TOPICS.steps, step("r", 50))]])
@@ -215,7 +215,7 @@ def test_the_codec_writes_the_same_bytes_with_and_without_orjson(monkeypatch: An
 def test_the_head_record_holds_what_the_reference_encoder_writes(monkeypatch: Any) -> None:
     """The head skips walking the parts orjson writes itself (codec.prepare_as): the same
     data as codec.encode, the codec's reference, with and without orjson."""
-    from streams.state_store import _head_fields, _rank_fields, _vote_fields
+    from areal_metrics.streams.state.state_store import _head_fields, _rank_fields, _vote_fields
 
     core, _ = make_core({})
     busy_state(core)
@@ -326,12 +326,12 @@ def test_changelog_records_sent_directly_are_the_tables_own_in_the_same_order() 
 
 def test_the_stored_state_classes_have_no_slots() -> None:
     """orjson writes a dataclass with a __dict__ ~6x as fast as a slotted one, and the
-    worker encodes a run's head once per batch (streams.codec): every dataclass a RunState
+    worker encodes a run's head once per batch (areal_metrics.streams.state.codec): every dataclass a RunState
     holds is stored, so none has __slots__."""
     import dataclasses
     import typing
 
-    from streams.processor import RunState
+    from areal_metrics.streams.core.processor import RunState
 
     seen: set[type] = set()
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.config import RunConfig
-from streams import codec
-from streams.voting import (
+from areal_metrics.streams.core.config import RunConfig
+from areal_metrics.streams.state import codec
+from areal_metrics.streams.core.voting import (
     NodeResult,
     RoundKey,
     VoteOutcome,

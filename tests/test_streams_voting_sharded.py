@@ -1,6 +1,6 @@
 """The per-sample vote of a sharded round: windows laid out by areal_train, voted by streams.
 
-Each node evaluates a cyclic window of the round's samples (areal_train.evalsets.layout)
+Each node evaluates a cyclic window of the round's samples (areal_metrics.areal_train.evalsets.layout)
 and publishes shard_offset / shard_total / shard_redundancy in the event's metrics; the
 worker votes each sample among the nodes that cover it.
 """
@@ -12,11 +12,11 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_train.evalsets import covered, layout
-from producers.events import EvalEvent
-from streams.config import RunConfig
-from streams.processor import shard_window
-from streams.voting import NodeResult, RoundKey, VoteState, add_result
+from areal_metrics.areal_train.evalsets import covered, layout
+from areal_metrics.producers.contract.events import EvalEvent
+from areal_metrics.streams.core.config import RunConfig
+from areal_metrics.streams.core.processor import shard_window
+from areal_metrics.streams.core.voting import NodeResult, RoundKey, VoteState, add_result
 
 CFG = RunConfig()
 KEY = RoundKey("run-a", "run-a:10:math_id:full", "math_id", "full")

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from producers.errors import ConfigError
-from producers.settings import Settings
-from producers.topics import DERIVED_SUFFIXES, TopicSpec, Topics, topic_spec
-from streams.kafka_admin import TICKS_RETENTION_MS, changelog_spec, ticks_spec
+from areal_metrics.producers.contract.errors import ConfigError
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.producers.contract.topics import DERIVED_SUFFIXES, TopicSpec, Topics, topic_spec
+from areal_metrics.streams.shell.kafka_admin import TICKS_RETENTION_MS, changelog_spec, ticks_spec
 
 TOPICS = Topics("x.")
 

@@ -11,9 +11,9 @@ from collections import defaultdict
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from areal_train.config import TrainConfig
-from areal_train.launch import start
-from producers.events import (
+from areal_metrics.areal_train.config import TrainConfig
+from areal_metrics.areal_train.launch import start
+from areal_metrics.producers.contract.events import (
     CommandEvent,
     EvalEvent,
     RunEvent,
@@ -161,13 +161,13 @@ def test_async_evaluation_and_a_failing_round_do_not_stop_training(kafka_bootstr
 @pytest.mark.timeout(900)
 def test_train_then_resume_stores_every_step_once(kafka_bootstrap, topics, stack_env, tmp_path) -> None:
     """`train --steps 30` then `train --steps 60 --resume` (2 ranks): 120 step rows, none twice."""
-    from producers.settings import Settings
-    from sinks.query import connect
+    from areal_metrics.producers.contract.settings import Settings
+    from areal_metrics.sinks.query import connect
 
     config = tmp_path / "train.json"
     config.write_text(json.dumps({**TINY, "checkpoint_every_steps": 10, "eval_every_steps": 10}))
     env = dict(stack_env, AREAL_HOME=str(tmp_path / "home"))
-    sink = subprocess.Popen([sys.executable, "-m", "sinks"], env=env, stdout=open(tmp_path / "sink.log", "wb"),
+    sink = subprocess.Popen([sys.executable, "-m", "areal_metrics.sinks"], env=env, stdout=open(tmp_path / "sink.log", "wb"),
                             stderr=subprocess.STDOUT)
     base = [sys.executable, "-m", "areal_metrics", "train", "--run-id", "resumed", "--nproc", "2", "--config",
             str(config), "--log-dir", str(tmp_path / "logs")]

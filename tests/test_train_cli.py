@@ -7,7 +7,7 @@ import json
 import pytest
 
 from areal_metrics.cli import main
-from areal_train.metrics import choose_device
+from areal_metrics.areal_train.metrics import choose_device
 
 TINY = {"eval_every_steps": 3, "eval_size": 8, "quick_size": 4, "eval_samples": 2, "two_stage": False,
         "warmstart_steps": 0, "d_model": 32, "layers": 1, "heads": 2, "max_response_len": 8}

@@ -10,12 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_train import advantages as adv
-from areal_train.config import ConfigError, TrainConfig, load
-from areal_train.episodes import rollout, sample
-from areal_train.grader import ERROR_TYPES, final_answer, grade
-from areal_train.policy import Policy
-from areal_train.task import (
+from areal_metrics.areal_train import advantages as adv
+from areal_metrics.areal_train.config import ConfigError, TrainConfig, load
+from areal_metrics.areal_train.episodes import rollout, sample
+from areal_metrics.areal_train.grader import ERROR_TYPES, final_answer, grade
+from areal_metrics.areal_train.policy import Policy
+from areal_metrics.areal_train.task import (
     DATASETS,
     EOS,
     EVAL_EXCLUDE_SIZE,
@@ -149,7 +149,7 @@ def test_a_rows_answer_does_not_depend_on_the_rest_of_the_batch() -> None:
 
 
 def test_scoring_reproduces_the_sampling_log_probs_over_several_turns() -> None:
-    from areal_train.ppo import response_scores
+    from areal_metrics.areal_train.ppo import response_scores
 
     policy = tiny_policy(1)
     problems = make_eval_set("math_hard", 8)
@@ -163,7 +163,7 @@ def test_scoring_reproduces_the_sampling_log_probs_over_several_turns() -> None:
     for grades, attempts in zip(episodes.grades, episodes.attempts):
         assert len(grades) == len(attempts) and all(not g.correct for g in grades[:-1])
     # feedback tokens sit between attempts and are never actions
-    from areal_train.task import WRONG_ID
+    from areal_metrics.areal_train.task import WRONG_ID
     assert not (episodes.action[episodes.ids == WRONG_ID]).any()
 
 
@@ -181,7 +181,7 @@ def test_greedy_and_gumbel_sampling() -> None:
 def test_rewards_are_discounted_per_extra_attempt() -> None:
     policy = tiny_policy()
     episodes = rollout(policy, make_eval_set("math_id", 2), max_turns=4, attempt_len=4)
-    from areal_train.grader import Grade
+    from areal_metrics.areal_train.grader import Grade
 
     episodes.grades = [[Grade(False, 1, "arithmetic"), Grade(True, 2, None)], [Grade(False, None, "format")] * 4]
     assert episodes.rewards(0.9) == [0.9, 0.0]

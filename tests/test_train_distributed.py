@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from areal_train.config import TrainConfig
-from areal_train.launch import launch
+from areal_metrics.areal_train.config import TrainConfig
+from areal_metrics.areal_train.launch import launch
 
 TINY = dict(publish=False, d_model=32, layers=2, heads=2, warmstart_steps=0, batch_prompts=4, eval_size=16,
             quick_size=4, eval_samples=2, max_response_len=8, checkpoint_every_steps=None)

@@ -6,10 +6,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_train.config import TrainConfig
-from areal_train.eval_process import make_pause, pause_for
-from areal_train.evalsets import EvalSet, covered, layout
-from areal_train.evaluation import (
+from areal_metrics.areal_train.config import TrainConfig
+from areal_metrics.areal_train.eval_process import make_pause, pause_for
+from areal_metrics.areal_train.evalsets import EvalSet, covered, layout
+from areal_metrics.areal_train.evaluation import (
     Outcome,
     RoundJob,
     StageMemory,
@@ -19,10 +19,10 @@ from areal_train.evaluation import (
     pass_at_k,
     run_round,
 )
-from areal_train.evaluator import Evaluator
-from areal_train.policy import Policy
-from areal_train.session import build_eval_sets
-from areal_train.task import make_eval_set
+from areal_metrics.areal_train.evaluator import Evaluator
+from areal_metrics.areal_train.policy import Policy
+from areal_metrics.areal_train.session import build_eval_sets
+from areal_metrics.areal_train.task import make_eval_set
 
 CPU = torch.device("cpu")
 
@@ -210,10 +210,10 @@ def test_eval_sets_are_the_same_for_every_run_seed() -> None:
 
 def test_the_stream_worker_votes_the_published_shards_back_into_the_whole_set(tmp_path) -> None:
     """Four ranks' events of one round, sent by the public client, through the worker's vote: the whole set's accuracy."""
-    from areal_train.reporting import Reporter, RunSpec
-    from producers.events import EvalEvent
-    from streams.config import RunConfig
-    from streams.processor import RunState, on_eval
+    from areal_metrics.areal_train.reporting import Reporter, RunSpec
+    from areal_metrics.producers.contract.events import EvalEvent
+    from areal_metrics.streams.core.config import RunConfig
+    from areal_metrics.streams.core.processor import RunState, on_eval
     from tests.train_capture import ClientCapture
 
     policy, evalset = tiny_policy(2), small_set(n=16, k=2)
@@ -242,12 +242,12 @@ def test_the_stream_worker_votes_the_published_shards_back_into_the_whole_set(tm
 
 STANDBY_CHECK = """
 import sys, torch
-from areal_train.eval_process import fork_standby
-from areal_train.evalsets import EvalSet
-from areal_train.evaluation import RoundJob
-from areal_train.evaluator import Evaluator
-from areal_train.policy import Policy
-from areal_train.task import make_eval_set
+from areal_metrics.areal_train.eval_process import fork_standby
+from areal_metrics.areal_train.evalsets import EvalSet
+from areal_metrics.areal_train.evaluation import RoundJob
+from areal_metrics.areal_train.evaluator import Evaluator
+from areal_metrics.areal_train.policy import Policy
+from areal_metrics.areal_train.task import make_eval_set
 
 standby, unused = fork_standby(), fork_standby()  # as the worker does: before any thread starts
 torch.manual_seed(0)

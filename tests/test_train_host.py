@@ -1,4 +1,4 @@
-"""The host that forks a run's ranks (`areal_train.host`), without a broker: failures, signals, logs."""
+"""The host that forks a run's ranks (`areal_metrics.areal_train.host`), without a broker: failures, signals, logs."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from areal_train.config import TrainConfig
-from areal_train.launch import start
+from areal_metrics.areal_train.config import TrainConfig
+from areal_metrics.areal_train.launch import start
 
 ENDLESS = 1_000_000  # steps: these runs end only when the test ends them
 TINY = TrainConfig(publish=False, d_model=32, layers=2, heads=2, warmstart_steps=0, batch_prompts=2, eval_size=8, quick_size=4,
@@ -94,9 +94,9 @@ def test_the_launcher_finds_a_cached_warm_start_without_importing_torch(tmp_path
 
     check = """
 import sys
-from areal_train.config import TrainConfig
-from areal_train.launch import prepare
-from areal_train.warmstart_cache import path_for, spec_for
+from areal_metrics.areal_train.config import TrainConfig
+from areal_metrics.areal_train.launch import prepare
+from areal_metrics.areal_train.warmstart_cache import path_for, spec_for
 cfg = TrainConfig()
 path = path_for(spec_for(cfg))
 path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,15 +11,15 @@ import math
 import pytest
 import torch
 
-from areal_train.config import TrainConfig
-from areal_train.evalsets import layout
-from areal_train.evaluation import evaluate_shard
-from areal_train.metrics import choose_device
-from areal_train.session import build_eval_sets
-from areal_train.trainer import train
-from areal_train.warmstart import load, spec_for
-from areal_train.reporting import RecordedRun
-from producers.events import CommandEvent, EvalEvent, RunEvent, StepEvent
+from areal_metrics.areal_train.config import TrainConfig
+from areal_metrics.areal_train.evalsets import layout
+from areal_metrics.areal_train.evaluation import evaluate_shard
+from areal_metrics.areal_train.metrics import choose_device
+from areal_metrics.areal_train.session import build_eval_sets
+from areal_metrics.areal_train.trainer import train
+from areal_metrics.areal_train.warmstart import load, spec_for
+from areal_metrics.areal_train.reporting import RecordedRun
+from areal_metrics.producers.contract.events import CommandEvent, EvalEvent, RunEvent, StepEvent
 from tests.train_capture import ClientCapture
 
 SMALL = dict(d_model=64, layers=2, heads=2, warmstart_steps=0, eval_size=16, quick_size=8, eval_samples=2,
@@ -40,10 +40,10 @@ def steps_of(events: list) -> list[StepEvent]:
 
 def test_ppo_raises_the_rate_of_rewarded_answers() -> None:
     """The update itself: reward one kind of answer (the bare answer, no scratchpad) and it spreads."""
-    from areal_train import ppo
-    from areal_train.episodes import rollout
-    from areal_train.policy import Policy
-    from areal_train.task import VOCAB_SIZE, make_eval_set
+    from areal_metrics.areal_train import ppo
+    from areal_metrics.areal_train.episodes import rollout
+    from areal_metrics.areal_train.policy import Policy
+    from areal_metrics.areal_train.task import VOCAB_SIZE, make_eval_set
 
     torch.manual_seed(0)
     policy = Policy(d_model=32, layers=2, heads=2)
@@ -63,7 +63,7 @@ def test_ppo_raises_the_rate_of_rewarded_answers() -> None:
 
 
 def test_the_warm_start_learns_the_answer_format() -> None:
-    from areal_train.warmstart import WarmStartSpec, build
+    from areal_metrics.areal_train.warmstart import WarmStartSpec, build
 
     _, info = build(WarmStartSpec(d_model=32, layers=1, heads=2, steps=60, batch=16), log=False)
     assert info["loss_last"] < 0.8 * info["loss_first"], info
@@ -159,7 +159,7 @@ def test_scale_lr_applies_from_its_step_boundary_and_stops_at_the_floor(tmp_path
 
 
 def test_an_async_run_with_no_scheduled_evaluation_starts_its_process_at_evaluate_now(tmp_path, monkeypatch) -> None:
-    from areal_train.evaluator import Evaluator
+    from areal_metrics.areal_train.evaluator import Evaluator
 
     run = CommandedRun([[], [CommandEvent(run_id="quiet", command="evaluate_now")]])  # after step 2
     started_after: list[int] = []  # steps logged when the evaluation process was started

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from areal_train.control import apply_commands, due, from_step
-from areal_train.scheduler import (
+from areal_metrics.areal_train.control import apply_commands, due, from_step
+from areal_metrics.areal_train.scheduler import (
     COMMAND,
     EPOCH,
     START,
@@ -14,7 +14,7 @@ from areal_train.scheduler import (
     EvalScheduler,
     Trigger,
 )
-from producers.events import CommandEvent
+from areal_metrics.producers.contract.events import CommandEvent
 
 
 def run_steps(s: EvalScheduler, steps: range, epoch_of=lambda step: 0, time_of=lambda step: 0.0) -> dict[int, set[str]]:
@@ -215,7 +215,7 @@ def test_a_config_says_it_evaluates_on_schedule_exactly_when_its_schedule_or_end
         at_start, at_end, steps, epochs, seconds) -> None:
     """The trainer starts an evaluation process early on `evaluates_on_schedule`: it must agree with
     what the schedule built from the same config does over a run (10 steps, an epoch every 4, 1 s each)."""
-    from areal_train.config import TrainConfig
+    from areal_metrics.areal_train.config import TrainConfig
 
     cfg = TrainConfig(eval_at_start=at_start, eval_at_end=at_end, eval_every_steps=steps,
                       eval_every_epochs=epochs, eval_every_seconds=seconds)

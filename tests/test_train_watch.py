@@ -9,8 +9,8 @@ from kafka import KafkaProducer
 from rich.console import Console
 
 from areal_metrics.commands.watch import WatchState, evenly, render, sparkline, watch_loop
-from producers.events import AlertEvent, CommandEvent, EvalConsensusEvent, RewardSmoothedEvent, RunEvent
-from producers.settings import Settings
+from areal_metrics.producers.contract.events import AlertEvent, CommandEvent, EvalConsensusEvent, RewardSmoothedEvent, RunEvent
+from areal_metrics.producers.contract.settings import Settings
 
 
 def smoothed(run_id: str, step: int, ema: float) -> RewardSmoothedEvent:

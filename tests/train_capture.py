@@ -1,7 +1,7 @@
 """The events a trainer's run sends through the public client, without a broker.
 
 `ClientCapture.open_run` is the trainer's `open_run`: the real client
-(`producers.client.init`, through `areal_train.reporting.open_client_run`)
+(`areal_metrics.producers.client.run.init`, through `areal_metrics.areal_train.reporting.open_client_run`)
 with a bootstrap nothing listens on, so its publisher journals every event.
 `events()` reads the journals back: exactly the records the broker would have
 received, in each rank's publish order, merged by timestamp.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from areal_train.reporting import RunLike, RunSpec, open_client_run
-from producers.events import Event, parse_event
+from areal_metrics.areal_train.reporting import RunLike, RunSpec, open_client_run
+from areal_metrics.producers.contract.events import Event, parse_event
 
 UNREACHABLE = "127.0.0.1:9"  # the discard port: connections are refused at once
 

@@ -16,8 +16,8 @@ import sys
 import time
 from typing import Any
 
-from producers.events import SEVERITIES, AlertEvent, ValidationError, parse_event
-from producers.settings import Settings
+from areal_metrics.producers.contract.events import SEVERITIES, AlertEvent, ValidationError, parse_event
+from areal_metrics.producers.contract.settings import Settings
 
 from areal_metrics.errors import ServiceUnavailable, UserError
 

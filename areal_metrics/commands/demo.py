@@ -53,7 +53,7 @@ DEMO_TRAINING = {"batch_prompts": 4, "group_size": 4, "eval_mode": "async", "eva
 
 def run_configs(args: argparse.Namespace, stamp: str) -> dict[str, tuple[int, object]]:
     """run id -> (ranks, TrainConfig) of the compared runs: the demo's settings, then --config's."""
-    from areal_train.config import ConfigError, load
+    from areal_metrics.areal_train.config import ConfigError, load
 
     runs: dict[str, tuple[int, object]] = {}
     for strategy, turns in STRATEGIES.items():
@@ -89,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from areal_metrics.stack import services as stack
-    from areal_train.launch import prepare, start
-    from producers.settings import Settings, state_dir
+    from areal_metrics.areal_train.launch import prepare, start
+    from areal_metrics.producers.contract.settings import Settings, state_dir
 
     started = time.monotonic()
     stamp = time.strftime("%H%M%S")
@@ -156,7 +156,7 @@ def _follow(handles: list, settings: object, runs: list[str], no_watch: bool, st
 
 def _scaling_runs(args: argparse.Namespace, stamp: str, env: dict[str, str], logs: Path) -> dict[str, int]:
     """Short runs with 1, 2 and 4 ranks, one at a time (throughput across rank counts): run id -> ranks."""
-    from areal_train.launch import start
+    from areal_metrics.areal_train.launch import start
 
     if args.scaling_steps <= 0:
         return {}
@@ -176,7 +176,7 @@ def _scaling_runs(args: argparse.Namespace, stamp: str, env: dict[str, str], log
 
 def _wait_for_sink(settings: object, runs: list[str], expected: int, timeout: float = 120.0) -> int:
     """Every rank publishes one step event per step: wait until the sink stored them all."""
-    from sinks.query import StoreError, connect
+    from areal_metrics.sinks.query import StoreError, connect
 
     deadline = time.monotonic() + timeout
     stored = 0

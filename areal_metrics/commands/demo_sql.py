@@ -84,7 +84,7 @@ def print_summary(settings: Any, runs: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from sinks.query import connect
+    from areal_metrics.sinks.query import connect
 
     console = Console(width=max(Console().width, 140))
     with connect(settings) as store:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from areal_metrics.errors import ServiceUnavailable, UserError
 
 if TYPE_CHECKING:
-    from grafana.provision import ClickHouseServer
+    from areal_metrics.grafana.provision import ClickHouseServer
 
 CLICKHOUSE_URL_ENV = "AREAL_GRAFANA_CLICKHOUSE_URL"
 
@@ -75,9 +75,9 @@ def _clickhouse_for_grafana(explicit: str | None) -> str:
         return explicit
     if os.environ.get(CLICKHOUSE_URL_ENV):
         return os.environ[CLICKHOUSE_URL_ENV]
-    from producers.settings import Settings
+    from areal_metrics.producers.contract.settings import Settings
 
-    from sinks.query import StoreError, http_dsn
+    from areal_metrics.sinks.query import StoreError, http_dsn
 
     settings = Settings.from_env()
     try:
@@ -96,8 +96,8 @@ def _provision(args: argparse.Namespace) -> int:
     from grafana_client import GrafanaApi
     from grafana_client.client import GrafanaException
 
-    from grafana.provision import ClickHouseServer, push
-    from producers.settings import mask_url
+    from areal_metrics.grafana.provision import ClickHouseServer, push
+    from areal_metrics.producers.contract.settings import mask_url
 
     try:
         server = ClickHouseServer.parse(_clickhouse_for_grafana(args.clickhouse_url))
@@ -121,8 +121,8 @@ def _provision(args: argparse.Namespace) -> int:
 
 
 def _provision_files(directory: Path, server: ClickHouseServer) -> int:
-    from grafana.catalog import write_all
-    from grafana.provision import write_provisioning
+    from areal_metrics.grafana.catalog import write_all
+    from areal_metrics.grafana.provision import write_provisioning
 
     dashboards = (directory / "dashboards" / "areal").absolute()
     written = write_all(dashboards) + write_provisioning(directory, server, str(dashboards))
@@ -137,8 +137,8 @@ def _provision_files(directory: Path, server: ClickHouseServer) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from grafana.catalog import repo_root, write_all
-    from grafana.provision import write_provisioning
+    from areal_metrics.grafana.catalog import repo_root, write_all
+    from areal_metrics.grafana.provision import write_provisioning
 
     out = args.out or repo_root() / "grafana"  # the committed copies by default
     written = write_all(out / "dashboards") + write_provisioning(out / "provisioning")
@@ -158,9 +158,9 @@ def parse_since(text: str) -> timedelta:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from grafana.catalog import all_models
-    from grafana.queries import QueryRunner, check_dashboard
-    from sinks.query import StoreError, connect
+    from areal_metrics.grafana.catalog import all_models
+    from areal_metrics.grafana.queries import QueryRunner, check_dashboard
+    from areal_metrics.sinks.query import StoreError, connect
 
     end = datetime.now(timezone.utc)
     start = end - parse_since(args.since)

@@ -16,14 +16,14 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
-from producers.deadletter import rejected
-from producers.events import ValidationError, event_from_dict
-from producers.settings import Settings, state_dir
+from areal_metrics.producers.contract.deadletter import rejected
+from areal_metrics.producers.contract.events import ValidationError, event_from_dict
+from areal_metrics.producers.contract.settings import Settings, state_dir
 
 from areal_metrics.errors import ServiceUnavailable, UserError
 
 if TYPE_CHECKING:
-    from producers.publisher import Publisher
+    from areal_metrics.producers.delivery.publisher import Publisher
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
@@ -38,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from producers.events import new_event_id
-    from producers.publisher import Publisher
+    from areal_metrics.producers.contract.events import new_event_id
+    from areal_metrics.producers.delivery.publisher import Publisher
 
     if not args.timeout > 0:
         raise UserError(f"--timeout: must be > 0 (got {args.timeout})")

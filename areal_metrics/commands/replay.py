@@ -17,9 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from producers.settings import Settings
-    from sinks.query import StoreError
-    from sinks.replay import ReplayRefused, run_replay
+    from areal_metrics.producers.contract.settings import Settings
+    from areal_metrics.sinks.query import StoreError
+    from areal_metrics.sinks.replay import ReplayRefused, run_replay
 
     settings = Settings.from_env()
     try:

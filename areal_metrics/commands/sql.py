@@ -60,7 +60,7 @@ def render(columns: list[str], rows: list[tuple[Any, ...]], fmt: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sinks.query import StoreError, connect
+    from areal_metrics.sinks.query import StoreError, connect
 
     try:
         with connect(write=args.write) as store:

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from areal_metrics.stack import services as stack
-from producers.settings import mask_url
+from areal_metrics.producers.contract.settings import mask_url
 from areal_metrics.errors import ServiceUnavailable, UserError
 
 
@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 def _clickhouse_http(clickhouse_url: str) -> str | None:
     """The read-only DSN any ClickHouse client can use: the server's URL, or the sink's endpoint of the embedded store."""
-    from producers.settings import Settings
-    from sinks.query import StoreError, http_dsn
+    from areal_metrics.producers.contract.settings import Settings
+    from areal_metrics.sinks.query import StoreError, http_dsn
 
     try:
         return http_dsn(Settings(clickhouse_url=clickhouse_url))

@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise UserError(f"--steps: must be >= 1 (got {args.steps})")
 
-    from areal_train.config import ConfigError, load
-    from areal_train.launch import launch
+    from areal_metrics.areal_train.config import ConfigError, load
+    from areal_metrics.areal_train.launch import launch
 
     try:
         cfg = load(args.config, **({"publish": False} if args.no_publish else {}))
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         _check_resumable(cfg, args)
     if cfg.publish:
-        from producers.settings import Settings
+        from areal_metrics.producers.contract.settings import Settings
 
         bootstrap = Settings.from_env().kafka_bootstrap
         if not _reachable(bootstrap):
@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_resumable(cfg: object, args: argparse.Namespace) -> None:
     """A one-line error before any rank starts: no checkpoint, other rank count, nothing left to train."""
-    from areal_train.checkpoint import latest_meta
-    from areal_train.session import checkpoint_root
+    from areal_metrics.areal_train.checkpoint import latest_meta
+    from areal_metrics.areal_train.session import checkpoint_root
 
     root = checkpoint_root(cfg)  # type: ignore[arg-type]
     meta = latest_meta(root, args.run_id)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers.events import (
+from areal_metrics.producers.contract.events import (
     AlertEvent,
     CommandEvent,
     EvalConsensusEvent,
@@ -25,7 +25,7 @@ from producers.events import (
     RewardSmoothedEvent,
     RunEvent,
 )
-from producers.run_status import RunState, fold
+from areal_metrics.producers.contract.run_status import RunState, fold
 
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_POINTS = 40
@@ -206,7 +206,7 @@ def watch_loop(settings: Any, run_ids: list[str] | None = None, duration: float 
     from kafka import KafkaConsumer
     from rich.live import Live
 
-    from producers.events import ValidationError, parse_event
+    from areal_metrics.producers.contract.events import ValidationError, parse_event
 
     topics = settings.topics
     state = WatchState(set(run_ids) if run_ids else None)
@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     from kafka.errors import KafkaError
 
     from areal_metrics.errors import UserError
-    from producers.settings import Settings
+    from areal_metrics.producers.contract.settings import Settings
 
     if args.duration is not None and args.duration <= 0:
         raise UserError(f"--duration: must be > 0 (got {args.duration})")

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from producers.ids import is_valid_run_id
+from areal_metrics.producers.contract.ids import is_valid_run_id
 
 log = logging.getLogger("areal_metrics.integrations.areal")
 

@@ -23,7 +23,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from producers.ids import is_valid_run_id
+from areal_metrics.producers.contract.ids import is_valid_run_id
 
 BACKEND = "areal_metrics"  # the key in Tracking.logger
 

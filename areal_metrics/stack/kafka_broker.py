@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_metrics.errors import UserError
-from producers.topics import TopicSpec
+from areal_metrics.producers.contract.topics import TopicSpec
 
 POM = Path(__file__).with_name("kafka") / "pom.xml"
 JVM_HEAP = os.environ.get("AREAL_KAFKA_HEAP", "-Xmx512m -Xms128m")
@@ -291,7 +291,7 @@ def create_topics(bootstrap: str, topics: Sequence[str | TopicSpec], partitions:
     """
     from kafka import KafkaAdminClient
 
-    from producers.topic_admin import create_missing_topics
+    from areal_metrics.producers.runtime.topic_admin import create_missing_topics
 
     specs = [t if isinstance(t, TopicSpec) else TopicSpec(t, -1) for t in topics]
     admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","), request_timeout_ms=int(timeout * 1000))

@@ -24,14 +24,14 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from producers.settings import Settings, state_dir
+from areal_metrics.producers.contract.settings import Settings, state_dir
 
 from areal_metrics.errors import UserError
 from areal_metrics.stack.kafka_broker import KafkaBroker, create_topics, kafka_version, pid_alive, port_open, stop_pid
 from areal_metrics.stack.kafka_cluster import KafkaCluster
 
 SERVICES = ("worker", "sink")  # started after the broker, stopped before it
-SERVICE_MODULES = {"worker": "streams", "sink": "sinks"}
+SERVICE_MODULES = {"worker": "areal_metrics.streams", "sink": "areal_metrics.sinks"}
 
 
 @dataclass

@@ -8,7 +8,7 @@ The file holds the events of two real short training runs recorded before issue 
 everything today's stream worker derives from them. That trainer is gone, so its
 events are kept as recorded (the Grafana tests need their shapes and faults, not a
 particular policy), and this script feeds them again through the worker's logic
-(`streams.batch.StreamCore`, what the worker runs for each batch), its clock set to each
+(`areal_metrics.streams.shell.batch.StreamCore`, what the worker runs for each batch), its clock set to each
 event's time and ticking every second: the smoothed rewards, commands, consensus
 results, alerts and dead letters are exactly what the worker derives now.
 `tests/data/make_workload_events.py` records today's trainer for the report's tests.
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from producers.events import EvalEvent, RunEvent, StepEvent, parse_event  # noqa: E402
+from areal_metrics.producers.contract.events import EvalEvent, RunEvent, StepEvent, parse_event  # noqa: E402
 
 RUNS = {
     # run id -> the worker's config overrides of that run
@@ -51,7 +51,7 @@ WITHHELD = ("demo-g2", 120, "add_2digit", "full", 1)  # run, step, dataset, stag
 
 def derive(trainer_events: list[bytes]) -> list[bytes]:
     """Feed the events through StreamCore; returns everything it emitted."""
-    from streams.config import RunConfig, StreamsConfig
+    from areal_metrics.streams.core.config import RunConfig, StreamsConfig
     from tests.data.worker_replay import Replay
 
     defaults = RunConfig().with_overrides(COMMON_STREAMS)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from grafana.queries import QueryRunner  # noqa: E402
+from areal_metrics.grafana.queries import QueryRunner  # noqa: E402
 from tests.test_grafana_data import fixture_events, fixture_span, loaded_store  # noqa: E402
 from tests.test_grafana_panel_numbers import GOLDEN, capture  # noqa: E402
 

@@ -4,14 +4,14 @@
 
 What it runs, all real code of this repository:
 
-- the real trainer (`areal_train.trainer.train`: the warm-started transformer
+- the real trainer (`areal_metrics.areal_train.trainer.train`: the warm-started transformer
   policy, GRPO, evaluation rounds on `math_id` and `math_hard`, two stages,
   the full stage sharded), as gloo ranks in separate processes, every event
   what the public client sent (its journal, no broker: tests/train_capture.py):
   - mt4-grpo (up to 4 attempts) and mt2-grpo (up to 2), seeds 1 and 2, 2 ranks
     each; the first run's third evaluation round fails on every rank;
   - two short throughput runs without evaluation, with 1 and 4 ranks;
-- the stream worker's logic (`streams.batch.StreamCore`, through
+- the stream worker's logic (`areal_metrics.streams.shell.batch.StreamCore`, through
   tests/data/worker_replay.py) fed with those events in publish order, its clock at each event's time and ticking
   every second, with the closed loop on evaluation switched on, so the
   smoothed rewards, consensus results, commands and alerts are what the
@@ -19,7 +19,7 @@ What it runs, all real code of this repository:
 
 The trainers are not wired to the control topic here (no broker): they do
 not obey the worker's commands; the full loop is `areal-metrics demo`.
-The warm start is the cached one (`areal_train.warmstart`), built if missing.
+The warm start is the cached one (`areal_metrics.areal_train.warmstart`), built if missing.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from producers.events import EvalEvent, RunEvent, StepEvent, parse_event
+from areal_metrics.producers.contract.events import EvalEvent, RunEvent, StepEvent, parse_event
 
 COMMON = {"eval_every_steps": 5, "eval_size": 32, "quick_size": 8, "eval_samples": 2, "threads": 1,
           "device": "cpu", "publish": True, "checkpoint_every_steps": None}
@@ -57,8 +57,8 @@ STREAMS = {"window": 5, "min_eval_interval": 5, "eval_interval": 5, "interval_dw
 def rank_main(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
-    from areal_train.config import from_mapping
-    from areal_train.trainer import train
+    from areal_metrics.areal_train.config import from_mapping
+    from areal_metrics.areal_train.trainer import train
     from tests.train_capture import ClientCapture
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -77,8 +77,8 @@ def rank_main(args: argparse.Namespace) -> int:
 
 
 def run_training(run_id: str, ranks: int, overrides: dict[str, object], steps: int, workdir: Path) -> list[Path]:
-    from areal_train.config import TrainConfig
-    from areal_train.launch import free_port, prepare
+    from areal_metrics.areal_train.config import TrainConfig
+    from areal_metrics.areal_train.launch import free_port, prepare
 
     cfg = TrainConfig().replace(**{**COMMON, "checkpoint_dir": str(workdir / "ckpt"), **overrides})
     prepare(cfg)
@@ -100,7 +100,7 @@ def run_training(run_id: str, ranks: int, overrides: dict[str, object], steps: i
 
 def derive(trainer_events: list[bytes], partitions: dict[str, int]) -> list[bytes]:
     """Feed the events through StreamCore; returns everything it emitted."""
-    from streams.config import RunConfig, StreamsConfig
+    from areal_metrics.streams.core.config import RunConfig, StreamsConfig
     from tests.data.worker_replay import Replay
 
     defaults = RunConfig().with_overrides(STREAMS)

@@ -1,6 +1,6 @@
 """Today's stream worker logic over recorded trainer events, as a running worker would meet them.
 
-`Replay` is `streams.batch.StreamCore` with a send that records what it emits and a clock the
+`Replay` is `areal_metrics.streams.shell.batch.StreamCore` with a send that records what it emits and a clock the
 caller sets: `advance(ts)` moves the clock to an event's time and, meanwhile, ticks every
 partition once a second (the worker's timer); `put` hands over one input message at the next
 offset of its partition; `time_out(s)` lets `s` seconds pass after the last event, so open
@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from producers.topics import Topics
-from streams.batch import StreamCore
-from streams.config import StreamsConfig
+from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.streams.shell.batch import StreamCore
+from areal_metrics.streams.core.config import StreamsConfig
 
 
 class Replay:

@@ -1,0 +1,301 @@
+"""Values as training code hands them over -> values the contract accepts (pure).
+
+Nothing here raises for a value; what cannot be stored is reported back so
+the client can name it. The rules:
+
+- numbers: Python int/float/bool, numpy scalars, 0-d (or one-element) torch
+  tensors and numpy arrays (duck-typed: `.item()`, never an import of torch),
+  anything with `__float__` (Decimal, Fraction). Anything else (strings, lists,
+  multi-element tensors) is not a number and is skipped. `None` is skipped.
+- NaN and +-inf become null and their names go into `non_finite`.
+- A typed column gets its value when the value meets the column's rule; a
+  value a hair outside (within 1e-6, e.g. clip_ratio 1.0000001, lr -1e-12) is
+  clamped to the bound; a value clearly outside (clip_ratio 1.5, lr -0.1) stays
+  in `metrics` under the name it was logged with, and the column stays null.
+- Count columns (tokens, gpu_mem_bytes, n_samples) are rounded to integers.
+- `epoch` may be fractional; a negative one stays in `metrics`, a NaN one is
+  named in `non_finite`; either way the step keeps the previous epoch.
+- `metrics` names: cut to 256 characters; an empty name is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from areal_metrics.producers.client.aliases import ALIASES, BOUNDS, INT_COLUMNS
+from areal_metrics.producers.contract.field_rules import METRIC_NAME_MAX, SAMPLE_TEXT_MAX, SAMPLES_MAX
+
+TOLERANCE = 1e-6  # how far outside a column's bound a value is still clamped (relative, at least absolute)
+INT64 = (-(2**63), 2**63 - 1)
+CONFIG_MAX_BYTES = 256 * 1024  # a run's config, as JSON; larger values are replaced by a note
+
+
+# ----------------------------------------------------------------- one number
+
+
+def to_number(v: Any) -> int | float | None:
+    """A Python int or float for anything that is one number; None otherwise (never raises)."""
+    t = type(v)
+    if t is float or t is int:
+        return v
+    if v is None or t is str or t is bytes or t is complex:
+        return None
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):  # IntEnum, numpy ints that subclass int
+        return int(v)
+    if isinstance(v, float):  # numpy.float64 subclasses float
+        return float(v)
+    item = getattr(v, "item", None)
+    if callable(item):  # numpy scalars and arrays, torch tensors: one element only
+        try:
+            x = item()
+        except Exception:  # noqa: BLE001 - a multi-element tensor, a device error: not one number
+            return None
+        return x if type(x) in (int, float) else (int(x) if type(x) is bool else None)
+    if hasattr(v, "__float__"):
+        try:
+            return float(v)
+        except Exception:  # noqa: BLE001
+            return None
+    return None
+
+
+def snapshot(values: Mapping[Any, Any]) -> tuple[dict[Any, int | float], tuple[Any, ...]]:
+    """The caller-thread part of `log`: a copy holding only Python numbers, and the names skipped.
+
+    Plain floats and ints (the common case) are copied as they are, at C
+    speed; a tensor is read now, because the training loop may change it in
+    place after `log` returns. `None` is skipped without being named.
+    """
+    out = dict(values)
+    for v in out.values():
+        t = type(v)
+        if t is not float and t is not int:
+            break
+    else:
+        return out, ()
+    skipped = []
+    for k, v in values.items():
+        x = to_number(v)
+        if x is None:
+            del out[k]
+            if v is not None:
+                skipped.append(k)
+        elif x is not v:
+            out[k] = x
+    return out, tuple(skipped)
+
+
+def finite(v: int | float) -> bool:
+    if type(v) is int:
+        return True
+    return v - v == 0.0  # NaN and +-inf give NaN
+
+
+def as_float(v: int | float) -> float | None:
+    """float(v), or None for a non-finite value (an int too large for a float included)."""
+    try:
+        x = float(v)
+    except OverflowError:
+        return None
+    return x if x - x == 0.0 else None
+
+
+def metric_name(key: Any) -> str:
+    name = key if type(key) is str else str(key)
+    return name[:METRIC_NAME_MAX]
+
+
+# ------------------------------------------------------------------- a step
+
+
+@dataclass(slots=True)
+class StepParts:
+    """What one step's values become: typed columns, metrics, the non-finite names, the epoch."""
+
+    columns: dict[str, int | float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    non_finite: list[str] = field(default_factory=list)
+    epoch: float = 0.0
+
+
+def clamp(x: float, lo: float | None, hi: float | None) -> float | None:
+    """x within [lo, hi]; a value a hair outside (TOLERANCE) is moved onto the bound, one further out gives None."""
+    if lo is not None and x < lo:
+        if lo - x > TOLERANCE * max(1.0, abs(lo)):
+            return None
+        x = lo
+    if hi is not None and x > hi:
+        if x - hi > TOLERANCE * max(1.0, abs(hi)):
+            return None
+        x = hi
+    return x
+
+
+def fit_column(column: str, x: float) -> int | float | None:
+    """The value for a typed column (clamped when a hair outside its bound), or None when it breaks the rule."""
+    fitted = clamp(x, *BOUNDS.get(column, (None, None)))
+    if fitted is None:
+        return None
+    if column in INT_COLUMNS:
+        n = round(fitted)
+        return n if INT64[0] <= n <= INT64[1] else None
+    return float(fitted)
+
+
+def split_step(values: Mapping[Any, int | float], previous_epoch: float = 0.0) -> StepParts:
+    """A step's numbers (from `snapshot`) -> typed columns and metrics (the sender thread's part)."""
+    parts = StepParts(epoch=previous_epoch)
+    holders: dict[str, tuple[int, str, float]] = {}  # column -> (priority, name, value as logged)
+    nan: list[tuple[str, str | None]] = []  # (name as logged, the column it would have filled)
+    for key, v in values.items():
+        name = metric_name(key)
+        if not name:
+            continue
+        alias = ALIASES.get(name)
+        x = as_float(v)
+        if x is None:
+            nan.append((name, alias[0] if alias is not None else None))
+            continue
+        if name == "epoch":
+            if x >= 0:
+                parts.epoch = x
+            else:
+                parts.metrics[name] = x
+            continue
+        if alias is None:
+            parts.metrics[name] = x
+            continue
+        column, factor, rank = alias
+        fitted = fit_column(column, x * factor)
+        held = holders.get(column)
+        if fitted is None or (held is not None and held[0] <= rank):
+            parts.metrics[name] = x  # breaks the column's rule, or the column already has a better name's value
+            continue
+        if held is not None:  # a lesser alias filled it first: it moves to metrics
+            parts.metrics[held[1]] = held[2]
+        parts.columns[column] = fitted
+        holders[column] = (rank, name, x)
+    # a NaN names the column it leaves null; when another name filled that column, the NaN is that name's
+    names = (column if column is not None and column not in holders else name for name, column in nan)
+    parts.non_finite = list(dict.fromkeys(names))
+    return parts
+
+
+# ------------------------------------------------------------- evaluations
+
+
+def verdict(v: Any) -> int:
+    """1 for a correct sample: True, 1, a positive reward; 0 otherwise (NaN and non-numbers included)."""
+    x = to_number(v)
+    if x is None:
+        return 0
+    return 1 if finite(x) and x > 0 else 0
+
+
+def verdicts(values: Any) -> list[int]:
+    """A list, tuple, numpy array or tensor of verdicts -> [0/1, ...]."""
+    tolist = getattr(values, "tolist", None)
+    if callable(tolist) and not isinstance(values, (list, tuple)):
+        try:
+            values = tolist()
+        except Exception:  # noqa: BLE001
+            return []
+    if not isinstance(values, Iterable) or isinstance(values, (str, bytes, Mapping)):
+        return []
+    return [verdict(v) for v in values]
+
+
+def text(v: Any) -> str:
+    s = v if isinstance(v, str) else ("" if v is None else str(v))
+    return s[:SAMPLE_TEXT_MAX]
+
+
+def samples(values: Any) -> tuple[list[dict[str, Any]], int]:
+    """Eval samples -> at most SAMPLES_MAX records {prompt, response, verdict, reward}; and how many were cut.
+
+    A record is a mapping (or an object with those attributes); other keys are
+    dropped, text is cut to SAMPLE_TEXT_MAX characters, a non-finite reward is null.
+    """
+    if values is None or isinstance(values, (str, bytes)):
+        return [], 0
+    items = list(values) if isinstance(values, Iterable) else []
+    out = []
+    for s in items[:SAMPLES_MAX]:
+        get = s.get if isinstance(s, Mapping) else (lambda k, d=None, s=s: getattr(s, k, d))
+        record: dict[str, Any] = {"prompt": text(get("prompt")), "response": text(get("response"))}
+        if get("verdict") is not None:
+            record["verdict"] = verdict(get("verdict"))
+        reward = to_number(get("reward"))
+        if reward is not None and as_float(reward) is not None:
+            record["reward"] = float(reward)
+        out.append(record)
+    return out, max(0, len(items) - SAMPLES_MAX)
+
+
+def float_metrics(values: Mapping[Any, Any]) -> tuple[dict[str, float], list[str]]:
+    """Extra eval metrics (pass@4, ...): finite floats kept, the names of the rest returned."""
+    out, dropped = {}, []
+    for k, v in values.items():
+        name = metric_name(k)
+        x = to_number(v)
+        f = None if x is None else as_float(x)
+        if not name or f is None:
+            dropped.append(name or repr(k))
+            continue
+        out[name] = f
+    return out, dropped
+
+
+# ------------------------------------------------------------------- config
+
+
+def json_safe(v: Any, depth: int = 0) -> Any:
+    """A config (dict, dataclass, argparse.Namespace, pydantic or OmegaConf object...) as plain JSON values."""
+    if v is None or isinstance(v, (str, bool)):
+        return v
+    if depth > 30:
+        return str(v)[:1000]
+    if type(v) is int or type(v) is float:
+        return v if finite(v) and (type(v) is float or INT64[0] <= v <= INT64[1]) else str(v)
+    if isinstance(v, Mapping):
+        return {str(k): json_safe(x, depth + 1) for k, x in v.items()}
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return {f.name: json_safe(getattr(v, f.name, None), depth + 1) for f in dataclasses.fields(v)}
+    if isinstance(v, argparse.Namespace):
+        return json_safe(vars(v), depth)
+    for method in ("model_dump", "to_dict"):  # pydantic, HF TrainingArguments
+        dump = getattr(v, method, None)
+        if callable(dump) and not isinstance(v, type):
+            try:
+                return json_safe(dump(), depth + 1)
+            except Exception:  # noqa: BLE001
+                break
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return [json_safe(x, depth + 1) for x in v]
+    x = to_number(v)
+    if x is not None:
+        return json_safe(x, depth)
+    return str(v)[:10_000]
+
+
+def config(v: Any) -> dict[str, Any]:
+    """A run's config as a JSON object of bounded size (top-level values too large are replaced by a note)."""
+    if v is None:
+        return {}
+    safe = json_safe(v)
+    if not isinstance(safe, dict):
+        safe = {"value": safe}
+    if len(json.dumps(safe, separators=(",", ":"))) <= CONFIG_MAX_BYTES:
+        return safe
+    out = {}
+    for k, x in safe.items():
+        size = len(json.dumps(x, separators=(",", ":")))
+        out[k] = x if size <= 4096 else f"<{size} bytes, not stored>"
+    return out

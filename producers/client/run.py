@@ -1,0 +1,384 @@
+"""The Python client: `init()` -> `Run` with `log`, `log_eval`, `commands`, `finish` (CONTRACT.md, 'Python client').
+
+    import areal_metrics as am
+    run = am.init(config=cfg, tags=["grpo"])
+    run.log({"reward": r, "kl": kl_tensor, "critic/score/mean": np_value}, step=step)
+    run.log_eval("math500", step, verdicts=[1, 0, 1])
+    for command in run.commands(): ...
+    run.finish()
+
+On the caller's thread `log` only copies the values (reading tensors and
+numpy scalars) and enqueues them; names, rules and JSON are the sender
+thread's work (`_Step.encode`). A step logged twice (same step number) is sent
+again with the union of its values, later ones winning: in FINAL reads the
+later event replaces the earlier one (steps are keyed by run, rank, step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import operator
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from areal_metrics.producers.client import attempts, coerce, exit_hooks, run_info
+from areal_metrics.producers.client.control_feed import ControlFeed
+from areal_metrics.producers.contract.deadletter import rejected
+from areal_metrics.producers.contract.events import (
+    EVAL_STATUSES,
+    SCHEMA_VERSION,
+    TERMINAL_STATUSES,
+    CommandEvent,
+    EvalEvent,
+    RunEvent,
+    ValidationError,
+    dumps_compact,
+)
+from areal_metrics.producers.contract.ids import RUN_ID_RULE, is_valid_run_id
+from areal_metrics.producers.client.launcher_env import Identity, identity_from_env, job_run_id
+from areal_metrics.producers.delivery.publisher import Publisher
+from areal_metrics.producers.contract.settings import Settings, state_dir
+from areal_metrics.producers.contract.topics import Topics
+
+log = logging.getLogger("areal_metrics.client")
+
+SETTINGS_FIELDS = frozenset(f.name for f in dataclasses.fields(Settings))
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """`init(**settings)` keywords that are the client's own (the rest are `Settings` fields)."""
+
+    rank: int | None = None
+    world_size: int | None = None  # ranks that log each step (1 when only rank 0 logs)
+    local_rank: int | None = None
+    node: str | None = None
+    journal_dir: str | Path | None = None
+    framework: str | None = None
+    attempt: int | None = None  # force the attempt (otherwise 0, or the next one on resume)
+    resume_timeout_s: float = 10.0
+    fsync_journal: bool = False
+    git: bool = True  # look up the git commit of the training code
+
+
+@dataclass(frozen=True, slots=True)
+class RunStats:
+    steps: int  # log() calls taken
+    evals: int
+    skipped: int  # values that were not numbers (None excluded)
+    queued: int
+    sent: int
+    journaled: int
+    resent: int
+    failed: int
+    pending: int
+
+
+def _split_settings(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Options]:
+    option_names = {f.name for f in dataclasses.fields(Options)}
+    unknown = sorted(set(kwargs) - SETTINGS_FIELDS - option_names)
+    if unknown:
+        raise TypeError(f"init() got unknown setting(s) {', '.join(unknown)}")
+    options = Options(**{k: v for k, v in kwargs.items() if k in option_names})
+    return {k: v for k, v in kwargs.items() if k in SETTINGS_FIELDS}, options
+
+
+def _identity(options: Options) -> Identity:
+    found = identity_from_env(os.environ, socket.gethostname())
+    changes = {k: getattr(options, k) for k in ("rank", "world_size", "local_rank") if getattr(options, k) is not None}
+    for name, value in changes.items():
+        if type(value) is not int or value < 0 or (name == "world_size" and value < 1):
+            raise TypeError(f"init(): {name} must be a non-negative integer (got {value!r})")
+    return dataclasses.replace(found, **changes)
+
+
+def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = (), group: str | None = None,
+         resume: bool = False, **settings: Any) -> Run:
+    """Start (or, with `resume=True`, continue) a run from this process; see the module doc."""
+    if run_id is not None and not isinstance(run_id, str):
+        raise TypeError(f"run_id: expected a string, got {type(run_id).__name__}")
+    if group is not None and not isinstance(group, str):
+        raise TypeError(f"group: expected a string, got {type(group).__name__}")
+    if not isinstance(resume, bool):
+        raise TypeError(f"resume: expected True or False, got {type(resume).__name__}")
+    clean_tags = run_info.clean_tags(tags)
+    overrides, options = _split_settings(settings)
+    base = Settings.from_env()
+    settings_obj = dataclasses.replace(base, **overrides) if overrides else base
+    identity = _identity(options)
+    generated = False
+    if run_id is None:
+        run_id = job_run_id(os.environ)
+    if run_id is None:
+        run_id, generated = run_info.new_run_id(), True
+    if not is_valid_run_id(run_id):
+        raise ValueError(f"run_id {run_id[:60]!r}: must be {RUN_ID_RULE}")
+    attempt = _attempt(settings_obj, run_id, identity.rank, resume, options)
+    run = Run(run_id, identity, settings_obj, options, config=config, tags=clean_tags, group=group, attempt=attempt)
+    if generated and identity.rank == 0:
+        print(f"areal-metrics: run {run_id}", file=sys.stderr)
+    if generated and identity.world_size > 1:
+        log.warning("run id %s was generated by rank %d alone: pass run_id= (or AREAL_RUN_ID) so that the "
+                    "%d ranks report one run", run_id, identity.rank, identity.world_size)
+    return run
+
+
+def _attempt(settings: Settings, run_id: str, rank: int, resume: bool, options: Options) -> int:
+    path = attempts.state_path(run_id, rank)
+    if options.attempt is not None:
+        attempt = options.attempt
+    elif not resume:
+        attempt = 0
+    else:
+        own, anyone = attempts.logged_attempts(settings, run_id, rank, options.resume_timeout_s)
+        attempt = attempts.next_attempt(attempts.read_local(path), own, anyone)
+    attempts.write_local(path, attempt)
+    return attempt
+
+
+class Run:
+    """One process's part of a run. Use `init()` to get one."""
+
+    def __init__(self, run_id: str, identity: Identity, settings: Settings, options: Options, *,
+                 config: Any, tags: tuple[str, ...], group: str | None, attempt: int) -> None:
+        self.run_id = run_id
+        self.rank = identity.rank
+        self.world_size = identity.world_size
+        self.local_rank = identity.local_rank
+        self.node = (options.node or identity.node)[:128]
+        self.host = identity.host[:256]
+        self.attempt = attempt
+        self.config = coerce.config(config)
+        self.tags = tags
+        self.group = group[:256] if group else None
+        self.framework = (options.framework or run_info.detect_framework())[:64]
+        self.git_commit = run_info.git_commit() if options.git else None
+        self.topics: Topics = settings.topics
+        self._settings = settings
+        self._key = run_id.encode()
+        self._exit_timeout_s = settings.exit_timeout_s
+        journal = Path(options.journal_dir) if options.journal_dir else state_dir() / "journal" / run_id / f"rank-{self.rank}"
+        self._publisher = Publisher.from_settings(settings, journal_dir=journal, close_at_exit=False,
+                                                  exit_timeout_s=self._exit_timeout_s,
+                                                  fsync_journal=options.fsync_journal)
+        self._started = time.time()
+        self._epoch = 0.0  # the sender thread's: the last epoch a step carried
+        self._last_step = -1
+        self._open_step: int | None = None
+        self._open_values: dict[Any, int | float] = {}
+        self._steps = self._evals = self._skipped = 0
+        self._warned: set[Any] = set()
+        self._done = False
+        self._forked = False
+        self._exit_status: tuple[str, int] | None = None
+        self._feed: ControlFeed | None = None
+        self._feed_lock = threading.Lock()
+        self._publish_run("running")
+        exit_hooks.register(self)
+
+    # ------------------------------------------------------------ logging
+
+    def log(self, metrics: Mapping[Any, Any], step: int | None = None) -> None:
+        """Log one training step's values (see the module doc; never raises for a value)."""
+        if type(metrics) is not dict and not isinstance(metrics, Mapping):
+            raise TypeError(f"log(): metrics must be a mapping of name -> value, got {type(metrics).__name__}")
+        if step is None:
+            step = self._last_step + 1
+        elif type(step) is not int:
+            if isinstance(step, bool):
+                raise TypeError("log(): step must be an integer, got bool")
+            step = operator.index(step)  # numpy ints; TypeError for floats and strings
+        if step < 0:
+            raise ValueError(f"log(): step must be >= 0 (got {step})")
+        if self._done or self._forked:
+            self._warn_once("after-finish", "log() after finish() (or in a forked child): ignored")
+            return
+        values, skipped = coerce.snapshot(metrics)
+        if skipped:
+            self._note_skipped(skipped)
+        if step == self._open_step:
+            values = {**self._open_values, **values}
+        self._open_step, self._open_values, self._last_step = step, values, step
+        self._steps += 1
+        self._publisher.publish(_Step(self, step, values, time.time()))
+
+    def log_eval(self, dataset: str, step: int | None = None, *, stage: str = "full", verdicts: Any = None,
+                 accuracy: Any = None, samples: Any = None, eval_id: str | None = None, replicas: int | None = None,
+                 status: str = "ok", error: str | None = None, response_length: Any = None, reward: Any = None,
+                 latency_ms: Any = None, dataset_fingerprint: str | None = None, **metrics: Any) -> None:
+        """Log this node's result of one evaluation round on one dataset (the cross-node vote uses `verdicts`)."""
+        if not isinstance(dataset, str) or not dataset:
+            raise TypeError("log_eval(): dataset must be a non-empty string")
+        if stage not in ("quick", "full"):
+            raise ValueError(f"log_eval(): stage must be 'quick' or 'full' (got {stage!r})")
+        if status not in EVAL_STATUSES:
+            raise ValueError(f"log_eval(): status must be one of {', '.join(EVAL_STATUSES)} (got {status!r})")
+        step = max(self._last_step, 0) if step is None else operator.index(step)
+        if step < 0:
+            raise ValueError(f"log_eval(): step must be >= 0 (got {step})")
+        if self._done or self._forked:
+            self._warn_once("after-finish", "log_eval() after finish() (or in a forked child): ignored")
+            return
+        fields = _eval_fields(verdicts, accuracy, samples, status, error, response_length, reward, latency_ms, metrics)
+        if fields.pop("_cut", 0):
+            self._warn_once("samples-cut", "log_eval(): more samples than an event holds; the first ones are kept")
+        try:
+            event = EvalEvent(
+                run_id=self.run_id, node=self.node, rank=self.rank, eval_id=(eval_id or f"{self.run_id}:{step}:{dataset}:{stage}")[:256],
+                step=step, dataset=dataset[:128], stage=stage, replicas=replicas or self.world_size, attempt=self.attempt,
+                dataset_fingerprint=dataset_fingerprint[:128] if dataset_fingerprint else None, **fields)
+        except ValidationError as exc:  # an argument we could not coerce: say so, never stop training
+            log.warning("log_eval(%s, step %d) not sent: %s", dataset, step, exc)
+            return
+        self._evals += 1
+        self._publisher.publish(event)
+
+    def commands(self) -> list[CommandEvent]:
+        """Control commands for this run (and this node) that arrived since the last call; never blocks."""
+        with self._feed_lock:
+            if self._feed is None and not self._done:
+                self._feed = ControlFeed(self._settings.kafka_python_config(), self.topics.control, self.run_id,
+                                         self.node, since=self._started)
+        return self._feed.drain() if self._feed is not None else []
+
+    # ------------------------------------------------------------ the end
+
+    def finish(self, status: str | None = None, exit_code: int | None = None) -> None:
+        """Send this rank's terminal status and deliver (or journal) what is queued; idempotent."""
+        if status is not None and status not in TERMINAL_STATUSES:
+            raise ValueError(f"finish(): status must be one of {', '.join(TERMINAL_STATUSES)} (got {status!r})")
+        if self._done or self._forked:
+            return
+        with exit_hooks.finishing():  # a SIGTERM meanwhile waits for the terminal status and the delivery
+            self._done = True
+            marked = self._exit_status
+            if status is None and marked is not None:
+                status, exit_code = marked[0], marked[1] if exit_code is None else exit_code
+            self._publish_run(status or "finished", exit_code)
+            exit_hooks.unregister(self)
+            if self._feed is not None:
+                self._feed.close()
+            self._publisher.close(self._exit_timeout_s, journaled_ok=True)
+
+    def mark_exit(self, status: str, exit_code: int) -> None:
+        if self._exit_status is None:
+            self._exit_status = (status, exit_code)
+
+    def finish_at_exit(self) -> None:
+        self.finish()
+
+    def forget_after_fork(self) -> None:
+        self._forked = True
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc_type is None:
+            self.finish()
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.finish("killed", 130)
+        else:
+            self.finish("failed", 1)
+
+    def stats(self) -> RunStats:
+        p = self._publisher.stats()
+        return RunStats(steps=self._steps, evals=self._evals, skipped=self._skipped, queued=p.queued, sent=p.sent,
+                        journaled=p.spilled, resent=p.resent, failed=p.failed, pending=p.pending)
+
+    def __repr__(self) -> str:
+        return f"Run({self.run_id!r}, rank={self.rank}/{self.world_size}, node={self.node!r}, attempt={self.attempt})"
+
+    # ------------------------------------------------------------ helpers
+
+    def _publish_run(self, status: str, exit_code: int | None = None) -> None:
+        try:
+            event = RunEvent(run_id=self.run_id, node=self.node, rank=self.rank, status=status, config=self.config,
+                             tags=self.tags, group=self.group, world_size=self.world_size, host=self.host,
+                             attempt=self.attempt, framework=self.framework, git_commit=self.git_commit,
+                             exit_code=exit_code)
+        except ValidationError as exc:  # pragma: no cover - the fields are cleaned above
+            log.warning("run event not sent: %s", exc)
+            return
+        self._publisher.publish(event)
+
+    def _note_skipped(self, names: tuple[Any, ...]) -> None:
+        self._skipped += len(names)
+        for name in names:
+            self._warn_once(("skipped", name), f"log(): {str(name)[:80]!r} is not a number; skipped")
+
+    def _warn_once(self, key: Any, message: str) -> None:
+        if key not in self._warned and len(self._warned) < 1000:
+            self._warned.add(key)
+            log.warning(message)
+
+
+def _eval_fields(verdicts: Any, accuracy: Any, samples: Any, status: str, error: Any, response_length: Any,
+                 reward: Any, latency_ms: Any, metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """log_eval's values -> EvalEvent fields: accuracy from the verdicts when not given, NaN made explicit."""
+    out: dict[str, Any] = {"status": status}
+    votes = coerce.verdicts(verdicts) if verdicts is not None else None
+    records, cut = coerce.samples(samples)
+    if votes is None and records and all("verdict" in r for r in records) and not cut:
+        votes = [r["verdict"] for r in records]
+    if votes is not None:
+        out["verdicts"], out["n_samples"] = votes, len(votes)
+    if records:
+        out["samples"], out["_cut"] = records, cut
+    given = coerce.to_number(accuracy)
+    given = None if given is None else coerce.as_float(given)
+    acc = None if given is None else coerce.clamp(given, 0.0, 1.0)
+    extra = {"accuracy": given} if given is not None and acc is None else {}  # e.g. a percentage: kept in metrics
+    if acc is None and votes:
+        acc = sum(votes) / len(votes)
+    if status == "ok" and acc is None:
+        out["status"] = "failed"
+        out["error"] = "no accuracy: accuracy was missing, not finite or outside 0..1, and no verdicts were given"
+    if acc is not None:
+        out["accuracy"] = acc
+    for name, value in (("response_length", response_length), ("reward", reward), ("latency_ms", latency_ms)):
+        x = coerce.to_number(value)
+        x = None if x is None else coerce.as_float(x)
+        if x is not None and (name == "reward" or x >= 0):
+            out[name] = x
+    extras, _ = coerce.float_metrics({**metrics, **extra})
+    if extras:
+        out["metrics"] = extras
+    if error is not None:
+        out["error"] = str(error)[:4096]
+    return out
+
+
+class _Step:
+    """A logged step, built into its JSON on the sender thread (`Publisher`'s `Outgoing`)."""
+
+    __slots__ = ("run", "step", "ts", "values")
+
+    def __init__(self, run: Run, step: int, values: dict[Any, int | float], ts: float) -> None:
+        self.run, self.step, self.values, self.ts = run, step, values, ts
+
+    def encode(self, topics: Topics) -> tuple[str, bytes, bytes]:
+        run = self.run
+        try:
+            parts = coerce.split_step(self.values, run._epoch)
+            run._epoch = parts.epoch
+            data = {"type": "step", "schema": SCHEMA_VERSION, "event_id": uuid.uuid4().hex, "run_id": run.run_id,
+                    "node": run.node, "rank": run.rank, "ts": self.ts, "step": self.step, "epoch": parts.epoch,
+                    **parts.columns, "metrics": parts.metrics, "world_size": run.world_size, "attempt": run.attempt,
+                    "non_finite": parts.non_finite}
+            return topics.steps, run._key, dumps_compact(data)
+        except Exception as exc:
+            log.exception("step %d of run %s could not be encoded", self.step, run.run_id)
+            raw = repr({str(k): v for k, v in list(self.values.items())[:200]})
+            bad = rejected(raw, f"client: step {self.step} could not be encoded: {exc}", topics.steps,
+                           node=run.node, key=run._key)
+            return topics.deadletter, run._key, bad.to_json()

@@ -1,0 +1,98 @@
+"""Create missing topics from their specs (`areal_metrics.producers.contract.topics.TopicSpec`).
+
+The one code path for every topic the project creates: the local stack (`areal-metrics up`,
+the test fixtures) and the stream worker (its inputs on a fresh broker, its ticks) both
+call `create_missing_topics`, with specs from `topic_spec` / `Topics.specs(settings)`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from areal_metrics.producers.contract.errors import ConfigError
+from areal_metrics.producers.contract.topics import TopicSpec
+
+_ALREADY_EXISTS = 36  # Kafka's TOPIC_ALREADY_EXISTS: another process created it first, which is fine
+
+
+class TopicCreationError(ConfigError):
+    """The broker refused a topic as specified (e.g. a replication factor above the broker count)."""
+
+
+def create_missing_topics(admin: Any, specs: Sequence[TopicSpec], partitions: int, *,
+                          timeout: float = 30.0) -> list[str]:
+    """Create the topics of `specs` that do not exist (existing ones are left as they are).
+
+    `admin` is a kafka-python `KafkaAdminClient`. Returns the names created; waits until
+    every spec's topic is visible. TopicCreationError names the topic and Kafka's reason.
+    """
+    existing = set(admin.list_topics())
+    new = {s.name: {"num_partitions": partitions, "replication_factor": s.replication_factor,
+                    "configs": dict(s.config)}
+           for s in specs if s.name not in existing}
+    if new:
+        response = admin.create_topics(new, timeout_ms=int(timeout * 1000), raise_errors=False)
+        refused = [t for t in response.get("topics", ()) if t.get("error_code") not in (0, _ALREADY_EXISTS)]
+        if refused:
+            t = refused[0]
+            raise TopicCreationError(f"Kafka refused to create topic {t.get('name')}: "
+                                     f"{t.get('error_message') or 'error code ' + str(t.get('error_code'))}")
+    names = sorted({s.name for s in specs})
+    deadline = time.monotonic() + timeout
+    while missing := not_ready(admin, names):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics not ready after {timeout:.0f}s: {', '.join(missing)}")
+        time.sleep(0.1)
+    while new and (lagging := not_hosted(admin, sorted(new))):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics not on every replica after {timeout:.0f}s: {', '.join(lagging[:5])}")
+        time.sleep(0.1)
+    return sorted(new)
+
+
+def not_hosted(admin: Any, names: Sequence[str]) -> list[str]:
+    """Partitions of `names` that one of their replica brokers does not host yet ("topic[p]@broker").
+
+    On a cluster each broker learns of a new topic a moment after it exists, and a client
+    that asks a broker which has not may take it for missing: Faust's consumer then sees
+    its changelog with 0 partitions and refuses to write its table for minutes (seen on
+    the three-broker test cluster under load). A broker creates a partition's log after
+    its metadata holds the topic, so once every replica hosts its partitions, every
+    broker of the replica set answers for the topic. Asks each broker itself
+    (DescribeLogDirs). Best effort: a client not allowed to ask, or one without the
+    call, gets [] (the creator's own check above still holds).
+    """
+    from kafka.errors import KafkaError
+
+    try:
+        replicas: dict[int, dict[str, list[int]]] = {}
+        descs = admin.describe_topics(list(names))
+        known = {d.get("name") for d in descs if not d.get("error_code") and d.get("partitions")}
+        lagging = [n for n in names if n not in known]  # the broker asked has not heard of them yet
+        for d in descs:
+            for p in d.get("partitions") or ():
+                for broker in p.get("replica_nodes") or ():
+                    replicas.setdefault(broker, {}).setdefault(d["name"], []).append(p["partition_index"])
+        for broker, wanted in sorted(replicas.items()):
+            hosted = {(t["name"], q["partition_index"])
+                      for r in admin.describe_log_dirs(wanted, brokers=[broker]) for ld in r["log_dirs"]
+                      for t in ld.get("topics") or () for q in t.get("partitions") or ()}
+            lagging += [f"{t}[{p}]@{broker}" for t, ps in wanted.items() for p in ps if (t, p) not in hosted]
+        return lagging
+    except (KafkaError, TypeError, KeyError, AttributeError):
+        return []
+
+
+def not_ready(admin: Any, names: Sequence[str]) -> list[str]:
+    """The topics of `names` not yet usable: unknown to the broker asked, or a partition without a leader.
+
+    (On a cluster, a new topic reaches each broker's metadata a moment after it exists.)
+    """
+    if not names:
+        return []
+    ready = {d.get("name") for d in admin.describe_topics(list(names))
+             if not d.get("error_code") and d.get("partitions")
+             and all(p.get("leader_id", -1) >= 0 and not p.get("error_code") for p in d["partitions"])}
+    return [n for n in names if n not in ready]

@@ -1,0 +1,313 @@
+"""The ClickHouse HTTP interface of the process that holds an embedded (chdb) store.
+
+chdb lets one process open a data directory. The sink holds it while the
+stack runs, and serves it here, on 127.0.0.1 only, in the subset of
+ClickHouse's HTTP interface that clickhouse-connect and clickhouse-go v2 (the
+driver in Grafana's ClickHouse data source) speak; `areal_metrics.sinks.http.protocol`
+parses the requests, `areal_metrics.sinks.http.native` lays out Native for the client's revision.
+
+Two users with random passwords, recorded in `<store>/owner.json` (mode 0600) while
+the endpoint serves, and kept with its port in `<store>/endpoint.json` (0600), so
+that a restarted sink serves the same DSN (a Grafana data source keeps working;
+another port only when the old one is taken):
+`reader` (every session runs with `readonly=1` after the URL's settings are
+applied: no INSERT, DDL, SYSTEM, table functions reading files or URLs, or
+settings changed by the statement; ClickHouse's error 164) and `writer`
+(everything; a GET request runs with `readonly=2`, as in ClickHouse).
+
+Each request gets its own chdb session (a fresh connection handle to the
+engine, ~0.1 ms), so `SET`, `USE` and the readonly lock never leak between
+requests; at most `max_concurrent` statements run at once, the others wait.
+Results are buffered before the first byte is sent, so an error always
+arrives as an HTTP error status with ClickHouse's text and the
+`X-ClickHouse-Exception-Code` header, never in the middle of a body.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from areal_metrics.sinks.http import protocol as proto
+from areal_metrics.sinks.http.protocol import ClickHouseError, Request
+from areal_metrics.sinks.http.native import UnsupportedType, for_revision
+from areal_metrics.sinks.query import OWNER_FILE, Owner, StoreUser
+
+log = logging.getLogger("areal.sink.http")
+READER, WRITER = "reader", "writer"
+ENDPOINT_FILE = "endpoint.json"  # the users and port of the store's last endpoint, kept across restarts
+_PYTHON_ONLY_FORMATS = {"dataframe", "datastore", "arrowtable"}  # chdb's Python wrappers, not ClickHouse formats
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    body: bytes
+    fmt: str | None  # X-ClickHouse-Format; None for a statement without a result
+    summary: dict[str, str]
+
+
+def generated_users() -> dict[str, StoreUser]:
+    return {READER: StoreUser(READER, secrets.token_urlsafe(18), readonly=True),
+            WRITER: StoreUser(WRITER, secrets.token_urlsafe(18), readonly=False)}
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _identifier(name: str) -> str:
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+class ClickHouseHTTPServer:
+    """Serves a chdb data directory over ClickHouse's HTTP interface until `close()`."""
+
+    def __init__(self, path: Path, database: str, *, users: dict[str, StoreUser] | None = None,
+                 port: int = 0, max_concurrent: int = 8) -> None:
+        import chdb
+
+        self.path = Path(path)
+        self.database = database
+        kept = _kept_endpoint(self.path) if users is None else None
+        self.users = users or (kept.users if kept else generated_users())
+        self._by_name = {u.name: u for u in self.users.values()}
+        self._connect = lambda: chdb.connect(str(self.path))
+        self._slots = threading.BoundedSemaphore(max_concurrent)
+        self.version, self.timezone, self.display_name = self._hello()
+        self._server = self._bind(port or (kept.port if kept else 0), fall_back=port == 0)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="clickhouse-http", daemon=True)
+        self._thread.start()
+        log.info("ClickHouse HTTP interface of %s on 127.0.0.1:%d", self.path, self.port)
+
+    def _bind(self, port: int, *, fall_back: bool) -> ThreadingHTTPServer:
+        try:
+            return ThreadingHTTPServer(("127.0.0.1", port), _handler_class(self))
+        except OSError:
+            if not fall_back or port == 0:
+                raise
+            log.info("the endpoint's last port %d is taken; serving on another", port)
+            return ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(self))
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def dsn(self, role: str = READER) -> str:
+        user = self.users[role]
+        return f"http://{user.name}:{user.password}@127.0.0.1:{self.port}/{self.database}"
+
+    def _hello(self) -> tuple[str, str, str]:
+        conn = self._connect()
+        try:
+            version, tz, name = conn.query("SELECT version(), timezone(), displayName()", "TabSeparated").bytes().decode().split("\t")
+        finally:
+            conn.close()
+        return version, tz, name.strip()
+
+    # ---------------------------------------------------------------- the core
+
+    def authenticate(self, name: str, password: str) -> StoreUser:
+        user = self._by_name.get(name)
+        if user is None or not secrets.compare_digest(user.password.encode(), password.encode()):
+            raise proto.auth_failed(name)
+        return user
+
+    def execute(self, user: StoreUser, req: Request, method: str) -> Answer:
+        """Run one statement in a session of its own; raises ClickHouseError."""
+        with self._slots:
+            conn = self._connect()
+            try:
+                self._prepare(conn, user, req, method)
+                if req.insert_format is not None:
+                    return self._insert(conn, req)
+                canonical = conn.query(f"SELECT formatQuerySingleLine({_quote(req.sql)})", "RawBLOB").bytes().decode()
+                proto.check_statement(canonical, readonly=user.readonly)
+                out_fmt = proto.output_format(canonical, req.default_format)
+                if req.default_format.lower() in _PYTHON_ONLY_FORMATS or out_fmt.lower() in _PYTHON_ONLY_FORMATS:
+                    raise ClickHouseError(proto.UNKNOWN_FORMAT, f"Unknown format {out_fmt}", "UNKNOWN_FORMAT")
+                started = time.monotonic()
+                result = conn.query(req.sql, req.default_format, params=req.parameters)
+                body = result.bytes() or b""
+                elapsed = time.monotonic() - started
+            except ClickHouseError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - chdb's errors carry ClickHouse's code and text
+                raise ClickHouseError.from_engine(exc, user.name) from None
+            finally:
+                conn.close()
+        if out_fmt == "Native" and req.revision > 0:
+            try:
+                body = b"".join(for_revision(body, req.revision))
+            except UnsupportedType as exc:
+                raise ClickHouseError(proto.NOT_IMPLEMENTED, str(exc), "NOT_IMPLEMENTED") from None
+        summary = {"read_rows": str(result.rows_read()), "read_bytes": str(result.bytes_read()),
+                   "written_rows": "0", "written_bytes": "0", "elapsed_ns": str(int(elapsed * 1e9))}
+        return Answer(body, out_fmt if proto.returns_rows(canonical) else None, summary)
+
+    def _prepare(self, conn: Any, user: StoreUser, req: Request, method: str) -> None:
+        """The session: the URL's settings, then the reader's readonly lock, then the database."""
+        if method == "GET" and not user.readonly:
+            conn.query("SET readonly = 2")  # as in ClickHouse, before the URL's settings: GET only reads
+        for name, value in req.settings.items():
+            if name == "readonly" and user.readonly:
+                if value.strip() in ("0", ""):
+                    raise ClickHouseError(proto.READONLY, "Cannot modify 'readonly' setting in readonly mode", "READONLY")
+                continue  # 1 or 2: the lock below is at least as strict
+            conn.query(f"SET {name} = {_quote(value)}")
+        if user.readonly:
+            conn.query("SET readonly = 1")
+        conn.query(f"USE {_identifier(req.database or self.database)}")
+
+    def _insert(self, conn: Any, req: Request) -> Answer:
+        started = time.monotonic()
+        with conn.send_insert(req.sql, req.insert_format) as inserter:
+            if req.data:
+                inserter.append(req.data)
+            done = inserter.finish()
+        summary = {"read_rows": "0", "read_bytes": "0", "written_rows": str(done.rows_written),
+                   "written_bytes": str(done.bytes_written), "elapsed_ns": str(int((time.monotonic() - started) * 1e9))}
+        return Answer(b"", None, summary)
+
+    # --------------------------------------------------------------- lifecycle
+
+    def publish(self) -> Path:
+        """Write owner.json (mode 0600) in the store: pid, port, database and the users' passwords."""
+        owner = Owner(os.getpid(), self.port, self.database, dict(self.users))
+        _write_private(self.path / ENDPOINT_FILE, owner.to_json())
+        return _write_private(self.path / OWNER_FILE, owner.to_json())
+
+    def close(self) -> None:
+        path = self.path / OWNER_FILE
+        try:
+            if json.loads(path.read_text()).get("pid") == os.getpid():
+                path.unlink()
+        except (OSError, ValueError):
+            pass
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _write_private(path: Path, data: dict[str, Any]) -> Path:
+    """JSON that holds passwords: written whole (rename) and readable by this user only."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+    return path
+
+
+def _kept_endpoint(path: Path) -> Owner | None:
+    """The users and port a previous endpoint of this store served (None: make new ones)."""
+    try:
+        kept = Owner.from_json(json.loads((path / ENDPOINT_FILE).read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not all(len(u.password) >= 16 for u in kept.users.values()) or not 0 < kept.port < 65536:
+        return None
+    users = {READER: StoreUser(READER, kept.users[READER].password, readonly=True),  # the roles as made here
+             WRITER: StoreUser(WRITER, kept.users[WRITER].password, readonly=False)}
+    return Owner(kept.pid, kept.port, kept.database, users)
+
+
+# ----------------------------------------------------------------- the shell
+
+
+def _read_body(handler: BaseHTTPRequestHandler) -> bytes:
+    if handler.headers.get("Transfer-Encoding", "").lower() == "chunked":
+        parts = []
+        while True:
+            size = int(handler.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while handler.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(parts)
+            parts.append(handler.rfile.read(size))
+            handler.rfile.readline()
+    length = int(handler.headers.get("Content-Length") or 0)
+    return handler.rfile.read(length) if length else b""
+
+
+def _handler_class(server: ClickHouseHTTPServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: clients pool their connections
+        disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms wait for a delayed ACK
+        server_version = "ClickHouse"
+        sys_version = ""
+
+        def do_GET(self) -> None:
+            self._serve("GET")
+
+        def do_POST(self) -> None:
+            self._serve("POST")
+
+        def do_HEAD(self) -> None:
+            self._send(200, b"", {"Content-Type": "text/html; charset=UTF-8"}, head=True)
+
+        def _serve(self, method: str) -> None:
+            url = urlsplit(self.path)
+            params = dict(parse_qsl(url.query, keep_blank_values=True))
+            if method == "GET" and (url.path in ("/ping", "/replicas_status") or (url.path == "/" and "query" not in params)):
+                self._send(200, b"Ok.\n", {"Content-Type": "text/html; charset=UTF-8"})
+                return
+            query_id, body_read = "", method != "POST"
+            try:
+                if url.path != "/":
+                    raise ClickHouseError(proto.BAD_ARGUMENTS, f"There is no handle {url.path}")
+                user = server.authenticate(*proto.credentials(self.headers, params))  # before reading any body
+                body = _read_body(self) if method == "POST" else b""
+                body_read = True
+                if self.headers.get("Content-Type", "").startswith("multipart/form-data"):
+                    raise ClickHouseError(proto.NOT_IMPLEMENTED, "external data (multipart/form-data) is not supported here")
+                req = proto.parse_request(params, proto.decode(body, self.headers.get("Content-Encoding", "")), self.headers)
+                query_id = req.query_id or str(uuid.uuid4())
+                answer = server.execute(user, req, method)
+            except Exception as exc:
+                if not isinstance(exc, ClickHouseError):
+                    log.exception("ClickHouse HTTP request failed")
+                    exc = ClickHouseError(proto.UNKNOWN_EXCEPTION, f"{type(exc).__name__}: {exc}")
+                self.close_connection = not body_read  # an unread body would be taken for the next request
+                self._error(exc, query_id)
+                return
+            encoding = proto.response_encoding(self.headers.get("Accept-Encoding", ""),
+                                               params.get("enable_http_compression", "0") in ("1", "true"))
+            headers = {"Content-Type": proto.content_type(answer.fmt or "TabSeparated"),
+                       "X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Summary": json.dumps(answer.summary)}
+            if answer.fmt:
+                headers["X-ClickHouse-Format"] = answer.fmt
+            if encoding:
+                headers["Content-Encoding"] = encoding
+            self._send(200, proto.encode(answer.body, encoding), headers)
+
+        def _error(self, err: ClickHouseError, query_id: str) -> None:
+            headers = {"Content-Type": "text/plain; charset=UTF-8", "X-ClickHouse-Exception-Code": str(err.code)}
+            if query_id:
+                headers["X-ClickHouse-Query-Id"] = query_id
+            if err.code == proto.AUTHENTICATION_FAILED:
+                log.warning("ClickHouse HTTP: %s", err.message)
+            self._send(proto.http_status(err.code), proto.error_body(err, server.version), headers)
+
+        def _send(self, status: int, body: bytes, headers: dict[str, str], head: bool = False) -> None:
+            self.send_response(status)
+            for name, value in {**headers, "X-ClickHouse-Server-Display-Name": server.display_name,
+                                "X-ClickHouse-Timezone": server.timezone, "Content-Length": str(len(body))}.items():
+                self.send_header(name, value)
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("ClickHouse HTTP: " + format, *args)
+
+    return Handler

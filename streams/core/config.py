@@ -1,0 +1,241 @@
+"""Thresholds and knobs of the stream worker, with per-run overrides.
+
+Defaults (every one can be overridden for all runs or for one run):
+
+Smoothing
+  window = 20                  steps in the sliding average (the last W distinct steps)
+  ema_alpha = 0.1              EMA weight of the newest step
+  step_wait_s = 30.0           a step waits this long (worker clock) for all `world_size` ranks;
+                               then it is the mean of the ranks that came
+  max_pending_steps = 256      steps waiting for ranks per run; beyond, the oldest goes as it is
+Adaptive evaluation triggers
+  eval_interval = 25           the interval (steps) a run starts with and returns to in normal mode,
+                               when its run event does not publish one (`eval_interval_steps`)
+  min_eval_interval = 10       never shorter than this
+  max_eval_interval = 200      never longer than this
+  fast_slope = 0.01            |slope| (reward per step) at which the reward "moves fast" ...
+  fast_exit_slope = 0.005      ... and below which it stops moving fast (hysteresis)
+  plateau_slope = 0.001        |slope| at or below which the reward is on a plateau ...
+  plateau_exit_slope = 0.002   ... and above which it leaves the plateau (hysteresis)
+  interval_dwell_steps = 50    at least this many steps between two interval (or mode) changes
+  learning_slope_t = 3.0       a run has started learning once |slope| > this x its standard error
+                               (and > plateau_exit_slope); before, no plateau
+  evaluate_delta = 0.1         ask for `evaluate_now` when the smoothed reward moved more than
+                               this since the last evaluation the worker asked for
+Closed loop on evaluation (areal_metrics.streams.core.eval_loop: full-stage, non-stale consensus)
+  lr_eval_threshold = None     `scale_lr` by lr_factor when the accuracy falls below it (None: off)
+  lr_eval_dataset = None       the dataset watched (None: the run's first full-stage dataset)
+  lr_factor = 0.5              the `factor` of a lowering `scale_lr`, in (0, 1)
+  lr_min_factor = 0.125        floor of the cumulative factor
+  lr_restore_margin = 0.02     a breach ends at threshold + margin ...
+  lr_restore_factor = 2.0      ... and scales lr back up by this (cumulative capped at 1.0)
+  lr_apply_delay_steps = 5     `from_step` = the evaluated step + this
+  no_improvement_rounds = 5    `no_improvement` (+ `scale_lr` when the loop is on) after this many
+                               rounds without beating the best accuracy (0: off)
+  lr_improve_delta = 0.01      ... by more than this
+Alerts
+  reward_threshold = None      `reward_below_threshold` when the sliding average drops below it,
+                               once it has been above it (None: off)
+  reward_recover_margin = 0.0  the breach ends when the average is back >= threshold + margin
+  reward_cooldown_steps = 50   a new breach within this many steps of the last alert stays quiet
+  throughput_window = 50       trailing values the throughput median is taken over
+  throughput_min_samples = 10  no throughput alert before this many values
+  throughput_drop_ratio = 0.5  alert when throughput < (1 - ratio) * trailing median
+  throughput_cooldown_steps = 50
+  stall_seconds = 300.0        `stalled` when a run sends no step for this long (0: off)
+  invalid_alert_interval_s = 60.0  at most one `invalid_event` alert per run and topic per interval
+Cross-node vote
+  vote_timeout_s = 120.0       a round still open this long after its first result closes
+                               (partial consensus with a quorum, else failed)
+  vote_tolerance = 0.02        values (accuracy) within this distance agree
+  divergence_threshold = 0.05  `node_divergence` when a node's share of samples off the consensus
+                               (or its accuracy's distance from it) exceeds this
+
+The file named by AREAL_STREAMS_CONFIG (JSON) may change them:
+
+    {"defaults": {"window": 10, "reward_threshold": 0.2},
+     "runs": {"ppo-7b-*": {"reward_threshold": 0.3}, "ppo-7b-a": {"stall_seconds": 60}}}
+
+`runs` keys are run ids or shell-style patterns; matching entries apply in file order, so a
+later, more specific entry wins. Unknown names are refused with a message naming them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from areal_metrics.producers.contract.config_fields import typed_fields
+from areal_metrics.producers.contract.errors import ConfigError
+
+CONFIG_ENV = "AREAL_STREAMS_CONFIG"
+_OPTIONAL = frozenset({"reward_threshold", "lr_eval_threshold", "lr_eval_dataset"})  # None: off / any
+_TEXT = frozenset({"lr_eval_dataset"})  # names, not numbers
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    window: int = 20
+    ema_alpha: float = 0.1
+    step_wait_s: float = 30.0
+    max_pending_steps: int = 256
+    eval_interval: int = 25
+    min_eval_interval: int = 10
+    max_eval_interval: int = 200
+    fast_slope: float = 0.01
+    fast_exit_slope: float = 0.005
+    plateau_slope: float = 0.001
+    plateau_exit_slope: float = 0.002
+    interval_dwell_steps: int = 50
+    learning_slope_t: float = 3.0
+    evaluate_delta: float = 0.1
+    reward_threshold: float | None = None
+    reward_recover_margin: float = 0.0
+    reward_cooldown_steps: int = 50
+    lr_factor: float = 0.5
+    lr_eval_threshold: float | None = None
+    lr_eval_dataset: str | None = None
+    lr_min_factor: float = 0.125
+    lr_restore_margin: float = 0.02
+    lr_restore_factor: float = 2.0
+    lr_apply_delay_steps: int = 5
+    no_improvement_rounds: int = 5
+    lr_improve_delta: float = 0.01
+    throughput_window: int = 50
+    throughput_min_samples: int = 10
+    throughput_drop_ratio: float = 0.5
+    throughput_cooldown_steps: int = 50
+    stall_seconds: float = 300.0
+    invalid_alert_interval_s: float = 60.0
+    vote_timeout_s: float = 120.0
+    vote_tolerance: float = 0.02
+    divergence_threshold: float = 0.05
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name in _OPTIONAL:
+                continue
+            if f.name in _TEXT:
+                if not isinstance(value, str) or not 1 <= len(value) <= 128:
+                    raise ConfigError(f"streams config {f.name}: must be a name of 1..128 characters ({value!r})")
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"streams config {f.name}: not a number ({value!r})")
+            if f.type == "int" and not isinstance(value, int):
+                raise ConfigError(f"streams config {f.name}: not an integer ({value!r})")
+            try:
+                finite = math.isfinite(value)
+            except OverflowError:  # an integer too large for a float
+                finite = False
+            if not finite:
+                raise ConfigError(f"streams config {f.name}: not finite or too large ({str(value)[:40]})")
+        if self.window < 1:
+            raise ConfigError(f"streams config window: must be >= 1 (got {self.window})")
+        if not 0 < self.ema_alpha <= 1:
+            raise ConfigError(f"streams config ema_alpha: must be in (0, 1] (got {self.ema_alpha})")
+        if not 1 <= self.min_eval_interval <= self.eval_interval <= self.max_eval_interval:
+            raise ConfigError(
+                "streams config eval_interval: need 1 <= min_eval_interval <= eval_interval <= max_eval_interval"
+            )
+        if not self.fast_exit_slope <= self.fast_slope:
+            raise ConfigError("streams config fast_exit_slope: must be <= fast_slope (hysteresis)")
+        if not self.plateau_slope <= self.plateau_exit_slope <= self.fast_exit_slope:
+            raise ConfigError(
+                "streams config plateau_exit_slope: need plateau_slope <= plateau_exit_slope <= fast_exit_slope"
+            )
+        self._check_eval_loop()
+        if not 0 < self.throughput_drop_ratio < 1:
+            raise ConfigError("streams config throughput_drop_ratio: must be in (0, 1)")
+        if self.max_pending_steps < 1:
+            raise ConfigError(f"streams config max_pending_steps: must be >= 1 (got {self.max_pending_steps})")
+        for name in ("interval_dwell_steps", "reward_cooldown_steps", "throughput_cooldown_steps",
+                     "throughput_window", "throughput_min_samples"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"streams config {name}: must be >= 0")
+        for name in ("stall_seconds", "invalid_alert_interval_s", "vote_timeout_s", "vote_tolerance",
+                     "divergence_threshold", "evaluate_delta", "reward_recover_margin", "step_wait_s",
+                     "learning_slope_t"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"streams config {name}: must be >= 0")
+
+    def _check_eval_loop(self) -> None:
+        if not 0 < self.lr_factor < 1:
+            raise ConfigError(f"streams config lr_factor: must be in (0, 1) (got {self.lr_factor})")
+        # 0.01: a restore of the whole way back (1 / floor) must stay a valid factor (<= 100).
+        if not 0.01 <= self.lr_min_factor <= 1:
+            raise ConfigError(f"streams config lr_min_factor: must be in [0.01, 1] (got {self.lr_min_factor})")
+        if not 1 < self.lr_restore_factor <= 100:
+            raise ConfigError(f"streams config lr_restore_factor: must be in (1, 100] (got {self.lr_restore_factor})")
+        if self.lr_eval_threshold is not None and not 0 <= self.lr_eval_threshold <= 1:
+            raise ConfigError(f"streams config lr_eval_threshold: must be an accuracy in [0, 1] "
+                              f"(got {self.lr_eval_threshold})")
+        for name in ("lr_restore_margin", "lr_apply_delay_steps", "no_improvement_rounds", "lr_improve_delta"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"streams config {name}: must be >= 0")
+
+    def with_overrides(self, overrides: Mapping[str, Any], where: str = "") -> RunConfig:
+        return dataclasses.replace(self, **typed_fields(RunConfig, overrides, f"streams config{where}"))
+
+
+@dataclass(frozen=True, slots=True)
+class StreamsConfig:
+    """Defaults for every run plus per-run (or per-pattern) overrides."""
+
+    defaults: RunConfig = field(default_factory=RunConfig)
+    runs: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+    # How often the worker checks clocks (stalled runs, vote timeouts), seconds.
+    tick_interval_s: float = 1.0
+
+    def for_run(self, run_id: str) -> RunConfig:
+        cfg = self.defaults
+        for pattern, overrides in self.runs:
+            if pattern == run_id or fnmatch.fnmatchcase(run_id, pattern):
+                cfg = cfg.with_overrides(overrides, f" runs.{pattern}")
+        return cfg
+
+    @classmethod
+    def from_dict(cls, data: Any) -> StreamsConfig:
+        if not isinstance(data, dict):
+            raise ConfigError("streams config: not a JSON object")
+        unknown = sorted(set(data) - {"defaults", "runs", "tick_interval_s"})
+        if unknown:
+            raise ConfigError(f"streams config: unknown key {', '.join(map(repr, unknown))}")
+        defaults = data.get("defaults", {})
+        runs = data.get("runs", {})
+        if not isinstance(defaults, dict):
+            raise ConfigError("streams config defaults: not an object")
+        if not isinstance(runs, dict):
+            raise ConfigError("streams config runs: not an object")
+        base = RunConfig().with_overrides(defaults, " defaults")
+        pairs: list[tuple[str, Mapping[str, Any]]] = []
+        for pattern, overrides in runs.items():
+            if not isinstance(overrides, dict):
+                raise ConfigError(f"streams config runs.{pattern!r}: not an object")
+            base.with_overrides(overrides, f" runs.{pattern!r}")  # validate now, not at the first step
+            pairs.append((pattern, dict(overrides)))
+        tick = data.get("tick_interval_s", 1.0)
+        if isinstance(tick, bool) or not isinstance(tick, (int, float)) or not 0 < tick <= 3600:
+            raise ConfigError(f"streams config tick_interval_s: must be a number in (0, 3600] (got {tick!r})")
+        return cls(defaults=base, runs=tuple(pairs), tick_interval_s=float(tick))
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> StreamsConfig:
+        """The config from `path`, else from $AREAL_STREAMS_CONFIG, else the defaults."""
+        path = path or os.environ.get(CONFIG_ENV)
+        if not path:
+            return cls()
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"streams config {path}: cannot read ({exc.strerror})") from None
+        except ValueError as exc:
+            raise ConfigError(f"streams config {path}: not valid JSON ({exc})") from None
+        return cls.from_dict(data)

@@ -1,0 +1,55 @@
+"""A run's lifecycle from `areal.runs` (and the attempts its steps carry): has it ended?
+
+Pure: `on_run_event(state, status, rank, world_size, attempt)` and `saw_attempt(state,
+attempt)` return the new state.
+
+Rules (CONTRACT.md `run`; every rank sends `running` at start and one terminal status)
+- The run has ended when rank 0 sent a terminal status (finished, failed, killed) for the
+  current attempt, or every rank of its `world_size` did. An ended run is not watched for
+  `stalled` any more (a finished run is quiet, not stalled).
+- A later attempt re-arms the watch: its `running`, or any step or result that carries it
+  (a client that sends no run events still resumes). Events of an earlier attempt change
+  nothing; a `running` of the current attempt does not undo its end.
+- At most MAX_RANKS_TRACKED terminal ranks are remembered per attempt (a hostile stream
+  of rank numbers must not grow the state); rank 0's status ends the run regardless.
+"""
+
+from __future__ import annotations
+
+
+from areal_metrics.streams.core.evolve import evolve, stored
+
+TERMINAL = ("finished", "failed", "killed")
+MAX_RANKS_TRACKED = 4096
+
+
+@stored  # stored state (areal_metrics.streams.state.codec)
+class Lifecycle:
+    attempt: int = 0
+    world_size: int = 1
+    done_ranks: tuple[int, ...] = ()  # ranks that sent a terminal status for `attempt`, sorted
+    ended: bool = False
+    status: str | None = None  # the terminal status that ended it (rank 0's, else the last one)
+
+
+def saw_attempt(state: Lifecycle, attempt: int) -> Lifecycle:
+    """Any event of `attempt`: a later attempt starts afresh (not ended)."""
+    if attempt <= state.attempt:
+        return state
+    return Lifecycle(attempt=attempt, world_size=state.world_size)
+
+
+def on_run_event(state: Lifecycle, status: str, rank: int, world_size: int, attempt: int) -> Lifecycle:
+    if attempt < state.attempt:
+        return state  # an earlier attempt's news
+    state = saw_attempt(state, attempt)
+    # A rank number beyond world_size means a larger world than the event says.
+    state = evolve(state, world_size=max(state.world_size, world_size, min(rank, MAX_RANKS_TRACKED - 1) + 1))
+    if status not in TERMINAL or state.ended:
+        return state
+    done = state.done_ranks
+    if rank not in done and len(done) < MAX_RANKS_TRACKED:
+        done = tuple(sorted((*done, rank)))
+    if rank == 0 or len(done) >= state.world_size:
+        return evolve(state, done_ranks=(), ended=True, status=status)  # ranks no longer needed
+    return evolve(state, done_ranks=done)

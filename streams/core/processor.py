@@ -1,0 +1,382 @@
+"""One run's whole state and what each input does to it: the pure core the worker calls.
+
+`on_step`, `on_eval`, `on_run`, `on_rejected`, `on_tick` take a `RunState`, an input and
+the worker clock `now`, and return the new state and the `Output`s to send. Outputs are
+contract records (areal_metrics.producers.contract.events) with deterministic event_ids, so re-sending one after
+a crash deduplicates downstream. `Output.must_ack` marks outputs the worker must see
+delivered before it saves the new state: once the state says "done", the input will not
+produce them again. (A `reward_smoothed` that the current step event completed is
+exempt: a redelivery of that event re-sends its stored point.)
+
+A step's reward goes through areal_metrics.streams.core.ranks first (the mean over the step's ranks, once
+all `world_size` ranks reported or `step_wait_s` passed), then areal_metrics.streams.core.smoothing. Ids of
+commands and alerts decided in a resumed attempt (> 0) include the attempt; a
+`reward_smoothed` keeps its id per (run, step), so a resumed attempt's point replaces the
+earlier one in FINAL reads (the later offset wins).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from areal_metrics.producers.contract.events import (
+    AlertEvent,
+    CommandEvent,
+    EvalConsensusEvent,
+    EvalEvent,
+    Event,
+    RejectedEvent,
+    RewardSmoothedEvent,
+    RunEvent,
+    StepEvent,
+)
+from areal_metrics.streams.core.alerts import (
+    AlertDecision,
+    BreachState,
+    InvalidState,
+    NonFiniteState,
+    StallState,
+    ThroughputState,
+    check_ended,
+    check_invalid,
+    check_non_finite,
+    check_reward,
+    check_stalled,
+    check_throughput,
+    is_newest,
+    saw_step,
+)
+from areal_metrics.streams.core.config import RunConfig
+from areal_metrics.streams.core.eval_loop import EvalLoopState, on_consensus
+from areal_metrics.streams.core.evolve import evolve, stored
+from areal_metrics.streams.core.lifecycle import Lifecycle, on_run_event, saw_attempt
+from areal_metrics.streams.core.ranks import (
+    RankReport,
+    RankState,
+    StepReward,
+    add_rank,
+    oldest_wait,
+    supersede,
+)
+from areal_metrics.streams.core.ranks import expire as expire_ranks
+from areal_metrics.streams.core.smoothing import SmoothedPoint, SmoothingState, add_reward, classify
+from areal_metrics.streams.core.triggers import CommandDecision, TriggerState, decide, published_interval, rewind, with_base_interval
+from areal_metrics.streams.core.voting import Consensus, NodeResult, RoundKey, VoteOutcome, VoteState, add_result, expire
+
+WORKER_NODE = "areal-streams"  # the `node` of every event the worker derives
+_ID_NAMESPACE = uuid.UUID("5d1f3c1e-6a57-4a53-9a8e-2f4b8c3e7a10")
+
+
+def _id_part(part: object) -> str:
+    # "\\" and "|" escaped: parts are joined without ambiguity (("a|b", "c") != ("a", "b|c")),
+    # and parts without either character give the ids earlier versions gave.
+    return str(part).replace("\\", "\\\\").replace("|", "\\|")
+
+
+_ID_SEED = hashlib.sha1(_ID_NAMESPACE.bytes)
+
+
+def derived_id(*parts: object) -> str:
+    """Deterministic event id of a derived event: the same facts give the same id.
+
+    It is `uuid.uuid5(_ID_NAMESPACE, name).hex`, computed without building UUID objects
+    (the worker derives one or more per step)."""
+    digest = _ID_SEED.copy()
+    digest.update("|".join([_id_part(p) for p in parts]).encode())
+    raw = bytearray(digest.digest()[:16])
+    raw[6] = (raw[6] & 0x0F) | 0x50  # version 5
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+    return raw.hex()
+
+
+def _attempt_part(attempt: int) -> tuple[object, ...]:
+    """Nothing for attempt 0 (the ids earlier versions gave), else ("attempt", n)."""
+    return ("attempt", attempt) if attempt else ()
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    event: Event
+    must_ack: bool = True
+
+
+@stored  # stored state (areal_metrics.streams.state.codec, areal_metrics.streams.core.evolve)
+class RunState:
+    run_id: str
+    partition: int | None = None  # the input partition the run lives on (its clock ticks come there)
+    smoothing: SmoothingState = SmoothingState()
+    ranks: RankState = field(default_factory=RankState)  # steps waiting for the rest of their ranks
+    trigger: TriggerState = TriggerState()
+    reward_alert: BreachState = BreachState(armed=False)  # see alerts.check_reward
+    eval_loop: EvalLoopState = EvalLoopState()
+    throughput: ThroughputState = ThroughputState()
+    stall: StallState = StallState()
+    lifecycle: Lifecycle = Lifecycle()
+    non_finite: NonFiniteState = NonFiniteState()
+    votes: VoteState = field(default_factory=VoteState.empty)
+    invalid: Mapping[str, InvalidState] = field(default_factory=dict)  # per source topic
+
+
+# ------------------------------------------------------------------ records
+
+
+def smoothed_event(run_id: str, point: SmoothedPoint, ts: float) -> RewardSmoothedEvent:
+    return RewardSmoothedEvent(
+        run_id=run_id,
+        node=WORKER_NODE,
+        ts=ts,
+        event_id=derived_id("reward_smoothed", run_id, point.step),
+        step=point.step,
+        reward=point.reward,
+        window=max(1, point.window),
+        sliding_avg=point.sliding_avg,
+        ema=point.ema,
+        slope=point.slope,
+    )
+
+
+def command_event(run_id: str, d: CommandDecision, ts: float) -> CommandEvent:
+    return CommandEvent(
+        run_id=run_id,
+        node=WORKER_NODE,
+        ts=ts,
+        event_id=derived_id("command", run_id, d.command, d.step, json.dumps(d.args, sort_keys=True),
+                            *_attempt_part(d.attempt)),
+        command=d.command,
+        args=d.args,
+        reason=d.reason,
+    )
+
+
+def alert_event(run_id: str, a: AlertDecision, ts: float, attempt: int = 0) -> AlertEvent:
+    alert_id = derived_id("alert", run_id, *a.about, *_attempt_part(attempt))
+    return AlertEvent(
+        run_id=run_id,
+        node=WORKER_NODE,
+        ts=ts,
+        event_id=alert_id,
+        alert_id=alert_id,
+        kind=a.kind,
+        severity=a.severity,
+        message=a.message,
+        step=a.step,
+        value=a.value,
+        threshold=a.threshold,
+    )
+
+
+def consensus_event(c: Consensus, ts: float) -> EvalConsensusEvent:
+    k = c.key
+    return EvalConsensusEvent(
+        run_id=k.run_id,
+        node=WORKER_NODE,
+        ts=ts,
+        # One id per round: a stale repeat and a real result can never both exist for it.
+        event_id=derived_id("eval_consensus", k.run_id, k.eval_id, k.dataset, k.stage),
+        eval_id=k.eval_id,
+        step=c.step,
+        dataset=k.dataset,
+        stage=k.stage,
+        accuracy=c.accuracy,
+        response_length=c.response_length,
+        votes=c.votes,
+        replicas=c.replicas,
+        agreement=min(1.0, max(0.0, c.agreement)),
+        dissenters=c.dissenters,
+        stale=c.stale,
+        partial=c.partial,
+    )
+
+
+def _vote_outputs(state: RunState, outcome: VoteOutcome, ts: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
+    """The consensus and the vote's alerts, then what the closed loop makes of the consensus."""
+    out: list[Output] = []
+    c = outcome.consensus
+    attempt = c.key.attempt if c is not None else 0
+    if c is not None:
+        out.append(Output(consensus_event(c, ts)))
+    out.extend(Output(alert_event(state.run_id, a, ts, attempt)) for a in outcome.alerts)
+    if c is not None:
+        loop, alerts, commands = on_consensus(state.eval_loop, c, cfg)
+        state = evolve(state, eval_loop=loop)
+        out.extend(Output(alert_event(state.run_id, a, ts, attempt)) for a in alerts)
+        out.extend(Output(command_event(state.run_id, d, ts)) for d in commands)
+    return state, out
+
+
+# ------------------------------------------------------------------ inputs
+
+
+def _saw_attempt(state: RunState, attempt: int) -> RunState:
+    lifecycle = saw_attempt(state.lifecycle, attempt)
+    return state if lifecycle is state.lifecycle else evolve(state, lifecycle=lifecycle)
+
+
+def _smooth(
+    state: RunState, ready: StepReward, cfg: RunConfig, current_id: str | None
+) -> tuple[RunState, list[Output]]:
+    """A step whose ranks are in (or whose wait is over): smooth it, then the decisions.
+
+    Its `reward_smoothed` needs no ack only when `current_id` (the input being processed)
+    completed it: a redelivery of that input re-sends it. Steps completed by a timeout or
+    an eviction have no such input."""
+    if ready.reward is None:
+        return state, []
+    before = state.smoothing
+    smoothing, outcome = add_reward(before, ready.step, ready.reward, cfg.window, cfg.ema_alpha, ready.source_id,
+                                    ready.attempt)
+    point = outcome.point
+    if point is None or outcome.kind == "duplicate":
+        return state, []
+    trigger = rewind(state.trigger, ready.step) if ready.attempt > before.attempt else state.trigger
+    resend = bool(ready.source_id) and ready.source_id == current_id
+    outputs = [Output(smoothed_event(state.run_id, point, ready.ts), must_ack=not resend)]
+    if not outcome.is_newest:
+        return evolve(state, smoothing=smoothing, trigger=trigger), outputs
+    trigger, commands = decide(trigger, point, cfg, outcome.slope_se)
+    reward_alert, alerts = check_reward(state.reward_alert, point, cfg)
+    state = evolve(state, smoothing=smoothing, trigger=trigger, reward_alert=reward_alert)
+    if alerts or commands:  # (rarely: most steps decide nothing)
+        outputs.extend(Output(alert_event(state.run_id, a, ready.ts, ready.attempt)) for a in alerts)
+        outputs.extend(Output(command_event(state.run_id, c, ready.ts)) for c in commands)
+    return state, outputs
+
+
+def _smooth_all(
+    state: RunState, ready: list[StepReward], cfg: RunConfig, current_id: str | None
+) -> tuple[RunState, list[Output]]:
+    outputs: list[Output] = []
+    for r in ready:
+        state, out = _smooth(state, r, cfg, current_id)
+        outputs.extend(out)
+    return state, outputs
+
+
+def _step_reward(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
+    """The step's report of its rank: to the step's pending reports, or a repeat."""
+    _, seen = classify(state.smoothing, ev.step, ev.attempt, cfg.window)
+    if seen.kind == "duplicate":
+        # The step was emitted: only a redelivery of the event that completed it re-sends it.
+        point = seen.point
+        if point is not None and point.source_id == ev.event_id:
+            return state, [Output(smoothed_event(state.run_id, point, ev.ts), must_ack=False)]
+        return state, []
+    if seen.kind in ("stale", "too_late"):
+        return state, []
+    ranks = supersede(state.ranks, ev.attempt, ev.step) if ev.attempt else state.ranks
+    report = RankReport(rank=ev.rank, reward=ev.reward, n_samples=ev.n_samples)
+    ranks, ready = add_rank(ranks, (ev.attempt, ev.step), ev.world_size, report, ev.ts, ev.event_id, now,
+                            cfg.max_pending_steps)
+    if ranks is not state.ranks:  # (a one-rank step leaves them as they were)
+        state = evolve(state, ranks=ranks)
+    return _smooth_all(state, ready, cfg, ev.event_id)
+
+
+def on_step(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
+    outputs: list[Output] = []
+    state = _saw_attempt(state, ev.attempt)
+    changes: dict[str, Any] = {}
+    if ev.throughput is not None and is_newest(state.stall, ev.step, ev.attempt):
+        changes["throughput"], alerts = check_throughput(state.throughput, ev.step, ev.throughput, cfg)
+        outputs.extend(Output(alert_event(state.run_id, a, ev.ts, ev.attempt)) for a in alerts)
+    changes["stall"] = saw_step(state.stall, ev.step, now, ev.attempt)
+    if ev.non_finite:
+        changes["non_finite"], alerts = check_non_finite(state.non_finite, ev.non_finite, ev.step, ev.rank)
+        outputs.extend(Output(alert_event(state.run_id, a, ev.ts)) for a in alerts)
+    state = evolve(state, **changes)
+    if ev.reward is None and (ev.world_size or 1) <= 1:
+        return state, outputs  # nothing to average, and no other rank to wait for
+    state, more = _step_reward(state, ev, now, cfg)
+    return state, outputs + more
+
+
+def on_eval(state: RunState, ev: EvalEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
+    if ev.status == "skipped":
+        return state, []  # a round not evaluated (busy evaluator, quick stage said no): nothing to vote
+    state = _saw_attempt(state, ev.attempt)
+    key = RoundKey(ev.run_id, ev.eval_id, ev.dataset, ev.stage, ev.attempt)
+    result = NodeResult(
+        node=ev.node,
+        ok=ev.status == "ok",
+        accuracy=ev.accuracy,
+        response_length=ev.response_length,
+        verdicts=ev.verdicts,
+        error=ev.error,
+        **shard_window(ev),
+    )
+    votes, outcome = add_result(state.votes, key, ev.step, ev.replicas, result, now, cfg)
+    return _vote_outputs(evolve(state, votes=votes), outcome, ev.ts, cfg)
+
+
+SHARD_KEYS = {"offset": "shard_offset", "total": "shard_total", "redundancy": "shard_redundancy"}
+
+
+def shard_window(ev: EvalEvent) -> dict[str, int]:
+    """The sharded-round layout an eval event's `metrics` describe (areal_train's evaluation), if valid."""
+    found = {field: ev.metrics.get(key) for field, key in SHARD_KEYS.items()}
+    values = {f: int(v) for f, v in found.items() if v is not None and float(v).is_integer() and v >= 0}
+    if len(values) != len(SHARD_KEYS) or values["total"] < 1 or values["redundancy"] < 1:
+        return {}
+    if ev.verdicts is None or len(ev.verdicts) > values["total"] or values["offset"] >= values["total"]:
+        return {}
+    return values
+
+
+def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
+    """A rank's lifecycle news: the end of the stall watch, the trainer's eval interval."""
+    lifecycle = on_run_event(state.lifecycle, ev.status, ev.rank, ev.world_size, ev.attempt)
+    trigger = state.trigger
+    if ev.status == "running" and ev.attempt >= state.lifecycle.attempt:
+        trigger = with_base_interval(trigger, published_interval(ev.config))
+    alerts = check_ended(state.lifecycle.ended and state.lifecycle.attempt == lifecycle.attempt, lifecycle.ended,
+                         lifecycle.status, lifecycle.attempt, ev.rank, ev.exit_code)
+    outputs = [Output(alert_event(state.run_id, a, ev.ts, lifecycle.attempt)) for a in alerts]
+    return evolve(state, lifecycle=lifecycle, trigger=trigger), outputs
+
+
+def on_rejected(
+    state: RunState, rejected: RejectedEvent, about: str, now: float, cfg: RunConfig
+) -> tuple[RunState, list[Output]]:
+    """A message that failed validation: the dead letter itself, and a rate-limited alert.
+
+    `about` names the message (topic/partition/offset) so both ids are deterministic.
+    """
+    dead = rejected.replace(event_id=derived_id("rejected", about))
+    previous = state.invalid.get(rejected.source_topic, InvalidState())
+    invalid, alerts = check_invalid(previous, rejected.reason, rejected.source_topic, about, now, cfg)
+    state = evolve(state, invalid={**state.invalid, rejected.source_topic: invalid})
+    outputs = [Output(dead, must_ack=False)]
+    outputs.extend(Output(alert_event(state.run_id, a, rejected.ts)) for a in alerts)
+    return state, outputs
+
+
+def on_tick(state: RunState, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
+    """The clock moved: steps whose ranks did not all come, stalled runs, vote timeouts."""
+    ranks, ready = expire_ranks(state.ranks, now, cfg.step_wait_s)
+    state, outputs = _smooth_all(evolve(state, ranks=ranks), ready, cfg, None)
+    stall, alerts = check_stalled(state.stall, now, cfg, ended=state.lifecycle.ended)
+    outputs.extend(Output(alert_event(state.run_id, a, now, state.stall.last_attempt)) for a in alerts)
+    votes, outcomes = expire(state.votes, now, cfg)
+    state = evolve(state, stall=stall, votes=votes)
+    for outcome in outcomes:
+        state, out = _vote_outputs(state, outcome, now, cfg)
+        outputs.extend(out)
+    return state, outputs
+
+
+def has_clock_work(state: RunState, now: float, cfg: RunConfig) -> bool:
+    """Cheap test whether `on_tick` could do anything (most ticks touch no run)."""
+    waiting = oldest_wait(state.ranks)
+    if waiting is not None and now - waiting >= cfg.step_wait_s:
+        return True
+    if any(now - r.opened_at >= cfg.vote_timeout_s for r in state.votes.open_rounds.values()):
+        return True
+    s = state.stall
+    return bool(cfg.stall_seconds > 0 and not s.stalled and not state.lifecycle.ended
+                and s.last_step_at is not None and now - s.last_step_at >= cfg.stall_seconds)
+

@@ -1,0 +1,137 @@
+"""A step's reward over its ranks: the mean, once the step is complete or its wait is over.
+
+Pure: `add_rank(state, key, world_size, report, now, cap)`, `expire(state, now, wait_s)` and
+`supersede(state, attempt, from_step)` return the new state and the steps that are ready
+(`StepReward`).
+
+Rules (CONTRACT.md 'reward_smoothed')
+- Every rank of a data-parallel trainer reports its own reward for a step. The step's
+  reward is the mean over its ranks, weighted by `n_samples` when every rank with a
+  reward gave one (and they sum to more than 0), else unweighted. Never the first
+  arrival alone.
+- A rank that reports the step without a reward (its reward was NaN/inf, so null)
+  counts towards completion but not in the mean; a step no rank gave a reward for is
+  ready with `reward None` (nothing to smooth).
+- A step is ready when `world_size` distinct ranks reported (a report without
+  `world_size` counts as a world of one: ready at once, as before world_size existed),
+  or when `step_wait_s` have passed since its first report (then it is the mean of the
+  ranks that came; `ranks < world_size` says so).
+- Steps are keyed by (attempt, step): a resumed attempt's step 5 is not attempt 0's.
+  `supersede` drops the waiting steps of earlier attempts that a new attempt replaces.
+- A second report of the same rank for the same step (a redelivery, a retry) adds
+  nothing. A report for a step already ready is the caller's to refuse (the smoothing
+  window knows which steps were emitted).
+- At most `cap` steps wait at once; beyond that the oldest (the step whose first report
+  came first: the map keeps the steps in that order) is made ready as it is (a
+  run whose ranks never all report must not grow the state without bound).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from operator import attrgetter
+
+from areal_metrics.streams.core.evolve import evolve, stored
+
+StepKey = tuple[int, int]  # (attempt, step)
+_OPENED_AT = attrgetter("opened_at")
+_RANK = attrgetter("rank")
+
+
+@stored  # stored state (areal_metrics.streams.state.codec)
+class RankReport:
+    rank: int
+    reward: float | None
+    n_samples: int | None
+
+
+@stored  # stored state (areal_metrics.streams.state.codec)
+class PendingStep:
+    world_size: int
+    opened_at: float  # worker clock at the first report: the wait counts from here
+    ts: float  # `ts` of the newest report (the smoothed event's ts: the same on a replay)
+    reports: tuple[RankReport, ...] = ()
+
+
+@stored  # stored state (areal_metrics.streams.state.codec)
+class RankState:
+    pending: Mapping[StepKey, PendingStep] = field(default_factory=dict)  # (attempt, step) -> reports so far
+
+
+@dataclass(frozen=True, slots=True)
+class StepReward:
+    """A step ready to be smoothed."""
+
+    attempt: int
+    step: int
+    reward: float | None  # None: no rank had a reward for it
+    ranks: int  # how many ranks reported it
+    world_size: int
+    source_id: str  # event_id of the report that completed it ("" when its wait ran out or it was evicted)
+    ts: float
+
+
+def mean_reward(reports: tuple[RankReport, ...]) -> float | None:
+    rated = [r for r in reports if r.reward is not None]
+    if not rated:
+        return None
+    weights = [r.n_samples for r in rated]
+    if all(w is not None for w in weights) and sum(weights) > 0:  # type: ignore[arg-type]
+        return sum(r.reward * r.n_samples for r in rated) / sum(weights)  # type: ignore[operator, arg-type]
+    return sum(r.reward for r in rated) / len(rated)  # type: ignore[misc]
+
+
+def _ready(key: StepKey, p: PendingStep, source_id: str) -> StepReward:
+    return _ready_reports(key, p.world_size, p.reports, p.ts, source_id)
+
+
+def _ready_reports(key: StepKey, world_size: int, reports: tuple[RankReport, ...], ts: float,
+                   source_id: str) -> StepReward:
+    return StepReward(key[0], key[1], mean_reward(reports), len(reports), world_size, source_id, ts)
+
+
+def add_rank(
+    state: RankState, key: StepKey, world_size: int | None, report: RankReport, ts: float, source_id: str,
+    now: float, cap: int = 256,
+) -> tuple[RankState, list[StepReward]]:
+    world = max(1, world_size or 1)
+    if world == 1 and key not in state.pending:  # a one-rank step is complete as it arrives: nothing waits
+        return state, [_ready_reports(key, 1, (report,), ts, source_id)]
+    pending = state.pending.get(key) or PendingStep(world_size=world, opened_at=now, ts=ts)
+    if report.rank in map(_RANK, pending.reports):
+        return state, []
+    pending = evolve(pending, world_size=max(pending.world_size, world), ts=max(pending.ts, ts),
+                      reports=(*pending.reports, report))
+    rest = dict(state.pending)  # a C-level copy: a run can have hundreds of steps waiting
+    if len(pending.reports) >= pending.world_size:
+        rest.pop(key, None)
+        return RankState(rest), [_ready(key, pending, source_id)]
+    rest[key] = pending  # a new step joins the end, a waiting one keeps its place: first reported first
+    ready: list[StepReward] = []
+    while len(rest) > max(1, cap):
+        oldest = next(iter(rest))  # the step reported first, waiting longest
+        ready.append(_ready(oldest, rest.pop(oldest), ""))
+    return RankState(rest), ready
+
+
+def expire(state: RankState, now: float, wait_s: float) -> tuple[RankState, list[StepReward]]:
+    """Steps that waited `wait_s` or longer for their ranks: ready with the ranks that came."""
+    due = sorted(k for k, p in state.pending.items() if now - p.opened_at >= wait_s)
+    if not due:
+        return state, []
+    ready = [_ready(k, state.pending[k], "") for k in due]
+    return RankState({k: p for k, p in state.pending.items() if k not in set(due)}), ready
+
+
+def supersede(state: RankState, attempt: int, from_step: int) -> RankState:
+    """A step of `attempt` at `from_step` replaces earlier attempts' steps from there on:
+    their waiting reports are dropped (they would count a replaced step)."""
+    if not any(a < attempt and s >= from_step for a, s in state.pending):
+        return state
+    return RankState({k: p for k, p in state.pending.items() if not (k[0] < attempt and k[1] >= from_step)})
+
+
+def oldest_wait(state: RankState) -> float | None:
+    """Worker clock of the oldest waiting step's first report (None: nothing waits)."""
+    return min(map(_OPENED_AT, state.pending.values()), default=None)

@@ -1,0 +1,172 @@
+"""Adaptive evaluation triggers: when to evaluate, decided from the smoothed reward.
+
+Pure: `decide(state, point, cfg) -> (state, decisions)`, fed with the newest smoothed
+point of a run (late and duplicate steps do not move decisions).
+
+Policy (thresholds in areal_metrics.streams.core.config):
+- The base interval is the one the trainer publishes: the `eval_interval_steps` key of
+  its `run` event's config (also read: `eval_every_steps`, the name areal_train uses);
+  until one arrives, or without one, `eval_interval` of the stream config.
+- Nothing is decided before the window is full (the slope of 3 points is noise).
+- A run has started learning once |slope| exceeded both `plateau_exit_slope` and
+  `learning_slope_t` times its standard error (the slope stands out of the noise). Before
+  that a flat reward is not a plateau: the mode stays normal (or fast).
+- Mode from |slope| with hysteresis bands, so a slope hovering at a threshold does not
+  flap: normal -> fast at |slope| >= fast_slope, fast -> normal only below
+  fast_exit_slope; normal -> plateau at |slope| <= plateau_slope, plateau -> normal only
+  above plateau_exit_slope.
+- The interval follows the mode: fast halves it (not below min_eval_interval), plateau
+  doubles it (not above max_eval_interval), normal returns to the base interval (the bounds
+  widen to include a published base outside them). Neither the
+  mode nor the interval changes within interval_dwell_steps of the last change (the
+  slope of a noisy reward crosses any band now and then); each change is one
+  `set_eval_interval` command.
+- `evaluate_now` when the sliding average has moved by more than evaluate_delta since the
+  last evaluation the worker asked for (the first full window sets the baseline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from areal_metrics.streams.core.config import RunConfig
+from areal_metrics.streams.core.evolve import evolve, stored
+from areal_metrics.streams.core.smoothing import SmoothedPoint
+
+Mode = Literal["normal", "fast", "plateau"]
+# Config keys of the `run` event that give the trainer's evaluation interval (steps), in order.
+INTERVAL_KEYS = ("eval_interval_steps", "eval_every_steps")
+
+
+@stored  # stored state (areal_metrics.streams.state.codec)
+class TriggerState:
+    mode: Mode = "normal"
+    interval: int | None = None  # None: the run still uses cfg.eval_interval
+    last_change_step: int | None = None
+    baseline: float | None = None  # sliding average at the last evaluation asked for
+    baseline_step: int | None = None
+    base_interval: int | None = None  # published by the trainer (run event); None: cfg.eval_interval
+    learning: bool = False  # the slope once stood out of the noise (see module docstring)
+
+
+@dataclass(frozen=True, slots=True)
+class CommandDecision:
+    """A command to a run's trainers, before it becomes a CommandEvent."""
+
+    command: str
+    args: dict[str, Any]
+    reason: str
+    step: int
+    attempt: int = 0  # the run's attempt it was decided in (part of its event id when > 0)
+
+
+def published_interval(config: Mapping[str, Any]) -> int | None:
+    """The trainer's evaluation interval from its run config (None: absent or not a count >= 1)."""
+    for key in INTERVAL_KEYS:
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if value >= 1 and float(value).is_integer() and value <= 1 << 31:
+            return int(value)
+    return None
+
+
+def with_base_interval(state: TriggerState, interval: int | None) -> TriggerState:
+    return state if interval is None or interval == state.base_interval else evolve(state, base_interval=interval)
+
+
+def rewind(state: TriggerState, step: int) -> TriggerState:
+    """A resumed attempt restarts at `step`: marks of later steps count from there (the
+    dwell and the evaluate_now baseline would otherwise wait for the old step numbers)."""
+    marks = {name: step for name in ("last_change_step", "baseline_step")
+             if (getattr(state, name) or 0) > step}
+    return evolve(state, **marks) if marks else state
+
+
+def next_mode(mode: Mode, abs_slope: float, cfg: RunConfig) -> Mode:
+    if mode == "fast":
+        if abs_slope >= cfg.fast_exit_slope:
+            return "fast"
+        return "plateau" if abs_slope <= cfg.plateau_slope else "normal"
+    if mode == "plateau":
+        if abs_slope <= cfg.plateau_exit_slope:
+            return "plateau"
+        return "fast" if abs_slope >= cfg.fast_slope else "normal"
+    if abs_slope >= cfg.fast_slope:
+        return "fast"
+    if abs_slope <= cfg.plateau_slope:
+        return "plateau"
+    return "normal"
+
+
+def target_interval(mode: Mode, interval: int, cfg: RunConfig, base: int | None = None) -> int:
+    base = base or cfg.eval_interval
+    if mode == "fast":
+        return max(min(cfg.min_eval_interval, base), interval // 2)
+    if mode == "plateau":
+        return min(max(cfg.max_eval_interval, base), interval * 2)
+    return base
+
+
+def _mode_reason(mode: Mode, slope: float, cfg: RunConfig) -> str:
+    if mode == "fast":
+        return f"reward moving fast (slope {slope:+.4g}/step, |slope| >= {cfg.fast_slope:g})"
+    if mode == "plateau":
+        return f"reward on a plateau (slope {slope:+.4g}/step, |slope| <= {cfg.plateau_slope:g})"
+    return f"reward trend back to normal (slope {slope:+.4g}/step)"
+
+
+def decide(
+    state: TriggerState, point: SmoothedPoint, cfg: RunConfig, slope_se: float = 0.0
+) -> tuple[TriggerState, list[CommandDecision]]:
+    """`slope_se`: the standard error of `point.slope` (areal_metrics.streams.core.smoothing.slope_noise)."""
+    if point.window < cfg.window:
+        return state, []
+    decisions: list[CommandDecision] = []
+    slope = abs(point.slope)
+    if not state.learning and slope > cfg.plateau_exit_slope and slope > cfg.learning_slope_t * slope_se:
+        state = evolve(state, learning=True)
+
+    if state.baseline is None:
+        state = evolve(state, baseline=point.sliding_avg, baseline_step=point.step)
+    elif abs(point.sliding_avg - state.baseline) > cfg.evaluate_delta:
+        moved = point.sliding_avg - state.baseline
+        since = f"step {state.baseline_step}" if state.baseline_step is not None else "the start"
+        decisions.append(
+            CommandDecision(
+                "evaluate_now",
+                {},
+                f"smoothed reward moved {moved:+.4g} since the last evaluation at {since} "
+                f"({state.baseline:.4g} -> {point.sliding_avg:.4g}; limit {cfg.evaluate_delta:g})",
+                point.step,
+                attempt=point.attempt,
+            )
+        )
+        state = evolve(state, baseline=point.sliding_avg, baseline_step=point.step)
+
+    base = state.base_interval or cfg.eval_interval
+    interval = state.interval if state.interval is not None else base
+    dwelt = state.last_change_step is None or point.step - state.last_change_step >= cfg.interval_dwell_steps
+    mode = next_mode(state.mode, slope, cfg)
+    if mode == "plateau" and not state.learning:
+        mode = "normal"  # a run that has not started learning is flat, not on a plateau
+    if not dwelt:
+        mode = state.mode  # too soon after the last change: a noisy slope must not flap the interval
+    entered = mode != state.mode
+    new_interval = target_interval(mode, interval, cfg, base)
+    if (entered or dwelt) and new_interval != interval:
+        decisions.append(
+            CommandDecision(
+                "set_eval_interval",
+                {"steps": new_interval},
+                f"{_mode_reason(mode, point.slope, cfg)}: evaluation interval {interval} -> {new_interval} steps",
+                point.step,
+                attempt=point.attempt,
+            )
+        )
+        state = evolve(state, interval=new_interval, last_change_step=point.step)
+    if entered:
+        state = evolve(state, mode=mode)
+    return state, decisions

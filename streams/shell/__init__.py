@@ -1,0 +1,1 @@
+"""The Faust shell: topics in, batches through the core, records out. It only moves events."""

@@ -1,0 +1,244 @@
+"""The Faust shell: bytes in, batches through the core (areal_metrics.streams.shell.batch), bytes out.
+
+Three inputs, `steps` (areal.steps), `evals` (areal.evals) and `runs` (areal.runs: run
+lifecycle), reach the worker a fetch at a time (areal_metrics.streams.shell.batch_consumer: Faust's consumer
+without its per-message path); one agent, `ticks`, reads an internal topic a timer writes
+to, one tick per partition, so clock-driven decisions (steps whose ranks did not all come,
+stalled runs, vote timeouts) keep their place among the inputs. Everything goes to one
+Batcher (areal_metrics.streams.shell.batcher), whose single flusher runs the batches through StreamCore in
+arrival order and acknowledges the messages afterwards.
+
+State: one Faust table `runs` whose changelog topic holds each run's state as small
+records (areal_metrics.streams.state.state_store), so a restarted worker picks up windows, vote rounds and
+cooldowns where they were. Messages carry the contract's JSON (raw bytes, key = run_id),
+not Faust records.
+
+Order of effects per batch, for "neither repeat nor lose an output" across a crash:
+outputs that must exist once (consensus, commands, alerts) are sent and their delivery
+awaited BEFORE the new state is written to the table, and the input offsets are
+committed only after that (Faust flushes the producer before it commits); if the worker
+dies in between, the batch is processed again from the old state and produces the same
+events with the same event_ids.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import faust
+
+from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.streams.shell.batch import Input, SendFn, StreamCore
+from areal_metrics.streams.shell.batch_consumer import BatchApp
+from areal_metrics.streams.shell.batcher import Batcher, Tick
+from areal_metrics.streams.core.config import StreamsConfig
+from areal_metrics.streams.shell.input_feed import InputFeed
+from areal_metrics.streams.shell.record_batches import Message, send_in_batches
+from areal_metrics.streams.shell.resync import InputGuard
+
+__all__ = ["Input", "SendFn", "StreamCore", "StreamWorker", "app_id_for", "build_worker", "ticks_topic_for"]
+
+log = logging.getLogger("streams")
+
+
+def broker_credentials(settings: Any) -> Any:
+    """Faust credentials from areal_metrics.producers.contract.settings.Settings (None for PLAINTEXT)."""
+    import ssl
+
+    protocol = (getattr(settings, "kafka_security_protocol", "PLAINTEXT") or "PLAINTEXT").upper()
+    if protocol == "PLAINTEXT":
+        return None
+    context = None
+    if protocol in ("SSL", "SASL_SSL"):
+        context = ssl.create_default_context(cafile=settings.kafka_ssl_cafile)
+        if settings.kafka_ssl_certfile:
+            context.load_cert_chain(settings.kafka_ssl_certfile, settings.kafka_ssl_keyfile)
+    if protocol.startswith("SASL"):
+        from areal_metrics.producers.contract.settings import quiet_client_debug_logs
+
+        quiet_client_debug_logs()  # client DEBUG logs would show the handshake's password
+        return faust.SASLCredentials(
+            username=settings.kafka_sasl_username,
+            password=settings.kafka_sasl_password,
+            mechanism=settings.kafka_sasl_mechanism or "PLAIN",
+            ssl_context=context,
+        )
+    return faust.SSLCredentials(context)
+
+
+def app_id_for(prefix: str) -> str:
+    """The Faust app id (consumer group, changelog names) of a topic prefix."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", prefix).strip("._-") or "default"
+    return f"areal-streams-{cleaned}"
+
+
+def ticks_topic_for(prefix: str) -> str:
+    return f"{app_id_for(prefix)}-ticks"
+
+
+@dataclass
+class StreamWorker:
+    """The Faust app with its inputs, agent, table and timers, built for one topic prefix."""
+
+    app: faust.App
+    core: StreamCore
+    batcher: Batcher
+    feed: InputFeed  # the input topics' messages, a fetch at a time
+    ticks_agent: Any
+    partitions: int
+
+    async def settled(self) -> None:
+        """Returns once every message the agents received so far is processed (tests)."""
+        await self.batcher.settled()
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _faust_app(prefix: str, bootstrap: str, credentials: Any, datadir: Path, partitions: int,
+               replication_factor: int, commit_interval: float, session_timeout: float) -> faust.App:
+    return BatchApp(
+        app_id_for(prefix),
+        broker="kafka://" + ";".join(bootstrap.split(",")),
+        broker_credentials=credentials,
+        datadir=str(datadir),
+        store="memory://",  # the changelog topic is the durable copy
+        web_enabled=False,
+        autodiscover=False,
+        topic_partitions=partitions,
+        topic_replication_factor=replication_factor,
+        table_standby_replicas=0,
+        key_serializer="raw",
+        value_serializer="raw",
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=commit_interval,
+        broker_session_timeout=session_timeout,
+        broker_heartbeat_interval=1.0,
+        broker_rebalance_timeout=session_timeout,
+        producer_acks=-1,
+        # A batch's outputs and state records leave in a few produce requests, not one each
+        # (the batch waits for their acknowledgement anyway).
+        producer_linger=0.005,
+        producer_max_batch_size=256 * 1024,
+        worker_redirect_stdouts=False,
+    )
+
+
+def build_worker(
+    *,
+    bootstrap: str,
+    topics: Topics,
+    datadir: Path,
+    config: StreamsConfig | None = None,
+    partitions: int = 3,
+    clock: Callable[[], float] = time.time,
+    commit_interval: float = 0.5,
+    session_timeout: float = 10.0,
+    send: SendFn | None = None,
+    credentials: Any = None,
+    replication_factor: int = 1,
+    min_insync_replicas: int = 1,
+    max_batch: int = 2000,
+    linger_s: float | None = None,
+) -> StreamWorker:
+    """A Faust app for this prefix. `send` replaces the Kafka producer (agent tests).
+
+    `replication_factor` and `min_insync_replicas` (Settings.kafka_replication_factor,
+    kafka_min_insync_replicas) apply to the topics Faust creates: the table's changelog
+    (the worker's durable state) and its ticks topic. A batch is at most `max_batch`
+    messages and waits at most `linger_s` for more (AREAL_STREAMS_LINGER_MS, default 5 ms).
+    """
+    config = config or StreamsConfig()
+    durability = {"min.insync.replicas": str(min_insync_replicas)}
+    app = _faust_app(topics.prefix, bootstrap, credentials, datadir, partitions, replication_factor,
+                     commit_interval, session_timeout)
+    steps = app.topic(topics.steps, key_type=bytes, value_type=bytes)
+    evals = app.topic(topics.evals, key_type=bytes, value_type=bytes)
+    run_events = app.topic(topics.runs, key_type=bytes, value_type=bytes)
+    ticks = app.topic(ticks_topic_for(topics.prefix), key_type=bytes, value_type=bytes, partitions=partitions,
+                      replicas=replication_factor, config=durability)
+    runs = app.Table("runs", partitions=partitions, key_type=bytes, value_type=bytes, default=None,
+                     extra_topic_configs=durability,
+                     help="per-run state of the stream worker (areal_metrics.streams.state.state_store records)")
+
+    async def kafka_send(messages: Sequence[Message]) -> list[Awaitable[Any]]:
+        # Straight to the transport producer, as record batches: our values are bytes
+        # already, and Faust's Topic.send bookkeeping (or aiokafka's per-message send) costs
+        # about as much as the rest of a step's work.
+        return await send_in_batches(app.producer._ensure_producer(), messages)
+
+    async def changelog_send(records: list[tuple[int, bytes, bytes | None]]) -> None:
+        # The table's records straight to the transport producer too (Table.send_changelog
+        # queues each in Faust's buffer for a task to send); the commit flushes the producer
+        # before it commits the inputs' offsets, as for the table's own records.
+        await kafka_send([(runs.changelog_topic_name, partition, key, value) for partition, key, value in records])
+
+    real_consumer = send is None
+    if real_consumer:
+        core = StreamCore(topics=topics, config=config, table=runs, send_many=kafka_send, clock=clock,
+                          changelog=changelog_send)
+    else:
+        core = StreamCore(topics=topics, config=config, table=runs, send=send, clock=clock)
+    feed = InputFeed(app, InputGuard() if real_consumer else None, (topics.steps, topics.evals, topics.runs))
+    for topic in (steps, evals, run_events):
+        app.topics.add(topic)  # subscribed (and so co-partitioned with the table), read by the feed
+    app.batch_inputs = (frozenset(feed.inputs), feed.deliver)
+
+    async def ack(tokens: list[Any]) -> None:
+        consumer_ack = app.consumer.ack if real_consumer else None
+        for token in tokens:
+            if isinstance(token, tuple):  # a tick, through its agent's stream
+                stream, event = token
+                await stream.ack(event)
+            elif consumer_ack is not None:  # an input message: its offset may be committed now
+                consumer_ack(token)
+
+    def crash(exc: BaseException) -> None:
+        app.loop.create_task(app.crash(exc))
+
+    if linger_s is None:
+        linger_s = _env_float("AREAL_STREAMS_LINGER_MS", 5.0) / 1000.0
+    batcher = feed.batcher = Batcher(core, ack, max_batch=max_batch, linger_s=max(0.0, linger_s),
+                                     backlog=feed.backlog if real_consumer else None,
+                                     on_crash=crash if real_consumer else None)
+
+    @app.agent(ticks, name="ticks")
+    async def ticks_agent(stream: Any) -> None:
+        stream = stream.noack()
+        async for event in stream.events():
+            await batcher.add(Tick(event.message.partition), (stream, event))
+
+    @app.timer(interval=config.tick_interval_s)
+    async def clock_tick() -> None:
+        body = json.dumps({"now": clock()}).encode()
+        for p in range(partitions):
+            await ticks.send(key=None, value=body, partition=p, force=True)
+
+    @app.timer(interval=5.0)
+    async def unstick_inputs() -> None:
+        await feed.unstick()
+
+    @app.on_partitions_revoked.connect
+    async def drop_cache(app: faust.App, revoked: Any, **kwargs: Any) -> None:
+        # Another worker may own these runs next: their cached state would go stale.
+        core.forget_cache()
+        feed.forget()
+
+    # Table writes queue changelog records in Faust's producer buffer; the default of 100
+    # makes the stream stop and drain (with a warning) every 100 records under load.
+    app.producer.buffer.max_messages = 2000
+
+    return StreamWorker(app=app, core=core, batcher=batcher, feed=feed, ticks_agent=ticks_agent,
+                        partitions=partitions)

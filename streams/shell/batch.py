@@ -1,0 +1,314 @@
+"""The worker's logic for a batch of messages, without Faust: bytes in, outputs sent, state saved.
+
+`StreamCore.on_batch` takes messages in arrival order (any mix of input topics and runs)
+and, per run: loads its state once, runs the pure core (areal_metrics.streams.core.processor) over the run's
+events in their order, sends every output, waits until the broker has those that must
+exist once (consensus, commands, alerts), and only then saves the run's state once
+(areal_metrics.streams.state.state_store: the records that changed). If the worker dies in between, the batch
+is read again from the saved state and gives the same events with the same event_ids.
+`on_input` is a batch of one; `on_tick` is the clock for the runs of one partition.
+
+Bad input never raises: it becomes a dead letter (with a rate-limited alert) in its run's
+turn. A bug while processing one message dead-letters that message; a state that cannot
+be saved makes its run's messages go through again one by one, so the failing one is
+found and dead-lettered as before batching.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from areal_metrics.producers.contract.deadletter import rejected
+from areal_metrics.producers.contract.events import EvalEvent, Event, RejectedEvent, RunEvent, StepEvent, ValidationError, parse_event
+from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.streams.core.config import StreamsConfig
+from areal_metrics.streams.core.evolve import evolve
+from areal_metrics.streams.core.processor import (
+    WORKER_NODE,
+    Output,
+    RunState,
+    derived_id,
+    has_clock_work,
+    on_eval,
+    on_rejected,
+    on_run,
+    on_step,
+    on_tick,
+)
+from areal_metrics.streams.shell.record_batches import Message
+from areal_metrics.streams.state.state_store import StateStore
+
+log = logging.getLogger("streams")
+
+# Sends one message; returns an awaitable that completes when the broker has it.
+SendFn = Callable[[str, bytes, bytes], Awaitable[Awaitable[Any]]]
+# Sends messages in their order; one awaitable per message, as SendFn's (areal_metrics.streams.shell.record_batches).
+SendManyFn = Callable[[Sequence[Message]], Awaitable[list[Awaitable[Any]]]]
+# Sends changelog records of the table, in their order (partition, key, value; None: a tombstone).
+ChangelogFn = Callable[[list[tuple[int, bytes, "bytes | None"]]], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """One message of an input topic."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: float | None = None  # the Kafka message's (s): a dead letter's `ts`, the same on a redelivery
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    """An input's event (or its dead letter) in its run's turn."""
+
+    message: Input
+    event: Event
+
+
+@dataclass
+class StreamCore:
+    """`table` is any mutable mapping bytes -> bytes (Faust's table in the worker). The
+    outputs go out through `send_many` (a batch's outputs in one call: the worker's record
+    batches) or else `send`, one message at a time. `changelog`, when given, sends a Faust
+    table's changelog records (after each batch and tick, in the order they were written)
+    instead of the table's own `send_changelog`, whose per-record buffer and tasks cost more
+    than the rest of a record's work; the consumer's commit flushes the producer first
+    either way."""
+
+    topics: Topics
+    config: StreamsConfig
+    table: Any
+    send: SendFn | None = None
+    clock: Callable[[], float] = time.time
+    changelog: ChangelogFn | None = None
+    send_many: SendManyFn | None = None
+    stats: dict[str, int] = field(default_factory=lambda: {"steps": 0, "evals": 0, "runs": 0, "rejected": 0,
+                                                            "ticks": 0, "outputs": 0, "errors": 0, "batches": 0})
+
+    def __post_init__(self) -> None:
+        if self.send_many is None and self.send is None:
+            raise TypeError("StreamCore needs `send` or `send_many`")
+        self._send_all: SendManyFn = self.send_many or self._one_by_one
+        self.store = StateStore(self.table, direct_changelog=self.changelog is not None)
+        self._bad_partition: dict[str, int] = {}
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def cache(self) -> dict[str, RunState]:
+        """Decoded states, as last saved."""
+        return self.store.states
+
+    def load(self, run_id: str, partition: int) -> RunState:
+        state = self.store.load(run_id)
+        if state is None:
+            if any(b.run_id == run_id for b in self.store.bad):
+                self.stats["bad_states"] = self.stats.get("bad_states", 0) + 1
+                self._bad_partition.setdefault(run_id, partition)
+            state = RunState(run_id, partition=partition)
+        if state.partition is None:
+            state = evolve(state, partition=partition)
+        return state
+
+    def save(self, state: RunState) -> None:
+        self.store.save(state)
+
+    def forget_cache(self) -> None:
+        self.store.forget()
+
+    async def send_changelog(self) -> None:
+        """The state records saved since the last call, to the table's changelog."""
+        if self.changelog is None:
+            return
+        records = self.store.io.take()
+        if records:
+            await self.changelog(records)
+
+    # ---------------------------------------------------------------- output
+
+    async def emit(self, outputs: list[Output]) -> None:
+        if not outputs:
+            return
+        topic_of = self.topics.for_event
+        delivered = await self._send_all([(topic_of(o.event), None, o.event.run_id.encode(), o.event.to_json())
+                                          for o in outputs])
+        self.stats["outputs"] += len(outputs)
+        for out, fut in zip(outputs, delivered):
+            if out.must_ack:
+                await fut
+
+    async def _one_by_one(self, messages: Sequence[Message]) -> list[Awaitable[Any]]:
+        assert self.send is not None
+        return [await self.send(topic, key, value) for topic, _, key, value in messages]  # type: ignore[arg-type]
+
+    # ---------------------------------------------------------------- inputs
+
+    async def on_input(
+        self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+        timestamp: float | None = None,
+    ) -> None:
+        """One message from areal.steps, areal.evals or areal.runs. Never raises for bad input."""
+        await self.on_batch([Input(topic, partition, offset, key, value, timestamp)])
+
+    async def on_batch(self, messages: Sequence[Input]) -> None:
+        """Messages in arrival order; per run one load, one round of outputs, one save."""
+        self.stats["batches"] += 1
+        by_run: dict[str, list[_Item]] = {}
+        for m in messages:
+            item = self._read(m)
+            by_run.setdefault(item.event.run_id, []).append(item)
+        now = self.clock()
+        loaded: dict[str, RunState] = {}
+        states: dict[str, RunState] = {}
+        outputs: list[Output] = []
+        turns = list(by_run.items())
+        while turns:
+            run_id, items = turns.pop(0)
+            if run_id not in states:
+                states[run_id] = loaded[run_id] = self.load(run_id, items[0].message.partition)
+            states[run_id], out, failed = self._apply(states[run_id], items, now)
+            outputs.extend(out)
+            turns.extend((item.event.run_id, [item]) for item in failed)  # dead letters of other runs
+        await self.emit(outputs)
+        for run_id, state in states.items():
+            before = loaded[run_id]
+            if state is not before and state != before:
+                await self._save(state, by_run.get(run_id, []))
+        await self.dead_letter_bad_states(messages[0].partition if messages else 0)
+        await self.send_changelog()
+
+    def input_type(self, topic: str) -> type[Event]:
+        """The event type an input topic carries (anything but steps and runs is read as evals)."""
+        if topic == self.topics.steps:
+            return StepEvent
+        return RunEvent if topic == self.topics.runs else EvalEvent
+
+    def _read(self, m: Input) -> _Item:
+        """The message's event, or its dead letter."""
+        expected = self.input_type(m.topic)
+        try:
+            if m.value is None:
+                raise ValidationError(expected.table, "empty message (null value)")
+            return _Item(m, parse_event(m.value, expected=expected))
+        except ValidationError as err:
+            return _Item(m, self._dead(m, str(err)))
+
+    def _dead(self, m: Input, reason: str) -> RejectedEvent:
+        dead = rejected(m.value if m.value is not None else b"", reason, m.topic, node=WORKER_NODE, key=m.key)
+        if m.timestamp is not None and m.timestamp >= 0:
+            dead = dead.replace(ts=m.timestamp)
+        return dead
+
+    def _apply(self, state: RunState, items: list[_Item], now: float) -> tuple[RunState, list[Output], list[_Item]]:
+        """The pure core over one run's items; (state, outputs, dead letters that belong to another run)."""
+        cfg = self.config.for_run(state.run_id)
+        outputs: list[Output] = []
+        elsewhere: list[_Item] = []
+        for item in items:
+            try:
+                state, out = self._step(state, item, now, cfg)
+            except Exception as exc:  # a bug must not stop the worker: keep the message, say why
+                self.stats["errors"] += 1
+                m = item.message
+                log.exception("streams: failed to process %s/%s/%s", m.topic, m.partition, m.offset)
+                table = self.input_type(m.topic).table
+                dead = _Item(m, self._dead(m, f"{table}: not processed (worker error {type(exc).__name__}: {exc})"))
+                if dead.event.run_id != state.run_id:
+                    elsewhere.append(dead)
+                    continue
+                state, out = self._step(state, dead, now, cfg)
+            outputs.extend(out)
+        return state, outputs, elsewhere
+
+    def _step(self, state: RunState, item: _Item, now: float, cfg: Any) -> tuple[RunState, list[Output]]:
+        ev = item.event
+        if isinstance(ev, StepEvent):
+            self.stats["steps"] += 1
+            return on_step(state, ev, now, cfg)
+        if isinstance(ev, RejectedEvent):
+            self.stats["rejected"] += 1
+            m = item.message
+            return on_rejected(state, ev, f"{m.topic}/{m.partition}/{m.offset}", now, cfg)
+        if isinstance(ev, RunEvent):
+            self.stats["runs"] += 1
+            return on_run(state, ev, now, cfg)
+        assert isinstance(ev, EvalEvent)
+        self.stats["evals"] += 1
+        return on_eval(state, ev, now, cfg)
+
+    async def _save(self, state: RunState, items: list[_Item]) -> None:
+        try:
+            self.save(state)
+            return
+        except Exception as exc:  # noqa: BLE001 - e.g. a value the codec cannot write
+            self.stats["errors"] += 1
+            log.error("streams: state of run %r not saved (%s: %s); its %d message(s) again, one by one",
+                      state.run_id, type(exc).__name__, exc, len(items))
+        self.store.states.pop(state.run_id, None)  # the table still has the state before the batch
+        if len(items) > 1:
+            for item in items:
+                await self.on_batch([item.message])
+            return
+        for item in items:  # the one message whose state cannot be saved: its dead letter instead
+            m = item.message
+            dead = self._dead(m, f"{self.input_type(m.topic).table}: not processed (worker error: its state "
+                                 "could not be saved)")
+            state = self.load(dead.run_id, m.partition)
+            new_state, outputs = on_rejected(state, dead, f"{m.topic}/{m.partition}/{m.offset}", self.clock(),
+                                             self.config.for_run(dead.run_id))
+            await self.emit(outputs)
+            self.save(new_state)
+
+    # ---------------------------------------------------------------- clock
+
+    async def on_tick(self, partition: int) -> None:
+        """The clock for the runs that live on `partition`. Never raises: a run whose tick
+        fails is logged and counted, and the other runs still get theirs."""
+        self.stats["ticks"] += 1
+        now = self.clock()
+        outputs: list[Output] = []
+        changed: list[RunState] = []
+        for run_id in self.store.run_ids():
+            try:
+                state = self.load(run_id, partition)
+                cfg = self.config.for_run(run_id)
+                if state.partition != partition or not has_clock_work(state, now, cfg):
+                    continue
+                state, out = on_tick(state, now, cfg)
+                outputs.extend(out)
+                changed.append(state)
+            except Exception:  # noqa: BLE001 - one run's bad state must not stop the clock
+                self.stats["errors"] += 1
+                log.exception("streams: tick of run %r failed", run_id)
+        await self.emit(outputs)
+        for state in changed:
+            try:
+                self.save(state)
+            except Exception:  # noqa: BLE001
+                self.stats["errors"] += 1
+                self.store.states.pop(state.run_id, None)
+                log.exception("streams: state of run %r not saved after its tick", state.run_id)
+        await self.dead_letter_bad_states(partition)
+        await self.send_changelog()
+
+    async def dead_letter_bad_states(self, partition: int) -> None:
+        """Each stored state that did not decode: once to the dead-letter topic, then replaced."""
+        while self.store.bad:
+            bad = self.store.bad.pop(0)
+            dead = rejected(bad.raw, f"stream state of run {bad.run_id!r}: {bad.why}", self.table_topic(),
+                            node=WORKER_NODE, key=bad.run_id.encode())
+            dead = dead.replace(event_id=derived_id("bad_state", bad.run_id, hashlib.sha256(bad.raw).hexdigest()))
+            await self.emit([Output(dead)])
+            if bad.run_id not in self.cache:  # else an input already replaced the records
+                self.save(RunState(bad.run_id, partition=self._bad_partition.pop(bad.run_id, partition)))
+
+    def table_topic(self) -> str:
+        return getattr(self.table, "changelog_topic_name", None) or "streams-state"

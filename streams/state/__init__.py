@@ -1,0 +1,1 @@
+"""The worker's stored state: the one codec (records <-> bytes) and the layout in Faust's table."""

@@ -1,0 +1,408 @@
+"""The stream worker's state in its table: one small head record per run, one record per
+vote round, so a batch rewrites only what changed.
+
+A run's RunState (areal_metrics.streams.core.processor) is kept as (keys are JSON arrays):
+
+  [run, "run"]                the head: every part of the state but the steps and rounds below
+                              (the smoothing window, triggers, alert memory, eval loop, stall,
+                              lifecycle, the last good consensus), the keys of the waiting steps
+                              and open rounds, and the range of closed-round numbers
+  [run, "pending", [a, s]]    one step waiting for the rest of its ranks (PendingStep)
+  [run, "round", RoundKey]    one open vote round (RoundState)
+  [run, "closed", RoundKey]   one decided round: its number in closing order
+
+Saving compares the new state with the one last saved and writes only what changed, in an
+order that keeps a crash harmless: step and round records first, then the head, then
+tombstones. Kafka keeps a partition's order and every record of a run goes to the run's
+partition, so a crash leaves a prefix of those writes; the head decides what is live (the
+steps and rounds it lists, the closed numbers in its range), so a half-written save reads
+back as the state before it, except that a waiting step or open round the save rewrote
+already holds the new report or result: the batch the worker reads again adds those
+once more, which changes nothing (one report per rank, one result per node). A batch of
+steps writes its run's head and the waiting steps that got a report; closing a round
+adds one record, never the 2,048 before it.
+
+A run whose records do not decode starts over from an empty state; each bad record is
+reported once (`bad`, for the shell to dead-letter) and the run's leftover records are
+deleted at its next save, as are records nothing refers to. A record written before this
+layout (key = the run id, value = the whole state) loads the same way and is replaced at
+the next save.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from areal_metrics.streams.state import codec
+from areal_metrics.streams.state.codec import StateDecodeError
+from areal_metrics.streams.core.processor import RunState
+from areal_metrics.streams.core.ranks import PendingStep, RankState, StepKey
+from areal_metrics.streams.core.voting import RoundKey, RoundState, VoteState
+
+log = logging.getLogger("streams")
+
+HEAD, PENDING, ROUND, CLOSED = "run", "pending", "round", "closed"
+# The parts kept in records of their own; every other part is in the head.
+SPLIT_RANKS = ("pending",)
+SPLIT_VOTES = ("open_rounds", "closed")
+
+
+@dataclass(frozen=True, slots=True)
+class BadRecord:
+    run_id: str
+    raw: bytes
+    why: str
+
+
+@dataclass(slots=True)
+class _Saved:
+    """What the table holds for one run: the state and the numbers of its closed rounds."""
+
+    state: RunState
+    closed_no: dict[RoundKey, int]  # closed round -> its number
+    next_no: int  # the number the next closed round gets
+
+
+def record_key(run_id: str, kind: str, part: Any = None) -> bytes:
+    return codec.dumps([run_id, kind] if part is None else [run_id, kind, part])
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+@cache
+def _head_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(RunState) if f.name not in ("run_id", "ranks", "votes"))
+
+
+@cache
+def _rest(cls: type, split: tuple[str, ...]) -> tuple[str, ...]:
+    """The fields of `cls` that stay in the head."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in split)
+
+
+def _rank_fields() -> tuple[str, ...]:
+    return _rest(RankState, SPLIT_RANKS)
+
+
+def _vote_fields() -> tuple[str, ...]:
+    return _rest(VoteState, SPLIT_VOTES)
+
+
+def _changed(a: Any, b: Any) -> bool:
+    return a is not b and a != b
+
+
+def _decode_fields(cls: type, names: tuple[str, ...], data: Any, path: str) -> dict[str, Any]:
+    """The fields of `cls` found in the head object `data` (path: where it sits in a RunState)."""
+    if not isinstance(data, dict):
+        raise StateDecodeError(f"stream state {path}: expected an object")
+    hints = _hints(cls)
+    return {name: codec.decode(hints[name], data[name], f"{path}.{name}") for name in names if name in data}
+
+
+class TableWrites:
+    """Puts and tombstones on the worker's table: a dict (tests, the benchmark's core) or
+    Faust's table, whose changelog gets each record for the run's partition.
+
+    `direct`: a Faust table's changelog records wait in `outbox` (partition, key, value or
+    None for a tombstone), in the order written, for the caller to hand to the producer
+    itself (`take`); otherwise each goes through the table's `send_changelog`.
+    """
+
+    def __init__(self, table: Any, direct: bool = False) -> None:
+        self.table = table
+        self.faust = hasattr(table, "send_changelog") and hasattr(table, "data")
+        self.data = table.data if self.faust else table
+        self.outbox: list[tuple[int, bytes, bytes | None]] | None = [] if direct and self.faust else None
+
+    def put(self, partition: int, key: bytes, value: bytes) -> None:
+        self.data[key] = value
+        if self.outbox is not None:
+            self.outbox.append((partition, key, value))
+        elif self.faust:
+            self.table.send_changelog(partition, key, value)
+
+    def delete(self, partition: int, key: bytes) -> None:
+        if self.data.pop(key, None) is None or not self.faust:
+            return
+        if self.outbox is not None:
+            self.outbox.append((partition, key, None))
+        else:
+            self.table.send_changelog(partition, key, None, value_serializer="raw")
+
+    def take(self) -> list[tuple[int, bytes, bytes | None]]:
+        """The changelog records written since the last call (always [] unless `direct`)."""
+        if not self.outbox:
+            return []
+        out, self.outbox = self.outbox, []
+        return out
+
+    def get(self, key: bytes) -> Any:
+        return self.data.get(key)
+
+    def keys(self) -> Iterator[Any]:
+        return iter(list(self.data.keys()))
+
+
+@dataclass
+class StateStore:
+    """RunStates over the table's records: loaded once (then cached), saved by difference."""
+
+    table: Any
+    states: dict[str, RunState] = field(default_factory=dict)  # decoded, as last saved
+    bad: list[BadRecord] = field(default_factory=list)  # records that did not decode, to report
+    writes: int = 0  # records put or deleted (the changelog's share of the work)
+    direct_changelog: bool = False  # TableWrites' `direct`: the caller sends the changelog records
+
+    def __post_init__(self) -> None:
+        self.io = TableWrites(self.table, self.direct_changelog)
+        self._saved: dict[str, _Saved] = {}
+        self._index: dict[str, dict[bytes, tuple[Any, ...]]] | None = None  # run -> raw key -> (kind, part)
+
+    # ---------------------------------------------------------------- index
+
+    def _runs(self) -> dict[str, dict[bytes, tuple[Any, ...]]]:
+        """Every record key of the table by run (built from the table once, then kept)."""
+        if self._index is None:
+            self._index = {}
+            for raw in self.io.keys():
+                run_id, tail = _parse_key(raw)
+                self._index.setdefault(run_id, {})[raw] = tail
+        return self._index
+
+    def run_ids(self) -> list[str]:
+        return list({**dict.fromkeys(self._runs()), **dict.fromkeys(self.states)})
+
+    def forget(self) -> None:
+        """After a rebalance: the table is the truth again (another worker may have written)."""
+        self.states.clear()
+        self._saved.clear()
+        self._index = None
+
+    # ---------------------------------------------------------------- load
+
+    def load(self, run_id: str) -> RunState | None:
+        """The run's state (None: nothing stored, or it did not decode: see `bad`)."""
+        found = self.states.get(run_id)
+        if found is not None:
+            return found
+        keys = self._runs().get(run_id)
+        if not keys:
+            return None
+        head = next((k for k, tail in keys.items() if tail == (HEAD,)), None)
+        legacy = next((k for k, tail in keys.items() if tail == ()), None)
+        if head is None and legacy is None:
+            return None  # only records nothing refers to: deleted at the run's first save
+        try:
+            if head is None:
+                state = self._decode_legacy(run_id, self.io.get(legacy))
+                self.states[run_id] = state  # nothing in `_saved`: its first save writes it all anew
+                return state
+            saved = self._decode(run_id, head, keys)
+        except StateDecodeError as exc:
+            self._report(run_id, self.io.get(head if head is not None else legacy), str(exc))
+            return None
+        self.states[run_id], self._saved[run_id] = saved.state, saved
+        return saved.state
+
+    def _report(self, run_id: str, raw: Any, why: str) -> None:
+        log.error("streams: stored state of run %r does not decode (%s); starting it over", run_id, why)
+        raw = bytes(raw) if isinstance(raw, (bytes, bytearray)) else str(raw).encode()
+        self.bad.append(BadRecord(run_id, raw, why))
+
+    def _decode_legacy(self, run_id: str, raw: Any) -> RunState:
+        try:
+            state = codec.loads(RunState, raw)
+        except TypeError as exc:
+            raise StateDecodeError(f"stream state: {exc}") from None
+        if state.run_id != run_id:
+            raise StateDecodeError(f"stream state $.run_id: {state.run_id!r} stored under {run_id!r}")
+        return state
+
+    def _decode(self, run_id: str, head_key: bytes, keys: dict[bytes, tuple[Any, ...]]) -> _Saved:
+        data = codec.parse(self.io.get(head_key))
+        if not isinstance(data, dict):
+            raise StateDecodeError("stream state $: expected an object")
+        values = _decode_fields(RunState, _head_fields(), data, "$")
+        ranks = data.get("ranks", {})
+        rank_values = _decode_fields(RankState, _rank_fields(), ranks, "$.ranks")
+        waiting = codec.decode(tuple[StepKey, ...], ranks.get("waiting", []), "$.ranks.waiting")
+        votes = data.get("votes", {})
+        vote_values = _decode_fields(VoteState, _vote_fields(), votes, "$.votes")
+        open_keys = codec.decode(tuple[RoundKey, ...], votes.get("open", []), "$.votes.open")
+        low, next_no = codec.decode(tuple[int, int], votes.get("closed_range", [0, 0]), "$.votes.closed_range")
+        open_rounds = self._listed(run_id, ROUND, open_keys, RoundState, "$.votes.open_rounds", "round")
+        closed_no = self._closed_rounds(keys, low, next_no)
+        pending = self._listed(run_id, PENDING, waiting, PendingStep, "$.ranks.pending", "step")
+        try:
+            vote_state = VoteState(open_rounds=open_rounds, closed=tuple(closed_no), **vote_values)
+            ranks = RankState(pending=pending, **rank_values)
+            state = RunState(run_id=run_id, ranks=ranks, votes=vote_state, **values)
+        except (TypeError, ValueError) as exc:
+            raise StateDecodeError(f"stream state $: {exc}") from None
+        return _Saved(state, closed_no, next_no)
+
+    def _listed(self, run_id: str, kind: str, keys: tuple[Any, ...], cls: type, where: str,
+                what: str) -> dict[Any, Any]:
+        """The records the head lists (open rounds, waiting steps), each decoded as `cls`."""
+        out = {}
+        for i, key in enumerate(keys):
+            raw = self.io.get(record_key(run_id, kind, key))
+            if raw is None:
+                raise StateDecodeError(f"stream state {where}[{i}]: the {what}'s record is missing")
+            out[key] = codec.decode(cls, codec.parse(raw), f"{where}[{i}]")
+        return out
+
+    def _closed_rounds(self, keys: dict[bytes, tuple[Any, ...]], low: int, high: int) -> dict[RoundKey, int]:
+        """The closed rounds numbered low..high-1 (others are left over from a save cut
+        short, or forgotten), in closing order."""
+        found = []
+        for raw, tail in keys.items():
+            if tail[:1] != (CLOSED,):
+                continue
+            try:
+                key = codec.decode(RoundKey, tail[1], "$.votes.closed[]")
+                no = codec.decode(int, codec.parse(self.io.get(raw)), "$.votes.closed[]")
+            except (StateDecodeError, IndexError):
+                continue  # a closed round's number is only a memory: one that does not read is forgotten
+            if low <= no < high:
+                found.append((no, key))
+        return {key: no for no, key in sorted(found, key=lambda p: p[0])}
+
+    # ---------------------------------------------------------------- save
+
+    def save(self, state: RunState) -> None:
+        """Write what changed since the last save (everything, when nothing is known of it)."""
+        run_id = state.run_id
+        partition = state.partition if state.partition is not None else 0
+        old = self._saved.get(run_id)
+        puts: list[tuple[bytes, bytes]] = []
+        deletes: list[bytes] = []
+        if old is None:
+            saved = _Saved(state, {k: i for i, k in enumerate(state.votes.closed)}, len(state.votes.closed))
+            puts = [(record_key(run_id, PENDING, k), codec.dumps(p)) for k, p in state.ranks.pending.items()]
+            puts += [(record_key(run_id, ROUND, k), codec.dumps(r)) for k, r in state.votes.open_rounds.items()]
+            puts += [(record_key(run_id, CLOSED, k), codec.dumps(n)) for k, n in saved.closed_no.items()]
+            puts.append((record_key(run_id, HEAD), self._head(saved)))
+            written = {k for k, _ in puts}
+            deletes = [k for k in self._runs().get(run_id, {}) if k not in written]
+        else:
+            saved = _Saved(state, old.closed_no, old.next_no)
+            head_changed = old.state.ranks.pending is not state.ranks.pending and _diff_records(
+                run_id, PENDING, old.state.ranks.pending, state.ranks.pending, puts, deletes)
+            head_changed = self._diff_rounds(old.state.votes, state.votes, saved, puts, deletes) or head_changed
+            if head_changed or self._head_changed(old.state, state):
+                puts.append((record_key(run_id, HEAD), self._head(saved)))
+        index = self._runs().setdefault(run_id, {})
+        for key, value in puts:
+            self.io.put(partition, key, value)
+            index[key] = _parse_key(key)[1]
+        for key in deletes:
+            self.io.delete(partition, key)
+            index.pop(key, None)
+        self.writes += len(puts) + len(deletes)
+        self.states[run_id], self._saved[run_id] = state, saved
+
+    def _head_changed(self, old: RunState, new: RunState) -> bool:
+        if any(_changed(getattr(old, name), getattr(new, name)) for name in _head_fields()):
+            return True
+        if old.ranks is not new.ranks and any(
+                _changed(getattr(old.ranks, name), getattr(new.ranks, name)) for name in _rank_fields()):
+            return True
+        return old.votes is not new.votes and any(
+            _changed(getattr(old.votes, name), getattr(new.votes, name)) for name in _vote_fields())
+
+    def _head(self, saved: _Saved) -> bytes:
+        state = saved.state
+        hints = _hints(RunState)
+        head: dict[str, Any] = {name: codec.prepare_as(hints[name], getattr(state, name)) for name in _head_fields()}
+        ranks = {name: codec.prepare(getattr(state.ranks, name)) for name in _rank_fields()}
+        ranks["waiting"] = codec.prepare_as(tuple[StepKey, ...], list(state.ranks.pending))
+        head["ranks"] = ranks
+        votes = {name: codec.prepare(getattr(state.votes, name)) for name in _vote_fields()}
+        votes["open"] = codec.prepare_as(tuple[RoundKey, ...], list(state.votes.open_rounds))
+        # numbers are given in order, so the first one kept is the lowest
+        votes["closed_range"] = [next(iter(saved.closed_no.values()), saved.next_no), saved.next_no]
+        head["votes"] = votes
+        return codec.dump_prepared(head)
+
+    def _diff_rounds(self, old: VoteState, new: VoteState, saved: _Saved, puts: list[tuple[bytes, bytes]],
+                     deletes: list[bytes]) -> bool:
+        """Round records to put and delete; True when the head's list of them changes."""
+        if old is new:
+            return False
+        run_id = saved.state.run_id
+        changed = False
+        if old.open_rounds is not new.open_rounds:
+            changed = _diff_records(run_id, ROUND, old.open_rounds, new.open_rounds, puts, deletes)
+        if old.closed is not new.closed:
+            added, evicted = _closed_changes(old.closed, new.closed, saved.closed_no)
+            saved.closed_no = dict(saved.closed_no)
+            for key in evicted:
+                saved.closed_no.pop(key, None)
+                deletes.append(record_key(run_id, CLOSED, key))
+            for key in added:
+                saved.closed_no[key] = saved.next_no
+                puts.append((record_key(run_id, CLOSED, key), codec.dumps(saved.next_no)))
+                saved.next_no += 1
+            changed = changed or bool(added or evicted)
+        return changed
+
+
+def _diff_records(run_id: str, kind: str, old: Any, new: Any, puts: list[tuple[bytes, bytes]],
+                  deletes: list[bytes]) -> bool:
+    """A record per changed entry of mapping `new`, a tombstone per entry gone; True when the
+    set of keys changed."""
+    added = False
+    for key, value in new.items():
+        before = old.get(key)
+        if before is value:  # most entries: the very object saved last time (the map is copied per change)
+            continue
+        if before is None or before != value:
+            puts.append((record_key(run_id, kind, key), codec.dumps(value)))
+            added = added or before is None
+    gone = [k for k in old if k not in new]
+    deletes.extend(record_key(run_id, kind, k) for k in gone)
+    return added or bool(gone)
+
+
+def _closed_changes(old: tuple[RoundKey, ...], new: tuple[RoundKey, ...],
+                    numbered: dict[RoundKey, int]) -> tuple[list[RoundKey], list[RoundKey]]:
+    """(rounds closed since, rounds forgotten since). Closing appends and forgets the oldest
+    (areal_metrics.streams.core.voting), so the usual case costs the new rounds only; anything else, a set."""
+    n_new = 0
+    while n_new < len(new) and new[len(new) - 1 - n_new] not in numbered:
+        n_new += 1
+    added = list(new[len(new) - n_new:])
+    n_evicted = len(old) + n_new - len(new)
+    if 0 <= n_evicted <= len(old) and old[n_evicted:] == new[:len(new) - n_new]:
+        return added, list(old[:n_evicted])
+    kept = set(new)
+    return [k for k in new if k not in numbered], [k for k in numbered if k not in kept]
+
+
+def _parse_key(raw: Any) -> tuple[str, tuple[Any, ...]]:
+    """(run id, (kind, part...)) of a record key; (run id, ()) for a whole-state record."""
+    raw = bytes(raw) if isinstance(raw, (bytes, bytearray)) else str(raw).encode()
+    if raw.startswith(b"["):
+        try:
+            parts = codec.parse(raw)
+        except StateDecodeError:
+            parts = None
+        if isinstance(parts, list) and len(parts) >= 2 and isinstance(parts[0], str) and isinstance(parts[1], str):
+            return parts[0], tuple(parts[1:])
+    return raw.decode("utf-8", "replace"), ()
+
+
+def stored_state(table: Any, run_id: str) -> RunState | None:
+    """The state of one run as the table holds it (tests, debugging)."""
+    return StateStore(table).load(run_id)
