@@ -16,6 +16,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from areal_metrics.areal_train.gate import binomial_two_sided  # the trainer's gate runs the same test
+
 Z95 = 1.959963984540054
 
 # Student's t, two-sided 95 %, by degrees of freedom (1..30); beyond 30 the normal value is within 2 %
@@ -91,15 +93,6 @@ class SignTest:
     positive: int  # pairs where the first side is higher
     negative: int  # pairs where the second side is higher
     p_value: float
-
-
-def binomial_two_sided(k: int, n: int) -> float:
-    """P(a result as far from n/2 as k) under Binomial(n, 1/2): the exact sign test's p-value."""
-    if n == 0:
-        return 1.0
-    low = min(k, n - k)
-    tail = sum(math.comb(n, i) for i in range(low + 1)) / 2.0 ** n
-    return min(1.0, 2 * tail)
 
 
 def sign_test(differences: Iterable[float]) -> SignTest:

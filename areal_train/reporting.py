@@ -91,7 +91,9 @@ class Reporter:
         if outcome.status == "ok" and result is not None:
             self.run.log_eval(outcome.dataset, outcome.step, **common, accuracy=result.accuracy,
                               reward=result.accuracy, response_length=result.response_length,
-                              verdicts=list(result.verdicts), samples=list(result.samples), **result.metrics)
+                              verdicts=list(result.verdicts), sample_ids=list(result.sample_ids),
+                              replicas=result.replicas, shard_nodes=result.shard_nodes, samples=list(result.samples),
+                              **result.metrics)
         else:
             self.run.log_eval(outcome.dataset, outcome.step, **common, error=(outcome.error or outcome.status)[:4096])
 
