@@ -36,6 +36,9 @@ class EvalSet:
     temperature: float = 1.0
     attempt_len: int = 28
     seed: int = 0  # the noise of sample i is derived from (seed, i)
+    # attempts per sample (the run's max_turns): the verdict is the first attempt's, so it and the
+    # fingerprint are the same for every strategy; later attempts give `solved_within_<T>_turns`
+    turns: int = 1
 
     @property
     def n_samples(self) -> int:
@@ -50,10 +53,11 @@ class EvalSet:
 
     def head(self, n: int) -> EvalSet:
         """The first `n` prompts (the quick stage), with the same protocol and noise."""
-        return EvalSet(self.name, self.problems[:n], self.k, self.temperature, self.attempt_len, self.seed)
+        return EvalSet(self.name, self.problems[:n], self.k, self.temperature, self.attempt_len, self.seed, self.turns)
 
-    def sample_seed(self, sample: int) -> int:
-        return (self.seed * 1_000_003 + sample * 7919 + 17) % (2**63 - 1)
+    def sample_seed(self, sample: int, turn: int = 0) -> int:
+        """The noise seed of a sample's attempt `turn` (0: the first, the same whatever `turns` is)."""
+        return (self.seed * 1_000_003 + sample * 7919 + 17 + turn * 104_729) % (2**63 - 1)
 
 
 @dataclass(frozen=True)

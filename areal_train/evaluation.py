@@ -62,8 +62,9 @@ class Answer:
     verdict: int
     answer: int | None
     error: str | None
-    length: int  # tokens
-    response: str
+    length: int  # tokens of the first attempt
+    response: str  # the first attempt
+    solved_turn: int | None = None  # the 1-based attempt that was right (of the set's `turns`), None: none
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ class StageResult:
     verdicts: tuple[int, ...]  # in `sample_ids` order
     sample_ids: tuple[int, ...]  # each verdict's sample in the set's shared order
     response_length: float  # mean tokens per sample
-    metrics: dict[str, float]  # pass@k, maj@k, errors.<type>, samples_per_prompt
+    metrics: dict[str, float]  # pass@k, maj@k, errors.<type>, samples_per_prompt, first_attempt_accuracy,
+    # solved_within_<T>_turns (a set of T > 1 attempts)
     samples: tuple[dict[str, object], ...]
     generated_tokens: int
     replicas: int = 1  # ranks that evaluate each sample
@@ -110,11 +112,15 @@ class Board(Protocol):
 
 
 def sample_noise(evalset: EvalSet, samples: list[int], device: torch.device | str) -> torch.Tensor:
-    """Each sample's own uniform noise [len(samples), attempt_len + 1, vocab], from its seed."""
+    """Each sample's own uniform noise [len(samples), turns * (attempt_len + 1), vocab], one seed per
+    attempt, so the first attempt's noise does not depend on how many attempts follow."""
     rows = []
     for s in samples:
-        gen = torch.Generator().manual_seed(evalset.sample_seed(s))
-        rows.append(torch.rand(evalset.attempt_len + 1, VOCAB_SIZE, generator=gen))
+        turns = []
+        for turn in range(evalset.turns):
+            gen = torch.Generator().manual_seed(evalset.sample_seed(s, turn))
+            turns.append(torch.rand(evalset.attempt_len + 1, VOCAB_SIZE, generator=gen))
+        rows.append(torch.cat(turns))
     return torch.stack(rows).to(device)
 
 
@@ -126,11 +132,11 @@ def generate(policy: Policy, evalset: EvalSet, samples: list[int], device: torch
         began = time.perf_counter()
         rows = samples[start:start + MAX_ROWS]
         problems = [evalset.problems[s // k] for s in rows]
-        episodes = rollout(policy, problems, max_turns=1, attempt_len=evalset.attempt_len,
+        episodes = rollout(policy, problems, max_turns=evalset.turns, attempt_len=evalset.attempt_len,
                            temperature=evalset.temperature, noise=sample_noise(evalset, rows, device), device=device)
-        for s, grades, attempts in zip(rows, episodes.grades, episodes.attempts):
+        for s, grades, attempts, solved in zip(rows, episodes.grades, episodes.attempts, episodes.solved_turn):
             g = grades[0]
-            out[s] = Answer(g.verdict, g.answer, g.error, len(attempts[0]), render(attempts[0]))
+            out[s] = Answer(g.verdict, g.answer, g.error, len(attempts[0]), render(attempts[0]), solved)
         if pause is not None:
             pause(time.perf_counter() - began)
     return out
@@ -166,7 +172,10 @@ def summarize(evalset: EvalSet, ids: Sequence[int], answers: Mapping[int, Answer
                 "reward": float(a.verdict)} for s, a in zip(ids[:SAMPLES_KEPT], chosen)]
     golds = [evalset.problems[s // k].answer for s in ids[::k]]
     metrics = {f"pass@{k}": pass_at_k(verdicts, k), f"maj@{k}": maj_at_k([a.answer for a in chosen], golds, k),
-               "samples_per_prompt": float(k)}
+               "samples_per_prompt": float(k), "first_attempt_accuracy": sum(verdicts) / max(len(verdicts), 1)}
+    if evalset.turns > 1:  # what the extra attempts buy, beside the first attempt's accuracy
+        solved = sum(1 for a in chosen if a.solved_turn is not None and a.solved_turn <= evalset.turns)
+        metrics[f"solved_within_{evalset.turns}_turns"] = solved / max(len(chosen), 1)
     metrics.update({f"errors.{e}": float(errors[e]) for e in ERROR_TYPES})
     lengths = sum(a.length for a in chosen)
     return StageResult(tuple(verdicts), tuple(ids), lengths / max(len(verdicts), 1), metrics, tuple(samples),

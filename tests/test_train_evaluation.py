@@ -337,3 +337,24 @@ def test_a_forked_standby_process_evaluates_as_inline_and_stops_when_unused() ->
 
     done = subprocess.run([sys.executable, "-c", STANDBY_CHECK], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "standby ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_a_multi_turn_set_keeps_the_first_attempt_verdicts_and_says_what_later_turns_solve() -> None:
+    from dataclasses import replace as with_
+
+    policy, one = tiny_policy(4), small_set(n=16, k=2)
+    four = with_(one, turns=4)
+    assert four.fingerprint() == one.fingerprint()  # the same samples: strategies stay comparable
+    shard = layout(16, 2, 1, 1, 0)
+    single, multi = evaluate_shard(policy, one, shard, CPU), evaluate_shard(policy, four, shard, CPU)
+    assert multi.verdicts == single.verdicts and multi.samples == single.samples
+    assert multi.metrics["first_attempt_accuracy"] == single.accuracy == multi.accuracy
+    assert "solved_within_4_turns" in multi.metrics and "solved_within_1_turns" not in single.metrics
+    assert multi.metrics["solved_within_4_turns"] >= multi.metrics["first_attempt_accuracy"]
+    from areal_metrics.areal_train.evaluation import generate
+
+    answers = generate(policy, four, list(range(32)), CPU)
+    assert all(a.solved_turn in (None, 1, 2, 3, 4) for a in answers.values())
+    assert all((a.solved_turn == 1) == bool(a.verdict) for a in answers.values())
+    later = sum(1 for a in answers.values() if a.solved_turn and a.solved_turn > 1)
+    assert multi.metrics["solved_within_4_turns"] == (sum(single.verdicts) + later) / 32
