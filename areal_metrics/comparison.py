@@ -90,23 +90,24 @@ def _has_sample_ids(store: Any) -> bool:
                              "AND table = 'evals' AND name = 'sample_ids'")[0][0])
 
 
-def attach_verdicts(store: Any, rounds: Mapping[str, RunRound]) -> None:
-    """Fill each round's per-sample verdicts (the nodes' majority) and fingerprints from `evals`."""
+def node_verdicts(store: Any, rounds: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[str, dict[int, int]]]:
+    """(run, eval_id) -> node -> sample -> verdict: the nodes' stored verdicts of those rounds (their
+    latest attempt), each verdict at its sample's index in the shared order."""
     if not rounds:
-        return
+        return {}
     ids = "sample_ids" if _has_sample_ids(store) else "CAST([], 'Array(UInt32)')"
-    keys = ", ".join(f"({literal(r.run_id)}, {literal(r.eval_id)})" for r in rounds.values())
+    keys = ", ".join(f"({literal(run)}, {literal(eval_id)})" for run, eval_id in rounds)
     rows = _rows(store, f"""
-        SELECT run_id, node, attempt, verdicts, {ids}, metrics['shard_offset'], metrics['shard_total'],
+        SELECT run_id, eval_id, node, attempt, verdicts, {ids}, metrics['shard_offset'], metrics['shard_total'],
                mapContains(metrics, 'shard_total'), dataset_fingerprint
         FROM v_evals
         WHERE (run_id, eval_id) IN ({keys}) AND status = 'ok' AND length(verdicts) > 0""")
-    latest: dict[str, int] = {}
-    for run, _node, attempt, *_ in rows:
-        latest[run] = max(latest.get(run, 0), int(attempt))
-    nodes: dict[str, list[dict[int, int]]] = defaultdict(list)
-    for run, _node, attempt, verdicts, sample_ids, offset, total, has_window, fp in rows:
-        if int(attempt) != latest[run]:
+    latest: dict[tuple[str, str], int] = {}
+    for run, eval_id, _node, attempt, *_ in rows:
+        latest[(run, eval_id)] = max(latest.get((run, eval_id), 0), int(attempt))
+    out: dict[tuple[str, str], dict[str, dict[int, int]]] = defaultdict(dict)
+    for run, eval_id, node, attempt, verdicts, sample_ids, offset, total, has_window, _fp in rows:
+        if int(attempt) != latest[(run, eval_id)]:
             continue
         if sample_ids and len(sample_ids) == len(verdicts):
             where = [int(s) for s in sample_ids]
@@ -114,11 +115,29 @@ def attach_verdicts(store: Any, rounds: Mapping[str, RunRound]) -> None:
             where = stats.window_ids(len(verdicts), int(offset), int(total))
         else:
             where = stats.window_ids(len(verdicts))
-        nodes[run].append(dict(zip(where, (int(v) for v in verdicts))))
-        if fp:
-            rounds[run].fingerprints.add(fp)
-    for run, voted in nodes.items():
-        rounds[run].verdicts = stats.node_majority(voted)
+        out[(run, eval_id)][node] = dict(zip(where, (int(v) for v in verdicts)))
+    return out
+
+
+def fingerprints(store: Any, rounds: Sequence[tuple[str, str]]) -> dict[tuple[str, str], set[str]]:
+    if not rounds:
+        return {}
+    keys = ", ".join(f"({literal(run)}, {literal(eval_id)})" for run, eval_id in rounds)
+    out: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for run, eval_id, fp in _rows(store, f"""SELECT DISTINCT run_id, eval_id, dataset_fingerprint FROM v_evals
+            WHERE (run_id, eval_id) IN ({keys}) AND status = 'ok' AND dataset_fingerprint IS NOT NULL"""):
+        out[(run, eval_id)].add(fp)
+    return out
+
+
+def attach_verdicts(store: Any, rounds: Mapping[str, RunRound]) -> None:
+    """Fill each round's per-sample verdicts (the nodes' majority) and fingerprints from `evals`."""
+    keys = [(r.run_id, r.eval_id) for r in rounds.values()]
+    voted = node_verdicts(store, keys)
+    prints = fingerprints(store, keys)
+    for r in rounds.values():
+        r.verdicts = stats.node_majority(voted.get((r.run_id, r.eval_id), {}).values())
+        r.fingerprints = prints.get((r.run_id, r.eval_id), set())
 
 
 # ------------------------------------------------------------------ the rule
