@@ -99,6 +99,8 @@ class Outcome:
     error: str | None = None
     latency_ms: float = 0.0
     n_samples: int = 0
+    replicas: int | None = None  # a failed stage's layout (an ok one's is in `result`); None: not known
+    shard_nodes: int | None = None
 
 
 class Board(Protocol):
@@ -279,7 +281,7 @@ def _stage(policy: Policy, evalset: EvalSet, shard: Shard, job: RoundJob, stage:
         if board is not None:
             _post(board, job, evalset.name, job.rank, None)  # nobody waits for this rank's verdicts
         outcome = Outcome(job.step, evalset.name, stage, "failed", fp, error=f"{type(exc).__name__}: {exc}"[:4096],
-                          latency_ms=_ms(started), n_samples=n)
+                          latency_ms=_ms(started), n_samples=n, replicas=shard.redundancy, shard_nodes=nodes)
         emit(outcome)
         return outcome, {}
     outcome = Outcome(job.step, evalset.name, stage, "ok", fp, result, latency_ms=_ms(started),

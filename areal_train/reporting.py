@@ -95,7 +95,9 @@ class Reporter:
                               replicas=result.replicas, shard_nodes=result.shard_nodes, samples=list(result.samples),
                               **result.metrics)
         else:
-            self.run.log_eval(outcome.dataset, outcome.step, **common, error=(outcome.error or outcome.status)[:4096])
+            layout = {"replicas": outcome.replicas, "shard_nodes": outcome.shard_nodes} if outcome.replicas else {}
+            self.run.log_eval(outcome.dataset, outcome.step, **common, error=(outcome.error or outcome.status)[:4096],
+                              **layout)
 
 
 @dataclass
