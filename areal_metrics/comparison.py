@@ -11,7 +11,10 @@ both groups decided, on the differences of those scores (with one run per
 group: McNemar's exact test). Samples are matched by their index in the
 dataset's shared order (`sample_ids`, else the older `metrics` window, else
 0..n-1), and only when both groups evaluated the same set (one
-`dataset_fingerprint`).
+`dataset_fingerprint`). `accuracy` is the first attempt's; for multi-turn
+strategies each group also gets `metrics`: `first_attempt_accuracy` and
+`solved_within_<T>_turns` (the nodes' values of the same rounds, weighted by
+their samples) with their t-intervals over runs: what the extra turns buy.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class RunRound:
     step: int
     verdicts: dict[int, int] = field(default_factory=dict)  # sample -> the nodes' majority
     fingerprints: set[str] = field(default_factory=set)
+    turn_metrics: dict[str, float] = field(default_factory=dict)  # first_attempt_accuracy, solved_within_<T>_turns
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class GroupSummary:
     ci_low: float | None
     ci_high: float | None
     run_ids: tuple[str, ...]
+    metrics: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ reading
@@ -130,6 +135,23 @@ def fingerprints(store: Any, rounds: Sequence[tuple[str, str]]) -> dict[tuple[st
     return out
 
 
+TURN_METRICS = "(key = 'first_attempt_accuracy' OR match(key, '^solved_within_[0-9]+_turns$'))"
+
+
+def attach_turn_metrics(store: Any, rounds: Mapping[str, RunRound]) -> None:
+    """Each round's first-attempt accuracy and 'solved within T turns': its nodes' values weighted by
+    their samples (every sample counts once per replica, the same for every sample)."""
+    if not rounds:
+        return
+    keys = ", ".join(f"({literal(r.run_id)}, {literal(r.eval_id)})" for r in rounds.values())
+    for run, key, value in _rows(store, f"""
+            SELECT run_id, key, sum(metrics[key] * ifNull(n_samples, 1)) / sum(ifNull(n_samples, 1))
+            FROM v_evals ARRAY JOIN mapKeys(metrics) AS key
+            WHERE (run_id, eval_id) IN ({keys}) AND status = 'ok' AND {TURN_METRICS}
+            GROUP BY run_id, key"""):
+        rounds[run].turn_metrics[key] = float(value)
+
+
 def attach_verdicts(store: Any, rounds: Mapping[str, RunRound]) -> None:
     """Fill each round's per-sample verdicts (the nodes' majority) and fingerprints from `evals`."""
     keys = [(r.run_id, r.eval_id) for r in rounds.values()]
@@ -145,9 +167,19 @@ def attach_verdicts(store: Any, rounds: Mapping[str, RunRound]) -> None:
 
 def summarize(group: str, rounds: Sequence[RunRound]) -> GroupSummary:
     interval = stats.t_interval([r.accuracy for r in rounds])
-    low, high = interval.ci_low, interval.ci_high  # an accuracy: the interval clipped to 0..1
-    return GroupSummary(group, interval.n, interval.mean, None if low is None else max(low, 0.0),
-                        None if high is None else min(high, 1.0), tuple(r.run_id for r in rounds))
+    low, high = _clip(interval)
+    metrics: dict[str, dict[str, float | int | None]] = {}
+    for name in sorted({k for r in rounds for k in r.turn_metrics}):
+        values = stats.t_interval([r.turn_metrics[name] for r in rounds if name in r.turn_metrics])
+        m_low, m_high = _clip(values)
+        metrics[name] = {"runs": values.n, "mean": values.mean, "ci_low": m_low, "ci_high": m_high}
+    return GroupSummary(group, interval.n, interval.mean, low, high, tuple(r.run_id for r in rounds), metrics)
+
+
+def _clip(interval: stats.MeanInterval) -> tuple[float | None, float | None]:
+    """A share's t-interval clipped to 0..1."""
+    low, high = interval.ci_low, interval.ci_high
+    return None if low is None else max(low, 0.0), None if high is None else min(high, 1.0)
 
 
 def per_sample_scores(rounds: Sequence[RunRound]) -> dict[int, float]:
@@ -195,12 +227,13 @@ def compare(store: Any, group_a: str, group_b: str, dataset: str | None, stage: 
         if not any(r in rounds for r in members[g]):
             raise UserError(f"{label} {g!r}: no {stage}-stage consensus on dataset {dataset!r}")
     attach_verdicts(store, rounds)
+    attach_turn_metrics(store, rounds)
     a = [rounds[r] for r in members[group_a] if r in rounds]
     b = [rounds[r] for r in members[group_b] if r in rounds]
     groups = [summarize(group_a, a), summarize(group_b, b)]
     return {"dataset": dataset, "stage": stage,
             "groups": [{"group": g.group, "runs": g.runs, "mean": g.mean, "ci_low": g.ci_low, "ci_high": g.ci_high,
-                        "run_ids": list(g.run_ids)} for g in groups],
+                        "run_ids": list(g.run_ids), "metrics": g.metrics} for g in groups],
             "paired": paired(a, b)}
 
 
@@ -213,6 +246,8 @@ def render(result: Mapping[str, Any]) -> str:
     for g in result["groups"]:
         lines.append(f"  {g['group']}: mean {num(g['mean'])} over {g['runs']} run{'s' * (g['runs'] != 1)}, "
                      f"95% t-interval [{num(g['ci_low'])}, {num(g['ci_high'])}]")
+        for name, m in g.get("metrics", {}).items():
+            lines.append(f"    {name}: {num(m['mean'])} [{num(m['ci_low'])}, {num(m['ci_high'])}]")
     p = result["paired"]
     a, b = result["groups"][0]["group"], result["groups"][1]["group"]
     tail = f" ({p['note']})" if "note" in p else ""

@@ -42,10 +42,14 @@ def built_runs() -> list[Event]:
                 for r, node in enumerate(("n0", "n1")):
                     # n1 holds the second half first: a rotated window the `metrics` layout describes
                     order = list(range(N)) if r == 0 else [(i + N // 2) % N for i in range(N)]
+                    turns = {"first_attempt_accuracy": sum(verdicts) / N}
+                    if group == "good":  # a 4-turn strategy: later attempts solve 8 more samples
+                        turns["solved_within_4_turns"] = (sum(verdicts) + 8 + seed) / N
                     events.append(_event("eval", run, node, eval_id=eval_id, step=step, dataset="math", stage="full",
                                          accuracy=sum(verdicts) / N, n_samples=N, replicas=2,
                                          verdicts=[verdicts[i] for i in order], dataset_fingerprint="fp",
-                                         metrics={"shard_offset": float(order[0]), "shard_total": float(N)}))
+                                         metrics={"shard_offset": float(order[0]), "shard_total": float(N),
+                                                  "pass@4": 0.9, **turns}))
                 events.append(_event("eval_consensus", run, "worker", eval_id=eval_id, step=step, dataset="math",
                                      stage="full", accuracy=sum(verdicts) / N, votes=2, replicas=2, agreement=1.0))
             events.append(_event("eval_consensus", run, "worker", eval_id=f"{run}:30:math:full", step=30,
@@ -67,6 +71,11 @@ def test_known_groups(store: tuple[DirectStore, Path]) -> None:
     assert (good["group"], good["runs"], good["mean"]) == ("good", 2, 40 / 64)
     assert good["ci_low"] == good["ci_high"] == 40 / 64  # two identical seeds: no spread
     assert math.isclose(base["mean"], 34 / 64)
+    assert set(good["metrics"]) == {"first_attempt_accuracy", "solved_within_4_turns"}  # not pass@4
+    solved = good["metrics"]["solved_within_4_turns"]
+    assert solved["runs"] == 2 and math.isclose(solved["mean"], (40 + 8 + 1.5) / 64)
+    assert solved["ci_low"] < solved["mean"] < solved["ci_high"]
+    assert set(base["metrics"]) == {"first_attempt_accuracy"}
     paired = result["paired"]
     # discordant samples: 30..39 good only (10), 60..63 base only (4): exact sign test p = P(|X-7| >= 3), X~B(14,.5)
     expected = 2 * sum(math.comb(14, i) for i in range(5)) / 2**14
