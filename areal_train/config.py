@@ -66,6 +66,7 @@ class TrainConfig:
     eval_threads: int = 1
     two_stage: bool = True  # a quick subset first; the full set only when the quick stage calls for it
     quick_size: int = 16
+    eval_turns: int | None = None  # attempts per evaluated sample (solved_within_<T>_turns); None: max_turns
     quick_alpha: float = 0.05  # the quick stage's gate: a sign test's false-positive rate (areal_train/gate.py)
     full_max_skipped: int = 3  # ... or after this many skipped full stages
     # checkpoints (every K steps and at the end) and the run's labels
@@ -115,6 +116,7 @@ class TrainConfig:
         need(self.warmstart_steps >= 0, "warmstart_steps", "must be >= 0")
         need(self.full_max_skipped >= 0, "full_max_skipped", "must be >= 0")
         need(self.eval_redundancy is None or self.eval_redundancy >= 1, "eval_redundancy", "must be >= 1")
+        need(self.eval_turns is None or self.eval_turns >= 1, "eval_turns", "must be >= 1")
         need(0 < self.quick_alpha < 1, "quick_alpha", "must be in (0, 1)")
         need(self.d_model % self.heads == 0, "d_model", f"must be a multiple of heads ({self.heads})")
         need((self.batch_prompts * self.group_size) % self.ppo_minibatches == 0, "ppo_minibatches",

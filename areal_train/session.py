@@ -55,7 +55,7 @@ def checkpoint_root(cfg: TrainConfig) -> Path:
 def build_eval_sets(cfg: TrainConfig) -> dict[str, EvalSet]:
     return {name: EvalSet(name, tuple(make_eval_set(name, cfg.eval_size)), k=cfg.eval_samples,
                           temperature=cfg.eval_temperature, attempt_len=cfg.max_response_len,
-                          seed=EVAL_SEED + DATASETS.index(name), turns=cfg.max_turns)
+                          seed=EVAL_SEED + DATASETS.index(name), turns=cfg.eval_turns or cfg.max_turns)
             for name in cfg.eval_datasets}
 
 

@@ -358,3 +358,15 @@ def test_a_multi_turn_set_keeps_the_first_attempt_verdicts_and_says_what_later_t
     assert all((a.solved_turn == 1) == bool(a.verdict) for a in answers.values())
     later = sum(1 for a in answers.values() if a.solved_turn and a.solved_turn > 1)
     assert multi.metrics["solved_within_4_turns"] == (sum(single.verdicts) + later) / 32
+
+
+def test_eval_turns_default_to_the_strategy_and_can_be_capped() -> None:
+    import pytest
+
+    from areal_metrics.areal_train.config import ConfigError
+
+    assert {s.turns for s in build_eval_sets(TrainConfig(eval_size=8, quick_size=4, max_turns=4)).values()} == {4}
+    capped = build_eval_sets(TrainConfig(eval_size=8, quick_size=4, max_turns=4, eval_turns=1))
+    assert {s.turns for s in capped.values()} == {1}
+    with pytest.raises(ConfigError, match="eval_turns"):
+        TrainConfig(eval_turns=0)
