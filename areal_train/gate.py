@@ -6,11 +6,12 @@ sample: a sample's verdict changes only when the policy's answer to it changed.
 The gate is the exact two-sided sign test on the per-prompt change in right
 answers (k samples of a prompt move together, so the prompt is the unit)
 between this round and the round of the last full stage; it calls for the full
-stage when p < `alpha`. When the policy's accuracy on the quick set did not
-move, the test is exact or conservative: a full stage is called for in at most
-`alpha` of such rounds (its stated false-positive rate; tests/test_train_gate.py
-measures it). The full stage also runs when forced (first round, last round) or
-overdue (`max_skipped` skips in a row).
+stage when p < `alpha`. When the policy's answers changed but no prompt's chance
+of a right answer did, a prompt is as likely to gain as to lose and the exact
+test calls for a full stage in at most `alpha` of such rounds: its stated
+false-positive rate (tests/test_train_two_stage.py measures it by simulation).
+The full stage also runs when forced (first round, last round) or overdue
+(`max_skipped` skips in a row).
 """
 
 from __future__ import annotations
