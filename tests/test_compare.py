@@ -107,3 +107,10 @@ def test_bad_input_exits_2(store: tuple[DirectStore, Path], monkeypatch: pytest.
     assert "--dataset" in err and "math_hard" in err and "Traceback" not in err
     assert main(["compare", "mt4-grpo", "mt2-grpo", "--dataset", "nope"]) == 2
     assert main(["compare", "good", "o'brien"]) == 2  # quotes are data, not SQL
+
+
+def test_an_unreachable_store_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("AREAL_CLICKHOUSE_URL", "http://127.0.0.1:9/areal")
+    assert main(["compare", "a", "b"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
