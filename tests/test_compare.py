@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from areal_metrics.cli import main
-from areal_metrics.comparison import compare
+from areal_metrics.comparison import RunRound, compare, paired
 from areal_metrics.producers.contract.events import Event, event_from_dict
 from areal_metrics.sinks.query import DirectStore
 from tests.test_grafana_data import loaded_store
@@ -114,3 +116,16 @@ def test_an_unreachable_store_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: p
     assert main(["compare", "a", "b"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@given(st.lists(st.dictionaries(st.integers(0, 20), st.integers(0, 1), max_size=21), min_size=1, max_size=3),
+       st.lists(st.dictionaries(st.integers(0, 20), st.integers(0, 1), max_size=21), min_size=1, max_size=3))
+def test_the_paired_test_is_symmetric_and_counts_only_shared_samples(a: list[dict], b: list[dict]) -> None:
+    ra = [RunRound(f"a{i}", 0.5, "e", 1, v, {"fp"}) for i, v in enumerate(a)]
+    rb = [RunRound(f"b{i}", 0.5, "e", 1, v, {"fp"}) for i, v in enumerate(b)]
+    ab, ba = paired(ra, rb), paired(rb, ra)
+    shared = set().union(*a) & set().union(*b)
+    assert ab["n"] == ba["n"] == len(shared)
+    assert (ab["a_better"], ab["b_better"]) == (ba["b_better"], ba["a_better"])
+    assert ab["p_value"] == ba["p_value"] and (ab["p_value"] is None) == (not shared)
+    assert paired(ra, [RunRound("x", 0.5, "e", 1, dict(b[0]), {"other"})])["n"] == 0  # different sets: no test
