@@ -1,7 +1,7 @@
 """The Faust shell: bytes in, batches through the core (areal_metrics.streams.shell.batch), bytes out.
 
 Three inputs, `steps` (areal.steps), `evals` (areal.evals) and `runs` (areal.runs: run
-lifecycle), reach the worker a fetch at a time (areal_metrics.streams.shell.batch_consumer: Faust's consumer
+lifecycle), reach the worker a fetch at a time (areal_metrics.streams.shell.faust_internals: Faust's consumer
 without its per-message path); one agent, `ticks`, reads an internal topic a timer writes
 to, one tick per partition, so clock-driven decisions (steps whose ranks did not all come,
 stalled runs, vote timeouts) keep their place among the inputs. Everything goes to one
@@ -37,7 +37,7 @@ import faust
 
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.streams.shell.batch import Input, SendFn, StreamCore
-from areal_metrics.streams.shell.batch_consumer import BatchApp
+from areal_metrics.streams.shell.faust_internals import BatchApp, transport_producer
 from areal_metrics.streams.shell.batcher import Batcher, Tick
 from areal_metrics.streams.core.config import StreamsConfig
 from areal_metrics.streams.shell.input_feed import InputFeed
@@ -177,7 +177,7 @@ def build_worker(
         # Straight to the transport producer, as record batches: our values are bytes
         # already, and Faust's Topic.send bookkeeping (or aiokafka's per-message send) costs
         # about as much as the rest of a step's work.
-        return await send_in_batches(app.producer._ensure_producer(), messages)
+        return await send_in_batches(await transport_producer(app), messages)
 
     async def changelog_send(records: list[tuple[int, bytes, bytes | None]]) -> None:
         # The table's records straight to the transport producer too (Table.send_changelog

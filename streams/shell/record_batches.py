@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
+from areal_metrics.streams.shell.faust_internals import partition_for
+
 # (topic, partition or None for "by the key", key, value or None for a tombstone)
 Message = tuple[str, "int | None", bytes, "bytes | None"]
 
@@ -34,11 +36,11 @@ async def send_in_batches(producer: Any, messages: Sequence[Message]) -> list[Aw
             known.add(topic)
         if partition is None:
             if key is None:  # no key: the partitioner's own choice, per message
-                partition = producer._partition(topic, None, key, None, key, None)
+                partition = partition_for(producer, topic, key)
             else:
                 partition = by_key.get((topic, key))
                 if partition is None:  # what send() calls (murmur2 in pure Python: about 4 us a key)
-                    partition = by_key[(topic, key)] = producer._partition(topic, None, key, None, key, None)
+                    partition = by_key[(topic, key)] = partition_for(producer, topic, key)
         groups.setdefault((topic, partition), []).append(i)
     delivered: list[Awaitable[Any]] = [None] * len(messages)  # type: ignore[list-item]
     for (topic, partition), indexes in groups.items():
