@@ -86,10 +86,6 @@ class Topics:
 
     prefix: str = DEFAULT_PREFIX
 
-    @classmethod
-    def from_env(cls) -> Topics:
-        return cls(os.environ.get("AREAL_TOPIC_PREFIX", DEFAULT_PREFIX))
-
     @property
     def steps(self) -> str:
         return self.prefix + "steps"

@@ -43,6 +43,7 @@ from areal_metrics.streams.core.config import StreamsConfig
 from areal_metrics.streams.shell.input_feed import InputFeed
 from areal_metrics.streams.shell.record_batches import Message, send_in_batches
 from areal_metrics.streams.shell.resync import InputGuard
+from areal_metrics.producers.contract.settings import read_setting
 
 __all__ = ["Input", "SendFn", "StreamCore", "StreamWorker", "app_id_for", "build_worker", "ticks_topic_for"]
 
@@ -98,13 +99,6 @@ class StreamWorker:
     async def settled(self) -> None:
         """Returns once every message the agents received so far is processed (tests)."""
         await self.batcher.settled()
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
 
 
 def _faust_app(prefix: str, bootstrap: str, credentials: Any, datadir: Path, partitions: int,
@@ -209,7 +203,7 @@ def build_worker(
         app.loop.create_task(app.crash(exc))
 
     if linger_s is None:
-        linger_s = _env_float("AREAL_STREAMS_LINGER_MS", 5.0) / 1000.0
+        linger_s = read_setting("streams_linger_ms") / 1000.0
     batcher = feed.batcher = Batcher(core, ack, max_batch=max_batch, linger_s=max(0.0, linger_s),
                                      backlog=feed.backlog if real_consumer else None,
                                      on_crash=crash if real_consumer else None)
