@@ -171,7 +171,7 @@ def build_worker(
         # Straight to the transport producer, as record batches: our values are bytes
         # already, and Faust's Topic.send bookkeeping (or aiokafka's per-message send) costs
         # about as much as the rest of a step's work.
-        return await send_in_batches(await transport_producer(app), messages)
+        return await send_in_batches(transport_producer(app), messages)
 
     async def changelog_send(records: list[tuple[int, bytes, bytes | None]]) -> None:
         # The table's records straight to the transport producer too (Table.send_changelog

@@ -106,9 +106,9 @@ class BatchApp(faust.App):
         return BatchTransport(self.conf.broker_consumer, self)
 
 
-async def transport_producer(app: faust.App) -> Any:
+def transport_producer(app: faust.App) -> Any:
     """The started aiokafka producer under Faust's producer (Faust starts it on first use)."""
-    return await app.producer._ensure_producer()
+    return app.producer._ensure_producer()
 
 
 def partition_for(producer: Any, topic: str, key: bytes | None) -> int:
