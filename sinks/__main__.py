@@ -14,7 +14,6 @@ port): the loopback port of the ClickHouse HTTP interface of an embedded store.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 

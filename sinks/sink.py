@@ -12,7 +12,6 @@ with backoff, holding its position; nothing is committed that is not stored.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 import time

@@ -12,7 +12,6 @@ AREAL_STREAMS_SESSION_TIMEOUT (s, default 10).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 

@@ -66,7 +66,6 @@ import dataclasses
 import fnmatch
 import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
