@@ -18,9 +18,9 @@ from types import ModuleType
 from typing import NoReturn
 
 from areal_metrics.producers.contract.errors import ArealError, one_line
-from areal_metrics.producers.contract.events import ValidationError
 
 from areal_metrics.commands import alerts, compare, demo, grafana, publish, replay, report, sql, stack_cmd, train, watch
+from areal_metrics.producers.contract.settings import is_set
 
 # verb -> (module, one-line help); a module may serve several verbs
 VERBS: dict[str, tuple[ModuleType, str]] = {
@@ -77,7 +77,7 @@ def use_local_stack_bootstrap() -> None:
     """
     from areal_metrics.stack.services import read_info
 
-    if os.environ.get("AREAL_KAFKA_BOOTSTRAP"):
+    if is_set("kafka_bootstrap"):
         return
     info = read_info()
     if info is not None and info.kafka_bootstrap:
@@ -89,10 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     use_local_stack_bootstrap()
     try:
         return int(args.run(args) or 0)
-    except ValidationError as exc:
-        print(f"areal-metrics {args.verb}: error: {one_line(exc)}", file=sys.stderr)
-        return 2
-    except ArealError as exc:
+    except ArealError as exc:  # every error raised on purpose: one line, its exit code (2 bad input, 1 a service)
         print(f"areal-metrics {args.verb}: error: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from areal_metrics.producers.contract.errors import UserError
 
 KEEP = 2
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """No usable checkpoint, or one that does not fit this run; str says which and why."""
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from areal_metrics.areal_train.task import VOCAB
+from areal_metrics.producers.contract.settings import read_setting
 
 FORMAT_VERSION = 2  # bump when the task, the vocabulary or the recipe (warmstart.py) changes
 
@@ -39,7 +39,7 @@ def spec_for(cfg: Any) -> WarmStartSpec:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("AREAL_CACHE_DIR") or Path.home() / ".cache" / "areal-metrics") / "warmstart"
+    return Path(read_setting("cache_dir") or Path.home() / ".cache" / "areal-metrics") / "warmstart"
 
 
 def path_for(spec: WarmStartSpec) -> Path:

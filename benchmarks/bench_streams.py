@@ -40,6 +40,7 @@ import time
 import uuid
 from pathlib import Path
 
+from areal_metrics.producers.contract.settings import is_set, read_setting
 from areal_metrics.producers.contract.events import StepEvent
 from benchmarks.common import percentile
 from areal_metrics.producers.contract.topics import Topics
@@ -252,7 +253,7 @@ def main() -> int:
     args = parser.parse_args()
 
     broker = None
-    bootstrap = os.environ.get("AREAL_KAFKA_BOOTSTRAP")
+    bootstrap = read_setting("kafka_bootstrap") if is_set("kafka_bootstrap") else None
     work = Path(tempfile.mkdtemp(prefix="bench-streams-"))
     if not bootstrap:
         from areal_metrics.stack.kafka_broker import KafkaBroker

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from areal_metrics.producers.contract.events import StepEvent
+from areal_metrics.producers.contract.settings import is_set, read_setting
 
 
 @contextlib.contextmanager
 def broker() -> Iterator[str]:
     """AREAL_KAFKA_BOOTSTRAP if set, else a fresh real broker in a temp folder for this run."""
-    if os.environ.get("AREAL_KAFKA_BOOTSTRAP"):
-        yield os.environ["AREAL_KAFKA_BOOTSTRAP"]
+    if is_set("kafka_bootstrap"):
+        yield read_setting("kafka_bootstrap")
         return
     from areal_metrics.stack.kafka_broker import KafkaBroker
 

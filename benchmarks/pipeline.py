@@ -30,7 +30,7 @@ from benchmarks.bench_sink import bench_latency
 from benchmarks.common import summary
 from areal_metrics.producers.contract.events import StepEvent, parse_event
 from areal_metrics.producers.delivery.publisher import Publisher
-from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.producers.contract.settings import Settings, read_setting
 from areal_metrics.producers.contract.topics import Topics
 
 RANKS_PER_RUN = 8
@@ -68,7 +68,7 @@ class Services:
         (self.home / "streams.json").write_text(json.dumps(
             {"runs": {"lat-*": {"window": 1, "reward_threshold": 0.5, "reward_cooldown_steps": 1}}}))
         create_topics(self.bootstrap, self.topics.all(), partitions=3)
-        profiles = os.environ.get("AREAL_BENCH_PROFILE_DIR")  # CPU-time profiles of both services
+        profiles = read_setting("bench_profile_dir")  # CPU-time profiles of both services
         for name, module in (("worker", "streams"), ("sink", "sinks")):
             log = open(self.home / f"{name}.log", "wb")
             command = [sys.executable, "-m", module]
@@ -183,7 +183,7 @@ def publisher_library() -> str:
     """The Kafka library the Publisher delivers with here (areal_metrics.producers.delivery.backends's choice)."""
     from areal_metrics.producers.delivery.backends import _confluent_available
 
-    choice = os.environ.get("AREAL_KAFKA_CLIENT", "auto")
+    choice = read_setting("kafka_client")
     return "confluent-kafka" if choice != "kafka-python" and _confluent_available() else "kafka-python"
 
 

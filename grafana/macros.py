@@ -30,11 +30,12 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from areal_metrics.producers.contract.errors import UserError
 
 ALL = "$__all"  # the value Grafana stores when "All" is selected
 
 
-class MacroError(ValueError):
+class MacroError(UserError, ValueError):
     """A macro or variable the plugin would reject (bad arguments, unknown format)."""
 
 

@@ -14,7 +14,6 @@ port): the loopback port of the ClickHouse HTTP interface of an embedded store.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 
@@ -27,18 +26,21 @@ from areal_metrics.sinks.sink import Sink
 
 
 def main() -> int:
-    logging.basicConfig(level=os.environ.get("AREAL_LOG_LEVEL", "INFO"),
+    try:
+        settings = Settings.from_env()
+    except ArealError as exc:  # a variable that cannot be used: one line
+        print(f"areal-sink: {one_line(exc)}", file=sys.stderr)
+        return exc.exit_code
+    logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("kafka").setLevel(logging.WARNING)
     policy = BatchPolicy(
-        max_rows=int(os.environ.get("AREAL_SINK_MAX_ROWS", "5000")),
-        max_wait_s=int(os.environ.get("AREAL_SINK_MAX_WAIT_MS", "500")) / 1000,
-        idle_s=int(os.environ.get("AREAL_SINK_IDLE_MS", "50")) / 1000,
+        max_rows=settings.sink_max_rows,
+        max_wait_s=settings.sink_max_wait_ms / 1000,
+        idle_s=settings.sink_idle_ms / 1000,
     )
-    stop_merges = os.environ.get("AREAL_SINK_STOP_MERGES", "") == "1"
-    http_port = int(os.environ.get("AREAL_SINK_HTTP_PORT", "0"))
     try:
-        sink = Sink(Settings.from_env(), policy=policy, stop_merges=stop_merges, http_port=http_port)
+        sink = Sink(settings, policy=policy, stop_merges=settings.sink_stop_merges, http_port=settings.sink_http_port)
     except ArealError as exc:  # a setting that cannot work (e.g. a cluster on the embedded engine): one line
         print(f"areal-sink: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code

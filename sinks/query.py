@@ -43,12 +43,13 @@ from urllib.parse import unquote, urlparse
 from areal_metrics.producers.contract.settings import Settings
 
 from areal_metrics.sinks.schema import DEFAULT_DATABASE
+from areal_metrics.producers.contract.errors import UserError
 
 OWNER_FILE = "owner.json"
 READONLY = {"readonly": 2}  # 2, not 1: clients may still pass per-query format settings
 
 
-class StoreError(Exception):
+class StoreError(UserError):
     """A query failed, or the store cannot be reached; str() is one line."""
 
 

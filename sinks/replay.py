@@ -28,12 +28,13 @@ from areal_metrics.sinks.decode import decode
 from areal_metrics.sinks.migrations import apply_schema, drop_tables, recreate_tables
 from areal_metrics.sinks.schema import TABLES, SchemaOptions
 from areal_metrics.sinks.writer import insert_rows
+from areal_metrics.producers.contract.errors import UserError
 
 log = logging.getLogger("areal.sink.replay")
 STALL_S = 60.0  # give up when the log stops yielding messages before the end offsets
 
 
-class ReplayRefused(Exception):
+class ReplayRefused(UserError):
     """Replaying would lose data, or there is nothing to replay from; the tables are untouched."""
 
 

@@ -12,7 +12,6 @@ with backoff, holding its position; nothing is committed that is not stored.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 import time
@@ -35,13 +34,14 @@ from areal_metrics.sinks.migrations import apply_schema
 from areal_metrics.sinks.query import Target, open_client
 from areal_metrics.sinks.schema import TABLES, SchemaOptions
 from areal_metrics.sinks.writer import insert_rows, load_plans, record_plans
+from areal_metrics.producers.contract.errors import ArealError
 
 log = logging.getLogger("areal.sink")
 _TOPIC_WAIT_S = 30.0  # for every topic's partitions, before joining the group
 R = TypeVar("R")
 
 
-class Stopped(Exception):
+class Stopped(ArealError):
     """The sink was asked to stop while waiting for the store."""
 
 
@@ -70,7 +70,7 @@ class Sink:
         self.policy = policy
         self.backoff = backoff
         self.group = group or consumer_group(settings)
-        self.instance_id = os.environ.get("AREAL_SINK_INSTANCE_ID") or f"{self.group}@{socket.gethostname()}"
+        self.instance_id = settings.sink_instance_id or f"{self.group}@{socket.gethostname()}"
         self.serve_queries = serve_queries  # the embedded store: serve it over ClickHouse's HTTP interface
         self.http_port = http_port  # 0: a free port (recorded in <store>/owner.json)
         # audits and tests: keep every inserted block unmerged, so a block stored

@@ -12,7 +12,6 @@ AREAL_STREAMS_SESSION_TIMEOUT (s, default 10).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 
@@ -29,7 +28,7 @@ def main() -> int:
 
     settings = Settings.from_env()
     topics = settings.topics
-    loglevel = os.environ.get("AREAL_STREAMS_LOGLEVEL", "warning").upper()
+    loglevel = settings.streams_loglevel.upper()
     logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if loglevel not in ("DEBUG", "INFO"):
         # Faust's notes about timer overlap and producer back-pressure under load are
@@ -38,8 +37,8 @@ def main() -> int:
             logging.getLogger(name).setLevel(logging.ERROR)
     try:
         config = StreamsConfig.load()
-        commit_interval = float(os.environ.get("AREAL_STREAMS_COMMIT_INTERVAL", "0.5"))
-        session_timeout = float(os.environ.get("AREAL_STREAMS_SESSION_TIMEOUT", "10"))
+        commit_interval = settings.streams_commit_interval_s
+        session_timeout = settings.streams_session_timeout_s
     except (ConfigError, ValueError) as exc:
         print(f"areal-streams: {exc}", file=sys.stderr)
         return 2

@@ -2,7 +2,7 @@
 
 `inputs(worker, topic)` gives an object whose `put(value, key=, headers=)` turns each value
 into a Faust `Message` (offsets counting up per topic) and hands it to the worker's
-InputFeed, as areal_metrics.streams.shell.batch_consumer does with a fetch. `worker.settled()` then waits for
+InputFeed, as areal_metrics.streams.shell.faust_internals does with a fetch. `worker.settled()` then waits for
 the batcher.
 """
 

@@ -24,7 +24,7 @@ from kafka import KafkaProducer
 
 from areal_metrics.producers.contract.events import CommandEvent
 from areal_metrics.producers.contract.topics import Topics
-from tests.test_client_broker import ROOT, child_env, service, stop, wait_for
+from tests.support import ROOT, child_env, start_service, stop_process, wait_for
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 os.environ.update(OFFLINE)
@@ -33,9 +33,9 @@ os.environ.update(OFFLINE)
 @pytest.fixture
 def stream_worker(stack_env: dict[str, str], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """The real stream worker as a process (its log: tmp_path / "worker.log"), stopped at teardown."""
-    proc = service("areal_metrics.streams", stack_env, tmp_path / "worker.log")
+    proc = start_service("areal_metrics.streams", stack_env, tmp_path / "worker.log")
     yield proc
-    stop(proc)
+    stop_process(proc)
 
 
 def publish_commands(bootstrap: str, topics: Topics, run_id: str, commands: tuple[str, ...]) -> None:

@@ -3,8 +3,6 @@
 import io
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -13,12 +11,8 @@ from areal_metrics.commands.alerts import wanted
 from areal_metrics.stack.kafka_broker import free_port
 from areal_metrics.progress import Progress, render, wait_for
 from areal_metrics.producers.contract.events import AlertEvent
+from tests.support import cli
 
-CLI = [sys.executable, "-m", "areal_metrics"]
-
-
-def cli(*args, env=None, input=None, timeout=120):
-    return subprocess.run([*CLI, *args], env=env, input=input, capture_output=True, text=True, timeout=timeout)
 
 
 def nowhere_env(tmp_path):

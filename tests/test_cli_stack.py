@@ -3,20 +3,14 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from areal_metrics.producers.contract.events import parse_event
 from tests.kafka_reading import read_to_end
+from tests.support import cli
 
-CLI = [sys.executable, "-m", "areal_metrics"]
-
-
-def cli(*args, env=None, input=None, timeout=180):
-    return subprocess.run([*CLI, *args], env=env, input=input, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize(

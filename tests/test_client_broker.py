@@ -31,25 +31,9 @@ from areal_metrics.producers.contract.events import CommandEvent, parse_event
 from areal_metrics.producers.contract.settings import Settings
 from areal_metrics.producers.contract.topics import Topics
 from tests.kafka_reading import read_to_end
+from tests.support import ROOT, child_env, start_service, stop_process, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(400)]
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def wait_for(check: Callable[[], object], timeout: float, what: str, every: float = 0.5) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def child_env(stack_env: dict[str, str], **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in stack_env.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_"))}
-    env.update(PYTHONPATH=str(ROOT), AREAL_EXIT_TIMEOUT_S="20", **extra)
-    return env
 
 
 def start(code: str, env: dict[str, str], log: Path) -> subprocess.Popen[str]:
@@ -57,27 +41,12 @@ def start(code: str, env: dict[str, str], log: Path) -> subprocess.Popen[str]:
                             stderr=log.open("w"), text=True, cwd=ROOT)
 
 
-def service(module: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", module], env=env, cwd=ROOT, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture
 def sink(stack_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[str], list[tuple]]]:
     """The real sink as a process; yields `query(sql) -> rows` through its endpoint."""
     from areal_metrics.sinks.query import Target, connect, read_owner
 
-    proc = service("areal_metrics.sinks", stack_env, tmp_path / "sink.log")
+    proc = start_service("areal_metrics.sinks", stack_env, tmp_path / "sink.log")
     settings = Settings(kafka_bootstrap=stack_env["AREAL_KAFKA_BOOTSTRAP"], topic_prefix=stack_env["AREAL_TOPIC_PREFIX"],
                         clickhouse_url=stack_env["AREAL_CLICKHOUSE_URL"])
     store_path = Target.parse(settings.clickhouse_url).path
@@ -91,7 +60,7 @@ def sink(stack_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[str], 
     try:
         yield query
     finally:
-        stop(proc)
+        stop_process(proc)
 
 
 RANK_SCRIPT = """
@@ -114,7 +83,7 @@ RANK_SCRIPT = """
 
 
 def test_two_ranks_on_one_host_reach_clickhouse(stack_env: dict[str, str], topics: Topics, tmp_path: Path, sink) -> None:
-    worker = service("areal_metrics.streams", stack_env, tmp_path / "worker.log")
+    worker = start_service("areal_metrics.streams", stack_env, tmp_path / "worker.log")
     try:
         ranks = [start(RANK_SCRIPT, child_env(stack_env, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r)),
                        tmp_path / f"rank{r}.log") for r in range(2)]
@@ -143,7 +112,7 @@ def test_two_ranks_on_one_host_reach_clickhouse(stack_env: dict[str, str], topic
         assert (status, tags, group, n_ranks, world) == ("finished", ["grpo", "test"], "client-e2e", 2, 2)
         assert json.loads(config) == {"lr": 1e-3, "group_size": 4, "model": {"layers": 2}}
     finally:
-        stop(worker)
+        stop_process(worker)
 
 
 KILLED_SCRIPT = """

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import uuid
 
 import pytest
@@ -18,10 +16,13 @@ from areal_metrics.producers.contract.settings import Settings
 from areal_metrics.producers.runtime.topic_admin import TopicCreationError
 from areal_metrics.producers.contract.topics import Topics
 from tests.test_cli_stack import status_until
+from tests import support
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(420)]
 
-CLI = [sys.executable, "-m", "areal_metrics"]
+
+def cli(*args: str, env: dict[str, str]):
+    return support.cli(*args, env=env, timeout=300)  # a three-broker cluster starts slowly
 
 
 def describe(bootstrap: str, names: list[str]) -> dict[str, tuple[set[int], dict[str, str]]]:
@@ -75,10 +76,6 @@ def test_a_replication_factor_above_the_broker_count_is_refused_naming_the_topic
     settings = Settings(kafka_replication_factor=3, kafka_min_insync_replicas=2)
     with pytest.raises(TopicCreationError, match=rf"topic {topics.prefix}\S+: .*replication factor"):
         create_topics(kafka_bootstrap, topics.specs(settings), partitions=3, timeout=15)
-
-
-def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_up_with_three_brokers_status_shows_each_a_killed_one_and_up_restarts_it(tmp_path):

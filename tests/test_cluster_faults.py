@@ -29,7 +29,8 @@ from areal_metrics.areal_train.launch import start
 from areal_metrics.producers.contract.events import CommandEvent, EvalConsensusEvent, EvalEvent, StepEvent, parse_event
 from areal_metrics.producers.contract.settings import Settings
 from areal_metrics.streams.shell.app import app_id_for
-from tests.test_faults import FAULT_WARMSTART_STEPS, STARTUP_S, start_module, stop
+from tests.support import start_service, stop_process
+from tests.test_faults import FAULT_WARMSTART_STEPS, STARTUP_S
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(720)]
 
@@ -85,8 +86,8 @@ def test_a_broker_killed_during_training_loses_nothing_and_counts_nothing_twice(
     worker_config.write_text(json.dumps({"defaults": {"eval_interval": 4, "min_eval_interval": 4,
                                                       "max_eval_interval": 4}}))
     env = {**cluster_env, "AREAL_STREAMS_CONFIG": str(worker_config)}
-    worker = start_module("areal_metrics.streams", env, tmp_path / "worker.log")
-    sink = start_module("areal_metrics.sinks", env, tmp_path / "sink.log")
+    worker = start_service("areal_metrics.streams", env, tmp_path / "worker.log")
+    sink = start_service("areal_metrics.sinks", env, tmp_path / "sink.log")
     log = Log(kafka_cluster.bootstrap, [topics.steps, topics.evals, topics.consensus])
     try:
         killed_at = train_through_a_broker_kill(kafka_cluster, topics, env, log, tmp_path)
@@ -105,8 +106,8 @@ def test_a_broker_killed_during_training_loses_nothing_and_counts_nothing_twice(
         assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
     finally:
         log.close()
-        stop(worker)
-        stop(sink)
+        stop_process(worker)
+        stop_process(sink)
     assert "failed to process" not in (tmp_path / "worker.log").read_text()  # every input reached its state
 
     # The topics the worker made (its ticks, its state's changelog) are replicated like the others.

@@ -13,11 +13,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer
@@ -26,6 +23,7 @@ from areal_metrics.areal_train.config import TrainConfig
 from areal_metrics.areal_train.launch import start
 from areal_metrics.producers.contract.events import StepEvent, parse_event
 from areal_metrics.producers.contract.settings import Settings
+from tests.support import start_service, stop_process
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(720)]
 
@@ -66,20 +64,6 @@ def until_training(bootstrap: str, topic: str, run_id: str, events: int) -> None
     assert len(seen) >= events, f"{run_id}: {len(seen)} step events after {STARTUP_S} s; its ranks did not start"
 
 
-def start_module(module: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", module], env=env, stdout=open(log, "wb"),
-                            stderr=subprocess.STDOUT)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def test_broker_restart_during_training_loses_nothing_and_counts_nothing_twice(kafka_broker, topics, stack_env,
                                                                                tmp_path):
     steps, nproc = 250, 2
@@ -105,7 +89,7 @@ def test_broker_restart_during_training_loses_nothing_and_counts_nothing_twice(k
     assert all(len(ids) == 1 for ids in by_rank_step.values())  # a re-send keeps its event_id
 
     # The sink projects the log into ClickHouse: each step exactly once with FINAL.
-    sink = start_module("areal_metrics.sinks", stack_env, tmp_path / "sink.log")
+    sink = start_service("areal_metrics.sinks", stack_env, tmp_path / "sink.log")
     try:
         from areal_metrics.sinks.query import Target, connect, read_owner
 
@@ -127,14 +111,14 @@ def test_broker_restart_during_training_loses_nothing_and_counts_nothing_twice(k
             time.sleep(1)
         assert (rows, unique) == (steps * nproc, steps * nproc)
     finally:
-        stop(sink)
+        stop_process(sink)
 
 
 def test_a_dead_rank_ends_its_run_with_a_critical_alert_while_other_runs_flow(kafka_bootstrap, topics, stack_env, tmp_path):
     config = tmp_path / "streams.json"
     config.write_text(json.dumps({"defaults": {"stall_seconds": 4}, "tick_interval_s": 0.5}))
     env = {**stack_env, "AREAL_STREAMS_CONFIG": str(config)}
-    worker = start_module("areal_metrics.streams", env, tmp_path / "worker.log")
+    worker = start_service("areal_metrics.streams", env, tmp_path / "worker.log")
     victim = start("fault-dead", 2, 100_000, QUIET_TRAINING, env=env, log_dir=tmp_path / "logs")
     survivor = start("fault-alive", 1, 100_000, QUIET_TRAINING, env=env, log_dir=tmp_path / "logs")
     alerts = KafkaConsumer(topics.alerts, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
@@ -167,4 +151,4 @@ def test_a_dead_rank_ends_its_run_with_a_critical_alert_while_other_runs_flow(ka
         alerts.close()
         victim.terminate()
         survivor.terminate()
-        stop(worker)
+        stop_process(worker)

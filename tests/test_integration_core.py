@@ -23,7 +23,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from areal_metrics.producers.contract.events import CommandEvent
-from tests.test_client_broker import ROOT
+from tests.support import ROOT
 
 
 def requirements_under_test() -> list[Requirement]:

@@ -21,7 +21,7 @@ import pytest
 from areal_metrics.producers.contract.topics import Topics
 from tests import test_client_broker
 from tests.integration_support import OFFLINE
-from tests.test_client_broker import ROOT, child_env, wait_for
+from tests.support import ROOT, child_env, wait_for
 
 sink = test_client_broker.sink  # the fixture: the real sink as a process, queried through its endpoint
 

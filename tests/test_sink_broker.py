@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from areal_metrics.sinks.query import Target, open_client
 from areal_metrics.sinks.replay import fingerprints, replay_into
 from areal_metrics.sinks.schema import TABLES
 from areal_metrics.sinks.sink import Sink
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 
@@ -79,15 +80,6 @@ class Producer:
     def close(self) -> None:
         self.producer.flush(30)
         self.producer.close(10)
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def lag(bootstrap: str, topics: Topics, group: str) -> int:

@@ -1,4 +1,4 @@
-"""The worker's consumer (areal_metrics.streams.shell.batch_consumer) hands a fetch over, on Faust's real objects.
+"""The worker's consumer (areal_metrics.streams.shell.faust_internals) hands a fetch over, on Faust's real objects.
 
 No broker: the app is built as the worker builds it, and its consumer is created but not
 started. What the broker tests cannot see from outside is checked here: a hand-over
@@ -18,7 +18,7 @@ from faust.types import TP, Message
 
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.streams.shell.app import build_worker
-from areal_metrics.streams.shell.batch_consumer import BatchConsumer
+from areal_metrics.streams.shell.faust_internals import BatchConsumer
 
 TOPICS = Topics("handover.")
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from areal_metrics.errors import ServiceUnavailable, UserError
+from areal_metrics.producers.contract.settings import read_setting
 
 if TYPE_CHECKING:
     from areal_metrics.grafana.provision import ClickHouseServer
@@ -73,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
 def _clickhouse_for_grafana(explicit: str | None) -> str:
     if explicit:
         return explicit
-    if os.environ.get(CLICKHOUSE_URL_ENV):
-        return os.environ[CLICKHOUSE_URL_ENV]
+    if read_setting("grafana_clickhouse_url"):
+        return read_setting("grafana_clickhouse_url")
     from areal_metrics.producers.contract.settings import Settings
 
     from areal_metrics.sinks.query import StoreError, http_dsn

@@ -24,9 +24,10 @@ from pathlib import Path
 
 from areal_metrics.errors import UserError
 from areal_metrics.producers.contract.topics import TopicSpec
+from areal_metrics.producers.contract.settings import read_setting
 
 POM = Path(__file__).with_name("kafka") / "pom.xml"
-JVM_HEAP = os.environ.get("AREAL_KAFKA_HEAP", "-Xmx512m -Xms128m")
+JVM_HEAP = read_setting("kafka_heap")
 
 
 def kafka_version() -> str:
@@ -36,7 +37,7 @@ def kafka_version() -> str:
 
 
 def jars_dir() -> Path:
-    override = os.environ.get("AREAL_KAFKA_JARS")
+    override = read_setting("kafka_jars")
     if override:
         return Path(override)
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))

@@ -29,6 +29,7 @@ from areal_metrics.producers.contract.settings import Settings, state_dir
 from areal_metrics.errors import UserError
 from areal_metrics.stack.kafka_broker import KafkaBroker, create_topics, kafka_version, pid_alive, port_open, stop_pid
 from areal_metrics.stack.kafka_cluster import KafkaCluster
+from areal_metrics.producers.contract.settings import is_set, read_setting
 
 SERVICES = ("worker", "sink")  # started after the broker, stopped before it
 SERVICE_MODULES = {"worker": "areal_metrics.streams", "sink": "areal_metrics.sinks"}
@@ -122,9 +123,9 @@ def cluster_settings(settings: Settings, brokers: int) -> Settings:
     return replace(
         settings,
         kafka_replication_factor=settings.kafka_replication_factor
-        if os.environ.get("AREAL_KAFKA_REPLICATION_FACTOR") else brokers,
+        if is_set("kafka_replication_factor") else brokers,
         kafka_min_insync_replicas=settings.kafka_min_insync_replicas
-        if os.environ.get("AREAL_KAFKA_MIN_INSYNC_REPLICAS") else min(2, brokers),
+        if is_set("kafka_min_insync_replicas") else min(2, brokers),
     )
 
 
@@ -171,7 +172,7 @@ def _start_brokers(home: Path, brokers: int, partitions: int, previous: StackInf
     common = dict(kafka_version=kafka_version(), topic_prefix=settings.topic_prefix, home=str(home),
                   started_at=time.time(), replication_factor=settings.kafka_replication_factor,
                   min_insync_replicas=settings.kafka_min_insync_replicas,
-                  clickhouse_url=os.environ.get("AREAL_CLICKHOUSE_URL") or f"chdb://{home / 'clickhouse'}")
+                  clickhouse_url=read_setting("clickhouse_url") or f"chdb://{home / 'clickhouse'}")
     if brokers == 1:
         broker = KafkaBroker(
             broker_dir(home, 1),

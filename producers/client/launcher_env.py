@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from areal_metrics.producers.contract.settings import read_setting
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def job_run_id(env: Mapping[str, str]) -> str | None:
     AREAL_RUN_ID first; then torchrun's rendezvous id (a fresh uuid under
     `--standalone`; "none" means unset), then SLURM's job (and step) id.
     """
-    explicit = env.get("AREAL_RUN_ID", "").strip()
+    explicit = (read_setting("run_id", env) or "").strip()
     if explicit:
         return explicit
     rdzv = env.get("TORCHELASTIC_RUN_ID", "").strip()

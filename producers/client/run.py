@@ -112,7 +112,7 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
         raise TypeError(f"resume: expected True or False, got {type(resume).__name__}")
     clean_tags = run_info.clean_tags(tags)
     overrides, options = _split_settings(settings)
-    base = Settings.from_env()
+    base = Settings.from_env(reader="client")
     settings_obj = dataclasses.replace(base, **overrides) if overrides else base
     identity = _identity(options)
     generated = False

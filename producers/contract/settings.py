@@ -1,159 +1,216 @@
-"""Settings from the environment (CONTRACT.md, 'Settings').
+"""Settings from the environment (CONTRACT.md, 'Settings'): every AREAL_* variable the
+project reads is a field of `Settings`, declared with its variable, default, range and readers;
+docs/SETTINGS.md is generated from these declarations (`python -m
+areal_metrics.producers.contract.settings`), and tests/test_settings.py holds it to them.
 
-Secrets (SASL password, TLS key passwords) are read from the environment or a
-file and are never printed: `Settings.__repr__` masks them.
+Secrets (SASL password) come from the environment or a file and are never printed:
+`Settings.__repr__` and `public()` mask them.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.producers.contract.topics import DEFAULT_PREFIX, Topics
 
 DEFAULT_STATE_DIR = ".areal"
-
-
-def state_dir() -> Path:
-    """Where the local stack keeps its state (broker data, store, pids, journals)."""
-    return Path(os.environ.get("AREAL_HOME", DEFAULT_STATE_DIR)).absolute()
-
-
-def _secret(name: str) -> str | None:
-    """A secret from NAME or from the file named by NAME_FILE."""
-    if os.environ.get(name):
-        return os.environ[name]
-    path = os.environ.get(name + "_FILE")
-    if path:
-        return Path(path).read_text().strip()
-    return None
-
-
 # The local stack (`areal-metrics up`) binds its broker here when the port is free,
 # so a trainer with no settings at all reaches it. The CLI passes the bootstrap of
 # the stack it started explicitly; this package never reads the stack's files.
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
-
-def _float_env(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw[:40]!r}: expected a number") from None
-
-
-def _int_env(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw[:40]!r}: expected an integer") from None
-
-
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# Who reads a setting, for the docs' table: the client in a trainer, the stream worker, the
+# sink, the local stack and CLI, the reference trainer, the benchmarks.
+READERS = ("client", "worker", "sink", "stack", "trainer", "benchmarks")
 
 
-def _bool_env(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
+def setting(env: str, default: Any, doc: str, *, kind: str = "str", ge: float | None = None,
+            le: float | None = None, choices: tuple[str, ...] = (), readers: str = "client worker sink",
+            secret: bool = False, default_doc: str | None = None) -> Any:
+    """A Settings field read from the environment variable `env` (docs/SETTINGS.md is made
+    from these declarations). kind: str, int, float, bool, choice, path."""
+    assert set(readers.split()) <= set(READERS), readers
+    meta = {"env": env, "doc": doc, "kind": kind, "ge": ge, "le": le, "choices": choices,
+            "readers": tuple(readers.split()), "secret": secret,
+            "default_doc": default_doc if default_doc is not None else _shown(default)}
+    return field(default=default, metadata=meta, repr=not secret)
+
+
+def _shown(default: Any) -> str:
+    return "unset" if default is None or default == "" else f"`{default}`"
+
+
+def _parse(f: Any, raw: str) -> Any:
+    """One variable's text -> its value; ConfigError naming the variable otherwise."""
+    m = f.metadata
+    name, kind, text = m["env"], m["kind"], raw.strip()
+    if kind in ("str", "path"):
+        return text
+    if kind == "choice":
+        if text.lower() not in m["choices"]:
+            raise ConfigError(f"{name}={text[:40]!r}: expected one of {', '.join(m['choices'])}")
+        return text.lower()
+    if kind == "bool":
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ConfigError(f"{name}={text[:40]!r}: expected 1/0, true/false, yes/no or on/off")
+    try:
+        value: float = int(text) if kind == "int" else float(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text[:40]!r}: expected {'an integer' if kind == 'int' else 'a number'}") from None
+    if kind == "float" and not math.isfinite(value):
+        raise ConfigError(f"{name}={text[:40]!r}: expected a finite number")
+    if (m["ge"] is not None and value < m["ge"]) or (m["le"] is not None and value > m["le"]):
+        low = "" if m["ge"] is None else f">= {m['ge']:g}"
+        high = "" if m["le"] is None else f"<= {m['le']:g}"
+        raise ConfigError(f"{name}={text[:40]!r}: expected a number {' and '.join(filter(None, (low, high)))}")
+    return value
+
+
+def _from_env(f: Any, environ: Mapping[str, str]) -> Any:
+    """The field's value from `environ` (a secret also from the file NAME_FILE names), or MISSING."""
+    m = f.metadata
+    raw = environ.get(m["env"])
+    if (raw is None or raw.strip() == "") and m["secret"] and environ.get(m["env"] + "_FILE"):
+        path = environ[m["env"] + "_FILE"]
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"{m['env']}_FILE={path!r}: cannot read ({exc.strerror})") from None
     if raw is None or raw.strip() == "":
-        return default
-    if raw.strip().lower() in _TRUE:
-        return True
-    if raw.strip().lower() in _FALSE:
-        return False
-    raise ConfigError(f"{name}={raw[:40]!r}: expected 1/0, true/false, yes/no or on/off")
-
-
-def _choice_env(name: str, choices: tuple[str, ...], default: str) -> str:
-    raw = (os.environ.get(name) or "").strip().lower()
-    if not raw:
-        return default
-    if raw not in choices:
-        raise ConfigError(f"{name}={raw[:40]!r}: expected one of {', '.join(choices)}")
-    return raw
-
-
-def _ttl_days_env(name: str) -> int | None:
-    """A number of days >= 1, or None when unset, empty or 0 (off)."""
-    days = _int_env(name, 0)
-    if days < 0:
-        raise ConfigError(f"{name}={days}: expected a number of days >= 1 (0 or unset: keep forever)")
-    return days or None
+        return MISSING
+    return _parse(f, raw)
 
 
 @dataclass(frozen=True)
 class Settings:
-    kafka_bootstrap: str = ""
-    clickhouse_url: str = ""
-    topic_prefix: str = DEFAULT_PREFIX
-    # Kafka security (all optional; PLAINTEXT when unset)
-    kafka_security_protocol: str = "PLAINTEXT"
-    kafka_sasl_mechanism: str | None = None
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: str | None = field(default=None, repr=False)
-    kafka_ssl_cafile: str | None = None
-    kafka_ssl_certfile: str | None = None
-    kafka_ssl_keyfile: str | None = None
-    # Topic durability: replication factor and min.insync.replicas for every topic
-    # the project creates (Faust's internal topics included); 3 and 2 on a cluster.
-    kafka_replication_factor: int = 1
-    kafka_min_insync_replicas: int = 1
-    # Retention in ms (-1 = keep forever). Raw topics are the source of truth that
-    # `replay` rebuilds from, so they are kept by default; derived topics likewise
-    # unless configured.
-    raw_retention_ms: int = -1
-    derived_retention_ms: int = -1
-    # ClickHouse on a cluster: DDL runs ON CLUSTER <clickhouse_cluster>, and with
-    # `clickhouse_replicated` the tables use Replicated* engines (Keeper). Unset
-    # AREAL_CLICKHOUSE_REPLICATED means "replicated when a cluster is named".
-    clickhouse_cluster: str | None = None
-    # Raw steps (table `steps`) older than this many days are deleted by ClickHouse's TTL
-    # and hidden from `v_steps`; None keeps them (Kafka stays the source of truth: `replay`).
-    clickhouse_steps_ttl_days: int | None = None
-    # The client (`areal_metrics.init`): how long exit and finish() wait for the broker's
-    # acknowledgement before leaving the rest in the journal.
-    exit_timeout_s: float = 10.0
-    clickhouse_replicated: bool = False
-    # The Kafka client that delivers the trainers' events (areal_metrics.producers.delivery.backends): auto
-    # (confluent-kafka when installed, else kafka-python), confluent-kafka or kafka-python.
-    kafka_client: str = "auto"
+    """Every AREAL_* environment variable the project reads, in one place (docs/SETTINGS.md)."""
+
+    # -- where things are
+    kafka_bootstrap: str = setting("AREAL_KAFKA_BOOTSTRAP", "", "Kafka bootstrap servers, comma-separated",
+                                   readers="client worker sink stack trainer benchmarks",
+                                   default_doc=f"`{DEFAULT_BOOTSTRAP}` (where `areal-metrics up` binds its broker)")
+    clickhouse_url: str = setting("AREAL_CLICKHOUSE_URL", "", "the store: `chdb:///path` (embedded) or "
+                                  "`http://user:pass@host:8123/db` (a server)", readers="sink stack",
+                                  default_doc="`chdb://$AREAL_HOME/clickhouse`")
+    topic_prefix: str = setting("AREAL_TOPIC_PREFIX", DEFAULT_PREFIX, "prefix of every topic name",
+                                readers="client worker sink stack trainer benchmarks")
+    home: str = setting("AREAL_HOME", DEFAULT_STATE_DIR, "the local stack's state: broker data, store, pids, "
+                        "journals, attempt records", kind="path", readers="client worker sink stack trainer")
+    # -- Kafka security (all optional; PLAINTEXT when unset)
+    kafka_security_protocol: str = setting("AREAL_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT",
+                                           "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL")
+    kafka_sasl_mechanism: str | None = setting("AREAL_KAFKA_SASL_MECHANISM", None, "PLAIN, SCRAM-SHA-256, ...")
+    kafka_sasl_username: str | None = setting("AREAL_KAFKA_SASL_USERNAME", None, "SASL user")
+    kafka_sasl_password: str | None = setting("AREAL_KAFKA_SASL_PASSWORD", None, "SASL password (or a file named "
+                                              "by AREAL_KAFKA_SASL_PASSWORD_FILE); never printed", secret=True)
+    kafka_ssl_cafile: str | None = setting("AREAL_KAFKA_SSL_CAFILE", None, "CA bundle for TLS", kind="path")
+    kafka_ssl_certfile: str | None = setting("AREAL_KAFKA_SSL_CERTFILE", None, "client certificate", kind="path")
+    kafka_ssl_keyfile: str | None = setting("AREAL_KAFKA_SSL_KEYFILE", None, "client key", kind="path")
+    # -- topic durability for every topic the project creates (Faust's too); 3 and 2 on a cluster
+    kafka_replication_factor: int = setting("AREAL_KAFKA_REPLICATION_FACTOR", 1, "replication factor of new topics",
+                                            kind="int", readers="worker sink stack")
+    kafka_min_insync_replicas: int = setting("AREAL_KAFKA_MIN_INSYNC_REPLICAS", 1, "min.insync.replicas of new "
+                                             "topics", kind="int", readers="worker sink stack")
+    # Retention in ms (-1 = keep forever). Raw topics are the source of truth that `replay`
+    # rebuilds from, so they are kept by default; derived topics likewise unless configured.
+    raw_retention_ms: int = setting("AREAL_RAW_RETENTION_MS", -1, "retention of steps, evals, runs (ms; -1 keeps "
+                                    "them: replay rebuilds from them)", kind="int", readers="worker sink stack")
+    derived_retention_ms: int = setting("AREAL_DERIVED_RETENTION_MS", -1, "retention of the derived topics (ms; "
+                                        "-1 keeps them)", kind="int", readers="worker sink stack")
+    # -- ClickHouse on a cluster: DDL ON CLUSTER; Replicated* engines when replicated
+    clickhouse_cluster: str | None = setting("AREAL_CLICKHOUSE_CLUSTER", None, "run DDL ON CLUSTER this cluster "
+                                             "(a server only)", readers="sink stack")
+    clickhouse_replicated: bool = setting("AREAL_CLICKHOUSE_REPLICATED", False, "Replicated* table engines "
+                                          "(Keeper)", kind="bool", readers="sink stack",
+                                          default_doc="on when AREAL_CLICKHOUSE_CLUSTER is set")
+    clickhouse_steps_ttl_days: int | None = setting("AREAL_CLICKHOUSE_STEPS_TTL_DAYS", None, "delete raw steps "
+                                                    "older than this many days (0 or unset: keep)", kind="int",
+                                                    ge=0, readers="sink stack")
+    # -- the client (areal_metrics.init)
+    exit_timeout_s: float = setting("AREAL_EXIT_TIMEOUT_S", 10.0, "how long exit and finish() wait for the "
+                                    "broker's acknowledgement before leaving the rest in the journal",
+                                    kind="float", ge=0, readers="client")
+    kafka_client: str = setting("AREAL_KAFKA_CLIENT", "auto", "the Kafka client that delivers the trainer's "
+                                "events: auto (confluent-kafka when installed), confluent-kafka or kafka-python",
+                                kind="choice", choices=("auto", "confluent-kafka", "kafka-python"), readers="client")
+    run_id: str | None = setting("AREAL_RUN_ID", None, "the run id every rank of a launch shares (before "
+                                 "torchrun's and SLURM's ids)", readers="client trainer")
+    # -- the stream worker
+    streams_config: str | None = setting("AREAL_STREAMS_CONFIG", None, "JSON file of the worker's thresholds, "
+                                         "per run (docs/STREAMS.md)", kind="path", readers="worker")
+    streams_loglevel: str = setting("AREAL_STREAMS_LOGLEVEL", "warning", "the worker's log level", kind="choice",
+                                    choices=LOG_LEVELS, readers="worker")
+    streams_commit_interval_s: float = setting("AREAL_STREAMS_COMMIT_INTERVAL", 0.5, "seconds between the "
+                                               "worker's offset commits", kind="float", ge=0.01, le=3600,
+                                               readers="worker")
+    streams_session_timeout_s: float = setting("AREAL_STREAMS_SESSION_TIMEOUT", 10.0, "consumer group session "
+                                               "timeout, seconds", kind="float", ge=1, le=3600, readers="worker")
+    streams_linger_ms: float = setting("AREAL_STREAMS_LINGER_MS", 5.0, "how long a batch waits for more input, "
+                                       "ms", kind="float", ge=0, le=10_000, readers="worker")
+    # -- the sink
+    log_level: str = setting("AREAL_LOG_LEVEL", "info", "the sink's log level", kind="choice", choices=LOG_LEVELS,
+                             readers="sink")
+    sink_max_rows: int = setting("AREAL_SINK_MAX_ROWS", 5000, "rows per insert at most", kind="int", ge=1,
+                                 le=10_000_000, readers="sink")
+    sink_max_wait_ms: int = setting("AREAL_SINK_MAX_WAIT_MS", 500, "the longest a row waits in the buffer, ms",
+                                    kind="int", ge=0, le=3_600_000, readers="sink")
+    sink_idle_ms: int = setting("AREAL_SINK_IDLE_MS", 50, "flush once a poll this long brought nothing, ms",
+                                kind="int", ge=0, le=3_600_000, readers="sink")
+    sink_instance_id: str | None = setting("AREAL_SINK_INSTANCE_ID", None, "the sink's static group member id",
+                                           readers="sink", default_doc="`<group>@<hostname>`")
+    sink_stop_merges: bool = setting("AREAL_SINK_STOP_MERGES", False, "keep inserted blocks unmerged (audits, "
+                                     "tests)", kind="bool", readers="sink")
+    sink_http_port: int = setting("AREAL_SINK_HTTP_PORT", 0, "port of the embedded store's HTTP endpoint (0: a "
+                                  "free one, recorded in the store's owner.json)", kind="int", ge=0, le=65535,
+                                  readers="sink")
+    # -- the local stack, the CLI and the trainer
+    kafka_heap: str = setting("AREAL_KAFKA_HEAP", "-Xmx512m -Xms128m", "JVM heap flags of the local broker",
+                              readers="stack")
+    kafka_jars: str | None = setting("AREAL_KAFKA_JARS", None, "a folder of Kafka broker jars to use instead of "
+                                     "fetching them", kind="path", readers="stack",
+                                     default_doc="`$XDG_CACHE_HOME/areal-metrics/kafka-<version>`")
+    grafana_clickhouse_url: str | None = setting("AREAL_GRAFANA_CLICKHOUSE_URL", None, "ClickHouse as Grafana "
+                                                 "reaches it, for `grafana provision`", readers="stack")
+    cache_dir: str | None = setting("AREAL_CACHE_DIR", None, "the trainer's cache (warm starts)", kind="path",
+                                    readers="trainer", default_doc="`~/.cache/areal-metrics`")
+    bench_profile_dir: str | None = setting("AREAL_BENCH_PROFILE_DIR", None, "write the services' CPU profiles "
+                                            "here during the pipeline benchmark", kind="path", readers="benchmarks")
 
     @classmethod
-    def from_env(cls) -> Settings:
-        env = os.environ.get
-        return cls(
-            kafka_bootstrap=env("AREAL_KAFKA_BOOTSTRAP") or DEFAULT_BOOTSTRAP,
-            clickhouse_url=env("AREAL_CLICKHOUSE_URL") or f"chdb://{state_dir() / 'clickhouse'}",
-            topic_prefix=env("AREAL_TOPIC_PREFIX", DEFAULT_PREFIX),
-            kafka_security_protocol=env("AREAL_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),
-            kafka_sasl_mechanism=env("AREAL_KAFKA_SASL_MECHANISM"),
-            kafka_sasl_username=env("AREAL_KAFKA_SASL_USERNAME"),
-            kafka_sasl_password=_secret("AREAL_KAFKA_SASL_PASSWORD"),
-            kafka_ssl_cafile=env("AREAL_KAFKA_SSL_CAFILE"),
-            kafka_ssl_certfile=env("AREAL_KAFKA_SSL_CERTFILE"),
-            kafka_ssl_keyfile=env("AREAL_KAFKA_SSL_KEYFILE"),
-            kafka_replication_factor=_int_env("AREAL_KAFKA_REPLICATION_FACTOR", 1),
-            kafka_min_insync_replicas=_int_env("AREAL_KAFKA_MIN_INSYNC_REPLICAS", 1),
-            raw_retention_ms=_int_env("AREAL_RAW_RETENTION_MS", -1),
-            derived_retention_ms=_int_env("AREAL_DERIVED_RETENTION_MS", -1),
-            clickhouse_cluster=env("AREAL_CLICKHOUSE_CLUSTER") or None,
-            clickhouse_steps_ttl_days=_ttl_days_env("AREAL_CLICKHOUSE_STEPS_TTL_DAYS"),
-            exit_timeout_s=_float_env("AREAL_EXIT_TIMEOUT_S", 10.0),
-            clickhouse_replicated=_bool_env("AREAL_CLICKHOUSE_REPLICATED", bool(env("AREAL_CLICKHOUSE_CLUSTER"))),
-            kafka_client=_choice_env("AREAL_KAFKA_CLIENT", ("auto", "confluent-kafka", "kafka-python"), "auto"),
-        )
+    def from_env(cls, environ: Mapping[str, str] | None = None, reader: str | None = None) -> Settings:
+        """The settings from the environment; ConfigError names a variable that cannot be used.
+        With `reader` (e.g. "client"), only the variables that reader uses are read: a trainer
+        is never stopped by a sink's setting."""
+        environ = os.environ if environ is None else environ
+        chosen = [f for f in fields(cls) if reader is None or reader in f.metadata["readers"]]
+        values = {f.name: v for f in chosen if (v := _from_env(f, environ)) is not MISSING}
+        values.setdefault("kafka_bootstrap", DEFAULT_BOOTSTRAP)
+        home = Path(values.get("home", DEFAULT_STATE_DIR)).absolute()
+        values["home"] = str(home)
+        values.setdefault("clickhouse_url", f"chdb://{home / 'clickhouse'}")
+        values.setdefault("clickhouse_replicated", bool(values.get("clickhouse_cluster")))
+        values["clickhouse_steps_ttl_days"] = values.get("clickhouse_steps_ttl_days") or None
+        return cls(**values)
 
     @property
     def topics(self) -> Topics:
         return Topics(self.topic_prefix)
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.home).absolute()
 
     def kafka_python_config(self) -> dict[str, object]:
         """Connection settings in kafka-python's (and aiokafka's) spelling."""
@@ -204,3 +261,43 @@ def mask_url(url: str) -> str:
     creds, _, host = rest.rpartition("@")
     user = creds.split(":", 1)[0]
     return f"{scheme}://{user}:***@{host}" if ":" in creds else url
+
+
+def read_setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """One setting by its field name, without reading the others (a default where unset)."""
+    f = _FIELDS[name]
+    value = _from_env(f, os.environ if environ is None else environ)
+    return f.default if value is MISSING else value
+
+
+def is_set(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Did the environment choose this setting (a non-empty variable)?"""
+    return bool((os.environ if environ is None else environ).get(_FIELDS[name].metadata["env"], "").strip())
+
+
+def state_dir() -> Path:
+    """Where the local stack keeps its state (broker data, store, pids, journals)."""
+    return Path(read_setting("home")).absolute()
+
+
+_FIELDS = {f.name: f for f in fields(Settings)}
+VARIABLES = {f.metadata["env"]: f.name for f in fields(Settings)}  # variable -> field name
+
+
+def markdown_table() -> str:
+    """docs/SETTINGS.md's table, from the declarations."""
+    rows = ["| variable | default | read by | what |", "|---|---|---|---|"]
+    for f in fields(Settings):
+        m = f.metadata
+        what = m["doc"]
+        if m["kind"] in ("int", "float") and (m["ge"] is not None or m["le"] is not None):
+            bounds = [f">= {m['ge']:g}" if m["ge"] is not None else "", f"<= {m['le']:g}" if m["le"] is not None else ""]
+            what += f" ({' and '.join(filter(None, bounds))})"
+        if m["kind"] == "choice":
+            what += f" ({' / '.join(m['choices'])})"
+        rows.append(f"| `{m['env']}` | {m['default_doc']} | {', '.join(m['readers'])} | {what} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

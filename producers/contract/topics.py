@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -85,10 +84,6 @@ class Topics:
     """The full topic names under one prefix."""
 
     prefix: str = DEFAULT_PREFIX
-
-    @classmethod
-    def from_env(cls) -> Topics:
-        return cls(os.environ.get("AREAL_TOPIC_PREFIX", DEFAULT_PREFIX))
 
     @property
     def steps(self) -> str:

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import logging
 from typing import Any, Protocol
+from areal_metrics.producers.contract.errors import ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
 CLIENTS = ("auto", "confluent-kafka", "kafka-python")
 
 
-class SendError(Exception):
+class SendError(ServiceUnavailable):
     """The client refused a message at once (broker away, buffer full): the caller journals it."""
 
 

@@ -18,6 +18,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from areal_metrics.producers.contract.errors import UserError
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +29,7 @@ class JournalRecord:
     end: int  # byte offset just after this record
 
 
-class JournalLocked(RuntimeError):
+class JournalLocked(UserError, RuntimeError):
     """Another publisher owns this journal directory."""
 
 

@@ -43,7 +43,7 @@ from areal_metrics.producers.delivery import backends as delivery
 from areal_metrics.producers.runtime.backoff import Backoff
 from areal_metrics.producers.contract.events import Event
 from areal_metrics.producers.delivery.journal import Journal, open_journal
-from areal_metrics.producers.contract.settings import Settings, state_dir
+from areal_metrics.producers.contract.settings import Settings, state_dir, read_setting
 from areal_metrics.producers.contract.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class Publisher:
         exit_timeout_s: float = 10.0,
         kafka_client: str = "auto",
     ) -> None:
-        self.topics = topics or Topics.from_env()
+        self.topics = topics or Topics(read_setting("topic_prefix"))
         self.max_queue = max_queue
         self._max_in_flight = max_in_flight
         self._delivery_timeout_s = delivery_timeout_s

@@ -5,9 +5,8 @@ CPython's cyclic collector runs after every 700 net allocations of container obj
 every 100 of those runs, walks every object the process holds. A service's heap is mostly
 modules, classes and library objects made at start (Faust, aiokafka, the embedded engine's
 client) that never become garbage, and its per-event objects are freed by reference counting
-as soon as the event is done. Measured in the pipeline benchmark (gc.callbacks, CPU time),
-the collector took 14 % of the stream worker's CPU and 12 % of the sink's (docs/
-PERFORMANCE.md). So: everything alive once the service has started is moved out of the
+as soon as the event is done, so the collector's walks are mostly wasted work (its share of
+the services' CPU is in docs/PERFORMANCE.md). So: everything alive once the service has started is moved out of the
 collector's sight (`gc.freeze`), and the youngest generation is collected after 20,000
 allocations instead of 700. Cycles are still collected, only less often.
 """

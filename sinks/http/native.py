@@ -26,6 +26,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from areal_metrics.producers.contract.errors import ArealError
 
 BLOCK_INFO_REVISION = 1  # any revision > 0 (51903 in ClickHouse's sources; every client sends more)
 CUSTOM_SERIALIZATION_REVISION = 54454
@@ -51,11 +52,11 @@ _UNSUPPORTED = ("Dynamic", "Variant", "JSON", "Object", "AggregateFunction", "Ne
 _NAMED_ELEMENT = re.compile(r"^(`[^`]*`|[A-Za-z_][A-Za-z0-9_]*)\s+(\S.*)$", re.DOTALL)
 
 
-class UnsupportedType(ValueError):
+class UnsupportedType(ArealError, ValueError):
     """A column type whose Native data this module cannot delimit."""
 
 
-class Truncated(ValueError):
+class Truncated(ArealError, ValueError):
     """The Native bytes end inside a block."""
 
 

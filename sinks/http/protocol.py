@@ -25,6 +25,7 @@ import re
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from areal_metrics.producers.contract.errors import ArealError
 
 # URL parameters the HTTP layer consumes; everything else is a setting for the engine
 TRANSPORT_PARAMS = frozenset({
@@ -57,7 +58,7 @@ _OTHER_STATUS = {194: 401, 229: 413, 48: 501, 209: 503, 76: 503, 381: 411, 159: 
 _CODE = re.compile(r"Code: (\d+)\.")
 
 
-class ClickHouseError(Exception):
+class ClickHouseError(ArealError):
     """An error as ClickHouse reports it: a code and its message (without the `Code: N.` prefix)."""
 
     def __init__(self, code: int, message: str, name: str = "") -> None:

@@ -66,7 +66,6 @@ import dataclasses
 import fnmatch
 import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +73,7 @@ from typing import Any
 
 from areal_metrics.producers.contract.config_fields import typed_fields
 from areal_metrics.producers.contract.errors import ConfigError
+from areal_metrics.producers.contract.settings import read_setting
 
 CONFIG_ENV = "AREAL_STREAMS_CONFIG"
 _OPTIONAL = frozenset({"reward_threshold", "lr_eval_threshold", "lr_eval_dataset"})  # None: off / any
@@ -229,7 +229,7 @@ class StreamsConfig:
     @classmethod
     def load(cls, path: str | Path | None = None) -> StreamsConfig:
         """The config from `path`, else from $AREAL_STREAMS_CONFIG, else the defaults."""
-        path = path or os.environ.get(CONFIG_ENV)
+        path = path or read_setting("streams_config")
         if not path:
             return cls()
         try:

@@ -1,7 +1,7 @@
 """The Faust shell: bytes in, batches through the core (areal_metrics.streams.shell.batch), bytes out.
 
 Three inputs, `steps` (areal.steps), `evals` (areal.evals) and `runs` (areal.runs: run
-lifecycle), reach the worker a fetch at a time (areal_metrics.streams.shell.batch_consumer: Faust's consumer
+lifecycle), reach the worker a fetch at a time (areal_metrics.streams.shell.faust_internals: Faust's consumer
 without its per-message path); one agent, `ticks`, reads an internal topic a timer writes
 to, one tick per partition, so clock-driven decisions (steps whose ranks did not all come,
 stalled runs, vote timeouts) keep their place among the inputs. Everything goes to one
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -37,12 +36,13 @@ import faust
 
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.streams.shell.batch import Input, SendFn, StreamCore
-from areal_metrics.streams.shell.batch_consumer import BatchApp
+from areal_metrics.streams.shell.faust_internals import BatchApp, transport_producer
 from areal_metrics.streams.shell.batcher import Batcher, Tick
 from areal_metrics.streams.core.config import StreamsConfig
 from areal_metrics.streams.shell.input_feed import InputFeed
 from areal_metrics.streams.shell.record_batches import Message, send_in_batches
 from areal_metrics.streams.shell.resync import InputGuard
+from areal_metrics.producers.contract.settings import read_setting
 
 __all__ = ["Input", "SendFn", "StreamCore", "StreamWorker", "app_id_for", "build_worker", "ticks_topic_for"]
 
@@ -98,13 +98,6 @@ class StreamWorker:
     async def settled(self) -> None:
         """Returns once every message the agents received so far is processed (tests)."""
         await self.batcher.settled()
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
 
 
 def _faust_app(prefix: str, bootstrap: str, credentials: Any, datadir: Path, partitions: int,
@@ -177,7 +170,7 @@ def build_worker(
         # Straight to the transport producer, as record batches: our values are bytes
         # already, and Faust's Topic.send bookkeeping (or aiokafka's per-message send) costs
         # about as much as the rest of a step's work.
-        return await send_in_batches(app.producer._ensure_producer(), messages)
+        return await send_in_batches(transport_producer(app), messages)
 
     async def changelog_send(records: list[tuple[int, bytes, bytes | None]]) -> None:
         # The table's records straight to the transport producer too (Table.send_changelog
@@ -209,7 +202,7 @@ def build_worker(
         app.loop.create_task(app.crash(exc))
 
     if linger_s is None:
-        linger_s = _env_float("AREAL_STREAMS_LINGER_MS", 5.0) / 1000.0
+        linger_s = read_setting("streams_linger_ms") / 1000.0
     batcher = feed.batcher = Batcher(core, ack, max_batch=max_batch, linger_s=max(0.0, linger_s),
                                      backlog=feed.backlog if real_consumer else None,
                                      on_crash=crash if real_consumer else None)

@@ -1,6 +1,6 @@
 """How the input messages reach the batcher, with the skipped-input guard.
 
-The consumer (areal_metrics.streams.shell.batch_consumer) hands over each fetch's input messages as one
+The consumer (areal_metrics.streams.shell.faust_internals) hands over each fetch's input messages as one
 list (`deliver`). A real consumer's messages pass `areal_metrics.streams.shell.resync.InputGuard` on
 arrival: a partition that jumped past offsets it never delivered, or that fetched
 messages but stopped delivering them, is sought back and read again (what a batch
@@ -47,7 +47,7 @@ class InputFeed:
         await self.app.consumer.seek(TP(topic, partition), offset)
 
     async def deliver(self, messages: list[Any]) -> None:
-        """A fetch's input messages (areal_metrics.streams.shell.batch_consumer), in order, to the batcher; each is
+        """A fetch's input messages (areal_metrics.streams.shell.faust_internals), in order, to the batcher; each is
         acknowledged (its Message is the token) once processed, or at once when the guard
         skips it."""
         assert self.batcher is not None

@@ -13,12 +13,13 @@ from collections.abc import Iterable
 
 from areal_metrics.producers.runtime.topic_admin import create_missing_topics
 from areal_metrics.producers.contract.topics import DurabilitySettings, TopicSpec, topic_spec
+from areal_metrics.producers.contract.errors import UserError
 
 DEFAULT_PARTITIONS = 3
 TICKS_RETENTION_MS = 60 * 60 * 1000  # ticks are worthless after a moment; keep an hour
 
 
-class TopicLayoutError(RuntimeError):
+class TopicLayoutError(UserError, RuntimeError):
     """Input topics the worker cannot process together."""
 
 

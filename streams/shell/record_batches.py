@@ -1,9 +1,8 @@
 """A batch's messages to the transport producer as record batches, one per partition.
 
 aiokafka's `send()` costs a future, its callbacks, a metadata check and an accumulator
-lookup per message: 13.8 us of CPU per message against 8.1 us for `create_batch()` +
-`send_batch()` in `python -m benchmarks.bench_streams` ("send cost"; docs/PERFORMANCE.md,
-"with the outputs sent as record batches"). `send_in_batches` groups messages by (topic,
+lookup per message; `create_batch()` + `send_batch()` cost less per message (`python -m
+benchmarks.bench_streams` compares the two: "send cost"). `send_in_batches` groups messages by (topic,
 partition), keeps their order within a partition, fills closed batches (the sender takes
 them at once, without waiting out the linger) and gives back one awaitable per message:
 its batch's delivery. The batches join the same accumulator as `send()`'s, so the
@@ -17,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
 from typing import Any
+
+from areal_metrics.streams.shell.faust_internals import partition_for
 
 # (topic, partition or None for "by the key", key, value or None for a tombstone)
 Message = tuple[str, "int | None", bytes, "bytes | None"]
@@ -34,11 +35,11 @@ async def send_in_batches(producer: Any, messages: Sequence[Message]) -> list[Aw
             known.add(topic)
         if partition is None:
             if key is None:  # no key: the partitioner's own choice, per message
-                partition = producer._partition(topic, None, key, None, key, None)
+                partition = partition_for(producer, topic, key)
             else:
                 partition = by_key.get((topic, key))
-                if partition is None:  # what send() calls (murmur2 in pure Python: about 4 us a key)
-                    partition = by_key[(topic, key)] = producer._partition(topic, None, key, None, key, None)
+                if partition is None:  # what send() calls (murmur2 in pure Python: worth doing once a key)
+                    partition = by_key[(topic, key)] = partition_for(producer, topic, key)
         groups.setdefault((topic, partition), []).append(i)
     delivered: list[Awaitable[Any]] = [None] * len(messages)  # type: ignore[list-item]
     for (topic, partition), indexes in groups.items():

@@ -36,6 +36,7 @@ import typing
 from collections.abc import Mapping
 from functools import cache
 from typing import Any, Literal, TypeVar, Union
+from areal_metrics.producers.contract.errors import ArealError
 
 T = TypeVar("T")
 
@@ -45,7 +46,7 @@ except ImportError:  # the standard library's codec: slower, same bytes
     orjson = None  # type: ignore[assignment]
 
 
-class StateDecodeError(ValueError):
+class StateDecodeError(ArealError, ValueError):
     """A stored state record that does not decode to its type; the message names the field."""
 
 

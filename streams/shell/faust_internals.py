@@ -1,10 +1,18 @@
-"""Faust's Kafka consumer, handing the worker's input topics over a fetch at a time.
+"""Every use of Faust's and aiokafka's private names, in one place (faust-streaming is pinned
+to the version these were written and tested against, in pyproject.toml).
+
+- `BatchConsumer`: Faust's Kafka consumer, handing the worker's input topics over a fetch at a time;
+- `transport_producer(app)`: the started aiokafka producer under Faust's;
+- `partition_for(producer, topic, key)`: the partition aiokafka's `send()` would pick.
+
+tests/test_streams_faust_internals.py checks that no other module of the worker reaches into
+a private name of another object.
 
 Faust delivers each message on its own: for every message its fetch loop starts a task
 pair (the conductor's callback raced against flow control), the conductor decodes it into
 an Event and queues it, and the agent's stream iterator yields to the event loop once per
-message. Profiled under load, that path held about half of the worker's CPU (docs/
-PERFORMANCE.md, "Stream worker"), while our batch work was under a fifth.
+message. Under load that path cost the worker more CPU than its own batch work (docs/
+PERFORMANCE.md, "Stream worker").
 
 `BatchConsumer` is Faust's aiokafka consumer with one change: messages of the topics the
 app names in `batch_inputs` leave each fetch as one list for the worker's InputFeed; every
@@ -96,3 +104,14 @@ class BatchApp(faust.App):
 
     def _new_transport(self) -> Any:
         return BatchTransport(self.conf.broker_consumer, self)
+
+
+def transport_producer(app: faust.App) -> Any:
+    """The started aiokafka producer under Faust's producer (Faust starts it on first use)."""
+    return app.producer._ensure_producer()
+
+
+def partition_for(producer: Any, topic: str, key: bytes | None) -> int:
+    """The partition aiokafka's `send()` picks: its partitioner over the key (murmur2, as every
+    Kafka client's default); with no key, the partitioner's own choice."""
+    return producer._partition(topic, None, key, None, key, None)

@@ -1,0 +1,55 @@
+"""Helpers the test modules share: the CLI as a process, waiting for a condition, the
+project's services as processes, a child's environment. One copy of each."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "areal_metrics"]
+
+
+def cli(*args: str, env: dict[str, str] | None = None, input: str | None = None,
+        timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """`areal-metrics ARGS` as a user runs it: its exit status, stdout and stderr as text."""
+    return subprocess.run([*CLI, *args], env=env, input=input, capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, every: float = 0.5) -> Any:
+    """check()'s first truthy value, polled every `every` seconds; AssertionError after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def child_env(stack_env: dict[str, str], **extra: str) -> dict[str, str]:
+    """The stack's environment for a child trainer process, without a launcher's rank variables."""
+    env = {k: v for k, v in stack_env.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_"))}
+    env.update(PYTHONPATH=str(ROOT), AREAL_EXIT_TIMEOUT_S="20", **extra)
+    return env
+
+
+def start_service(module: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`python -m MODULE` (e.g. areal_metrics.streams) as a process, its output in `log`."""
+    return subprocess.Popen([sys.executable, "-m", module], env=env, cwd=ROOT, stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT)
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM, then SIGKILL after 30 s; waits for the process either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

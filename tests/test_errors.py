@@ -1,0 +1,56 @@
+"""One error tree: every exception class the project defines is an ArealError.
+
+The CLI catches ArealError once (areal_metrics/cli.py) and exits with the class's
+`exit_code`: 2 for bad input (UserError), 1 for a service that did not answer
+(ServiceUnavailable); so every error raised on purpose must be under it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+from areal_metrics.producers.contract.errors import ArealError, ServiceUnavailable, UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+ROOMS = ("producers", "streams", "sinks", "areal_train", "grafana", "areal_metrics")
+
+
+def exception_classes() -> list[tuple[str, str]]:
+    """(module, class) of every class in the installed rooms that names an exception among its bases."""
+    found = []
+    for top in ROOMS:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if path.name == "__main__.py":
+                continue
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            module = ".".join(parts if top == "areal_metrics" else ("areal_metrics", *parts)).removesuffix(".__init__")
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.ClassDef) and any(
+                        (getattr(b, "id", None) or getattr(b, "attr", "")).endswith(("Error", "Exception", "Locked",
+                                                                                    "Refused", "Stopped", "Unavailable"))
+                        for b in node.bases):
+                    found.append((module, node.name))
+    return found
+
+
+def test_the_scan_finds_the_classes_it_must() -> None:
+    names = {name for _, name in exception_classes()}
+    assert {"StoreError", "SendError", "CheckpointError", "MacroError", "StateDecodeError", "ValidationError"} <= names
+
+
+@pytest.mark.parametrize(("module", "name"), exception_classes())
+def test_every_exception_class_is_an_areal_error(module: str, name: str) -> None:
+    cls = getattr(importlib.import_module(module), name)
+    assert issubclass(cls, ArealError), f"{module}.{name} is outside ArealError"
+
+
+def test_exit_codes_follow_the_kind_of_error() -> None:
+    from areal_metrics.producers.delivery.backends import SendError
+    from areal_metrics.sinks.query import StoreError
+
+    assert UserError.exit_code == 2 and StoreError.exit_code == 2
+    assert ServiceUnavailable.exit_code == 1 and SendError.exit_code == 1

@@ -1,0 +1,95 @@
+"""One `Settings` for every AREAL_* variable (producers/contract/settings.py).
+
+Every AREAL_* name in the source is a declared setting; no module but settings.py reads one
+from the environment; docs/SETTINGS.md's table is the one the declarations make; and every
+variable is parsed and range-checked by one rule, with an error that names it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from areal_metrics.producers.contract.errors import ConfigError
+from areal_metrics.producers.contract.settings import VARIABLES, Settings, is_set, markdown_table, read_setting
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ("producers", "streams", "sinks", "areal_train", "grafana", "areal_metrics", "benchmarks")
+SETTINGS_FILE = ROOT / "producers" / "contract" / "settings.py"
+# a read of an AREAL_* variable: os.environ.get("AREAL_X"), os.getenv("AREAL_X"), env.get("AREAL_X"),
+# os.environ["AREAL_X"] not followed by an assignment
+READ = re.compile(r"""(?:\.get|getenv)\(\s*["'](AREAL_\w+)|environ\[\s*["'](AREAL_\w+)["']\s*\](?!\s*=[^=])""")
+
+
+def python_files() -> list[Path]:
+    return [p for top in SOURCES for p in sorted((ROOT / top).rglob("*.py"))]
+
+
+def test_every_areal_variable_in_the_source_is_a_declared_setting() -> None:
+    secrets = {f.metadata["env"] + "_FILE" for f in fields(Settings) if f.metadata["secret"]}
+    named = {(m, p.relative_to(ROOT)) for p in python_files() for m in re.findall(r"\bAREAL_[A-Z0-9_]*[A-Z0-9]", p.read_text())}
+    unknown = sorted(f"{name} in {path}" for name, path in named if name not in VARIABLES and name not in secrets)
+    assert unknown == []
+
+
+def test_no_module_but_settings_reads_an_areal_variable_from_the_environment() -> None:
+    reads = [f"{p.relative_to(ROOT)}: {next(filter(None, m))}" for p in python_files() if p != SETTINGS_FILE
+             for m in READ.findall(p.read_text())]
+    assert reads == []
+
+
+def test_the_read_pattern_sees_reads_and_not_writes() -> None:
+    text = ('os.environ.get("AREAL_A")\nos.getenv("AREAL_B")\nenv.get("AREAL_C", "")\nx = os.environ["AREAL_D"]\n'
+            'os.environ["AREAL_E"] = "1"\nenv["AREAL_F"] = x\nos.environ.setdefault("AREAL_G", "1")\n')
+    assert sorted(next(filter(None, m)) for m in READ.findall(text)) == ["AREAL_A", "AREAL_B", "AREAL_C", "AREAL_D"]
+
+
+def test_docs_settings_table_is_the_declared_one() -> None:
+    page = (ROOT / "docs" / "SETTINGS.md").read_text()
+    assert markdown_table() in page, "run `python -m areal_metrics.producers.contract.settings` into docs/SETTINGS.md"
+
+
+@pytest.mark.parametrize(("env", "value", "words"), [
+    ("AREAL_SINK_MAX_ROWS", "0", "AREAL_SINK_MAX_ROWS='0': expected a number >= 1"),
+    ("AREAL_SINK_HTTP_PORT", "70000", "AREAL_SINK_HTTP_PORT='70000': expected a number >= 0 and <= 65535"),
+    ("AREAL_STREAMS_COMMIT_INTERVAL", "nan", "expected a finite number"),
+    ("AREAL_EXIT_TIMEOUT_S", "soon", "AREAL_EXIT_TIMEOUT_S='soon': expected a number"),
+    ("AREAL_KAFKA_REPLICATION_FACTOR", "1.5", "expected an integer"),
+    ("AREAL_SINK_STOP_MERGES", "maybe", "expected 1/0, true/false"),
+    ("AREAL_KAFKA_CLIENT", "librdkafka", "expected one of auto, confluent-kafka, kafka-python"),
+    ("AREAL_STREAMS_LOGLEVEL", "loud", "expected one of debug, info"),
+])
+def test_a_variable_that_cannot_be_used_is_named_in_one_error(env: str, value: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        Settings.from_env({env: value})
+
+
+def test_values_defaults_and_the_derived_defaults() -> None:
+    s = Settings.from_env({"AREAL_HOME": "/tmp/h", "AREAL_SINK_MAX_ROWS": " 200 ", "AREAL_SINK_STOP_MERGES": "yes",
+                           "AREAL_CLICKHOUSE_CLUSTER": "c1", "AREAL_STREAMS_LOGLEVEL": "INFO"})
+    assert (s.sink_max_rows, s.sink_stop_merges, s.streams_loglevel) == (200, True, "info")
+    assert s.clickhouse_url == "chdb:///tmp/h/clickhouse" and s.clickhouse_replicated is True
+    assert s.kafka_bootstrap == "127.0.0.1:9092" and s.sink_max_wait_ms == 500 and s.clickhouse_steps_ttl_days is None
+    assert Settings.from_env({"AREAL_CLICKHOUSE_STEPS_TTL_DAYS": "0"}).clickhouse_steps_ttl_days is None
+    assert read_setting("sink_idle_ms", {}) == 50 and read_setting("sink_idle_ms", {"AREAL_SINK_IDLE_MS": "7"}) == 7
+    assert is_set("kafka_bootstrap", {"AREAL_KAFKA_BOOTSTRAP": "h:1"}) and not is_set("kafka_bootstrap", {})
+
+
+def test_a_secret_comes_from_its_file_and_is_never_printed(tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text("s3cret\n")
+    s = Settings.from_env({"AREAL_KAFKA_SASL_PASSWORD_FILE": str(tmp_path / "pw")})
+    assert s.kafka_sasl_password == "s3cret"
+    assert "s3cret" not in repr(s) and s.public()["kafka_sasl_password"] == "***"
+    with pytest.raises(ConfigError, match="AREAL_KAFKA_SASL_PASSWORD_FILE"):
+        Settings.from_env({"AREAL_KAFKA_SASL_PASSWORD_FILE": str(tmp_path / "absent")})
+
+
+def test_a_reader_reads_only_its_own_variables() -> None:
+    """A trainer is never stopped by a variable meant for the sink."""
+    env = {"AREAL_SINK_MAX_ROWS": "lots", "AREAL_EXIT_TIMEOUT_S": "3"}
+    assert Settings.from_env(env, reader="client").exit_timeout_s == 3.0
+    with pytest.raises(ConfigError, match="AREAL_SINK_MAX_ROWS"):
+        Settings.from_env(env, reader="sink")
