@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from areal_metrics.producers.contract.errors import ArealError, one_line
 
-from areal_metrics.commands import alerts, demo, grafana, publish, replay, report, sql, stack_cmd, train, watch
+from areal_metrics.commands import alerts, compare, demo, grafana, publish, replay, report, sql, stack_cmd, train, watch
 from areal_metrics.producers.contract.settings import is_set
 
 # verb -> (module, one-line help); a module may serve several verbs
@@ -33,6 +33,7 @@ VERBS: dict[str, tuple[ModuleType, str]] = {
     "alerts": (alerts, "print alerts as JSON lines (--follow keeps subscribing)"),
     "sql": (sql, "run ad hoc SQL against the configured ClickHouse"),
     "report": (report, "write the report figures as PNG"),
+    "compare": (compare, "compare two groups of runs on an evaluation dataset, with a paired per-sample test"),
     "grafana": (grafana, "grafana provision: push the datasource and dashboards"),
     "replay": (replay, "rebuild the ClickHouse tables from the Kafka log"),
     "publish": (publish, "validate JSON events from a file or stdin and publish them; exit 1 if not delivered"),

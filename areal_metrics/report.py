@@ -3,11 +3,13 @@
 `write_report(out_dir, runs=None, store=None)` writes (report_figures.py draws them)
 
 - `accuracy_response_length.png` (figure 1): per evaluation dataset, the
-  full-stage accuracy (cross-node consensus) and the mean response length over
-  training steps, one line per run; stale (degraded) and partial rounds marked;
+  full-stage accuracy (cross-node consensus) with its 95 % interval as error
+  bars (the consensus's `ci_low`/`ci_high`, else Wilson from its sample count)
+  and the mean response length over training steps, one line per run; stale
+  (degraded) and partial rounds marked;
 - `reward.png` (figure 2): reward of the strategies side by side: per strategy
-  (the runs' group, e.g. mt4-grpo), the mean over its runs (seeds) and the band
-  from their minimum to their maximum, raw (mean over ranks) and smoothed;
+  (the runs' group, e.g. mt4-grpo), the mean over its runs (seeds) and its 95 %
+  t-interval over the runs as the band, raw (mean over ranks) and smoothed;
 - `throughput.png` (figure 3): generated tokens per second (the policy's own
   tokens, not prompts, feedback or padding) per run and node over steps, and
   the total across the ranks of runs with 1, 2 and 4 ranks;
@@ -44,6 +46,8 @@ class EvalPoint:
     accuracy: float
     response_length: float | None
     state: str  # ok | stale | partial
+    ci_low: float | None = None  # the round's 95 % interval (`eval_interval`)
+    ci_high: float | None = None
 
 
 @dataclass
@@ -92,10 +96,64 @@ def load_evals(store: Any, where: str) -> dict[str, dict[str, list[EvalPoint]]]:
             WHERE {where} AND status = 'ok' AND stage = 'full' AND n_samples > 0
             GROUP BY dataset, run_id, step
             ORDER BY dataset, run_id, step""")
+    intervals = load_eval_intervals(store, where)
+    counts = sample_count(store, where) if len(intervals) < len(rows) else {}
     out: dict[str, dict[str, list[EvalPoint]]] = defaultdict(lambda: defaultdict(list))
     for dataset, run, step, acc, length, state in rows:
-        out[dataset][run].append(EvalPoint(int(step), float(acc), None if length is None else float(length), state))
+        low, high = intervals.get((dataset, run, int(step)), (None, None))
+        if low is None:
+            low, high = eval_interval(float(acc), None, None, counts.get((dataset, run, int(step))))
+        out[dataset][run].append(EvalPoint(int(step), float(acc), None if length is None else float(length), state,
+                                           low, high))
     return out
+
+
+def _has_columns(store: Any, table: str, *names: str) -> bool:
+    listed = ", ".join(f"'{n}'" for n in names)
+    return _rows(store, f"SELECT count() FROM system.columns WHERE database = currentDatabase() "
+                        f"AND table = '{table}' AND name IN ({listed})")[0][0] == len(names)
+
+
+def eval_interval(accuracy: float, ci_low: float | None, ci_high: float | None,
+                  n_samples: int | None) -> tuple[float | None, float | None]:
+    """A round's 95 % interval: the consensus's own when it carries one, else Wilson from its sample
+    count, else none."""
+    from areal_metrics.stats import wilson
+
+    if ci_low is not None and ci_high is not None:
+        return ci_low, ci_high
+    if n_samples:
+        return wilson(accuracy * n_samples, n_samples)
+    return None, None
+
+
+def load_eval_intervals(store: Any, where: str) -> dict[tuple[str, str, int], tuple[float | None, float | None]]:
+    """(dataset, run, step) -> the full-stage consensus's interval: its `ci_low`/`ci_high` columns when
+    the store has them, else Wilson from its `n_samples`; rounds with neither are absent."""
+    if not _has_columns(store, "eval_consensus", "n_samples"):
+        return {}
+    ci = "argMax(ci_low, ts), argMax(ci_high, ts)" if _has_columns(store, "eval_consensus", "ci_low", "ci_high") \
+        else "NULL, NULL"
+    out = {}
+    for dataset, run, step, acc, low, high, n in _rows(store, f"""
+            SELECT dataset, run_id, step, argMax(accuracy, ts), {ci}, argMax(n_samples, ts)
+            FROM v_eval_consensus WHERE {where} AND stage = 'full'
+            GROUP BY dataset, run_id, step"""):
+        interval = eval_interval(float(acc), low, high, None if n is None else int(n))
+        if interval[0] is not None:
+            out[(dataset, run, int(step))] = interval
+    return out
+
+
+def sample_count(store: Any, where: str) -> dict[tuple[str, str, int], int]:
+    """(dataset, run, step) -> samples behind a full round, from its nodes' events (events written
+    before the consensus carried `n_samples`): the set's size when the older layout names it in
+    `metrics`, else the largest node's count."""
+    return {(d, r, int(s)): int(n) for d, r, s, n in _rows(store, f"""
+        SELECT dataset, run_id, step,
+               max(if(mapContains(metrics, 'shard_total'), toUInt64(metrics['shard_total']), ifNull(n_samples, 0)))
+        FROM v_evals WHERE {where} AND stage = 'full' AND status = 'ok'
+        GROUP BY dataset, run_id, step""")}
 
 
 def load_rewards(store: Any, where: str) -> tuple[dict[str, list[tuple[int, float]]],

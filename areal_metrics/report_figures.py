@@ -54,14 +54,22 @@ def moving_average(values: Sequence[float], n: int) -> list[float]:
 
 
 def band(series: Sequence[Sequence[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
-    """(steps, mean, min, max) over the series that have each step."""
+    """(steps, mean, low, high) over the series that have each step: the 95 % t-interval over them
+    (runs, i.e. seeds), the mean alone where only one series has the step."""
+    from areal_metrics.stats import t_interval
+
     by_step: dict[int, list[float]] = defaultdict(list)
     for one in series:
         for step, value in one:
             by_step[step].append(value)
     steps = sorted(by_step)
-    return (steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], [min(by_step[s]) for s in steps],
-            [max(by_step[s]) for s in steps])
+    intervals = [t_interval(by_step[s]) for s in steps]
+    return (steps, [i.mean for i in intervals], [i.mean if i.ci_low is None else i.ci_low for i in intervals],
+            [i.mean if i.ci_high is None else i.ci_high for i in intervals])
+
+
+def _clipped(values: Sequence[float], low: float = 0.0, high: float = 1.0) -> list[float]:
+    return [min(max(v, low), high) for v in values]
 
 
 # ------------------------------------------------------------------ figure 1
@@ -79,6 +87,7 @@ def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path) -> Path:
         right = ax.twinx()
         for run, points in sorted(evals[dataset].items()):
             ax.plot([p.step for p in points], [100 * p.accuracy for p in points], "-o", color=colors[run], lw=2, ms=4)
+            _error_bars(ax, points, colors[run])
             lengths = [(p.step, p.response_length) for p in points if p.response_length is not None]
             if lengths:
                 right.plot(*zip(*lengths), "--", color=colors[run], lw=1.4, alpha=0.8)
@@ -91,14 +100,15 @@ def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path) -> Path:
         ax.set_title(f"{dataset}: full-stage accuracy and response length")
         ax.set_xlabel("training step")
         ax.set_ylabel("accuracy (%)  — solid")
-        top = max((100 * p.accuracy for pts in evals[dataset].values() for p in pts), default=0.0)
+        top = max((100 * (p.ci_high if p.ci_high is not None else p.accuracy)
+                   for pts in evals[dataset].values() for p in pts), default=0.0)
         ax.set_ylim(-1, min(102, max(10.0, top * 1.15)))
         right.set_ylabel("mean response length (tokens)  — dashed")
         right.set_ylim(bottom=0)
         _style(ax)
     handles = [Line2D([], [], color=colors[r], lw=2, label=r) for r in runs]
     handles += [
-        Line2D([], [], color="gray", lw=2, marker="o", label="accuracy (left axis)"),
+        Line2D([], [], color="gray", lw=2, marker="o", label="accuracy, bars: 95% interval (left axis)"),
         Line2D([], [], color="gray", lw=1.4, ls="--", label="response length (right axis)"),
         Line2D([], [], ls="", marker="X", color="gray", markeredgecolor="black", ms=9, label="stale round (degraded)"),
         Line2D([], [], ls="", marker="s", markerfacecolor="none", markeredgecolor="black", ms=8, label="partial round"),
@@ -107,6 +117,16 @@ def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path) -> Path:
     rows = (len(handles) + 3) // 4
     return _save(fig, path, "Evaluation accuracy and response length per dataset (cross-node consensus)",
                  bottom=0.05 * rows)
+
+
+def _error_bars(ax: Any, points: Sequence[Any], color: Any) -> None:
+    """Each round's 95 % interval (the consensus's, else Wilson from its sample count) as an error bar."""
+    known = [p for p in points if p.ci_low is not None and p.ci_high is not None]
+    if known:
+        ax.errorbar([p.step for p in known], [100 * p.accuracy for p in known],
+                    yerr=[[100 * max(p.accuracy - p.ci_low, 0.0) for p in known],
+                          [100 * max(p.ci_high - p.accuracy, 0.0) for p in known]],
+                    fmt="none", ecolor=color, elinewidth=1.2, capsize=3, alpha=0.8)
 
 
 # ------------------------------------------------------------------ figure 2
@@ -127,15 +147,15 @@ def plot_rewards(raw: dict[str, list[tuple[int, float]]], smooth: dict[str, list
         raws = [moving_average_series(raw[r], 5) for r in runs if raw.get(r)]
         if raws:
             steps, mean, lo, hi = band(raws)
-            ax_raw.fill_between(steps, lo, hi, color=colors[group], alpha=0.2, lw=0)
+            ax_raw.fill_between(steps, _clipped(lo), _clipped(hi), color=colors[group], alpha=0.2, lw=0)
             ax_raw.plot(steps, mean, color=colors[group], lw=2, label=label)
         smooths = [[(s, avg) for s, avg, _, _ in smooth[r]] for r in runs if smooth.get(r)]
         if smooths:
             steps, mean, lo, hi = band(smooths)
-            ax_smooth.fill_between(steps, lo, hi, color=colors[group], alpha=0.2, lw=0)
+            ax_smooth.fill_between(steps, _clipped(lo), _clipped(hi), color=colors[group], alpha=0.2, lw=0)
             ax_smooth.plot(steps, mean, color=colors[group], lw=2.2, label=label)
-    ax_raw.set_title("Reward (mean over ranks, 5-step average): mean over seeds, band min-max")
-    ax_smooth.set_title("Smoothed reward (stream worker's sliding average): mean and band" if smooth else
+    ax_raw.set_title("Reward (mean over ranks, 5-step average): mean over seeds, band 95% t-interval")
+    ax_smooth.set_title("Smoothed reward (stream worker's sliding average): mean, 95% t-interval" if smooth else
                         "Smoothed reward: none stored (stream worker not running?)")
     for ax in (ax_raw, ax_smooth):
         ax.set_xlabel("training step")

@@ -54,7 +54,7 @@ class TrainConfig:
     eval_size: int = 64  # prompts per dataset
     eval_samples: int = 4  # samples per prompt (pass@k, maj@k)
     eval_temperature: float = 1.0
-    eval_redundancy: int = 2  # ranks that evaluate each sample of the full stage
+    eval_redundancy: int | None = None  # ranks per sample of the full stage; None: 3 with 3+ ranks, else all
     eval_every_steps: int | None = 25
     eval_every_epochs: int | None = None
     eval_every_seconds: float | None = None
@@ -66,8 +66,9 @@ class TrainConfig:
     eval_threads: int = 1
     two_stage: bool = True  # a quick subset first; the full set only when the quick stage calls for it
     quick_size: int = 16
-    quick_z: float = 1.0  # the quick stage calls for the full one when it moved more than z standard errors
-    full_max_skipped: int = 2  # ... or after this many skipped full stages
+    eval_turns: int | None = None  # attempts per evaluated sample (solved_within_<T>_turns); None: max_turns
+    quick_alpha: float = 0.05  # the quick stage's gate: a sign test's false-positive rate (areal_train/gate.py)
+    full_max_skipped: int = 3  # ... or after this many skipped full stages
     # checkpoints (every K steps and at the end) and the run's labels
     checkpoint_every_steps: int | None = 50
     checkpoint_every_seconds: float | None = None
@@ -108,18 +109,21 @@ class TrainConfig:
                 raise ConfigError(f"{key}: {rule} (got {getattr(self, key)!r})")
 
         for key in ("batch_prompts", "ppo_epochs", "ppo_minibatches", "max_turns", "d_model", "layers", "heads",
-                    "train_size", "eval_size", "eval_samples", "eval_redundancy", "eval_max_pending", "eval_threads",
+                    "train_size", "eval_size", "eval_samples", "eval_max_pending", "eval_threads",
                     "quick_size", "threads"):
             need(getattr(self, key) >= 1, key, "must be >= 1")
         need(self.group_size >= 2, "group_size", "must be >= 2 (a group needs company)")
         need(self.warmstart_steps >= 0, "warmstart_steps", "must be >= 0")
         need(self.full_max_skipped >= 0, "full_max_skipped", "must be >= 0")
+        need(self.eval_redundancy is None or self.eval_redundancy >= 1, "eval_redundancy", "must be >= 1")
+        need(self.eval_turns is None or self.eval_turns >= 1, "eval_turns", "must be >= 1")
+        need(0 < self.quick_alpha < 1, "quick_alpha", "must be in (0, 1)")
         need(self.d_model % self.heads == 0, "d_model", f"must be a multiple of heads ({self.heads})")
         need((self.batch_prompts * self.group_size) % self.ppo_minibatches == 0, "ppo_minibatches",
              "must divide batch_prompts * group_size")
         for key in ("lr", "clip_eps", "max_grad_norm", "temperature", "eval_temperature"):
             need(math.isfinite(getattr(self, key)) and getattr(self, key) > 0, key, "must be a finite number > 0")
-        for key in ("entropy_coef", "kl_coef", "value_coef", "quick_z"):
+        for key in ("entropy_coef", "kl_coef", "value_coef"):
             need(math.isfinite(getattr(self, key)) and getattr(self, key) >= 0, key, "must be a finite number >= 0")
         for key in ("gamma", "gae_lambda", "turn_discount"):
             need(0 <= getattr(self, key) <= 1, key, "must be in [0, 1]")

@@ -7,7 +7,7 @@ importing it again (2-3 s of CPU per process on 2 cores). It
 receives the evaluation sets once, then jobs (a `RoundJob` and a snapshot of
 the weights); it sends back each stage's `Outcome` as soon as it is done and
 then ("done", round_no, memory). It owns the quick-stage memory between
-rounds. `cpu_share` < 1 makes it pause after each generation batch for as
+rounds, and its own client of the ranks' store for adjudication (`board`). `cpu_share` < 1 makes it pause after each generation batch for as
 long as the share asks (0.5: as long as the batch took), so evaluation takes
 at most that share of a core from training; when training is over (the trainer
 waits for the last rounds) it runs them without pauses.
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from areal_metrics.areal_train.evalsets import EvalSet
-from areal_metrics.areal_train.evaluation import Outcome, RoundJob, StageMemory, TwoStage, run_round
+from areal_metrics.areal_train.board import open_board
+from areal_metrics.areal_train.evalsets import EvalSet, adjudicates
+from areal_metrics.areal_train.evaluation import Board, Outcome, RoundJob, StageMemory, TwoStage, run_round
 
 
 class EventLike(Protocol):  # multiprocessing's Event (its class is not public)
@@ -76,6 +77,7 @@ def main(conn: Connection, spec: ProcessSpec, unthrottled: EventLike | None = No
         conn.send(("outcome", outcome))
 
     pause = make_pause(spec.cpu_share, unthrottled)
+    board: Board | None = None  # opened at the first round with adjudication
     while True:
         try:
             message: tuple[Any, ...] = conn.recv()
@@ -86,7 +88,9 @@ def main(conn: Connection, spec: ProcessSpec, unthrottled: EventLike | None = No
         _, job, weights = message
         assert isinstance(job, RoundJob)
         policy.load_state_dict(weights)
-        memory = run_round(policy, spec.sets, job, memory, spec.rule, emit, device, pause)
+        if board is None and adjudicates(job.world_size, job.replicas):
+            board = open_board()
+        memory = run_round(policy, spec.sets, job, memory, spec.rule, emit, device, pause, board)
         conn.send(("done", job.round_no, memory))
 
 

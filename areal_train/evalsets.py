@@ -12,8 +12,13 @@ sample is evaluated by `redundancy` ranks and each rank does about
 redundancy / world_size of the set. A rank's verdicts are one cyclic window
 of the sample order: it starts at `offset` and wraps around `total`. When
 redundancy >= world_size every rank evaluates everything from offset 0 (the
-unsharded vote). Each block is evaluated as its own batch, so the replicas
-of a block compute exactly the same thing.
+unsharded vote). Each rank publishes its verdicts' `sample_ids` (`covered`)
+and `shard_nodes`, the contract's description of a sharded round.
+
+`redundancy` defaults to 3 with 3 or more ranks (a strict majority on every
+sample), else every rank. At redundancy 2 with a third rank, a sample the two
+replicas dispute is adjudicated (`adjudicator`): rank r also evaluates the
+disputed samples of block r + 2, the block next to its own two.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ class EvalSet:
     temperature: float = 1.0
     attempt_len: int = 28
     seed: int = 0  # the noise of sample i is derived from (seed, i)
+    # attempts per sample (the run's max_turns): the verdict is the first attempt's, so it and the
+    # fingerprint are the same for every strategy; later attempts give `solved_within_<T>_turns`
+    turns: int = 1
 
     @property
     def n_samples(self) -> int:
@@ -45,10 +53,11 @@ class EvalSet:
 
     def head(self, n: int) -> EvalSet:
         """The first `n` prompts (the quick stage), with the same protocol and noise."""
-        return EvalSet(self.name, self.problems[:n], self.k, self.temperature, self.attempt_len, self.seed)
+        return EvalSet(self.name, self.problems[:n], self.k, self.temperature, self.attempt_len, self.seed, self.turns)
 
-    def sample_seed(self, sample: int) -> int:
-        return (self.seed * 1_000_003 + sample * 7919 + 17) % (2**63 - 1)
+    def sample_seed(self, sample: int, turn: int = 0) -> int:
+        """The noise seed of a sample's attempt `turn` (0: the first, the same whatever `turns` is)."""
+        return (self.seed * 1_000_003 + sample * 7919 + 17 + turn * 104_729) % (2**63 - 1)
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,25 @@ def layout(n_prompts: int, k: int, world_size: int, redundancy: int, rank: int) 
         return Shard(tuple(parts), 0, n_prompts * k, world_size)
     mine = tuple(parts[(rank + i) % world_size] for i in range(redundancy))
     return Shard(mine, mine[0].first * k, n_prompts * k, redundancy)
+
+
+def default_redundancy(world_size: int, configured: int | None = None) -> int:
+    """Ranks per sample: the configured value, else 3 with 3 or more ranks, else every rank."""
+    if configured is not None:
+        return configured
+    return 3 if world_size >= 3 else max(world_size, 1)
+
+
+def adjudicates(world_size: int, redundancy: int) -> bool:
+    """Whether a round's disputed samples get a third replica: 2 replicas and a rank holding neither."""
+    return redundancy == 2 and world_size >= 3
+
+
+def adjudicator(rank: int, world_size: int) -> tuple[int, tuple[int, int]]:
+    """(the block `rank` adjudicates, the two ranks holding it) at redundancy 2: rank r holds blocks
+    r and r + 1, so block r + 2 is held by ranks r + 1 and r + 2, neither of them r (3+ ranks)."""
+    block = (rank + 2) % world_size
+    return block, ((rank + 1) % world_size, block)
 
 
 def covered(shard: Shard, k: int) -> list[int]:

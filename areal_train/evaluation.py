@@ -4,11 +4,19 @@ A round (`run_round`) has a quick stage and a full stage per dataset:
 
 - quick: every rank evaluates the first `quick_size` prompts (k samples each),
   all of them, so every rank holds the same verdicts and comes to the same
-  decision without talking to the others (`TwoStage.decide`);
+  decision without talking to the others (`gate.TwoStage.decide`, a sign test
+  with a stated false-positive rate);
 - full: only when the quick stage calls for it (or it is forced: the first
   round, the last one, or overdue); sharded (`evalsets.layout`): each rank
-  evaluates its window of the set; a full stage the quick stage did not call
-  for is recorded as skipped, with the reason.
+  evaluates its window of the set, reusing the quick stage's answers for the
+  quick prompts in it (the quick set is the head of the full set; a sample's
+  answer depends only on the weights and its own noise, so they are the same
+  answers); a full stage the quick stage did not call for is recorded as
+  skipped, with the reason. Each result names its `sample_ids`, `replicas`
+  and `shard_nodes` (the contract's sharded round). At 2 replicas with a third
+  rank, the ranks post their published verdicts to a `Board` and each rank
+  adds the disputed samples of the block it adjudicates to its own result
+  before the event goes out (`evalsets.adjudicator`).
 
 A stage that raises becomes a failed outcome with the error; an injected
 failure (`RoundJob.fail`) raises in every stage; a dataset whose fingerprint
@@ -18,16 +26,27 @@ anything is evaluated. Outcomes go to `emit` as soon as each stage is done.
 
 from __future__ import annotations
 
-import math
+import json
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import torch
 
 from areal_metrics.areal_train.episodes import rollout
-from areal_metrics.areal_train.evalsets import EvalSet, Shard, layout
+from areal_metrics.areal_train.evalsets import (
+    EvalSet,
+    Shard,
+    adjudicates,
+    adjudicator,
+    blocks,
+    covered,
+    default_redundancy,
+    layout,
+)
+from areal_metrics.areal_train.gate import StageMemory, TwoStage
 from areal_metrics.areal_train.grader import ERROR_TYPES
 from areal_metrics.areal_train.policy import Policy
 from areal_metrics.areal_train.task import VOCAB_SIZE, render
@@ -37,12 +56,30 @@ MAX_ROWS = 256  # rows per generation batch (a block larger than this is split a
 
 
 @dataclass(frozen=True)
+class Answer:
+    """One sample's graded answer."""
+
+    verdict: int
+    answer: int | None
+    error: str | None
+    length: int  # tokens of the first attempt
+    response: str  # the first attempt
+    solved_turn: int | None = None  # the 1-based attempt that was right (of the set's `turns`), None: none
+
+
+@dataclass(frozen=True)
 class StageResult:
-    verdicts: tuple[int, ...]  # in the shard's sample order
+    verdicts: tuple[int, ...]  # in `sample_ids` order
+    sample_ids: tuple[int, ...]  # each verdict's sample in the set's shared order
     response_length: float  # mean tokens per sample
-    metrics: dict[str, float]  # pass@k, maj@k, errors.<type>, shard layout
+    metrics: dict[str, float]  # pass@k, maj@k, errors.<type>, samples_per_prompt, first_attempt_accuracy,
+    # solved_within_<T>_turns (a set of T > 1 attempts)
     samples: tuple[dict[str, object], ...]
     generated_tokens: int
+    replicas: int = 1  # ranks that evaluate each sample
+    shard_nodes: int = 1  # ranks that share the round
+    rollouts: int = 0  # samples generated for this result (reused ones not counted)
+    adjudicated: int = 0  # disputed samples of another block evaluated here (at the end of the lists)
 
     @property
     def accuracy(self) -> float:
@@ -62,55 +99,89 @@ class Outcome:
     error: str | None = None
     latency_ms: float = 0.0
     n_samples: int = 0
+    replicas: int | None = None  # a failed stage's layout (an ok one's is in `result`); None: not known
+    shard_nodes: int | None = None
+
+
+class Board(Protocol):
+    """Where the ranks of a round leave their published verdicts for the adjudicating rank."""
+
+    def post(self, key: str, value: bytes) -> None: ...
+    def fetch(self, key: str, timeout: float) -> bytes | None: ...
 
 
 # ---------------------------------------------------------------- one stage
 
 
 def sample_noise(evalset: EvalSet, samples: list[int], device: torch.device | str) -> torch.Tensor:
-    """Each sample's own uniform noise [len(samples), attempt_len + 1, vocab], from its seed."""
+    """Each sample's own uniform noise [len(samples), turns * (attempt_len + 1), vocab], one seed per
+    attempt, so the first attempt's noise does not depend on how many attempts follow."""
     rows = []
     for s in samples:
-        gen = torch.Generator().manual_seed(evalset.sample_seed(s))
-        rows.append(torch.rand(evalset.attempt_len + 1, VOCAB_SIZE, generator=gen))
+        turns = []
+        for turn in range(evalset.turns):
+            gen = torch.Generator().manual_seed(evalset.sample_seed(s, turn))
+            turns.append(torch.rand(evalset.attempt_len + 1, VOCAB_SIZE, generator=gen))
+        rows.append(torch.cat(turns))
     return torch.stack(rows).to(device)
 
 
+def generate(policy: Policy, evalset: EvalSet, samples: list[int], device: torch.device | str,
+             pause: Callable[[float], None] | None = None) -> dict[int, Answer]:
+    """Each sample's graded answer (a row's answer depends only on the weights and its own noise)."""
+    k, out = evalset.k, {}
+    for start in range(0, len(samples), MAX_ROWS):
+        began = time.perf_counter()
+        rows = samples[start:start + MAX_ROWS]
+        problems = [evalset.problems[s // k] for s in rows]
+        episodes = rollout(policy, problems, max_turns=evalset.turns, attempt_len=evalset.attempt_len,
+                           temperature=evalset.temperature, noise=sample_noise(evalset, rows, device), device=device)
+        for s, grades, attempts, solved in zip(rows, episodes.grades, episodes.attempts, episodes.solved_turn):
+            g = grades[0]
+            out[s] = Answer(g.verdict, g.answer, g.error, len(attempts[0]), render(attempts[0]), solved)
+        if pause is not None:
+            pause(time.perf_counter() - began)
+    return out
+
+
+def shard_answers(policy: Policy, evalset: EvalSet, shard: Shard, device: torch.device | str,
+                  pause: Callable[[float], None] | None = None,
+                  known: Mapping[int, Answer] | None = None) -> tuple[list[int], dict[int, Answer], int]:
+    """(the shard's samples in window order, their answers, how many were generated): samples in `known`
+    (the quick stage's, same weights, so the same answers) are reused, not generated again."""
+    ids = covered(shard, evalset.k)
+    answers = {s: known[s] for s in ids if known and s in known}
+    todo = [s for s in ids if s not in answers]
+    answers.update(generate(policy, evalset, todo, device, pause))
+    return ids, answers, len(todo)
+
+
 def evaluate_shard(policy: Policy, evalset: EvalSet, shard: Shard, device: torch.device | str,
-                   pause: Callable[[float], None] | None = None) -> StageResult:
-    """Sample k answers to each prompt of the shard, block by block; verdicts in window order."""
+                   pause: Callable[[float], None] | None = None, shard_nodes: int = 1) -> StageResult:
+    """Sample k answers to each prompt of the shard; verdicts in window order."""
+    ids, answers, generated = shard_answers(policy, evalset, shard, device, pause)
+    return summarize(evalset, ids, answers, shard.redundancy, shard_nodes, generated)
+
+
+def summarize(evalset: EvalSet, ids: Sequence[int], answers: Mapping[int, Answer], replicas: int, shard_nodes: int,
+              rollouts: int) -> StageResult:
+    """The stage's result over `ids` (whole prompts, k samples each, in order)."""
     k = evalset.k
-    verdicts: list[int] = []
-    answers: list[int | None] = []
-    errors: Counter[str] = Counter()
-    lengths, samples = 0, []
-    for block in shard.blocks:
-        prompts = list(block.prompts)
-        for start in range(0, len(prompts) * k, MAX_ROWS):
-            began = time.perf_counter()
-            rows = [i * k + j for i in prompts for j in range(k)][start:start + MAX_ROWS]
-            problems = [evalset.problems[s // k] for s in rows]
-            episodes = rollout(policy, problems, max_turns=1, attempt_len=evalset.attempt_len,
-                               temperature=evalset.temperature, noise=sample_noise(evalset, rows, device),
-                               device=device)
-            for problem, grades, attempts in zip(problems, episodes.grades, episodes.attempts):
-                g = grades[0]
-                verdicts.append(g.verdict)
-                answers.append(g.answer)
-                if g.error:
-                    errors[g.error] += 1
-                lengths += len(attempts[0])
-                if len(samples) < SAMPLES_KEPT:
-                    samples.append({"prompt": problem.text, "response": render(attempts[0]), "verdict": g.verdict,
-                                    "reward": float(g.verdict)})
-            if pause is not None:
-                pause(time.perf_counter() - began)
-    golds = [evalset.problems[i].answer for b in shard.blocks for i in b.prompts]
-    metrics = {f"pass@{k}": pass_at_k(verdicts, k), f"maj@{k}": maj_at_k(answers, golds, k),
-               "shard_offset": float(shard.offset), "shard_total": float(shard.total),
-               "shard_redundancy": float(shard.redundancy), "samples_per_prompt": float(k)}
+    chosen = [answers[s] for s in ids]
+    verdicts = [a.verdict for a in chosen]
+    errors = Counter(a.error for a in chosen if a.error)
+    samples = [{"prompt": evalset.problems[s // k].text, "response": a.response, "verdict": a.verdict,
+                "reward": float(a.verdict)} for s, a in zip(ids[:SAMPLES_KEPT], chosen)]
+    golds = [evalset.problems[s // k].answer for s in ids[::k]]
+    metrics = {f"pass@{k}": pass_at_k(verdicts, k), f"maj@{k}": maj_at_k([a.answer for a in chosen], golds, k),
+               "samples_per_prompt": float(k), "first_attempt_accuracy": sum(verdicts) / max(len(verdicts), 1)}
+    if evalset.turns > 1:  # what the extra attempts buy, beside the first attempt's accuracy
+        solved = sum(1 for a in chosen if a.solved_turn is not None and a.solved_turn <= evalset.turns)
+        metrics[f"solved_within_{evalset.turns}_turns"] = solved / max(len(chosen), 1)
     metrics.update({f"errors.{e}": float(errors[e]) for e in ERROR_TYPES})
-    return StageResult(tuple(verdicts), lengths / max(len(verdicts), 1), metrics, tuple(samples), lengths)
+    lengths = sum(a.length for a in chosen)
+    return StageResult(tuple(verdicts), tuple(ids), lengths / max(len(verdicts), 1), metrics, tuple(samples),
+                       lengths, replicas, shard_nodes, rollouts)
 
 
 def pass_at_k(verdicts: list[int], k: int) -> float:
@@ -131,42 +202,9 @@ def maj_at_k(answers: list[int | None], golds: list[int], k: int) -> float:
     return right / len(golds) if golds else 0.0
 
 
-# ---------------------------------------------------------- the quick stage's say
-
-
-@dataclass(frozen=True)
-class StageMemory:
-    quick_at_full: float | None = None  # the quick stage's accuracy when the full stage last ran
-    skipped: int = 0  # full stages skipped since
-
-
-@dataclass(frozen=True)
-class TwoStage:
-    z: float = 1.0  # a change counts when it exceeds z standard errors of the quick estimate
-    max_skipped: int = 2  # the full stage is overdue after this many skips
-
-    def decide(self, memory: StageMemory, quick: float, n: int, forced: str | None) -> tuple[bool, str]:
-        """(run the full stage now?, why) from this round's quick accuracy over `n` samples."""
-        if forced:
-            return True, forced
-        if memory.quick_at_full is None:
-            return True, "first full stage"
-        if memory.skipped >= self.max_skipped:
-            return True, f"full stage overdue ({memory.skipped} skipped in a row)"
-        p = (quick + memory.quick_at_full) / 2
-        noise = self.z * math.sqrt(max(p * (1 - p), 1.0 / n) / n)
-        moved = abs(quick - memory.quick_at_full)
-        if moved > noise:
-            return True, f"quick stage moved {moved:.3f} > noise {noise:.3f}"
-        return False, (f"quick stage accuracy {quick:.3f} within noise {noise:.3f} of {memory.quick_at_full:.3f} "
-                       f"at the last full stage")
-
-    @staticmethod
-    def remember(memory: StageMemory, quick: float, ran: bool) -> StageMemory:
-        return StageMemory(quick, 0) if ran else replace(memory, skipped=memory.skipped + 1)
-
-
 # ------------------------------------------------------------------ a round
+
+ADJUDICATION_WAIT_S = 300.0  # how long the adjudicating rank waits for a holder's verdicts (then votes without)
 
 
 @dataclass(frozen=True)
@@ -175,7 +213,7 @@ class RoundJob:
     round_no: int
     rank: int
     world_size: int
-    redundancy: int = 2
+    redundancy: int | None = None  # ranks per sample of the full stage; None: `evalsets.default_redundancy`
     quick_size: int = 16
     two_stage: bool = True
     force_full: str | None = None  # a reason the full stage runs whatever the quick stage says
@@ -183,57 +221,121 @@ class RoundJob:
     dissent: bool = False  # injected: flip every fourth published verdict (a faulty replica)
     mismatch: dict[str, str] = field(default_factory=dict)  # dataset -> why its fingerprint check failed
 
+    @property
+    def replicas(self) -> int:
+        return min(default_redundancy(self.world_size, self.redundancy), self.world_size)
+
 
 def run_round(policy: Policy, sets: dict[str, EvalSet], job: RoundJob, memory: dict[str, StageMemory],
               rule: TwoStage, emit: Callable[[Outcome], None], device: torch.device | str,
-              pause: Callable[[float], None] | None = None) -> dict[str, StageMemory]:
-    """Evaluate one round on this rank; returns the quick-stage memory after it."""
+              pause: Callable[[float], None] | None = None, board: Board | None = None) -> dict[str, StageMemory]:
+    """Evaluate one round on this rank; returns the quick-stage memory after it. `board`: where the ranks
+    exchange the full stage's verdicts for adjudication (None: no adjudication)."""
     memory = dict(memory)
     for name, evalset in sets.items():
         fp = evalset.fingerprint()
         run_full, why = True, job.force_full or "single-stage evaluation"
+        known: dict[int, Answer] = {}
         if job.two_stage:
             quick_set = evalset.head(job.quick_size)
             everything = layout(len(quick_set.problems), quick_set.k, job.world_size, job.world_size, job.rank)
-            quick = _stage(policy, quick_set, everything, job, "quick", emit, device, pause)
+            quick, known = _stage(policy, quick_set, everything, job, "quick", emit, device, pause)
             if quick.status == "ok" and quick.result is not None:
                 previous = memory.get(name, StageMemory())
-                run_full, why = rule.decide(previous, quick.result.accuracy, len(quick.result.verdicts), job.force_full)
-                memory[name] = rule.remember(previous, quick.result.accuracy, run_full)
+                honest = [known[s].verdict for s in quick.result.sample_ids]  # a faulty replica decides honestly
+                run_full, why = rule.decide(previous, honest, evalset.k, job.force_full)
+                memory[name] = rule.remember(previous, honest, run_full)
             else:
                 why = "the quick stage failed"
         if not run_full:
             emit(Outcome(job.step, name, "full", "skipped", fp, error=f"skipped: {why}"))
             continue
-        shard = layout(len(evalset.problems), evalset.k, job.world_size, job.redundancy, job.rank)
-        _stage(policy, evalset, shard, job, "full", emit, device, pause)
+        shard = layout(len(evalset.problems), evalset.k, job.world_size, job.replicas, job.rank)
+        _stage(policy, evalset, shard, job, "full", emit, device, pause, known,
+               board if adjudicates(job.world_size, shard.redundancy) else None)
     return memory
 
 
 def _stage(policy: Policy, evalset: EvalSet, shard: Shard, job: RoundJob, stage: str,
            emit: Callable[[Outcome], None], device: torch.device | str,
-           pause: Callable[[float], None] | None) -> Outcome:
+           pause: Callable[[float], None] | None, known: Mapping[int, Answer] | None = None,
+           board: Board | None = None) -> tuple[Outcome, dict[int, Answer]]:
+    """One stage on this rank: (its outcome as emitted, the honest answers it holds)."""
     started = time.perf_counter()
     fp = evalset.fingerprint()
     n = shard.n_prompts * evalset.k
+    nodes = job.world_size if shard.redundancy < job.world_size else shard.redundancy
+    answers: dict[int, Answer] = {}
     try:
         if evalset.name in job.mismatch:
             raise RuntimeError(job.mismatch[evalset.name])
         if job.fail:
             raise RuntimeError(f"injected evaluation failure at step {job.step} (round {job.round_no})")
-        result = evaluate_shard(policy, evalset, shard, device, pause)
+        ids, answers, generated = shard_answers(policy, evalset, shard, device, pause, known)
+        result = summarize(evalset, ids, answers, shard.redundancy, nodes, generated)
+        if job.dissent:  # a faulty replica publishes wrong verdicts; its own decisions stay honest
+            result = replace(result, verdicts=_flipped(result.verdicts))
+        if board is not None:
+            result = _adjudicate(policy, evalset, job, result, board, device, pause)
     except Exception as exc:  # an evaluation bug must not end the training run
+        if board is not None:
+            _post(board, job, evalset.name, job.rank, None)  # nobody waits for this rank's verdicts
         outcome = Outcome(job.step, evalset.name, stage, "failed", fp, error=f"{type(exc).__name__}: {exc}"[:4096],
-                          latency_ms=_ms(started), n_samples=n)
+                          latency_ms=_ms(started), n_samples=n, replicas=shard.redundancy, shard_nodes=nodes)
         emit(outcome)
-        return outcome
-    outcome = Outcome(job.step, evalset.name, stage, "ok", fp, result, latency_ms=_ms(started), n_samples=n)
-    if job.dissent:  # a faulty replica publishes wrong verdicts; its own decisions stay honest
-        flipped = tuple(1 - v if i % 4 == 0 else v for i, v in enumerate(result.verdicts))
-        emit(replace(outcome, result=replace(result, verdicts=flipped)))
-    else:
-        emit(outcome)
-    return outcome
+        return outcome, {}
+    outcome = Outcome(job.step, evalset.name, stage, "ok", fp, result, latency_ms=_ms(started),
+                      n_samples=len(result.verdicts))
+    emit(outcome)
+    return outcome, answers
+
+
+def _flipped(verdicts: Sequence[int]) -> tuple[int, ...]:
+    return tuple(1 - v if i % 4 == 0 else v for i, v in enumerate(verdicts))
+
+
+# ------------------------------------------------------------ adjudication
+
+
+def _key(job: RoundJob, dataset: str, rank: int) -> str:
+    return f"areal-eval/{job.step}/{job.round_no}/{dataset}/{rank}"
+
+
+def _post(board: Board, job: RoundJob, dataset: str, rank: int, verdicts: dict[int, int] | None) -> None:
+    board.post(_key(job, dataset, rank), json.dumps(verdicts).encode())
+
+
+def _fetch(board: Board, job: RoundJob, dataset: str, rank: int) -> dict[int, int] | None:
+    raw = board.fetch(_key(job, dataset, rank), ADJUDICATION_WAIT_S)
+    data = json.loads(raw) if raw else None
+    return {int(s): int(v) for s, v in data.items()} if isinstance(data, dict) else None
+
+
+def disputed(block_samples: Sequence[int], a: Mapping[int, int], b: Mapping[int, int]) -> list[int]:
+    """The block's samples whose two replicas published different verdicts."""
+    return [s for s in block_samples if s in a and s in b and a[s] != b[s]]
+
+
+def _adjudicate(policy: Policy, evalset: EvalSet, job: RoundJob, result: StageResult, board: Board,
+                device: torch.device | str, pause: Callable[[float], None] | None) -> StageResult:
+    """Post this rank's published verdicts; evaluate the disputed samples of the block it adjudicates and
+    add them (after its own) to its result, before the round's event goes out."""
+    _post(board, job, evalset.name, job.rank, dict(zip(result.sample_ids, result.verdicts)))
+    block, (first, second) = adjudicator(job.rank, job.world_size)
+    a, b = _fetch(board, job, evalset.name, first), _fetch(board, job, evalset.name, second)
+    if a is None or b is None:
+        return result  # a holder failed or is gone: its round is voted without adjudication
+    part = blocks(len(evalset.problems), job.world_size)[block]
+    samples = [i * evalset.k + j for i in part.prompts for j in range(evalset.k)]
+    extra = disputed(samples, a, b)
+    if not extra:
+        return result
+    answers = generate(policy, evalset, extra, device, pause)
+    verdicts = tuple(answers[s].verdict for s in extra)
+    if job.dissent:
+        verdicts = _flipped(result.verdicts + verdicts)[len(result.verdicts):]
+    return replace(result, verdicts=result.verdicts + verdicts, sample_ids=result.sample_ids + tuple(extra),
+                   rollouts=result.rollouts + len(extra), adjudicated=len(extra))
 
 
 def _ms(started: float) -> float:

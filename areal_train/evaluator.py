@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from areal_metrics.areal_train.board import open_board
 from areal_metrics.areal_train.eval_process import EventLike, ProcessSpec, Standby
 from areal_metrics.areal_train.eval_process import main as process_main
-from areal_metrics.areal_train.evalsets import EvalSet
-from areal_metrics.areal_train.evaluation import Outcome, RoundJob, StageMemory, TwoStage, run_round
+from areal_metrics.areal_train.evalsets import EvalSet, adjudicates
+from areal_metrics.areal_train.evaluation import Board, Outcome, RoundJob, StageMemory, TwoStage, run_round
 from areal_metrics.areal_train.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class Evaluator:
     # async: a process forked before the rank's threads started (`eval_process.fork_standby`), used
     # for the first process instead of spawning one; a later one (after a crash) is spawned
     standby: Standby | None = None
+    # sync: where the ranks exchange verdicts for adjudication (opened at the first round that needs it)
+    board: Board | None = None
 
     def __post_init__(self) -> None:
         self._process: mp.process.BaseProcess | None = None
@@ -72,7 +75,10 @@ class Evaluator:
         if not self.asynchronous:
             was_training = policy.training
             policy.eval()
-            self.memory = run_round(policy, self.sets, job, self.memory, self.rule, self.on_outcome, self.device)
+            if self.board is None and adjudicates(job.world_size, job.replicas):
+                self.board = open_board()
+            self.memory = run_round(policy, self.sets, job, self.memory, self.rule, self.on_outcome, self.device,
+                                    board=self.board)
             policy.train(was_training)
             return
         self._ensure_process()

@@ -91,9 +91,13 @@ class Reporter:
         if outcome.status == "ok" and result is not None:
             self.run.log_eval(outcome.dataset, outcome.step, **common, accuracy=result.accuracy,
                               reward=result.accuracy, response_length=result.response_length,
-                              verdicts=list(result.verdicts), samples=list(result.samples), **result.metrics)
+                              verdicts=list(result.verdicts), sample_ids=list(result.sample_ids),
+                              replicas=result.replicas, shard_nodes=result.shard_nodes, samples=list(result.samples),
+                              **result.metrics)
         else:
-            self.run.log_eval(outcome.dataset, outcome.step, **common, error=(outcome.error or outcome.status)[:4096])
+            layout = {"replicas": outcome.replicas, "shard_nodes": outcome.shard_nodes} if outcome.replicas else {}
+            self.run.log_eval(outcome.dataset, outcome.step, **common, error=(outcome.error or outcome.status)[:4096],
+                              **layout)
 
 
 @dataclass

@@ -55,7 +55,7 @@ def checkpoint_root(cfg: TrainConfig) -> Path:
 def build_eval_sets(cfg: TrainConfig) -> dict[str, EvalSet]:
     return {name: EvalSet(name, tuple(make_eval_set(name, cfg.eval_size)), k=cfg.eval_samples,
                           temperature=cfg.eval_temperature, attempt_len=cfg.max_response_len,
-                          seed=EVAL_SEED + DATASETS.index(name))
+                          seed=EVAL_SEED + DATASETS.index(name), turns=cfg.eval_turns or cfg.max_turns)
             for name in cfg.eval_datasets}
 
 
@@ -118,7 +118,7 @@ class Session:
         self.evaluator = Evaluator(
             self.eval_sets, on_outcome, {"d_model": cfg.d_model, "layers": cfg.layers, "heads": cfg.heads},
             self.device, asynchronous=cfg.eval_mode == "async",
-            rule=TwoStage(z=cfg.quick_z, max_skipped=cfg.full_max_skipped), threads=cfg.eval_threads,
+            rule=TwoStage(alpha=cfg.quick_alpha, max_skipped=cfg.full_max_skipped), threads=cfg.eval_threads,
             cpu_share=cfg.eval_cpu_share, max_pending=cfg.eval_max_pending, memory=dict(self._eval_memory),
             start_early=cfg.evaluates_on_schedule, standby=standby)
 

@@ -123,7 +123,11 @@ def test_bad_run_ids_never_reach_sql() -> None:
 def test_moving_average_and_band() -> None:
     assert moving_average([2, 4, 6, 8], 2) == [2, 3, 5, 7]
     assert moving_average([1.0], 10) == [1.0]
-    assert band([[(1, 0.0), (2, 1.0)], [(1, 1.0)]]) == ([1, 2], [0.5, 1.0], [0.0, 1.0], [1.0, 1.0])
+    steps, mean, low, high = band([[(1, 0.0), (2, 1.0)], [(1, 1.0)]])
+    assert (steps, mean) == ([1, 2], [0.5, 1.0])
+    half = 12.706 * (0.5 ** 0.5) / (2 ** 0.5)  # two seeds: t(1) times the standard error, far wider than min..max
+    assert abs(low[0] - (0.5 - half)) < 1e-9 and abs(high[0] - (0.5 + half)) < 1e-9
+    assert (low[1], high[1]) == (1.0, 1.0)  # one seed: no interval to draw
 
 
 def test_report_while_the_sink_holds_the_store(store: tuple[DirectStore, Path], tmp_path: Path,

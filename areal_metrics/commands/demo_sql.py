@@ -1,14 +1,30 @@
 """What `demo` prints at the end: tables from SQL over ClickHouse, and the checks the demo stands for.
 
-Checks (each printed as passed or NOT passed, never hidden):
-- a `scale_lr` was caused by evaluation (its reason names the evaluation);
+Checks (each printed as passed or NOT passed, never hidden); each can fail:
+- every `scale_lr` acted on evidence: its reason cites an interval whose upper
+  bound lies under the threshold (a cut), whose lower bound lies at or above it
+  (a restore), or a slope test that says improvement stopped;
+- every full-stage consensus equals the per-sample strict-majority vote of the
+  nodes' stored verdicts (ties undecided); in a run with a faulty evaluator
+  (`dissent_rank`) it equals the honest replicas' accuracy over the decided
+  samples and names no node but the faulty one;
 - per dataset, every compared run evaluated the same set (one dataset fingerprint);
 - every run's full-stage accuracy on every dataset moved: neither always 0 nor always 1.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
+
+from areal_metrics import stats
+from areal_metrics.comparison import node_verdicts
+
+NUMBER = r"([-+]?\d*\.?\d+(?:e[-+]?\d+)?)"
+CUT = re.compile(rf"upper bound {NUMBER} at one-sided level .*?\) (<|>=) threshold {NUMBER}")
+SLOPE = re.compile(rf"improvement stopped: accuracy slope .*?upper bound {NUMBER} .*?\) (<|>=) {NUMBER} per round")
+RESTORE = re.compile(rf"CI \[{NUMBER}, {NUMBER}\].*?the interval lies at or above threshold {NUMBER}")
 
 TRAINING_SQL = """
 SELECT s.run_id AS run, uniqExact(s.step) AS steps, max(s.attempt) AS attempt,
@@ -47,6 +63,17 @@ SELECT run_id AS run, what, kind, n FROM (
 ORDER BY run, what, kind
 """
 
+ROUNDS_SQL = """
+SELECT run_id, eval_id, dataset, step, argMax(accuracy, ts), argMax(dissenters, ts)
+FROM v_eval_consensus
+WHERE run_id IN {runs:Array(String)} AND stage = 'full' AND NOT stale AND NOT partial
+GROUP BY run_id, eval_id, dataset, step ORDER BY run_id, dataset, step
+"""
+
+FAULTY_SQL = """
+SELECT run_id, config FROM v_runs WHERE run_id IN {runs:Array(String)}
+"""
+
 SCALE_LR_SQL = """
 SELECT run_id, args, reason FROM v_commands
 WHERE run_id IN {runs:Array(String)} AND command = 'scale_lr' ORDER BY ts
@@ -59,14 +86,90 @@ GROUP BY dataset ORDER BY dataset
 """
 
 
+def scale_lr_evidence(reason: str) -> tuple[bool, str]:
+    """Whether a `scale_lr` reason cites evidence for its action: (passed, the evidence read)."""
+    cut = CUT.search(reason)
+    if cut:
+        upper, op, threshold = float(cut.group(1)), cut.group(2), float(cut.group(3))
+        return upper < threshold and op == "<", f"upper bound {upper:g} vs threshold {threshold:g}"
+    slope = SLOPE.search(reason)
+    if slope:
+        upper, op, delta = float(slope.group(1)), slope.group(2), float(slope.group(3))
+        return upper < delta and op == "<", f"slope upper bound {upper:+g} vs {delta:g} per round"
+    restore = RESTORE.search(reason)
+    if restore:
+        low, threshold = float(restore.group(1)), float(restore.group(3))
+        return low >= threshold, f"restore: interval from {low:g} vs threshold {threshold:g}"
+    return False, "cites no interval or test"
+
+
+def vote_check(accuracy: float, dissenters: list[str], nodes: dict[str, dict[int, int]],
+               faulty: str | None) -> tuple[bool, str]:
+    """A round's consensus against the per-sample vote of its nodes' verdicts (and the honest nodes' accuracy
+    when one node is known to be faulty)."""
+    decided = stats.node_majority(nodes.values())
+    if not decided:
+        return True, "no sample decided"
+    voted = sum(decided.values()) / len(decided)
+    problems = []
+    if abs(voted - accuracy) > 1e-9:
+        problems.append(f"consensus {accuracy:.4f} != vote {voted:.4f}")
+    if faulty is not None:
+        honest = [v for n, v in nodes.items() if n != faulty]
+        right = [next(h[s] for h in honest if s in h) for s in decided if any(s in h for h in honest)]
+        honest_acc = sum(right) / len(right) if right else voted
+        if abs(honest_acc - accuracy) > 1e-9:
+            problems.append(f"consensus {accuracy:.4f} != honest replicas' {honest_acc:.4f}")
+        if set(dissenters) - {faulty}:
+            problems.append(f"names honest nodes {sorted(set(dissenters) - {faulty})}")
+    return not problems, "; ".join(problems) or f"vote {voted:.4f} on {len(decided)} decided samples"
+
+
+def _faulty_nodes(store: Any, params: dict[str, Any]) -> dict[str, int]:
+    """run -> the rank its config made a faulty evaluator (`dissent_rank`)."""
+    out = {}
+    for run, config in store.query(FAULTY_SQL, params).rows:
+        try:
+            rank = json.loads(config or "{}").get("dissent_rank")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(rank, int):
+            out[run] = rank
+    return out
+
+
+def vote_checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
+    params = {"runs": runs}
+    rounds = store.query(ROUNDS_SQL, params).rows
+    verdicts = node_verdicts(store, [(r[0], r[1]) for r in rounds])
+    faulty = _faulty_nodes(store, params)
+    out = []
+    by_run: dict[str, list[tuple[bool, str]]] = {}
+    for run, eval_id, dataset, step, accuracy, dissenters in rounds:
+        nodes = verdicts.get((run, eval_id), {})
+        bad = next((n for n in nodes if run in faulty and n.endswith(f"-r{faulty[run]}")), None)
+        passed, what = vote_check(float(accuracy), list(dissenters), nodes, bad)
+        by_run.setdefault(run, []).append((passed, f"{dataset} step {step}: {what}"))
+    for run, results in by_run.items():
+        failed = [w for ok, w in results if not ok]
+        label = f" (faulty evaluator: rank {faulty[run]})" if run in faulty else ""
+        out.append((not failed, f"{run}{label}: {len(results) - len(failed)} of {len(results)} full-stage consensus "
+                    "results equal the per-sample vote of the stored verdicts" + (f"; {failed[0]}" if failed else "")))
+    return out
+
+
 def checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
     """(passed, what) of each check the demo stands for."""
     params = {"runs": runs}
     out: list[tuple[bool, str]] = []
     scale = store.query(SCALE_LR_SQL, params).rows
-    by_eval = [r for r in scale if "evaluation" in r[2]]
-    out.append((bool(by_eval), f"scale_lr caused by evaluation: {len(by_eval)} of {len(scale)} scale_lr commands"
-                + (f" (e.g. {by_eval[0][0]}: {by_eval[0][2][:160]})" if by_eval else "")))
+    read = [(run, reason, *scale_lr_evidence(reason)) for run, _args, reason in scale]
+    wrong = [r for r in read if not r[2]]
+    out.append((not wrong, f"scale_lr on evidence: {len(read) - len(wrong)} of {len(read)} commands cite an interval "
+                "or test that supports them"
+                + (f" (NOT: {wrong[0][0]}: {wrong[0][3]}: {wrong[0][1][:200]})" if wrong else
+                   f" (e.g. {read[0][0]}: {read[0][3]})" if read else "")))
+    out.extend(vote_checks(store, runs))
     for dataset, fingerprints, n in store.query(FINGERPRINT_SQL, params).rows:
         out.append((len(fingerprints) == 1 and n == len(runs),
                     f"{dataset}: {n} of {len(runs)} runs evaluated, {len(fingerprints)} fingerprint(s) "

@@ -214,8 +214,10 @@ class Run:
     def log_eval(self, dataset: str, step: int | None = None, *, stage: str = "full", verdicts: Any = None,
                  accuracy: Any = None, samples: Any = None, eval_id: str | None = None, replicas: int | None = None,
                  status: str = "ok", error: str | None = None, response_length: Any = None, reward: Any = None,
-                 latency_ms: Any = None, dataset_fingerprint: str | None = None, **metrics: Any) -> None:
-        """Log this node's result of one evaluation round on one dataset (the cross-node vote uses `verdicts`)."""
+                 latency_ms: Any = None, dataset_fingerprint: str | None = None, sample_ids: Any = None,
+                 shard_nodes: int | None = None, **metrics: Any) -> None:
+        """Log this node's result of one evaluation round on one dataset (the cross-node vote uses `verdicts`;
+        a sharded round: `sample_ids`, each verdict's sample in the shared order, and `shard_nodes`)."""
         if not isinstance(dataset, str) or not dataset:
             raise TypeError("log_eval(): dataset must be a non-empty string")
         if stage not in ("quick", "full"):
@@ -232,11 +234,16 @@ class Run:
         if fields.pop("_cut", 0):
             self._warn_once("samples-cut", "log_eval(): more samples than an event holds; the first ones are kept")
         try:
+            if sample_ids is not None and "verdicts" in fields:
+                listed = sample_ids.tolist() if hasattr(sample_ids, "tolist") else sample_ids
+                fields["sample_ids"] = tuple(operator.index(s) for s in listed)
+            if shard_nodes is not None:
+                fields["shard_nodes"] = operator.index(shard_nodes)
             event = EvalEvent(
                 run_id=self.run_id, node=self.node, rank=self.rank, eval_id=(eval_id or f"{self.run_id}:{step}:{dataset}:{stage}")[:256],
                 step=step, dataset=dataset[:128], stage=stage, replicas=replicas or self.world_size, attempt=self.attempt,
                 dataset_fingerprint=dataset_fingerprint[:128] if dataset_fingerprint else None, **fields)
-        except ValidationError as exc:  # an argument we could not coerce: say so, never stop training
+        except (ValidationError, TypeError) as exc:  # an argument we could not coerce: say so, never stop training
             log.warning("log_eval(%s, step %d) not sent: %s", dataset, step, exc)
             return
         self._evals += 1

@@ -1,0 +1,256 @@
+"""Two groups of runs compared on one dataset: what `areal-metrics compare` prints.
+
+Each group's runs (by `run.group`) and each run's last full-stage consensus on
+the dataset (a stale repeat of an earlier round is not a result): the mean over
+the runs and its 95 % t-interval over runs (seeds). Then a paired test per
+sample: each run's per-sample verdicts come from its nodes' stored `verdicts`
+(table `evals`, the round of that consensus), voted per sample as the worker
+votes (strict majority, ties undecided); a group's score of a sample is the
+mean over its runs that decided it; the exact sign test runs over the samples
+both groups decided, on the differences of those scores (with one run per
+group: McNemar's exact test). Samples are matched by their index in the
+dataset's shared order (`sample_ids`, else the older `metrics` window, else
+0..n-1), and only when both groups evaluated the same set (one
+`dataset_fingerprint`). `accuracy` is the first attempt's; for multi-turn
+strategies each group also gets `metrics`: `first_attempt_accuracy` and
+`solved_within_<T>_turns` (the nodes' values of the same rounds, weighted by
+their samples) with their t-intervals over runs: what the extra turns buy.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from areal_metrics import stats
+from areal_metrics.errors import UserError
+
+TEST_NAME = "exact sign test on per-sample accuracy differences"
+
+
+def literal(text: str) -> str:
+    """A ClickHouse string literal for any text."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@dataclass
+class RunRound:
+    run_id: str
+    accuracy: float
+    eval_id: str
+    step: int
+    verdicts: dict[int, int] = field(default_factory=dict)  # sample -> the nodes' majority
+    fingerprints: set[str] = field(default_factory=set)
+    turn_metrics: dict[str, float] = field(default_factory=dict)  # first_attempt_accuracy, solved_within_<T>_turns
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    group: str
+    runs: int
+    mean: float
+    ci_low: float | None
+    ci_high: float | None
+    run_ids: tuple[str, ...]
+    metrics: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ reading
+
+
+def _rows(store: Any, sql: str) -> list[tuple[Any, ...]]:
+    return list(store.query(sql).rows)
+
+
+def group_runs(store: Any, groups: Sequence[str]) -> dict[str, list[str]]:
+    names = ", ".join(literal(g) for g in groups)
+    out: dict[str, list[str]] = {g: [] for g in groups}
+    for run, group in _rows(store, f"SELECT run_id, `group` FROM v_runs WHERE `group` IN ({names}) ORDER BY run_id"):
+        out[group].append(run)
+    return out
+
+
+def full_datasets(store: Any, runs: Sequence[str], stage: str) -> set[str]:
+    return {d for (d,) in _rows(store, f"""SELECT DISTINCT dataset FROM v_eval_consensus
+        WHERE run_id IN ({', '.join(map(literal, runs))}) AND stage = {literal(stage)} AND NOT stale""")}
+
+
+def last_rounds(store: Any, runs: Sequence[str], dataset: str, stage: str) -> dict[str, RunRound]:
+    """run -> its last consensus (highest step, then latest) on the dataset and stage."""
+    out = {}
+    for run, acc, eval_id, step in _rows(store, f"""
+            SELECT run_id, argMax(accuracy, (step, ts)), argMax(eval_id, (step, ts)), max(step)
+            FROM v_eval_consensus
+            WHERE run_id IN ({', '.join(map(literal, runs))}) AND dataset = {literal(dataset)}
+              AND stage = {literal(stage)} AND NOT stale
+            GROUP BY run_id"""):
+        out[run] = RunRound(run, float(acc), eval_id, int(step))
+    return out
+
+
+def _has_sample_ids(store: Any) -> bool:
+    return bool(_rows(store, "SELECT count() FROM system.columns WHERE database = currentDatabase() "
+                             "AND table = 'evals' AND name = 'sample_ids'")[0][0])
+
+
+def node_verdicts(store: Any, rounds: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[str, dict[int, int]]]:
+    """(run, eval_id) -> node -> sample -> verdict: the nodes' stored verdicts of those rounds (their
+    latest attempt), each verdict at its sample's index in the shared order."""
+    if not rounds:
+        return {}
+    ids = "sample_ids" if _has_sample_ids(store) else "CAST([], 'Array(UInt32)')"
+    keys = ", ".join(f"({literal(run)}, {literal(eval_id)})" for run, eval_id in rounds)
+    rows = _rows(store, f"""
+        SELECT run_id, eval_id, node, attempt, verdicts, {ids}, metrics['shard_offset'], metrics['shard_total'],
+               mapContains(metrics, 'shard_total'), dataset_fingerprint
+        FROM v_evals
+        WHERE (run_id, eval_id) IN ({keys}) AND status = 'ok' AND length(verdicts) > 0""")
+    latest: dict[tuple[str, str], int] = {}
+    for run, eval_id, _node, attempt, *_ in rows:
+        latest[(run, eval_id)] = max(latest.get((run, eval_id), 0), int(attempt))
+    out: dict[tuple[str, str], dict[str, dict[int, int]]] = defaultdict(dict)
+    for run, eval_id, node, attempt, verdicts, sample_ids, offset, total, has_window, _fp in rows:
+        if int(attempt) != latest[(run, eval_id)]:
+            continue
+        if sample_ids and len(sample_ids) == len(verdicts):
+            where = [int(s) for s in sample_ids]
+        elif has_window:
+            where = stats.window_ids(len(verdicts), int(offset), int(total))
+        else:
+            where = stats.window_ids(len(verdicts))
+        out[(run, eval_id)][node] = dict(zip(where, (int(v) for v in verdicts)))
+    return out
+
+
+def fingerprints(store: Any, rounds: Sequence[tuple[str, str]]) -> dict[tuple[str, str], set[str]]:
+    if not rounds:
+        return {}
+    keys = ", ".join(f"({literal(run)}, {literal(eval_id)})" for run, eval_id in rounds)
+    out: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for run, eval_id, fp in _rows(store, f"""SELECT DISTINCT run_id, eval_id, dataset_fingerprint FROM v_evals
+            WHERE (run_id, eval_id) IN ({keys}) AND status = 'ok' AND dataset_fingerprint IS NOT NULL"""):
+        out[(run, eval_id)].add(fp)
+    return out
+
+
+TURN_METRICS = "(key = 'first_attempt_accuracy' OR match(key, '^solved_within_[0-9]+_turns$'))"
+
+
+def attach_turn_metrics(store: Any, rounds: Mapping[str, RunRound]) -> None:
+    """Each round's first-attempt accuracy and 'solved within T turns': its nodes' values weighted by
+    their samples (every sample counts once per replica, the same for every sample)."""
+    if not rounds:
+        return
+    keys = ", ".join(f"({literal(r.run_id)}, {literal(r.eval_id)})" for r in rounds.values())
+    for run, key, value in _rows(store, f"""
+            SELECT run_id, key, sum(metrics[key] * ifNull(n_samples, 1)) / sum(ifNull(n_samples, 1))
+            FROM v_evals ARRAY JOIN mapKeys(metrics) AS key
+            WHERE (run_id, eval_id) IN ({keys}) AND status = 'ok' AND {TURN_METRICS}
+            GROUP BY run_id, key"""):
+        rounds[run].turn_metrics[key] = float(value)
+
+
+def attach_verdicts(store: Any, rounds: Mapping[str, RunRound]) -> None:
+    """Fill each round's per-sample verdicts (the nodes' majority) and fingerprints from `evals`."""
+    keys = [(r.run_id, r.eval_id) for r in rounds.values()]
+    voted = node_verdicts(store, keys)
+    prints = fingerprints(store, keys)
+    for r in rounds.values():
+        r.verdicts = stats.node_majority(voted.get((r.run_id, r.eval_id), {}).values())
+        r.fingerprints = prints.get((r.run_id, r.eval_id), set())
+
+
+# ------------------------------------------------------------------ the rule
+
+
+def summarize(group: str, rounds: Sequence[RunRound]) -> GroupSummary:
+    interval = stats.t_interval([r.accuracy for r in rounds])
+    low, high = _clip(interval)
+    metrics: dict[str, dict[str, float | int | None]] = {}
+    for name in sorted({k for r in rounds for k in r.turn_metrics}):
+        values = stats.t_interval([r.turn_metrics[name] for r in rounds if name in r.turn_metrics])
+        m_low, m_high = _clip(values)
+        metrics[name] = {"runs": values.n, "mean": values.mean, "ci_low": m_low, "ci_high": m_high}
+    return GroupSummary(group, interval.n, interval.mean, low, high, tuple(r.run_id for r in rounds), metrics)
+
+
+def _clip(interval: stats.MeanInterval) -> tuple[float | None, float | None]:
+    """A share's t-interval clipped to 0..1."""
+    low, high = interval.ci_low, interval.ci_high
+    return None if low is None else max(low, 0.0), None if high is None else min(high, 1.0)
+
+
+def per_sample_scores(rounds: Sequence[RunRound]) -> dict[int, float]:
+    """sample -> mean verdict over the runs that decided it."""
+    total: dict[int, float] = defaultdict(float)
+    count: dict[int, int] = defaultdict(int)
+    for r in rounds:
+        for sample, v in r.verdicts.items():
+            total[sample] += v
+            count[sample] += 1
+    return {s: total[s] / count[s] for s in total}
+
+
+def paired(a: Sequence[RunRound], b: Sequence[RunRound]) -> dict[str, Any]:
+    """The paired per-sample test between two groups' rounds, as the JSON's `paired` object."""
+    prints = {fp for r in (*a, *b) for fp in r.fingerprints}
+    base: dict[str, Any] = {"test": TEST_NAME, "n": 0, "p_value": None, "a_better": 0, "b_better": 0}
+    if len(prints) > 1:
+        return {**base, "note": "the groups evaluated different sample sets (dataset fingerprints differ)"}
+    sa, sb = per_sample_scores(a), per_sample_scores(b)
+    common = sorted(set(sa) & set(sb))
+    if not common:
+        return {**base, "note": "no sample evaluated (and decided) by both groups"}
+    result = stats.sign_test(sa[s] - sb[s] for s in common)
+    return {**base, "n": result.n, "p_value": result.p_value, "a_better": result.positive,
+            "b_better": result.negative}
+
+
+def compare(store: Any, group_a: str, group_b: str, dataset: str | None, stage: str) -> dict[str, Any]:
+    """The contract's JSON object; UserError names what is missing."""
+    if group_a == group_b:
+        raise UserError(f"GROUP_B: the same group as GROUP_A ({group_a!r})")
+    members = group_runs(store, [group_a, group_b])
+    for label, g in (("GROUP_A", group_a), ("GROUP_B", group_b)):
+        if not members[g]:
+            raise UserError(f"{label} {g!r}: no runs in this group (the `group` of areal_metrics.init)")
+    if dataset is None:
+        both = full_datasets(store, members[group_a], stage) & full_datasets(store, members[group_b], stage)
+        if len(both) != 1:
+            choices = ", ".join(sorted(both)) or "none"
+            raise UserError(f"--dataset: needed, the groups share {stage}-stage results on: {choices}")
+        dataset = both.pop()
+    rounds = last_rounds(store, members[group_a] + members[group_b], dataset, stage)
+    for label, g in (("GROUP_A", group_a), ("GROUP_B", group_b)):
+        if not any(r in rounds for r in members[g]):
+            raise UserError(f"{label} {g!r}: no {stage}-stage consensus on dataset {dataset!r}")
+    attach_verdicts(store, rounds)
+    attach_turn_metrics(store, rounds)
+    a = [rounds[r] for r in members[group_a] if r in rounds]
+    b = [rounds[r] for r in members[group_b] if r in rounds]
+    groups = [summarize(group_a, a), summarize(group_b, b)]
+    return {"dataset": dataset, "stage": stage,
+            "groups": [{"group": g.group, "runs": g.runs, "mean": g.mean, "ci_low": g.ci_low, "ci_high": g.ci_high,
+                        "run_ids": list(g.run_ids), "metrics": g.metrics} for g in groups],
+            "paired": paired(a, b)}
+
+
+def render(result: Mapping[str, Any]) -> str:
+    """The human form: one line per group, one for the paired test."""
+    def num(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.3f}"
+
+    lines = [f"{result['dataset']} ({result['stage']} stage), the last consensus of each run"]
+    for g in result["groups"]:
+        lines.append(f"  {g['group']}: mean {num(g['mean'])} over {g['runs']} run{'s' * (g['runs'] != 1)}, "
+                     f"95% t-interval [{num(g['ci_low'])}, {num(g['ci_high'])}]")
+        for name, m in g.get("metrics", {}).items():
+            lines.append(f"    {name}: {num(m['mean'])} [{num(m['ci_low'])}, {num(m['ci_high'])}]")
+    p = result["paired"]
+    a, b = result["groups"][0]["group"], result["groups"][1]["group"]
+    tail = f" ({p['note']})" if "note" in p else ""
+    lines.append(f"  paired ({p['test']}): n {p['n']} samples, {a} better on {p['a_better']}, "
+                 f"{b} better on {p['b_better']}, p = {num(p['p_value'])}{tail}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,73 @@
+"""The demo's checks (areal_metrics.commands.demo_sql) pass on what is right and fail on what is not:
+the real embedded store, holding the recorded workload and rounds built to be right or wrong."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from areal_metrics.commands.demo_sql import checks, scale_lr_evidence, vote_check, vote_checks
+from areal_metrics.producers.contract.events import Event
+from areal_metrics.sinks.query import DirectStore
+from tests.test_compare import _event
+from tests.test_grafana_data import loaded_store
+from tests.test_report import STRATEGY_RUNS, recorded
+
+HONEST = [1, 0, 1, 1, 0, 0, 1, 0] * 4  # 32 samples, accuracy 0.5
+
+
+def faulty_run(run: str, consensus: float, dissenters: list[str]) -> list[Event]:
+    """Three nodes evaluate every sample; node -r1 flips every fourth verdict; the consensus as given."""
+    events = [_event("run", run, "h-r0", status="running", group="vote", world_size=3, config={"dissent_rank": 1})]
+    eval_id = f"{run}:5:math:full"
+    for rank in range(3):
+        verdicts = [1 - v if rank == 1 and i % 4 == 0 else v for i, v in enumerate(HONEST)]
+        events.append(_event("eval", run, f"h-r{rank}", eval_id=eval_id, step=5, dataset="math", stage="full",
+                             accuracy=sum(verdicts) / 32, n_samples=32, replicas=3, verdicts=verdicts,
+                             dataset_fingerprint="fp"))
+    events.append(_event("eval_consensus", run, "worker", eval_id=eval_id, step=5, dataset="math", stage="full",
+                         accuracy=consensus, votes=3, replicas=3, agreement=0.9, dissenters=dissenters))
+    return events
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DirectStore]:
+    built = (faulty_run("vote-right", 0.5, ["h-r1"]) + faulty_run("vote-tie-as-0", 0.375, ["h-r1"])
+             + faulty_run("vote-blames-honest", 0.5, ["h-r1", "h-r2"]))
+    with loaded_store(tmp_path_factory.mktemp("demo-checks"), recorded() + built) as opened:
+        yield opened
+
+
+def test_scale_lr_needs_evidence_that_supports_it() -> None:
+    cut = ("threshold math_hard full: accuracy 0.05 (95% CI [0.020, 0.110], 128 samples, effective 64): upper bound "
+           "{u} at one-sided level 0.0071 (look 3 of the run, alpha 0.05 spent over its rounds) {op} threshold 0.12")
+    assert scale_lr_evidence(cut.format(u="0.1012", op="<"))[0]
+    assert not scale_lr_evidence(cut.format(u="0.1312", op=">="))[0]
+    slope = ("improvement stopped: accuracy slope +0.001 per round (se 0.01) over the last 4 rounds: upper bound "
+             "{u} at one-sided level 0.01 (test 2 of the run) < 0.02 per round")
+    assert scale_lr_evidence(slope.format(u="+0.0101"))[0]
+    assert not scale_lr_evidence("evaluation math_hard accuracy 0.09 fell below threshold 0.12")[0]  # a point estimate
+
+
+def test_a_vote_check_fails_on_a_tie_counted_as_wrong_and_on_a_blamed_honest_node() -> None:
+    nodes = {"a-r0": {0: 1, 1: 1, 2: 0, 3: 1}, "a-r1": {0: 0, 1: 1, 2: 0, 3: 1}}  # sample 0 a tie
+    assert vote_check(2 / 3, ["a-r1"], nodes, "a-r1")[0]  # 3 decided samples, 2 right
+    passed, what = vote_check(0.5, [], nodes, None)  # the tie counted as a wrong answer
+    assert not passed and "!= vote 0.6667" in what
+
+
+def test_vote_checks_on_the_store(store: DirectStore) -> None:
+    results = dict((what.split(" ")[0], passed) for passed, what in
+                   vote_checks(store, ["vote-right", "vote-tie-as-0", "vote-blames-honest"]))
+    assert results == {"vote-right": True, "vote-tie-as-0": False, "vote-blames-honest": False}
+
+
+def test_the_recorded_workload_fails_only_on_its_point_estimate_lr_cuts(store: DirectStore) -> None:
+    """Recorded before the loop acted on evidence: its scale_lr reasons cite a point estimate only."""
+    results = checks(store, list(STRATEGY_RUNS))
+    failed = [what for passed, what in results if not passed]
+    assert len(failed) == 1 and failed[0].startswith("scale_lr on evidence: 0 of 7")
+    assert "below threshold 0.5" in failed[0]
+    assert sum("per-sample vote" in what for _, what in results) == len(STRATEGY_RUNS)
