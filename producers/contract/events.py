@@ -165,6 +165,10 @@ class EvalEvent(Event):
     metrics: Mapping[str, float] = rule(factory=dict)  # e.g. pass@4, maj@4
     samples: tuple[Mapping[str, Any], ...] | None = None  # {prompt, response, verdict, reward}: the generations table
     attempt: int = rule(0, ge=0, le=1 << 20)
+    # Evaluation you can trust: each verdict's sample in the dataset's shared order (None: 0..len-1),
+    # and how many nodes share a sharded round (None: replicas). No layout lives in `metrics`.
+    sample_ids: tuple[int, ...] | None = rule(None, ge=0, le=(1 << 32) - 1)
+    shard_nodes: int | None = rule(None, ge=1, le=4096)
 
     def _check_rules(self) -> None:
         if self.status == "ok" and self.accuracy is None:
@@ -173,6 +177,16 @@ class EvalEvent(Event):
             raise ValidationError(
                 "evals.verdicts", f"has {len(self.verdicts)} entries but n_samples is {self.n_samples}"
             )
+        if self.sample_ids is not None:
+            if self.verdicts is None or len(self.sample_ids) != len(self.verdicts):
+                n = "no verdicts" if self.verdicts is None else f"{len(self.verdicts)} verdicts"
+                raise ValidationError("evals.sample_ids", f"has {len(self.sample_ids)} entries but there are {n}")
+            if len(set(self.sample_ids)) != len(self.sample_ids):
+                raise ValidationError("evals.sample_ids", "names a sample more than once")
+        if self.shard_nodes is not None and self.shard_nodes < self.replicas:
+            raise ValidationError("evals.shard_nodes",
+                                  f"{self.shard_nodes} is fewer than replicas ({self.replicas}): "
+                                  "a sample cannot have more replicas than the nodes sharing the round")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,6 +206,16 @@ class EvalConsensusEvent(Event):
     dissenters: tuple[str, ...] = rule(factory=tuple)
     stale: bool = False
     partial: bool = False
+    # Evaluation you can trust: decided samples behind `accuracy`, undecided ones (ties), and a
+    # 95 % interval of `accuracy` (None on events written before these fields existed).
+    n_samples: int | None = rule(None, ge=0)
+    n_undecided: int | None = rule(None, ge=0)
+    ci_low: float | None = rule(None, ge=0, le=1)
+    ci_high: float | None = rule(None, ge=0, le=1)
+
+    def _check_rules(self) -> None:
+        if self.ci_low is not None and self.ci_high is not None and self.ci_low > self.ci_high:
+            raise ValidationError("eval_consensus.ci_low", f"{self.ci_low} is above ci_high {self.ci_high}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -262,9 +262,13 @@ def check_value(where: str, c: _Check, v: Any) -> None:
     elif kind == "int_list":
         if not isinstance(v, tuple):
             raise ValidationError(where, f"not a list ({type(v).__name__})")
+        if r.max_len is not None and len(v) > r.max_len:
+            raise ValidationError(where, f"more than {r.max_len} entries ({len(v)})")
+        lo, hi = (0, 1) if r.ge is None else (r.ge, r.le if r.le is not None else _INT64[1])  # verdicts: 0/1
         for i, x in enumerate(v):
-            if not is_int(x) or x not in (0, 1):
-                raise ValidationError(f"{where}[{i}]", f"must be 0 or 1 (got {x!r})")
+            if not is_int(x) or not lo <= x <= hi:
+                raise ValidationError(f"{where}[{i}]", f"must be 0 or 1 (got {x!r})" if r.ge is None
+                                      else f"must be an integer in [{lo}, {hi}] (got {x!r})")
     elif kind == "str_list":
         if not isinstance(v, tuple):
             raise ValidationError(where, f"not a list ({type(v).__name__})")

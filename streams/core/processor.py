@@ -190,6 +190,10 @@ def consensus_event(c: Consensus, ts: float) -> EvalConsensusEvent:
         dissenters=c.dissenters,
         stale=c.stale,
         partial=c.partial,
+        n_samples=c.n_samples,
+        n_undecided=c.n_undecided,
+        ci_low=min(1.0, max(0.0, c.ci_low)),
+        ci_high=min(1.0, max(0.0, c.ci_high)),
     )
 
 
@@ -307,24 +311,25 @@ def on_eval(state: RunState, ev: EvalEvent, now: float, cfg: RunConfig) -> tuple
         response_length=ev.response_length,
         verdicts=ev.verdicts,
         error=ev.error,
-        **shard_window(ev),
+        sample_ids=ev.sample_ids,
+        n_samples=ev.n_samples,
+        samples_per_prompt=samples_per_prompt(ev),
     )
-    votes, outcome = add_result(state.votes, key, ev.step, ev.replicas, result, now, cfg)
+    votes, outcome = add_result(state.votes, key, ev.step, ev.replicas, result, now, cfg, ev.shard_nodes,
+                                registered(state))
     return _vote_outputs(evolve(state, votes=votes), outcome, ev.ts, cfg)
 
 
-SHARD_KEYS = {"offset": "shard_offset", "total": "shard_total", "redundancy": "shard_redundancy"}
+def samples_per_prompt(ev: EvalEvent) -> int:
+    """Consecutive sample ids that are answers to one prompt (`metrics["samples_per_prompt"]`,
+    as areal_train publishes it; else 1): clustered in the consensus interval."""
+    k = ev.metrics.get("samples_per_prompt")
+    return int(k) if k is not None and float(k).is_integer() and 1 <= k <= 1 << 20 else 1
 
 
-def shard_window(ev: EvalEvent) -> dict[str, int]:
-    """The sharded-round layout an eval event's `metrics` describe (areal_train's evaluation), if valid."""
-    found = {field: ev.metrics.get(key) for field, key in SHARD_KEYS.items()}
-    values = {f: int(v) for f, v in found.items() if v is not None and float(v).is_integer() and v >= 0}
-    if len(values) != len(SHARD_KEYS) or values["total"] < 1 or values["redundancy"] < 1:
-        return {}
-    if ev.verdicts is None or len(ev.verdicts) > values["total"] or values["offset"] >= values["total"]:
-        return {}
-    return values
+def registered(state: RunState) -> int | None:
+    """Ranks that announced the current attempt (its `running`); None when none did."""
+    return len(state.lifecycle.running_ranks) or None
 
 
 def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
@@ -361,7 +366,7 @@ def on_tick(state: RunState, now: float, cfg: RunConfig) -> tuple[RunState, list
     state, outputs = _smooth_all(evolve(state, ranks=ranks), ready, cfg, None)
     stall, alerts = check_stalled(state.stall, now, cfg, ended=state.lifecycle.ended)
     outputs.extend(Output(alert_event(state.run_id, a, now, state.stall.last_attempt)) for a in alerts)
-    votes, outcomes = expire(state.votes, now, cfg)
+    votes, outcomes = expire(state.votes, now, cfg, registered(state))
     state = evolve(state, stall=stall, votes=votes)
     for outcome in outcomes:
         state, out = _vote_outputs(state, outcome, now, cfg)
