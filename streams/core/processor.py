@@ -51,7 +51,7 @@ from areal_metrics.streams.core.alerts import (
     is_newest,
     saw_step,
 )
-from areal_metrics.streams.core.config import RunConfig
+from areal_metrics.streams.core.config import RunConfig, eval_loop_overrides
 from areal_metrics.streams.core.eval_loop import EvalLoopState, on_consensus
 from areal_metrics.streams.core.evolve import evolve, stored
 from areal_metrics.streams.core.lifecycle import Lifecycle, on_run_event, saw_attempt
@@ -120,6 +120,18 @@ class RunState:
     non_finite: NonFiniteState = NonFiniteState()
     votes: VoteState = field(default_factory=VoteState.empty)
     invalid: Mapping[str, InvalidState] = field(default_factory=dict)  # per source topic
+    # The run's own `run.config.eval_loop`, as RunConfig overrides (config.eval_loop_overrides)
+    loop_overrides: Mapping[str, Any] = field(default_factory=dict)
+
+
+def loop_config(state: RunState, cfg: RunConfig) -> RunConfig:
+    """The worker's config with the run's `run.config.eval_loop` applied."""
+    return cfg.with_overrides(state.loop_overrides) if state.loop_overrides else cfg
+
+
+def adaptive(state: RunState, cfg: RunConfig) -> bool:
+    """Does the run take `set_eval_interval`? (`eval_loop.adaptive_interval`, else the worker's setting)"""
+    return bool(state.loop_overrides.get("adaptive_interval", cfg.adaptive_interval))
 
 
 # ------------------------------------------------------------------ records
@@ -206,7 +218,7 @@ def _vote_outputs(state: RunState, outcome: VoteOutcome, ts: float, cfg: RunConf
         out.append(Output(consensus_event(c, ts)))
     out.extend(Output(alert_event(state.run_id, a, ts, attempt)) for a in outcome.alerts)
     if c is not None:
-        loop, alerts, commands = on_consensus(state.eval_loop, c, cfg)
+        loop, alerts, commands = on_consensus(state.eval_loop, c, loop_config(state, cfg))
         state = evolve(state, eval_loop=loop)
         out.extend(Output(alert_event(state.run_id, a, ts, attempt)) for a in alerts)
         out.extend(Output(command_event(state.run_id, d, ts)) for d in commands)
@@ -242,7 +254,7 @@ def _smooth(
     outputs = [Output(smoothed_event(state.run_id, point, ready.ts), must_ack=not resend)]
     if not outcome.is_newest:
         return evolve(state, smoothing=smoothing, trigger=trigger), outputs
-    trigger, commands = decide(trigger, point, cfg, outcome.slope_se)
+    trigger, commands = decide(trigger, point, cfg, outcome.slope_se, adaptive(state, cfg))
     reward_alert, alerts = check_reward(state.reward_alert, point, cfg)
     state = evolve(state, smoothing=smoothing, trigger=trigger, reward_alert=reward_alert)
     if alerts or commands:  # (rarely: most steps decide nothing)
@@ -336,12 +348,21 @@ def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[R
     """A rank's lifecycle news: the end of the stall watch, the trainer's eval interval."""
     lifecycle = on_run_event(state.lifecycle, ev.status, ev.rank, ev.world_size, ev.attempt)
     trigger = state.trigger
-    if ev.status == "running" and ev.attempt >= state.lifecycle.attempt:
-        trigger = with_base_interval(trigger, published_interval(ev.config))
+    changes: dict[str, Any] = {}
     alerts = check_ended(state.lifecycle.ended and state.lifecycle.attempt == lifecycle.attempt, lifecycle.ended,
                          lifecycle.status, lifecycle.attempt, ev.rank, ev.exit_code)
+    if ev.status == "running" and ev.attempt >= state.lifecycle.attempt:
+        trigger = with_base_interval(trigger, published_interval(ev.config))
+        if ev.rank == 0 or "eval_loop" in ev.config:  # the run's own loop settings (rank 0's, or any rank's)
+            changes["loop_overrides"], errors = eval_loop_overrides(ev.config.get("eval_loop"), cfg)
+            alerts = [*alerts, *(invalid_loop_alert(e) for e in errors)]
     outputs = [Output(alert_event(state.run_id, a, ev.ts, lifecycle.attempt)) for a in alerts]
-    return evolve(state, lifecycle=lifecycle, trigger=trigger), outputs
+    return evolve(state, lifecycle=lifecycle, trigger=trigger, **changes), outputs
+
+
+def invalid_loop_alert(error: str) -> AlertDecision:
+    return AlertDecision(kind="invalid_config", severity="warning",
+                         message=f"{error}; the worker's setting applies", about=("invalid_config", error))
 
 
 def on_rejected(
