@@ -212,3 +212,26 @@ def test_the_processor_sends_one_run_wide_command_with_the_step_it_applies_from(
     assert "math500/full" in command.reason and "0.125" in command.reason
     assert parse_event(command.to_json()).to_dict() == command.to_dict()
     assert codec.loads(RunState, codec.dumps(state)).eval_loop == state.eval_loop
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False)
+                           | st.text(max_size=20), lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
+loop_keys = st.sampled_from(["enabled", "dataset", "stage", "threshold", "alpha", "patience_rounds", "factor",
+                             "min_factor", "adaptive_interval", "colour"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(json_values, st.dictionaries(loop_keys, json_values, max_size=6)))
+def test_any_eval_loop_a_run_sends_is_taken_or_named_never_a_crash(loop) -> None:
+    ev = RunEvent(run_id="run-l", node="n0", status="running", world_size=1, ts=1.0, event_id="r",
+                  config={"eval_loop": loop})
+    state, out = on_run(RunState("run-l"), ev, 0.0, RunConfig())
+    named = [o.event.message for o in out]
+    assert all(o.event.kind == "invalid_config" and "run.config.eval_loop" in m for o, m in zip(out, named))
+    taken = dict(state.loop_overrides)
+    RunConfig().with_overrides(taken)  # what was taken is a valid config
+    if isinstance(loop, dict):
+        assert len(taken) + len(named) == len(loop)  # every key either taken or named
+    # and the state round-trips through the worker's codec
+    assert codec.loads(RunState, codec.dumps(state)).loop_overrides == state.loop_overrides

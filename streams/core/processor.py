@@ -353,7 +353,7 @@ def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[R
                          lifecycle.status, lifecycle.attempt, ev.rank, ev.exit_code)
     if ev.status == "running" and ev.attempt >= state.lifecycle.attempt:
         trigger = with_base_interval(trigger, published_interval(ev.config))
-        if ev.rank == 0 or "eval_loop" in ev.config:  # the run's own loop settings (rank 0's, or any rank's)
+        if "eval_loop" in ev.config:  # the run's own loop settings (the latest `running` that carries them)
             changes["loop_overrides"], errors = eval_loop_overrides(ev.config.get("eval_loop"), cfg)
             alerts = [*alerts, *(invalid_loop_alert(e) for e in errors)]
     outputs = [Output(alert_event(state.run_id, a, ev.ts, lifecycle.attempt)) for a in alerts]
