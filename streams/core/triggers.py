@@ -112,12 +112,13 @@ def target_interval(mode: Mode, interval: int, cfg: RunConfig, base: int | None 
     return base
 
 
-def _mode_reason(mode: Mode, slope: float, cfg: RunConfig) -> str:
+def _mode_reason(mode: Mode, slope: float, cfg: RunConfig, slope_se: float) -> str:
+    est = f"slope {slope:+.4g}/step, standard error {slope_se:.2g}"
     if mode == "fast":
-        return f"reward moving fast (slope {slope:+.4g}/step, |slope| >= {cfg.fast_slope:g})"
+        return f"reward moving fast ({est}, |slope| >= {cfg.fast_slope:g})"
     if mode == "plateau":
-        return f"reward on a plateau (slope {slope:+.4g}/step, |slope| <= {cfg.plateau_slope:g})"
-    return f"reward trend back to normal (slope {slope:+.4g}/step)"
+        return f"reward on a plateau ({est}, |slope| <= {cfg.plateau_slope:g})"
+    return f"reward trend back to normal ({est})"
 
 
 def decide(
@@ -167,7 +168,7 @@ def decide(
             CommandDecision(
                 "set_eval_interval",
                 {"steps": new_interval},
-                f"{_mode_reason(mode, point.slope, cfg)}: evaluation interval {interval} -> {new_interval} steps",
+                f"{_mode_reason(mode, point.slope, cfg, slope_se)}: evaluation interval {interval} -> {new_interval} steps",
                 point.step,
                 attempt=point.attempt,
             )
