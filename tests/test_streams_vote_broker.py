@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,44 @@ def test_rounds_published_as_raw_json_vote_per_sample(kafka_bootstrap: str, topi
     alerts = sorted((a["run_id"], a["kind"], a["message"].split(":")[0]) for a in got[topics.alerts].values())
     assert [(run, kind) for run, kind, _ in alerts] == [("run-k", "node_divergence")]
     assert "node n3 " in alerts[0][2]
+
+
+RANK_ZERO_SCRIPT = """
+    import areal_metrics as am
+
+    run = am.init(run_id="rank-zero-only", config={"eval_loop": {"threshold": 0.2}})  # RANK=0, WORLD_SIZE=2
+    run.log({"reward": 0.5}, step=1)
+    run.log_eval("math500", 1, verdicts=[1, 0, 1, 1])
+    run.finish()
+"""
+
+
+def test_a_two_rank_run_that_logs_from_rank_zero_only_gets_its_consensus(
+    kafka_bootstrap: str, topics: Topics, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The habit other trackers teach: `init` on rank 0 alone, through the real client and worker."""
+    from tests.kafka_reading import read_to_end
+    from tests.test_client_broker import child_env, service, start, stop, wait_for
+
+    cfg = tmp_path / "streams.json"
+    cfg.write_text(json.dumps(CONFIG))  # vote_timeout_s 3: an eval_failed would come quickly
+    env = {**stack_env, "AREAL_STREAMS_CONFIG": str(cfg)}
+    worker = service("areal_metrics.streams", env, tmp_path / "worker.log")
+    try:
+        rank0 = start(RANK_ZERO_SCRIPT, child_env(stack_env, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0"),
+                      tmp_path / "rank0.log")
+        assert rank0.wait(120) == 0, (tmp_path / "rank0.log").read_text()
+
+        def consensus() -> list[dict]:
+            return [json.loads(r.value) for r in read_to_end(kafka_bootstrap, topics.consensus)
+                    if r.key == b"rank-zero-only"]
+
+        [c] = wait_for(consensus, 60, "the consensus of rank 0's round")
+        assert (c["votes"], c["replicas"], c["accuracy"], c["n_samples"], c["partial"]) == (1, 1, 0.75, 4, False)
+        time.sleep(5)  # past vote_timeout_s (3 s) and a few ticks
+        kinds = [json.loads(r.value)["kind"] for r in read_to_end(kafka_bootstrap, topics.alerts)
+                 if r.key == b"rank-zero-only"]
+        assert "eval_failed" not in kinds, kinds
+        assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+    finally:
+        stop(worker)
