@@ -124,13 +124,21 @@ def eval_event(node: str, rank: int, replicas: int) -> EvalEvent:
 
 
 def test_rank_zero_only_logging_gets_its_consensus_and_no_eval_failed() -> None:
-    cfg = RunConfig(vote_timeout_s=30)
+    cfg = RunConfig(vote_timeout_s=60, step_wait_s=30)
     state, _ = on_run(RunState("run-v"), run_event(0, 2), 0.0, cfg)  # rank 1 never calls init
-    state, out = on_eval(state, eval_event("host-0", 0, replicas=2), 1.0, cfg)  # the client says world_size
+    # a round long after the run started: rank 1 is not waited for (the client says replicas 2)
+    later, out = on_eval(state, eval_event("host-0", 0, replicas=2), 100.0, cfg)
     [consensus] = [o.event for o in out if o.event.type == "eval_consensus"]
     assert (consensus.votes, consensus.replicas, consensus.accuracy, consensus.partial) == (1, 1, 0.75, False)
-    state, out = on_tick(state, 1000.0, cfg)
+    later, out = on_tick(later, 1000.0, cfg)
     assert [o.event.kind for o in out if o.event.type == "alert"] == []
+    # a round right after the start (rank 1's `running` could still be on its way): at the timeout,
+    # with rank 0 alone registered, the consensus of rank 0, not partial, and no eval_failed
+    state, out = on_eval(state, eval_event("host-0", 0, replicas=2), 1.0, cfg)
+    assert out == []
+    state, out = on_tick(state, 61.0, cfg)
+    kinds = [(o.event.type, getattr(o.event, "kind", None)) for o in out]
+    assert kinds == [("eval_consensus", None)] and (out[0].event.replicas, out[0].event.partial) == (1, False)
 
 
 def test_a_registered_rank_that_does_not_answer_is_still_waited_for() -> None:

@@ -33,6 +33,7 @@ class Lifecycle:
     ended: bool = False
     status: str | None = None  # the terminal status that ended it (rank 0's, else the last one)
     running_ranks: tuple[int, ...] = ()  # ranks that announced `attempt` (sorted): the nodes a round waits for
+    ranks_changed_at: float | None = None  # worker clock when running_ranks last changed (the processor sets it)
 
 
 def saw_attempt(state: Lifecycle, attempt: int) -> Lifecycle:

@@ -328,7 +328,7 @@ def on_eval(state: RunState, ev: EvalEvent, now: float, cfg: RunConfig) -> tuple
         samples_per_prompt=samples_per_prompt(ev),
     )
     votes, outcome = add_result(state.votes, key, ev.step, ev.replicas, result, now, cfg, ev.shard_nodes,
-                                registered(state))
+                                registered(state, now, cfg))
     return _vote_outputs(evolve(state, votes=votes), outcome, ev.ts, cfg)
 
 
@@ -339,14 +339,25 @@ def samples_per_prompt(ev: EvalEvent) -> int:
     return int(k) if k is not None and float(k).is_integer() and 1 <= k <= 1 << 20 else 1
 
 
-def registered(state: RunState) -> int | None:
-    """Ranks that announced the current attempt (its `running`); None when none did."""
-    return len(state.lifecycle.running_ranks) or None
+def registered(state: RunState, now: float | None = None, cfg: RunConfig | None = None) -> int | None:
+    """Ranks that announced the current attempt (its `running`); None when none did. With `now`
+    and `cfg`: only once that count has held for `step_wait_s` (the topics are read side by
+    side, so a rank's `running` may come after a result; the vote's timeout uses the count as
+    it is)."""
+    lc = state.lifecycle
+    if not lc.running_ranks:
+        return None
+    if now is not None and cfg is not None and (lc.ranks_changed_at is None
+                                                or now - lc.ranks_changed_at < cfg.step_wait_s):
+        return None
+    return len(lc.running_ranks)
 
 
 def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
     """A rank's lifecycle news: the end of the stall watch, the trainer's eval interval."""
     lifecycle = on_run_event(state.lifecycle, ev.status, ev.rank, ev.world_size, ev.attempt)
+    if lifecycle.running_ranks != state.lifecycle.running_ranks:
+        lifecycle = evolve(lifecycle, ranks_changed_at=now)
     trigger = state.trigger
     changes: dict[str, Any] = {}
     alerts = check_ended(state.lifecycle.ended and state.lifecycle.attempt == lifecycle.attempt, lifecycle.ended,

@@ -34,9 +34,11 @@ from the same node, changes nothing.
 
 Nodes that never registered (logging from rank 0 only): `add_result` and `expire` take
 `registered`, the number of ranks that announced the run (their `running` event; None when
-the run sent none, e.g. results published by kcat). A round then expects at most that many
+the run sent none, e.g. results published by kcat, or while that count is too new to trust:
+areal_metrics.streams.core.processor.registered). A round then expects at most that many
 nodes, and each sample at most that many replicas, so a rank that never logs is not waited
-for and never fails a round.
+for and never fails a round; at the timeout, a round whose every expected node answered is
+not partial.
 
 Because a per-sample majority of replicas is final the moment it exists, the consensus
 verdicts (so the accuracy) do not depend on the order results arrive in.
@@ -433,7 +435,8 @@ def expire(state: VoteState, now: float, cfg: RunConfig,
         if now - rnd.opened_at < cfg.vote_timeout_s:
             continue
         if len(ok) >= sh.to_close:
-            consensus, alerts = _decide(rnd, combine(ok, sh.replicas, cfg, sh.nodes), partial=True, cfg=cfg,
+            partial = len(rnd.results) < sh.nodes  # every node the round expects answered: not partial
+            consensus, alerts = _decide(rnd, combine(ok, sh.replicas, cfg, sh.nodes), partial=partial, cfg=cfg,
                                         replicas=sh.replicas)
             state = _close(state, key, consensus)
             outcomes.append(VoteOutcome(consensus, tuple(alerts)))
