@@ -6,6 +6,8 @@ consensus of each round (topic areal.evals.consensus): for a step that has
 both a quick and a full stage, the full stage wins. Stale rounds (degraded
 mode: the last good result repeated) and partial rounds (timeout before all
 replicas answered) are marked as annotations and flagged in the rounds table.
+Every round carries its uncertainty: a band of its 95 % interval per run, and the
+interval, decided and undecided samples in the rounds table.
 """
 
 from __future__ import annotations
@@ -45,6 +47,26 @@ ORDER BY step""",
 )
 
 
+# One run's accuracy with its 95 % interval by step (the full stage wins, as above): the
+# band fills from `95% high` down to `95% low`. Grafana fills to the first field of that
+# name, so the panel repeats per run and is exact for one dataset at a time.
+BAND_LOW, BAND_HIGH = "95% low", "95% high"
+INTERVAL_BY_STEP = SQL(
+    f"""SELECT
+    step,
+    dataset,
+    argMax(accuracy, {BEST_STAGE}) AS accuracy,
+    argMax(ci_low, {BEST_STAGE}) AS `{BAND_LOW}`,
+    argMax(ci_high, {BEST_STAGE}) AS `{BAND_HIGH}`
+FROM {view('eval_consensus')}
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND dataset IN (${{dataset:singlequote}}) AND NOT stale
+  AND ci_low IS NOT NULL
+GROUP BY step, dataset
+ORDER BY step""",
+    expects=("step", "dataset", "accuracy", BAND_LOW, BAND_HIGH),
+)
+
+
 def _consensus_series(value: str, name: str) -> SQL:
     return SQL(
         f"""SELECT
@@ -78,6 +100,9 @@ ROUNDS = SQL(
     stage,
     accuracy,
     response_length AS `response length`,
+    concat('[', toString(round(ci_low, 3)), ', ', toString(round(ci_high, 3)), ']') AS `95% interval`,
+    n_samples AS samples,
+    n_undecided AS undecided,
     agreement,
     concat(toString(votes), '/', toString(replicas)) AS votes,
     arrayStringConcat(dissenters, ', ') AS dissenters,
@@ -86,8 +111,8 @@ FROM {view('eval_consensus')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {DATASET_FILTER}
 ORDER BY time DESC
 LIMIT 200""",
-    expects=("time", "run_id", "step", "dataset", "stage", "accuracy", "response length", "agreement", "votes",
-             "dissenters", "state"),
+    expects=("time", "run_id", "step", "dataset", "stage", "accuracy", "response length", "95% interval", "samples",
+             "undecided", "agreement", "votes", "dissenters", "state"),
 )
 
 NODE_RESULTS = SQL(
@@ -183,6 +208,33 @@ def build() -> dash_b.Dashboard:
         .with_override(_by_name("accuracy"), [_prop("max", 1)])
     )
     board = board.with_panel(two_axis)
+    hidden = _prop("custom.hideFrom", {"legend": True, "tooltip": False, "viz": False})
+    band = (
+        trend(
+            "Accuracy with its 95% interval · $run",
+            "Consensus accuracy of each round (full stage where a step has both) and its 95% interval as a band: "
+            "Wilson on the decided samples, wider when several samples share a prompt. A round whose band "
+            "reaches over the loop's threshold is no evidence of a drop. Pick one dataset for an exact band.",
+            INTERVAL_BY_STEP,
+            x_field="step",
+            unit="percentunit",
+            partition_by="dataset",
+            width=12,
+            height=9,
+            axis_label="accuracy",
+        )
+        .min(0)
+        .max(1)
+        .repeat("run")
+        .repeat_direction("h")
+        .max_per_row(2)
+        .with_override(_by_name(BAND_HIGH), [_prop("custom.fillBelowTo", BAND_LOW), _prop("custom.lineWidth", 0),
+                                             _prop("custom.fillOpacity", 20), _prop("custom.showPoints", "never"),
+                                             hidden])
+        .with_override(_by_name(BAND_LOW), [_prop("custom.lineWidth", 0), _prop("custom.showPoints", "never"),
+                                            hidden])
+    )
+    board = board.with_panel(band)
 
     panels = [
         timeseries(

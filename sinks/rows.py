@@ -99,7 +99,7 @@ def _column(name: str, rows: Sequence[Located]) -> list[Any]:
         return [json.dumps(dict(v), sort_keys=True, separators=(",", ":"), allow_nan=False) for v in values]
     if name == "metrics":
         return [dict(v) for v in values]
-    if name in ("verdicts", "dissenters", "tags", "non_finite"):
+    if name in ("verdicts", "dissenters", "tags", "non_finite", "sample_ids"):
         return [list(v) if v is not None else [] for v in values]
     return values
 

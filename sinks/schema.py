@@ -47,7 +47,7 @@ from typing import Any, Protocol
 from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.sinks.views import RUNS_VIEW, final_view
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 6  # the newest migration (5: runs.name, from the adoption work)
 DEFAULT_DATABASE = "areal"
 DEDUP_WINDOW = 10_000  # insert blocks remembered per table for token deduplication
 
@@ -163,7 +163,7 @@ TABLES: tuple[Table, ...] = (
         f"eval_id String, step UInt64, dataset {LC}, stage {LC}, status {LC}, accuracy {F}, "
         f"response_length {F}, reward {F}, n_samples Nullable(UInt32), latency_ms {F}, "
         "verdicts Array(UInt8), error Nullable(String), replicas UInt32, dataset_fingerprint Nullable(String), "
-        "metrics Map(String, Float64), attempt UInt32",
+        "metrics Map(String, Float64), attempt UInt32, sample_ids Array(UInt32), shard_nodes Nullable(UInt32)",
         "run_id, dataset, step, stage, eval_id, node, rank",
         by_attempt=True,
     ),
@@ -171,7 +171,8 @@ TABLES: tuple[Table, ...] = (
         "eval_consensus",
         "eval_consensus",
         f"eval_id String, step UInt64, dataset {LC}, stage {LC}, accuracy Float64, response_length {F}, "
-        "votes UInt32, replicas UInt32, agreement Float64, dissenters Array(String), stale Bool, partial Bool",
+        "votes UInt32, replicas UInt32, agreement Float64, dissenters Array(String), stale Bool, partial Bool, "
+        f"n_samples Nullable(UInt32), n_undecided Nullable(UInt32), ci_low {F}, ci_high {F}",
         "run_id, dataset, step, event_id",
     ),
     _table(

@@ -89,6 +89,10 @@ def test_issue_requirements_are_in_the_dashboards() -> None:
     assert two_axis["type"] == "trend" and two_axis["repeat"] == "dataset" and two_axis["options"]["xField"] == "step"
     right = [o for o in two_axis["fieldConfig"]["overrides"] if o["matcher"]["options"] == "response length"][0]
     assert {"id": "custom.axisPlacement", "value": "right"} in right["properties"]
+    band = [p for p in evaluation["panels"] if "95% interval" in p["title"]][0]
+    assert band["repeat"] == "run" and "ci_low" in band["targets"][0]["rawSql"]
+    high = [o for o in band["fieldConfig"]["overrides"] if o["matcher"]["options"] == "95% high"][0]
+    assert {"id": "custom.fillBelowTo", "value": "95% low"} in high["properties"]  # the band
     assert "stale" in json.dumps(evaluation["annotations"]) and "partial" in json.dumps(evaluation["annotations"])
     assert any(p["type"] == "trend" and "Reward by step" in p["title"] for p in boards["runs"]["panels"])
     runs = {p["title"]: p for p in boards["runs"]["panels"]}

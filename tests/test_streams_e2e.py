@@ -51,6 +51,7 @@ CONFIG = {
         "reward_threshold": 0.3, "reward_cooldown_steps": 100,
         "throughput_min_samples": 5, "throughput_drop_ratio": 0.5, "throughput_cooldown_steps": 100,
         "stall_seconds": 0, "vote_timeout_s": 600, "invalid_alert_interval_s": 600,
+        "adaptive_interval": True,
     },
     "runs": {"run-b": {"lr_factor": 0.25}},
 }

@@ -35,7 +35,8 @@ CONFIG = {
     },
     "tick_interval_s": 0.5,
 }
-ROUNDS = {10: (1, 1, 1, 0), 20: (1, 0, 0, 0), 28: (1, 1, 1, 1, 1, 1, 1, 0)}  # full stage: 0.75, 0.25, 0.875
+# full stage, 64 samples: 0.75, 0.25 (its interval below 0.5: a cut), 0.875 (its interval above 0.55: a restore)
+ROUNDS = {10: (1, 1, 1, 0) * 16, 20: (1, 0, 0, 0) * 16, 28: (1, 1, 1, 1, 1, 1, 1, 0) * 8}
 
 
 def run_msg(topics: Topics, run: str, rank: int, status: str, world: int, attempt: int = 0) -> Msg:
@@ -122,4 +123,5 @@ def test_ranks_resume_lifecycle_and_the_evaluation_loop_on_the_broker(
     assert [(c["command"], c["args"]) for c in commands] == [
         ("scale_lr", {"factor": 0.5, "from_step": 25}), ("scale_lr", {"factor": 2.0, "from_step": 33})]
     assert all("target_node" not in c and "math500/full" in c["reason"] for c in commands)
-    assert "0.25 below threshold 0.5" in commands[0]["reason"] and "recovered" in commands[1]["reason"]
+    assert "accuracy 0.25 (95% CI [" in commands[0]["reason"] and "< threshold 0.5" in commands[0]["reason"]
+    assert "the interval lies at or above threshold 0.5 + margin 0.05" in commands[1]["reason"]

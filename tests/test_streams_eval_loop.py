@@ -1,4 +1,6 @@
-"""The closed loop on evaluation (areal_metrics.streams.core.eval_loop): scale_lr with a floor and a restore, no_improvement."""
+"""The closed loop on evaluation (areal_metrics.streams.core.eval_loop): scale_lr on an interval
+below the threshold (repeated looks accounted for), a test that improvement stopped, a floor and
+a restore; per-run settings from run.config.eval_loop. Error rates: test_streams_loop_simulation.py."""
 
 from __future__ import annotations
 
@@ -9,63 +11,72 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_metrics.streams.state import codec
-from areal_metrics.producers.contract.events import EvalEvent, parse_event
+from areal_metrics.producers.contract.events import EvalEvent, RunEvent, parse_event
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.eval_loop import EvalLoopState, on_consensus
-from areal_metrics.streams.core.processor import RunState, on_eval
+from areal_metrics.streams.core.processor import RunState, on_eval, on_run
+from areal_metrics.streams.core.stats import wilson
 from areal_metrics.streams.core.voting import Consensus, RoundKey
 
-CFG = RunConfig(lr_eval_threshold=0.5, lr_restore_margin=0.05, lr_min_factor=0.25, no_improvement_rounds=3,
+CFG = RunConfig(lr_eval_threshold=0.5, lr_min_factor=0.25, no_improvement_rounds=3,
                 lr_improve_delta=0.01, lr_apply_delay_steps=5)
 
 
 def cons(step: int, acc: float, *, dataset: str = "math500", stage: str = "full", stale: bool = False,
-         attempt: int = 0) -> Consensus:
+         attempt: int = 0, n: int = 128) -> Consensus:
+    low, high = wilson(acc, n)
     return Consensus(key=RoundKey("run-l", f"e{step}", dataset, stage, attempt), step=step, accuracy=acc,
-                     response_length=None, votes=2, replicas=2, agreement=1.0, dissenters=(), stale=stale)
+                     response_length=None, votes=2, replicas=2, agreement=1.0, dissenters=(), stale=stale,
+                     n_samples=n, ci_low=low, ci_high=high, n_effective=float(n))
 
 
-def feed(accuracies: list[float], cfg: RunConfig = CFG, state: EvalLoopState | None = None, start: int = 10):
+def feed(accuracies: list[float], cfg: RunConfig = CFG, state: EvalLoopState | None = None, start: int = 10,
+         n: int = 128):
     state = state or EvalLoopState()
     log = []
     for i, acc in enumerate(accuracies):
-        state, alerts, commands = on_consensus(state, cons(start + 10 * i, acc), cfg)
+        state, alerts, commands = on_consensus(state, cons(start + 10 * i, acc, n=n), cfg)
         log.append(([a.kind for a in alerts], [c.args["factor"] for c in commands]))
     return state, log
 
 
-def test_falling_below_the_threshold_halves_the_lr_from_a_later_step_and_names_the_evaluation() -> None:
-    state, alerts, commands = on_consensus(EvalLoopState(), cons(40, 0.42), CFG)
+def test_an_interval_below_the_threshold_halves_the_lr_from_a_later_step_and_the_reason_cites_it() -> None:
+    state, alerts, commands = on_consensus(EvalLoopState(), cons(40, 0.25), CFG)
     [command] = commands
     assert (command.command, command.args) == ("scale_lr", {"factor": 0.5, "from_step": 45})
-    for part in ("math500/full", "step 40", "eval e40", "0.42", "threshold 0.5"):
-        assert part in command.reason
+    low, high = wilson(0.25, 128)
+    for part in ("math500/full", "step 40", "eval e40", "accuracy 0.25", f"95% CI [{low:.3f}, {high:.3f}]",
+                 "128 samples", "upper bound", "look 1 of the run", "alpha 0.05", "< threshold 0.5"):
+        assert part in command.reason, part
     assert [a.kind for a in alerts] == ["eval_below_threshold"] and alerts[0].threshold == 0.5
-    assert state.factor == 0.5 and state.in_breach
+    assert state.factor == 0.5 and state.in_breach and state.looks == 1
 
 
-def test_one_drop_per_breach_then_no_improvement_then_the_floor() -> None:
-    _, log = feed([0.4, 0.39, 0.41, 0.40, 0.40, 0.39, 0.40, 0.41, 0.40, 0.40])
-    assert log == [
-        (["eval_below_threshold"], [0.5]),  # the breach begins
-        ([], []), ([], []),
-        (["no_improvement"], [0.5]),  # 3 rounds without beating 0.4 + 0.01: cumulative 0.25, the floor
-        ([], []), ([], []),
-        (["no_improvement"], []),  # at the floor: the alert only
-        ([], []), ([], []),
-        (["no_improvement"], []),
-    ]
+def test_a_point_estimate_below_the_threshold_is_not_enough() -> None:
+    # 0.42 of 128 samples: its interval reaches over 0.5, so no cut (the old rule cut here)
+    state, log = feed([0.45, 0.44, 0.46])
+    assert log == [([], [])] * 3 and state.factor == 1.0 and state.looks == 3
+    # the same accuracy on 5000 samples is evidence
+    _, log = feed([0.45], n=5000)
+    assert log == [(["eval_below_threshold"], [0.5])]
 
 
-def test_recovery_restores_the_lr_once_and_never_above_one() -> None:
-    cfg = RunConfig(lr_eval_threshold=0.5, lr_restore_margin=0.05, no_improvement_rounds=0)
-    state, log = feed([0.6, 0.45, 0.52, 0.56, 0.7, 0.3, 0.8], cfg)
+def test_later_looks_need_more_evidence() -> None:
+    # 0.38 on 128 samples: below the threshold at the first look, not at the 40th
+    first = on_consensus(EvalLoopState(), cons(10, 0.38), CFG)[2]
+    late = on_consensus(EvalLoopState(looks=39), cons(10, 0.38), CFG)[2]
+    assert len(first) == 1 and late == []
+
+
+def test_one_drop_per_breach_and_restore_once_the_interval_is_back_above() -> None:
+    cfg = RunConfig(lr_eval_threshold=0.5, lr_restore_margin=0.0, no_improvement_rounds=0)
+    state, log = feed([0.6, 0.2, 0.25, 0.55, 0.7, 0.2, 0.9], cfg)
     assert log == [
         ([], []),
         (["eval_below_threshold"], [0.5]),
-        ([], []),  # above the threshold but not above threshold + margin: still in the breach
-        ([], [2.0]),  # recovered: back to 1.0
-        ([], []),
+        ([], []),  # still in the breach: no second drop
+        ([], []),  # 0.55 of 128: its interval still reaches under 0.5
+        ([], [2.0]),  # 0.7: the interval lies above 0.5, restored to 1.0
         (["eval_below_threshold"], [0.5]),
         ([], [2.0]),
     ]
@@ -74,26 +85,75 @@ def test_recovery_restores_the_lr_once_and_never_above_one() -> None:
 
 def test_the_restore_is_capped_at_the_factor_of_one() -> None:
     cfg = RunConfig(lr_eval_threshold=0.5, lr_restore_factor=4.0, no_improvement_rounds=0)
-    state, log = feed([0.4, 0.9], cfg)
+    state, log = feed([0.2, 0.9], cfg)
     assert [f for _, fs in log for f in fs] == [0.5, 2.0] and state.factor == 1.0
 
 
-def test_only_full_stage_non_stale_newer_rounds_of_the_watched_dataset_count() -> None:
+def test_only_watched_non_stale_newer_rounds_with_decided_samples_count() -> None:
     state, _, commands = on_consensus(EvalLoopState(), cons(10, 0.9, dataset="math500"), CFG)
     assert state.dataset == "math500" and commands == []
     for ignored in (cons(20, 0.1, stage="quick"), cons(20, 0.1, stale=True), cons(20, 0.1, dataset="aime24"),
-                    cons(10, 0.1), cons(5, 0.1)):
+                    cons(10, 0.1), cons(5, 0.1), cons(30, 0.0, n=0)):
         assert on_consensus(state, ignored, CFG) == (state, [], [])
     pinned = RunConfig(lr_eval_threshold=0.5, lr_eval_dataset="aime24")
     assert on_consensus(EvalLoopState(), cons(10, 0.1), pinned)[2] == []
     assert len(on_consensus(EvalLoopState(), cons(10, 0.1, dataset="aime24"), pinned)[2]) == 1
+    quick = RunConfig(lr_eval_threshold=0.5, lr_eval_stage="quick")
+    assert len(on_consensus(EvalLoopState(), cons(10, 0.1, stage="quick"), quick)[2]) == 1
     # a resumed attempt's rounds count again from its own (earlier) steps
     assert len(on_consensus(state, cons(5, 0.1, attempt=1), CFG)[2]) == 1
 
 
-def test_without_a_threshold_the_loop_sends_no_command_but_still_says_no_improvement() -> None:
-    _, log = feed([0.3, 0.3, 0.3, 0.3], RunConfig(no_improvement_rounds=3))
-    assert log == [([], []), ([], []), ([], []), (["no_improvement"], [])]
+def test_a_flat_run_is_found_to_have_stopped_improving_and_the_reason_cites_the_test() -> None:
+    cfg = RunConfig(no_improvement_rounds=3)  # no threshold: the alert only
+    state = EvalLoopState()
+    found = []
+    for i, acc in enumerate([0.30, 0.31, 0.29, 0.30, 0.30, 0.31, 0.30, 0.29]):
+        state, alerts, commands = on_consensus(state, cons(10 * i, acc, n=20000), cfg)
+        assert commands == []
+        found += [(i, a) for a in alerts]
+    [(i, alert)] = found[:1]
+    assert i == 3 and alert.kind == "no_improvement"  # the first test: after patience + 1 rounds
+    for part in ("improvement stopped", "slope", "per round", "upper bound", "test 1 of the run", "< 0.01"):
+        assert part in alert.message, part
+    assert state.recent == () or len(found) > 1
+
+
+def test_a_noisy_round_below_a_noisy_best_is_not_a_plateau() -> None:
+    # improving by 0.05 a round, one round dipping: the old rule counted rounds without a new best
+    accuracies = [0.20, 0.25, 0.30, 0.35, 0.28, 0.45, 0.50, 0.47, 0.60, 0.65, 0.70, 0.68]
+    _, log = feed(accuracies, RunConfig(lr_eval_threshold=0.05, no_improvement_rounds=2))
+    assert all(kinds == [] and factors == [] for kinds, factors in log)
+
+
+def test_the_loop_settings_come_from_the_runs_own_config() -> None:
+    def run(loop: dict | None, cfg: RunConfig = RunConfig()):
+        config = {} if loop is None else {"eval_loop": loop}
+        state, out = on_run(RunState("run-l"), RunEvent(run_id="run-l", node="n0", status="running", world_size=1,
+                                                         config=config, ts=1.0, event_id="r"), 0.0, cfg)
+        ev = EvalEvent(run_id="run-l", node="n0", eval_id="r60", step=60, dataset="math500", stage="full",
+                       accuracy=0.1, verdicts=(1,) + (0,) * 127, replicas=1, ts=5.0, event_id="r60")
+        state, more = on_eval(state, ev, 1.0, cfg)
+        return [(o.event.type, getattr(o.event, "command", None) or getattr(o.event, "kind", None))
+                for o in out + more]
+
+    cut = [("eval_consensus", None), ("alert", "eval_below_threshold"), ("command", "scale_lr")]
+    assert run({"threshold": 0.5}) == cut  # the worker has no threshold: the run's own applies
+    assert run(None) == [("eval_consensus", None)]
+    assert run({}, CFG) == cut  # a missing key takes the worker's setting
+    assert run({"enabled": False}, CFG) == [("eval_consensus", None)]
+    assert run({"threshold": 0.02}, CFG) == [("eval_consensus", None)]  # 1 of 128 is not evidence of < 0.02
+    assert run({"threshold": 0.5, "alpha": 7, "colour": "red"}) == [
+        ("alert", "invalid_config"), ("alert", "invalid_config"), *cut]  # bad keys named, the rest applies
+
+
+def test_a_bad_eval_loop_setting_is_named_in_an_alert() -> None:
+    ev = RunEvent(run_id="run-l", node="n0", status="running", world_size=1, ts=1.0, event_id="r",
+                  config={"eval_loop": {"alpha": 7}})
+    _, out = on_run(RunState("run-l"), ev, 0.0, RunConfig())
+    [alert] = [o.event for o in out]
+    assert alert.kind == "invalid_config" and "run.config.eval_loop.alpha" in alert.message
+    assert "(0, 0.5]" in alert.message and "7" in alert.message
 
 
 rounds = st.lists(
@@ -105,9 +165,9 @@ rounds = st.lists(
 
 @settings(max_examples=300, deadline=None)
 @given(rounds, st.floats(0, 1), st.sampled_from([0.5, 0.25, 0.9]), st.sampled_from([0.01, 0.1, 0.3, 1.0]),
-       st.sampled_from([1.5, 2.0, 8.0]), st.integers(0, 4))
+       st.sampled_from([1.5, 2.0, 8.0]), st.integers(0, 4), st.sampled_from([1, 128, 100000]))
 def test_any_sequence_of_consensus_results_keeps_the_factor_within_floor_and_one(
-    seq, threshold, lr_factor, floor, restore, patience
+    seq, threshold, lr_factor, floor, restore, patience, n
 ) -> None:
     cfg = RunConfig(lr_eval_threshold=threshold, lr_factor=lr_factor, lr_min_factor=floor,
                     lr_restore_factor=restore, no_improvement_rounds=patience)
@@ -117,7 +177,7 @@ def test_any_sequence_of_consensus_results_keeps_the_factor_within_floor_and_one
     for acc, jump, stage, stale, bump in seq:
         attempt += bump == 2 and jump < 0  # now and then a resumed attempt
         step = max(0, step + jump)
-        c = cons(step, acc, stage=stage, stale=stale, attempt=attempt)
+        c = cons(step, acc, stage=stage, stale=stale, attempt=attempt, n=n)
         state, _, commands = on_consensus(state, c, cfg)
         assert len(commands) <= 1
         per_round[(attempt, step)] += len(commands)
@@ -139,12 +199,39 @@ def test_the_processor_sends_one_run_wide_command_with_the_step_it_applies_from(
     out = []
     for node in ("n0", "n1"):
         ev = EvalEvent(run_id="run-l", node=node, eval_id="r60", step=60, dataset="math500", stage="full",
-                       accuracy=0.25, verdicts=(1, 0, 0, 0), replicas=2, ts=5.0, event_id=f"r60-{node}")
+                       accuracy=0.125, verdicts=(1, 0, 0, 0, 0, 0, 0, 0) * 16, replicas=2, ts=5.0,
+                       event_id=f"r60-{node}")
         state, out = on_eval(state, ev, 1.0, CFG)
     kinds = [(o.event.type, getattr(o.event, "command", getattr(o.event, "kind", None))) for o in out]
     assert kinds == [("eval_consensus", None), ("alert", "eval_below_threshold"), ("command", "scale_lr")]
+    consensus = out[0].event
+    assert (consensus.n_samples, consensus.n_undecided) == (128, 0)
+    assert consensus.ci_low < 0.125 < consensus.ci_high < 0.5
     command = out[-1].event
     assert command.target_node is None and dict(command.args) == {"factor": 0.5, "from_step": 65}
-    assert "math500/full" in command.reason and "0.25" in command.reason
+    assert "math500/full" in command.reason and "0.125" in command.reason
     assert parse_event(command.to_json()).to_dict() == command.to_dict()
     assert codec.loads(RunState, codec.dumps(state)).eval_loop == state.eval_loop
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False)
+                           | st.text(max_size=20), lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
+loop_keys = st.sampled_from(["enabled", "dataset", "stage", "threshold", "alpha", "patience_rounds", "factor",
+                             "min_factor", "adaptive_interval", "colour"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(json_values, st.dictionaries(loop_keys, json_values, max_size=6)))
+def test_any_eval_loop_a_run_sends_is_taken_or_named_never_a_crash(loop) -> None:
+    ev = RunEvent(run_id="run-l", node="n0", status="running", world_size=1, ts=1.0, event_id="r",
+                  config={"eval_loop": loop})
+    state, out = on_run(RunState("run-l"), ev, 0.0, RunConfig())
+    named = [o.event.message for o in out]
+    assert all(o.event.kind == "invalid_config" and "run.config.eval_loop" in m for o, m in zip(out, named))
+    taken = dict(state.loop_overrides)
+    RunConfig().with_overrides(taken)  # what was taken is a valid config
+    if isinstance(loop, dict):
+        assert len(taken) + len(named) == len(loop)  # every key either taken or named
+    # and the state round-trips through the worker's codec
+    assert codec.loads(RunState, codec.dumps(state)).loop_overrides == state.loop_overrides

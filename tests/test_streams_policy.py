@@ -26,7 +26,7 @@ from areal_metrics.streams.core.processor import RunState, derived_id, on_eval, 
 from areal_metrics.streams.core.smoothing import SmoothedPoint
 from areal_metrics.streams.core.triggers import TriggerState, decide, next_mode
 
-CFG = RunConfig(window=5, eval_interval=40, min_eval_interval=10, max_eval_interval=160, interval_dwell_steps=10,
+CFG = RunConfig(adaptive_interval=True, window=5, eval_interval=40, min_eval_interval=10, max_eval_interval=160, interval_dwell_steps=10,
                 evaluate_delta=0.1)
 
 
@@ -54,7 +54,7 @@ def test_interval_shortens_while_fast_bounded_then_lengthens_on_plateau() -> Non
     state = TriggerState()
     seen = []
     # fast climb: slope 0.02 for 40 steps (the avg moves too, so disable evaluate_now here)
-    cfg = RunConfig(window=5, eval_interval=40, min_eval_interval=10, max_eval_interval=160,
+    cfg = RunConfig(adaptive_interval=True, window=5, eval_interval=40, min_eval_interval=10, max_eval_interval=160,
                     interval_dwell_steps=10, evaluate_delta=100.0)
     for step in range(5, 45):
         state, ds = decide(state, pt(step, 0.0, 0.02), cfg)
@@ -77,7 +77,7 @@ def test_slope_hovering_at_the_threshold_does_not_flap() -> None:
     changes = 0
     for step in range(5, 200):
         slope = 0.0101 if step % 2 else 0.0095  # around fast_slope, above fast_exit_slope
-        state, ds = decide(state, pt(step, 0.0, slope), RunConfig(window=5, evaluate_delta=100.0))
+        state, ds = decide(state, pt(step, 0.0, slope), RunConfig(adaptive_interval=True, window=5, evaluate_delta=100.0))
         changes += len(ds)
     assert state.mode == "fast"
     assert changes <= 3  # 50 -> 25 -> 12 -> 10, then nothing
@@ -287,7 +287,7 @@ from hypothesis import strategies as st  # noqa: E402
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(min_value=-0.05, max_value=0.05), min_size=1, max_size=300), st.integers(1, 60))
 def test_a_noisy_slope_never_changes_the_interval_twice_within_the_dwell(slopes, dwell):
-    cfg = RunConfig(window=5, interval_dwell_steps=dwell)
+    cfg = RunConfig(adaptive_interval=True, window=5, interval_dwell_steps=dwell)
     state, changes = TriggerState(), []
     for step, slope in enumerate(slopes, start=5):
         state, decisions = decide(state, SmoothedPoint(step, 0.5, 5, 0.5, 0.5, slope), cfg)

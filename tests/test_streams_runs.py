@@ -138,19 +138,22 @@ def test_the_interval_is_read_from_the_run_config() -> None:
 
 def test_the_trigger_starts_from_the_published_interval() -> None:
     cfg = RunConfig(window=3, eval_interval=50, min_eval_interval=10, evaluate_delta=100.0)
-    state, _ = on_run(RunState("run-z"), run_ev("running", config={"eval_interval_steps": 25}), 0.0, cfg)
-    assert state.trigger.base_interval == 25
-    commands = []
-    for step in range(6):  # a fast climb: the interval halves from the trainer's 25, not from 50
-        state, out = on_step(state, step_ev(step, reward=0.05 * step), float(step), cfg)
-        commands += [dict(o.event.args) for o in out if o.event.type == "command"]
-    assert commands == [{"steps": 12}]
+    published = {"eval_interval_steps": 25}
+    for loop, expected in (({"adaptive_interval": True}, [{"steps": 12}]), ({}, []),
+                           ({"adaptive_interval": False}, [])):  # only a run that sets it gets set_eval_interval
+        state, _ = on_run(RunState("run-z"), run_ev("running", config={**published, "eval_loop": loop}), 0.0, cfg)
+        assert state.trigger.base_interval == 25
+        commands = []
+        for step in range(6):  # a fast climb: the interval halves from the trainer's 25, not from 50
+            state, out = on_step(state, step_ev(step, reward=0.05 * step), float(step), cfg)
+            commands += [dict(o.event.args) for o in out if o.event.type == "command"]
+        assert commands == expected
     state, _ = on_run(state, run_ev("finished", 1, config={"eval_interval_steps": 99}), 9.0, cfg)
     assert state.trigger.base_interval == 25  # only `running` publishes it
 
 
 def test_a_flat_start_is_not_a_plateau_until_the_run_has_learned() -> None:
-    cfg = RunConfig(window=10, eval_interval=20, interval_dwell_steps=5, evaluate_delta=100.0)
+    cfg = RunConfig(window=10, eval_interval=20, interval_dwell_steps=5, evaluate_delta=100.0, adaptive_interval=True)
     rnd = random.Random(7)
     rewards = [0.0] * 40 + [0.02 * i for i in range(30)] + [0.6 + rnd.uniform(-1e-3, 1e-3) for _ in range(40)]
     state, changes = RunState("run-z"), []

@@ -42,9 +42,10 @@ def emitted(outcomes: list[VoteOutcome]):
     return found[0] if found else None
 
 
-def reference_majority(matrix: list[tuple[int, ...]]) -> tuple[int, ...]:
+def reference_majority(matrix: list[tuple[int, ...]]) -> dict[int, int]:
+    """Sample -> its verdict, for the samples a strict majority decides (ties left out)."""
     n = len(matrix)
-    return tuple(1 if sum(col) * 2 > n else 0 for col in zip(*matrix))
+    return {i: int(sum(col) * 2 > n) for i, col in enumerate(zip(*matrix)) if sum(col) * 2 != n}
 
 
 verdict_matrix = st.integers(1, 7).flatmap(
@@ -68,9 +69,12 @@ def test_verdict_vote_is_invariant_to_arrival_order(matrix: list[tuple[int, ...]
         assert c is not None and not c.partial and not c.stale
         accuracies.add(c.accuracy)
     assert len(accuracies) == 1
-    # ... and the accuracy is that of the per-sample majority of all replicas (ties -> 0)
+    # ... and the accuracy is that of the per-sample majority of all replicas, over the decided
+    # samples; a tie is undecided
     expected = reference_majority(matrix)
-    assert accuracies == {sum(expected) / len(expected)}
+    assert accuracies == {sum(expected.values()) / len(expected) if expected else 0.0}
+    assert (c.n_samples, c.n_undecided) == (len(expected), len(matrix[0]) - len(expected))
+    assert c.ci_low <= c.accuracy <= c.ci_high
 
 
 @pytest.mark.parametrize("replicas", [1, 2, 3, 4, 5, 6, 7])
@@ -92,8 +96,9 @@ def test_every_majority_minority_split(replicas: int) -> None:
             elif n_wrong >= quorum(replicas):
                 assert c.accuracy == sum(wrong) / len(wrong)
                 assert set(c.dissenters) == (set(f"n{i}" for i in range(replicas)) - wrong_nodes) & counted
-            else:  # an exact tie: every sample is 0
-                assert c.votes == replicas and c.accuracy == 0.0
+            else:  # an exact tie: every sample undecided, nobody named
+                assert c.votes == replicas and c.n_samples == 0 and c.n_undecided == len(truth)
+                assert c.dissenters == () and (c.ci_low, c.ci_high) == (0.0, 1.0)
             assert 0.0 <= c.agreement <= 1.0
 
 
@@ -190,10 +195,11 @@ def test_timeout_gives_partial_with_quorum_and_failure_without() -> None:
     assert outcomes == []
     state, outcomes = expire(state, 30.0, cfg)
     assert len(outcomes) == 1 and outcomes[0].consensus is not None
-    assert outcomes[0].consensus.partial and outcomes[0].consensus.accuracy == 0.0  # ties count as 0
+    tie = outcomes[0].consensus
+    assert tie.partial and (tie.n_samples, tie.n_undecided) == (0, 2) and tie.dissenters == ()  # ties: undecided
     state, outcomes = expire(state, 35.0, cfg)
     assert len(outcomes) == 1 and outcomes[0].consensus is not None and outcomes[0].consensus.stale
-    assert "no quorum within 30 s (1 of 3 nodes answered ok)" in outcomes[0].alerts[0].message
+    assert "no quorum within 30 s (1 of 3 nodes answered ok, 2 needed)" in outcomes[0].alerts[0].message
     assert state.open_rounds == {} and k_one in state.closed
 
 

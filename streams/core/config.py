@@ -22,17 +22,23 @@ Adaptive evaluation triggers
                                (and > plateau_exit_slope); before, no plateau
   evaluate_delta = 0.1         ask for `evaluate_now` when the smoothed reward moved more than
                                this since the last evaluation the worker asked for
-Closed loop on evaluation (areal_metrics.streams.core.eval_loop: full-stage, non-stale consensus)
-  lr_eval_threshold = None     `scale_lr` by lr_factor when the accuracy falls below it (None: off)
-  lr_eval_dataset = None       the dataset watched (None: the run's first full-stage dataset)
+Closed loop on evaluation (areal_metrics.streams.core.eval_loop: non-stale consensus of one stage)
+A run's `run.config.eval_loop` overrides these for that run (EVAL_LOOP_KEYS: the contract's names).
+  eval_loop_enabled = True     the loop may send `scale_lr` (also needs lr_eval_threshold)
+  lr_eval_threshold = None     `scale_lr` by lr_factor when the interval says the accuracy is below it
+                               (None: off)
+  lr_eval_dataset = None       the dataset watched (None: the run's first dataset of that stage)
+  lr_eval_stage = "full"       the stage watched
+  lr_alpha = 0.05              the false-alarm rate the run's decisions keep over all its rounds
   lr_factor = 0.5              the `factor` of a lowering `scale_lr`, in (0, 1)
   lr_min_factor = 0.125        floor of the cumulative factor
-  lr_restore_margin = 0.02     a breach ends at threshold + margin ...
+  lr_restore_margin = 0.0      a breach ends when the 95 % interval's low end is >= threshold + margin ...
   lr_restore_factor = 2.0      ... and scales lr back up by this (cumulative capped at 1.0)
   lr_apply_delay_steps = 5     `from_step` = the evaluated step + this
-  no_improvement_rounds = 5    `no_improvement` (+ `scale_lr` when the loop is on) after this many
-                               rounds without beating the best accuracy (0: off)
-  lr_improve_delta = 0.01      ... by more than this
+  no_improvement_rounds = 5    patience: every this many rounds, a test whether improvement stopped;
+                               `no_improvement` (+ `scale_lr` when the loop is on) when it did (0: off)
+  lr_improve_delta = 0.01      improvement per round below which it counts as stopped
+  adaptive_interval = False    the adaptive trigger sends `set_eval_interval` (only to runs that set it)
 Alerts
   reward_threshold = None      `reward_below_threshold` when the sliding average drops below it,
                                once it has been above it (None: off)
@@ -77,7 +83,20 @@ from areal_metrics.producers.contract.settings import read_setting
 
 CONFIG_ENV = "AREAL_STREAMS_CONFIG"
 _OPTIONAL = frozenset({"reward_threshold", "lr_eval_threshold", "lr_eval_dataset"})  # None: off / any
-_TEXT = frozenset({"lr_eval_dataset"})  # names, not numbers
+_TEXT = frozenset({"lr_eval_dataset", "lr_eval_stage"})  # names, not numbers
+_FLAGS = frozenset({"eval_loop_enabled", "adaptive_interval"})  # true / false
+# `run.config.eval_loop` key (CONTRACT.md, "Evaluation you can trust") -> the RunConfig field it sets.
+EVAL_LOOP_KEYS = {
+    "enabled": "eval_loop_enabled",
+    "dataset": "lr_eval_dataset",
+    "stage": "lr_eval_stage",
+    "threshold": "lr_eval_threshold",
+    "alpha": "lr_alpha",
+    "patience_rounds": "no_improvement_rounds",
+    "factor": "lr_factor",
+    "min_factor": "lr_min_factor",
+    "adaptive_interval": "adaptive_interval",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +119,14 @@ class RunConfig:
     reward_recover_margin: float = 0.0
     reward_cooldown_steps: int = 50
     lr_factor: float = 0.5
+    eval_loop_enabled: bool = True
     lr_eval_threshold: float | None = None
     lr_eval_dataset: str | None = None
+    lr_eval_stage: str = "full"
+    lr_alpha: float = 0.05
+    adaptive_interval: bool = False
     lr_min_factor: float = 0.125
-    lr_restore_margin: float = 0.02
+    lr_restore_margin: float = 0.0
     lr_restore_factor: float = 2.0
     lr_apply_delay_steps: int = 5
     no_improvement_rounds: int = 5
@@ -122,6 +145,10 @@ class RunConfig:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if value is None and f.name in _OPTIONAL:
+                continue
+            if f.name in _FLAGS:
+                if not isinstance(value, bool):
+                    raise ConfigError(f"streams config {f.name}: must be true or false ({value!r})")
                 continue
             if f.name in _TEXT:
                 if not isinstance(value, str) or not 1 <= len(value) <= 128:
@@ -174,6 +201,10 @@ class RunConfig:
             raise ConfigError(f"streams config lr_min_factor: must be in [0.01, 1] (got {self.lr_min_factor})")
         if not 1 < self.lr_restore_factor <= 100:
             raise ConfigError(f"streams config lr_restore_factor: must be in (1, 100] (got {self.lr_restore_factor})")
+        if self.lr_eval_stage not in ("quick", "full"):
+            raise ConfigError(f"streams config lr_eval_stage: must be quick or full (got {self.lr_eval_stage!r})")
+        if not 0 < self.lr_alpha <= 0.5:
+            raise ConfigError(f"streams config lr_alpha: must be in (0, 0.5] (got {self.lr_alpha})")
         if self.lr_eval_threshold is not None and not 0 <= self.lr_eval_threshold <= 1:
             raise ConfigError(f"streams config lr_eval_threshold: must be an accuracy in [0, 1] "
                               f"(got {self.lr_eval_threshold})")
@@ -183,6 +214,29 @@ class RunConfig:
 
     def with_overrides(self, overrides: Mapping[str, Any], where: str = "") -> RunConfig:
         return dataclasses.replace(self, **typed_fields(RunConfig, overrides, f"streams config{where}"))
+
+
+def eval_loop_overrides(raw: Any, cfg: RunConfig) -> tuple[dict[str, Any], list[str]]:
+    """A run's `run.config.eval_loop` -> (RunConfig overrides that are valid on `cfg`, one
+    error per refused key, naming it). A refused key keeps the worker's setting."""
+    if raw is None:
+        return {}, []
+    if not isinstance(raw, Mapping):
+        return {}, [f"run.config.eval_loop: not an object ({type(raw).__name__})"]
+    good: dict[str, Any] = {}
+    errors = []
+    for key, value in raw.items():
+        name = EVAL_LOOP_KEYS.get(key)
+        if name is None:
+            errors.append(f"run.config.eval_loop.{str(key)[:64]}: unknown (known: {', '.join(EVAL_LOOP_KEYS)})")
+            continue
+        try:
+            cfg.with_overrides({**good, name: value})
+        except ConfigError as exc:
+            errors.append(f"run.config.eval_loop.{key}: {str(exc).rpartition(': ')[2] or exc}"[:300])
+            continue
+        good[name] = value
+    return good, errors
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,37 +1,44 @@
-"""Closed loop on evaluation: `scale_lr` from the full-stage consensus, and `no_improvement`.
+"""Closed loop on evaluation: `scale_lr` from the consensus, and `no_improvement`, on evidence.
 
 Pure: `on_consensus(state, consensus, cfg) -> (state, alerts, commands)`, fed with every
-consensus the vote emits (areal_metrics.streams.core.voting); only full-stage, non-stale results of the
-watched dataset count, each round at most once, in (attempt, step) order (a round older
-than the last one decided on changes nothing).
+consensus the vote emits (areal_metrics.streams.core.voting); only non-stale results of the
+watched stage (`lr_eval_stage`, default full) and dataset with at least one decided sample
+count, each round at most once, in (attempt, step) order. `cfg` is the worker's config with
+the run's own `run.config.eval_loop` applied (areal_metrics.streams.core.processor).
 
-Rules (thresholds in areal_metrics.streams.core.config; the loop is on when `lr_eval_threshold` is set)
-- The watched dataset is `lr_eval_dataset`, else the first dataset whose full-stage
-  consensus the run reports (kept in the state, so the loop follows one dataset).
-- Drop: when the accuracy falls below `lr_eval_threshold` (a round below it while not
-  already in a breach: the first round too), `scale_lr` by `lr_factor`; the breach lasts
-  until the accuracy is back at threshold + `lr_restore_margin`.
-- No improvement: when `no_improvement_rounds` rounds in a row did not beat the best
-  accuracy so far by more than `lr_improve_delta`, a `no_improvement` alert that
-  recommends stopping (no `stop` is sent), and with the loop on, `scale_lr` by
-  `lr_factor`; the count starts over after each such alert.
+Rules (thresholds in areal_metrics.streams.core.config; the loop may send commands when
+`eval_loop_enabled` and `lr_eval_threshold` is set). A run's decisions keep their
+false-alarm rate at or below `lr_alpha` over all its rounds: each rule spends half of it,
+its k-th test at level look_alpha(alpha / 2, k) = alpha/2 * 6 / (pi^2 k^2)
+(areal_metrics.streams.core.stats), whose sum over any number of tests is alpha / 2.
+- The watched dataset is `lr_eval_dataset`, else the first dataset whose consensus of the
+  stage the run reports (kept in the state, so the loop follows one dataset).
+- Threshold: out of a breach, every round is a look: the upper end of the one-sided
+  interval of the accuracy at the look's level (Wilson on the consensus's effective sample
+  size) below `lr_eval_threshold` -> `scale_lr` by `lr_factor` and an `eval_below_threshold`
+  alert. A look after another looks twice, at half the level each: the round alone, and the
+  two rounds pooled (a lasting drop is found on twice the samples). The breach lasts until the round's 95 % interval lies at or above threshold +
+  `lr_restore_margin`; its end restores: `scale_lr` by `lr_restore_factor`, capped so the
+  cumulative factor never exceeds 1.0. No test runs during a breach.
+- Improvement stopped: every `no_improvement_rounds` (patience) rounds, once patience + 1
+  rounds are in, a test over the last 2 x patience rounds: the weighted least-squares slope
+  of the accuracy per round (weights: each round's variance from its effective sample size)
+  is below `lr_improve_delta` when its one-sided upper bound at the test's level is. Then a
+  `no_improvement` alert that recommends stopping (no `stop` is sent; also with the loop
+  off), and with the loop on, `scale_lr` by `lr_factor`; the rounds start over.
 - Floor: the cumulative factor never goes below `lr_min_factor`; a drop that would is
   not sent (the alert says the lr is at its floor).
-- Restore: when a breach ends and the cumulative factor is below 1, `scale_lr` by
-  `lr_restore_factor`, capped so the cumulative factor never exceeds 1.0. Only the end of
-  a breach restores, so a recovered run is not scaled up and down in turn.
 - One command per round at most, for the whole run (no target_node), with
-  `{"factor": f, "from_step": s}`: s = the round's step + `lr_apply_delay_steps`, the step
-  boundary from which every rank applies it. The reason names the evaluation (dataset,
-  stage, eval_id, step, accuracy, threshold).
+  `{"factor": f, "from_step": s}`: s = the round's step + `lr_apply_delay_steps`. Every
+  reason names the evaluation and cites its interval or its test.
 """
 
 from __future__ import annotations
 
-
 from areal_metrics.streams.core.alerts import AlertDecision
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.evolve import evolve, stored
+from areal_metrics.streams.core.stats import look_alpha, proportion_variance, slope_bound, wilson, z_one_sided
 from areal_metrics.streams.core.triggers import CommandDecision
 from areal_metrics.streams.core.voting import Consensus
 
@@ -40,17 +47,24 @@ _EPS = 1e-9
 
 @stored  # stored state (areal_metrics.streams.state.codec)
 class EvalLoopState:
-    dataset: str | None = None  # the dataset the loop watches (pinned at its first full-stage result)
+    dataset: str | None = None  # the dataset the loop watches (pinned at its first result)
     last: tuple[int, int] | None = None  # (attempt, step) of the last round decided on
     factor: float = 1.0  # cumulative lr factor asked for so far
     in_breach: bool = False
-    best: float | None = None
-    best_step: int | None = None
-    rounds_since_best: int = 0
+    looks: int = 0  # threshold looks so far (each spends its share of alpha / 2)
+    previous: tuple[float, float] | None = None  # (accuracy, effective samples) of the last round looked at
+    tests: int = 0  # improvement tests so far (likewise)
+    # (accuracy, variance) of the rounds since the last improvement decision, newest last
+    recent: tuple[tuple[float, float], ...] = ()
+    since_test: int = 0  # rounds since the last improvement test
+
+
+def loop_on(cfg: RunConfig) -> bool:
+    return cfg.eval_loop_enabled and cfg.lr_eval_threshold is not None
 
 
 def _counts(state: EvalLoopState, c: Consensus, cfg: RunConfig) -> bool:
-    if c.key.stage != "full" or c.stale:
+    if c.key.stage != cfg.lr_eval_stage or c.stale or c.n_samples <= 0:
         return False
     if c.key.dataset != (cfg.lr_eval_dataset or state.dataset or c.key.dataset):
         return False
@@ -61,10 +75,15 @@ def _where(c: Consensus) -> str:
     return f"evaluation {c.key.dataset}/{c.key.stage} at step {c.step} (eval {c.key.eval_id})"
 
 
-def _alert(kind: str, c: Consensus, what: str, threshold: float | None) -> AlertDecision:
+def _estimate(c: Consensus) -> str:
+    return (f"accuracy {c.accuracy:.4g} (95% CI [{c.ci_low:.3f}, {c.ci_high:.3f}], {c.n_samples} samples, "
+            f"effective {c.n_effective:.4g})")
+
+
+def _alert(kind: str, c: Consensus, what: str, value: float, threshold: float | None) -> AlertDecision:
     """An alert about one round (its id: the round; the processor adds the attempt)."""
     return AlertDecision(kind=kind, severity="warning", message=f"{_where(c)}: {what}",
-                         about=(kind, c.key.eval_id, c.key.dataset, c.key.stage), step=c.step, value=c.accuracy,
+                         about=(kind, c.key.eval_id, c.key.dataset, c.key.stage), step=c.step, value=value,
                          threshold=threshold)
 
 
@@ -87,56 +106,95 @@ def _drop(state: EvalLoopState, c: Consensus, why: str, cfg: RunConfig) -> tuple
     return evolve(state, factor=lowered), _command(c, cfg.lr_factor, lowered, why, cfg)
 
 
+def below_threshold(c: Consensus, threshold: float, alpha: float, look: int,
+                    previous: tuple[float, float] | None = None) -> tuple[bool, str]:
+    """The threshold test of one round: (the interval lies below the threshold, why).
+
+    With the `previous` round's (accuracy, effective samples), a second test pools the two
+    rounds (a drop that lasts is found on twice the samples); the look's level is then split
+    between the two tests."""
+    level = look_alpha(alpha / 2, look) / (2 if previous is not None else 1)
+    z = z_one_sided(level)
+    upper = wilson(c.accuracy, c.n_effective, z)[1]
+    what = "its"
+    if upper >= threshold and previous is not None:
+        n = c.n_effective + previous[1]
+        pooled = (c.accuracy * c.n_effective + previous[0] * previous[1]) / n if n > 0 else c.accuracy
+        pooled_upper = wilson(pooled, n, z)[1]
+        if pooled_upper < threshold:
+            upper, what = pooled_upper, f"with the round before ({previous[0]:.4g}), pooled {pooled:.4g} on {n:.4g} " \
+                                        "effective samples, their"
+    why = (f"{_estimate(c)}: {what} upper bound {upper:.4g} at one-sided level {level:.2g} (look {look} of the run, "
+           f"alpha {alpha:g} spent over its rounds) {'<' if upper < threshold else '>='} threshold {threshold:g}")
+    return upper < threshold, why
+
+
 def _threshold_rule(
     state: EvalLoopState, c: Consensus, cfg: RunConfig
 ) -> tuple[EvalLoopState, list[AlertDecision], list[CommandDecision]]:
     threshold = cfg.lr_eval_threshold
-    if threshold is None:
+    if threshold is None or not cfg.eval_loop_enabled:
         return state, [], []
-    acc = c.accuracy
     if state.in_breach:
-        if acc < threshold + cfg.lr_restore_margin:
+        if c.ci_low < threshold + cfg.lr_restore_margin:
             return state, [], []
-        state = evolve(state, in_breach=False)
+        state = evolve(state, in_breach=False, previous=None)
         if state.factor >= 1.0 - _EPS:
             return state, [], []
         raised = min(1.0, state.factor * cfg.lr_restore_factor)
-        why = (f"consensus accuracy {acc:.4g} recovered to >= threshold {threshold:g} + margin "
-               f"{cfg.lr_restore_margin:g}")
+        why = f"{_estimate(c)}: the interval lies at or above threshold {threshold:g} + margin {cfg.lr_restore_margin:g}"
         command = _command(c, raised / state.factor, raised, why, cfg)
         return evolve(state, factor=raised), [], [command]
-    if acc >= threshold:
+    previous = state.previous
+    state = evolve(state, looks=state.looks + 1, previous=(c.accuracy, c.n_effective))
+    below, why = below_threshold(c, threshold, cfg.lr_alpha, state.looks, previous)
+    if not below:
         return state, [], []
     state = evolve(state, in_breach=True)
-    state, command = _drop(state, c, f"consensus accuracy {acc:.4g} below threshold {threshold:g}", cfg)
+    state, command = _drop(state, c, why, cfg)
     floor = "" if command is not None else f"; lr already at its floor x{state.factor:.4g}"
-    alert = _alert("eval_below_threshold", c, f"consensus accuracy {acc:.4g} below {threshold:g}{floor}", threshold)
-    return state, [alert], [command] if command is not None else []
+    return state, [_alert("eval_below_threshold", c, why + floor, c.accuracy, threshold)], (
+        [command] if command is not None else [])
+
+
+def improvement_stopped(recent: tuple[tuple[float, float], ...], delta: float, alpha: float,
+                        test: int) -> tuple[bool, str]:
+    """The improvement test over (accuracy, variance) rounds: (stopped, why)."""
+    level = look_alpha(alpha / 2, test)
+    slope, se, upper = slope_bound(((i, acc, var) for i, (acc, var) in enumerate(recent)), z_one_sided(level))
+    stopped = upper < delta
+    why = (f"accuracy slope {slope:+.4g} per round (se {se:.3g}) over the last {len(recent)} rounds: upper bound "
+           f"{upper:+.4g} at one-sided level {level:.2g} (test {test} of the run) "
+           f"{'<' if stopped else '>='} {delta:g} per round")
+    return stopped, why
 
 
 def _improvement_rule(
     state: EvalLoopState, c: Consensus, cfg: RunConfig, commanded: bool
 ) -> tuple[EvalLoopState, list[AlertDecision], list[CommandDecision]]:
-    acc = c.accuracy
-    if state.best is None or acc > state.best + cfg.lr_improve_delta:
-        return evolve(state, best=acc, best_step=c.step, rounds_since_best=0), [], []
-    state = evolve(state, rounds_since_best=state.rounds_since_best + 1)
-    k = cfg.no_improvement_rounds
-    if k <= 0 or state.rounds_since_best < k:
+    patience = cfg.no_improvement_rounds
+    if patience <= 0:
         return state, [], []
-    state = evolve(state, rounds_since_best=0)
-    why = (f"accuracy {acc:.4g} has not beaten the best {state.best:.4g} (step {state.best_step}) by more than "
-           f"{cfg.lr_improve_delta:g} for {k} rounds")
+    recent = (*state.recent, (c.accuracy, proportion_variance(c.accuracy, c.n_effective)))[-2 * patience:]
+    state = evolve(state, recent=recent, since_test=state.since_test + 1)
+    if len(recent) < patience + 1 or state.since_test < patience:
+        return state, [], []
+    state = evolve(state, tests=state.tests + 1, since_test=0)
+    stopped, why = improvement_stopped(recent, cfg.lr_improve_delta, cfg.lr_alpha, state.tests)
+    if not stopped:
+        return state, [], []
+    state = evolve(state, recent=())
     command = None
-    if cfg.lr_eval_threshold is not None and not commanded:
-        state, command = _drop(state, c, why, cfg)
+    if loop_on(cfg) and not commanded:
+        state, command = _drop(state, c, f"improvement stopped: {why}", cfg)
     if command is not None:
         action = f"lr x{cfg.lr_factor:g} from step {command.args['from_step']}"
-    elif cfg.lr_eval_threshold is not None and not commanded:
+    elif loop_on(cfg) and not commanded:
         action = f"lr already at its floor x{state.factor:.4g}"
     else:
         action = "lr unchanged"
-    alert = _alert("no_improvement", c, f"{why}; {action}; consider stopping the run", state.best)
+    alert = _alert("no_improvement", c, f"improvement stopped: {why}; {action}; consider stopping the run",
+                   c.accuracy, None)
     return state, [alert], [command] if command is not None else []
 
 

@@ -10,7 +10,9 @@ Rules (CONTRACT.md `run`; every rank sends `running` at start and one terminal s
 - A later attempt re-arms the watch: its `running`, or any step or result that carries it
   (a client that sends no run events still resumes). Events of an earlier attempt change
   nothing; a `running` of the current attempt does not undo its end.
-- At most MAX_RANKS_TRACKED terminal ranks are remembered per attempt (a hostile stream
+- The ranks that sent `running` for the current attempt are kept (`running_ranks`): a
+  vote round waits only for ranks that registered (logging from rank 0 only works).
+- At most MAX_RANKS_TRACKED terminal (or running) ranks are remembered per attempt (a hostile stream
   of rank numbers must not grow the state); rank 0's status ends the run regardless.
 """
 
@@ -30,6 +32,8 @@ class Lifecycle:
     done_ranks: tuple[int, ...] = ()  # ranks that sent a terminal status for `attempt`, sorted
     ended: bool = False
     status: str | None = None  # the terminal status that ended it (rank 0's, else the last one)
+    running_ranks: tuple[int, ...] = ()  # ranks that announced `attempt` (sorted): the nodes a round waits for
+    ranks_changed_at: float | None = None  # worker clock when running_ranks last changed (the processor sets it)
 
 
 def saw_attempt(state: Lifecycle, attempt: int) -> Lifecycle:
@@ -45,6 +49,8 @@ def on_run_event(state: Lifecycle, status: str, rank: int, world_size: int, atte
     state = saw_attempt(state, attempt)
     # A rank number beyond world_size means a larger world than the event says.
     state = evolve(state, world_size=max(state.world_size, world_size, min(rank, MAX_RANKS_TRACKED - 1) + 1))
+    if status == "running" and rank not in state.running_ranks and len(state.running_ranks) < MAX_RANKS_TRACKED:
+        state = evolve(state, running_ranks=tuple(sorted((*state.running_ranks, rank))))
     if status not in TERMINAL or state.ended:
         return state
     done = state.done_ranks

@@ -51,7 +51,7 @@ from areal_metrics.streams.core.alerts import (
     is_newest,
     saw_step,
 )
-from areal_metrics.streams.core.config import RunConfig
+from areal_metrics.streams.core.config import RunConfig, eval_loop_overrides
 from areal_metrics.streams.core.eval_loop import EvalLoopState, on_consensus
 from areal_metrics.streams.core.evolve import evolve, stored
 from areal_metrics.streams.core.lifecycle import Lifecycle, on_run_event, saw_attempt
@@ -120,6 +120,18 @@ class RunState:
     non_finite: NonFiniteState = NonFiniteState()
     votes: VoteState = field(default_factory=VoteState.empty)
     invalid: Mapping[str, InvalidState] = field(default_factory=dict)  # per source topic
+    # The run's own `run.config.eval_loop`, as RunConfig overrides (config.eval_loop_overrides)
+    loop_overrides: Mapping[str, Any] = field(default_factory=dict)
+
+
+def loop_config(state: RunState, cfg: RunConfig) -> RunConfig:
+    """The worker's config with the run's `run.config.eval_loop` applied."""
+    return cfg.with_overrides(state.loop_overrides) if state.loop_overrides else cfg
+
+
+def adaptive(state: RunState, cfg: RunConfig) -> bool:
+    """Does the run take `set_eval_interval`? (`eval_loop.adaptive_interval`, else the worker's setting)"""
+    return bool(state.loop_overrides.get("adaptive_interval", cfg.adaptive_interval))
 
 
 # ------------------------------------------------------------------ records
@@ -190,6 +202,10 @@ def consensus_event(c: Consensus, ts: float) -> EvalConsensusEvent:
         dissenters=c.dissenters,
         stale=c.stale,
         partial=c.partial,
+        n_samples=c.n_samples,
+        n_undecided=c.n_undecided,
+        ci_low=min(1.0, max(0.0, c.ci_low)),
+        ci_high=min(1.0, max(0.0, c.ci_high)),
     )
 
 
@@ -202,7 +218,7 @@ def _vote_outputs(state: RunState, outcome: VoteOutcome, ts: float, cfg: RunConf
         out.append(Output(consensus_event(c, ts)))
     out.extend(Output(alert_event(state.run_id, a, ts, attempt)) for a in outcome.alerts)
     if c is not None:
-        loop, alerts, commands = on_consensus(state.eval_loop, c, cfg)
+        loop, alerts, commands = on_consensus(state.eval_loop, c, loop_config(state, cfg))
         state = evolve(state, eval_loop=loop)
         out.extend(Output(alert_event(state.run_id, a, ts, attempt)) for a in alerts)
         out.extend(Output(command_event(state.run_id, d, ts)) for d in commands)
@@ -238,7 +254,7 @@ def _smooth(
     outputs = [Output(smoothed_event(state.run_id, point, ready.ts), must_ack=not resend)]
     if not outcome.is_newest:
         return evolve(state, smoothing=smoothing, trigger=trigger), outputs
-    trigger, commands = decide(trigger, point, cfg, outcome.slope_se)
+    trigger, commands = decide(trigger, point, cfg, outcome.slope_se, adaptive(state, cfg))
     reward_alert, alerts = check_reward(state.reward_alert, point, cfg)
     state = evolve(state, smoothing=smoothing, trigger=trigger, reward_alert=reward_alert)
     if alerts or commands:  # (rarely: most steps decide nothing)
@@ -307,36 +323,57 @@ def on_eval(state: RunState, ev: EvalEvent, now: float, cfg: RunConfig) -> tuple
         response_length=ev.response_length,
         verdicts=ev.verdicts,
         error=ev.error,
-        **shard_window(ev),
+        sample_ids=ev.sample_ids,
+        n_samples=ev.n_samples,
+        samples_per_prompt=samples_per_prompt(ev),
     )
-    votes, outcome = add_result(state.votes, key, ev.step, ev.replicas, result, now, cfg)
+    votes, outcome = add_result(state.votes, key, ev.step, ev.replicas, result, now, cfg, ev.shard_nodes,
+                                registered(state, now, cfg))
     return _vote_outputs(evolve(state, votes=votes), outcome, ev.ts, cfg)
 
 
-SHARD_KEYS = {"offset": "shard_offset", "total": "shard_total", "redundancy": "shard_redundancy"}
+def samples_per_prompt(ev: EvalEvent) -> int:
+    """Consecutive sample ids that are answers to one prompt (`metrics["samples_per_prompt"]`,
+    as areal_train publishes it; else 1): clustered in the consensus interval."""
+    k = ev.metrics.get("samples_per_prompt")
+    return int(k) if k is not None and float(k).is_integer() and 1 <= k <= 1 << 20 else 1
 
 
-def shard_window(ev: EvalEvent) -> dict[str, int]:
-    """The sharded-round layout an eval event's `metrics` describe (areal_train's evaluation), if valid."""
-    found = {field: ev.metrics.get(key) for field, key in SHARD_KEYS.items()}
-    values = {f: int(v) for f, v in found.items() if v is not None and float(v).is_integer() and v >= 0}
-    if len(values) != len(SHARD_KEYS) or values["total"] < 1 or values["redundancy"] < 1:
-        return {}
-    if ev.verdicts is None or len(ev.verdicts) > values["total"] or values["offset"] >= values["total"]:
-        return {}
-    return values
+def registered(state: RunState, now: float | None = None, cfg: RunConfig | None = None) -> int | None:
+    """Ranks that announced the current attempt (its `running`); None when none did. With `now`
+    and `cfg`: only once that count has held for `step_wait_s` (the topics are read side by
+    side, so a rank's `running` may come after a result; the vote's timeout uses the count as
+    it is)."""
+    lc = state.lifecycle
+    if not lc.running_ranks:
+        return None
+    if now is not None and cfg is not None and (lc.ranks_changed_at is None
+                                                or now - lc.ranks_changed_at < cfg.step_wait_s):
+        return None
+    return len(lc.running_ranks)
 
 
 def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
     """A rank's lifecycle news: the end of the stall watch, the trainer's eval interval."""
     lifecycle = on_run_event(state.lifecycle, ev.status, ev.rank, ev.world_size, ev.attempt)
+    if lifecycle.running_ranks != state.lifecycle.running_ranks:
+        lifecycle = evolve(lifecycle, ranks_changed_at=now)
     trigger = state.trigger
-    if ev.status == "running" and ev.attempt >= state.lifecycle.attempt:
-        trigger = with_base_interval(trigger, published_interval(ev.config))
+    changes: dict[str, Any] = {}
     alerts = check_ended(state.lifecycle.ended and state.lifecycle.attempt == lifecycle.attempt, lifecycle.ended,
                          lifecycle.status, lifecycle.attempt, ev.rank, ev.exit_code)
+    if ev.status == "running" and ev.attempt >= state.lifecycle.attempt:
+        trigger = with_base_interval(trigger, published_interval(ev.config))
+        if "eval_loop" in ev.config:  # the run's own loop settings (the latest `running` that carries them)
+            changes["loop_overrides"], errors = eval_loop_overrides(ev.config.get("eval_loop"), cfg)
+            alerts = [*alerts, *(invalid_loop_alert(e) for e in errors)]
     outputs = [Output(alert_event(state.run_id, a, ev.ts, lifecycle.attempt)) for a in alerts]
-    return evolve(state, lifecycle=lifecycle, trigger=trigger), outputs
+    return evolve(state, lifecycle=lifecycle, trigger=trigger, **changes), outputs
+
+
+def invalid_loop_alert(error: str) -> AlertDecision:
+    return AlertDecision(kind="invalid_config", severity="warning",
+                         message=f"{error}; the worker's setting applies", about=("invalid_config", error))
 
 
 def on_rejected(
@@ -361,7 +398,7 @@ def on_tick(state: RunState, now: float, cfg: RunConfig) -> tuple[RunState, list
     state, outputs = _smooth_all(evolve(state, ranks=ranks), ready, cfg, None)
     stall, alerts = check_stalled(state.stall, now, cfg, ended=state.lifecycle.ended)
     outputs.extend(Output(alert_event(state.run_id, a, now, state.stall.last_attempt)) for a in alerts)
-    votes, outcomes = expire(state.votes, now, cfg)
+    votes, outcomes = expire(state.votes, now, cfg, registered(state))
     state = evolve(state, stall=stall, votes=votes)
     for outcome in outcomes:
         state, out = _vote_outputs(state, outcome, now, cfg)

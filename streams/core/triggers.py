@@ -15,6 +15,8 @@ Policy (thresholds in areal_metrics.streams.core.config):
   flap: normal -> fast at |slope| >= fast_slope, fast -> normal only below
   fast_exit_slope; normal -> plateau at |slope| <= plateau_slope, plateau -> normal only
   above plateau_exit_slope.
+- Only for runs that set `adaptive_interval` (run.config.eval_loop, else the worker's
+  setting, default false): the mode and the interval below. Others get `evaluate_now` only.
 - The interval follows the mode: fast halves it (not below min_eval_interval), plateau
   doubles it (not above max_eval_interval), normal returns to the base interval (the bounds
   widen to include a published base outside them). Neither the
@@ -110,18 +112,21 @@ def target_interval(mode: Mode, interval: int, cfg: RunConfig, base: int | None 
     return base
 
 
-def _mode_reason(mode: Mode, slope: float, cfg: RunConfig) -> str:
+def _mode_reason(mode: Mode, slope: float, cfg: RunConfig, slope_se: float) -> str:
+    est = f"slope {slope:+.4g}/step, standard error {slope_se:.2g}"
     if mode == "fast":
-        return f"reward moving fast (slope {slope:+.4g}/step, |slope| >= {cfg.fast_slope:g})"
+        return f"reward moving fast ({est}, |slope| >= {cfg.fast_slope:g})"
     if mode == "plateau":
-        return f"reward on a plateau (slope {slope:+.4g}/step, |slope| <= {cfg.plateau_slope:g})"
-    return f"reward trend back to normal (slope {slope:+.4g}/step)"
+        return f"reward on a plateau ({est}, |slope| <= {cfg.plateau_slope:g})"
+    return f"reward trend back to normal ({est})"
 
 
 def decide(
-    state: TriggerState, point: SmoothedPoint, cfg: RunConfig, slope_se: float = 0.0
+    state: TriggerState, point: SmoothedPoint, cfg: RunConfig, slope_se: float = 0.0, adaptive: bool | None = None
 ) -> tuple[TriggerState, list[CommandDecision]]:
-    """`slope_se`: the standard error of `point.slope` (areal_metrics.streams.core.smoothing.slope_noise)."""
+    """`slope_se`: the standard error of `point.slope` (areal_metrics.streams.core.smoothing.slope_noise);
+    `adaptive`: whether the run takes `set_eval_interval` (None: cfg.adaptive_interval). A run
+    that does not keeps its interval: only `evaluate_now` is decided for it."""
     if point.window < cfg.window:
         return state, []
     decisions: list[CommandDecision] = []
@@ -146,6 +151,8 @@ def decide(
         )
         state = evolve(state, baseline=point.sliding_avg, baseline_step=point.step)
 
+    if not (cfg.adaptive_interval if adaptive is None else adaptive):
+        return state, decisions
     base = state.base_interval or cfg.eval_interval
     interval = state.interval if state.interval is not None else base
     dwelt = state.last_change_step is None or point.step - state.last_change_step >= cfg.interval_dwell_steps
@@ -161,7 +168,7 @@ def decide(
             CommandDecision(
                 "set_eval_interval",
                 {"steps": new_interval},
-                f"{_mode_reason(mode, point.slope, cfg)}: evaluation interval {interval} -> {new_interval} steps",
+                f"{_mode_reason(mode, point.slope, cfg, slope_se)}: evaluation interval {interval} -> {new_interval} steps",
                 point.step,
                 attempt=point.attempt,
             )

@@ -1,30 +1,47 @@
 """Cross-node majority vote over one evaluation round, and degraded mode.
 
-A round is (run_id, eval_id, dataset, stage, attempt); `replicas` nodes evaluate it. Pure:
-`add_result(state, result, now, cfg)` and `expire(state, now, cfg)` return the new state
-and a `VoteOutcome` (a consensus to emit, alerts).
+A round is (run_id, eval_id, dataset, stage, attempt). `replicas` nodes evaluate each
+sample; `shard_nodes` nodes share the round (a sharded round: each node evaluates some of
+its samples, named by `sample_ids`; unsharded, shard_nodes = replicas and every node
+evaluates samples 0..n-1). Pure: `add_result(state, ...)` and `expire(state, now, cfg)`
+return the new state and a `VoteOutcome` (a consensus to emit, alerts).
 
-When the round's consensus is emitted (once; CONTRACT.md 'eval_consensus'):
-- as soon as a strict majority of `replicas` agree: on every sample when the results carry
-  `verdicts`, else on the accuracy within `vote_tolerance`;
-- or when every replica has answered (per-sample majority among the answers; a tied
-  sample counts as 0; values without a majority fall back to the median, with a
-  `vote_no_majority` alert);
-- or at `vote_timeout_s` after the first result, `partial: true`, if a quorum (strict
-  majority of replicas) answered `ok`.
-A round fails when `failed` results make a quorum impossible, or when the timeout comes
-without a quorum: it then re-emits the last good consensus of that run, dataset and stage
-with `stale: true`, and raises `eval_failed`. A result for a closed round, or a second
-result from the same node, changes nothing.
+The vote (CONTRACT.md, "Evaluation you can trust"), when every ok result has verdicts:
+- per sample, over the nodes that evaluated it: a side with a strict majority of the
+  sample's `replicas` (at least replicas // 2 + 1 votes, and more than the other side)
+  decides it; otherwise (a tie, or too few votes) the sample is undecided: left out of
+  `accuracy`, counted in `n_undecided`. A sample may have more votes than replicas (an
+  adjudicating third node at 2 replicas): the same rule decides it.
+- `dissenters` are the nodes a decided sample's majority outvoted; a node in a tie is never
+  named. `node_divergence`: a node's share of its samples where it was outvoted.
+- `n_samples` (decided samples), `ci_low`/`ci_high`: the Wilson 95 % interval of the
+  accuracy on the effective sample size (areal_metrics.streams.core.stats.effective_n:
+  samples of one prompt, `sample_id // samples_per_prompt`, are clustered).
+Without verdicts the value rule: accuracies within `vote_tolerance` agree; the interval is
+Wilson on the results' `n_samples` (none given: [0, 1]).
+
+When the round's consensus is emitted (once):
+- early, when every sample seen is decided and enough nodes answered that every sample of
+  the round was seen (shard_nodes - replicas + 1 ok results: each sample has `replicas`
+  nodes, so at least one of them answered); unsharded, that is a strict majority agreeing;
+- or when every node of the round has answered;
+- or at `vote_timeout_s` after the first result, `partial: true`, when enough nodes answered
+  ok that every sample can have a quorum of its replicas (shard_nodes - replicas + quorum).
+A round fails when `failed` results make that impossible, or when the timeout comes
+without it: it then re-emits the last good consensus of that run, dataset and stage with
+`stale: true`, and raises `eval_failed`. A result for a closed round, or a second result
+from the same node, changes nothing.
+
+Nodes that never registered (logging from rank 0 only): `add_result` and `expire` take
+`registered`, the number of ranks that announced the run (their `running` event; None when
+the run sent none, e.g. results published by kcat, or while that count is too new to trust:
+areal_metrics.streams.core.processor.registered). A round then expects at most that many
+nodes, and each sample at most that many replicas, so a rank that never logs is not waited
+for and never fails a round; at the timeout, a round whose every expected node answered is
+not partial.
 
 Because a per-sample majority of replicas is final the moment it exists, the consensus
 verdicts (so the accuracy) do not depend on the order results arrive in.
-
-Sharded rounds (areal_train's full stage): each node evaluates a cyclic window of the
-round's samples (`offset`, `total`; from the eval event's `metrics` shard_offset,
-shard_total, shard_redundancy) and each sample has `redundancy` replicas. The vote is
-then per sample among the nodes that cover it (`_combine_windows`): decided when a strict
-majority of its replicas agree; the accuracy is over the covered samples.
 """
 
 from __future__ import annotations
@@ -36,6 +53,7 @@ from dataclasses import astuple, dataclass, field
 from areal_metrics.streams.core.alerts import AlertDecision
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.evolve import evolve, stored
+from areal_metrics.streams.core.stats import effective_n, wilson
 
 CLOSED_ROUNDS_KEPT = 2048  # per run: remembered to refuse late results without re-voting
 
@@ -48,15 +66,12 @@ class NodeResult:
     response_length: float | None = None
     verdicts: tuple[int, ...] | None = None
     error: str | None = None
-    # A sharded round: the verdicts are the cyclic window of the round's `total` samples that
-    # starts at `offset`; each sample has `redundancy` replicas (see _combine_windows).
-    offset: int | None = None
-    total: int | None = None
-    redundancy: int | None = None
+    sample_ids: tuple[int, ...] | None = None  # the verdicts' samples (None: 0..len-1)
+    n_samples: int | None = None  # as the node reported it (the value rule's interval)
+    samples_per_prompt: int = 1  # consecutive sample ids of one prompt (clustered in the interval)
 
-    @property
-    def sharded(self) -> bool:
-        return self.total is not None and self.offset is not None and self.verdicts is not None
+    def samples(self) -> Iterable[int]:
+        return self.sample_ids if self.sample_ids is not None else range(len(self.verdicts or ()))
 
 
 @stored  # stored state (areal_metrics.streams.state.codec)
@@ -77,9 +92,10 @@ class RoundKey:
 class RoundState:
     key: RoundKey
     step: int
-    replicas: int
+    replicas: int  # nodes per sample
     opened_at: float  # worker clock at the first result; the timeout counts from here
     results: tuple[NodeResult, ...] = ()
+    shard_nodes: int = 0  # nodes sharing the round (the most any result said); 0: replicas
 
 
 @stored  # stored state (areal_metrics.streams.state.codec)
@@ -94,6 +110,11 @@ class Consensus:
     dissenters: tuple[str, ...]
     stale: bool = False
     partial: bool = False
+    n_samples: int = 0  # decided samples behind `accuracy`
+    n_undecided: int = 0
+    ci_low: float = 0.0  # 95 % interval of `accuracy`
+    ci_high: float = 1.0
+    n_effective: float = 0.0  # the interval's effective sample size (clustered samples count less)
 
 
 @stored  # stored state (areal_metrics.streams.state.codec)
@@ -123,14 +144,47 @@ class Combination:
     response_length: float | None
     agreement: float
     dissenters: tuple[str, ...]
-    divergence: Mapping[str, float]  # node -> share of samples off the consensus, or distance of its value
-    decisive: bool  # a strict majority of replicas agrees (on every sample)
+    divergence: Mapping[str, float]  # node -> share of its samples outvoted, or distance of its value
+    decisive: bool  # final before every node answered (see the module docstring)
     has_majority: bool  # some majority exists (of replicas, or of the answers when final)
-    verdicts: tuple[int, ...] | None = None
+    n_samples: int = 0
+    n_undecided: int = 0
+    n_effective: float = 0.0
+    verdicts: Mapping[int, int] | None = None  # sample id -> the decided verdict
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson(self.accuracy, self.n_effective)
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """How many nodes a round expects, and how many of them evaluate each sample."""
+
+    nodes: int
+    replicas: int
+
+    @property
+    def to_see_all(self) -> int:
+        """ok results after which every sample has been seen by some node."""
+        return self.nodes - self.replicas + 1
+
+    @property
+    def to_close(self) -> int:
+        """ok results after which every sample can have a quorum of its replicas."""
+        return self.nodes - self.replicas + quorum(self.replicas)
 
 
 def quorum(replicas: int) -> int:
     return replicas // 2 + 1
+
+
+def shape(rnd: RoundState, registered: int | None) -> Shape:
+    nodes = max(rnd.shard_nodes, rnd.replicas)
+    answered = len({r.node for r in rnd.results})
+    if registered:  # ranks that never registered are not waited for
+        nodes = max(min(nodes, registered), answered, 1)
+    return Shape(nodes, max(1, min(rnd.replicas, nodes)))
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -139,94 +193,59 @@ def _median(values: Iterable[float | None]) -> float | None:
 
 
 def _verdict_mode(results: list[NodeResult]) -> bool:
-    lengths = {len(r.verdicts) if r.verdicts is not None else -1 for r in results}
-    return len(lengths) == 1 and -1 not in lengths and lengths != {0}
+    return all(r.verdicts is not None for r in results) and any(r.verdicts for r in results)
 
 
-def combine(results: Iterable[NodeResult], replicas: int, cfg: RunConfig) -> Combination:
-    """Vote over ok results. Order-invariant: results are sorted by node first."""
+def combine(results: Iterable[NodeResult], replicas: int, cfg: RunConfig, nodes: int | None = None) -> Combination:
+    """Vote over ok results. Order-invariant: results are sorted by node first.
+
+    `replicas`: nodes per sample; `nodes`: nodes sharing the round (None: replicas)."""
     ok = sorted((r for r in results if r.ok), key=lambda r: r.node)
     if not ok:
         raise ValueError("combine needs at least one ok result")
-    need = quorum(replicas)
-    if _window_mode(ok):
-        return _combine_windows(ok)
     if _verdict_mode(ok):
-        return _combine_verdicts(ok, need)
-    return _combine_values(ok, need, cfg)
+        return _combine_verdicts(ok, Shape(max(nodes or replicas, replicas), replicas))
+    return _combine_values(ok, quorum(replicas), cfg)
 
 
-def _window_mode(results: list[NodeResult]) -> bool:
-    totals = {r.total for r in results}
-    return all(r.sharded for r in results) and len(totals) == 1 and totals != {0}
-
-
-def _combine_windows(ok: list[NodeResult]) -> Combination:
-    """Per-sample vote of a sharded round: each sample among the nodes whose window covers it.
-
-    A sample is decided when a strict majority of its `redundancy` replicas agree; the
-    consensus (so the accuracy) is over the samples some node covered.
-    """
-    total = ok[0].total or 0
-    need = quorum(max(r.redundancy or 1 for r in ok))
-    votes: list[list[tuple[str, int]]] = [[] for _ in range(total)]
+def _combine_verdicts(ok: list[NodeResult], shape: Shape) -> Combination:
+    need = quorum(shape.replicas)
+    votes: dict[int, list[tuple[str, int]]] = {}
     for r in ok:
-        for j, v in enumerate(r.verdicts or ()):
-            votes[((r.offset or 0) + j) % total].append((r.node, v))
-    consensus: list[int] = []
-    decisive = True
-    for sample in votes:
-        ones = sum(v for _, v in sample)
-        zeros = len(sample) - ones
-        decisive = decisive and max(ones, zeros) >= need
-        consensus.append(1 if ones > zeros else 0)  # a tie counts as 0 (not solved)
-    off = {r.node: 0 for r in ok}
-    for sample, agreed in zip(votes, consensus):
-        for node, v in sample:
-            off[node] += v != agreed
-    cast = sum(len(sample) for sample in votes)
-    covered = [c for c, sample in zip(consensus, votes) if sample]
-    weights = [len(r.verdicts or ()) for r in ok if r.response_length is not None]
-    lengths = [r.response_length * len(r.verdicts or ()) for r in ok if r.response_length is not None]
+        for sample, v in zip(r.samples(), r.verdicts or ()):
+            votes.setdefault(sample, []).append((r.node, v))
+    decided: dict[int, int] = {}
+    on_side = 0
+    for sample, cast in votes.items():
+        ones = sum(v for _, v in cast)
+        zeros = len(cast) - ones
+        if max(ones, zeros) >= need and ones != zeros:
+            decided[sample] = 1 if ones > zeros else 0
+            on_side += max(ones, zeros)
+    outvoted = {r.node: 0 for r in ok}
+    for sample, agreed in decided.items():
+        for node, v in votes[sample]:
+            outvoted[node] += v != agreed
+    cast_total = sum(len(c) for c in votes.values())
+    k = max(r.samples_per_prompt for r in ok)
+    clusters: dict[int, list[int]] = {}
+    for sample, v in decided.items():
+        clusters.setdefault(sample // k, []).append(v)
+    honest = [r for r in ok if outvoted[r.node] == 0] or ok
+    sized = [(r.response_length, len(r.verdicts or ())) for r in honest if r.response_length is not None]
+    weight = sum(w for _, w in sized)
     return Combination(
-        accuracy=sum(covered) / len(covered) if covered else 0.0,
-        response_length=sum(lengths) / sum(weights) if lengths and sum(weights) else None,  # type: ignore[operator]
-        agreement=1.0 - sum(off.values()) / cast if cast else 1.0,
-        dissenters=tuple(node for node, n in off.items() if n > 0),
-        divergence={r.node: off[r.node] / max(len(r.verdicts or ()), 1) for r in ok},
-        decisive=decisive,
+        accuracy=sum(decided.values()) / len(decided) if decided else 0.0,
+        response_length=sum(x * w for x, w in sized) / weight if weight else _median(x for x, _ in sized),
+        agreement=on_side / cast_total if cast_total else 1.0,
+        dissenters=tuple(node for node, n in outvoted.items() if n > 0),
+        divergence={r.node: outvoted[r.node] / max(len(r.verdicts or ()), 1) for r in ok},
+        decisive=len(decided) == len(votes) and len(ok) >= shape.to_see_all,
         has_majority=True,
-        verdicts=tuple(consensus),
-    )
-
-
-def _combine_verdicts(ok: list[NodeResult], need: int) -> Combination:
-    matrix = [r.verdicts for r in ok]
-    n_samples = len(matrix[0])  # type: ignore[arg-type]
-    consensus: list[int] = []
-    decisive = True
-    for i in range(n_samples):
-        ones = sum(v[i] for v in matrix)  # type: ignore[index]
-        zeros = len(matrix) - ones
-        if ones >= need or zeros >= need:
-            consensus.append(1 if ones >= need else 0)
-        else:
-            decisive = False
-            consensus.append(1 if ones > zeros else 0)  # a tie counts as 0 (not solved)
-    off = {r.node: sum(a != b for a, b in zip(r.verdicts, consensus)) for r in ok}  # type: ignore[arg-type]
-    total = n_samples * len(ok)
-    agreement = 1.0 - sum(off.values()) / total
-    dissenters = tuple(node for node, n in off.items() if n > 0)
-    majority_side = [r for r in ok if off[r.node] == 0] or ok
-    return Combination(
-        accuracy=sum(consensus) / n_samples,
-        response_length=_median(r.response_length for r in majority_side),
-        agreement=agreement,
-        dissenters=dissenters,
-        divergence={node: n / n_samples for node, n in off.items()},
-        decisive=decisive,
-        has_majority=True,
-        verdicts=tuple(consensus),
+        n_samples=len(decided),
+        n_undecided=len(votes) - len(decided),
+        n_effective=effective_n(clusters),
+        verdicts=decided,
     )
 
 
@@ -251,6 +270,8 @@ def _combine_values(ok: list[NodeResult], need: int, cfg: RunConfig) -> Combinat
         accuracy = statistics.median(v for v, _ in values)
         agreement = max(len(best), 1) / len(values)
     dissenters = tuple(sorted(n for n in by_node if n not in members)) if has_majority else ()
+    counts = [by_node[n].n_samples for n in sorted(members) if by_node[n].n_samples]
+    n = int(statistics.median(counts)) if counts else 0
     return Combination(
         accuracy=accuracy,
         response_length=_median(by_node[n].response_length for n in sorted(members)),
@@ -259,6 +280,8 @@ def _combine_values(ok: list[NodeResult], need: int, cfg: RunConfig) -> Combinat
         divergence={n: abs(v - accuracy) for v, n in values},
         decisive=decisive,
         has_majority=has_majority,
+        n_samples=n,
+        n_effective=float(n),
     )
 
 
@@ -281,9 +304,10 @@ def round_about(kind: str, key: RoundKey, *more: str) -> tuple[str, ...]:
 
 def _divergence_alerts(rnd: RoundState, comb: Combination, cfg: RunConfig) -> list[AlertDecision]:
     alerts = []
-    unit = "of samples" if comb.verdicts is not None else "accuracy distance"
+    verdicts = comb.verdicts is not None
+    unit = "of its samples outvoted" if verdicts else "accuracy distance"
     for node, off in sorted(comb.divergence.items()):
-        if off > cfg.divergence_threshold:
+        if off > cfg.divergence_threshold and (not verdicts or node in comb.dissenters):
             alerts.append(
                 AlertDecision(
                     kind="node_divergence",
@@ -301,17 +325,24 @@ def _divergence_alerts(rnd: RoundState, comb: Combination, cfg: RunConfig) -> li
     return alerts
 
 
-def _decide(rnd: RoundState, comb: Combination, partial: bool, cfg: RunConfig) -> tuple[Consensus, list[AlertDecision]]:
+def _decide(rnd: RoundState, comb: Combination, partial: bool, cfg: RunConfig,
+            replicas: int) -> tuple[Consensus, list[AlertDecision]]:
+    low, high = comb.interval
     consensus = Consensus(
         key=rnd.key,
         step=rnd.step,
         accuracy=comb.accuracy,
         response_length=comb.response_length,
         votes=sum(r.ok for r in rnd.results),
-        replicas=rnd.replicas,
+        replicas=replicas,
         agreement=comb.agreement,
         dissenters=comb.dissenters,
         partial=partial,
+        n_samples=comb.n_samples,
+        n_undecided=comb.n_undecided,
+        ci_low=min(low, comb.accuracy),
+        ci_high=max(high, comb.accuracy),
+        n_effective=comb.n_effective,
     )
     alerts = _divergence_alerts(rnd, comb, cfg)
     if not comb.has_majority:
@@ -350,10 +381,10 @@ def _fail(state: VoteState, rnd: RoundState, why: str) -> tuple[VoteState, VoteO
     return _close(state, rnd.key, None), VoteOutcome(stale, (alert,))
 
 
-def _failures(rnd: RoundState) -> str:
+def _failures(rnd: RoundState, nodes: int) -> str:
     failed = [r for r in rnd.results if not r.ok]
     detail = "; ".join(f"{r.node}: {r.error or 'failed'}" for r in failed)
-    return f"{len(failed)} of {rnd.replicas} nodes failed ({detail})"
+    return f"{len(failed)} of {nodes} nodes failed ({detail})"
 
 
 def add_result(
@@ -364,40 +395,54 @@ def add_result(
     result: NodeResult,
     now: float,
     cfg: RunConfig,
+    shard_nodes: int | None = None,
+    registered: int | None = None,
 ) -> tuple[VoteState, VoteOutcome]:
+    """One node's result. `shard_nodes`: nodes sharing the round (None: `replicas`);
+    `registered`: ranks that announced the run (None: unknown; see the module docstring)."""
     if key in state.closed:
         return state, VoteOutcome()
     rnd = state.open_rounds.get(key) or RoundState(key=key, step=step, replicas=replicas, opened_at=now)
     if any(r.node == result.node for r in rnd.results):
         return state, VoteOutcome()
-    rnd = evolve(rnd, results=(*rnd.results, result))
+    rnd = evolve(rnd, results=(*rnd.results, result), shard_nodes=max(rnd.shard_nodes, shard_nodes or 0))
+    return _settle(state, rnd, cfg, registered)
+
+
+def _settle(state: VoteState, rnd: RoundState, cfg: RunConfig,
+            registered: int | None) -> tuple[VoteState, VoteOutcome]:
+    key = rnd.key
+    sh = shape(rnd, registered)
     answered = len(rnd.results)
     ok = [r for r in rnd.results if r.ok]
-    need = quorum(rnd.replicas)
-
-    if len(ok) + max(0, rnd.replicas - answered) < need:
-        return _fail(state, rnd, _failures(rnd))
+    if len(ok) + max(0, sh.nodes - answered) < sh.to_close:
+        return _fail(state, rnd, _failures(rnd, sh.nodes))
     if ok:
-        comb = combine(ok, rnd.replicas, cfg)
-        if comb.decisive or answered >= rnd.replicas:
-            consensus, alerts = _decide(rnd, comb, partial=False, cfg=cfg)
+        comb = combine(ok, sh.replicas, cfg, sh.nodes)
+        if comb.decisive or answered >= sh.nodes:
+            consensus, alerts = _decide(rnd, comb, partial=False, cfg=cfg, replicas=sh.replicas)
             return _close(state, key, consensus), VoteOutcome(consensus, tuple(alerts))
     return VoteState({**state.open_rounds, key: rnd}, state.closed, state.last_good), VoteOutcome()
 
 
-def expire(state: VoteState, now: float, cfg: RunConfig) -> tuple[VoteState, list[VoteOutcome]]:
+def expire(state: VoteState, now: float, cfg: RunConfig,
+           registered: int | None = None) -> tuple[VoteState, list[VoteOutcome]]:
     """Close the rounds open longer than vote_timeout_s: partial consensus, or failed."""
     outcomes: list[VoteOutcome] = []
     for key, rnd in sorted(state.open_rounds.items(), key=lambda kv: (kv[1].opened_at, astuple(kv[0]))):
+        sh = shape(rnd, registered)
+        ok = [r for r in rnd.results if r.ok]
         if now - rnd.opened_at < cfg.vote_timeout_s:
             continue
-        ok = [r for r in rnd.results if r.ok]
-        if len(ok) >= quorum(rnd.replicas):
-            consensus, alerts = _decide(rnd, combine(ok, rnd.replicas, cfg), partial=True, cfg=cfg)
+        if len(ok) >= sh.to_close:
+            partial = len(rnd.results) < sh.nodes  # every node the round expects answered: not partial
+            consensus, alerts = _decide(rnd, combine(ok, sh.replicas, cfg, sh.nodes), partial=partial, cfg=cfg,
+                                        replicas=sh.replicas)
             state = _close(state, key, consensus)
             outcomes.append(VoteOutcome(consensus, tuple(alerts)))
         else:
-            why = f"no quorum within {cfg.vote_timeout_s:g} s ({len(ok)} of {rnd.replicas} nodes answered ok)"
+            why = (f"no quorum within {cfg.vote_timeout_s:g} s ({len(ok)} of {sh.nodes} nodes answered ok, "
+                   f"{sh.to_close} needed)")
             state, outcome = _fail(state, rnd, why)
             outcomes.append(outcome)
     return state, outcomes

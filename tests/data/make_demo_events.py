@@ -41,7 +41,7 @@ RUNS = {
     "demo-g2": {"reward_threshold": 0.05, "reward_cooldown_steps": 20, "lr_eval_threshold": 0.5,
                 "lr_eval_dataset": "add_2digit"},
 }
-COMMON_STREAMS = {"window": 10, "min_eval_interval": 10, "eval_interval": 20, "interval_dwell_steps": 10,
+COMMON_STREAMS = {"window": 10, "min_eval_interval": 10, "eval_interval": 20, "interval_dwell_steps": 10, "adaptive_interval": True,
                   "evaluate_delta": 0.05, "vote_timeout_s": 30.0}
 WITHHELD = ("demo-g2", 120, "add_2digit", "full", 1)  # run, step, dataset, stage, rank: never reaches the worker
 

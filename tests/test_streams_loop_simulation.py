@@ -1,0 +1,31 @@
+"""The closed loop's error rates, measured by a seeded simulation of 6,000 runs through the
+worker's real code (tests/loop_simulation.py): 128 samples a round, alpha 0.05, threshold 0.3.
+docs/STREAMS.md quotes these numbers beside the rules."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from areal_metrics.streams.core.config import RunConfig
+from tests import loop_simulation as sim
+
+
+def test_the_loops_false_alarm_and_detection_rates() -> None:
+    rates = sim.rates(runs=2000, seed=27)
+    # a policy that never changes, at the threshold, over 20 rounds: at most alpha of runs cut
+    assert rates["constant_cut"] <= 0.05
+    # improving by 0.05 a round: at most 5 % of runs told that improvement stopped
+    assert rates["improving_plateau"] <= 0.05
+    # 0.5 -> 0.1 after 10 healthy rounds: at least 80 % of runs cut within two rounds ...
+    assert rates["drop_cut_within_two"] >= 0.80
+    # ... and the healthy rounds before the drop within alpha
+    assert rates["drop_cut_before"] <= 0.05
+
+
+def test_the_simulation_can_fail_a_rule_that_acts_on_the_point_estimate() -> None:
+    # the same runs, with alpha so large that the interval shrinks to nearly the point: the
+    # constant policy gets cut in most runs (what the issue measured on the old rule)
+    loose = RunConfig(lr_eval_threshold=sim.THRESHOLD, lr_alpha=0.5, no_improvement_rounds=sim.PATIENCE)
+    rng = np.random.default_rng(1)
+    logs = [sim.run_once(sim.CONSTANT, rng, loose) for _ in range(200)]
+    assert sim.share(logs, lambda log: bool(log.threshold_cuts)) > 0.05

@@ -1,0 +1,140 @@
+"""The vote on the real broker, fed as kcat would: raw JSON lines, keyed by run_id.
+
+- run-k: a sharded round of 12 samples over 4 nodes at redundancy 3 (`sample_ids`,
+  `shard_nodes`), node n3 faulty and first: the consensus is the honest accuracy, n3 alone
+  is named (had it come last, the three honest nodes would have decided every sample first).
+- run-t: two replicas that disagree on 3 samples: those are undecided, nobody is named.
+- run-0: a 2-rank run where only rank 0 registered and logs (rank-0-only logging): its round
+  gets a consensus of its one node, and no `eval_failed` for the rank that never registered.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from areal_metrics.producers.contract.topics import Topics
+from tests.test_streams_e2e import Msg, OutputReader, Worker, produce
+
+pytestmark = pytest.mark.broker
+
+T0 = 1_790_000_000.0
+CONFIG = {"defaults": {"vote_timeout_s": 3.0, "stall_seconds": 0}, "tick_interval_s": 0.5}
+TRUTH = (1, 1, 0, 1, 0, 0, 1, 1, 1, 0, 1, 0)  # 7 of 12
+
+
+def line(**fields) -> bytes:
+    """One message as a user would type it for kcat: a JSON object, nothing from our code."""
+    return json.dumps({"schema": 1, "ts": T0, **fields}).encode()
+
+
+def sharded_round(topics: Topics) -> list[Msg]:
+    msgs = []
+    for i in (3, 0, 1, 2):  # the faulty node first: counted, then outvoted (last, it would not be needed)
+        ids = [s for s in range(12) if s % 4 != i]  # each sample on 3 of the 4 nodes
+        verdicts = [1 - TRUTH[s] if i == 3 else TRUTH[s] for s in ids]  # n3 answers every sample wrong
+        msgs.append(Msg(topics.evals, b"run-k", line(
+            type="eval", event_id=f"k-n{i}", run_id="run-k", node=f"n{i}", rank=i, eval_id="k1", step=40,
+            dataset="math500", stage="full", status="ok", accuracy=sum(verdicts) / len(verdicts),
+            verdicts=verdicts, sample_ids=ids, replicas=3, shard_nodes=4)))
+    return msgs
+
+
+def tied_round(topics: Topics) -> list[Msg]:
+    other = [1 - v if s < 3 else v for s, v in enumerate(TRUTH)]  # disagrees on samples 0..2
+    return [Msg(topics.evals, b"run-t", line(type="eval", event_id=f"t-{node}", run_id="run-t", node=node, rank=r,
+                                             eval_id="t1", step=10, dataset="math500", status="ok",
+                                             accuracy=sum(v) / 12, verdicts=list(v), replicas=2))
+            for r, (node, v) in enumerate((("a", TRUTH), ("b", other)))]
+
+
+def rank_zero_only(topics: Topics) -> list[Msg]:
+    return [
+        Msg(topics.runs, b"run-0", line(type="run", event_id="r0", run_id="run-0", node="host-0", rank=0,
+                                        status="running", world_size=2, config={})),
+        Msg(topics.evals, b"run-0", line(type="eval", event_id="z-0", run_id="run-0", node="host-0", rank=0,
+                                         eval_id="z1", step=5, dataset="math500", status="ok", accuracy=0.5,
+                                         verdicts=[1, 0, 1, 0], replicas=2)),
+    ]
+
+
+def test_rounds_published_as_raw_json_vote_per_sample(kafka_bootstrap: str, topics: Topics,
+                                                        stack_env: dict[str, str], tmp_path: Path) -> None:
+    cfg = tmp_path / "streams.json"
+    cfg.write_text(json.dumps(CONFIG))
+    env = {**stack_env, "AREAL_STREAMS_CONFIG": str(cfg), "AREAL_STREAMS_SESSION_TIMEOUT": "6"}
+    produce(kafka_bootstrap, [*rank_zero_only(topics), *sharded_round(topics), *tied_round(topics)])
+    worker = Worker(env, tmp_path / "worker.log")
+    reader = OutputReader(kafka_bootstrap, topics)
+    worker.start()
+    try:
+        reader.wait_for({topics.consensus: 3}, timeout=90)
+        reader.settle(5.0)  # past vote_timeout_s: an eval_failed for run-0's second rank would show now
+    finally:
+        rc = worker.stop()
+        reader.close()
+    assert rc == 0, (tmp_path / "worker.log").read_text()[-3000:]
+    got = reader.distinct()
+    consensus = {c["run_id"]: c for c in got[topics.consensus].values()}
+    assert len(got[topics.consensus]) == 3
+
+    k = consensus["run-k"]
+    assert k["accuracy"] == 7 / 12 and (k["n_samples"], k["n_undecided"]) == (12, 0)
+    assert k["dissenters"] == ["n3"] and k["votes"] == 4 and k["replicas"] == 3 and not k["partial"]
+    assert k["ci_low"] < 7 / 12 < k["ci_high"]
+    assert k["agreement"] == pytest.approx(27 / 36)  # n3's 9 votes outvoted
+
+    t = consensus["run-t"]
+    assert (t["n_samples"], t["n_undecided"], t["dissenters"]) == (9, 3, [])
+    assert t["accuracy"] == sum(TRUTH[3:]) / 9
+
+    z = consensus["run-0"]
+    assert (z["votes"], z["replicas"], z["accuracy"], z["n_samples"], z["partial"]) == (1, 1, 0.5, 4, False)
+
+    alerts = sorted((a["run_id"], a["kind"], a["message"].split(":")[0]) for a in got[topics.alerts].values())
+    assert [(run, kind) for run, kind, _ in alerts] == [("run-k", "node_divergence")]
+    assert "node n3 " in alerts[0][2]
+
+
+RANK_ZERO_SCRIPT = """
+    import areal_metrics as am
+
+    run = am.init(run_id="rank-zero-only", config={"eval_loop": {"threshold": 0.2}})  # RANK=0, WORLD_SIZE=2
+    run.log({"reward": 0.5}, step=1)
+    run.log_eval("math500", 1, verdicts=[1, 0, 1, 1])
+    run.finish()
+"""
+
+
+def test_a_two_rank_run_that_logs_from_rank_zero_only_gets_its_consensus(
+    kafka_bootstrap: str, topics: Topics, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The habit other trackers teach: `init` on rank 0 alone, through the real client and worker."""
+    from tests.kafka_reading import read_to_end
+    from tests.test_client_broker import child_env, service, start, stop, wait_for
+
+    cfg = tmp_path / "streams.json"
+    cfg.write_text(json.dumps(CONFIG))  # vote_timeout_s 3: an eval_failed would come quickly
+    env = {**stack_env, "AREAL_STREAMS_CONFIG": str(cfg)}
+    worker = service("areal_metrics.streams", env, tmp_path / "worker.log")
+    try:
+        rank0 = start(RANK_ZERO_SCRIPT, child_env(stack_env, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0"),
+                      tmp_path / "rank0.log")
+        assert rank0.wait(120) == 0, (tmp_path / "rank0.log").read_text()
+
+        def consensus() -> list[dict]:
+            return [json.loads(r.value) for r in read_to_end(kafka_bootstrap, topics.consensus)
+                    if r.key == b"rank-zero-only"]
+
+        [c] = wait_for(consensus, 60, "the consensus of rank 0's round")
+        assert (c["votes"], c["replicas"], c["accuracy"], c["n_samples"], c["partial"]) == (1, 1, 0.75, 4, False)
+        time.sleep(5)  # past vote_timeout_s (3 s) and a few ticks
+        kinds = [json.loads(r.value)["kind"] for r in read_to_end(kafka_bootstrap, topics.alerts)
+                 if r.key == b"rank-zero-only"]
+        assert "eval_failed" not in kinds, kinds
+        assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+    finally:
+        stop(worker)
