@@ -98,6 +98,13 @@ def test_the_columns_own_name_wins_over_an_alias_whichever_comes_first() -> None
         assert event.reward == 0.9 and dict(event.metrics) == {"critic/score/mean": 0.1}
 
 
+def test_an_alias_never_fills_a_column_whose_own_name_was_nan() -> None:
+    for values in ({"reward": float("nan"), "critic/score/mean": 0.5}, {"critic/score/mean": 0.5, "reward": float("nan")}):
+        event = encoded_step(values)
+        assert event.reward is None and list(event.non_finite) == ["reward"]
+        assert dict(event.metrics) == {"critic/score/mean": 0.5}
+
+
 def test_a_hair_outside_a_rule_is_clamped_far_outside_moves_to_metrics() -> None:
     event = encoded_step({"clip_ratio": 1.0000001, "lr": -1e-12, "grad_norm": -0.5, "tokens": 4096.4, "epoch": -1})
     assert event.clip_ratio == 1.0 and event.lr == 0.0 and event.tokens == 4096
