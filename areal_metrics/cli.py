@@ -20,7 +20,7 @@ from typing import NoReturn
 from areal_metrics.producers.contract.errors import ArealError, one_line
 from areal_metrics.producers.contract.events import ValidationError
 
-from areal_metrics.commands import alerts, demo, grafana, publish, replay, report, sql, stack_cmd, train, watch
+from areal_metrics.commands import alerts, demo, grafana, publish, replay, report, sql, stack_cmd, sync, train, watch
 
 # verb -> (module, one-line help); a module may serve several verbs
 VERBS: dict[str, tuple[ModuleType, str]] = {
@@ -36,17 +36,14 @@ VERBS: dict[str, tuple[ModuleType, str]] = {
     "grafana": (grafana, "grafana provision: push the datasource and dashboards"),
     "replay": (replay, "rebuild the ClickHouse tables from the Kafka log"),
     "publish": (publish, "validate JSON events from a file or stdin and publish them; exit 1 if not delivered"),
+    "sync": (sync, "send the events your runs kept in their journals while the broker was away"),
 }
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
+    import areal_metrics
 
-    try:
-        return dist_version("areal-metrics")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
+    return areal_metrics.__version__
 
 
 class OneLineParser(argparse.ArgumentParser):

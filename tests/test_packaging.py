@@ -66,10 +66,11 @@ def _pip(venv: Path, *args: str) -> None:
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
 
 
-@pytest.mark.timeout(900)
-def test_a_fresh_environment_with_the_bare_package_runs_the_client(tmp_path: Path, kafka_bootstrap: str) -> None:
+def bare_venv(tmp_path: Path) -> Path:
+    """A fresh venv (no system site packages) with the project's wheel and kafka-python alone; its folder."""
     src = tmp_path / "src"
-    files = _run(["git", "ls-files", "-z"], cwd=ROOT).stdout.split("\0")
+    # the working tree as git sees it: tracked files and new ones not ignored
+    files = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT).stdout.split("\0")
     for name in filter(None, files):
         target = src / name
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -83,6 +84,12 @@ def test_a_fresh_environment_with_the_bare_package_runs_the_client(tmp_path: Pat
         tops = {n.split("/")[0].removesuffix(".py") for n in archive.namelist()}
     assert {t for t in tops if not t.endswith((".dist-info", ".data"))} == {"areal_metrics"}
     _pip(venv, "install", "--no-deps", "--quiet", str(wheel), f"kafka-python=={version('kafka-python')}")
+    return venv
+
+
+@pytest.mark.timeout(900)
+def test_a_fresh_environment_with_the_bare_package_runs_the_client(tmp_path: Path, kafka_bootstrap: str) -> None:
+    venv = bare_venv(tmp_path)
 
     # the user's own project has packages named like our folders: both must import
     project = tmp_path / "project"

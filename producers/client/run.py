@@ -46,7 +46,7 @@ from areal_metrics.producers.contract.events import (
 from areal_metrics.producers.contract.ids import RUN_ID_RULE, is_valid_run_id
 from areal_metrics.producers.client.launcher_env import Identity, identity_from_env, job_run_id
 from areal_metrics.producers.delivery.publisher import Publisher
-from areal_metrics.producers.contract.settings import Settings, state_dir
+from areal_metrics.producers.contract.settings import Settings, bootstrap_origin, state_dir
 from areal_metrics.producers.contract.topics import Topics
 
 log = logging.getLogger("areal_metrics.client")
@@ -68,6 +68,7 @@ class Options:
     resume_timeout_s: float = 10.0
     fsync_journal: bool = False
     git: bool = True  # look up the git commit of the training code
+    bootstrap_origin: str | None = None  # set by init(): where the bootstrap came from, for the one warning
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,8 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
         run_id, generated = run_info.new_run_id(), True
     if not is_valid_run_id(run_id):
         raise ValueError(f"run_id {run_id[:60]!r}: must be {RUN_ID_RULE}")
+    if "kafka_bootstrap" in overrides:
+        options = dataclasses.replace(options, bootstrap_origin="init(kafka_bootstrap=...)")
     attempt = _attempt(settings_obj, run_id, identity.rank, resume, options)
     run = Run(run_id, identity, settings_obj, options, config=config, tags=clean_tags, group=group, attempt=attempt)
     if generated and identity.rank == 0:
@@ -169,7 +172,8 @@ class Run:
         journal = Path(options.journal_dir) if options.journal_dir else state_dir() / "journal" / run_id / f"rank-{self.rank}"
         self._publisher = Publisher.from_settings(settings, journal_dir=journal, close_at_exit=False,
                                                   exit_timeout_s=self._exit_timeout_s,
-                                                  fsync_journal=options.fsync_journal)
+                                                  fsync_journal=options.fsync_journal,
+                                                  bootstrap_origin=options.bootstrap_origin or bootstrap_origin())
         self._started = time.time()
         self._epoch = 0.0  # the sender thread's: the last epoch a step carried
         self._last_step = -1

@@ -1,4 +1,7 @@
-"""Settings from the environment (CONTRACT.md, 'Settings').
+"""Settings from the environment (CONTRACT.md, 'Settings' and 'Adoption').
+
+What the environment leaves unset comes from the stack `areal-metrics up` recorded in the
+state folder (`AREAL_HOME`, default ~/.areal): its broker, topic prefix and store.
 
 Secrets (SASL password, TLS key passwords) are read from the environment or a
 file and are never printed: `Settings.__repr__` masks them.
@@ -6,6 +9,7 @@ file and are never printed: `Settings.__repr__` masks them.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field, fields
@@ -14,12 +18,42 @@ from pathlib import Path
 from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.producers.contract.topics import DEFAULT_PREFIX, Topics
 
-DEFAULT_STATE_DIR = ".areal"
+DEFAULT_STATE_DIR = ".areal"  # under the user's home directory
 
 
 def state_dir() -> Path:
-    """Where the local stack keeps its state (broker data, store, pids, journals)."""
-    return Path(os.environ.get("AREAL_HOME", DEFAULT_STATE_DIR)).absolute()
+    """Where the local stack keeps its state (broker data, store, pids, journals): `AREAL_HOME`, else ~/.areal.
+
+    One folder per user, whatever the working directory, so a script run anywhere finds the stack `up` started.
+    """
+    raw = os.environ.get("AREAL_HOME", "").strip()
+    return Path(raw).expanduser().absolute() if raw else Path.home() / DEFAULT_STATE_DIR
+
+
+STACK_FILE = "stack.json"  # written by `areal-metrics up` into the state folder
+
+
+def recorded_stack() -> dict[str, object]:
+    """What `areal-metrics up` recorded in the state folder ({} when nothing readable is there)."""
+    try:
+        found = json.loads((state_dir() / STACK_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _recorded(name: str) -> str | None:
+    value = recorded_stack().get(name)
+    return value if isinstance(value, str) and value else None
+
+
+def bootstrap_origin() -> str:
+    """Where the client's bootstrap comes from, in words (for the one warning when it cannot deliver)."""
+    if os.environ.get("AREAL_KAFKA_BOOTSTRAP"):
+        return "AREAL_KAFKA_BOOTSTRAP"
+    if _recorded("kafka_bootstrap"):
+        return f"the stack recorded in {state_dir() / STACK_FILE}"
+    return f"the default (no AREAL_KAFKA_BOOTSTRAP, no stack recorded in {state_dir() / STACK_FILE})"
 
 
 def _secret(name: str) -> str | None:
@@ -32,9 +66,7 @@ def _secret(name: str) -> str | None:
     return None
 
 
-# The local stack (`areal-metrics up`) binds its broker here when the port is free,
-# so a trainer with no settings at all reaches it. The CLI passes the bootstrap of
-# the stack it started explicitly; this package never reads the stack's files.
+# The last resort when neither AREAL_KAFKA_BOOTSTRAP nor a stack recorded by `up` names a broker.
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 
@@ -130,9 +162,10 @@ class Settings:
     def from_env(cls) -> Settings:
         env = os.environ.get
         return cls(
-            kafka_bootstrap=env("AREAL_KAFKA_BOOTSTRAP") or DEFAULT_BOOTSTRAP,
-            clickhouse_url=env("AREAL_CLICKHOUSE_URL") or f"chdb://{state_dir() / 'clickhouse'}",
-            topic_prefix=env("AREAL_TOPIC_PREFIX", DEFAULT_PREFIX),
+            kafka_bootstrap=env("AREAL_KAFKA_BOOTSTRAP") or _recorded("kafka_bootstrap") or DEFAULT_BOOTSTRAP,
+            clickhouse_url=env("AREAL_CLICKHOUSE_URL") or _recorded("clickhouse_url")
+            or f"chdb://{state_dir() / 'clickhouse'}",
+            topic_prefix=env("AREAL_TOPIC_PREFIX", _recorded("topic_prefix") or DEFAULT_PREFIX),
             kafka_security_protocol=env("AREAL_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),
             kafka_sasl_mechanism=env("AREAL_KAFKA_SASL_MECHANISM"),
             kafka_sasl_username=env("AREAL_KAFKA_SASL_USERNAME"),
