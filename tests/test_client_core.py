@@ -243,3 +243,24 @@ def test_the_compact_encoder_keeps_integers_beyond_64_bits_and_refuses_nan():
     assert dumps_compact({"tokens": 2**70, "m": {"a": 0.5}}) == b'{"tokens":1180591620717411303424,"m":{"a":0.5}}'
     with pytest.raises(ValueError):
         dumps_compact({"metrics": {"loss": float("nan")}})
+
+
+def test_a_free_form_name_gives_a_valid_stable_run_id_and_is_kept() -> None:
+    from areal_metrics.producers.client.run_info import clean_name, run_id_for
+    from areal_metrics.producers.contract.ids import is_valid_run_id
+
+    assert run_id_for("exp-1") == "exp-1"  # a valid id stays itself
+    derived = run_id_for("proj/exp lr=1e-6")
+    assert derived.startswith("proj-exp-lr-1e-6-") and is_valid_run_id(derived) and derived == run_id_for("proj/exp lr=1e-6")
+    assert run_id_for("proj/exp lr=1e-5") != derived  # the hash keeps names that slug alike apart
+    assert clean_name(" 实验 α ") == "实验 α" and clean_name("") is None and len(clean_name("x" * 300)) == 256
+
+
+@given(st.text(min_size=1, max_size=400))
+def test_any_name_gives_a_valid_run_id(name: str) -> None:
+    from areal_metrics.producers.client.run_info import clean_name, run_id_for
+    from areal_metrics.producers.contract.ids import is_valid_run_id
+
+    assert is_valid_run_id(run_id_for(name))
+    kept = clean_name(name)
+    assert kept is None or (len(kept) <= 256 and kept.encode("utf-8"))

@@ -103,8 +103,11 @@ def _identity(options: Options) -> Identity:
 
 
 def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = (), group: str | None = None,
-         resume: bool = False, **settings: Any) -> Run:
-    """Start (or, with `resume=True`, continue) a run from this process; see the module doc."""
+         resume: bool = False, name: str | None = None, **settings: Any) -> Run:
+    """Start (or, with `resume=True`, continue) a run from this process; see the module doc.
+
+    `name`: a free-form display name (any Unicode, <= 256 chars), kept in `runs.name` beside the run id.
+    """
     if run_id is not None and not isinstance(run_id, str):
         raise TypeError(f"run_id: expected a string, got {type(run_id).__name__}")
     if group is not None and not isinstance(group, str):
@@ -112,6 +115,7 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
     if not isinstance(resume, bool):
         raise TypeError(f"resume: expected True or False, got {type(resume).__name__}")
     clean_tags = run_info.clean_tags(tags)
+    display_name = run_info.clean_name(name)
     overrides, options = _split_settings(settings)
     base = Settings.from_env()
     settings_obj = dataclasses.replace(base, **overrides) if overrides else base
@@ -122,11 +126,13 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
     if run_id is None:
         run_id, generated = run_info.new_run_id(), True
     if not is_valid_run_id(run_id):
-        raise ValueError(f"run_id {run_id[:60]!r}: must be {RUN_ID_RULE}")
+        raise ValueError(f"run_id {run_id[:60]!r}: must be {RUN_ID_RULE}; a free-form name goes in "
+                         f"init(name=...), e.g. init(run_id={run_info.run_id_for(run_id)!r}, name={run_id[:60]!r})")
     if "kafka_bootstrap" in overrides:
         options = dataclasses.replace(options, bootstrap_origin="init(kafka_bootstrap=...)")
     attempt = _attempt(settings_obj, run_id, identity.rank, resume, options)
-    run = Run(run_id, identity, settings_obj, options, config=config, tags=clean_tags, group=group, attempt=attempt)
+    run = Run(run_id, identity, settings_obj, options, config=config, tags=clean_tags, group=group, attempt=attempt,
+              name=display_name)
     if generated and identity.rank == 0:
         print(f"areal-metrics: run {run_id}", file=sys.stderr)
     if generated and identity.world_size > 1:
@@ -152,8 +158,9 @@ class Run:
     """One process's part of a run. Use `init()` to get one."""
 
     def __init__(self, run_id: str, identity: Identity, settings: Settings, options: Options, *,
-                 config: Any, tags: tuple[str, ...], group: str | None, attempt: int) -> None:
+                 config: Any, tags: tuple[str, ...], group: str | None, attempt: int, name: str | None = None) -> None:
         self.run_id = run_id
+        self.name = name
         self.rank = identity.rank
         self.world_size = identity.world_size
         self.local_rank = identity.local_rank
@@ -309,7 +316,7 @@ class Run:
             event = RunEvent(run_id=self.run_id, node=self.node, rank=self.rank, status=status, config=self.config,
                              tags=self.tags, group=self.group, world_size=self.world_size, host=self.host,
                              attempt=self.attempt, framework=self.framework, git_commit=self.git_commit,
-                             exit_code=exit_code)
+                             exit_code=exit_code, name=self.name)
         except ValidationError as exc:  # pragma: no cover - the fields are cleaned above
             log.warning("run event not sent: %s", exc)
             return
