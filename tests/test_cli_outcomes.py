@@ -161,3 +161,11 @@ def test_sql_against_an_unreachable_clickhouse_exits_1_and_a_bad_url_2(tmp_path)
     env = {**nowhere_env(tmp_path), "AREAL_CLICKHOUSE_URL": f"http://u:p@127.0.0.1:{free_port()}/areal"}
     assert_one_line(cli("sql", "SELECT 1", env=env), 1, "cannot reach ClickHouse")
     assert_one_line(cli("sql", "SELECT 1", env={**env, "AREAL_CLICKHOUSE_URL": "ftp://x"}), 2, "AREAL_CLICKHOUSE_URL")
+
+
+def test_help_says_what_the_verbs_do_for_a_user():
+    result = cli("--help")
+    assert result.returncode == 0
+    assert "module" not in result.stdout and "areal_metrics.commands" not in result.stdout
+    for words in ("first steps:", "areal-metrics up", "exit status:", "sync", "--webhook"):
+        assert words in result.stdout, words
