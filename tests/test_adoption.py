@@ -1,27 +1,26 @@
 """A team's first day (CONTRACT.md, 'Adoption'), from a fresh venv with only the package and kafka-python.
 
-The stack is recorded as `areal-metrics up` records it (`stack.json` in `AREAL_HOME`, written by
-the stack's own `write_info`), pointing at the session's broker, and its sink runs as `up` runs
-it. A script with no setting but `AREAL_HOME`, started from another directory:
+`areal-metrics up --no-worker` (the project's environment: the `stack` extra) starts a broker and the
+sink in a fresh `AREAL_HOME`. A script run by the bare venv, with no setting but `AREAL_HOME`, from
+another directory:
 
-- finds the recorded broker and its steps are stored;
-- with the recorded broker unreachable, prints one warning naming the bootstrap and the
-  journal, exits 0, and `areal-metrics sync` (the bare venv's own command) delivers the steps
-  once the broker answers; a second sync sends nothing again.
+- finds the broker `up` recorded, and its steps are stored;
+- after `areal-metrics down` (the broker unreachable) prints one warning naming the bootstrap and
+  the journal and exits 0; `areal-metrics sync` (the bare venv's own command) exits 1 while the
+  broker is away, and after `up` again (same ports) delivers the steps; a second sync sends nothing.
 """
 
 from __future__ import annotations
 
-import subprocess
+import json
+import os
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from areal_metrics.stack.kafka_broker import free_port
-from areal_metrics.stack.services import StackInfo, service_env, write_info
-from areal_metrics.producers.contract.topics import Topics
-from tests.test_client_broker import service, stop, wait_for
+from tests.test_client_broker import wait_for
 from tests.test_packaging import _run, bare_venv
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(900)]
@@ -37,59 +36,55 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def record_stack(home: Path, bootstrap: str, topics: Topics, store: Path) -> StackInfo:
-    info = StackInfo(kafka_bootstrap=bootstrap, kafka_port=int(bootstrap.rsplit(":", 1)[1]), controller_port=0,
-                     kafka_version="test", topic_prefix=topics.prefix, clickhouse_url=f"chdb://{store}", home=str(home))
-    write_info(info)
-    return info
-
-
-def test_the_first_run_finds_the_stack_or_says_why_and_sync_delivers(tmp_path: Path, kafka_bootstrap: str,
-                                                                      topics: Topics, monkeypatch) -> None:
+def test_the_first_run_finds_the_stack_or_says_why_and_sync_delivers(tmp_path: Path) -> None:
     from areal_metrics.producers.contract.settings import Settings
-    from areal_metrics.sinks.query import Target, connect, read_owner
+    from areal_metrics.sinks.query import connect
 
     venv = bare_venv(tmp_path)
     home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
     elsewhere.mkdir()
-    monkeypatch.setenv("AREAL_HOME", str(home))
-    info = record_stack(home, kafka_bootstrap, topics, tmp_path / "store")
-    sink = service("areal_metrics.sinks", service_env(info), tmp_path / "sink.log")
-    settings = Settings(kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix, clickhouse_url=info.clickhouse_url)
+    stack_env = {k: v for k, v in os.environ.items() if not k.startswith("AREAL_")} | {"AREAL_HOME": str(home)}
+    bare_env = {"PATH": "/usr/bin:/bin", "AREAL_HOME": str(home), "AREAL_EXIT_TIMEOUT_S": "20"}
+    python, cli = str(venv / "bin" / "python"), str(venv / "bin" / "areal-metrics")
+
+    def stack(*verb: str) -> str:
+        out = _run([sys.executable, "-m", "areal_metrics", *verb], env=stack_env, cwd=tmp_path)
+        assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+        return out.stdout
 
     def steps(run_id: str) -> list[tuple]:
+        recorded = json.loads((home / "stack.json").read_text())
+        settings = Settings(clickhouse_url=recorded["clickhouse_url"])
         with connect(settings, wait_s=30) as store:
             return store.query(f"SELECT step, reward FROM v_steps WHERE run_id = '{run_id}' ORDER BY step").rows
 
-    env = {"PATH": "/usr/bin:/bin", "AREAL_HOME": str(home), "AREAL_EXIT_TIMEOUT_S": "20"}
-    python = str(venv / "bin" / "python")
+    stack("up", "--no-worker")
     try:
-        wait_for(lambda: read_owner(Target.parse(info.clickhouse_url).path) is not None or sink.poll() is not None,
-                 90, "the sink to start")
-        out = _run([python, "-c", SCRIPT, "first-day"], cwd=elsewhere, env=env)
+        bootstrap = json.loads((home / "stack.json").read_text())["kafka_bootstrap"]
+        out = _run([python, "-c", SCRIPT, "first-day"], cwd=elsewhere, env=bare_env)
         assert out.returncode == 0 and out.stdout.startswith("done "), out.stderr[-3000:]
         assert "cannot deliver" not in out.stderr
-        wait_for(lambda: len(steps("first-day")) == 4, 120, "the first run's 4 steps")
+        wait_for(lambda: len(steps("first-day")) == 4, 180, "the first run's 4 steps")
         assert not (elsewhere / ".areal").exists()
 
-        dead = f"127.0.0.1:{free_port()}"
-        record_stack(home, dead, topics, tmp_path / "store")  # the broker is away
-        out = _run([python, "-c", SCRIPT, "offline-day"], cwd=elsewhere, env={**env, "AREAL_EXIT_TIMEOUT_S": "3"})
+        stack("down")  # the broker is away
+        out = _run([python, "-c", SCRIPT, "offline-day"], cwd=elsewhere, env={**bare_env, "AREAL_EXIT_TIMEOUT_S": "3"})
         assert out.returncode == 0, out.stderr[-3000:]
         journal = home / "journal" / "offline-day" / "rank-0"
         warnings = [line for line in out.stderr.splitlines() if "cannot deliver" in line]
-        assert len(warnings) == 1 and dead in warnings[0] and str(journal) in warnings[0], out.stderr[-3000:]
+        assert len(warnings) == 1, out.stderr[-3000:]
+        assert bootstrap in warnings[0] and str(home / "stack.json") in warnings[0] and str(journal) in warnings[0]
         assert (journal / "journal.log").stat().st_size > 0
-
-        out = _run([str(venv / "bin" / "areal-metrics"), "sync", "--timeout", "3"], cwd=elsewhere, env=env)
+        out = _run([cli, "sync", "--timeout", "3"], cwd=elsewhere, env=bare_env)
         assert out.returncode == 1 and "not delivered" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
-        record_stack(home, kafka_bootstrap, topics, tmp_path / "store")  # the broker answers again
-        out = _run([str(venv / "bin" / "areal-metrics"), "sync"], cwd=elsewhere, env=env)
+        stack("up", "--no-worker")  # the broker answers again, on its ports
+        assert json.loads((home / "stack.json").read_text())["kafka_bootstrap"] == bootstrap
+        out = _run([cli, "sync"], cwd=elsewhere, env=bare_env)
         assert out.returncode == 0 and "synced 6 event(s)" in out.stdout, out.stdout + out.stderr[-3000:]
-        wait_for(lambda: len(steps("offline-day")) == 4, 120, "the synced run's 4 steps")
+        wait_for(lambda: len(steps("offline-day")) == 4, 180, "the synced run's 4 steps")
         assert steps("offline-day") == [(s, 0.25 * s) for s in range(4)]
-        again = _run([str(venv / "bin" / "areal-metrics"), "sync"], cwd=elsewhere, env=env)
+        again = _run([cli, "sync"], cwd=elsewhere, env=bare_env)
         assert again.returncode == 0 and "synced 0 event(s)" in again.stdout
     finally:
-        stop(sink)
+        _run([sys.executable, "-m", "areal_metrics", "down"], env=stack_env, cwd=tmp_path)
