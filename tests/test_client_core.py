@@ -264,3 +264,19 @@ def test_any_name_gives_a_valid_run_id(name: str) -> None:
     assert is_valid_run_id(run_id_for(name))
     kept = clean_name(name)
     assert kept is None or (len(kept) <= 256 and kept.encode("utf-8"))
+
+
+def test_a_client_that_cannot_deliver_says_so_once_naming_the_bootstrap_and_the_journal(tmp_path, capsys) -> None:
+    from areal_metrics.producers.client.run import init
+    from areal_metrics.stack.kafka_broker import free_port
+
+    dead = f"127.0.0.1:{free_port()}"
+    run = init(run_id="nowhere", kafka_bootstrap=dead, journal_dir=str(tmp_path / "j"), git=False, rank=0,
+               world_size=1, exit_timeout_s=2.0)
+    for step in range(5):
+        run.log({"reward": 0.1 * step}, step=step)
+    run.finish()
+    told = [line for line in capsys.readouterr().err.splitlines() if "cannot deliver" in line]
+    assert len(told) == 1 and dead in told[0] and str(tmp_path / "j") in told[0], told
+    assert "init(kafka_bootstrap=...)" in told[0] and "areal-metrics sync" in told[0]
+    assert run.stats().journaled == 7  # running, 5 steps, finished: all kept

@@ -68,7 +68,6 @@ class Options:
     resume_timeout_s: float = 10.0
     fsync_journal: bool = False
     git: bool = True  # look up the git commit of the training code
-    bootstrap_origin: str | None = None  # set by init(): where the bootstrap came from, for the one warning
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +127,10 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
     if not is_valid_run_id(run_id):
         raise ValueError(f"run_id {run_id[:60]!r}: must be {RUN_ID_RULE}; a free-form name goes in "
                          f"init(name=...), e.g. init(run_id={run_info.run_id_for(run_id)!r}, name={run_id[:60]!r})")
-    if "kafka_bootstrap" in overrides:
-        options = dataclasses.replace(options, bootstrap_origin="init(kafka_bootstrap=...)")
+    origin = "init(kafka_bootstrap=...)" if "kafka_bootstrap" in overrides else bootstrap_origin()
     attempt = _attempt(settings_obj, run_id, identity.rank, resume, options)
     run = Run(run_id, identity, settings_obj, options, config=config, tags=clean_tags, group=group, attempt=attempt,
-              name=display_name)
+              name=display_name, bootstrap_from=origin)
     if generated and identity.rank == 0:
         print(f"areal-metrics: run {run_id}", file=sys.stderr)
     if generated and identity.world_size > 1:
@@ -158,7 +156,8 @@ class Run:
     """One process's part of a run. Use `init()` to get one."""
 
     def __init__(self, run_id: str, identity: Identity, settings: Settings, options: Options, *,
-                 config: Any, tags: tuple[str, ...], group: str | None, attempt: int, name: str | None = None) -> None:
+                 config: Any, tags: tuple[str, ...], group: str | None, attempt: int, name: str | None = None,
+                 bootstrap_from: str | None = None) -> None:
         self.run_id = run_id
         self.name = name
         self.rank = identity.rank
@@ -180,7 +179,7 @@ class Run:
         self._publisher = Publisher.from_settings(settings, journal_dir=journal, close_at_exit=False,
                                                   exit_timeout_s=self._exit_timeout_s,
                                                   fsync_journal=options.fsync_journal,
-                                                  bootstrap_origin=options.bootstrap_origin or bootstrap_origin())
+                                                  bootstrap_origin=bootstrap_from or bootstrap_origin())
         self._started = time.time()
         self._epoch = 0.0  # the sender thread's: the last epoch a step carried
         self._last_step = -1
