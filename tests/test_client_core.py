@@ -280,3 +280,30 @@ def test_a_client_that_cannot_deliver_says_so_once_naming_the_bootstrap_and_the_
     assert len(told) == 1 and dead in told[0] and str(tmp_path / "j") in told[0], told
     assert "init(kafka_bootstrap=...)" in told[0] and "areal-metrics sync" in told[0]
     assert run.stats().journaled == 7  # running, 5 steps, finished: all kept
+
+
+def test_the_home_is_per_user_and_the_broker_the_one_up_recorded(tmp_path, monkeypatch) -> None:
+    import json as _json
+    from pathlib import Path
+
+    from areal_metrics.producers.contract.settings import DEFAULT_BOOTSTRAP, Settings, bootstrap_origin, state_dir
+
+    monkeypatch.delenv("AREAL_HOME", raising=False)
+    monkeypatch.delenv("AREAL_KAFKA_BOOTSTRAP", raising=False)
+    monkeypatch.delenv("AREAL_TOPIC_PREFIX", raising=False)
+    monkeypatch.delenv("AREAL_CLICKHOUSE_URL", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "me"))
+    monkeypatch.chdir(tmp_path)
+    assert state_dir() == tmp_path / "me" / ".areal"  # not the working directory's
+    assert Settings.from_env().kafka_bootstrap == DEFAULT_BOOTSTRAP and "the default" in bootstrap_origin()
+    home = tmp_path / "team"
+    home.mkdir()
+    (home / "stack.json").write_text(_json.dumps({"kafka_bootstrap": "127.0.0.1:41231", "topic_prefix": "t.",
+                                                  "clickhouse_url": "chdb:///srv/store"}))
+    monkeypatch.setenv("AREAL_HOME", "team")  # relative: made absolute once, at the call
+    assert state_dir() == home and Path(state_dir()).is_absolute()
+    found = Settings.from_env()
+    assert (found.kafka_bootstrap, found.topic_prefix, found.clickhouse_url) == ("127.0.0.1:41231", "t.", "chdb:///srv/store")
+    assert str(home / "stack.json") in bootstrap_origin()
+    monkeypatch.setenv("AREAL_KAFKA_BOOTSTRAP", "kafka:9092")  # the environment wins
+    assert Settings.from_env().kafka_bootstrap == "kafka:9092" and bootstrap_origin() == "AREAL_KAFKA_BOOTSTRAP"
