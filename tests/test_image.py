@@ -2,9 +2,9 @@
 
 There is no Docker here, so the test does what the image's `pip install` does, in two real checks:
 
-1. Resolution: in a fresh venv (no system site packages), `pip install --dry-run --report` of the
-   project with the service's extras, as the Dockerfile installs them, against the package index:
-   the set resolves, and the report names every distribution the image would get.
+1. Resolution: the Dockerfile's own RUN line writes the requirements for EXTRAS; in a fresh venv (no
+   system site packages), `pip install --dry-run --report` of them against the package index: the
+   set resolves, and the report names every distribution the image would get.
 2. Imports: each service's entry modules are imported by `python -S` (no site-packages) whose path
    holds only the files of the distributions in the report (linked from this environment) and the
    project as installed. A module the image would lack fails here by name.
@@ -43,10 +43,16 @@ def compose() -> dict:
     return yaml.safe_load((ROOT / "compose.yaml").read_text())
 
 
-def image_requirements(extras: str) -> list[str]:
-    """What docker/Dockerfile installs for EXTRAS: the client's dependencies and the extras' (its own rule)."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return project["dependencies"] + [d for e in extras.split(",") if e for d in project["optional-dependencies"][e]]
+def image_requirements(extras: str, where: Path) -> list[str]:
+    """The requirements docker/Dockerfile installs for EXTRAS: its own RUN line, run here as Docker runs it."""
+    text = (ROOT / "docker" / "Dockerfile").read_text().replace("\\\n", "")  # Docker's line continuation
+    [command] = [line.removeprefix("RUN ") for line in text.splitlines() if "> /tmp/requirements.txt" in line]
+    command = command.split(" && pip install")[0].replace("/tmp/requirements.txt", str(where / "requirements.txt"))
+    (where / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    out = subprocess.run(["sh", "-c", command], cwd=where, capture_output=True, text=True, timeout=60,
+                         env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "EXTRAS": extras})
+    assert out.returncode == 0, out.stderr
+    return [line for line in (where / "requirements.txt").read_text().splitlines() if line.strip()]
 
 
 def test_each_service_builds_the_image_of_its_package_set() -> None:
@@ -66,8 +72,11 @@ def resolved(extras: str, tmp_path: Path) -> set[str]:
     """The distributions (normalised names) a fresh venv would install for the image's package set."""
     venv = tmp_path / "venv"
     assert _run([sys.executable, "-m", "venv", str(venv)]).returncode == 0
+    wanted = image_requirements(extras, tmp_path)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert set(project["dependencies"]) <= set(wanted) and all(
+        set(project["optional-dependencies"][e]) <= set(wanted) for e in extras.split(","))
     requirements = tmp_path / "requirements.txt"
-    requirements.write_text("\n".join(image_requirements(extras)) + "\n")
     report = tmp_path / "report.json"
     out = _run([str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "install", "--dry-run",
                 "--quiet", "--ignore-installed", "--report", str(report), "-r", str(requirements)])
