@@ -102,7 +102,8 @@ def test_a_refusal_that_cannot_pass_stops_with_one_line() -> None:
 
 
 def subscriber(env: dict[str, str], url: str, log: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "areal_metrics", "alerts", "--follow", "--webhook", url],
+    return subprocess.Popen([sys.executable, "-m", "areal_metrics", "alerts", "--follow", "--kind", "non_finite",
+                             "--webhook", url],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
 
 
