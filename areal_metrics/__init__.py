@@ -12,11 +12,23 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from areal_metrics.producers.client.run import Run, RunStats, init
 
-__all__ = ["Run", "RunStats", "init"]
-_CLIENT = frozenset(__all__)
+__all__ = ["Run", "RunStats", "init", "__version__"]
+_CLIENT = frozenset(("Run", "RunStats", "init"))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("areal-metrics")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "0+unknown"
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()["__version__"] = found = _version()
+        return found
     if name in _CLIENT:
         from areal_metrics.producers.client import run as client
 
@@ -25,4 +37,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _CLIENT)
+    return sorted(set(globals()) | _CLIENT | {"__version__"})

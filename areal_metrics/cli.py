@@ -19,35 +19,45 @@ from typing import NoReturn
 
 from areal_metrics.producers.contract.errors import ArealError, one_line
 
-from areal_metrics.commands import alerts, compare, demo, grafana, publish, replay, report, sql, stack_cmd, train, watch
+from areal_metrics.commands import (alerts, compare, demo, grafana, publish, replay, report, sql, stack_cmd, sync, train,
+                                    watch)
 from areal_metrics.producers.contract.settings import is_set
 
 # verb -> (module, one-line help); a module may serve several verbs
 VERBS: dict[str, tuple[ModuleType, str]] = {
-    "up": (stack_cmd, "start the local stack (Kafka broker, stream worker, sink)"),
-    "down": (stack_cmd, "stop the local stack"),
-    "status": (stack_cmd, "report the local stack; exit 0 when running, 1 when not"),
-    "demo": (demo, "the main job: stack + distributed PPO training + live view + report"),
-    "train": (train, "run the distributed PPO trainer, publishing to Kafka"),
-    "watch": (watch, "live terminal view of running runs"),
-    "alerts": (alerts, "print alerts as JSON lines (--follow keeps subscribing)"),
-    "sql": (sql, "run ad hoc SQL against the configured ClickHouse"),
-    "report": (report, "write the report figures as PNG"),
-    "compare": (compare, "compare two groups of runs on an evaluation dataset, with a paired per-sample test"),
-    "grafana": (grafana, "grafana provision: push the datasource and dashboards"),
+    "up": (stack_cmd, "start the local stack (Kafka broker, stream worker, ClickHouse sink); your scripts find it"),
+    "down": (stack_cmd, "stop the local stack (its data stays)"),
+    "status": (stack_cmd, "say whether the local stack runs, and where (--json: its addresses and SQL DSN)"),
+    "demo": (demo, "try it all: the stack, a distributed PPO training with evaluation, a live view, a report"),
+    "train": (train, "run the reference distributed PPO trainer, reporting to the stack"),
+    "watch": (watch, "follow your runs live in the terminal: reward, evaluations, alerts"),
+    "alerts": (alerts, "print alerts as JSON lines; --follow keeps waiting, --webhook posts them to Slack or any URL"),
+    "sql": (sql, "query your runs with SQL (tables steps, evals, runs, alerts, ...)"),
+    "report": (report, "draw your runs' figures as PNG (reward, accuracy, throughput, any --metric)"),
+    "compare": (compare, "compare two groups of runs on an evaluation set: intervals over runs, a paired per-sample test"),
+    "grafana": (grafana, "set up Grafana: push the data source and the dashboards to a Grafana URL"),
     "replay": (replay, "rebuild the ClickHouse tables from the Kafka log"),
-    "publish": (publish, "validate JSON events from a file or stdin and publish them; exit 1 if not delivered"),
+    "publish": (publish, "send JSON events (a command to trainers, say) from a file or stdin; exit 1 if not delivered"),
+    "sync": (sync, "send the events your runs kept on disk while the broker was away"),
 }
 
 
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
+DESCRIPTION = "Streaming metrics and evaluation for RL training of LLMs: your trainers log, the stack keeps it."
+EPILOG = """first steps:
+  areal-metrics up                 start the stack (once)
+  python train.py                  your script: run = areal_metrics.init(); run.log({...}, step=step)
+  areal-metrics watch              follow it live
+  areal-metrics sql 'SELECT run_id, max(step) FROM v_steps GROUP BY run_id'
+  areal-metrics report --out reports
 
-    try:
-        return dist_version("areal-metrics")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
+exit status: 0 done; 2 bad input (the message says what and where); 1 a service could not be
+reached or an event was not delivered. `areal-metrics VERB --help` for a verb's options."""
+
+
+def version() -> str:
+    import areal_metrics
+
+    return areal_metrics.__version__
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -58,7 +68,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="areal-metrics", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="areal-metrics", description=DESCRIPTION, epilog=EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"areal-metrics {version()}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=OneLineParser)
     sub.required = True
@@ -70,11 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def use_local_stack_bootstrap() -> None:
-    """Point this process and its children at the broker of the local stack.
-
-    The ground package never reads the stack's files: the CLI passes the
-    bootstrap in, through the environment its children (trainers, services) inherit.
-    """
+    """Point this process and its children (trainers, services) at the broker of the local stack,
+    through the environment they inherit (Settings.from_env also finds it by itself)."""
     from areal_metrics.stack.services import read_info
 
     if is_set("kafka_bootstrap"):

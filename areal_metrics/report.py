@@ -7,9 +7,10 @@
   bars (the consensus's `ci_low`/`ci_high`, else Wilson from its sample count)
   and the mean response length over training steps, one line per run; stale
   (degraded) and partial rounds marked;
-- `reward.png` (figure 2): reward of the strategies side by side: per strategy
-  (the runs' group, e.g. mt4-grpo), the mean over its runs (seeds) and its 95 %
-  t-interval over the runs as the band, raw (mean over ranks) and smoothed;
+- `reward.png` (figure 2): reward per run, raw (mean over ranks) and smoothed;
+  with `grouped` (`report --group`), per strategy (the runs' group, e.g.
+  mt4-grpo) the mean over its runs (seeds) and its 95 % t-interval over the
+  runs as the band;
 - `throughput.png` (figure 3): generated tokens per second (the policy's own
   tokens, not prompts, feedback or padding) per run and node over steps, and
   the total across the ranks of runs with 1, 2 and 4 ranks;
@@ -17,7 +18,9 @@
   (the workload's grader: truncated, format, off by one, carry, arithmetic),
   per dataset and run;
 - `config.png`: the compared runs' configs side by side (the settings that
-  differ, and the strategy, seed and rank count), from the `runs` table.
+  differ, and the strategy, seed and rank count), from the `runs` table;
+- `metric-<key>.png` for each `metrics=` key (`report --metric KEY`): any value a
+  run logged, a typed column of the steps or a key of their `metrics`, per run.
 
 Reads deduplicated rows (the `v_*` views) through `areal_metrics.sinks.query.connect`, like
 every reader, in the configured database (table names are unqualified: the
@@ -213,6 +216,29 @@ def load_runs(store: Any, where: str) -> dict[str, RunInfo]:
     return info
 
 
+STEP_COLUMNS = ("reward", "reward_std", "entropy", "advantage_mean", "advantage_std", "kl", "clip_ratio", "loss", "lr",
+                "grad_norm", "response_length", "tokens", "throughput", "latency_ms", "gpu_mem_bytes", "epoch")
+
+
+def load_metric(store: Any, where: str, key: str) -> dict[str, list[tuple[int, float]]]:
+    """run -> [(step, the key's mean over ranks)]: a typed column of the steps, else the key in their `metrics`."""
+    if key in STEP_COLUMNS:
+        value, present, parameters = f"toFloat64({key})", f"{key} IS NOT NULL", None
+    else:
+        value, present, parameters = "metrics[{key:String}]", "mapContains(metrics, {key:String})", {"key": key}
+    out: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for run, step, mean in store.query(f"""
+            SELECT run_id, step, avg({value}) FROM v_steps WHERE {where} AND {present}
+            GROUP BY run_id, step ORDER BY run_id, step""", parameters).rows:
+        out[run].append((int(step), float(mean)))
+    return out
+
+
+def metric_file(key: str) -> str:
+    """`metric-<key>.png`, the key made a safe file name (`actor/pg_loss` -> `metric-actor_pg_loss.png`)."""
+    return "metric-" + (re.sub(r"[^A-Za-z0-9._-]+", "_", key).strip("._") or "key")[:100] + ".png"
+
+
 def load_fingerprints(store: Any, where: str) -> dict[str, dict[str, set[str]]]:
     """dataset -> run -> the fingerprints of the sets its full stages evaluated."""
     out: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
@@ -226,8 +252,12 @@ def load_fingerprints(store: Any, where: str) -> dict[str, dict[str, set[str]]]:
 # ------------------------------------------------------------------- entry
 
 
-def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = None) -> list[Path]:
-    """Draw the figures into `out_dir` (created); returns the PNG paths. Raises UserError without data."""
+def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = None, *,
+                 metrics: Sequence[str] = (), grouped: bool = False) -> list[Path]:
+    """Draw the figures into `out_dir` (created); returns the PNG paths. Raises UserError without data.
+
+    `metrics`: keys drawn one figure each; `grouped`: runs averaged per group instead of one line per run.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -239,7 +269,7 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
 
         try:
             with connect() as opened:
-                return write_report(out_dir, runs, opened)
+                return write_report(out_dir, runs, opened, metrics=metrics, grouped=grouped)
         except StoreError as exc:
             raise UserError(str(exc)) from None
     raw, smooth = load_rewards(store, where)
@@ -252,7 +282,7 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
     evals = load_evals(store, where)
     if evals:
         written.append(draw.plot_evals(evals, out_dir / FILES[0]))
-    written.append(draw.plot_rewards(raw, smooth, info, out_dir / FILES[1]))
+    written.append(draw.plot_rewards(raw, smooth, info, out_dir / FILES[1], grouped=grouped))
     throughput = load_throughput(store, where)
     if throughput:
         written.append(draw.plot_throughput(throughput, info, out_dir / FILES[2]))
@@ -260,4 +290,10 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
     if errors:
         written.append(draw.plot_errors(errors, out_dir / FILES[3]))
     written.append(draw.plot_configs(info, out_dir / FILES[4]))
+    for key in dict.fromkeys(metrics):
+        series = load_metric(store, where, key)
+        if not series:
+            raise UserError(f"--metric {key[:80]!r}: no step of these runs has it (a typed column: "
+                            f"{', '.join(STEP_COLUMNS)}; else a key of `metrics`)")
+        written.append(draw.plot_metric(key, series, info, out_dir / metric_file(key), grouped=grouped))
     return written

@@ -32,12 +32,35 @@ def _style(ax: Any) -> None:
     ax.spines[["top"]].set_visible(False)
 
 
+MAX_FIGURE_INCHES = (24.0, 16.0)  # at DPI: at most 2880 x 1920 px, whatever the number of runs or keys
+DPI = 120
+
+
+def _wrap_titles(fig: Any) -> None:
+    """Wrap every axes title (and the figure's) to its width: no title is clipped."""
+    import textwrap
+
+    for ax in fig.axes:
+        title = ax.get_title()
+        if title:
+            inches = ax.get_position().width * fig.get_figwidth()
+            chars = max(20, int(inches * 72 / (ax.title.get_fontsize() * 0.55)))
+            ax.set_title("\n".join(textwrap.wrap(title.replace("\n", " "), chars)))
+    if fig._suptitle is not None:
+        chars = max(30, int(fig.get_figwidth() * 72 / (fig._suptitle.get_fontsize() * 0.55)))
+        fig._suptitle.set_text("\n".join(textwrap.wrap(fig._suptitle.get_text(), chars)))
+
+
 def _save(fig: Any, path: Path, title: str, bottom: float = 0.0) -> Path:
     import matplotlib.pyplot as plt
 
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(min(width, MAX_FIGURE_INCHES[0]), min(height, MAX_FIGURE_INCHES[1]))
     fig.suptitle(title, fontsize=13)
-    fig.tight_layout(rect=(0, bottom, 1, 0.95))
-    fig.savefig(path, dpi=120)
+    _wrap_titles(fig)
+    lines = fig._suptitle.get_text().count("\n") + 1
+    fig.tight_layout(rect=(0, bottom, 1, 1 - min(0.3, 0.05 * lines * 5.0 / fig.get_figheight())))
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
@@ -133,29 +156,34 @@ def _error_bars(ax: Any, points: Sequence[Any], color: Any) -> None:
 
 
 def plot_rewards(raw: dict[str, list[tuple[int, float]]], smooth: dict[str, list[tuple[int, float, float, int]]],
-                 info: dict[str, Any], path: Path) -> Path:
+                 info: dict[str, Any], path: Path, grouped: bool = False) -> Path:
+    """One line per run; `grouped`: per group (the runs' `group`), the mean over its runs and their band."""
     import matplotlib.pyplot as plt
 
     groups: dict[str, list[str]] = defaultdict(list)
     for run in sorted(set(raw) | set(smooth)):
         if not tagged_scaling(info, run):  # throughput runs are no strategy
-            groups[info[run].group if run in info else run].append(run)
+            groups[(info[run].group if run in info else run) if grouped else run].append(run)
     colors = _colors(list(groups))
     fig, (ax_raw, ax_smooth) = plt.subplots(1, 2, figsize=(14, 5), sharey=True)
     for group, runs in sorted(groups.items()):
-        label = f"{group} ({len(runs)} run{'s' if len(runs) > 1 else ''})"
+        label = f"{group} ({len(runs)} run{'s' if len(runs) > 1 else ''})" if grouped else group
         raws = [moving_average_series(raw[r], 5) for r in runs if raw.get(r)]
         if raws:
             steps, mean, lo, hi = band(raws)
-            ax_raw.fill_between(steps, _clipped(lo), _clipped(hi), color=colors[group], alpha=0.2, lw=0)
+            if len(raws) > 1:
+                ax_raw.fill_between(steps, _clipped(lo), _clipped(hi), color=colors[group], alpha=0.2, lw=0)
             ax_raw.plot(steps, mean, color=colors[group], lw=2, label=label)
         smooths = [[(s, avg) for s, avg, _, _ in smooth[r]] for r in runs if smooth.get(r)]
         if smooths:
             steps, mean, lo, hi = band(smooths)
-            ax_smooth.fill_between(steps, _clipped(lo), _clipped(hi), color=colors[group], alpha=0.2, lw=0)
+            if len(smooths) > 1:
+                ax_smooth.fill_between(steps, _clipped(lo), _clipped(hi), color=colors[group], alpha=0.2, lw=0)
             ax_smooth.plot(steps, mean, color=colors[group], lw=2.2, label=label)
-    ax_raw.set_title("Reward (mean over ranks, 5-step average): mean over seeds, band 95% t-interval")
-    ax_smooth.set_title("Smoothed reward (stream worker's sliding average): mean, 95% t-interval" if smooth else
+    ax_raw.set_title("Reward (mean over ranks, 5-step average)"
+                     + (": mean over seeds, band 95% t-interval" if grouped else ""))
+    ax_smooth.set_title(("Smoothed reward (stream worker's sliding average)"
+                         + (": mean, band 95% t-interval" if grouped else "")) if smooth else
                         "Smoothed reward: none stored (stream worker not running?)")
     for ax in (ax_raw, ax_smooth):
         ax.set_xlabel("training step")
@@ -163,7 +191,7 @@ def plot_rewards(raw: dict[str, list[tuple[int, float]]], smooth: dict[str, list
         if ax.lines:
             ax.legend(fontsize=8, loc="upper left")
     ax_raw.set_ylabel("reward (right answers, discounted per extra attempt)")
-    return _save(fig, path, "Reward of the strategies side by side")
+    return _save(fig, path, "Reward of the strategies side by side" if grouped else "Reward per run")
 
 
 def moving_average_series(points: list[tuple[int, float]], n: int) -> list[tuple[int, float]]:
@@ -277,16 +305,56 @@ def _cell(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+CONFIG_ROWS_MAX, CONFIG_RUNS_MAX, CELL_CHARS = 40, 10, 24  # the table stays readable and its figure bounded
+
+
 def plot_configs(info: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     keys, runs, cells = config_table(info)
-    fig, ax = plt.subplots(figsize=(max(8.0, 2.2 * len(runs) + 3), 0.3 * (len(keys) + 1) + 1.0))
+    hidden_keys, hidden_runs = max(0, len(keys) - CONFIG_ROWS_MAX), max(0, len(runs) - CONFIG_RUNS_MAX)
+    keys, runs = keys[:CONFIG_ROWS_MAX], runs[:CONFIG_RUNS_MAX]
+    cells = [[_short(c) for c in row[:CONFIG_RUNS_MAX]] for row in cells[:CONFIG_ROWS_MAX]]
+    fig, ax = plt.subplots(figsize=(max(8.0, 2.2 * len(runs) + 3), 0.3 * (len(keys) + 1) + 1.2))
     ax.axis("off")
     if keys:
-        table = ax.table(cellText=cells, rowLabels=keys, colLabels=runs, cellLoc="center", bbox=(0.08, 0, 0.92, 1))
+        table = ax.table(cellText=cells, rowLabels=[_short(k) for k in keys], colLabels=[_short(r) for r in runs],
+                         cellLoc="center", bbox=(0.12, 0, 0.88, 1))
         table.auto_set_font_size(False)
         table.set_fontsize(8)
     else:
         ax.text(0.5, 0.5, "no run configs stored", ha="center")
-    return _save(fig, path, "Compared runs: config side by side (settings that differ, and the main ones)")
+    left_out = [f"{n} more {what}" for n, what in ((hidden_keys, "keys"), (hidden_runs, "runs")) if n]
+    note = f" ({', '.join(left_out)} not shown: see `areal-metrics sql 'SELECT run_id, config FROM v_runs'`)" if left_out else ""
+    return _save(fig, path, "Compared runs: config side by side (settings that differ, and the main ones)" + note)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= CELL_CHARS else text[:CELL_CHARS - 1] + "…"
+
+
+# ------------------------------------------------------------ any metric
+
+
+def plot_metric(key: str, series: dict[str, list[tuple[int, float]]], info: dict[str, Any], path: Path,
+                grouped: bool = False) -> Path:
+    """`report --metric KEY`: the key over training steps, one line per run (`grouped`: mean and band per group)."""
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, list[str]] = defaultdict(list)
+    for run in sorted(series):
+        groups[(info[run].group if run in info else run) if grouped else run].append(run)
+    colors = _colors(list(groups))
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for group, runs in sorted(groups.items()):
+        steps, mean, lo, hi = band([series[r] for r in runs])
+        if len(runs) > 1:
+            ax.fill_between(steps, lo, hi, color=colors[group], alpha=0.2, lw=0)
+        ax.plot(steps, mean, color=colors[group], lw=1.8,
+                label=f"{group} ({len(runs)} runs)" if grouped else group)
+    ax.set_title(f"{key}: mean over ranks per step" + (", mean over each group's runs, band min-max" if grouped else ""))
+    ax.set_xlabel("training step")
+    ax.set_ylabel(key)
+    _style(ax)
+    ax.legend(fontsize=8, loc="best", ncol=1 + len(groups) // 12)
+    return _save(fig, path, f"{key} per {'group' if grouped else 'run'}")

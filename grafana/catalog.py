@@ -14,7 +14,7 @@ from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard
 
-from areal_metrics.grafana import alerts, efficiency, evaluation, runs, training
+from areal_metrics.grafana import alerts, efficiency, evaluation, explorer, runs, training
 
 # file name (without .json) -> builder
 BUILDERS: dict[str, Callable[[], dash_b.Dashboard]] = {
@@ -23,6 +23,7 @@ BUILDERS: dict[str, Callable[[], dash_b.Dashboard]] = {
     "runs": runs.build,
     "efficiency": efficiency.build,
     "alerts": alerts.build,
+    "explorer": explorer.build,
 }
 FOLDER = "AReaL"
 

@@ -118,7 +118,9 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
     # v4: every table partitioned by run (FINAL per partition; a run's parts apart from the others'),
     # copied into the new layout; the views again (v_steps may leave out expired rows).
     v4: list[Statement] = [*(Rekey(t.name, 4) for t in TABLES), *(create_view_sql(t, o) for t in TABLES)]
-    # v6 (5 is runs.name): the evaluation statistics: a sharded round's layout on evals, the
+    # v5: a run's display name (init(name=...)) beside its run_id
+    v5: list[Statement] = [*_add_columns("runs", ("name",), o), create_view_sql(TABLES_BY_NAME["runs"], o)]
+    # v6: the evaluation statistics: a sharded round's layout on evals, the
     # consensus's decided and undecided samples and its 95 % interval; the views again.
     v6: list[Statement] = [
         *_add_columns("evals", ("sample_ids", "shard_nodes"), o),
@@ -131,6 +133,7 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
         (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
         (3, "steps and evals keyed by run, step, rank (a later attempt replaces); generations; v_runs", v3),
         (4, "every table partitioned by run (cityHash64(run_id) % 16)", v4),
+        (5, "runs.name: the display name of init(name=...)", v5),
         (6, "evaluation statistics: evals.sample_ids, shard_nodes; eval_consensus n_samples, n_undecided, ci_low, "
             "ci_high", v6),
     ]

@@ -47,7 +47,7 @@ from typing import Any, Protocol
 from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.sinks.views import RUNS_VIEW, final_view
 
-SCHEMA_VERSION = 6  # the newest migration (5: runs.name, from the adoption work)
+SCHEMA_VERSION = 6  # the newest migration
 DEFAULT_DATABASE = "areal"
 DEDUP_WINDOW = 10_000  # insert blocks remembered per table for token deduplication
 
@@ -204,7 +204,7 @@ TABLES: tuple[Table, ...] = (
         "run",
         f"status {LC}, config String, tags Array(String), group Nullable(String), world_size UInt32, "
         f"host Nullable(String), attempt UInt32, framework Nullable(String), git_commit Nullable(String), "
-        "exit_code Nullable(Int32)",
+        "exit_code Nullable(Int32), name Nullable(String)",
         "run_id, event_id",
     ),
     # one row per sample of an eval event (its `samples`): what W&B users see as sample tables

@@ -41,6 +41,7 @@ RUNS_VIEW = """SELECT
     argMax(tuple(a_framework), a_attempt).1 AS framework,
     argMax(tuple(a_git_commit), a_attempt).1 AS git_commit,
     argMax(tuple(a_exit_code), a_attempt).1 AS exit_code,
+    argMax(tuple(a_name), a_attempt).1 AS name,
     min(a_started) AS started,
     argMax(tuple(a_ended), a_attempt).1 AS ended,
     max(a_ts) AS ts
@@ -60,6 +61,7 @@ FROM
         argMin(r_framework, rank) AS a_framework,
         argMin(r_git_commit, rank) AS a_git_commit,
         argMax(r_exit_code, (ifNull(r_exit_code, 0) != 0, r_ts)) AS a_exit_code,
+        argMin(r_name, rank) AS a_name,
         min(r_started) AS a_started,
         if(a_status = 'running', NULL, max(r_ended)) AS a_ended,
         max(r_ts) AS a_ts
@@ -78,6 +80,7 @@ FROM
             argMax(framework, ts) AS r_framework,
             argMax(git_commit, ts) AS r_git_commit,
             argMaxIf(exit_code, ts, status != 'running') AS r_exit_code,
+            argMax(name, ts) AS r_name,
             min(ts) AS r_started,
             if(countIf(status != 'running') > 0, maxIf(ts, status != 'running'), NULL) AS r_ended,
             max(ts) AS r_ts

@@ -26,6 +26,9 @@ from areal_metrics.stack.kafka_cluster import KafkaCluster
 from areal_metrics.producers.contract.settings import Settings
 from areal_metrics.producers.contract.topics import Topics
 
+# A test that names no AREAL_HOME must not use (or find the stack in) the user's ~/.areal.
+os.environ.setdefault("AREAL_HOME", tempfile.mkdtemp(prefix="areal-home-"))
+
 # The durability of topics on the test cluster: what `areal-metrics up --brokers 3` uses.
 CLUSTER_DURABILITY = Settings(kafka_replication_factor=3, kafka_min_insync_replicas=2)
 

@@ -69,7 +69,8 @@ def test_alerts_without_a_broker_is_one_line_exit_1(tmp_path):
     assert_one_line(result, 1, "no Kafka broker")
 
 
-@pytest.mark.parametrize("args", [["alerts", "--severity", "loud"], ["alerts", "--group", " "]])
+@pytest.mark.parametrize("args", [["alerts", "--severity", "loud"], ["alerts", "--group", " "],
+                                  ["alerts", "--kind", "bogus"], ["sync", "--run", "a b"], ["sync", "--timeout", "0"]])
 def test_alerts_bad_flags_exit_2(args, tmp_path):
     assert_one_line(cli(*args, env=nowhere_env(tmp_path)), 2, "error")
 
@@ -134,3 +135,31 @@ def test_wait_for_is_bounded():
     assert 0.4 < time.monotonic() - started < 5
     calls = []
     assert wait_for(lambda: calls.append(1) or len(calls) >= 3, 10, "soon", interval=0.01)
+
+
+def test_every_alert_kind_the_worker_raises_is_one_alerts_accepts():
+    """`alerts --kind` refuses unknown kinds: its list must hold every kind streams/ can raise."""
+    import re
+    from pathlib import Path
+
+    from areal_metrics.commands.alerts import ALERT_KINDS
+
+    root = Path(__file__).resolve().parents[1] / "streams"
+    source = "\n".join(p.read_text() for p in root.rglob("*.py"))
+    raised = set(re.findall(r'kind="([a-z_]+)"', source)) | set(re.findall(r'_alert\("([a-z_]+)"', source))
+    raised |= {f"run_{s}" for s in ("failed", "killed")} if 'kind=f"run_{status}"' in source else set()
+    assert raised and raised <= set(ALERT_KINDS), raised - set(ALERT_KINDS)
+
+
+def test_sql_against_an_unreachable_clickhouse_exits_1_and_a_bad_url_2(tmp_path):
+    env = {**nowhere_env(tmp_path), "AREAL_CLICKHOUSE_URL": f"http://u:p@127.0.0.1:{free_port()}/areal"}
+    assert_one_line(cli("sql", "SELECT 1", env=env), 1, "cannot reach ClickHouse")
+    assert_one_line(cli("sql", "SELECT 1", env={**env, "AREAL_CLICKHOUSE_URL": "ftp://x"}), 2, "AREAL_CLICKHOUSE_URL")
+
+
+def test_help_says_what_the_verbs_do_for_a_user():
+    result = cli("--help")
+    assert result.returncode == 0
+    assert "module" not in result.stdout and "areal_metrics.commands" not in result.stdout
+    for words in ("first steps:", "areal-metrics up", "exit status:", "sync", "--webhook"):
+        assert words in result.stdout, words

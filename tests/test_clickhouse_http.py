@@ -495,3 +495,20 @@ def test_status_dsn_and_grafana_provisioning_point_at_the_endpoint(served: Serve
     assert http_dsn(Settings(clickhouse_url=url)) is None
     assert main(["grafana", "provision", "--files", str(tmp_path / "again")]) == 1  # nothing serves the store now
     assert "start the stack" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("shutil").which("curl") is None, reason="curl is not installed")
+def test_curl_on_the_dsn_answers_and_its_path_names_the_database(served: Served) -> None:
+    import subprocess
+
+    dsn = served.server.dsn()
+    assert dsn.endswith("/areal")
+
+    def curl(url: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["curl", "-sS", "--fail-with-body", url], capture_output=True, text=True, timeout=60)
+
+    hello = curl(dsn)
+    assert hello.returncode == 0 and hello.stdout == "Ok.\n", hello.stdout + hello.stderr
+    count = curl(dsn + "?query=" + urllib.parse.quote("SELECT count() FROM v_steps"))  # no database prefix
+    assert count.returncode == 0 and count.stdout.strip() == str(STEPS), count.stdout + count.stderr
+    assert curl(dsn.rsplit("/", 1)[0] + "/elsewhere").returncode != 0  # other paths stay unknown

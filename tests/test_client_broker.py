@@ -288,3 +288,22 @@ def test_a_publisher_never_closed_delivers_at_exit(kafka_bootstrap: str, topics:
     assert out.returncode == 0, out.stderr
     steps = sorted(parse_event(m.value).step for m in read_to_end(kafka_bootstrap, topics.steps))
     assert steps == list(range(100))
+
+
+def test_a_resume_on_another_host_finds_its_attempt_on_the_runs_topic(kafka_bootstrap: str, topics: Topics,
+                                                                       tmp_path: Path, monkeypatch) -> None:
+    """No local record (another host's AREAL_HOME): the attempt comes from the run's events on the broker."""
+    from areal_metrics.producers.client.run import init
+
+    common = dict(kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix, git=False, rank=0, world_size=1)
+    monkeypatch.setenv("AREAL_HOME", str(tmp_path / "host-a"))
+    first = init(run_id="xhost-run", **common)
+    first.log({"reward": 0.1}, step=0)
+    first.finish()
+    assert first.stats().sent >= 3 and first.stats().journaled == 0
+    monkeypatch.setenv("AREAL_HOME", str(tmp_path / "host-b"))
+    resumed = init(run_id="xhost-run", resume=True, **common)
+    try:
+        assert resumed.attempt == 1
+    finally:
+        resumed.finish()

@@ -98,6 +98,13 @@ def test_the_columns_own_name_wins_over_an_alias_whichever_comes_first() -> None
         assert event.reward == 0.9 and dict(event.metrics) == {"critic/score/mean": 0.1}
 
 
+def test_an_alias_never_fills_a_column_whose_own_name_was_nan() -> None:
+    for values in ({"reward": float("nan"), "critic/score/mean": 0.5}, {"critic/score/mean": 0.5, "reward": float("nan")}):
+        event = encoded_step(values)
+        assert event.reward is None and list(event.non_finite) == ["reward"]
+        assert dict(event.metrics) == {"critic/score/mean": 0.5}
+
+
 def test_a_hair_outside_a_rule_is_clamped_far_outside_moves_to_metrics() -> None:
     event = encoded_step({"clip_ratio": 1.0000001, "lr": -1e-12, "grad_norm": -0.5, "tokens": 4096.4, "epoch": -1})
     assert event.clip_ratio == 1.0 and event.lr == 0.0 and event.tokens == 4096
@@ -236,3 +243,67 @@ def test_the_compact_encoder_keeps_integers_beyond_64_bits_and_refuses_nan():
     assert dumps_compact({"tokens": 2**70, "m": {"a": 0.5}}) == b'{"tokens":1180591620717411303424,"m":{"a":0.5}}'
     with pytest.raises(ValueError):
         dumps_compact({"metrics": {"loss": float("nan")}})
+
+
+def test_a_free_form_name_gives_a_valid_stable_run_id_and_is_kept() -> None:
+    from areal_metrics.producers.client.run_info import clean_name, run_id_for
+    from areal_metrics.producers.contract.ids import is_valid_run_id
+
+    assert run_id_for("exp-1") == "exp-1"  # a valid id stays itself
+    derived = run_id_for("proj/exp lr=1e-6")
+    assert derived.startswith("proj-exp-lr-1e-6-") and is_valid_run_id(derived) and derived == run_id_for("proj/exp lr=1e-6")
+    assert run_id_for("proj/exp lr=1e-5") != derived  # the hash keeps names that slug alike apart
+    assert clean_name(" 实验 α ") == "实验 α" and clean_name("") is None and len(clean_name("x" * 300)) == 256
+
+
+@given(st.text(min_size=1, max_size=400))
+def test_any_name_gives_a_valid_run_id(name: str) -> None:
+    from areal_metrics.producers.client.run_info import clean_name, run_id_for
+    from areal_metrics.producers.contract.ids import is_valid_run_id
+
+    assert is_valid_run_id(run_id_for(name))
+    kept = clean_name(name)
+    assert kept is None or (len(kept) <= 256 and kept.encode("utf-8"))
+
+
+def test_a_client_that_cannot_deliver_says_so_once_naming_the_bootstrap_and_the_journal(tmp_path, capsys) -> None:
+    from areal_metrics.producers.client.run import init
+    from areal_metrics.stack.kafka_broker import free_port
+
+    dead = f"127.0.0.1:{free_port()}"
+    run = init(run_id="nowhere", kafka_bootstrap=dead, journal_dir=str(tmp_path / "j"), git=False, rank=0,
+               world_size=1, exit_timeout_s=2.0)
+    for step in range(5):
+        run.log({"reward": 0.1 * step}, step=step)
+    run.finish()
+    told = [line for line in capsys.readouterr().err.splitlines() if "cannot deliver" in line]
+    assert len(told) == 1 and dead in told[0] and str(tmp_path / "j") in told[0], told
+    assert "init(kafka_bootstrap=...)" in told[0] and "areal-metrics sync" in told[0]
+    assert run.stats().journaled == 7  # running, 5 steps, finished: all kept
+
+
+def test_the_home_is_per_user_and_the_broker_the_one_up_recorded(tmp_path, monkeypatch) -> None:
+    import json as _json
+    from pathlib import Path
+
+    from areal_metrics.producers.contract.settings import DEFAULT_BOOTSTRAP, Settings, bootstrap_origin, state_dir
+
+    monkeypatch.delenv("AREAL_HOME", raising=False)
+    monkeypatch.delenv("AREAL_KAFKA_BOOTSTRAP", raising=False)
+    monkeypatch.delenv("AREAL_TOPIC_PREFIX", raising=False)
+    monkeypatch.delenv("AREAL_CLICKHOUSE_URL", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "me"))
+    monkeypatch.chdir(tmp_path)
+    assert state_dir() == tmp_path / "me" / ".areal"  # not the working directory's
+    assert Settings.from_env().kafka_bootstrap == DEFAULT_BOOTSTRAP and "the default" in bootstrap_origin()
+    home = tmp_path / "team"
+    home.mkdir()
+    (home / "stack.json").write_text(_json.dumps({"kafka_bootstrap": "127.0.0.1:41231", "topic_prefix": "t.",
+                                                  "clickhouse_url": "chdb:///srv/store"}))
+    monkeypatch.setenv("AREAL_HOME", "team")  # relative: made absolute once, at the call
+    assert state_dir() == home and Path(state_dir()).is_absolute()
+    found = Settings.from_env()
+    assert (found.kafka_bootstrap, found.topic_prefix, found.clickhouse_url) == ("127.0.0.1:41231", "t.", "chdb:///srv/store")
+    assert str(home / "stack.json") in bootstrap_origin()
+    monkeypatch.setenv("AREAL_KAFKA_BOOTSTRAP", "kafka:9092")  # the environment wins
+    assert Settings.from_env().kafka_bootstrap == "kafka:9092" and bootstrap_origin() == "AREAL_KAFKA_BOOTSTRAP"

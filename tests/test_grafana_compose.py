@@ -54,7 +54,7 @@ def test_grafana_gets_the_plugin_provisioning_and_datasource_environment(compose
     assert (ROOT / "grafana" / "dashboards" / Path(home).name).exists()
 
 
-def test_our_services_share_one_image_and_the_settings(compose: dict[str, Any]) -> None:
+def test_our_services_share_one_dockerfile_and_the_settings(compose: dict[str, Any]) -> None:
     s = compose["services"]
     for name in ("streams", "sink", "trainer-mt4", "trainer-mt2"):
         assert s[name]["build"]["dockerfile"] == "docker/Dockerfile"

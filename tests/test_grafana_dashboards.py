@@ -72,7 +72,8 @@ def test_validation_catches_schema_and_reference_mistakes() -> None:
 def test_issue_requirements_are_in_the_dashboards() -> None:
     boards = {name: to_dict(model) for name, model in all_models().items()}
     for name, board in boards.items():
-        assert [v["name"] for v in board["templating"]["list"]] == ["group", "tag", "run", "node", "dataset"], name
+        own = ["metric"] if name == "explorer" else []  # the explorer's variable: the keys of the runs' metrics
+        assert [v["name"] for v in board["templating"]["list"]] == ["group", "tag", "run", "node", "dataset", *own], name
         assert board["refresh"] == "5s", name
         titles = [p["title"] for p in board["panels"]]
         assert len(titles) == len(set(titles)), name
@@ -99,6 +100,9 @@ def test_issue_requirements_are_in_the_dashboards() -> None:
     assert "v_runs" in runs["Run lifecycle"]["targets"][0]["rawSql"]
     assert runs["Config side by side"]["transformations"][0]["id"] == "groupingToMatrix"
     assert "v_runs" in boards["runs"]["templating"]["list"][2]["query"]["rawSql"]  # the run picker
+    explorer = boards["explorer"]
+    assert "mapKeys(metrics)" in explorer["templating"]["list"][5]["query"]["rawSql"]
+    assert explorer["panels"][0]["type"] == "trend" and explorer["panels"][0]["repeat"] == "metric"
     assert any(p["title"] == "Generations" and "areal.v_generations" in p["targets"][0]["rawSql"]
                for p in evaluation["panels"])
     efficiency = " ".join(p["title"] for p in boards["efficiency"]["panels"])

@@ -82,6 +82,17 @@ def test_repeated_panel_runs_once_per_dataset(runner: QueryRunner, span: tuple) 
     assert all(o.problem is None and o.rows > 0 for o in outcomes), _report(outcomes)
 
 
+def test_the_explorer_offers_every_logged_key_and_draws_each_per_run(runner: QueryRunner, span: tuple) -> None:
+    model = build("explorer")
+    ctx = resolve_variables(model, runner, context_for(*span))
+    keys = set(ctx.variables["metric"].options)
+    assert {"mem_bytes", "lr_scale", "eval_interval"} <= keys  # what the demo trainer logs beyond the columns
+    repeated = [q for q in dashboard_queries(model) if q.repeat == "metric"]
+    outcomes = check_query(repeated[0], runner, ctx)
+    assert sorted(o.context for o in outcomes) == sorted(f"metric={k}" for k in keys)
+    assert all(o.problem is None and o.rows > 0 for o in outcomes), _report(outcomes)
+
+
 def test_a_broken_panel_query_is_reported(runner: QueryRunner, span: tuple) -> None:
     ctx = resolve_variables(build("training"), runner, context_for(*span))
     broken = [
@@ -133,7 +144,8 @@ def test_every_dashboard_has_queries_on_all_the_variables() -> None:
     for name in BUILDERS:
         model = build(name)
         names = [v.name for v in model.templating.list_val]
-        assert names == ["group", "tag", "run", "node", "dataset"], name
+        assert names[:5] == ["group", "tag", "run", "node", "dataset"], name
+        assert names[5:] == (["metric"] if name == "explorer" else []), name  # the explorer's own: the keys
         assert model.refresh == "5s"
 
 

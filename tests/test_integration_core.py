@@ -85,3 +85,54 @@ def test_evaluation_metrics_become_log_eval_keywords(accuracy_key: str) -> None:
     assert got["loss"] == 0.1 and got["eval_status"] == 3.0 and got["eval_samples"] == 8.0  # not log_eval's own
     assert "status" not in got and "samples" not in got and "epoch" not in got
     assert eval_result({"eval_loss": 0.1}, accuracy_key) is None
+
+
+def test_trl_token_counts_become_tokens_per_step_and_throughput() -> None:
+    from areal_metrics.integrations.trl import TokenMark, token_columns
+
+    start = TokenMark(0.0, 0, 10.0)
+    values, mark = token_columns(start, 1200, 3, 14.0)  # 3 steps since the start, 4 s of wall time
+    assert values == {"tokens": 400.0, "throughput": 300.0} and mark == TokenMark(1200.0, 3, 14.0)
+    assert token_columns(mark, 1200, 4, 15.0)[0] == {}  # no growth (an evaluation's log): nothing
+    assert token_columns(mark, 900, 4, 15.0) == ({}, TokenMark(900.0, 4, 15.0))  # a counter that went back
+    for bad in (None, "12", float("nan"), True):
+        assert token_columns(mark, bad, 5, 16.0) == ({}, mark)
+
+
+@pytest.mark.parametrize(("strategy", "eval_steps", "logging_steps", "max_steps", "expected"), [
+    ("steps", 500, 10, 1000, 500), ("steps", 0.1, 10, 1000, 100), ("steps", None, 10, 1000, 10),
+    ("steps", 0.1, 10, -1, None), ("epoch", 500, 10, 1000, None), ("no", 500, 10, 1000, None)])
+def test_the_trl_evaluation_interval_is_the_users(strategy, eval_steps, logging_steps, max_steps, expected) -> None:
+    from types import SimpleNamespace
+
+    from areal_metrics.integrations.trl import eval_interval
+
+    args = SimpleNamespace(eval_strategy=strategy, eval_steps=eval_steps, logging_steps=logging_steps)
+    assert eval_interval(args, max_steps) == expected
+
+
+def test_trl_completions_logged_during_an_evaluation_become_samples() -> None:
+    from areal_metrics.integrations.trl import completion_samples
+
+    before = ["train prompt"]
+    logs = {"prompt": [before[0], "1+1=", [{"role": "user", "content": "2+2="}]],
+            "completion": ["t", "2", [{"role": "assistant", "content": "4"}]],
+            "rewards": {"digit": [1.0, 1.0, float("nan")], "len": [0.0, 0.5, 0.5]}}
+    samples = completion_samples(logs, frozenset(map(id, before)))
+    assert samples == [{"prompt": "1+1=", "response": "2", "reward": 1.5},
+                       {"prompt": "2+2=", "response": "4", "reward": 0.5}]
+
+
+def test_the_adapters_derive_a_valid_id_from_any_experiment_name_and_keep_the_name() -> None:
+    from types import SimpleNamespace
+
+    from areal_metrics.integrations import areal, verl
+    from areal_metrics.producers.client.run_info import run_id_for
+
+    tracking = SimpleNamespace(_areal_metrics_names=("proj", "exp lr=1e-6", None))
+    assert verl._defaults(tracking) | {"config": None} == {
+        "framework": "verl", "config": None, "run_id": run_id_for("exp lr=1e-6"), "name": "exp lr=1e-6", "group": "proj"}
+    assert verl._defaults(SimpleNamespace(_areal_metrics_names=("p", "plain", None)))["run_id"] == "plain"
+    logger = SimpleNamespace(config=SimpleNamespace(experiment_name="gsm8k/grpo", trial_name="trial 0"), exp_config=None)
+    found = areal._defaults(logger)
+    assert found["run_id"] == run_id_for("gsm8k/grpo-trial 0") and found["name"] == "gsm8k/grpo-trial 0"

@@ -24,9 +24,11 @@ from typing import Any
 
 import pytest
 
+from areal_metrics.producers.contract.events import parse_event
 from areal_metrics.producers.contract.topics import Topics
 from tests import integration_support, test_client_broker
 from tests.integration_support import publish_commands, rows_when, torchrun_obeying
+from tests.kafka_reading import read_to_end
 from tests.support import wait_for
 
 sink = test_client_broker.sink  # the fixture: the real sink as a process, queried through its endpoint
@@ -83,7 +85,9 @@ def test_grpo_steps_and_evaluations_reach_clickhouse(areal_env: dict[str, str], 
 
     callback = ArealMetricsCallback(run_id="trl-grpo", tags=["trl", "test"], group="integrations",
                                     accuracy_key="eval_reward", git=False)
-    trainer = tiny_grpo_trainer(tmp_path / "out", callback, max_steps=4, eval_steps=2)
+    trainer = tiny_grpo_trainer(tmp_path / "out", callback, max_steps=4, eval_steps=2, log_completions=True,
+                                num_completions_to_print=0)
+    callback.attach(trainer)  # already among its callbacks: only lets it read the completions TRL logs
     trainer.train()
     assert callback.run.stats().failed == 0
     logged = {e["step"]: e for e in trainer.state.log_history if "reward" in e}
@@ -108,6 +112,11 @@ def test_grpo_steps_and_evaluations_reach_clickhouse(areal_env: dict[str, str], 
         assert metrics["rewards/reward_has_digit/mean"] == pytest.approx(trl_log["rewards/reward_has_digit/mean"])
         assert "clip_ratio/low_mean" in metrics and "num_tokens" in metrics
         assert not any(name.startswith("eval_") for name in metrics)  # evaluations are eval results
+    # TRL's cumulative num_tokens -> tokens per step and tokens/s: the throughput panels have data
+    tokens = sink("SELECT step, tokens, throughput FROM v_steps WHERE run_id = 'trl-grpo' ORDER BY step")
+    seen = [0.0] + [logged[s]["num_tokens"] for s in sorted(logged)]
+    assert [t for _, t, _ in tokens] == [round(b - a) for a, b in zip(seen, seen[1:])]
+    assert all(t > 0 and tp > 0 for _, t, tp in tokens)
     summary = next(e for e in trainer.state.log_history if "train_runtime" in e)  # HF's last log, at step 4
     assert rows[-1][10]["train_runtime"] == pytest.approx(summary["train_runtime"])  # joins the last row
     assert all("train_runtime" not in row[10] for row in rows[:-1])
@@ -126,6 +135,13 @@ def test_grpo_steps_and_evaluations_reach_clickhouse(areal_env: dict[str, str], 
     status, framework, tags, group, config = runs[0]
     assert (status, framework, tags, group) == ("finished", "trl", ["trl", "test"], "integrations")
     assert json.loads(config)["max_steps"] == 4  # the training arguments are the run's config
+    assert json.loads(config)["eval_interval_steps"] == 2  # the user's eval_steps: the worker's base interval
+    # the evaluations' completions (TRL's log_completions) are the eval results' samples: rows of `generations`
+    generations = rows_when(sink, "SELECT step, prompt, response FROM generations FINAL WHERE run_id = 'trl-grpo' "
+                                  "ORDER BY step", 2, "the evaluations' completions")
+    assert {s for s, _, _ in generations} == {2, 4} and all("+" in p for _, p, _ in generations)
+    commands = [parse_event(r.value) for r in read_to_end(areal_env["AREAL_KAFKA_BOOTSTRAP"], topics.control)]
+    assert not [c for c in commands if c.run_id == "trl-grpo" and c.command == "set_eval_interval"]
     assert stream_worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]  # faust runs beside TRL's click
 
 

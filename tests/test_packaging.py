@@ -66,10 +66,11 @@ def _pip(venv: Path, *args: str) -> None:
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
 
 
-@pytest.mark.timeout(900)
-def test_a_fresh_environment_with_the_bare_package_runs_the_client(tmp_path: Path, kafka_bootstrap: str) -> None:
+def bare_venv(tmp_path: Path) -> Path:
+    """A fresh venv (no system site packages) with the project's wheel and kafka-python alone; its folder."""
     src = tmp_path / "src"
-    files = _run(["git", "ls-files", "-z"], cwd=ROOT).stdout.split("\0")
+    # the working tree as git sees it: tracked files and new ones not ignored
+    files = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT).stdout.split("\0")
     for name in filter(None, files):
         target = src / name
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -81,8 +82,16 @@ def test_a_fresh_environment_with_the_bare_package_runs_the_client(tmp_path: Pat
     wheel = next((tmp_path / "dist").glob("areal_metrics-*.whl"))
     with zipfile.ZipFile(wheel) as archive:
         tops = {n.split("/")[0].removesuffix(".py") for n in archive.namelist()}
+        metadata = next(archive.read(n).decode() for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
     assert {t for t in tops if not t.endswith((".dist-info", ".data"))} == {"areal_metrics"}
+    assert "License-Expression: Apache-2.0" in metadata  # the licence in the package metadata
     _pip(venv, "install", "--no-deps", "--quiet", str(wheel), f"kafka-python=={version('kafka-python')}")
+    return venv
+
+
+@pytest.mark.timeout(900)
+def test_a_fresh_environment_with_the_bare_package_runs_the_client(tmp_path: Path, kafka_bootstrap: str) -> None:
+    venv = bare_venv(tmp_path)
 
     # the user's own project has packages named like our folders: both must import
     project = tmp_path / "project"
@@ -129,3 +138,19 @@ def test_a_fresh_environment_with_the_bare_package_runs_the_client(tmp_path: Pat
                env={**env, "AREAL_KAFKA_BOOTSTRAP": kafka_bootstrap, "AREAL_TOPIC_PREFIX": "bare."})
     assert out.returncode == 0, out.stderr[-3000:]
     assert "client kafka-python acknowledged 5 of 5" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_the_readme_is_a_users_page() -> None:
+    """<= 160 lines; the two set-up commands kept; the client and the `stack` extra; no measurement lists."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 160
+    commands = re.findall(r"^make \w+", readme, re.MULTILINE)
+    assert commands == ["make demo", "make test"]
+    assert "pip install areal-metrics " in readme and "'areal-metrics[stack]'" in readme
+    for verb in ("areal-metrics up", "areal-metrics watch", "areal-metrics sql", "areal-metrics report"):
+        assert verb in readme, verb
+    assert len(re.findall(r"[+-]?\d+(\.\d+)? ?%", readme)) <= 2  # measurements live in docs/PERFORMANCE.md
+    assert (ROOT / "docs" / "img" / "accuracy_response_length.png").exists()
+    assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")

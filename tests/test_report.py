@@ -151,3 +151,64 @@ def test_report_while_the_sink_holds_the_store(store: tuple[DirectStore, Path], 
             assert load_errors(owner_store, "run_id IN ('wl-mt4-s1')")  # the Map column through the endpoint
     finally:
         endpoint.close()
+
+
+@pytest.fixture
+def kept(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The figures the report draws, kept open after they are saved (to measure what was drawn)."""
+    import matplotlib.pyplot as plt
+
+    figures: list = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    return figures
+
+
+def test_any_logged_key_is_drawn_per_run(store: tuple[DirectStore, Path], tmp_path: Path, kept: list) -> None:
+    from areal_metrics.report import load_metric, metric_file
+
+    written = write_report(tmp_path, ["wl-mt2-s1", "wl-mt4-s1"], store[0], metrics=["kl", "first_attempt_accuracy"])
+    assert [p.name for p in written[-2:]] == [metric_file("kl"), metric_file("first_attempt_accuracy")]
+    assert metric_file("actor/pg_loss") == "metric-actor_pg_loss.png"
+    series = load_metric(store[0], "run_id IN ('wl-mt2-s1')", "first_attempt_accuracy")
+    rows = store[0].query("SELECT step, avg(metrics['first_attempt_accuracy']) FROM v_steps "
+                          "WHERE run_id = 'wl-mt2-s1' GROUP BY step ORDER BY step").rows
+    assert series == {"wl-mt2-s1": [(int(s), float(v)) for s, v in rows]} and len(rows) == 20
+    [metric_axes] = kept[-1].axes
+    assert sorted(line.get_label() for line in metric_axes.lines) == ["wl-mt2-s1", "wl-mt4-s1"]  # one per run
+    with pytest.raises(UserError, match="--metric 'no/such/key'"):
+        write_report(tmp_path, None, store[0], metrics=["no/such/key"])
+
+
+def test_reward_is_one_line_per_run_unless_grouped(store: tuple[DirectStore, Path], tmp_path: Path,
+                                                   kept: list) -> None:
+    from areal_metrics import report_figures as draw
+
+    raw, smooth = load_rewards(store[0], "1")
+    info = load_runs(store[0], "1")
+    draw.plot_rewards(raw, smooth, info, tmp_path / "per-run.png")
+    draw.plot_rewards(raw, smooth, info, tmp_path / "grouped.png", grouped=True)
+    per_run, grouped = (sorted(line.get_label() for line in fig.axes[0].lines) for fig in kept)
+    assert set(STRATEGY_RUNS) <= set(per_run) and per_run == sorted(set(raw) | set(smooth))
+    assert {"mt2-grpo (2 runs)", "mt4-grpo (2 runs)"} <= set(grouped) and len(grouped) < len(per_run)
+
+
+def test_titles_are_whole_and_figures_bounded(store: tuple[DirectStore, Path], tmp_path: Path, kept: list) -> None:
+    from types import SimpleNamespace
+
+    from areal_metrics import report_figures as draw
+
+    write_report(tmp_path / "out", None, store[0])
+    one = load_evals(store[0], "1")["math_id"]  # one dataset: the narrowest figure 1 (its title was clipped)
+    draw.plot_evals({"a_long_dataset_name_of_one_run": one}, tmp_path / "one.png")
+    many = {f"run-{i:02d}": SimpleNamespace(world_size=1, config={f"key_{k}": f"{i}-{k}" for k in range(150)})
+            for i in range(30)}
+    path = draw.plot_configs(many, tmp_path / "config.png")
+    width, height = _image_size(path)
+    assert width <= draw.MAX_FIGURE_INCHES[0] * draw.DPI and height <= draw.MAX_FIGURE_INCHES[1] * draw.DPI
+    for fig in kept:
+        renderer = fig.canvas.get_renderer()
+        box = fig.bbox
+        for text in [ax.title for ax in fig.axes if ax.get_title()] + [fig._suptitle]:
+            extent = text.get_window_extent(renderer)
+            assert box.x0 - 1 <= extent.x0 and extent.x1 <= box.x1 + 1, text.get_text()
+            assert extent.y1 <= box.y1 + 1, text.get_text()

@@ -107,6 +107,16 @@ def test_resent_event_counts_once_in_views_of_every_table(client) -> None:
     assert client.query("SELECT verdicts, dataset FROM areal.v_evals").result_rows == [([1, 0], "math500")]
 
 
+def test_a_runs_display_name_is_kept_beside_its_id(client) -> None:
+    from areal_metrics.producers.contract.events import RunEvent
+
+    events = [RunEvent(run_id="exp-lr-1e-6-0a1b2c3d", status=s, name="proj/exp lr=1e-6 · 实验", ts=t)
+              for s, t in (("running", 1.0), ("finished", 2.0))]
+    insert_rows(client, "areal", located(events, "areal.runs"), "names")
+    assert client.query("SELECT run_id, name, status FROM areal.v_runs").result_rows == [
+        ("exp-lr-1e-6-0a1b2c3d", "proj/exp lr=1e-6 · 实验", "finished")]
+
+
 def test_direct_store_is_read_only_unless_write(client, url: str) -> None:
     insert_rows(client, "areal", located(steps(3)), "t")
     client.close()

@@ -22,8 +22,8 @@ def consensus(run_id: str, step: int, dataset: str, accuracy: float, stage: str 
                               stage=stage, accuracy=accuracy, votes=2, replicas=2, agreement=1.0, **kw)
 
 
-def text_of(renderable) -> str:
-    console = Console(file=io.StringIO(), width=220, record=True)
+def text_of(renderable, width: int = 220) -> str:
+    console = Console(file=io.StringIO(), width=width, record=True)
     console.print(renderable)
     return console.export_text()
 
@@ -81,6 +81,22 @@ def test_render_shows_reward_accuracy_interval_and_alerts() -> None:
     for expected in ("run-a", "120", "0.625", "add_1digit: 81%@100", "add_2digit: 0%@100", "stale", "7 steps",
                      "reward_below_threshold", "reward 0.1 < 0.2"):
         assert expected in text, expected
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_the_view_is_readable_on_a_narrow_terminal(width: int) -> None:
+    """Every value whole on one line, whatever the run id's length; no line wider than the terminal."""
+    run_id = "grpo-qwen2.5-7b-instruct-lr1e-6-seed3"
+    state = WatchState()
+    state.apply(smoothed(run_id, 120, 0.625))
+    state.apply(consensus(run_id, 100, "math500", 0.8125))
+    state.apply(CommandEvent(run_id=run_id, command="set_eval_interval", args={"steps": 25}))
+    state.apply(RunEvent(run_id=run_id, status="running", world_size=2))
+    text = text_of(render(state, now=state.runs[run_id].updated + 3), width=width)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    for value in ("0.625", "120", "math500: 81%@100", "running 1/2 ranks", " 25 "):
+        assert any(value in line for line in lines), (value, text)
 
 
 def test_status_comes_from_the_run_events() -> None:

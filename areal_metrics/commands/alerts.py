@@ -6,6 +6,10 @@ Kafka consumer group: its position is committed after each printed batch, so a
 subscriber that stops (or is killed) and starts again with the same NAME
 resumes where it stopped (an alert printed just before a kill may be printed
 again; none is skipped).
+
+With `--webhook URL` each alert the flags select is also POSTed to URL
+(`areal_metrics.commands.webhook`), and each alert's offset is committed as soon
+as the receiver accepted it, in a durable group (one per URL unless `--group`).
 """
 
 from __future__ import annotations
@@ -19,14 +23,22 @@ from typing import Any
 from areal_metrics.producers.contract.events import SEVERITIES, AlertEvent, ValidationError, parse_event
 from areal_metrics.producers.contract.settings import Settings
 
+from areal_metrics.commands import webhook
 from areal_metrics.errors import ServiceUnavailable, UserError
+
+
+# Every kind the stream worker raises (CONTRACT.md's list and the ones it added); a test holds it to streams/.
+ALERT_KINDS = ("reward_below_threshold", "eval_failed", "node_divergence", "throughput_drop", "stalled",
+               "invalid_event", "non_finite", "no_improvement", "eval_below_threshold", "vote_no_majority",
+               "run_failed", "run_killed", "invalid_config")
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--follow", "-f", action="store_true", help="keep subscribing for new alerts")
     parser.add_argument("--run", dest="runs", action="append", default=[], metavar="ID",
                         help="only these runs (repeatable)")
-    parser.add_argument("--kind", dest="kinds", action="append", default=[], help="only these alert kinds (repeatable)")
+    parser.add_argument("--kind", dest="kinds", action="append", default=[], metavar="KIND",
+                        help=f"only alerts of this kind (repeatable): {', '.join(ALERT_KINDS)}")
     parser.add_argument("--severity", choices=SEVERITIES, default=None,
                         help="only alerts of this severity or higher (info < warning < critical)")
     parser.add_argument("--group", default=None, metavar="NAME",
@@ -35,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                         help="skip alerts already in the log (with --group: only for a new group)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="with --follow: stop after this many seconds")
+    parser.add_argument("--webhook", metavar="URL", default=None,
+                        help="POST each alert as JSON with a `text` field (Slack-compatible) to URL, retrying with "
+                             "backoff; a durable group (one per URL unless --group) resumes after a restart "
+                             "without losing or re-posting an alert")
     parser.add_argument("--connect-timeout", type=float, default=10.0,
                         help="seconds to wait for the broker before exit status 1 (default 10)")
 
@@ -49,10 +65,17 @@ def wanted(alert: AlertEvent, runs: list[str], kinds: list[str], severity: str |
 
 
 def run(args: argparse.Namespace) -> int:
+    unknown = sorted(set(args.kinds) - set(ALERT_KINDS))
+    if unknown:
+        raise UserError(f"--kind {unknown[0]!r}: not an alert kind; expected one of {', '.join(ALERT_KINDS)}")
     if args.group is not None and not args.group.strip():
         raise UserError("--group: must not be empty")
     if not args.connect_timeout > 0:
         raise UserError(f"--connect-timeout: must be > 0 (got {args.connect_timeout})")
+    poster = None
+    if args.webhook is not None:
+        poster = webhook.Poster(webhook.check_url(args.webhook))
+        args.group = args.group or webhook.group_for(args.webhook)
     settings = Settings.from_env()
     consumer = _connect(settings, args)
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
@@ -61,7 +84,11 @@ def run(args: argparse.Namespace) -> int:
         while True:
             batches = consumer.poll(timeout_ms=1000)
             for message in (m for records in batches.values() for m in records):
-                _print_if_wanted(message, args)
+                alert = _print_if_wanted(message, args)
+                if poster is not None:
+                    if alert is not None:
+                        poster.post(alert, deadline)
+                    _commit_one(consumer, message)  # right after the receiver took it: never posted twice
             if batches and args.group:
                 consumer.commit()  # after the batch is printed: a restart resumes after it
             idle_rounds = 0 if batches else idle_rounds + 1
@@ -73,15 +100,25 @@ def run(args: argparse.Namespace) -> int:
         consumer.close(autocommit=False)
 
 
-def _print_if_wanted(message: Any, args: argparse.Namespace) -> None:
+def _print_if_wanted(message: Any, args: argparse.Namespace) -> AlertEvent | None:
+    """Print the message's alert when the flags want it; that alert, or None."""
     try:
         alert = parse_event(message.value, expected=AlertEvent)
     except ValidationError as exc:
         print(f"skipped an invalid message at {message.topic}/{message.partition}@{message.offset}: {exc}",
               file=sys.stderr)
-        return
+        return None
     if wanted(alert, args.runs, args.kinds, args.severity):
         print(json.dumps(alert.to_dict()), flush=True)
+        return alert
+    return None
+
+
+def _commit_one(consumer: Any, message: Any) -> None:
+    from kafka import TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    consumer.commit({TopicPartition(message.topic, message.partition): OffsetAndMetadata(message.offset + 1, "", -1)})
 
 
 def _connect(settings: Settings, args: argparse.Namespace) -> Any:

@@ -6,10 +6,11 @@ import argparse
 import csv
 import io
 import json
+import logging
 import sys
 from typing import Any
 
-from areal_metrics.errors import UserError
+from areal_metrics.errors import ServiceUnavailable, UserError
 
 FORMATS = ("table", "tsv", "csv", "json")
 
@@ -60,10 +61,23 @@ def render(columns: list[str], rows: list[tuple[Any, ...]], fmt: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from areal_metrics.sinks.query import StoreError, connect
+    """Exit 2 for a bad URL or query, 1 when the store cannot be reached (CONTRACT.md, 'Adoption')."""
+    from areal_metrics.producers.contract.settings import Settings
+    from areal_metrics.sinks.query import StoreError, Target, connect
 
+    # the driver logs each failed connection attempt; the verb says it once, on one line
+    logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)
+    settings = Settings.from_env()
     try:
-        with connect(write=args.write) as store:
+        Target.parse(settings.clickhouse_url)
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        store = connect(settings, write=args.write)
+    except StoreError as exc:
+        raise ServiceUnavailable(str(exc)) from None
+    try:
+        with store:
             result = store.query(args.query)
     except StoreError as exc:
         raise UserError(str(exc)) from None

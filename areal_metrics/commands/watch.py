@@ -135,39 +135,55 @@ class WatchState:
                 run.eval_interval = int(event.args["steps"])
 
 
+WIDE = 150  # columns from which the view shows every column; narrower terminals get the compact one
+
+
 def render(state: WatchState, now: float | None = None) -> Any:
-    """The view of `state` as a rich renderable."""
+    """The view of `state` as a rich renderable; it lays itself out for the console's width (80 columns up)."""
+    return _View(state, time.time() if now is None else now)
+
+
+class _View:
+    def __init__(self, state: WatchState, now: float) -> None:
+        self.state, self.now = state, now
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        yield _layout(self.state, self.now, options.max_width)
+
+
+def _layout(state: WatchState, now: float, width: int) -> Any:
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    now = time.time() if now is None else now
+    wide = width >= WIDE
     runs = Table(title="areal-metrics: runs", expand=True)
-    for name in ("run", "status", "step", "reward (EMA)", "sliding avg", "trend", "datasets: accuracy (full / quick)",
-                 "eval interval", "last command", "age"):
-        runs.add_column(name, no_wrap=name in ("run", "status", "step", "trend"))
+    names = (("run", "status", "step", "reward (EMA)", "sliding avg", "trend", "datasets: accuracy (full / quick)",
+              "eval interval", "last command", "age") if wide else
+             ("run", "status", "step", "EMA", *(("trend",) if width >= 100 else ()), "accuracy (full)", "interval"))
+    for name in names:
+        if name == "run":
+            runs.add_column(name, overflow="fold", ratio=2)  # a long id folds; the values never shrink
+        elif name in ("datasets: accuracy (full / quick)", "accuracy (full)", "last command"):
+            runs.add_column(name, ratio=3)
+        else:
+            runs.add_column(name, no_wrap=True)
     for run in sorted(state.runs.values(), key=lambda r: r.run_id):
-        datasets = sorted({d for d, _ in run.consensus})
-        lines = []
-        for d in datasets:
-            parts = []
-            for stage in ("full", "quick"):
-                v = run.consensus.get((d, stage))
-                if v is None:
-                    parts.append("-")
-                    continue
-                flags = (" stale" if v.stale else "") + (" partial" if v.partial else "")
-                parts.append(f"{v.accuracy:.0%}@{v.step} ({v.votes}/{v.replicas}, agree {v.agreement:.0%}){flags}")
-            lines.append(f"{d}: {parts[0]} / {parts[1]}")
         interval = (f"{run.eval_interval} steps" if run.eval_interval is not None else
                     f"~{run.observed_interval} steps (seen)" if run.observed_interval else "-")
-        runs.add_row(run.run_id, _status(run.state), str(run.step), _fmt(run.ema), _fmt(run.sliding_avg),
-                     Text(sparkline(evenly(run.history, SPARK_POINTS), lo=0.0, hi=1.0), style="green"),
-                     "\n".join(lines) or "-", interval, run.last_command or "-",
-                     f"{max(now - run.updated, 0):.0f}s" if run.updated else "-")
+        if wide:
+            runs.add_row(run.run_id, _status(run.state), str(run.step), _fmt(run.ema), _fmt(run.sliding_avg),
+                         Text(sparkline(evenly(run.history, SPARK_POINTS), lo=0.0, hi=1.0), style="green"),
+                         "\n".join(_accuracy_lines(run, detail=True)) or "-", interval, run.last_command or "-",
+                         f"{max(now - run.updated, 0):.0f}s" if run.updated else "-")
+            continue
+        trend = (Text(sparkline(evenly(run.history, 12), width=12, lo=0.0, hi=1.0), style="green"),) if width >= 100 else ()
+        runs.add_row(run.run_id, _status(run.state), str(run.step), _fmt(run.ema), *trend,
+                     "\n".join(_accuracy_lines(run, detail=False)) or "-",
+                     interval.replace(" steps (seen)", " seen").replace(" steps", ""))
     alerts = Table(title="latest alerts", expand=True)
     for name in ("time", "run", "severity", "kind", "message"):
-        alerts.add_column(name)
+        alerts.add_column(name, no_wrap=name in ("time", "severity"), overflow="fold")
     styles = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
     for a in reversed(state.alerts):
         alerts.add_row(time.strftime("%H:%M:%S", time.localtime(a.ts)), a.run_id,
@@ -175,6 +191,23 @@ def render(state: WatchState, now: float | None = None) -> Any:
     footer = Text(f"{state.events} events read" + (f", {state.skipped} invalid skipped" if state.skipped else ""),
                   style="dim")
     return Group(runs, alerts, footer)
+
+
+def _accuracy_lines(run: RunView, detail: bool) -> list[str]:
+    """One line per dataset: full / quick with votes and agreement (`detail`), else the full stage alone."""
+    lines = []
+    for d in sorted({d for d, _ in run.consensus}):
+        parts = []
+        for stage in ("full", "quick") if detail else ("full",):
+            v = run.consensus.get((d, stage))
+            if v is None:
+                parts.append("-")
+                continue
+            flags = (" stale" if v.stale else "") + (" partial" if v.partial else "")
+            votes = f" ({v.votes}/{v.replicas}, agree {v.agreement:.0%})" if detail else ""
+            parts.append(f"{v.accuracy:.0%}@{v.step}{votes}{flags}")
+        lines.append(f"{d}: {' / '.join(parts)}")
+    return lines
 
 
 STATUS_STYLES = {"running": "cyan", "finished": "green", "failed": "bold red", "killed": "yellow"}
@@ -242,7 +275,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from kafka.errors import KafkaError
 
-    from areal_metrics.errors import UserError
+    from areal_metrics.errors import ServiceUnavailable, UserError
     from areal_metrics.producers.contract.settings import Settings
 
     if args.duration is not None and args.duration <= 0:
@@ -251,5 +284,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         watch_loop(settings, args.runs or None, args.duration, from_beginning=not args.new)
     except KafkaError as exc:
-        raise UserError(f"Kafka at {settings.kafka_bootstrap}: {exc} (start the stack with `areal-metrics up`)") from None
+        raise ServiceUnavailable(f"Kafka at {settings.kafka_bootstrap}: {exc} "
+                                 "(start the stack with `areal-metrics up`)") from None
     return 0

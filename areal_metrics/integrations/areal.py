@@ -25,7 +25,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from areal_metrics.producers.contract.ids import is_valid_run_id
+from areal_metrics.producers.client.run_info import run_id_for
 
 log = logging.getLogger("areal_metrics.integrations.areal")
 
@@ -88,13 +88,14 @@ def _rank() -> int:
 
 
 def _defaults(stats_logger: Any) -> dict[str, Any]:
-    """init() keywords from AReaL's config: run id `<experiment>-<trial>`, group the experiment, config the whole."""
+    """init() keywords from AReaL's config: name `<experiment>-<trial>` and a valid run id from it (itself, or its
+    slug and a short hash), group the experiment, config the whole."""
     cfg = getattr(stats_logger, "config", None)
     experiment, trial = getattr(cfg, "experiment_name", None), getattr(cfg, "trial_name", None)
     out: dict[str, Any] = {"framework": "areal", "config": getattr(stats_logger, "exp_config", None)}
-    run_id = f"{experiment}-{trial}" if isinstance(experiment, str) and isinstance(trial, str) else None
-    if is_valid_run_id(run_id):
-        out["run_id"] = run_id
+    name = f"{experiment}-{trial}" if isinstance(experiment, str) and isinstance(trial, str) else None
+    if name and name.strip("-").strip():  # any names: a valid id from them, the name kept
+        out["run_id"], out["name"] = run_id_for(name), name
     if isinstance(experiment, str) and experiment:
         out["group"] = experiment
     return out

@@ -26,6 +26,8 @@ at the same step (a collective that would otherwise hang).
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +40,74 @@ EVAL_PREFIX = "eval_"
 # log_eval's own parameters: an evaluation metric of that name keeps its `eval_` prefix
 LOG_EVAL_PARAMETERS = frozenset({"dataset", "step", "stage", "verdicts", "accuracy", "samples", "eval_id", "replicas",
                                  "status", "error", "response_length", "reward", "latency_ms", "dataset_fingerprint"})
+
+
+@dataclass(frozen=True, slots=True)
+class TokenMark:
+    """TRL's cumulative `num_tokens` at a log, with its step and monotonic time."""
+
+    tokens: float
+    step: int
+    at: float
+
+
+def token_columns(mark: TokenMark, num_tokens: Any, step: int, now: float) -> tuple[dict[str, float], TokenMark]:
+    """TRL's cumulative `num_tokens` -> this log's `tokens` (per step, the mean over the steps since the last
+    log) and `throughput` (tokens/s of wall time since the last log); and the new mark. Pure.
+
+    A value that is not a number, or that did not grow (a resumed counter, an evaluation's log), gives nothing.
+    """
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, float)) or not math.isfinite(num_tokens):
+        return {}, mark
+    grown, steps, seconds = num_tokens - mark.tokens, step - mark.step, now - mark.at
+    new = TokenMark(float(num_tokens), step, now)
+    if grown <= 0 or steps <= 0:
+        return {}, new
+    out = {"tokens": grown / steps}
+    if seconds > 0:
+        out["throughput"] = grown / seconds
+    return out, new
+
+
+def eval_interval(args: Any, max_steps: int | None) -> int | None:
+    """The trainer's evaluation interval in steps (`eval_steps`; a float < 1 is a share of max_steps), or None
+    when it evaluates on no step schedule. Pure."""
+    if _eval_strategy(args) != "steps":
+        return None
+    steps = getattr(args, "eval_steps", None) or getattr(args, "logging_steps", None)
+    if isinstance(steps, bool) or not isinstance(steps, (int, float)) or not steps > 0:
+        return None
+    if steps < 1:
+        return max(1, math.ceil(steps * max_steps)) if max_steps and max_steps > 0 else None
+    return int(steps)
+
+
+def completion_samples(logs: Mapping[str, Any], seen: frozenset[int] = frozenset(),
+                       limit: int = 256) -> list[dict[str, Any]]:
+    """The prompts and completions a GRPOTrainer keeps for its completion log (`log_completions`), less those
+    whose prompt object is in `seen` (kept before the evaluation began) -> `log_eval` samples; the reward is
+    the sum of its reward functions' values. No verdict: the evaluation's accuracy stays TRL's. Pure."""
+    prompts, completions = list(logs.get("prompt") or ()), list(logs.get("completion") or ())
+    rewards = [list(values) for values in (logs.get("rewards") or {}).values()]
+    out: list[dict[str, Any]] = []
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        if id(prompt) in seen:
+            continue
+        record: dict[str, Any] = {"prompt": _text(prompt), "response": _text(completion)}
+        values = [v[i] for v in rewards if i < len(v) and isinstance(v[i], (int, float)) and math.isfinite(v[i])]
+        if values:
+            record["reward"] = float(sum(values))
+        out.append(record)
+    return out[-limit:]
+
+
+def _text(value: Any) -> str:
+    """A prompt or completion: a string, or a conversation (list of {role, content}) as its contents."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(str(m.get("content", m)) if isinstance(m, Mapping) else str(m) for m in value)
+    return str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,26 +167,41 @@ class ArealMetricsCallback(TrainerCallback):
     """
 
     def __init__(self, run: Any = None, *, dataset: str = "eval", accuracy_key: str = "eval_accuracy",
-                 obey_commands: bool = True, **init_kwargs: Any) -> None:
+                 obey_commands: bool = True, trainer: Any = None, **init_kwargs: Any) -> None:
         if run is not None and init_kwargs:
             raise TypeError("ArealMetricsCallback: pass either run= or init() keywords, not both")
         self.run = run
         self.dataset = dataset
         self.accuracy_key = accuracy_key
         self.obey_commands = obey_commands
+        self.trainer = trainer
         self._init_kwargs = init_kwargs
         self._owns_run = False
         self._warned: set[str] = set()
+        self._tokens = TokenMark(0.0, 0, time.monotonic())
+        self._before_eval: list[Any] = []  # the completions TRL kept before an evaluation (references)
+
+    def attach(self, trainer: Any) -> ArealMetricsCallback:
+        """Add this callback to `trainer` and read what it keeps of its completions (TRL's `log_completions`)."""
+        self.trainer = trainer
+        if self not in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
+            trainer.add_callback(self)
+        return self
 
     # ------------------------------------------------------------ the run
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
+        self._tokens = TokenMark(float(getattr(state, "num_input_tokens_seen", 0) or 0), state.global_step,
+                                 time.monotonic())
         if self.run is None:
             import areal_metrics
 
             options = {"config": args, "framework": "trl", **self._init_kwargs, "world_size": 1}
+            interval = eval_interval(args, getattr(state, "max_steps", None))
+            if interval is not None:  # the worker's base interval: the user's, never its default
+                options["config"] = {"eval_interval_steps": interval, **_as_config(options["config"])}
             self.run, self._owns_run = areal_metrics.init(**options), True
         if self.obey_commands:
             self.run.commands()  # starts the control consumer now; it reads from the run's start
@@ -135,6 +220,10 @@ class ArealMetricsCallback(TrainerCallback):
             return  # an evaluation's logs: on_evaluate reports them
         if state.epoch is not None:
             values["epoch"] = state.epoch
+        if "num_tokens" in values and not {"tokens", "throughput"} & set(values):
+            counted, self._tokens = token_columns(self._tokens, values["num_tokens"], state.global_step,
+                                                  time.monotonic())
+            values.update(counted)
         self.run.log(values, step=state.global_step)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Mapping[str, Any] | None = None,
@@ -147,11 +236,25 @@ class ArealMetricsCallback(TrainerCallback):
                                            "logged on the step's row instead of as an evaluation result")
             self.run.log({k: v for k, v in metrics.items() if k != "epoch"}, step=state.global_step)
             return
+        kept = self._completion_log()
+        if kept is not None and "samples" not in result:
+            samples = completion_samples(kept, frozenset(map(id, self._before_eval)))
+            if samples:
+                result["samples"] = samples  # the eval event's samples: rows of `generations`
+        self._before_eval = []
         self.run.log_eval(self.dataset, state.global_step, replicas=1, **result)
 
     # ------------------------------------------------------------ commands
 
+    def _completion_log(self) -> Mapping[str, Any] | None:
+        """What an attached GRPOTrainer keeps of its completions, when it logs them (`log_completions`)."""
+        kept = getattr(self.trainer, "_logs", None) if getattr(self.trainer, "log_completions", False) else None
+        return kept if isinstance(kept, Mapping) else None
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        kept = self._completion_log() if state.is_world_process_zero else None
+        if kept is not None:  # an evaluation may follow this step: its completions are the ones not held here
+            self._before_eval = list(kept.get("prompt") or ())
         if not self.obey_commands:
             return
         decision = decide(self.run.commands()) if self.run is not None and state.is_world_process_zero else Decision()
@@ -174,6 +277,14 @@ class ArealMetricsCallback(TrainerCallback):
         if key not in self._warned:
             self._warned.add(key)
             log.warning(message)
+
+
+def _as_config(config: Any) -> dict[str, Any]:
+    """The run's config as a dict: HF's TrainingArguments by their `to_dict()`."""
+    if isinstance(config, Mapping):
+        return dict(config)
+    to_dict = getattr(config, "to_dict", None)
+    return dict(to_dict()) if callable(to_dict) else {"value": config}
 
 
 def _eval_strategy(args: Any) -> str:

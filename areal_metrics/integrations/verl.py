@@ -10,7 +10,8 @@ and calls `tracking.log(data=metrics, step=global_steps)` with names such as
 `critic/score/mean`, `actor/entropy`, `actor/ppo_kl`, `perf/throughput`; the
 client's aliases put them in the typed columns. `install()` wraps
 `Tracking.__init__` so that each new instance gets an `areal_metrics` backend
-(a run with `run_id` = the experiment name, `group` = the project, `config` =
+(a run named after the experiment, its `run_id` the experiment name when that is
+a valid id, else its slug and a short hash; `group` = the project, `config` =
 verl's config, `world_size=1`), and `Tracking.finish(exit_code)` so that the
 run ends `finished` (exit code 0) or `failed`. `attach(tracking)` does the same
 for one instance you hold. verl's loop has no hook for commands: this backend
@@ -23,7 +24,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from areal_metrics.producers.contract.ids import is_valid_run_id
+from areal_metrics.producers.client.run_info import run_id_for
 
 BACKEND = "areal_metrics"  # the key in Tracking.logger
 
@@ -90,8 +91,8 @@ def install(**init_kwargs: Any) -> None:
 def _defaults(tracking: Any) -> dict[str, Any]:
     project, experiment, config = getattr(tracking, "_areal_metrics_names", (None, None, None))
     out: dict[str, Any] = {"framework": "verl", "config": config}
-    if is_valid_run_id(experiment):
-        out["run_id"] = experiment
+    if isinstance(experiment, str) and experiment.strip():  # any name: a valid id from it, the name kept
+        out["run_id"], out["name"] = run_id_for(experiment), experiment
     if isinstance(project, str) and project:
         out["group"] = project
     return out

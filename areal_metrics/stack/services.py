@@ -1,6 +1,6 @@
 """The local stack: Kafka broker(s), stream worker and sink as background processes.
 
-All state lives under one folder (`AREAL_HOME`, default `.areal/`):
+All state lives under one folder (`AREAL_HOME`, default `~/.areal/`, one per user):
 `kafka/` (broker data and log; `kafka-cluster/node-N/` for `--brokers 3`), `logs/`
 (worker and sink logs), the store (`clickhouse/` for the embedded engine) and
 `stack.json`, which records the pids and the broker addresses so that `down`,

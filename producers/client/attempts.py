@@ -86,8 +86,7 @@ def logged_attempts(settings: Settings, run_id: str, rank: int, timeout_s: float
     own = anyone = None
     try:
         consumer = KafkaConsumer(**config, group_id=None, enable_auto_commit=False,
-                                 client_id="areal-client-resume", request_timeout_ms=int(timeout_s * 1000) + 1000,
-                                 api_version_auto_timeout_ms=int(timeout_s * 1000))
+                                 client_id="areal-client-resume", request_timeout_ms=int(timeout_s * 1000) + 1000)
         deadline = time.monotonic() + timeout_s
         partitions = consumer.partitions_for_topic(topic)  # fetched if unknown; empty: no runs topic, no history
         if not partitions:

@@ -152,7 +152,7 @@ def fit_column(column: str, x: float) -> int | float | None:
 def split_step(values: Mapping[Any, int | float], previous_epoch: float = 0.0) -> StepParts:
     """A step's numbers (from `snapshot`) -> typed columns and metrics (the sender thread's part)."""
     parts = StepParts(epoch=previous_epoch)
-    holders: dict[str, tuple[int, str, float]] = {}  # column -> (priority, name, value as logged)
+    holders: dict[str, tuple[int, str, float | None]] = {}  # column -> (priority, name, value as logged; None: NaN)
     nan: list[tuple[str, str | None]] = []  # (name as logged, the column it would have filled)
     for key, v in values.items():
         name = metric_name(key)
@@ -162,6 +162,12 @@ def split_step(values: Mapping[Any, int | float], previous_epoch: float = 0.0) -
         x = as_float(v)
         if x is None:
             nan.append((name, alias[0] if alias is not None else None))
+            if alias is not None and alias[2] == 0:  # the own name given as NaN: no alias may fill its column
+                held = holders.get(alias[0])
+                if held is not None:
+                    parts.metrics[held[1]] = held[2]
+                    del parts.columns[alias[0]]
+                holders[alias[0]] = (0, name, x)
             continue
         if name == "epoch":
             if x >= 0:

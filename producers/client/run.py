@@ -46,7 +46,7 @@ from areal_metrics.producers.contract.events import (
 from areal_metrics.producers.contract.ids import RUN_ID_RULE, is_valid_run_id
 from areal_metrics.producers.client.launcher_env import Identity, identity_from_env, job_run_id
 from areal_metrics.producers.delivery.publisher import Publisher
-from areal_metrics.producers.contract.settings import Settings, state_dir
+from areal_metrics.producers.contract.settings import Settings, bootstrap_origin, state_dir
 from areal_metrics.producers.contract.topics import Topics
 
 log = logging.getLogger("areal_metrics.client")
@@ -102,8 +102,11 @@ def _identity(options: Options) -> Identity:
 
 
 def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = (), group: str | None = None,
-         resume: bool = False, **settings: Any) -> Run:
-    """Start (or, with `resume=True`, continue) a run from this process; see the module doc."""
+         resume: bool = False, name: str | None = None, **settings: Any) -> Run:
+    """Start (or, with `resume=True`, continue) a run from this process; see the module doc.
+
+    `name`: a free-form display name (any Unicode, <= 256 chars), kept in `runs.name` beside the run id.
+    """
     if run_id is not None and not isinstance(run_id, str):
         raise TypeError(f"run_id: expected a string, got {type(run_id).__name__}")
     if group is not None and not isinstance(group, str):
@@ -111,6 +114,7 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
     if not isinstance(resume, bool):
         raise TypeError(f"resume: expected True or False, got {type(resume).__name__}")
     clean_tags = run_info.clean_tags(tags)
+    display_name = run_info.clean_name(name)
     overrides, options = _split_settings(settings)
     base = Settings.from_env(reader="client")
     settings_obj = dataclasses.replace(base, **overrides) if overrides else base
@@ -121,9 +125,12 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
     if run_id is None:
         run_id, generated = run_info.new_run_id(), True
     if not is_valid_run_id(run_id):
-        raise ValueError(f"run_id {run_id[:60]!r}: must be {RUN_ID_RULE}")
+        raise ValueError(f"run_id {run_id[:60]!r}: must be {RUN_ID_RULE}; a free-form name goes in "
+                         f"init(name=...), e.g. init(run_id={run_info.run_id_for(run_id)!r}, name={run_id[:60]!r})")
+    origin = "init(kafka_bootstrap=...)" if "kafka_bootstrap" in overrides else bootstrap_origin()
     attempt = _attempt(settings_obj, run_id, identity.rank, resume, options)
-    run = Run(run_id, identity, settings_obj, options, config=config, tags=clean_tags, group=group, attempt=attempt)
+    run = Run(run_id, identity, settings_obj, options, config=config, tags=clean_tags, group=group, attempt=attempt,
+              name=display_name, bootstrap_from=origin)
     if generated and identity.rank == 0:
         print(f"areal-metrics: run {run_id}", file=sys.stderr)
     if generated and identity.world_size > 1:
@@ -149,8 +156,10 @@ class Run:
     """One process's part of a run. Use `init()` to get one."""
 
     def __init__(self, run_id: str, identity: Identity, settings: Settings, options: Options, *,
-                 config: Any, tags: tuple[str, ...], group: str | None, attempt: int) -> None:
+                 config: Any, tags: tuple[str, ...], group: str | None, attempt: int, name: str | None = None,
+                 bootstrap_from: str | None = None) -> None:
         self.run_id = run_id
+        self.name = name
         self.rank = identity.rank
         self.world_size = identity.world_size
         self.local_rank = identity.local_rank
@@ -169,7 +178,8 @@ class Run:
         journal = Path(options.journal_dir) if options.journal_dir else state_dir() / "journal" / run_id / f"rank-{self.rank}"
         self._publisher = Publisher.from_settings(settings, journal_dir=journal, close_at_exit=False,
                                                   exit_timeout_s=self._exit_timeout_s,
-                                                  fsync_journal=options.fsync_journal)
+                                                  fsync_journal=options.fsync_journal,
+                                                  bootstrap_origin=bootstrap_from or bootstrap_origin())
         self._started = time.time()
         self._epoch = 0.0  # the sender thread's: the last epoch a step carried
         self._last_step = -1
@@ -312,7 +322,7 @@ class Run:
             event = RunEvent(run_id=self.run_id, node=self.node, rank=self.rank, status=status, config=self.config,
                              tags=self.tags, group=self.group, world_size=self.world_size, host=self.host,
                              attempt=self.attempt, framework=self.framework, git_commit=self.git_commit,
-                             exit_code=exit_code)
+                             exit_code=exit_code, name=self.name)
         except ValidationError as exc:  # pragma: no cover - the fields are cleaned above
             log.warning("run event not sent: %s", exc)
             return

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
 import sys
 import time
+import unicodedata
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from areal_metrics.producers.contract.ids import is_valid_run_id
 
 # checked in this order: the first one imported names the framework
 FRAMEWORKS = ("trl", "verl", "areal", "transformers", "torch")
@@ -18,6 +22,31 @@ TAGS_MAX = 256
 TAG_MAX_CHARS = 256
 GROUP_MAX_CHARS = 256
 _SHA = re.compile(r"[0-9a-f]{7,64}")
+
+
+NAME_MAX_CHARS = 256
+_NOT_ID = re.compile(r"[^A-Za-z0-9._:-]+")
+
+
+def run_id_for(name: str) -> str:
+    """A valid run id for a free-form name (an experiment name): the name itself when it is one, else its
+    ASCII slug and a short hash of the whole name, e.g. `proj/exp lr=1e-6` -> `proj-exp-lr-1e-6-3f2a9c1b`.
+    The same name gives the same id on every rank and every host."""
+    if is_valid_run_id(name):
+        return name
+    ascii_text = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+    slug = _NOT_ID.sub("-", ascii_text).strip("-.")[:119] or "run"
+    return f"{slug}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+
+
+def clean_name(name: object) -> str | None:
+    """`init(name=...)`: a display name of any Unicode, at most 256 characters; None when empty."""
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a string, got {type(name).__name__}")
+    text = name.encode("utf-8", "replace").decode("utf-8").strip()[:NAME_MAX_CHARS]  # no lone surrogates
+    return text or None
 
 
 def new_run_id(now: float | None = None) -> str:

@@ -303,6 +303,7 @@ class RunEvent(Event):
     framework: str | None = rule(None, max_len=64)
     git_commit: str | None = rule(None, max_len=64)
     exit_code: int | None = rule(None, ge=-(2**31), le=2**31 - 1)
+    name: str | None = rule(None, max_len=256)  # init(name=...): a free-form display name beside the run_id
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

@@ -1,7 +1,10 @@
-"""Settings from the environment (CONTRACT.md, 'Settings'): every AREAL_* variable the
-project reads is a field of `Settings`, declared with its variable, default, range and readers;
-docs/SETTINGS.md is generated from these declarations (`python -m
+"""Settings from the environment (CONTRACT.md, 'Settings' and 'Adoption'): every AREAL_*
+variable the project reads is a field of `Settings`, declared with its variable, default, range
+and readers; docs/SETTINGS.md is generated from these declarations (`python -m
 areal_metrics.producers.contract.settings`), and tests/test_settings.py holds it to them.
+
+What the environment leaves unset of the broker, the topic prefix and the store comes from the
+stack `areal-metrics up` recorded in the state folder (`AREAL_HOME`, default ~/.areal).
 
 Secrets (SASL password) come from the environment or a file and are never printed:
 `Settings.__repr__` and `public()` mask them.
@@ -9,6 +12,7 @@ Secrets (SASL password) come from the environment or a file and are never printe
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -20,10 +24,9 @@ from typing import Any
 from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.producers.contract.topics import DEFAULT_PREFIX, Topics
 
-DEFAULT_STATE_DIR = ".areal"
-# The local stack (`areal-metrics up`) binds its broker here when the port is free,
-# so a trainer with no settings at all reaches it. The CLI passes the bootstrap of
-# the stack it started explicitly; this package never reads the stack's files.
+DEFAULT_STATE_DIR = ".areal"  # under the user's home directory: one folder per user, whatever the working directory
+STACK_FILE = "stack.json"  # written by `areal-metrics up` into the state folder
+# The last resort when neither AREAL_KAFKA_BOOTSTRAP nor a stack recorded by `up` names a broker.
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -100,14 +103,16 @@ class Settings:
     # -- where things are
     kafka_bootstrap: str = setting("AREAL_KAFKA_BOOTSTRAP", "", "Kafka bootstrap servers, comma-separated",
                                    readers="client worker sink stack trainer benchmarks",
-                                   default_doc=f"`{DEFAULT_BOOTSTRAP}` (where `areal-metrics up` binds its broker)")
+                                   default_doc=f"the broker `areal-metrics up` recorded, else `{DEFAULT_BOOTSTRAP}`")
     clickhouse_url: str = setting("AREAL_CLICKHOUSE_URL", "", "the store: `chdb:///path` (embedded) or "
                                   "`http://user:pass@host:8123/db` (a server)", readers="sink stack",
-                                  default_doc="`chdb://$AREAL_HOME/clickhouse`")
+                                  default_doc="the store `up` recorded, else `chdb://$AREAL_HOME/clickhouse`")
     topic_prefix: str = setting("AREAL_TOPIC_PREFIX", DEFAULT_PREFIX, "prefix of every topic name",
-                                readers="client worker sink stack trainer benchmarks")
-    home: str = setting("AREAL_HOME", DEFAULT_STATE_DIR, "the local stack's state: broker data, store, pids, "
-                        "journals, attempt records", kind="path", readers="client worker sink stack trainer")
+                                readers="client worker sink stack trainer benchmarks",
+                                default_doc=f"the prefix `up` recorded, else `{DEFAULT_PREFIX}`")
+    home: str = setting("AREAL_HOME", "", "the local stack's state: broker data, store, pids, journals, "
+                        "attempt records (a relative path is made absolute)", kind="path",
+                        readers="client worker sink stack trainer", default_doc="`~/.areal`")
     # -- Kafka security (all optional; PLAINTEXT when unset)
     kafka_security_protocol: str = setting("AREAL_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT",
                                            "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL")
@@ -196,10 +201,12 @@ class Settings:
         environ = os.environ if environ is None else environ
         chosen = [f for f in fields(cls) if reader is None or reader in f.metadata["readers"]]
         values = {f.name: v for f in chosen if (v := _from_env(f, environ)) is not MISSING}
-        values.setdefault("kafka_bootstrap", DEFAULT_BOOTSTRAP)
-        home = Path(values.get("home", DEFAULT_STATE_DIR)).absolute()
+        home = _home(values.get("home"))
         values["home"] = str(home)
-        values.setdefault("clickhouse_url", f"chdb://{home / 'clickhouse'}")
+        stack = recorded_stack(home)
+        values.setdefault("kafka_bootstrap", _text(stack, "kafka_bootstrap") or DEFAULT_BOOTSTRAP)
+        values.setdefault("topic_prefix", _text(stack, "topic_prefix") or DEFAULT_PREFIX)
+        values.setdefault("clickhouse_url", _text(stack, "clickhouse_url") or f"chdb://{home / 'clickhouse'}")
         values.setdefault("clickhouse_replicated", bool(values.get("clickhouse_cluster")))
         values["clickhouse_steps_ttl_days"] = values.get("clickhouse_steps_ttl_days") or None
         return cls(**values)
@@ -275,9 +282,36 @@ def is_set(name: str, environ: Mapping[str, str] | None = None) -> bool:
     return bool((os.environ if environ is None else environ).get(_FIELDS[name].metadata["env"], "").strip())
 
 
+def _home(raw: str | None) -> Path:
+    return Path(raw).expanduser().absolute() if raw else Path.home() / DEFAULT_STATE_DIR
+
+
 def state_dir() -> Path:
-    """Where the local stack keeps its state (broker data, store, pids, journals)."""
-    return Path(read_setting("home")).absolute()
+    """Where the local stack keeps its state (broker data, store, pids, journals): AREAL_HOME, else ~/.areal."""
+    return _home(read_setting("home"))
+
+
+def recorded_stack(home: Path | None = None) -> dict[str, object]:
+    """What `areal-metrics up` recorded in the state folder ({} when nothing readable is there)."""
+    try:
+        found = json.loads(((home or state_dir()) / STACK_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _text(stack: Mapping[str, object], name: str) -> str | None:
+    value = stack.get(name)
+    return value if isinstance(value, str) and value else None
+
+
+def bootstrap_origin() -> str:
+    """Where the client's bootstrap comes from, in words (for the one warning when it cannot deliver)."""
+    if is_set("kafka_bootstrap"):
+        return "AREAL_KAFKA_BOOTSTRAP"
+    if _text(recorded_stack(), "kafka_bootstrap"):
+        return f"the stack recorded in {state_dir() / STACK_FILE}"
+    return f"the default (no AREAL_KAFKA_BOOTSTRAP, no stack recorded in {state_dir() / STACK_FILE})"
 
 
 _FIELDS = {f.name: f for f in fields(Settings)}

@@ -32,6 +32,7 @@ import itertools
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -94,6 +95,7 @@ class Publisher:
         close_at_exit: bool = True,
         exit_timeout_s: float = 10.0,
         kafka_client: str = "auto",
+        bootstrap_origin: str | None = None,
     ) -> None:
         self.topics = topics or Topics(read_setting("topic_prefix"))
         self.max_queue = max_queue
@@ -110,6 +112,9 @@ class Publisher:
         if kafka_client not in delivery.CLIENTS:
             raise ValueError(f"kafka_client {kafka_client!r}: expected one of {', '.join(delivery.CLIENTS)}")
         self._client = kafka_client
+        # Set: the first event that goes to the journal says so once on stderr (the client's users see it).
+        self._origin = bootstrap_origin
+        self._told = False
         self._producer: delivery.Producer | None = None
         self._backoff_until = 0.0
         self._failures = 0  # in a row: the wait before the next try grows (RETRY)
@@ -216,6 +221,22 @@ class Publisher:
     def _spill(self, topic: str, key: bytes, value: bytes) -> None:
         self._journal.append(topic, key, value)
         self._spilled += 1
+        if not self._told:
+            self._tell_undelivered()
+
+    def _tell_undelivered(self) -> None:
+        """Once per publisher: events are not reaching the broker; where they wait, how to send them."""
+        self._told = True
+        bootstrap = ",".join(self._kafka_config["bootstrap_servers"])
+        origin = f" ({self._origin})" if self._origin else ""
+        message = (f"areal-metrics: cannot deliver to the Kafka broker at {bootstrap}{origin}; events are kept in "
+                   f"the journal {self._journal.directory} and re-sent when it answers (or: areal-metrics sync)")
+        if self._origin is not None:
+            print(message, file=sys.stderr, flush=True)
+            if log.hasHandlers():  # the user's logging gets it too; without handlers stderr has it already
+                log.warning(message)
+        else:  # a publisher of the CLI or a service: its caller reports delivery itself
+            log.info(message)
 
     def _run(self) -> None:
         try:
@@ -397,6 +418,8 @@ class Publisher:
         self._journal.prepend(older)
         self._in_flight.clear()
         self._spilled += len(older)
+        if older and not self._told:
+            self._tell_undelivered()
         with self._order_lock:
             self._queue_to_journal()
         if self._producer is not None:

@@ -258,6 +258,9 @@ def _handler_class(server: ClickHouseHTTPServer) -> type[BaseHTTPRequestHandler]
         def _serve(self, method: str) -> None:
             url = urlsplit(self.path)
             params = dict(parse_qsl(url.query, keep_blank_values=True))
+            if url.path.rstrip("/") == f"/{server.database}":  # the DSN's path names its database (curl "$DSN")
+                url = url._replace(path="/")
+                params.setdefault("database", server.database)
             if method == "GET" and (url.path in ("/ping", "/replicas_status") or (url.path == "/" and "query" not in params)):
                 self._send(200, b"Ok.\n", {"Content-Type": "text/html; charset=UTF-8"})
                 return

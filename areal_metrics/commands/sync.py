@@ -1,0 +1,65 @@
+"""`sync [--run ID]`: send what the client journaled while the broker was away.
+
+Every journal under `<AREAL_HOME>/journal/` (one per run and rank, plus the CLI's) is
+re-sent in order; a record leaves its journal only once the broker acknowledged it,
+and it keeps its event_id, so a sync that is cut short or repeated never counts twice.
+A journal in use (its run is still alive and re-sends it itself) is left alone.
+Exit 0 when every journal is empty afterwards, 1 when some events stay undelivered.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from areal_metrics.producers.contract.ids import RUN_ID_RULE, is_valid_run_id
+from areal_metrics.producers.contract.settings import Settings, state_dir
+
+from areal_metrics.errors import ServiceUnavailable, UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    parser.add_argument("--run", dest="run_id", metavar="ID", help="only this run's journals (default: every journal)")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="seconds to wait for the broker per journal (default 30)")
+
+
+def journals(root: Path, run_id: str | None = None) -> list[Path]:
+    """The journal folders under `root` (of one run when given), in a stable order."""
+    base = root / run_id if run_id else root
+    if not base.is_dir():
+        return []
+    return sorted(p.parent for p in base.rglob("journal.log"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from areal_metrics.producers.delivery.journal import JournalLocked
+    from areal_metrics.producers.delivery.publisher import Publisher
+
+    if args.run_id is not None and not is_valid_run_id(args.run_id):
+        raise UserError(f"--run {args.run_id[:60]!r}: must be {RUN_ID_RULE}")
+    if not args.timeout > 0:
+        raise UserError(f"--timeout: must be > 0 (got {args.timeout})")
+    settings = Settings.from_env()
+    root = state_dir() / "journal"
+    sent = busy = 0
+    left: list[str] = []
+    for folder in journals(root, args.run_id):
+        try:
+            publisher = Publisher.from_settings(settings, journal_dir=folder, close_at_exit=False)
+        except JournalLocked:
+            busy += 1
+            continue
+        done = not publisher.journal.has_pending() or publisher.flush(args.timeout)
+        publisher.close(timeout=1.0)
+        sent += publisher.stats().resent
+        if not done:
+            left.append(str(folder))
+    note = f"; {busy} journal(s) in use by a live run, which re-sends them itself" if busy else ""
+    if left:
+        raise ServiceUnavailable(
+            f"not delivered: the broker at {settings.kafka_bootstrap} did not acknowledge the journal(s) "
+            f"{', '.join(left[:3])}{' …' if len(left) > 3 else ''} within {args.timeout:g} s; run sync again{note}")
+    print(f"synced {sent} event(s) to {settings.kafka_bootstrap}{note}")
+    return 0
+
