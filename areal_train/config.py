@@ -74,6 +74,8 @@ class TrainConfig:
     checkpoint_dir: str | None = None  # default: $AREAL_HOME/checkpoints
     group: str | None = None  # the run's group (compared runs share one); default: the strategy
     tags: tuple[str, ...] = ()
+    # the stream worker's closed loop for this run (run.config.eval_loop, CONTRACT.md); None: the worker's settings
+    eval_loop: dict[str, Any] | None = None
     # runtime
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 1  # torch threads per process
@@ -151,9 +153,31 @@ class TrainConfig:
         return from_mapping({**self.to_dict(), **changes})
 
 
+EVAL_LOOP_KEYS = ("enabled", "dataset", "stage", "threshold", "alpha", "patience_rounds", "factor", "min_factor",
+                  "adaptive_interval")
+
+
+def _eval_loop(value: Any, where: str) -> dict[str, Any] | None:
+    """The loop's settings pass through to the run event; the stream worker checks their values."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: eval_loop: must be an object of settings (got {type(value).__name__})")
+    unknown = sorted(str(k) for k in value if k not in EVAL_LOOP_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: eval_loop: unknown key {', '.join(unknown)} (known: {', '.join(EVAL_LOOP_KEYS)})")
+    bad = [k for k, v in value.items() if not isinstance(v, (bool, int, float, str))]
+    if bad:
+        raise ConfigError(f"{where}: eval_loop.{bad[0]}: must be a boolean, number or string")
+    return dict(value)
+
+
 def from_mapping(data: dict[str, Any], where: str = "config") -> TrainConfig:
     """Build a config from a mapping, checking every key's type (areal_metrics.producers.contract.config_fields)."""
+    data = dict(data)
+    loop = _eval_loop(data.pop("eval_loop", None), where)
     kwargs = typed_fields(TrainConfig, data, where)
+    kwargs["eval_loop"] = loop
     try:
         return TrainConfig(**kwargs)
     except ConfigError as exc:

@@ -47,10 +47,6 @@ from areal_metrics.areal_train.task import (
 )
 from areal_metrics.areal_train.warmstart_cache import WarmStartSpec, path_for, spec_for  # noqa: F401 (spec_for: for callers)
 
-SCRATCH_SHARE = 0.8  # of the examples written with the scratchpad (the rest: the bare answer)
-RETRY_SHARE = 0.1  # of the examples that are a wrong attempt, the feedback and the worked solution
-
-
 # ------------------------------------------------------------------ the data
 
 
@@ -62,17 +58,18 @@ def _wrong_answer(rng: random.Random, answer: int) -> int:
     return answer + 1
 
 
-def example(problem: Problem, rng: random.Random) -> tuple[list[str], list[bool]]:
+def example(problem: Problem, rng: random.Random, scratch_share: float = WarmStartSpec.scratch_share,
+            retry_share: float = WarmStartSpec.retry_share) -> tuple[list[str], list[bool]]:
     """(tokens, trained-on mask) of one supervised example; the mask marks the target tokens."""
     tokens = [BOS, *problem.prompt, ANS]
     target = [False] * len(tokens)
-    if rng.random() < RETRY_SHARE:  # a retry: a wrong attempt, the feedback, then the worked solution
+    if rng.random() < retry_share:  # a retry: a wrong attempt, the feedback, then the worked solution
         wrong = [*(problem.scratch if rng.random() < 0.5 else ()), "#", *digits(_wrong_answer(rng, problem.answer)), EOS]
         tokens += [*wrong, WRONG]
         target += [False] * (len(wrong) + 1)
         solution = problem.solution(with_scratch=True)
     else:
-        solution = problem.solution(with_scratch=rng.random() < SCRATCH_SHARE)
+        solution = problem.solution(with_scratch=rng.random() < scratch_share)
     tokens += solution
     target += [True] * len(solution)
     return tokens, target
@@ -123,7 +120,7 @@ def build(spec: WarmStartSpec, log: bool = True) -> tuple[Policy, dict[str, floa
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda i: min((i + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(i / spec.steps, 1.0)))))
     started, losses = time.perf_counter(), []
-    batches = bucketed([example(p, rng) for p in problems], spec.batch, rng)
+    batches = bucketed([example(p, rng, spec.scratch_share, spec.retry_share) for p in problems], spec.batch, rng)
     try:
         for step, chunk in enumerate(batches):
             loss = supervised_loss(policy, *batch_tensors(chunk))
@@ -158,7 +155,7 @@ def ensure(spec: WarmStartSpec, log: bool = True) -> Path:
                   file=sys.stderr, flush=True)
         policy, info = build(spec, log)
         tmp = path.with_suffix(".tmp")
-        torch.save({"spec": asdict(spec), "info": info, "state_dict": policy.state_dict()}, tmp)
+        torch.save({"spec": asdict(spec), "key": spec.key(), "info": info, "state_dict": policy.state_dict()}, tmp)
         os.replace(tmp, path)
         if log:
             print(f"warm start ready in {info['seconds']:.0f} s (loss {info['loss_first']:.2f} -> "
@@ -167,8 +164,14 @@ def ensure(spec: WarmStartSpec, log: bool = True) -> Path:
 
 
 def load(spec: WarmStartSpec, device: torch.device | str = "cpu") -> Policy:
+    """The cached warm start of `spec` (built first if missing); a file of another recipe is refused."""
     policy = Policy(spec.d_model, spec.layers, spec.heads)
-    saved = torch.load(ensure(spec), map_location="cpu", weights_only=True)
+    path = ensure(spec)
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    found = saved.get("key")
+    if found != spec.key():
+        raise RuntimeError(f"{path}: a warm start of recipe {found} where {spec.key()} was asked for; "
+                           "delete the file to rebuild it")
     policy.load_state_dict(saved["state_dict"])
     return policy.to(device)
 
