@@ -119,7 +119,7 @@ def build(spec: WarmStartSpec, log: bool = True) -> tuple[Policy, dict[str, floa
     warmup = max(spec.steps // 20, 1)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda i: min((i + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(i / spec.steps, 1.0)))))
-    started, losses = time.perf_counter(), []
+    started, cpu_started, losses = time.perf_counter(), time.process_time(), []
     batches = bucketed([example(p, rng, spec.scratch_share, spec.retry_share) for p in problems], spec.batch, rng)
     try:
         for step, chunk in enumerate(batches):
@@ -137,7 +137,7 @@ def build(spec: WarmStartSpec, log: bool = True) -> tuple[Policy, dict[str, floa
         torch.set_num_threads(previous_threads)
     tail = losses[-max(len(losses) // 10, 1):]
     return policy, {"loss_first": losses[0], "loss_last": sum(tail) / len(tail),
-                    "seconds": time.perf_counter() - started}
+                    "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started}
 
 
 def ensure(spec: WarmStartSpec, log: bool = True) -> Path:
@@ -158,7 +158,7 @@ def ensure(spec: WarmStartSpec, log: bool = True) -> Path:
         torch.save({"spec": asdict(spec), "key": spec.key(), "info": info, "state_dict": policy.state_dict()}, tmp)
         os.replace(tmp, path)
         if log:
-            print(f"warm start ready in {info['seconds']:.0f} s (loss {info['loss_first']:.2f} -> "
+            print(f"warm start ready in {info['seconds']:.0f} s, {info['cpu_seconds']:.0f} s of CPU (loss {info['loss_first']:.2f} -> "
                   f"{info['loss_last']:.3f})", file=sys.stderr, flush=True)
     return path
 

@@ -76,7 +76,7 @@ def run_configs(args: argparse.Namespace, stamp: str) -> dict[str, tuple[int, ob
         try:
             base = load(args.config)
             overrides = {k: v for k, v in DEMO_TRAINING.items() if args.config is None or k not in _keys(args.config)}
-            return base.replace(**overrides, **changes)
+            return base.replace(**{**overrides, **changes})
         except ConfigError as exc:
             raise UserError(str(exc)) from None
 
