@@ -1,13 +1,15 @@
-"""The supervised warm start: a few hundred steps on generated worked solutions, cached on disk.
+"""The supervised warm start: about a thousand steps on generated worked solutions, cached on disk.
 
 RL from random weights would not find a right multi-token answer within a
 demonstration's few hundred steps, so training starts from a policy that has
 seen solutions (as RL recipes start from an SFT model). The examples are
-training problems only (never an evaluation prompt), written half of the
-time with the scratchpad and half of the time as the bare answer, and a
-quarter of them as a retry: a wrong first attempt (not trained on), the
+training problems only (never an evaluation prompt), written with the
+scratchpad (`scratch_share` of them; the rest as the bare answer), and
+`retry_share` of them as a retry: a wrong first attempt (not trained on), the
 feedback token, then the worked solution. So the warm-started policy knows
-both formats and what feedback means; which format pays is left to RL.
+what feedback means. The recipe (`WarmStartSpec`) is short on purpose: the
+first run on a fresh machine builds it in about a minute of one core, and
+what it leaves to learn is RL's (`areal-metrics train --diagnose` shows it).
 
 The result is cached under `warmstart_cache.cache_dir()` by a key of everything it depends
 on; `ensure(spec)` builds it once (a file lock keeps concurrent processes

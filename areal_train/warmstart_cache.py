@@ -20,14 +20,14 @@ FORMAT_VERSION = 3  # bump when the task, the vocabulary or the code of the reci
 class WarmStartSpec:
     """The recipe: every number the warm start depends on, so that its key changes with any of them."""
 
-    d_model: int = 128
-    layers: int = 4
+    d_model: int = 64
+    layers: int = 2
     heads: int = 4
-    steps: int = 3000
+    steps: int = 1200
     batch: int = 64
-    lr: float = 2e-3
+    lr: float = 3e-3
     seed: int = 12345
-    scratch_share: float = 0.8  # of the examples written with the scratchpad (the rest: the bare answer)
+    scratch_share: float = 1.0  # of the examples written with the scratchpad (the rest: the bare answer)
     retry_share: float = 0.1  # of the examples that are a wrong attempt, the feedback and the worked solution
     threads: int = 1  # one: OpenMP threads spin and stall when the cores are shared
 

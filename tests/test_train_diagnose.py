@@ -68,3 +68,17 @@ def test_train_diagnose_bad_input_is_one_line_and_exit_2(tmp_path, capsys) -> No
     assert "no warm start" in err and err.count("\n") == 1
     assert main(["train"]) == 2
     assert "--run-id: required" in capsys.readouterr().err
+
+
+def test_the_probes_slope_t_matches_the_textbook_ols() -> None:
+    import numpy as np
+
+    from areal_metrics.areal_train.probe import slope_t
+
+    xs, ys = [0.0, 10, 20, 30, 40, 50], [0.03, 0.05, 0.04, 0.08, 0.09, 0.12]
+    x, y = np.array(xs), np.array(ys)
+    beta = np.polyfit(x, y, 1)[0]
+    resid = y - np.polyval(np.polyfit(x, y, 1), x)
+    se = np.sqrt(resid @ resid / (len(x) - 2) / ((x - x.mean()) ** 2).sum())
+    assert abs(slope_t(xs, ys) - beta / se) < 1e-9
+    assert slope_t([0.0, 1.0], [0.0, 1.0]) != slope_t([0.0, 1.0], [0.0, 1.0])  # nan: too few rounds
