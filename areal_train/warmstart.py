@@ -88,15 +88,13 @@ def batch_tensors(examples: list[tuple[list[str], list[bool]]]) -> tuple[torch.T
     return ids, ids != PAD_ID, target
 
 
-def bucketed(examples: list[tuple[list[str], list[bool]]], size: int, rng: random.Random,
-             span: int = 16) -> list[list[tuple[list[str], list[bool]]]]:
-    """Batches of similar lengths (less padding), `span` batches sorted together, in a shuffled order."""
-    out = []
-    for first in range(0, len(examples), size * span):
-        window = sorted(examples[first:first + size * span], key=lambda e: len(e[0]))
-        out += [window[i:i + size] for i in range(0, len(window), size)]
-    rng.shuffle(out)
-    return out
+def batches_of(examples: list[tuple[list[str], list[bool]]], size: int) -> list[list[tuple[list[str], list[bool]]]]:
+    """Consecutive batches of the (already random) examples: every batch mixes skills and levels.
+
+    Batches of similar lengths pad less but hold one skill each, and the alternating
+    gradients cost more than the padding saves: with them the default recipe ended at
+    loss 0.47 and 0.034 sampled accuracy on math_id, mixed at 0.21 and 0.099 (docs/WORKLOAD.md)."""
+    return [examples[i:i + size] for i in range(0, len(examples), size)]
 
 
 # ------------------------------------------------------------------ training
@@ -122,7 +120,7 @@ def build(spec: WarmStartSpec, log: bool = True) -> tuple[Policy, dict[str, floa
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda i: min((i + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(i / spec.steps, 1.0)))))
     started, cpu_started, losses = time.perf_counter(), time.process_time(), []
-    batches = bucketed([example(p, rng, spec.scratch_share, spec.retry_share) for p in problems], spec.batch, rng)
+    batches = batches_of([example(p, rng, spec.scratch_share, spec.retry_share) for p in problems], spec.batch)
     try:
         for step, chunk in enumerate(batches):
             loss = supervised_loss(policy, *batch_tensors(chunk))

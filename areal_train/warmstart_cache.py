@@ -13,7 +13,7 @@ from typing import Any
 
 from areal_metrics.areal_train.task import VOCAB
 
-FORMAT_VERSION = 3  # bump when the task, the vocabulary or the code of the recipe (warmstart.py) changes
+FORMAT_VERSION = 4  # bump when the task, the vocabulary or the code of the recipe (warmstart.py) changes
 
 
 @dataclass(frozen=True)
