@@ -147,7 +147,9 @@ class TrainConfig:
         need(self.group is None or 0 < len(self.group) <= 256, "group", "must be 1..256 characters or null")
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+        """The settings as JSON values; `eval_loop` only when set (the run event's config: absent, not null)."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()
+                if not (k == "eval_loop" and v is None)}
 
     def replace(self, **changes: Any) -> TrainConfig:
         return from_mapping({**self.to_dict(), **changes})

@@ -57,3 +57,17 @@ def test_a_config_file_wins_over_the_demos_settings_and_a_bad_one_is_a_user_erro
     bad.write_text('eval_mode = "whenever"\n')
     with pytest.raises(UserError, match="eval_mode"):
         demo.run_configs(argparse.Namespace(config=bad, seeds=1, nproc=1), "x")
+
+
+def test_eval_loop_reaches_the_run_config_only_when_set_and_unknown_keys_are_refused() -> None:
+    from areal_metrics.areal_train.config import TrainConfig, from_mapping
+    from areal_metrics.producers.contract.errors import ConfigError
+
+    assert "eval_loop" not in TrainConfig().to_dict()
+    cfg = from_mapping({"eval_loop": {"enabled": True, "threshold": 0.1}})
+    assert cfg.to_dict()["eval_loop"] == {"enabled": True, "threshold": 0.1}
+    assert from_mapping(cfg.to_dict()) == cfg  # what launch passes to the ranks as JSON
+    with pytest.raises(ConfigError, match="eval_loop: unknown key thresh"):
+        from_mapping({"eval_loop": {"thresh": 0.1}})
+    with pytest.raises(ConfigError, match="eval_loop: must be an object"):
+        from_mapping({"eval_loop": 0.1})
