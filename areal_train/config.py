@@ -65,7 +65,7 @@ class TrainConfig:
     eval_max_pending: int = 1  # async: rounds in the evaluation process at once; more are skipped
     eval_threads: int = 1
     two_stage: bool = True  # a quick subset first; the full set only when the quick stage calls for it
-    quick_size: int = 32
+    quick_size: int = 16
     quick_z: float = 1.0  # the quick stage calls for the full one when it moved more than z standard errors
     full_max_skipped: int = 2  # ... or after this many skipped full stages
     # checkpoints (every K steps and at the end) and the run's labels
