@@ -52,7 +52,7 @@ class TrainConfig:
     # evaluation
     eval_datasets: tuple[str, ...] = DATASETS
     eval_size: int = 128  # prompts per dataset
-    eval_samples: int = 4  # samples per prompt (pass@k, maj@k); 128 x 4: a standard error of 0.03 or less
+    eval_samples: int = 4  # samples per prompt (pass@k, maj@k); 128 x 4: a prompt-clustered SE of about 0.03
     eval_temperature: float = 1.0
     eval_redundancy: int = 2  # ranks that evaluate each sample of the full stage
     eval_every_steps: int | None = 25
