@@ -13,18 +13,22 @@ from typing import Any
 from areal_metrics.areal_train.task import VOCAB
 from areal_metrics.producers.contract.settings import read_setting
 
-FORMAT_VERSION = 2  # bump when the task, the vocabulary or the recipe (warmstart.py) changes
+FORMAT_VERSION = 4  # bump when the task, the vocabulary or the code of the recipe (warmstart.py) changes
 
 
 @dataclass(frozen=True)
 class WarmStartSpec:
-    d_model: int = 128
-    layers: int = 4
+    """The recipe: every number the warm start depends on, so that its key changes with any of them."""
+
+    d_model: int = 64
+    layers: int = 2
     heads: int = 4
-    steps: int = 3000
+    steps: int = 1200
     batch: int = 64
-    lr: float = 2e-3
+    lr: float = 3e-3
     seed: int = 12345
+    scratch_share: float = 1.0  # of the examples written with the scratchpad (the rest: the bare answer)
+    retry_share: float = 0.1  # of the examples that are a wrong attempt, the feedback and the worked solution
     threads: int = 1  # one: OpenMP threads spin and stall when the cores are shared
 
     def key(self) -> str:

@@ -2,19 +2,27 @@
 
 1. build the policy's supervised warm start if it is not cached yet (once);
 2. start the local stack (Kafka broker, stream worker, ClickHouse sink) with the
-   demo's stream settings: the closed loop on evaluation is on (`scale_lr` when
-   the full-stage consensus of `math_hard` is below a threshold);
-3. train two strategies side by side, mt4-grpo (up to 4 attempts with feedback)
-   and mt2-grpo (up to 2), two seeds each, 2 ranks each, the same evaluation
-   sets; evaluation runs in a process per rank on weight snapshots, two-stage,
-   sharded with redundancy 2; the first run's third round fails on every rank
-   (degraded mode: the last good result repeated, stale, with an alert);
+   demo's stream settings;
+3. train, side by side (`run_configs`):
+   - the compared runs: mt4-grpo (up to 4 attempts with feedback) and mt2-grpo
+     (up to 2), `--seeds` seeds each, `--nproc` ranks each, the same evaluation
+     sets and the same closed-loop settings (`LOOP`, in each run's
+     `config.eval_loop`), no fault injection;
+   - the vote run: 3 ranks, every sample evaluated by all three, one rank a
+     faulty replica (`dissent_rank`: outvoted and named) and one round failing
+     on every rank (degraded mode: the last good result repeated, stale, with
+     an alert);
+   - the regression run: a learning rate too high on purpose (`HIGH_LR_FACTOR`
+     times the compared runs'), so accuracy really drops and the loop's
+     `scale_lr` cuts it;
+   evaluation runs in a process per rank on weight snapshots, two-stage and
+   sharded;
 4. time short runs with 1, 2 and 4 ranks, one after the other (throughput);
 5. wait until the sink has stored every step, print what happened from SQL
    (and the checks the demo stands for) and write the report figures.
 
 The stack keeps running afterwards, with its data, for `sql`, `report`,
-`alerts` and `watch`; `areal-metrics down` stops it.
+`compare`, `alerts` and `watch`; `areal-metrics down` stops it.
 """
 
 from __future__ import annotations
@@ -37,8 +45,9 @@ STREAMS = {"defaults": {"window": 10, "min_eval_interval": 5, "interval_dwell_st
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
-    parser.add_argument("--nproc", type=int, default=2, help="ranks per run (default 2)")
-    parser.add_argument("--seeds", type=int, default=2, help="seeds per strategy (default 2)")
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="ranks per compared run and of the lr run (default 1; the vote run has 3)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per strategy (default 3)")
     parser.add_argument("--scaling-steps", type=int, default=4,
                         help="steps of each 1-, 2- and 4-rank throughput run (default 4; 0: none)")
     parser.add_argument("--config", type=Path, default=None, metavar="FILE",
@@ -47,27 +56,50 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--no-watch", action="store_true", help="no live view (plain progress lines)")
 
 
-DEMO_TRAINING = {"batch_prompts": 4, "group_size": 4, "eval_mode": "async", "eval_every_steps": 10,
-                 "eval_size": 32, "eval_cpu_share": 0.5, "checkpoint_every_steps": None, "tags": ["demo"]}
+DEMO_TRAINING = {"batch_prompts": 4, "group_size": 4, "eval_mode": "async", "eval_every_steps": 8,
+                 "eval_cpu_share": 0.5, "checkpoint_every_steps": None, "tags": ["demo"]}
+# The closed loop of every compared run and of the regression run: the same settings, so that the
+# compared runs differ only by strategy and seed. It cuts the learning rate when the in-distribution
+# consensus is shown to be below the threshold (the warm start reads 0.17 there, docs/WORKLOAD.md).
+LOOP = {"enabled": True, "dataset": "math_id", "stage": "full", "threshold": 0.10, "alpha": 0.05,
+        "patience_rounds": 0, "factor": 0.25}
+HIGH_LR_FACTOR = 10.0  # the regression run's learning rate, in units of the compared runs'
+VOTE_RANKS = 3
 
 
 def run_configs(args: argparse.Namespace, stamp: str) -> dict[str, tuple[int, object]]:
-    """run id -> (ranks, TrainConfig) of the compared runs: the demo's settings, then --config's."""
+    """run id -> (ranks, TrainConfig): the compared runs, the vote run and the regression run.
+
+    The demo's settings first, then --config's (a key the file sets wins)."""
     from areal_metrics.areal_train.config import ConfigError, load
+
+    def config(**changes: object) -> object:
+        try:
+            base = load(args.config)
+            overrides = {k: v for k, v in DEMO_TRAINING.items() if args.config is None or k not in _keys(args.config)}
+            return base.replace(**{**overrides, **changes})
+        except ConfigError as exc:
+            raise UserError(str(exc)) from None
 
     runs: dict[str, tuple[int, object]] = {}
     for strategy, turns in STRATEGIES.items():
         for seed in range(1, args.seeds + 1):
-            first = not runs
-            try:
-                base = load(args.config)
-                overrides = {k: v for k, v in DEMO_TRAINING.items() if args.config is None or k not in _keys(args.config)}
-                cfg = base.replace(**overrides, seed=seed, max_turns=turns, group=strategy,
-                                   fail_eval_rounds=[3] if first else [])
-            except ConfigError as exc:
-                raise UserError(str(exc)) from None
-            runs[f"demo-{stamp}-{strategy}-s{seed}"] = (args.nproc, cfg)
+            runs[f"demo-{stamp}-{strategy}-s{seed}"] = (args.nproc, config(
+                seed=seed, max_turns=turns, group=strategy, eval_loop=LOOP))
+    faulty = VOTE_RANKS - 1
+    runs[f"demo-{stamp}-vote"] = (VOTE_RANKS, config(
+        seed=101, max_turns=STRATEGIES["mt4-grpo"], group="vote", tags=["demo", "faults"],
+        eval_redundancy=VOTE_RANKS, dissent_rank=faulty, fail_eval_rounds=[3], eval_loop={"enabled": False}))
+    base_lr = config().lr  # type: ignore[attr-defined]
+    runs[f"demo-{stamp}-lr-high"] = (args.nproc, config(
+        seed=102, max_turns=STRATEGIES["mt4-grpo"], group="lr-regression", tags=["demo", "lr-regression"],
+        lr=base_lr * HIGH_LR_FACTOR, eval_loop=LOOP))
     return runs
+
+
+def compared_runs(runs: dict[str, tuple[int, object]]) -> dict[str, list[str]]:
+    """group -> run ids of the compared strategies (what `areal-metrics compare` takes)."""
+    return {g: [r for r, (_, cfg) in runs.items() if cfg.group == g] for g in STRATEGIES}  # type: ignore[attr-defined]
 
 
 def _keys(path: Path) -> set[str]:
@@ -114,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     logs = state_dir() / "logs"
     handles = [start(run_id, nproc, args.steps, cfg, env=env, log_dir=logs)  # type: ignore[arg-type]
                for run_id, (nproc, cfg) in runs.items()]
-    print(f"training {len(runs)} runs ({', '.join(runs)}), {args.nproc} ranks and {args.steps} steps each; "
+    print(f"training {len(runs)} runs ({', '.join(runs)}), {args.steps} steps each; "
           f"logs in {logs}", flush=True)
     _follow(handles, settings, list(runs), args.no_watch, started)
     codes = [h.wait() for h in handles]
@@ -126,7 +158,9 @@ def run(args: argparse.Namespace) -> int:
     stored = _wait_for_sink(settings, every, expected)
     demo_sql.print_summary(settings, list(runs))
     paths = _write_report(args.out, every)
+    groups = " ".join(compared_runs(runs))
     print(f"\ndone in {time.monotonic() - started:.0f} s ({stored} step events stored). The stack is still up:")
+    print(f"  .venv/bin/areal-metrics compare {groups} --dataset math_id")
     print('  .venv/bin/areal-metrics sql "SELECT run_id, count() FROM v_steps GROUP BY run_id"')
     print("  .venv/bin/areal-metrics alerts        .venv/bin/areal-metrics down")
     return 0 if paths else 1
@@ -162,7 +196,7 @@ def _scaling_runs(args: argparse.Namespace, stamp: str, env: dict[str, str], log
         return {}
     model = next(iter(run_configs(args, stamp).values()))[1]
     quiet = model.replace(eval_at_start=False, eval_every_steps=None, eval_at_end=False, group="throughput",  # type: ignore[attr-defined]
-                          tags=["demo", "scaling"], fail_eval_rounds=[], max_turns=1)
+                          tags=["demo", "scaling"], fail_eval_rounds=[], max_turns=1, eval_loop={"enabled": False})
     out = {}
     for nproc in (1, 2, 4):
         run_id = f"demo-{stamp}-tput-{nproc}r"

@@ -15,7 +15,7 @@ _RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-    parser.add_argument("--run-id", required=True, help="the run's id: 1..128 chars of [A-Za-z0-9._:-]")
+    parser.add_argument("--run-id", default=None, help="the run's id: 1..128 chars of [A-Za-z0-9._:-] (required to train)")
     parser.add_argument("--nproc", type=int, default=2, help="processes (ranks), default 2")
     parser.add_argument("--steps", type=int, default=300, help="training steps, default 300")
     parser.add_argument("--config", type=Path, default=None, metavar="FILE",
@@ -26,9 +26,20 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--timeout", type=float, default=None, help="stop the run after this many seconds")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run from its last checkpoint up to --steps (a new attempt)")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="train nothing: print the warm start's greedy and sampled accuracy and pass@k per "
+                             "skill and level (built first if not cached)")
+    parser.add_argument("--diagnose-size", type=int, default=512, metavar="N",
+                        help="--diagnose: held-out prompts per evaluation set (default 512)")
+    parser.add_argument("--diagnose-k", type=int, default=8, metavar="K",
+                        help="--diagnose: samples per prompt for the sampled accuracy and pass@K (default 8)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.diagnose:
+        return _diagnose(args)
+    if args.run_id is None:
+        raise UserError("--run-id: required to train (or --diagnose)")
     if not _RUN_ID.fullmatch(args.run_id):
         raise UserError(f"--run-id: {args.run_id!r} must be 1..128 chars of [A-Za-z0-9._:-]")
     if args.nproc < 1 or args.nproc > 64:
@@ -67,6 +78,37 @@ def run(args: argparse.Namespace) -> int:
     if code != 0:
         print(f"areal-metrics train: run {args.run_id} failed (exit status {code})", file=sys.stderr)
     return code
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    """The warm start a config asks for, per skill and level (areal_train/diagnose.py)."""
+    from areal_metrics.areal_train.task import EVAL_EXCLUDE_SIZE
+
+    if not 2 <= args.diagnose_size <= EVAL_EXCLUDE_SIZE:
+        raise UserError(f"--diagnose-size: must be in 2..{EVAL_EXCLUDE_SIZE} (got {args.diagnose_size})")
+    if not 1 <= args.diagnose_k <= 64:
+        raise UserError(f"--diagnose-k: must be in 1..64 (got {args.diagnose_k})")
+    from areal_metrics.areal_train.config import ConfigError, load
+
+    try:
+        cfg = load(args.config)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    if cfg.warmstart_steps == 0:
+        raise UserError("--diagnose: the config has no warm start (warmstart_steps = 0)")
+    import torch
+
+    from areal_metrics.areal_train import warmstart
+    from areal_metrics.areal_train.diagnose import diagnose, table
+
+    torch.set_num_threads(cfg.threads)
+    spec = warmstart.spec_for(cfg)
+    policy = warmstart.load(spec)
+    rows = diagnose(policy, size=args.diagnose_size, k=args.diagnose_k, attempt_len=cfg.max_response_len)
+    print(f"warm start {spec.key()} ({policy.n_parameters():,} parameters; {spec}); held-out evaluation prompts, "
+          f"greedy once and {args.diagnose_k} samples at temperature 1 each")
+    print(table(rows, args.diagnose_k))
+    return 0
 
 
 def _check_resumable(cfg: object, args: argparse.Namespace) -> None:

@@ -1,0 +1,103 @@
+"""Does RL learn? One process, the trainer's own pieces, no broker: the measurement docs/WORKLOAD.md cites.
+
+Builds (or loads) a warm start, prints its diagnostic table, then runs GRPO
+steps with `episodes.rollout`, `ppo.advantages` and `ppo.update` on one rank's
+data, evaluating both held-out sets every `--every` steps (`--eval-size`
+prompts x `--eval-k` samples at temperature 1, seeded: the same samples every
+round). At the end: each set's first and last accuracy and the t statistic of
+an OLS slope over the rounds.
+
+    python -m areal_metrics.areal_train.probe --steps 60 --batch-prompts 16 --group-size 16 --lr 3e-4
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import torch
+
+from areal_metrics.areal_train import ppo, warmstart
+from areal_metrics.areal_train.data import TrainData
+from areal_metrics.areal_train.diagnose import answer_all, diagnose, table
+from areal_metrics.areal_train.episodes import rollout
+from areal_metrics.areal_train.task import (
+    DATASETS,
+    EVAL_EXCLUDE_SIZE,
+    VOCAB_SIZE,
+    eval_prompts,
+    make_eval_set,
+    make_train_set,
+)
+from areal_metrics.areal_train.warmstart_cache import WarmStartSpec
+
+
+def slope_t(xs: list[float], ys: list[float]) -> float:
+    """t statistic of the OLS slope of ys on xs (nan with fewer than 3 points or no spread)."""
+    n = len(xs)
+    if n < 3:
+        return float("nan")
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    resid = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys))
+    se = math.sqrt(resid / (n - 2) / sxx)
+    return slope / se if se > 0 else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m areal_metrics.areal_train.probe")
+    ap.add_argument("--ws-steps", type=int, default=WarmStartSpec.steps)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--batch-prompts", type=int, default=16)
+    ap.add_argument("--group-size", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--max-turns", type=int, default=1)
+    ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--eval-size", type=int, default=128)
+    ap.add_argument("--eval-k", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--diagnose", type=int, default=256, help="prompts per set of the diagnostic (0: none)")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    policy = warmstart.load(WarmStartSpec(steps=a.ws_steps))
+    print(f"warm start {policy.n_parameters():,} parameters", flush=True)
+    if a.diagnose:
+        print(table(diagnose(policy, size=a.diagnose, k=8), 8), flush=True)
+    sets = {d: make_eval_set(d, a.eval_size) for d in DATASETS}
+
+    def evaluate() -> dict[str, float]:
+        return {d: sum(sum(v.samples) for v in vs) / (len(vs) * a.eval_k)
+                for d, vs in ((d, answer_all(policy, ps, a.eval_k, 28, seed=777)) for d, ps in sets.items())}
+
+    exclude = eval_prompts({n: EVAL_EXCLUDE_SIZE for n in DATASETS})
+    data = TrainData(make_train_set(4096, a.seed, exclude), a.seed, 0, 1)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=a.lr)
+    generator = torch.Generator().manual_seed(a.seed)
+    rounds = [(0, evaluate())]
+    print(f"step 0: {rounds[-1][1]}", flush=True)
+    started = time.process_time()
+    for step in range(1, a.steps + 1):
+        problems = [p for p in data.next_batch(a.batch_prompts) for _ in range(a.group_size)]
+        noise = torch.rand(len(problems), a.max_turns * 29, VOCAB_SIZE, generator=generator)
+        policy.eval()
+        episodes = rollout(policy, problems, max_turns=a.max_turns, attempt_len=28, noise=noise)
+        reward = torch.tensor(episodes.rewards(0.9))
+        advantage, returns = ppo.advantages(episodes, reward, a.group_size, "grpo", policy, 1.0, 0.95)
+        policy.train()
+        stats = ppo.update(policy, optimizer, episodes, advantage, returns, None, ppo.PPOSettings(), None)
+        if step % a.every == 0:
+            rounds.append((step, evaluate()))
+            print(f"step {step}: reward {float(reward.mean()):.3f} entropy {stats.entropy:.3f} eval {rounds[-1][1]} "
+                  f"({time.process_time() - started:.0f} s CPU)", flush=True)
+    for d in DATASETS:
+        xs, ys = [float(s) for s, _ in rounds], [r[d] for _, r in rounds]
+        print(f"{d}: {ys[0]:.3f} -> {ys[-1]:.3f} (rise {ys[-1] - ys[0]:+.3f}), OLS slope t {slope_t(xs, ys):.2f} "
+              f"over {len(xs)} rounds")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
