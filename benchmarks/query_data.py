@@ -190,10 +190,12 @@ def generate_derived(client: Any, db: str, shape: Shape) -> None:
         toUInt8(sipHash64(event_id, s) % 2), toFloat64(sipHash64(event_id, s) % 2), 0, 'areal.evals', 0, _offset
         FROM {db}.evals ARRAY JOIN range(4) AS s""")
     c(f"""INSERT INTO {db}.eval_consensus (event_id, run_id, node, rank, ts, schema, eval_id, step, dataset, stage,
-        accuracy, response_length, votes, replicas, agreement, dissenters, stale, partial, _topic, _partition, _offset)
+        accuracy, response_length, votes, replicas, agreement, dissenters, stale, partial, n_samples, n_undecided,
+        ci_low, ci_high, _topic, _partition, _offset)
         SELECT lower(hex(MD5(concat(eval_id, ':consensus')))), run_id, 'worker', 0, max(ts) + 1, 1, eval_id, step,
         dataset, stage, avg(accuracy), avg(response_length), 8, 8, 0.9, ['gpu3:0'], sipHash64(eval_id) % 40 = 0,
-        sipHash64(eval_id) % 40 = 1, 'areal.evals.consensus', 0, min(_offset)
+        sipHash64(eval_id) % 40 = 1, 256, 4, greatest(avg(accuracy) - 0.06, 0), least(avg(accuracy) + 0.06, 1),
+        'areal.evals.consensus', 0, min(_offset)
         FROM {db}.evals GROUP BY run_id, eval_id, step, dataset, stage""")
     alerts = f"SELECT * FROM ({_per_step(shape, 'r, run, step, t, number')}) WHERE step % 300 = 150"
     c(f"""INSERT INTO {db}.alerts (event_id, run_id, node, rank, ts, schema, alert_id, kind, severity, message, step,

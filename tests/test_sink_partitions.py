@@ -237,11 +237,11 @@ def test_a_version_3_store_is_moved_to_partitions_in_place(client) -> None:
     before, raw_before = client.query(view).result_rows, client.command("SELECT count() FROM v3.steps")
     assert raw_before == len(first) + len(first[::2]) + 5 and len(before) == len(first)
 
-    assert apply_schema(client, o) == SCHEMA_VERSION == 4
+    assert apply_schema(client, o) == SCHEMA_VERSION
     layout = dict(client.query("SELECT name, partition_key FROM system.tables WHERE database = 'v3'").result_rows)
     assert all(layout[t.name] == PARTITION_BY for t in TABLES)
     assert not [name for name in layout if "__v" in name]  # no copy left behind
     assert client.query(view.replace("v3.steps FINAL", "v3.v_steps")).result_rows == before  # _ingested_at kept
     assert client.command("SELECT count() FROM v3.v_eval_consensus") == len(RUNS)
-    assert apply_schema(client, o) == 4  # and again: nothing to do
+    assert apply_schema(client, o) == SCHEMA_VERSION  # and again: nothing to do
     assert client.query(view).result_rows == before
