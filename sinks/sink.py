@@ -125,10 +125,11 @@ class Sink:
 
         self.client = self._retry("opening the store", open_and_migrate)
         if self.target.kind == "chdb" and self.serve_queries:
-            from areal_metrics.sinks.http.server import ClickHouseHTTPServer
+            from areal_metrics.sinks.http.server import ClickHouseHTTPServer, QueryLimits
 
             assert self.target.path is not None
-            self.endpoint = ClickHouseHTTPServer(self.target.path, self.schema.database, port=self.http_port)
+            self.endpoint = ClickHouseHTTPServer(self.target.path, self.schema.database, port=self.http_port,
+                                                 limits=QueryLimits.from_settings(self.settings))
             self.endpoint.publish()
         self.plans = self._retry("loading batch plans", lambda: load_plans(self.client, self.schema.database, self.group))
 

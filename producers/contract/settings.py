@@ -125,6 +125,21 @@ class Settings:
     # The Kafka client that delivers the trainers' events (areal_metrics.producers.delivery.backends): auto
     # (confluent-kafka when installed, else kafka-python), confluent-kafka or kafka-python.
     kafka_client: str = "auto"
+    # The sink's ClickHouse HTTP endpoint (the embedded store): bounds of one `reader` query,
+    # so that a heavy panel or a typo cannot take the CPU or memory of the process that
+    # ingests (docs/CLICKHOUSE.md). Past `http_max_reader_queries` running at once, a reader
+    # query waits up to `http_reader_queue_s`, then fails with TOO_MANY_SIMULTANEOUS_QUERIES.
+    http_query_timeout_s: float = 30.0
+    http_query_memory_bytes: int = 1 << 30
+    http_max_reader_queries: int = 8
+    http_reader_queue_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("http_query_timeout_s", "http_query_memory_bytes", "http_max_reader_queries"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"AREAL_{name.upper()}={getattr(self, name)}: expected a number > 0")
+        if not self.http_reader_queue_s >= 0:
+            raise ConfigError(f"AREAL_HTTP_READER_QUEUE_S={self.http_reader_queue_s}: expected a number >= 0")
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -149,6 +164,10 @@ class Settings:
             exit_timeout_s=_float_env("AREAL_EXIT_TIMEOUT_S", 10.0),
             clickhouse_replicated=_bool_env("AREAL_CLICKHOUSE_REPLICATED", bool(env("AREAL_CLICKHOUSE_CLUSTER"))),
             kafka_client=_choice_env("AREAL_KAFKA_CLIENT", ("auto", "confluent-kafka", "kafka-python"), "auto"),
+            http_query_timeout_s=_float_env("AREAL_HTTP_QUERY_TIMEOUT_S", 30.0),
+            http_query_memory_bytes=_int_env("AREAL_HTTP_QUERY_MEMORY_BYTES", 1 << 30),
+            http_max_reader_queries=_int_env("AREAL_HTTP_MAX_READER_QUERIES", 8),
+            http_reader_queue_s=_float_env("AREAL_HTTP_READER_QUEUE_S", 10.0),
         )
 
     @property
