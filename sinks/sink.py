@@ -98,7 +98,7 @@ class Sink:
         while True:
             try:
                 return fn()
-            except Stopped:
+            except (Stopped, ImportError):  # a missing package does not come back by waiting
                 raise
             except Exception as exc:  # noqa: BLE001 - the store or broker is down: wait, never drop
                 if data_errors and is_data_error(exc):
