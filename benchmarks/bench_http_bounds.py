@@ -6,7 +6,10 @@ the default AREAL_HTTP_* limits), measured from outside:
   under 20 % of a core: `abandoned_cpu_idle_s` (from the close);
 - visible latency: `publish()` of one step until `sql` sees it, with no reader load and while
   a heavy reader query runs (it runs until the 30 s time limit):
-  `visible_ms_p50/p99@idle`, `visible_ms_p50/p99@heavy_reader`.
+  `visible_ms_p50/p99@idle`, `visible_ms_p50/p99@heavy_reader`;
+- a reader query that would hold 8 GB: its error code (`huge_query_code`, 241 is
+  MEMORY_LIMIT_EXCEEDED), the sink's peak RSS meanwhile, and whether the sink is still running
+  and storing steps afterwards (`sink_alive_after_huge`).
 
     python -m benchmarks.bench_http_bounds [--samples N] [--json PATH]
 """
@@ -35,6 +38,7 @@ from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.sinks.query import Target, connect, read_owner
 
 HEAVY = "SELECT count() FROM numbers(100000000000) WHERE number % 7 = 3"
+HUGE = "SELECT length(groupArray(number)) FROM numbers(1000000000)"  # would hold 8 GB
 IDLE_CPU_PCT = 20.0
 
 
@@ -118,11 +122,33 @@ def main() -> None:
             time.sleep(1.0)
             heavy = visible_latencies(settings, args.samples, "heavy")
             sock.close()
+            import http.client
+
+            rss = [proc.memory_info().rss]
+            sampling = threading.Event()
+
+            def sample_rss() -> None:
+                while not sampling.wait(0.05):
+                    rss.append(proc.memory_info().rss)
+
+            sampler = threading.Thread(target=sample_rss, daemon=True)
+            sampler.start()
+            conn = http.client.HTTPConnection("127.0.0.1", owner.port, timeout=120)
+            auth = base64.b64encode(f"{reader.name}:{reader.password}".encode()).decode()
+            conn.request("GET", "/?" + urllib.parse.urlencode({"query": HUGE}), headers={"Authorization": f"Basic {auth}"})
+            answer = conn.getresponse()
+            answer.read()
+            conn.close()
+            sampling.set()
+            sampler.join()
+            result["huge_query_code"] = float(answer.getheader("X-ClickHouse-Exception-Code") or 0)
+            result["huge_query_sink_peak_rss_mib"] = max(rss) / 2**20
+            visible_latencies(settings, 3, "after-huge")  # still storing
+            result["sink_alive_after_huge"] = float(sink.poll() is None)
             for name, values in (("idle", idle), ("heavy_reader", heavy)):
                 s = summary(values)
                 result[f"visible_ms_p50@{name}"] = s["p50"]
                 result[f"visible_ms_p99@{name}"] = s["p99"]
-            result["sink_alive"] = float(sink.poll() is None)
     finally:
         if sink is not None:
             sink.terminate()
@@ -137,6 +163,9 @@ def main() -> None:
          f"{result['visible_ms_p50@idle']:.0f} / {result['visible_ms_p99@idle']:.0f} ms", ""),
         ("publish() -> visible to sql, a heavy reader query running, p50 / p99",
          f"{result['visible_ms_p50@heavy_reader']:.0f} / {result['visible_ms_p99@heavy_reader']:.0f} ms", ""),
+        ("a reader's groupArray over 1e9 numbers: error code, sink peak RSS",
+         f"{result['huge_query_code']:.0f}, {result['huge_query_sink_peak_rss_mib']:.0f} MiB", ""),
+        ("the sink still running and storing steps after it", "yes" if result["sink_alive_after_huge"] else "NO", ""),
     ])
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
