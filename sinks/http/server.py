@@ -42,8 +42,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -231,10 +231,12 @@ class ClickHouseHTTPServer:
                    "written_rows": "0", "written_bytes": "0", "elapsed_ns": str(int(elapsed * 1e9))}
         return Answer(body, out_fmt if proto.returns_rows(canonical) else None, summary)
 
-    def _watching(self, tag: str, client_gone: Callable[[], bool] | None) -> Any:
+    @contextmanager
+    def _watching(self, tag: str, client_gone: Callable[[], bool] | None) -> Iterator[None]:
         """While the block runs, kill the session's statement once `client_gone()` is true."""
         if client_gone is None:
-            return nullcontext()
+            yield
+            return
         done = threading.Event()
 
         def watch() -> None:
@@ -244,14 +246,11 @@ class ClickHouseHTTPServer:
                     self._kill(tag)
                     return
 
-        class Watch:
-            def __enter__(self_) -> None:
-                threading.Thread(target=watch, name="clickhouse-http-watch", daemon=True).start()
-
-            def __exit__(self_, *exc: object) -> None:
-                done.set()
-
-        return Watch()
+        threading.Thread(target=watch, name="clickhouse-http-watch", daemon=True).start()
+        try:
+            yield
+        finally:
+            done.set()
 
     def _kill(self, tag: str) -> None:
         conn = self._connect()
