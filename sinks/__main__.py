@@ -47,7 +47,12 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sink.stop())
     settle_gc()  # this process's own interpreter: everything built so far lives until exit
-    sink.run()
+    try:
+        sink.run()
+    except ImportError as exc:  # one line for `areal-metrics status`, and no restart: it cannot pass
+        print(f"areal-sink: cannot start: {exc} (install the stack extra: pip install 'areal-metrics[stack]')",
+              file=sys.stderr)
+        return 2
     return 0
 
 

@@ -48,6 +48,15 @@ def dead_letter_id(topic: str, partition: int, offset: int) -> str:
     return uuid.uuid5(uuid.NAMESPACE_URL, f"areal-sink:{topic}:{partition}:{offset}").hex
 
 
+def dead_letter(m: Message, reason: str, node: str = SINK_NODE) -> RejectedEvent:
+    """The `rejected` event of message `m`: its id and time from the log position, so a second
+    decode (or a second bisection of its chunk) gives the same record."""
+    raw = m.value if m.value is not None else b""
+    bad = rejected(raw, reason, m.topic, node=node, key=m.key)
+    ts = max(0, getattr(m, "timestamp", 0) or 0) / 1000.0
+    return bad.replace(event_id=dead_letter_id(m.topic, m.partition, m.offset), ts=ts)
+
+
 def decode(messages: Iterable[Message], topics: Topics, node: str = SINK_NODE) -> Decoded:
     out = Decoded()
     for m in messages:
@@ -61,10 +70,7 @@ def decode(messages: Iterable[Message], topics: Topics, node: str = SINK_NODE) -
             if why is not None:
                 raise ValidationError(*why.split(": ", 1))
         except ValidationError as exc:
-            bad = rejected(raw, str(exc), m.topic, node=node, key=m.key)
-            # id and time from the log position, so a second decode gives the same record
-            ts = max(0, getattr(m, "timestamp", 0) or 0) / 1000.0
-            bad = bad.replace(event_id=dead_letter_id(m.topic, m.partition, m.offset), ts=ts)
+            bad = dead_letter(m, str(exc), node)
             if m.topic == topics.deadletter:
                 out.rows.append(Located(bad, m.topic, m.partition, m.offset))
             else:

@@ -29,9 +29,11 @@ from areal_metrics.sinks.batching import (
     TopicPartition,
     dedup_token,
 )
-from areal_metrics.sinks.decode import decode
+from areal_metrics.sinks.decode import dead_letter, decode
+from areal_metrics.sinks.isolate import DataError, is_data_error, isolate
 from areal_metrics.sinks.migrations import apply_schema
 from areal_metrics.sinks.query import Target, open_client
+from areal_metrics.sinks.rows import Located
 from areal_metrics.sinks.schema import TABLES, SchemaOptions
 from areal_metrics.sinks.writer import insert_rows, load_plans, record_plans
 from areal_metrics.producers.contract.errors import ArealError
@@ -80,7 +82,8 @@ class Sink:
         self.batcher: Batcher[Any] = Batcher(policy)
         self.revoked: set[TopicPartition] = set()  # by a rebalance under way: dropped unless assigned again
         self.plans: dict[TopicPartition, Plan] = {}
-        self.stats = {"rows": 0, "chunks": 0, "dead_letters": 0, "retries": 0, "commits": 0, "replanned": 0}
+        self.stats = {"rows": 0, "chunks": 0, "dead_letters": 0, "retries": 0, "commits": 0, "replanned": 0,
+                      "unstorable": 0}
         self.client: Any = None
         self.consumer: Any = None
         self.producer: Any = None
@@ -88,15 +91,18 @@ class Sink:
 
     # ------------------------------------------------------------ plumbing
 
-    def _retry(self, what: str, fn: Callable[[], R]) -> R:
-        """Run fn until it succeeds, backing off; raise Stopped when asked to stop meanwhile."""
+    def _retry(self, what: str, fn: Callable[[], R], *, data_errors: bool = False) -> R:
+        """Run fn until it succeeds, backing off; raise Stopped when asked to stop meanwhile.
+        With `data_errors`, an error no retry can pass (isolate.is_data_error) raises DataError."""
         attempt = 0
         while True:
             try:
                 return fn()
-            except Stopped:
+            except (Stopped, ImportError):  # a missing package does not come back by waiting
                 raise
             except Exception as exc:  # noqa: BLE001 - the store or broker is down: wait, never drop
+                if data_errors and is_data_error(exc):
+                    raise DataError(exc) from exc
                 attempt += 1
                 self.stats["retries"] += 1
                 delay = self.backoff.delay(attempt)
@@ -119,10 +125,11 @@ class Sink:
 
         self.client = self._retry("opening the store", open_and_migrate)
         if self.target.kind == "chdb" and self.serve_queries:
-            from areal_metrics.sinks.http.server import ClickHouseHTTPServer
+            from areal_metrics.sinks.http.server import ClickHouseHTTPServer, QueryLimits
 
             assert self.target.path is not None
-            self.endpoint = ClickHouseHTTPServer(self.target.path, self.schema.database, port=self.http_port)
+            self.endpoint = ClickHouseHTTPServer(self.target.path, self.schema.database, port=self.http_port,
+                                                 limits=QueryLimits.from_settings(self.settings))
             self.endpoint.publish()
         self.plans = self._retry("loading batch plans", lambda: load_plans(self.client, self.schema.database, self.group))
 
@@ -225,14 +232,41 @@ class Sink:
         self.plans.update(plans)
         for c, d in decoded:
             token = dedup_token(c.topic, c.partition, c.first, c.last)
-            self.stats["rows"] += self._retry(f"inserting {c.topic}[{c.partition}]", lambda: insert_rows(self.client, db, d.rows, token))
+            stored, failed = isolate(d.rows, token, lambda rows, t, c=c: self._insert(c, rows, t))
+            self.stats["rows"] += stored
             self.stats["chunks"] += 1
+            if failed:
+                d.dead_letters.extend(self._unstored(c, failed, token))
         dead = [ev for _, d in decoded for ev in d.dead_letters]
         if dead:
             self._retry("publishing dead letters", lambda: self._publish(dead))
             self.stats["dead_letters"] += len(dead)
         self._commit(chunks)
         log.debug("committed %d chunks: %s", len(chunks), ", ".join(f"{c.topic}[{c.partition}]@{c.next_offset}" for c in chunks))
+
+    def _insert(self, c: Chunk[Any], rows: Any, token: str) -> int:
+        return self._retry(f"inserting {c.topic}[{c.partition}]",
+                           lambda: insert_rows(self.client, self.schema.database, rows, token), data_errors=True)
+
+    def _unstored(self, c: Chunk[Any], failed: list[tuple[Located, DataError]], token: str) -> list[Any]:
+        """Dead letters for the rows no insert could store. A row read from the dead-letter
+        topic is not published again (that would loop): its own dead letter is stored instead,
+        and when even that fails, it is logged and passed over."""
+        by_offset = {m.offset: m for m in c.items}
+        letters = []
+        for loc, exc in failed:
+            reason = f"{loc.event.table}: could not be stored ({exc})"
+            log.warning("%s[%d]@%d %s; dead-lettered", c.topic, c.partition, loc.offset, reason)
+            letters.append(dead_letter(by_offset[loc.offset], reason))
+        self.stats["unstorable"] += len(letters)
+        if c.topic != self.topics.deadletter:
+            return letters
+        rows = [Located(e, c.topic, c.partition, loc.offset) for e, (loc, _) in zip(letters, failed)]
+        _, lost = isolate(rows, f"{token}:letters", lambda part, t: self._insert(c, part, t))
+        for loc, exc in lost:
+            log.error("%s[%d]@%d cannot be stored even as a dead letter (%s); passed over",
+                      c.topic, c.partition, loc.offset, exc)
+        return []
 
     def _publish(self, events: list[Any]) -> None:
         futures = [self.producer.send(self.topics.deadletter, key=e.run_id.encode(), value=e.to_json()) for e in events]

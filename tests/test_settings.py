@@ -30,7 +30,7 @@ def python_files() -> list[Path]:
 
 def test_every_areal_variable_in_the_source_is_a_declared_setting() -> None:
     secrets = {f.metadata["env"] + "_FILE" for f in fields(Settings) if f.metadata["secret"]}
-    named = {(m, p.relative_to(ROOT)) for p in python_files() for m in re.findall(r"\bAREAL_[A-Z0-9_]*[A-Z0-9]", p.read_text())}
+    named = {(m, p.relative_to(ROOT)) for p in python_files() for m in re.findall(r"\bAREAL_[A-Z0-9_]*[A-Z0-9]\b", p.read_text())}
     unknown = sorted(f"{name} in {path}" for name, path in named if name not in VARIABLES and name not in secrets)
     assert unknown == []
 

@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise UserError(f"--timeout: must be > 0 (got {args.timeout})")
     try:
-        stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+        # bytes: a line that is not UTF-8 is dead-lettered (as base64) like any other bad line
+        stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
     except OSError as exc:
         raise UserError(f"cannot read {args.file}: {exc.strerror}") from None
     settings = Settings.from_env()
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
                 if not line.strip():
                     continue
                 try:
-                    data = json.loads(line)
+                    data = _decode(line)
                     if args.fill and isinstance(data, dict):
                         data.setdefault("event_id", new_event_id())
                         data.setdefault("ts", time.time())
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
                 except (ValueError, RecursionError) as exc:
                     reason = str(exc) if isinstance(exc, ValidationError) else f"event: not valid JSON ({exc})"
                     first_error = first_error or f"line {number}: {reason}"
-                    publisher.publish(rejected(line.rstrip("\n"), reason, "cli:" + args.file, node=socket.gethostname()))
+                    publisher.publish(rejected(line.rstrip(b"\r\n"), reason, "cli:" + args.file, node=socket.gethostname()))
     finally:
         delivered = _wait_delivered(publisher, args.timeout, settings.kafka_bootstrap)
     if not delivered:
@@ -79,6 +80,17 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(first_error + " (sent to the dead-letter topic)")
     print(f"published {count} event(s)")
     return 0
+
+
+def _decode(line: bytes) -> object:
+    """One line's JSON; ValidationError when it is not UTF-8, ValueError when not JSON."""
+    import json
+
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValidationError("event", f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    return json.loads(text)
 
 
 def _wait_delivered(publisher: Publisher, timeout: float, bootstrap: str) -> bool:

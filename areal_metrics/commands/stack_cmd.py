@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
             out.update(
                 kafka_bootstrap=info.kafka_bootstrap, kafka_version=info.kafka_version, brokers=info.brokers,
                 topic_prefix=info.topic_prefix, clickhouse_url=mask_url(info.clickhouse_url), home=info.home,
-                processes={name: {"pid": pid, "alive": alive, **({"address": addr} if addr else {})}
+                processes={name: {"pid": pid, "alive": alive, **({"address": addr} if addr else {}),
+                                  **({} if alive else {"state": "failed", "reason": _reason(info, name)})}
                            for name, pid, alive, addr in _processes(info)},
                 clickhouse_http=_clickhouse_http(info.clickhouse_url),
             )
@@ -69,10 +70,16 @@ def run(args: argparse.Namespace) -> int:
         print("not running (no stack here)")
     else:
         parts = [f"{name} pid {pid} {'up' if alive else 'DOWN'}" + (f" at {addr}" if addr else "")
+                 + ("" if alive or name not in stack.SERVICES else f" (failed: {_reason(info, name) or 'no output'})")
                  for name, pid, alive, addr in _processes(info)]
         print(f"{'running' if running else 'not running'}: kafka at {info.kafka_bootstrap}; "
               + ("; ".join(parts) if parts else "no processes"))
     return 0 if running else 1
+
+
+def _reason(info: stack.StackInfo, name: str) -> str:
+    """Why a process of the stack stopped: the last line its log holds (services; brokers: their log)."""
+    return stack.failure_reason(info.home, name) if name in stack.SERVICES else ""
 
 
 def _processes(info: stack.StackInfo) -> list[tuple[str, int, bool, str]]:

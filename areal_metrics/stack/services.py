@@ -15,6 +15,7 @@ AREAL_KAFKA_MIN_INSYNC_REPLICAS say otherwise.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -33,6 +34,33 @@ from areal_metrics.producers.contract.settings import is_set, read_setting
 
 SERVICES = ("worker", "sink")  # started after the broker, stopped before it
 SERVICE_MODULES = {"worker": "areal_metrics.streams", "sink": "areal_metrics.sinks"}
+# What each service imports from the `stack` extra (chdb only for the embedded store)
+SERVICE_NEEDS = {"worker": ("faust", "orjson"), "sink": ("clickhouse_connect", "orjson", "chdb")}
+INSTALL_HINT = "pip install 'areal-metrics[stack]'"
+
+
+def missing_modules(services: tuple[str, ...], clickhouse_url: str) -> list[str]:
+    """The modules of the `stack` extra that the services would fail to import, in order."""
+    out: list[str] = []
+    for name in services:
+        for module in SERVICE_NEEDS[name]:
+            if module == "chdb" and not clickhouse_url.startswith("chdb:"):
+                continue
+            if module not in out and importlib.util.find_spec(module) is None:
+                out.append(module)
+    return out
+
+
+def failure_reason(home: str | Path, name: str) -> str:
+    """Why a service that is not running stopped: the last line of its log ("" when none)."""
+    try:
+        with open(Path(home) / "logs" / f"{name}.log", "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            lines = [line.strip() for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:500] if lines else ""
 
 
 @dataclass
@@ -147,22 +175,32 @@ def up(partitions: int = 3, services: tuple[str, ...] = SERVICES, timeout: float
     if previous is not None and previous.running() and set(previous.pids) >= {*broker_names(brokers), *services}:
         os.environ.setdefault("AREAL_KAFKA_BOOTSTRAP", previous.kafka_bootstrap)
         return previous, False
+    clickhouse_url = read_setting("clickhouse_url") or f"chdb://{home / 'clickhouse'}"
+    missing = missing_modules(services, clickhouse_url)
+    if missing:  # before anything starts: nothing is left behind
+        raise UserError(f"the stack's services need the `stack` extra (missing: {', '.join(missing)}): {INSTALL_HINT}")
     if previous is not None:  # stale or partial: stop what is left, keep data and ports
         down(previous)
     settings = cluster_settings(Settings.from_env(), brokers)
     specs = settings.topics.specs(settings)  # a setting Kafka would refuse fails here, before any start
     info = _start_brokers(home, brokers, partitions, previous, timeout, settings)
     write_info(info)  # now `down` can stop the brokers even if what follows fails
-    os.environ.setdefault("AREAL_KAFKA_BOOTSTRAP", info.kafka_bootstrap)  # for this process's later verbs
-    create_topics(info.kafka_bootstrap, specs, partitions)
-    env = service_env(info)
-    for name in services:
-        info.pids[name] = _start_service(name, env, home / "logs")
-        write_info(info)
-    time.sleep(1.0)
-    dead = [name for name, ok in info.alive().items() if not ok]
-    if dead:
-        raise RuntimeError(f"{', '.join(dead)} exited at start; see {home / 'logs'}")
+    try:
+        os.environ.setdefault("AREAL_KAFKA_BOOTSTRAP", info.kafka_bootstrap)  # for this process's later verbs
+        create_topics(info.kafka_bootstrap, specs, partitions)
+        env = service_env(info)
+        for name in services:
+            info.pids[name] = _start_service(name, env, home / "logs")
+            write_info(info)
+        time.sleep(1.0)
+        dead = [name for name, ok in info.alive().items() if not ok]
+        if dead:
+            reasons = "; ".join(f"{name}: {failure_reason(home, name) or 'no output'}" for name in dead)
+            raise RuntimeError(f"{', '.join(dead)} exited at start ({reasons}); stopped the rest; "
+                               f"logs in {home / 'logs'}")
+    except BaseException:  # a half-started stack is stopped, not left running
+        down(info)
+        raise
     return info, True
 
 

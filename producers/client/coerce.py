@@ -28,7 +28,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_metrics.producers.client.aliases import ALIASES, BOUNDS, INT_COLUMNS
-from areal_metrics.producers.contract.field_rules import METRIC_NAME_MAX, SAMPLE_TEXT_MAX, SAMPLES_MAX
+from areal_metrics.producers.contract.field_rules import (
+    JSON_KEY_MAX,
+    METRIC_NAME_MAX,
+    METRICS_MAX,
+    SAMPLE_TEXT_MAX,
+    SAMPLES_MAX,
+    storage_safe,
+)
 
 TOLERANCE = 1e-6  # how far outside a column's bound a value is still clamped (relative, at least absolute)
 INT64 = (-(2**63), 2**63 - 1)
@@ -109,7 +116,7 @@ def as_float(v: int | float) -> float | None:
 
 def metric_name(key: Any) -> str:
     name = key if type(key) is str else str(key)
-    return name[:METRIC_NAME_MAX]
+    return storage_safe(name[:METRIC_NAME_MAX])
 
 
 # ------------------------------------------------------------------- a step
@@ -191,6 +198,8 @@ def split_step(values: Mapping[Any, int | float], previous_epoch: float = 0.0) -
     # a NaN names the column it leaves null; when another name filled that column, the NaN is that name's
     names = (column if column is not None and column not in holders else name for name, column in nan)
     parts.non_finite = list(dict.fromkeys(names))
+    if len(parts.metrics) > METRICS_MAX:  # readers refuse more: the first names logged are kept
+        parts.metrics = dict(list(parts.metrics.items())[:METRICS_MAX])
     return parts
 
 
@@ -220,7 +229,7 @@ def verdicts(values: Any) -> list[int]:
 
 def text(v: Any) -> str:
     s = v if isinstance(v, str) else ("" if v is None else str(v))
-    return s[:SAMPLE_TEXT_MAX]
+    return storage_safe(s[:SAMPLE_TEXT_MAX])
 
 
 def samples(values: Any) -> tuple[list[dict[str, Any]], int]:
@@ -252,7 +261,7 @@ def float_metrics(values: Mapping[Any, Any]) -> tuple[dict[str, float], list[str
         name = metric_name(k)
         x = to_number(v)
         f = None if x is None else as_float(x)
-        if not name or f is None:
+        if not name or f is None or (name not in out and len(out) >= METRICS_MAX):
             dropped.append(name or repr(k))
             continue
         out[name] = f
@@ -264,14 +273,16 @@ def float_metrics(values: Mapping[Any, Any]) -> tuple[dict[str, float], list[str
 
 def json_safe(v: Any, depth: int = 0) -> Any:
     """A config (dict, dataclass, argparse.Namespace, pydantic or OmegaConf object...) as plain JSON values."""
-    if v is None or isinstance(v, (str, bool)):
+    if isinstance(v, str):
+        return storage_safe(v)
+    if v is None or isinstance(v, bool):
         return v
     if depth > 30:
-        return str(v)[:1000]
+        return storage_safe(str(v)[:1000])
     if type(v) is int or type(v) is float:
         return v if finite(v) and (type(v) is float or INT64[0] <= v <= INT64[1]) else str(v)
     if isinstance(v, Mapping):
-        return {str(k): json_safe(x, depth + 1) for k, x in v.items()}
+        return {storage_safe(str(k)[:JSON_KEY_MAX]): json_safe(x, depth + 1) for k, x in v.items()}
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
         return {f.name: json_safe(getattr(v, f.name, None), depth + 1) for f in dataclasses.fields(v)}
     if isinstance(v, argparse.Namespace):
@@ -288,7 +299,7 @@ def json_safe(v: Any, depth: int = 0) -> Any:
     x = to_number(v)
     if x is not None:
         return json_safe(x, depth)
-    return str(v)[:10_000]
+    return storage_safe(str(v)[:10_000])
 
 
 def config(v: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import base64
 import json
 
 from areal_metrics.producers.contract.events import RejectedEvent
+from areal_metrics.producers.contract.field_rules import storage_safe, text_problem
 from areal_metrics.producers.contract.ids import is_valid_run_id
 
 UNKNOWN_RUN = "unknown"
@@ -17,14 +18,15 @@ MAX_RAW_CHARS = 256 * 1024  # a dead letter keeps at most this much of the input
 
 
 def raw_as_text(raw: bytes | str) -> str:
-    """The original bytes as a string: UTF-8 text, or base64 when not UTF-8."""
-    if isinstance(raw, str):
-        text = raw
-    else:
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            text = "base64:" + base64.b64encode(raw[: MAX_RAW_CHARS]).decode("ascii")
+    """The original bytes as a string: UTF-8 text, or base64 when they are not UTF-8 or
+    the text could not be stored (a NUL, a lone surrogate in a string given)."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or text_problem(text) is not None:
+        text = "base64:" + base64.b64encode(data[: MAX_RAW_CHARS]).decode("ascii")
     return text[:MAX_RAW_CHARS]
 
 
@@ -49,7 +51,7 @@ def rejected(raw: bytes | str, reason: str, source_topic: str, *, node: str, key
     return RejectedEvent(
         run_id=guess_run_id(raw, key),
         node=node,
-        reason=reason[:4096] or "rejected",
+        reason=storage_safe(reason[:4096]) or "rejected",
         source_topic=source_topic[:256],
         raw=raw_as_text(raw),
     )

@@ -22,7 +22,8 @@ from areal_metrics.producers.contract.errors import UserError
 METRIC_NAME_MAX = 256  # a `metrics` name: 1..256 chars
 SAMPLE_TEXT_MAX = 4096  # an eval sample's prompt or response: chars kept (the client truncates)
 SAMPLES_MAX = 64  # eval samples per event (the client keeps the first ones)
-
+METRICS_MAX = 1024  # `metrics` names per event (the client keeps the first ones)
+JSON_KEY_MAX = 256  # a key of a free-form object (config, args): chars
 
 
 class ValidationError(UserError, ValueError):
@@ -119,6 +120,54 @@ def field_values(obj: Any) -> tuple[Any, ...]:
     return getter(obj)
 
 
+# ---------------------------------------------------------------- storage-safe text
+#
+# One rule for every string a reader takes (fields, list entries, `metrics` names, the keys
+# and strings of config/args, sample text): what ClickHouse's String columns and Kafka keys
+# hold as UTF-8. A lone surrogate (the JSON escape "\ud800" decodes to one) cannot be
+# encoded as UTF-8, so no insert could ever store it; NUL ends a string for C clients and
+# tools reading the tables. Invalid UTF-8 bytes never reach here: the JSON decoder refuses
+# them. Bidi controls and 4-byte characters are valid text and are stored as they are.
+
+
+def _utf8_ok(v: str) -> bool:
+    """Can `v` be encoded as UTF-8 (no lone surrogate)?"""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def text_problem(v: str) -> str | None:
+    """Why `v` cannot be stored as it is (a NUL, a lone surrogate), or None."""
+    i = v.find("\x00")
+    if i >= 0:
+        return f"holds a NUL character (at index {i})"
+    if not v.isascii():
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return (f"holds a lone surrogate U+{ord(v[exc.start]):04X} (at index {exc.start}), "
+                    "which UTF-8 cannot encode")
+    return None
+
+
+def check_text(where: str, v: str) -> None:
+    """Raise ValidationError naming `where` when `v` is not storage-safe text."""
+    problem = text_problem(v)
+    if problem is not None:
+        raise ValidationError(where, problem)
+
+
+def storage_safe(v: str) -> str:
+    """`v` with each NUL and lone surrogate replaced by U+FFFD: the client's normalisation of a
+    name or text it was given (readers refuse such text instead, to the dead-letter topic)."""
+    if text_problem(v) is None:
+        return v
+    return "".join("\ufffd" if c == "\x00" or "\ud800" <= c <= "\udfff" else c for c in v)
+
+
 def _accept_source(kind: str, optional: bool, r: Rule, v: str, consts: dict[str, Any]) -> str:
     """The fast accept of one field as a Python expression over the variable `v`: exact
     types, bounds folded into one range. Its constants go into `consts` (named after `v`).
@@ -136,7 +185,8 @@ def _accept_source(kind: str, optional: bool, r: Rule, v: str, consts: dict[str,
         longest = math.inf if r.max_len is None else r.max_len
         consts.update({f"{v}_short": 1 if r.nonempty else 0, f"{v}_long": longest,
                        f"{v}_choices": r.choices, f"{v}_pattern": r.pattern})
-        text = f"type({v}) is str and {v}_short <= len({v}) <= {v}_long"
+        text = (f"type({v}) is str and {v}_short <= len({v}) <= {v}_long"
+                f" and '\\x00' not in {v} and ({v}.isascii() or _utf8_ok({v}))")
         if r.choices is not None:
             text += f" and {v} in {v}_choices"
         if r.pattern is not None:
@@ -152,17 +202,19 @@ def _accept_source(kind: str, optional: bool, r: Rule, v: str, consts: dict[str,
 
 
 def _float_map_ok(v: Any) -> bool:
-    if type(v) is not types.MappingProxyType:
+    if type(v) is not types.MappingProxyType or len(v) > METRICS_MAX:
         return False
     for k, x in v.items():
         t = type(x)
-        if not (type(k) is str and 0 < len(k) <= METRIC_NAME_MAX and (
+        if not (type(k) is str and 0 < len(k) <= METRIC_NAME_MAX and "\x00" not in k
+                and (k.isascii() or _utf8_ok(k)) and (
                 (t is float and -math.inf < x < math.inf) or (t is int and _INT64[0] <= x <= _INT64[1]))):
             return False
     return True
 
 
-_ACCEPT_GLOBALS = {"_inf": math.inf, "_proxy": types.MappingProxyType, "_float_map_ok": _float_map_ok}
+_ACCEPT_GLOBALS = {"_inf": math.inf, "_proxy": types.MappingProxyType, "_float_map_ok": _float_map_ok,
+                   "_utf8_ok": _utf8_ok}
 
 
 def _accept_body(terms: list[str]) -> str:
@@ -234,6 +286,7 @@ def _check_str(where: str, v: Any, r: Rule) -> None:
         raise ValidationError(where, "must not be empty")
     if r.max_len is not None and len(v) > r.max_len:
         raise ValidationError(where, f"longer than {r.max_len} chars ({len(v)})")
+    check_text(where, v)
     if r.choices is not None and v not in r.choices:
         raise ValidationError(where, f"{_short(v)!r} is not one of {', '.join(r.choices)}")
     if r.pattern is not None and not r.pattern.fullmatch(v):
@@ -279,6 +332,8 @@ def check_value(where: str, c: _Check, v: Any) -> None:
     elif kind == "float_map":
         if not isinstance(v, Mapping):
             raise ValidationError(where, f"not an object ({type(v).__name__})")
+        if len(v) > METRICS_MAX:
+            raise ValidationError(where, f"more than {METRICS_MAX} names ({len(v)})")
         for k, x in v.items():
             _check_str(f"{where} key", k, Rule(max_len=METRIC_NAME_MAX, nonempty=True))
             if not is_number(x):
@@ -300,6 +355,7 @@ def _check_json(where: str, v: Any, depth: int) -> None:
         for k, x in v.items():
             if not isinstance(k, str):
                 raise ValidationError(where, f"key {k!r} is not a string")
+            _check_str(f"{where} key", k, Rule(max_len=JSON_KEY_MAX))
             _check_json(f"{where}.{k}", x, depth + 1)
     elif isinstance(v, (list, tuple)):
         for i, x in enumerate(v):
@@ -308,7 +364,9 @@ def _check_json(where: str, v: Any, depth: int) -> None:
         raise ValidationError(where, f"not finite ({v})")
     elif isinstance(v, int) and not isinstance(v, bool):
         check_number(where, v, Rule())
-    elif not (v is None or isinstance(v, (str, bool, int, float))):
+    elif isinstance(v, str):
+        check_text(where, v)
+    elif not (v is None or isinstance(v, (bool, int, float))):
         raise ValidationError(where, f"not a JSON value ({type(v).__name__})")
 
 

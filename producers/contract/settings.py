@@ -180,6 +180,18 @@ class Settings:
     sink_http_port: int = setting("AREAL_SINK_HTTP_PORT", 0, "port of the embedded store's HTTP endpoint (0: a "
                                   "free one, recorded in the store's owner.json)", kind="int", ge=0, le=65535,
                                   readers="sink")
+    # -- the sink's ClickHouse HTTP endpoint (the embedded store): bounds of one `reader` query, so
+    # that a heavy panel or a typo cannot take the CPU or memory of the process that ingests
+    http_query_timeout_s: float = setting("AREAL_HTTP_QUERY_TIMEOUT_S", 30.0, "a reader query's time limit, "
+                                          "seconds (max_execution_time)", kind="float", ge=0.001, le=86_400,
+                                          readers="sink")
+    http_query_memory_bytes: int = setting("AREAL_HTTP_QUERY_MEMORY_BYTES", 1 << 30, "a reader query's memory "
+                                           "limit, bytes (max_memory_usage)", kind="int", ge=1, readers="sink")
+    http_max_reader_queries: int = setting("AREAL_HTTP_MAX_READER_QUERIES", 8, "reader queries that run at once; "
+                                           "past it one waits AREAL_HTTP_READER_QUEUE_S, then fails with "
+                                           "TOO_MANY_SIMULTANEOUS_QUERIES", kind="int", ge=1, le=1024, readers="sink")
+    http_reader_queue_s: float = setting("AREAL_HTTP_READER_QUEUE_S", 10.0, "how long a reader query waits for a "
+                                         "free place, seconds", kind="float", ge=0, le=3600, readers="sink")
     # -- the local stack, the CLI and the trainer
     kafka_heap: str = setting("AREAL_KAFKA_HEAP", "-Xmx512m -Xms128m", "JVM heap flags of the local broker",
                               readers="stack")

@@ -18,6 +18,14 @@ settings changed by the statement; ClickHouse's error 164) and `writer`
 Each request gets its own chdb session (a fresh connection handle to the
 engine, ~0.1 ms), so `SET`, `USE` and the readonly lock never leak between
 requests; at most `max_concurrent` statements run at once, the others wait.
+
+The sink ingests in this process, so a reader's query is bounded (`QueryLimits`, from the
+AREAL_HTTP_* settings): a time limit (`max_execution_time`) and a memory limit
+(`max_memory_usage`), set after the URL's settings (a URL may ask for less, never more) and
+locked by `readonly = 1`; at most `max_reader_queries` reader queries run at once, and one
+past that waits `reader_queue_s`, then fails with TOO_MANY_SIMULTANEOUS_QUERIES. While a
+statement runs, a watcher checks its client's socket every 0.2 s; when the client has gone,
+the statement is killed (KILL QUERY by the session's `log_comment`), not run to its end.
 Results are buffered before the first byte is sent, so an error always
 arrives as an HTTP error status with ClickHouse's text and the
 `X-ClickHouse-Exception-Code` header, never in the middle of a body.
@@ -29,9 +37,13 @@ import json
 import logging
 import os
 import secrets
+import select
+import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -56,6 +68,49 @@ class Answer:
     summary: dict[str, str]
 
 
+@dataclass(frozen=True, slots=True)
+class QueryLimits:
+    """The bounds of a `reader` query (the AREAL_HTTP_* settings; their defaults here)."""
+
+    timeout_s: float = 30.0  # max_execution_time
+    memory_bytes: int = 1 << 30  # max_memory_usage
+    max_reader_queries: int = 8  # running at once
+    reader_queue_s: float = 10.0  # how long one past that waits for a slot
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> QueryLimits:
+        return cls(settings.http_query_timeout_s, settings.http_query_memory_bytes,
+                   settings.http_max_reader_queries, settings.http_reader_queue_s)
+
+    def session_settings(self, asked: dict[str, str]) -> dict[str, str]:
+        """The limits to SET for a reader: each unless the URL asked for a tighter one."""
+        out = {}
+        for name, bound in (("max_execution_time", self.timeout_s), ("max_memory_usage", self.memory_bytes)):
+            try:
+                given = float(asked.get(name, ""))
+            except ValueError:
+                given = 0.0
+            if not 0 < given <= bound:
+                out[name] = f"{bound:g}" if isinstance(bound, float) else str(bound)
+        return out
+
+
+_WATCH_S = 0.2  # how often a running statement's client socket is checked
+
+
+def peer_closed(sock: socket.socket) -> bool:
+    """Has the other end of `sock` closed it (or reset it)? Never blocks, never consumes data."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except (OSError, ValueError):  # reset, or closed here
+        return True
+
+
 def generated_users() -> dict[str, StoreUser]:
     return {READER: StoreUser(READER, secrets.token_urlsafe(18), readonly=True),
             WRITER: StoreUser(WRITER, secrets.token_urlsafe(18), readonly=False)}
@@ -73,7 +128,7 @@ class ClickHouseHTTPServer:
     """Serves a chdb data directory over ClickHouse's HTTP interface until `close()`."""
 
     def __init__(self, path: Path, database: str, *, users: dict[str, StoreUser] | None = None,
-                 port: int = 0, max_concurrent: int = 8) -> None:
+                 port: int = 0, max_concurrent: int = 8, limits: QueryLimits = QueryLimits()) -> None:
         import chdb
 
         self.path = Path(path)
@@ -83,6 +138,9 @@ class ClickHouseHTTPServer:
         self._by_name = {u.name: u for u in self.users.values()}
         self._connect = lambda: chdb.connect(str(self.path))
         self._slots = threading.BoundedSemaphore(max_concurrent)
+        self.limits = limits
+        self._readers = threading.BoundedSemaphore(limits.max_reader_queries)
+        self.stats = {"killed": 0, "refused": 0}  # statements cancelled for a gone client; readers refused a slot
         self.version, self.timezone, self.display_name = self._hello()
         self._server = self._bind(port or (kept.port if kept else 0), fall_back=port == 0)
         self._server.daemon_threads = True
@@ -123,12 +181,29 @@ class ClickHouseHTTPServer:
             raise proto.auth_failed(name)
         return user
 
-    def execute(self, user: StoreUser, req: Request, method: str) -> Answer:
-        """Run one statement in a session of its own; raises ClickHouseError."""
+    def execute(self, user: StoreUser, req: Request, method: str,
+                client_gone: Callable[[], bool] | None = None) -> Answer:
+        """Run one statement in a session of its own; raises ClickHouseError. `client_gone`:
+        True once the client has gone away (the statement is then killed)."""
+        if user.readonly and not self._readers.acquire(timeout=self.limits.reader_queue_s):
+            self.stats["refused"] += 1
+            raise ClickHouseError(
+                proto.TOO_MANY_SIMULTANEOUS_QUERIES,
+                f"Too many simultaneous queries: the {user.name} user runs at most {self.limits.max_reader_queries} "
+                f"at once (AREAL_HTTP_MAX_READER_QUERIES); none finished within {self.limits.reader_queue_s:g} s",
+                "TOO_MANY_SIMULTANEOUS_QUERIES")
+        try:
+            return self._execute(user, req, method, client_gone)
+        finally:
+            if user.readonly:
+                self._readers.release()
+
+    def _execute(self, user: StoreUser, req: Request, method: str, client_gone: Callable[[], bool] | None) -> Answer:
         with self._slots:
             conn = self._connect()
+            tag = f"areal-http:{uuid.uuid4().hex}"
             try:
-                self._prepare(conn, user, req, method)
+                self._prepare(conn, user, req, method, tag)
                 if req.insert_format is not None:
                     return self._insert(conn, req)
                 canonical = conn.query(f"SELECT formatQuerySingleLine({_quote(req.sql)})", "RawBLOB").bytes().decode()
@@ -137,7 +212,8 @@ class ClickHouseHTTPServer:
                 if req.default_format.lower() in _PYTHON_ONLY_FORMATS or out_fmt.lower() in _PYTHON_ONLY_FORMATS:
                     raise ClickHouseError(proto.UNKNOWN_FORMAT, f"Unknown format {out_fmt}", "UNKNOWN_FORMAT")
                 started = time.monotonic()
-                result = conn.query(req.sql, req.default_format, params=req.parameters)
+                with self._watching(tag, client_gone):
+                    result = conn.query(req.sql, req.default_format, params=req.parameters)
                 body = result.bytes() or b""
                 elapsed = time.monotonic() - started
             except ClickHouseError:
@@ -155,8 +231,40 @@ class ClickHouseHTTPServer:
                    "written_rows": "0", "written_bytes": "0", "elapsed_ns": str(int(elapsed * 1e9))}
         return Answer(body, out_fmt if proto.returns_rows(canonical) else None, summary)
 
-    def _prepare(self, conn: Any, user: StoreUser, req: Request, method: str) -> None:
-        """The session: the URL's settings, then the reader's readonly lock, then the database."""
+    @contextmanager
+    def _watching(self, tag: str, client_gone: Callable[[], bool] | None) -> Iterator[None]:
+        """While the block runs, kill the session's statement once `client_gone()` is true."""
+        if client_gone is None:
+            yield
+            return
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(_WATCH_S):
+                if client_gone():
+                    self.stats["killed"] += 1
+                    self._kill(tag)
+                    return
+
+        threading.Thread(target=watch, name="clickhouse-http-watch", daemon=True).start()
+        try:
+            yield
+        finally:
+            done.set()
+
+    def _kill(self, tag: str) -> None:
+        conn = self._connect()
+        try:
+            conn.query(f"KILL QUERY WHERE Settings['log_comment'] = {_quote(tag)} SYNC")
+            log.info("ClickHouse HTTP: the client went away; its statement was killed")
+        except Exception as exc:  # noqa: BLE001 - it may have finished meanwhile
+            log.debug("ClickHouse HTTP: kill: %s", exc)
+        finally:
+            conn.close()
+
+    def _prepare(self, conn: Any, user: StoreUser, req: Request, method: str, tag: str) -> None:
+        """The session: the URL's settings, the reader's bounds and readonly lock, the database.
+        `tag` goes into `log_comment`: what a kill finds the statement by."""
         if method == "GET" and not user.readonly:
             conn.query("SET readonly = 2")  # as in ClickHouse, before the URL's settings: GET only reads
         for name, value in req.settings.items():
@@ -165,7 +273,10 @@ class ClickHouseHTTPServer:
                     raise ClickHouseError(proto.READONLY, "Cannot modify 'readonly' setting in readonly mode", "READONLY")
                 continue  # 1 or 2: the lock below is at least as strict
             conn.query(f"SET {name} = {_quote(value)}")
+        conn.query(f"SET log_comment = {_quote(tag)}")
         if user.readonly:
+            for name, value in self.limits.session_settings(req.settings).items():
+                conn.query(f"SET {name} = {value}")
             conn.query("SET readonly = 1")
         conn.query(f"USE {_identifier(req.database or self.database)}")
 
@@ -275,7 +386,7 @@ def _handler_class(server: ClickHouseHTTPServer) -> type[BaseHTTPRequestHandler]
                     raise ClickHouseError(proto.NOT_IMPLEMENTED, "external data (multipart/form-data) is not supported here")
                 req = proto.parse_request(params, proto.decode(body, self.headers.get("Content-Encoding", "")), self.headers)
                 query_id = req.query_id or str(uuid.uuid4())
-                answer = server.execute(user, req, method)
+                answer = server.execute(user, req, method, lambda: peer_closed(self.connection))
             except Exception as exc:
                 if not isinstance(exc, ClickHouseError):
                     log.exception("ClickHouse HTTP request failed")
@@ -306,9 +417,12 @@ def _handler_class(server: ClickHouseHTTPServer) -> type[BaseHTTPRequestHandler]
             for name, value in {**headers, "X-ClickHouse-Server-Display-Name": server.display_name,
                                 "X-ClickHouse-Timezone": server.timezone, "Content-Length": str(len(body))}.items():
                 self.send_header(name, value)
-            self.end_headers()
-            if not head:
-                self.wfile.write(body)
+            try:
+                self.end_headers()
+                if not head:
+                    self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):  # the client went away
+                self.close_connection = True
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("ClickHouse HTTP: " + format, *args)
