@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_client_broker import wait_for
+from tests.support import wait_for
 from tests.test_packaging import _run, bare_venv
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(900)]

@@ -26,7 +26,7 @@ from areal_metrics.producers.contract.events import AlertEvent
 from areal_metrics.producers.contract.settings import Settings
 from areal_metrics.producers.contract.topics import Topics
 from tests import integration_support
-from tests.test_client_broker import ROOT, child_env, wait_for
+from tests.support import ROOT, child_env, wait_for
 
 stream_worker = integration_support.stream_worker
 

@@ -31,7 +31,7 @@ from areal_metrics.producers.contract.field_rules import field_checks
 from areal_metrics.producers.contract.settings import Settings
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.sinks.decode import dead_letter_id
-from tests.test_client_broker import service, stop, wait_for
+from tests.support import start_service, stop_process, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(900)]
 
@@ -141,7 +141,7 @@ def valid(raw: bytes, type_name: str) -> bool:
 def sink_process(stack_env: dict[str, str], tmp_path: Path):
     from areal_metrics.sinks.query import Target, connect, read_owner
 
-    proc = service("areal_metrics.sinks", stack_env, tmp_path / "sink.log")
+    proc = start_service("areal_metrics.sinks", stack_env, tmp_path / "sink.log")
     settings = Settings(kafka_bootstrap=stack_env["AREAL_KAFKA_BOOTSTRAP"], topic_prefix=stack_env["AREAL_TOPIC_PREFIX"],
                         clickhouse_url=stack_env["AREAL_CLICKHOUSE_URL"])
     store_path = Target.parse(settings.clickhouse_url).path
@@ -155,7 +155,7 @@ def sink_process(stack_env: dict[str, str], tmp_path: Path):
     try:
         yield proc, query
     finally:
-        stop(proc)
+        stop_process(proc)
 
 
 def test_every_hostile_string_is_stored_or_dead_lettered_and_never_stalls_its_partition(
@@ -163,7 +163,7 @@ def test_every_hostile_string_is_stored_or_dead_lettered_and_never_stalls_its_pa
     from kafka import KafkaProducer
 
     sink, query = sink_process
-    worker = service("areal_metrics.streams", stack_env, tmp_path / "worker.log")
+    worker = start_service("areal_metrics.streams", stack_env, tmp_path / "worker.log")
     try:
         producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", max_request_size=2 << 20)
         sent = []  # (type, label, valid, topic, partition, offset, event_id of the hostile, of the good)
@@ -215,4 +215,4 @@ def test_every_hostile_string_is_stored_or_dead_lettered_and_never_stalls_its_pa
         assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
         assert sink.poll() is None, (tmp_path / "sink.log").read_text()[-3000:]
     finally:
-        stop(worker)
+        stop_process(worker)

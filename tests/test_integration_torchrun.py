@@ -17,7 +17,7 @@ import pytest
 from areal_metrics.producers.contract.topics import Topics
 from tests import integration_support, test_client_broker
 from tests.integration_support import torchrun_obeying
-from tests.test_client_broker import ROOT, wait_for
+from tests.support import ROOT, wait_for
 
 sink = test_client_broker.sink  # the fixture: the real sink as a process, queried through its endpoint
 stream_worker = integration_support.stream_worker  # the fixture: the real stream worker as a process

@@ -11,7 +11,7 @@ import pytest
 
 from areal_metrics.producers.contract.events import parse_event
 from tests.kafka_reading import read_to_end
-from tests.test_cli_stack import CLI
+from tests.support import CLI
 
 
 @pytest.mark.broker

@@ -22,7 +22,8 @@ from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.sinks.batching import BatchPolicy
 from areal_metrics.sinks.isolate import DataError, is_data_error, isolate, part_token
 from areal_metrics.sinks.rows import Located
-from tests.test_sink_broker import Producer, lag, sink_in_a_thread, wait_for
+from tests.support import wait_for
+from tests.test_sink_broker import Producer, lag, sink_in_a_thread
 
 
 def located(n: int) -> list[Located]:

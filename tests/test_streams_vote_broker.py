@@ -114,12 +114,13 @@ def test_a_two_rank_run_that_logs_from_rank_zero_only_gets_its_consensus(
 ) -> None:
     """The habit other trackers teach: `init` on rank 0 alone, through the real client and worker."""
     from tests.kafka_reading import read_to_end
-    from tests.test_client_broker import child_env, service, start, stop, wait_for
+    from tests.support import child_env, start_service, stop_process, wait_for
+    from tests.test_client_broker import start
 
     cfg = tmp_path / "streams.json"
     cfg.write_text(json.dumps(CONFIG))  # vote_timeout_s 3: an eval_failed would come quickly
     env = {**stack_env, "AREAL_STREAMS_CONFIG": str(cfg)}
-    worker = service("areal_metrics.streams", env, tmp_path / "worker.log")
+    worker = start_service("areal_metrics.streams", env, tmp_path / "worker.log")
     try:
         rank0 = start(RANK_ZERO_SCRIPT, child_env(stack_env, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0"),
                       tmp_path / "rank0.log")
@@ -137,4 +138,4 @@ def test_a_two_rank_run_that_logs_from_rank_zero_only_gets_its_consensus(
         assert "eval_failed" not in kinds, kinds
         assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
     finally:
-        stop(worker)
+        stop_process(worker)
