@@ -42,6 +42,8 @@ GROUP BY s.run_id ORDER BY s.run_id
 EVAL_SQL = """
 SELECT c.run_id AS run, c.dataset AS dataset, count() AS full_rounds,
        round(argMin(c.accuracy, c.step), 3) AS first, round(argMax(c.accuracy, c.step), 3) AS last,
+       concat('[', toString(round(argMax(c.ci_low, c.step), 3)), ', ', toString(round(argMax(c.ci_high, c.step), 3)),
+              ']') AS last_95ci, argMax(c.n_samples, c.step) AS last_n,
        round(min(c.accuracy), 3) AS min, round(max(c.accuracy), 3) AS max, countIf(c.stale) AS stale,
        round(min(c.agreement), 3) AS min_agreement, any(s.skipped) AS full_skipped
 FROM v_eval_consensus AS c
@@ -174,13 +176,7 @@ def checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
         out.append((len(fingerprints) == 1 and n == len(runs),
                     f"{dataset}: {n} of {len(runs)} runs evaluated, {len(fingerprints)} fingerprint(s) "
                     f"{', '.join(f[:12] for f in fingerprints)}"))
-    columns, rows = store.query(EVAL_SQL, params)
-    at = {c: i for i, c in enumerate(columns)}
-    for row in rows:
-        lo, hi = row[at["min"]], row[at["max"]]
-        out.append((hi > 0 and lo < 1, f"{row[at['run']]} {row[at['dataset']]}: full-stage accuracy from {lo} to "
-                                       f"{hi} over {row[at['full_rounds']]} rounds"))
-    return out
+    return out  # the accuracies themselves are a measurement, printed in the evaluation table, not a check
 
 
 def print_summary(settings: Any, runs: list[str]) -> None:
