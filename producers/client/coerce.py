@@ -28,7 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_metrics.producers.client.aliases import ALIASES, BOUNDS, INT_COLUMNS
-from areal_metrics.producers.contract.field_rules import METRIC_NAME_MAX, SAMPLE_TEXT_MAX, SAMPLES_MAX
+from areal_metrics.producers.contract.field_rules import (
+    METRIC_NAME_MAX,
+    SAMPLE_ERROR_TYPE_MAX,
+    SAMPLE_TEXT_MAX,
+    SAMPLES_MAX,
+)
 
 TOLERANCE = 1e-6  # how far outside a column's bound a value is still clamped (relative, at least absolute)
 INT64 = (-(2**63), 2**63 - 1)
@@ -218,7 +223,8 @@ def text(v: Any) -> str:
 
 
 def samples(values: Any) -> tuple[list[dict[str, Any]], int]:
-    """Eval samples -> at most SAMPLES_MAX records {prompt, response, verdict, reward}; and how many were cut.
+    """Eval samples -> at most SAMPLES_MAX records {prompt, response, verdict, reward, gold, error_type};
+    and how many were cut (gold and error_type only when given).
 
     A record is a mapping (or an object with those attributes); other keys are
     dropped, text is cut to SAMPLE_TEXT_MAX characters, a non-finite reward is null.
@@ -235,6 +241,9 @@ def samples(values: Any) -> tuple[list[dict[str, Any]], int]:
         reward = to_number(get("reward"))
         if reward is not None and as_float(reward) is not None:
             record["reward"] = float(reward)
+        for name, cap in (("gold", SAMPLE_TEXT_MAX), ("error_type", SAMPLE_ERROR_TYPE_MAX)):
+            if get(name) is not None:
+                record[name] = text(get(name))[:cap]
         out.append(record)
     return out, max(0, len(items) - SAMPLES_MAX)
 
