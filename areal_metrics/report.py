@@ -17,7 +17,12 @@
   (the workload's grader: truncated, format, off by one, carry, arithmetic),
   per dataset and run;
 - `config.png`: the compared runs' configs side by side (the settings that
-  differ, and the strategy, seed and rank count), from the `runs` table.
+  differ, and the strategy, seed and rank count), from the `runs` table;
+- `what_changed.md` (when runs evaluated): the shown prompts whose verdict flipped between
+  a run's first and last round (areal_metrics.report_eval_details).
+
+`eval_details=True` (`report --eval-details`) adds a row to figure 1: pass@K, maj@K and
+greedy accuracy of each round's consensus (`eval_consensus.metrics`).
 
 Reads deduplicated rows (the `v_*` views) through `areal_metrics.sinks.query.connect`, like
 every reader, in the configured database (table names are unqualified: the
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_metrics.errors import UserError
+from areal_metrics.report_eval_details import CHANGES_FILE, load_consensus_metrics, load_flips, write_what_changed
 
 RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # the contract's run_id rule: safe inside a SQL literal
 FILES = ("accuracy_response_length.png", "reward.png", "throughput.png", "errors.png", "config.png")
@@ -226,8 +232,10 @@ def load_fingerprints(store: Any, where: str) -> dict[str, dict[str, set[str]]]:
 # ------------------------------------------------------------------- entry
 
 
-def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = None) -> list[Path]:
-    """Draw the figures into `out_dir` (created); returns the PNG paths. Raises UserError without data."""
+def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = None,
+                 eval_details: bool = False) -> list[Path]:
+    """Draw the figures into `out_dir` (created); returns the PNG paths and the "what changed" table.
+    `eval_details`: figure 1 also draws pass@K, maj@K and greedy accuracy. Raises UserError without data."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -239,7 +247,7 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
 
         try:
             with connect() as opened:
-                return write_report(out_dir, runs, opened)
+                return write_report(out_dir, runs, opened, eval_details)
         except StoreError as exc:
             raise UserError(str(exc)) from None
     raw, smooth = load_rewards(store, where)
@@ -251,7 +259,8 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
     written = []
     evals = load_evals(store, where)
     if evals:
-        written.append(draw.plot_evals(evals, out_dir / FILES[0]))
+        details = load_consensus_metrics(store, where) if eval_details else None
+        written.append(draw.plot_evals(evals, out_dir / FILES[0], details))
     written.append(draw.plot_rewards(raw, smooth, info, out_dir / FILES[1]))
     throughput = load_throughput(store, where)
     if throughput:
@@ -260,4 +269,6 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
     if errors:
         written.append(draw.plot_errors(errors, out_dir / FILES[3]))
     written.append(draw.plot_configs(info, out_dir / FILES[4]))
+    if evals:
+        written.append(write_what_changed(load_flips(store, where), out_dir / CHANGES_FILE))
     return written
