@@ -67,6 +67,18 @@ def test_generations_after_a_run_show_distinct_prompts_per_round_with_gold_and_e
     assert all({"pass@2", "maj@2", "greedy_accuracy"} <= set(m[0]) for m in metrics)
 
 
+def test_the_demos_generations_query_shows_the_same_spread_prompts_every_round(client, tmp_path) -> None:
+    from areal_metrics.commands.demo_sql import GENERATIONS_SQL
+
+    events = trainer_rounds(tmp_path)
+    insert_rows(client, "areal", [Located(e, "areal.evals", 0, i) for i, e in enumerate(events)], "t1")
+    result = client.query(GENERATIONS_SQL.replace("v_generations", "areal.v_generations"),
+                          parameters={"runs": ["run-g"]})
+    run, dataset, rounds, low, high, prompt_sets, samples, with_gold, _types = result.result_rows[0]
+    assert (run, dataset, rounds, low, high, prompt_sets) == ("run-g", "math_id", 2, SHOWN_PROMPTS, SHOWN_PROMPTS, 1)
+    assert with_gold == samples > 0
+
+
 def consensus(**more) -> EvalConsensusEvent:
     return EvalConsensusEvent(run_id="r1", node="areal-streams", eval_id="e1", step=20, dataset="math500",
                               stage="full", accuracy=0.6, votes=2, replicas=2, agreement=1.0,

@@ -196,6 +196,6 @@ def _wait_for_sink(settings: object, runs: list[str], expected: int, timeout: fl
 def _write_report(out: Path, runs: list[str]) -> list[Path]:
     from areal_metrics.report import write_report
 
-    paths = write_report(out, runs)
+    paths = write_report(out, runs, eval_details=True)  # figure 1 with pass@k, maj@k and greedy accuracy
     print("report figures: " + ", ".join(str(p) for p in paths))
     return paths
