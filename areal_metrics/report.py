@@ -14,8 +14,8 @@
   tokens, not prompts, feedback or padding) per run and node over steps, and
   the total across the ranks of runs with 1, 2 and 4 ranks;
 - `errors.png`: the wrong answers of the full-stage evaluations by error type
-  (the workload's grader: truncated, format, off by one, carry, arithmetic),
-  per dataset and run;
+  (the workload's grader, per skill: areal_metrics.areal_train.grader), per dataset
+  and run, and per evaluation round over all runs (the trend over training);
 - `config.png`: the compared runs' configs side by side (the settings that
   differ, and the strategy, seed and rank count), from the `runs` table;
 - `what_changed.md` (when runs evaluated): the shown prompts whose verdict flipped between
@@ -40,7 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from areal_metrics.errors import UserError
-from areal_metrics.report_eval_details import CHANGES_FILE, load_consensus_metrics, load_flips, write_what_changed
+from areal_metrics.report_eval_details import (
+    CHANGES_FILE,
+    load_consensus_metrics,
+    load_errors_by_round,
+    load_flips,
+    write_what_changed,
+)
 
 RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # the contract's run_id rule: safe inside a SQL literal
 FILES = ("accuracy_response_length.png", "reward.png", "throughput.png", "errors.png", "config.png")
@@ -267,7 +273,7 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
         written.append(draw.plot_throughput(throughput, info, out_dir / FILES[2]))
     errors = load_errors(store, where)
     if errors:
-        written.append(draw.plot_errors(errors, out_dir / FILES[3]))
+        written.append(draw.plot_errors(errors, out_dir / FILES[3], load_errors_by_round(store, where)))
     written.append(draw.plot_configs(info, out_dir / FILES[4]))
     if evals:
         written.append(write_what_changed(load_flips(store, where), out_dir / CHANGES_FILE))

@@ -1,5 +1,5 @@
 """The evaluation details of the report: pass@K, maj@K and greedy accuracy per round (figure 1 on
-request), and the "what changed" table (prompts whose verdict flipped between a run's first and
+request), the wrong answers by error type per round (the error figure's trend), and the "what changed" table (prompts whose verdict flipped between a run's first and
 last round).
 
 Loaders take an open store (areal_metrics.sinks.query) and a SQL filter on run_id; nothing here
@@ -31,6 +31,18 @@ def load_consensus_metrics(store: Any, where: str) -> dict[str, dict[str, list[t
     for dataset, run, step, metrics in rows:
         if metrics:
             out[dataset][run].append((int(step), {str(k): float(v) for k, v in dict(metrics).items()}))
+    return out
+
+
+def load_errors_by_round(store: Any, where: str) -> dict[str, dict[int, dict[str, float]]]:
+    """dataset -> step -> error type -> wrong answers of the full stages at that step (over runs and nodes)."""
+    out: dict[str, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    for dataset, step, key, count in store.query(f"""
+            SELECT dataset, step, key, sum(metrics[key])
+            FROM v_evals ARRAY JOIN mapKeys(metrics) AS key
+            WHERE {where} AND status = 'ok' AND stage = 'full' AND startsWith(key, 'errors.')
+            GROUP BY dataset, step, key ORDER BY dataset, step, key""").rows:
+        out[dataset][int(step)][key.removeprefix("errors.")] = float(count)
     return out
 
 

@@ -269,28 +269,44 @@ def _scaling_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]
 # --------------------------------------------------------------- wrong answers
 
 
-def plot_errors(errors: dict[str, dict[str, dict[str, float]]], path: Path) -> Path:
+def plot_errors(errors: dict[str, dict[str, dict[str, float]]], path: Path,
+                by_round: dict[str, dict[int, dict[str, float]]] | None = None) -> Path:
+    """Wrong answers by error type per run; with `by_round` (dataset -> step -> type -> count) a second row:
+    the same shares per evaluation round, so a trend over training shows."""
     import matplotlib.pyplot as plt
 
     datasets = sorted(errors)
     kinds = sorted({k for per_run in errors.values() for counts in per_run.values() for k in counts})
     colors = _colors(kinds)
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6.5 * len(datasets), 5.2), squeeze=False)
+    rows = 2 if by_round else 1
+    fig, axes = plt.subplots(rows, len(datasets), figsize=(6.5 * len(datasets), 5.2 * rows), squeeze=False)
     for ax, dataset in zip(axes[0], datasets):
         runs = sorted(errors[dataset])
-        bottoms = [0.0] * len(runs)
-        for kind in kinds:
-            totals = [sum(errors[dataset][r].values()) or 1.0 for r in runs]
-            shares = [100 * errors[dataset][r].get(kind, 0.0) / t for r, t in zip(runs, totals)]
-            ax.bar(range(len(runs)), shares, bottom=bottoms, color=colors[kind], label=kind)
-            bottoms = [b + s for b, s in zip(bottoms, shares)]
+        _stacked_shares(ax, [errors[dataset][r] for r in runs], kinds, colors)
         ax.set_xticks(range(len(runs)), runs, fontsize=7, rotation=30, ha="right")
-        ax.set_ylim(0, 100)
-        ax.set_ylabel("share of wrong answers (%)")
         ax.set_title(f"{dataset}: wrong answers by error type")
-        _style(ax)
+    if by_round:
+        for ax, dataset in zip(axes[1], datasets):
+            steps = sorted(by_round.get(dataset, {}))
+            _stacked_shares(ax, [by_round[dataset][s] for s in steps], kinds, colors)
+            ax.set_xticks(range(len(steps)), [str(s) for s in steps], fontsize=8)
+            ax.set_xlabel("evaluation round (training step), all runs")
+            ax.set_title(f"{dataset}: error types per round")
     axes[0][0].legend(fontsize=8, loc="lower left")
     return _save(fig, path, "Why answers were wrong (full-stage evaluations, the workload's grader)")
+
+
+def _stacked_shares(ax: Any, groups: Sequence[dict[str, float]], kinds: Sequence[str], colors: dict[str, Any]) -> None:
+    """One bar per group: each error type's share of the group's wrong answers."""
+    bottoms = [0.0] * len(groups)
+    totals = [sum(g.values()) or 1.0 for g in groups]
+    for kind in kinds:
+        shares = [100 * g.get(kind, 0.0) / t for g, t in zip(groups, totals)]
+        ax.bar(range(len(groups)), shares, bottom=bottoms, color=colors[kind], label=kind)
+        bottoms = [b + s for b, s in zip(bottoms, shares)]
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("share of wrong answers (%)")
+    _style(ax)
 
 
 # ----------------------------------------------------------------- configs

@@ -83,3 +83,16 @@ def test_what_changed_lists_the_prompts_whose_verdict_flipped(store: DirectStore
     table = write_what_changed(flips, tmp_path / CHANGES_FILE).read_text()
     assert "| flip | d | 2+2 | 4 | step 0: right | step 9: wrong (arithmetic) | 9 |" in table
     assert "1 prompts became right, 1 became wrong." in table
+
+
+def test_the_error_figure_has_a_row_per_round_that_adds_up_to_the_pooled_counts(store: DirectStore) -> None:
+    from areal_metrics.report import load_errors
+    from areal_metrics.report_eval_details import load_errors_by_round
+
+    pooled, by_round = load_errors(store, "1"), load_errors_by_round(store, "1")
+    assert sorted(by_round["math_id"]) == [0, 15, 20]  # the full rounds (the failed one at 10 has no result)
+    for dataset, per_run in pooled.items():
+        kinds = {k for counts in per_run.values() for k in counts}
+        for kind in kinds:
+            assert sum(r.get(kind, 0.0) for r in by_round[dataset].values()) == sum(
+                c.get(kind, 0.0) for c in per_run.values())
