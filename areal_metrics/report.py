@@ -15,12 +15,17 @@
   tokens, not prompts, feedback or padding) per run and node over steps, and
   the total across the ranks of runs with 1, 2 and 4 ranks;
 - `errors.png`: the wrong answers of the full-stage evaluations by error type
-  (the workload's grader: truncated, format, off by one, carry, arithmetic),
-  per dataset and run;
+  (the workload's grader, per skill: areal_metrics.areal_train.grader), per dataset
+  and run, and per evaluation round over all runs (the trend over training);
 - `config.png`: the compared runs' configs side by side (the settings that
   differ, and the strategy, seed and rank count), from the `runs` table;
 - `metric-<key>.png` for each `metrics=` key (`report --metric KEY`): any value a
   run logged, a typed column of the steps or a key of their `metrics`, per run.
+- `what_changed.md` (when runs evaluated): the shown prompts whose verdict flipped between
+  a run's first and last round (areal_metrics.report_eval_details).
+
+`eval_details=True` (`report --eval-details`) adds a row to figure 1: pass@K, maj@K and
+greedy accuracy of each round's consensus (`eval_consensus.metrics`).
 
 Reads deduplicated rows (the `v_*` views) through `areal_metrics.sinks.query.connect`, like
 every reader, in the configured database (table names are unqualified: the
@@ -38,6 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from areal_metrics.errors import UserError
+from areal_metrics.report_eval_details import (
+    CHANGES_FILE,
+    load_consensus_metrics,
+    load_errors_by_round,
+    load_flips,
+    write_what_changed,
+)
 
 RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # the contract's run_id rule: safe inside a SQL literal
 FILES = ("accuracy_response_length.png", "reward.png", "throughput.png", "errors.png", "config.png")
@@ -253,10 +265,12 @@ def load_fingerprints(store: Any, where: str) -> dict[str, dict[str, set[str]]]:
 
 
 def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = None, *,
-                 metrics: Sequence[str] = (), grouped: bool = False) -> list[Path]:
-    """Draw the figures into `out_dir` (created); returns the PNG paths. Raises UserError without data.
+                 metrics: Sequence[str] = (), grouped: bool = False, eval_details: bool = False) -> list[Path]:
+    """Draw the figures into `out_dir` (created); returns the PNG paths and the "what changed" table.
+    Raises UserError without data.
 
-    `metrics`: keys drawn one figure each; `grouped`: runs averaged per group instead of one line per run.
+    `metrics`: keys drawn one figure each; `grouped`: runs averaged per group instead of one line per run;
+    `eval_details`: figure 1 also draws pass@K, maj@K and greedy accuracy.
     """
     import matplotlib
 
@@ -269,7 +283,8 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
 
         try:
             with connect() as opened:
-                return write_report(out_dir, runs, opened, metrics=metrics, grouped=grouped)
+                return write_report(out_dir, runs, opened, metrics=metrics, grouped=grouped,
+                                    eval_details=eval_details)
         except StoreError as exc:
             raise UserError(str(exc)) from None
     raw, smooth = load_rewards(store, where)
@@ -281,15 +296,18 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
     written = []
     evals = load_evals(store, where)
     if evals:
-        written.append(draw.plot_evals(evals, out_dir / FILES[0]))
+        details = load_consensus_metrics(store, where) if eval_details else None
+        written.append(draw.plot_evals(evals, out_dir / FILES[0], details))
     written.append(draw.plot_rewards(raw, smooth, info, out_dir / FILES[1], grouped=grouped))
     throughput = load_throughput(store, where)
     if throughput:
         written.append(draw.plot_throughput(throughput, info, out_dir / FILES[2]))
     errors = load_errors(store, where)
     if errors:
-        written.append(draw.plot_errors(errors, out_dir / FILES[3]))
+        written.append(draw.plot_errors(errors, out_dir / FILES[3], load_errors_by_round(store, where)))
     written.append(draw.plot_configs(info, out_dir / FILES[4]))
+    if evals:
+        written.append(write_what_changed(load_flips(store, where), out_dir / CHANGES_FILE))
     for key in dict.fromkeys(metrics):
         series = load_metric(store, where, key)
         if not series:

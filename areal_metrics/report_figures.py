@@ -98,14 +98,18 @@ def _clipped(values: Sequence[float], low: float = 0.0, high: float = 1.0) -> li
 # ------------------------------------------------------------------ figure 1
 
 
-def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path) -> Path:
+def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path,
+               details: dict[str, dict[str, list[tuple[int, dict[str, float]]]]] | None = None) -> Path:
+    """Accuracy and response length per dataset; with `details` (dataset -> run -> (step, metrics), from
+    areal_metrics.report_eval_details.load_consensus_metrics) a second row: pass@K, maj@K and greedy accuracy."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
     datasets = sorted(evals)
     runs = sorted({run for per_run in evals.values() for run in per_run})
     colors = _colors(runs)
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6.5 * len(datasets), 5.0), squeeze=False)
+    rows = 2 if details else 1
+    fig, axes = plt.subplots(rows, len(datasets), figsize=(6.5 * len(datasets), 5.0 * rows), squeeze=False)
     for ax, dataset in zip(axes[0], datasets):
         right = ax.twinx()
         for run, points in sorted(evals[dataset].items()):
@@ -136,10 +140,42 @@ def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path) -> Path:
         Line2D([], [], ls="", marker="X", color="gray", markeredgecolor="black", ms=9, label="stale round (degraded)"),
         Line2D([], [], ls="", marker="s", markerfacecolor="none", markeredgecolor="black", ms=8, label="partial round"),
     ]
+    if details:
+        names = _plot_details(axes[1], datasets, details, colors)
+        handles += [Line2D([], [], color="gray", lw=1.6, ls=_DETAIL_STYLE.get(_family(n), ":"), label=n)
+                    for n in names]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), frameon=False, fontsize=8)
-    rows = (len(handles) + 3) // 4
+    legend_rows = (len(handles) + 3) // 4
     return _save(fig, path, "Evaluation accuracy and response length per dataset (cross-node consensus)",
-                 bottom=0.05 * rows)
+                 bottom=0.05 * legend_rows / rows)
+
+
+_DETAIL_STYLE = {"pass": "-", "maj": "--", "greedy_accuracy": "-."}
+
+
+def _family(name: str) -> str:
+    return name.split("@")[0] if "@" in name else name
+
+
+def _plot_details(axes: Sequence[Any], datasets: Sequence[str],
+                  details: dict[str, dict[str, list[tuple[int, dict[str, float]]]]], colors: dict[str, Any]) -> list[str]:
+    """pass@K, maj@K and greedy accuracy of each round's consensus, one line style per metric; their names."""
+    names: set[str] = set()
+    for ax, dataset in zip(axes, datasets):
+        top = 0.0
+        for run, points in sorted(details.get(dataset, {}).items()):
+            for name in sorted({n for _, m in points for n in m}):
+                series = [(step, 100 * m[name]) for step, m in points if name in m]
+                top = max(top, *(v for _, v in series))
+                ax.plot(*zip(*series), ls=_DETAIL_STYLE.get(_family(name), ":"), marker=".", color=colors.get(run),
+                        lw=1.6)
+                names.add(name)
+        ax.set_title(f"{dataset}: pass@k, maj@k and greedy accuracy")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("share of prompts (%)")
+        ax.set_ylim(-1, min(102, max(10.0, top * 1.15)))
+        _style(ax)
+    return sorted(names)
 
 
 def _error_bars(ax: Any, points: Sequence[Any], color: Any) -> None:
@@ -261,28 +297,44 @@ def _scaling_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]
 # --------------------------------------------------------------- wrong answers
 
 
-def plot_errors(errors: dict[str, dict[str, dict[str, float]]], path: Path) -> Path:
+def plot_errors(errors: dict[str, dict[str, dict[str, float]]], path: Path,
+                by_round: dict[str, dict[int, dict[str, float]]] | None = None) -> Path:
+    """Wrong answers by error type per run; with `by_round` (dataset -> step -> type -> count) a second row:
+    the same shares per evaluation round, so a trend over training shows."""
     import matplotlib.pyplot as plt
 
     datasets = sorted(errors)
     kinds = sorted({k for per_run in errors.values() for counts in per_run.values() for k in counts})
     colors = _colors(kinds)
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6.5 * len(datasets), 5.2), squeeze=False)
+    rows = 2 if by_round else 1
+    fig, axes = plt.subplots(rows, len(datasets), figsize=(6.5 * len(datasets), 5.2 * rows), squeeze=False)
     for ax, dataset in zip(axes[0], datasets):
         runs = sorted(errors[dataset])
-        bottoms = [0.0] * len(runs)
-        for kind in kinds:
-            totals = [sum(errors[dataset][r].values()) or 1.0 for r in runs]
-            shares = [100 * errors[dataset][r].get(kind, 0.0) / t for r, t in zip(runs, totals)]
-            ax.bar(range(len(runs)), shares, bottom=bottoms, color=colors[kind], label=kind)
-            bottoms = [b + s for b, s in zip(bottoms, shares)]
+        _stacked_shares(ax, [errors[dataset][r] for r in runs], kinds, colors)
         ax.set_xticks(range(len(runs)), runs, fontsize=7, rotation=30, ha="right")
-        ax.set_ylim(0, 100)
-        ax.set_ylabel("share of wrong answers (%)")
         ax.set_title(f"{dataset}: wrong answers by error type")
-        _style(ax)
+    if by_round:
+        for ax, dataset in zip(axes[1], datasets):
+            steps = sorted(by_round.get(dataset, {}))
+            _stacked_shares(ax, [by_round[dataset][s] for s in steps], kinds, colors)
+            ax.set_xticks(range(len(steps)), [str(s) for s in steps], fontsize=8)
+            ax.set_xlabel("evaluation round (training step), all runs")
+            ax.set_title(f"{dataset}: error types per round")
     axes[0][0].legend(fontsize=8, loc="lower left")
     return _save(fig, path, "Why answers were wrong (full-stage evaluations, the workload's grader)")
+
+
+def _stacked_shares(ax: Any, groups: Sequence[dict[str, float]], kinds: Sequence[str], colors: dict[str, Any]) -> None:
+    """One bar per group: each error type's share of the group's wrong answers."""
+    bottoms = [0.0] * len(groups)
+    totals = [sum(g.values()) or 1.0 for g in groups]
+    for kind in kinds:
+        shares = [100 * g.get(kind, 0.0) / t for g, t in zip(groups, totals)]
+        ax.bar(range(len(groups)), shares, bottom=bottoms, color=colors[kind], label=kind)
+        bottoms = [b + s for b, s in zip(bottoms, shares)]
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("share of wrong answers (%)")
+    _style(ax)
 
 
 # ----------------------------------------------------------------- configs

@@ -27,6 +27,7 @@ anything is evaluated. Outcomes go to `emit` as soon as each stage is done.
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -51,7 +52,7 @@ from areal_metrics.areal_train.grader import ERROR_TYPES
 from areal_metrics.areal_train.policy import Policy
 from areal_metrics.areal_train.task import VOCAB_SIZE, render
 
-SAMPLES_KEPT = 4  # generations per event, for the generations table
+SHOWN_PROMPTS = 8  # prompts per dataset whose first sample the generations table shows (the same every round)
 MAX_ROWS = 256  # rows per generation batch (a block larger than this is split at fixed points)
 
 
@@ -156,25 +157,62 @@ def shard_answers(policy: Policy, evalset: EvalSet, shard: Shard, device: torch.
     return ids, answers, len(todo)
 
 
+def greedy_accuracy(policy: Policy, evalset: EvalSet, prompts: Sequence[int], device: torch.device | str,
+                    pause: Callable[[float], None] | None = None) -> float:
+    """Share of `prompts` whose greedy (argmax) first attempt is right: one answer per prompt."""
+    right = 0
+    for start in range(0, len(prompts), MAX_ROWS):
+        began = time.perf_counter()
+        problems = [evalset.problems[p] for p in prompts[start:start + MAX_ROWS]]
+        episodes = rollout(policy, problems, max_turns=1, attempt_len=evalset.attempt_len, noise=None, device=device)
+        right += sum(grades[0].verdict for grades in episodes.grades)
+        if pause is not None:
+            pause(time.perf_counter() - began)
+    return right / len(prompts) if prompts else 0.0
+
+
+def shown_prompts(evalset: EvalSet) -> frozenset[int]:
+    """The prompts the generations table shows: a fixed choice per dataset (its name and seed), spread over
+    the set, so the same prompts appear every round and on whichever rank holds them."""
+    n = len(evalset.problems)
+    return frozenset(random.Random(f"{evalset.name}/{evalset.seed}/{n}").sample(range(n), min(SHOWN_PROMPTS, n)))
+
+
 def evaluate_shard(policy: Policy, evalset: EvalSet, shard: Shard, device: torch.device | str,
                    pause: Callable[[float], None] | None = None, shard_nodes: int = 1) -> StageResult:
-    """Sample k answers to each prompt of the shard; verdicts in window order."""
+    """Sample k answers to each prompt of the shard (and a greedy one); verdicts in window order."""
     ids, answers, generated = shard_answers(policy, evalset, shard, device, pause)
-    return summarize(evalset, ids, answers, shard.redundancy, shard_nodes, generated)
+    greedy = greedy_accuracy(policy, evalset, prompts_of(ids, evalset.k), device, pause)
+    return summarize(evalset, ids, answers, shard.redundancy, shard_nodes, generated, greedy)
+
+
+def prompts_of(ids: Sequence[int], k: int) -> list[int]:
+    """The prompts of sample ids, in order, each once."""
+    return list(dict.fromkeys(s // k for s in ids))
+
+
+def sample_record(evalset: EvalSet, sample: int, a: Answer) -> dict[str, object]:
+    """One row of the generations table: the prompt, the answer given, the gold answer, the error type."""
+    problem = evalset.problems[sample // evalset.k]
+    return {"prompt": problem.text, "response": a.response, "verdict": a.verdict, "reward": float(a.verdict),
+            "gold": str(problem.answer), "error_type": a.error or ""}
 
 
 def summarize(evalset: EvalSet, ids: Sequence[int], answers: Mapping[int, Answer], replicas: int, shard_nodes: int,
-              rollouts: int) -> StageResult:
-    """The stage's result over `ids` (whole prompts, k samples each, in order)."""
+              rollouts: int, greedy: float | None = None) -> StageResult:
+    """The stage's result over `ids` (whole prompts, k samples each, in order); `greedy`: the greedy accuracy
+    over the same prompts, when evaluated."""
     k = evalset.k
     chosen = [answers[s] for s in ids]
     verdicts = [a.verdict for a in chosen]
     errors = Counter(a.error for a in chosen if a.error)
-    samples = [{"prompt": evalset.problems[s // k].text, "response": a.response, "verdict": a.verdict,
-                "reward": float(a.verdict)} for s, a in zip(ids[:SAMPLES_KEPT], chosen)]
+    shown = shown_prompts(evalset)
+    samples = [sample_record(evalset, s, answers[s]) for s in ids if s % k == 0 and s // k in shown]
     golds = [evalset.problems[s // k].answer for s in ids[::k]]
     metrics = {f"pass@{k}": pass_at_k(verdicts, k), f"maj@{k}": maj_at_k([a.answer for a in chosen], golds, k),
                "samples_per_prompt": float(k), "first_attempt_accuracy": sum(verdicts) / max(len(verdicts), 1)}
+    if greedy is not None:
+        metrics["greedy_accuracy"] = greedy
     if evalset.turns > 1:  # what the extra attempts buy, beside the first attempt's accuracy
         solved = sum(1 for a in chosen if a.solved_turn is not None and a.solved_turn <= evalset.turns)
         metrics[f"solved_within_{evalset.turns}_turns"] = solved / max(len(chosen), 1)
@@ -272,7 +310,8 @@ def _stage(policy: Policy, evalset: EvalSet, shard: Shard, job: RoundJob, stage:
         if job.fail:
             raise RuntimeError(f"injected evaluation failure at step {job.step} (round {job.round_no})")
         ids, answers, generated = shard_answers(policy, evalset, shard, device, pause, known)
-        result = summarize(evalset, ids, answers, shard.redundancy, nodes, generated)
+        greedy = greedy_accuracy(policy, evalset, prompts_of(ids, evalset.k), device, pause)
+        result = summarize(evalset, ids, answers, shard.redundancy, nodes, generated, greedy)
         if job.dissent:  # a faulty replica publishes wrong verdicts; its own decisions stay honest
             result = replace(result, verdicts=_flipped(result.verdicts))
         if board is not None:

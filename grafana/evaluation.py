@@ -7,7 +7,10 @@ both a quick and a full stage, the full stage wins. Stale rounds (degraded
 mode: the last good result repeated) and partial rounds (timeout before all
 replicas answered) are marked as annotations and flagged in the rounds table.
 Every round carries its uncertainty: a band of its 95 % interval per run, and the
-interval, decided and undecided samples in the rounds table.
+interval, decided and undecided samples in the rounds table. pass@K, maj@K and the
+greedy accuracy of each round's consensus (`eval_consensus.metrics`) are drawn per
+dataset beside it. The generations table (a fixed choice of prompts per dataset, the
+same every round) has its own filters: step, verdict and error type.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from areal_metrics.grafana.panels import (
     table,
     timeseries,
     trend,
+    variable,
 )
 
 UID = "areal-evaluation"
@@ -64,6 +68,21 @@ WHERE $__timeFilter(ts) AND {RUN_FILTER} AND dataset IN (${{dataset:singlequote}
 GROUP BY step, dataset
 ORDER BY step""",
     expects=("step", "dataset", "accuracy", BAND_LOW, BAND_HIGH),
+)
+
+
+# pass@K, maj@K and greedy accuracy of each round's consensus, one series per run and metric
+CONSENSUS_METRICS_BY_STEP = SQL(
+    f"""SELECT
+    step,
+    concat(run_id, ' · ', name) AS series,
+    argMax(value, {BEST_STAGE}) AS value
+FROM {view('eval_consensus')}
+ARRAY JOIN mapKeys(metrics) AS name, mapValues(metrics) AS value
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND dataset IN (${{dataset:singlequote}}) AND NOT stale
+GROUP BY step, series
+ORDER BY step""",
+    expects=("step", "series", "value"),
 )
 
 
@@ -136,6 +155,31 @@ LIMIT 200""",
              "latency", "error"),
 )
 
+# The generations table's own filters (after the shared ones): a sample's verdict as the table shows
+# it, and its error type ('none' for a right answer or a producer that sent none).
+VERDICT = "multiIf(verdict = 1, 'right', verdict = 0, 'wrong', 'none')"
+ERROR_TYPE = "if(error_type = '', 'none', error_type)"
+GENERATION_FILTERS = (
+    "$__conditionalAll(toString(step) IN (${gen_step:singlequote}), $gen_step)",
+    f"$__conditionalAll({VERDICT} IN (${{verdict:singlequote}}), $verdict)",
+    f"$__conditionalAll({ERROR_TYPE} IN (${{error_type:singlequote}}), $error_type)",
+)
+_GENERATIONS_OF_RUNS = f"FROM {view('generations')} WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {DATASET_FILTER}"
+
+
+def generation_variables() -> list[dash_b.QueryVariable]:
+    """Step, verdict and error type of the generations table (multi, with All)."""
+    return [
+        variable("gen_step", "Step", f"SELECT DISTINCT toString(step) AS s {_GENERATIONS_OF_RUNS} "
+                 "ORDER BY toUInt64(s) DESC", include_all=True,
+                 description="Steps of the generations table (the same prompts every round: compare two steps)."),
+        variable("verdict", "Verdict", f"SELECT DISTINCT {VERDICT} AS v {_GENERATIONS_OF_RUNS} ORDER BY v",
+                 include_all=True, description="right or wrong samples of the generations table."),
+        variable("error_type", "Error type", f"SELECT DISTINCT {ERROR_TYPE} AS e {_GENERATIONS_OF_RUNS} ORDER BY e != 'none', e",
+                 include_all=True, description="Error types of the generations table (none: a right answer)."),
+    ]
+
+
 # the samples of each node's results (log_eval(samples=[...])), as W&B users see sample tables
 GENERATIONS = SQL(
     f"""SELECT
@@ -147,14 +191,18 @@ GENERATIONS = SQL(
     node,
     sample,
     verdict,
+    {ERROR_TYPE} AS `error type`,
+    gold,
     reward,
     prompt,
     response
 FROM {view('generations')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER} AND {DATASET_FILTER}
-ORDER BY step DESC, dataset, stage, node, sample
+  AND {' AND '.join(GENERATION_FILTERS)}
+ORDER BY step DESC, dataset, stage, prompt, node, sample
 LIMIT 500""",
-    expects=("time", "run_id", "step", "dataset", "stage", "node", "sample", "verdict", "reward", "prompt", "response"),
+    expects=("time", "run_id", "step", "dataset", "stage", "node", "sample", "verdict", "error type", "gold",
+             "reward", "prompt", "response"),
 )
 
 SERIES = "${__field.labels.series}"
@@ -177,6 +225,8 @@ def build() -> dash_b.Dashboard:
         ["evaluation"],
     )
     board = board.annotation(annotation("Stale / partial rounds", "#FF9830", DEGRADED_MARKERS_SQL))
+    for var in generation_variables():
+        board = board.with_variable(var)
 
     two_axis = (
         trend(
@@ -235,6 +285,27 @@ def build() -> dash_b.Dashboard:
                                             hidden])
     )
     board = board.with_panel(band)
+    board = board.with_panel(
+        trend(
+            "pass@k, maj@k and greedy accuracy by step · $dataset",
+            "Of each round's consensus (eval_consensus.metrics; the full stage where a step has both): pass@k, "
+            "a prompt passes when one of its k samples is right, voted per sample across nodes; maj@k, the most "
+            "frequent of the k answers is right; greedy accuracy, the argmax answer is right. maj@k and greedy "
+            "are the agreeing nodes' means weighted by their sample counts.",
+            CONSENSUS_METRICS_BY_STEP,
+            x_field="step",
+            unit="percentunit",
+            partition_by="series",
+            width=12,
+            height=9,
+            axis_label="share of prompts",
+        )
+        .min(0)
+        .max(1)
+        .repeat("dataset")
+        .repeat_direction("h")
+        .max_per_row(2)
+    )
 
     panels = [
         timeseries(
@@ -327,16 +398,19 @@ ORDER BY time""",
     board = board.with_panel(
         table(
             "Generations",
-            "The samples behind each node's result, newest step first: prompt, response, verdict and reward "
-            "(text cut at the documented size, docs/CONTRACT.md).",
+            "The samples behind each node's result, newest step first: the first sample of a fixed choice of "
+            "prompts per dataset (the same every round), its verdict, error type, gold answer, reward and "
+            "response (text cut at the documented size, docs/CONTRACT.md). Filter by step, verdict and error "
+            "type above.",
             GENERATIONS,
             height=12,
         ).with_override(
             _by_name("verdict"),
             [
                 _prop("custom.cellOptions", {"type": "color-text"}),
-                _prop("mappings", [{"type": "value", "options": {"1": {"color": "green", "index": 0},
-                                                                  "0": {"color": "red", "index": 1}}}]),
+                _prop("mappings", [{"type": "value", "options": {
+                    "1": {"color": "green", "text": "right", "index": 0},
+                    "0": {"color": "red", "text": "wrong", "index": 1}}}]),
             ],
         )
     )

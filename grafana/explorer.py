@@ -13,7 +13,7 @@ from grafana_foundation_sdk.builders import dashboard as dash_b
 
 from areal_metrics.grafana.clickhouse import SQL, view
 from areal_metrics.grafana.panels import NODE_FILTER, RUN_FILTER, base, table, trend
-from areal_metrics.grafana.panels import _variable as query_variable
+from areal_metrics.grafana.panels import variable as query_variable
 
 UID = "areal-explorer"
 

@@ -54,35 +54,35 @@ ORDER BY max(since) DESC"""
 def variables() -> list[dash_b.QueryVariable]:
     """group and tag (multi, with All), run (multi, newest first), node and dataset (multi, with All)."""
     return [
-        _variable(
+        variable(
             "group",
             "Group",
             f"SELECT DISTINCT `group` FROM {view('runs')} WHERE `group` IS NOT NULL AND `group` != '' ORDER BY `group`",
             include_all=True,
             description="Run groups (init(group=...)); narrows the Run list.",
         ),
-        _variable(
+        variable(
             "tag",
             "Tag",
             f"SELECT DISTINCT arrayJoin(tags) AS tag FROM {view('runs')} ORDER BY tag",
             include_all=True,
             description="Run tags (init(tags=[...])); narrows the Run list to runs with any chosen tag.",
         ),
-        _variable(
+        variable(
             "run",
             "Run",
             RUN_PICKER,
             include_all=False,
             description="Training runs (newest first); pick several to compare them.",
         ),
-        _variable(
+        variable(
             "node",
             "Node",
             f"SELECT DISTINCT node FROM {view('steps')} WHERE {RUN_FILTER} ORDER BY node",
             include_all=True,
             description="Nodes of the chosen runs.",
         ),
-        _variable(
+        variable(
             "dataset",
             "Dataset",
             f"SELECT DISTINCT dataset FROM {view('evals')} WHERE {RUN_FILTER} ORDER BY dataset",
@@ -92,7 +92,7 @@ def variables() -> list[dash_b.QueryVariable]:
     ]
 
 
-def _variable(name: str, label: str, sql: str, *, include_all: bool, description: str) -> dash_b.QueryVariable:
+def variable(name: str, label: str, sql: str, *, include_all: bool, description: str) -> dash_b.QueryVariable:
     var = (
         dash_b.QueryVariable(name)
         .label(label)

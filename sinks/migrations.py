@@ -128,6 +128,14 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
         create_view_sql(TABLES_BY_NAME["evals"], o),
         create_view_sql(TABLES_BY_NAME["eval_consensus"], o),
     ]
+    # v7 (5 is runs.name, on another branch): evaluation details: a sample's gold answer and error
+    # type; the consensus's pass@K, maj@K, greedy_accuracy; the views again.
+    v7: list[Statement] = [
+        *_add_columns("generations", ("gold", "error_type"), o),
+        *_add_columns("eval_consensus", ("metrics",), o),
+        create_view_sql(TABLES_BY_NAME["generations"], o),
+        create_view_sql(TABLES_BY_NAME["eval_consensus"], o),
+    ]
     return [
         (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
         (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
@@ -136,6 +144,7 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
         (5, "runs.name: the display name of init(name=...)", v5),
         (6, "evaluation statistics: evals.sample_ids, shard_nodes; eval_consensus n_samples, n_undecided, ci_low, "
             "ci_high", v6),
+        (7, "evaluation details: generations.gold, error_type; eval_consensus.metrics", v7),
     ]
 
 

@@ -120,7 +120,7 @@ def build_columns(table: Table, rows: Sequence[Located]) -> tuple[tuple[str, ...
     return names, [_column(name, rows) for name in names]
 
 
-SAMPLE_COLUMNS = ("sample", "prompt", "response", "verdict", "reward")
+SAMPLE_COLUMNS = ("sample", "prompt", "response", "verdict", "reward", "gold", "error_type")
 
 
 def _sample_columns(names: Sequence[str], rows: Sequence[Located]) -> list[list[Any]]:
@@ -131,7 +131,7 @@ def _sample_columns(names: Sequence[str], rows: Sequence[Located]) -> list[list[
     for name in names:
         if name == "sample":
             out.append([i for i, _ in samples])
-        elif name in ("prompt", "response"):
+        elif name in ("prompt", "response", "gold", "error_type"):
             out.append([s.get(name, "") for _, s in samples])
         elif name in ("verdict", "reward"):
             out.append([s.get(name) for _, s in samples])

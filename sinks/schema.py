@@ -47,7 +47,7 @@ from typing import Any, Protocol
 from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.sinks.views import RUNS_VIEW, final_view
 
-SCHEMA_VERSION = 6  # the newest migration
+SCHEMA_VERSION = 7  # the newest migration
 DEFAULT_DATABASE = "areal"
 DEDUP_WINDOW = 10_000  # insert blocks remembered per table for token deduplication
 
@@ -172,7 +172,8 @@ TABLES: tuple[Table, ...] = (
         "eval_consensus",
         f"eval_id String, step UInt64, dataset {LC}, stage {LC}, accuracy Float64, response_length {F}, "
         "votes UInt32, replicas UInt32, agreement Float64, dissenters Array(String), stale Bool, partial Bool, "
-        f"n_samples Nullable(UInt32), n_undecided Nullable(UInt32), ci_low {F}, ci_high {F}",
+        f"n_samples Nullable(UInt32), n_undecided Nullable(UInt32), ci_low {F}, ci_high {F}, "
+        "metrics Map(String, Float64)",
         "run_id, dataset, step, event_id",
     ),
     _table(
@@ -212,7 +213,7 @@ TABLES: tuple[Table, ...] = (
         "generations",
         "eval",
         f"eval_id String, step UInt64, dataset {LC}, stage {LC}, sample UInt32, prompt String, response String, "
-        f"verdict Nullable(UInt8), reward {F}, attempt UInt32",
+        f"verdict Nullable(UInt8), reward {F}, attempt UInt32, gold String, error_type {LC}",
         "run_id, dataset, step, stage, eval_id, node, rank, sample",
         by_attempt=True,
         projected=True,

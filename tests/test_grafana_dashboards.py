@@ -72,7 +72,8 @@ def test_validation_catches_schema_and_reference_mistakes() -> None:
 def test_issue_requirements_are_in_the_dashboards() -> None:
     boards = {name: to_dict(model) for name, model in all_models().items()}
     for name, board in boards.items():
-        own = ["metric"] if name == "explorer" else []  # the explorer's variable: the keys of the runs' metrics
+        # each board's own variables: the explorer's metric keys, the evaluation board's generations filters
+        own = {"explorer": ["metric"], "evaluation": ["gen_step", "verdict", "error_type"]}.get(name, [])
         assert [v["name"] for v in board["templating"]["list"]] == ["group", "tag", "run", "node", "dataset", *own], name
         assert board["refresh"] == "5s", name
         titles = [p["title"] for p in board["panels"]]

@@ -144,8 +144,9 @@ def test_every_dashboard_has_queries_on_all_the_variables() -> None:
     for name in BUILDERS:
         model = build(name)
         names = [v.name for v in model.templating.list_val]
-        assert names[:5] == ["group", "tag", "run", "node", "dataset"], name
-        assert names[5:] == (["metric"] if name == "explorer" else []), name  # the explorer's own: the keys
+        # each board's own variables: the explorer's metric keys, the evaluation board's generations filters
+        own = {"explorer": ["metric"], "evaluation": ["gen_step", "verdict", "error_type"]}.get(name, [])
+        assert names == ["group", "tag", "run", "node", "dataset", *own], name
         assert model.refresh == "5s"
 
 

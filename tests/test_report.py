@@ -24,6 +24,7 @@ from areal_metrics.report import (
     load_throughput,
     write_report,
 )
+from areal_metrics.report_eval_details import CHANGES_FILE
 from areal_metrics.report_figures import band, config_table, moving_average
 from areal_metrics.producers.contract.events import Event, parse_event
 from areal_metrics.sinks.query import DirectStore
@@ -54,8 +55,8 @@ def _image_size(path: Path) -> tuple[int, int]:
 
 def test_report_writes_every_figure(store: tuple[DirectStore, Path], tmp_path: Path) -> None:
     written = write_report(tmp_path / "out", None, store[0])
-    assert [p.name for p in written] == list(FILES)
-    for path in written:
+    assert [p.name for p in written] == [*FILES, CHANGES_FILE]
+    for path in written[:len(FILES)]:
         data = path.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 20_000, path  # a drawn figure, not an empty canvas
         width, height = _image_size(path)
@@ -108,7 +109,7 @@ def test_cli(store: tuple[DirectStore, Path], tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("AREAL_CLICKHOUSE_URL", f"chdb://{store[1]}")
     out = tmp_path / "figures"
     assert main(["report", "--out", str(out), "--run", "wl-mt2-s1", "--run", "wl-mt4-s1"]) == 0
-    assert capsys.readouterr().out.split() == [str(out / f) for f in FILES]
+    assert capsys.readouterr().out.split() == [str(out / f) for f in (*FILES, CHANGES_FILE)]
     assert main(["report", "--out", str(out), "--run", "no-such-run"]) == 2
     assert "no training steps stored for runs no-such-run" in capsys.readouterr().err
     assert main(["report", "--out", str(out), "--run", "bad id;"]) == 2
@@ -146,7 +147,7 @@ def test_report_while_the_sink_holds_the_store(store: tuple[DirectStore, Path], 
         with connect() as owner_store:
             assert isinstance(owner_store.client, HttpClient)
             written = write_report(tmp_path, ["wl-mt4-s1"], owner_store)
-            assert [p.name for p in written] == list(FILES)
+            assert [p.name for p in written] == [*FILES, CHANGES_FILE]
             assert "stale" in {p.state for p in load_evals(owner_store, "run_id IN ('wl-mt4-s1')")["math_id"]["wl-mt4-s1"]}
             assert load_errors(owner_store, "run_id IN ('wl-mt4-s1')")  # the Map column through the endpoint
     finally:

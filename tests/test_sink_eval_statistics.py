@@ -13,6 +13,7 @@ from areal_metrics.producers.contract.events import EvalConsensusEvent, EvalEven
 from areal_metrics.sinks.migrations import applied_version, apply_schema
 from areal_metrics.sinks.query import Target, open_client
 from areal_metrics.sinks.rows import Located
+from areal_metrics.sinks.schema import SCHEMA_VERSION
 from areal_metrics.sinks.writer import insert_rows
 
 NEW_CONSENSUS = ("n_samples", "n_undecided", "ci_low", "ci_high")
@@ -56,7 +57,7 @@ def test_migration_6_adds_the_columns_to_an_older_store_and_keeps_its_rows(clien
     client.command("ALTER TABLE areal.evals DROP COLUMN shard_nodes")
     client.command("ALTER TABLE areal.schema_migrations DELETE WHERE version >= 5 SETTINGS mutations_sync = 1")
     assert applied_version(client) == 4
-    assert apply_schema(client) == 6 and apply_schema(client) == 6  # idempotent
+    assert apply_schema(client) == SCHEMA_VERSION and apply_schema(client) == SCHEMA_VERSION  # idempotent
     cols = {r[0] for r in client.query("SELECT name FROM system.columns WHERE database = 'areal' "
                                        "AND table = 'v_eval_consensus'").result_rows}
     assert set(NEW_CONSENSUS) <= cols

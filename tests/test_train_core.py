@@ -98,7 +98,7 @@ def test_the_grader_reads_the_last_number_after_hash_and_names_the_error() -> No
     for error, tokens in cases.items():
         result = grade(problem, tokens)
         assert not result.correct and result.error == error, (error, result)
-    assert set(cases) == set(ERROR_TYPES)
+    assert set(cases) == set(ERROR_TYPES) - {"sign", "no_division", "step", "operation"}  # those: other skills
     assert final_answer(["#", "0", "7", EOS]) == (None, "format")  # a leading zero is not the number 7
     assert final_answer(["#", "1", "#", "2", EOS]) == (2, None)  # the last '#' counts
     assert final_answer(["#", EOS]) == (None, "format")

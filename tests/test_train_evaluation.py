@@ -90,7 +90,7 @@ def test_error_counts_cover_every_wrong_sample() -> None:
     result = evaluate_shard(tiny_policy(), evalset, layout(12, 3, 1, 1, 0), CPU)
     wrong = sum(1 - v for v in result.verdicts)
     assert sum(v for k, v in result.metrics.items() if k.startswith("errors.")) == wrong
-    assert len(result.samples) == 4 and {"prompt", "response", "verdict", "reward"} == set(result.samples[0])
+    assert result.samples and {"prompt", "response", "verdict", "reward", "gold", "error_type"} == set(result.samples[0])
 
 
 # ------------------------------------------------------------ two stages

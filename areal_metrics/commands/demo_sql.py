@@ -45,13 +45,26 @@ SELECT c.run_id AS run, c.dataset AS dataset, count() AS full_rounds,
        concat('[', toString(round(argMax(c.ci_low, c.step), 3)), ', ', toString(round(argMax(c.ci_high, c.step), 3)),
               ']') AS last_95ci, argMax(c.n_samples, c.step) AS last_n,
        round(min(c.accuracy), 3) AS min, round(max(c.accuracy), 3) AS max, countIf(c.stale) AS stale,
-       round(min(c.agreement), 3) AS min_agreement, any(s.skipped) AS full_skipped
+       round(min(c.agreement), 3) AS min_agreement, any(s.skipped) AS full_skipped,
+       toJSONString(mapApply((k, v) -> (k, round(v, 3)), argMax(c.metrics, c.step))) AS last_metrics
 FROM v_eval_consensus AS c
 LEFT JOIN (SELECT run_id, dataset, uniqExact(step) AS skipped FROM v_evals
            WHERE stage = 'full' AND status = 'skipped' GROUP BY run_id, dataset) AS s
        ON s.run_id = c.run_id AND s.dataset = c.dataset
 WHERE c.run_id IN {runs:Array(String)} AND c.stage = 'full'
 GROUP BY c.run_id, c.dataset ORDER BY c.run_id, c.dataset
+"""
+
+# the generations table: distinct prompts shown per round (the same every round), gold answers, error types
+GENERATIONS_SQL = """
+SELECT run_id AS run, dataset, count() AS rounds, min(prompts) AS min_prompts_per_round,
+       max(prompts) AS max_prompts_per_round, uniqExact(prompt_set) AS prompt_sets, sum(n) AS samples,
+       sum(with_gold) AS with_gold, arrayStringConcat(arraySort(groupUniqArrayArray(types)), ' ') AS error_types
+FROM (SELECT run_id, dataset, step, uniqExact(prompt) AS prompts, arraySort(groupUniqArray(prompt)) AS prompt_set,
+             count() AS n, countIf(gold != '') AS with_gold, groupUniqArrayIf(error_type, error_type != '') AS types
+      FROM v_generations WHERE run_id IN {runs:Array(String)} AND stage = 'full'
+      GROUP BY run_id, dataset, step)
+GROUP BY run_id, dataset ORDER BY run_id, dataset
 """
 
 LOOP_SQL = """
@@ -188,6 +201,7 @@ def print_summary(settings: Any, runs: list[str]) -> None:
     console = Console(width=max(Console().width, 140))
     with connect(settings) as store:
         for title, sql in (("training", TRAINING_SQL), ("evaluation (majority vote, full stage)", EVAL_SQL),
+                           ("generations (shown prompts per full round)", GENERATIONS_SQL),
                            ("closed loop", LOOP_SQL)):
             result = store.query(sql, {"runs": runs})
             table = Table(title=f"{title}  [SQL over ClickHouse]")

@@ -15,6 +15,21 @@ steps_per_epoch`; AReaL's `__count` keys are left out as AReaL leaves them out.
 Names such as `ppo_actor/task_reward/avg` reach the typed columns through the
 client's aliases. Nothing of AReaL is imported here: any object with that
 `commit` works.
+
+AReaL's evaluations: its trainer merges the evaluation rollout's statistics into
+the same commit, under the `eval-rollout` scope its workflows record in
+(`workflow_context.stat_scope()`): `eval-rollout/reward` (the mean reward of the
+evaluated samples) and `eval-rollout/reward__count` (how many). Each commit that
+holds them also becomes one `log_eval` per dataset at the same step: the keys
+`eval-rollout/<metric>` belong to the run's evaluation dataset (`eval_dataset=`,
+else the basename of AReaL's `valid_dataset.path`, else `eval`), the keys
+`eval-rollout/<dataset>/<metric>` (a workflow that records in a sub-scope per
+dataset) to `<dataset>`. The reward is the accuracy when it lies in 0..1 (a
+verifiable 0/1 reward); other metrics of the scope (e.g. `pass@4`) go to the
+event's `metrics`. AReaL 1.0.4 commits aggregates only, so the consensus uses the
+value rule with the sample count; `eval_verdicts=` (a callable
+`(dataset, global_step) -> list of 0/1 or None`, e.g. filled by the user's eval
+workflow) adds per-sample verdicts for the per-sample vote.
 """
 
 from __future__ import annotations
@@ -22,7 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from areal_metrics.producers.client.run_info import run_id_for
@@ -30,10 +45,13 @@ from areal_metrics.producers.client.run_info import run_id_for
 log = logging.getLogger("areal_metrics.integrations.areal")
 
 ATTACHED = "_areal_metrics_run"  # the attribute that marks a StatsLogger already attached
+EVAL_SCOPE = "eval-rollout/"  # AReaL's evaluation rollout statistics (areal.infra.workflow_context.stat_scope)
 
 
-def attach(stats_logger: Any, run: Any = None, **init_kwargs: Any) -> Any:
+def attach(stats_logger: Any, run: Any = None, *, eval_dataset: str | None = None,
+           eval_verdicts: Callable[[str, int], Sequence[int] | None] | None = None, **init_kwargs: Any) -> Any:
     """Tee `stats_logger`'s commits into `run` (or a run created with `init_kwargs`); returns the run.
+    Its evaluation statistics become eval events (module docstring).
 
     On a rank other than 0 (where AReaL's StatsLogger logs nothing) nothing is
     attached and None is returned. Attaching twice returns the first run.
@@ -50,6 +68,7 @@ def attach(stats_logger: Any, run: Any = None, **init_kwargs: Any) -> Any:
 
         run = areal_metrics.init(**{**_defaults(stats_logger), **init_kwargs, "world_size": 1})
     commit, close = stats_logger.commit, getattr(stats_logger, "close", None)
+    default_dataset = eval_dataset or _valid_dataset(stats_logger)
 
     def commit_and_log(epoch: int, step: int, global_step: int, data: Mapping[str, Any] | list) -> None:
         commit(epoch, step, global_step, data)
@@ -60,6 +79,7 @@ def attach(stats_logger: Any, run: Any = None, **init_kwargs: Any) -> Any:
         for i, item in enumerate(items):
             values = {k: v for k, v in item.items() if not str(k).endswith("__count")}
             run.log({**values, "epoch": epoch_now}, step=max(first + i, 0))
+            _log_evals(run, max(first + i, 0), global_step, item, default_dataset, eval_verdicts)
 
     def close_and_finish() -> None:
         try:
@@ -106,3 +126,45 @@ def _epoch(stats_logger: Any, epoch: int, step: int) -> float:
     if isinstance(per_epoch, int) and per_epoch > 0:
         return epoch + (step + 1) / per_epoch
     return float(epoch)
+
+
+def evaluations(values: Mapping[str, Any], default_dataset: str) -> dict[str, dict[str, Any]]:
+    """dataset -> {metric: value} of the `eval-rollout` scope of one committed dict (`__count` keys kept)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        name = str(key)
+        if not name.startswith(EVAL_SCOPE):
+            continue
+        rest = name[len(EVAL_SCOPE):]
+        dataset, _, metric = rest.rpartition("/")
+        out.setdefault(dataset or default_dataset, {})[metric] = value
+    return out
+
+
+def _log_evals(run: Any, step: int, global_step: int, values: Mapping[str, Any], default_dataset: str,
+               verdicts_of: Callable[[str, int], Sequence[int] | None] | None) -> None:
+    for dataset, metrics in evaluations(values, default_dataset).items():
+        reward = _number(metrics.pop("reward", None))
+        count = _number(metrics.pop("reward__count", None))
+        verdicts = verdicts_of(dataset, global_step) if verdicts_of is not None else None
+        if reward is None and not verdicts:
+            continue  # no result of this dataset in this commit
+        extra = {k: v for k, v in metrics.items() if not k.endswith("__count") and _number(v) is not None}
+        accuracy = reward if reward is not None and 0.0 <= reward <= 1.0 else None
+        run.log_eval(dataset, step, accuracy=accuracy, reward=reward, verdicts=verdicts or None,
+                     n_samples=int(count) if count is not None and count >= 0 else None, replicas=1, **extra)
+
+
+def _number(value: Any) -> float | None:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if x == x and abs(x) != float("inf") else None
+
+
+def _valid_dataset(stats_logger: Any) -> str:
+    """The basename of AReaL's `valid_dataset.path` (e.g. `gsm8k`), else `eval`."""
+    path = getattr(getattr(getattr(stats_logger, "exp_config", None), "valid_dataset", None), "path", None)
+    name = os.path.basename(str(path).rstrip("/")) if isinstance(path, str) and path else ""
+    return name[:128] or "eval"

@@ -32,6 +32,7 @@ from areal_metrics.producers.contract.field_rules import (
     JSON_KEY_MAX,
     METRIC_NAME_MAX,
     METRICS_MAX,
+    SAMPLE_ERROR_TYPE_MAX,
     SAMPLE_TEXT_MAX,
     SAMPLES_MAX,
     storage_safe,
@@ -233,7 +234,8 @@ def text(v: Any) -> str:
 
 
 def samples(values: Any) -> tuple[list[dict[str, Any]], int]:
-    """Eval samples -> at most SAMPLES_MAX records {prompt, response, verdict, reward}; and how many were cut.
+    """Eval samples -> at most SAMPLES_MAX records {prompt, response, verdict, reward, gold, error_type};
+    and how many were cut (gold and error_type only when given).
 
     A record is a mapping (or an object with those attributes); other keys are
     dropped, text is cut to SAMPLE_TEXT_MAX characters, a non-finite reward is null.
@@ -250,6 +252,9 @@ def samples(values: Any) -> tuple[list[dict[str, Any]], int]:
         reward = to_number(get("reward"))
         if reward is not None and as_float(reward) is not None:
             record["reward"] = float(reward)
+        for name, cap in (("gold", SAMPLE_TEXT_MAX), ("error_type", SAMPLE_ERROR_TYPE_MAX)):
+            if get(name) is not None:
+                record[name] = text(get(name))[:cap]
         out.append(record)
     return out, max(0, len(items) - SAMPLES_MAX)
 

@@ -225,9 +225,10 @@ class Run:
                  accuracy: Any = None, samples: Any = None, eval_id: str | None = None, replicas: int | None = None,
                  status: str = "ok", error: str | None = None, response_length: Any = None, reward: Any = None,
                  latency_ms: Any = None, dataset_fingerprint: str | None = None, sample_ids: Any = None,
-                 shard_nodes: int | None = None, **metrics: Any) -> None:
+                 shard_nodes: int | None = None, n_samples: int | None = None, **metrics: Any) -> None:
         """Log this node's result of one evaluation round on one dataset (the cross-node vote uses `verdicts`;
-        a sharded round: `sample_ids`, each verdict's sample in the shared order, and `shard_nodes`)."""
+        a sharded round: `sample_ids`, each verdict's sample in the shared order, and `shard_nodes`;
+        `n_samples`: the samples behind `accuracy` when no verdicts are given, for its interval)."""
         if not isinstance(dataset, str) or not dataset:
             raise TypeError("log_eval(): dataset must be a non-empty string")
         if stage not in ("quick", "full"):
@@ -249,6 +250,8 @@ class Run:
                 fields["sample_ids"] = tuple(operator.index(s) for s in listed)
             if shard_nodes is not None:
                 fields["shard_nodes"] = operator.index(shard_nodes)
+            if n_samples is not None and "verdicts" not in fields:
+                fields["n_samples"] = operator.index(n_samples)
             event = EvalEvent(
                 run_id=self.run_id, node=self.node, rank=self.rank, eval_id=(eval_id or f"{self.run_id}:{step}:{dataset}:{stage}")[:256],
                 step=step, dataset=dataset[:128], stage=stage, replicas=replicas or self.world_size, attempt=self.attempt,

@@ -212,6 +212,8 @@ class EvalConsensusEvent(Event):
     n_undecided: int | None = rule(None, ge=0)
     ci_low: float | None = rule(None, ge=0, le=1)
     ci_high: float | None = rule(None, ge=0, le=1)
+    # Evaluation details: pass@K, maj@K, greedy_accuracy over the round (streams.core.voting)
+    metrics: Mapping[str, float] = rule(factory=dict)
 
     def _check_rules(self) -> None:
         if self.ci_low is not None and self.ci_high is not None and self.ci_low > self.ci_high:

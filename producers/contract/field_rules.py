@@ -370,7 +370,8 @@ def _check_json(where: str, v: Any, depth: int) -> None:
         raise ValidationError(where, f"not a JSON value ({type(v).__name__})")
 
 
-SAMPLE_FIELDS = ("prompt", "response", "verdict", "reward")
+SAMPLE_FIELDS = ("prompt", "response", "verdict", "reward", "gold", "error_type")
+SAMPLE_ERROR_TYPE_MAX = 64  # a short name (LowCardinality in the store)
 
 
 def _check_samples(where: str, v: Any) -> None:
@@ -385,8 +386,9 @@ def _check_samples(where: str, v: Any) -> None:
         unknown = sorted(set(s) - set(SAMPLE_FIELDS), key=str)
         if unknown:
             raise ValidationError(at, f"unknown field {_short(str(unknown[0]))!r} (expected {', '.join(SAMPLE_FIELDS)})")
-        for name in ("prompt", "response"):
+        for name in ("prompt", "response", "gold"):
             _check_str(f"{at}.{name}", s.get(name, ""), Rule(max_len=SAMPLE_TEXT_MAX))
+        _check_str(f"{at}.error_type", s.get("error_type", ""), Rule(max_len=SAMPLE_ERROR_TYPE_MAX))
         verdict = s.get("verdict")
         if verdict is not None and (not is_int(verdict) or verdict not in (0, 1)):
             raise ValidationError(f"{at}.verdict", f"must be 0 or 1 (got {verdict!r})")

@@ -66,7 +66,16 @@ from areal_metrics.streams.core.ranks import (
 from areal_metrics.streams.core.ranks import expire as expire_ranks
 from areal_metrics.streams.core.smoothing import SmoothedPoint, SmoothingState, add_reward, classify
 from areal_metrics.streams.core.triggers import CommandDecision, TriggerState, decide, published_interval, rewind, with_base_interval
-from areal_metrics.streams.core.voting import Consensus, NodeResult, RoundKey, VoteOutcome, VoteState, add_result, expire
+from areal_metrics.streams.core.voting import (
+    Consensus,
+    NodeResult,
+    RoundKey,
+    VoteOutcome,
+    VoteState,
+    add_result,
+    consensus_metric,
+    expire,
+)
 
 WORKER_NODE = "areal-streams"  # the `node` of every event the worker derives
 _ID_NAMESPACE = uuid.UUID("5d1f3c1e-6a57-4a53-9a8e-2f4b8c3e7a10")
@@ -206,6 +215,7 @@ def consensus_event(c: Consensus, ts: float) -> EvalConsensusEvent:
         n_undecided=c.n_undecided,
         ci_low=min(1.0, max(0.0, c.ci_low)),
         ci_high=min(1.0, max(0.0, c.ci_high)),
+        metrics=dict(c.metrics),
     )
 
 
@@ -326,6 +336,7 @@ def on_eval(state: RunState, ev: EvalEvent, now: float, cfg: RunConfig) -> tuple
         sample_ids=ev.sample_ids,
         n_samples=ev.n_samples,
         samples_per_prompt=samples_per_prompt(ev),
+        metrics={name: v for name, v in ev.metrics.items() if consensus_metric(name)},
     )
     votes, outcome = add_result(state.votes, key, ev.step, ev.replicas, result, now, cfg, ev.shard_nodes,
                                 registered(state, now, cfg))

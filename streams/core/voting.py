@@ -20,6 +20,13 @@ The vote (CONTRACT.md, "Evaluation you can trust"), when every ok result has ver
 Without verdicts the value rule: accuracies within `vote_tolerance` agree; the interval is
 Wilson on the results' `n_samples` (none given: [0, 1]).
 
+The consensus's `metrics` (CONTRACT.md, "Evaluation details"): `pass@K` for K the samples per
+prompt is voted, when verdicts are given: a prompt passes when one of its decided samples is
+right, over the prompts with a decided sample. Every other `pass@K`, `maj@K` (which needs the
+answers, not only verdicts) and `greedy_accuracy` are the mean of the agreeing nodes' values
+weighted by each node's sample count (`consensus_metrics`): over the whole set once every node
+of a sharded round answered; a round closed early (every sample decided) weighs the nodes counted.
+
 When the round's consensus is emitted (once):
 - early, when every sample seen is decided and enough nodes answered that every sample of
   the round was seen (shard_nodes - replicas + 1 ok results: each sample has `replicas`
@@ -46,6 +53,7 @@ verdicts (so the accuracy) do not depend on the order results arrive in.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import astuple, dataclass, field
@@ -56,6 +64,11 @@ from areal_metrics.streams.core.evolve import evolve, stored
 from areal_metrics.streams.core.stats import effective_n, wilson
 
 CLOSED_ROUNDS_KEPT = 2048  # per run: remembered to refuse late results without re-voting
+CONSENSUS_METRIC = re.compile(r"(pass|maj)@[1-9][0-9]{0,5}|greedy_accuracy")  # an eval's metrics the consensus carries
+
+
+def consensus_metric(name: str) -> bool:
+    return CONSENSUS_METRIC.fullmatch(name) is not None
 
 
 @stored  # stored state (areal_metrics.streams.state.codec)
@@ -69,6 +82,7 @@ class NodeResult:
     sample_ids: tuple[int, ...] | None = None  # the verdicts' samples (None: 0..len-1)
     n_samples: int | None = None  # as the node reported it (the value rule's interval)
     samples_per_prompt: int = 1  # consecutive sample ids of one prompt (clustered in the interval)
+    metrics: Mapping[str, float] = field(default_factory=dict)  # pass@K, maj@K, greedy_accuracy (consensus_metric)
 
     def samples(self) -> Iterable[int]:
         return self.sample_ids if self.sample_ids is not None else range(len(self.verdicts or ()))
@@ -115,6 +129,7 @@ class Consensus:
     ci_low: float = 0.0  # 95 % interval of `accuracy`
     ci_high: float = 1.0
     n_effective: float = 0.0  # the interval's effective sample size (clustered samples count less)
+    metrics: Mapping[str, float] = field(default_factory=dict)  # pass@K, maj@K, greedy_accuracy
 
 
 @stored  # stored state (areal_metrics.streams.state.codec)
@@ -151,6 +166,7 @@ class Combination:
     n_undecided: int = 0
     n_effective: float = 0.0
     verdicts: Mapping[int, int] | None = None  # sample id -> the decided verdict
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -232,6 +248,7 @@ def _combine_verdicts(ok: list[NodeResult], shape: Shape) -> Combination:
     for sample, v in decided.items():
         clusters.setdefault(sample // k, []).append(v)
     honest = [r for r in ok if outvoted[r.node] == 0] or ok
+    metrics = consensus_metrics(honest, decided, k)
     sized = [(r.response_length, len(r.verdicts or ())) for r in honest if r.response_length is not None]
     weight = sum(w for _, w in sized)
     return Combination(
@@ -246,6 +263,7 @@ def _combine_verdicts(ok: list[NodeResult], shape: Shape) -> Combination:
         n_undecided=len(votes) - len(decided),
         n_effective=effective_n(clusters),
         verdicts=decided,
+        metrics=metrics,
     )
 
 
@@ -282,7 +300,30 @@ def _combine_values(ok: list[NodeResult], need: int, cfg: RunConfig) -> Combinat
         has_majority=has_majority,
         n_samples=n,
         n_effective=float(n),
+        metrics=consensus_metrics([by_node[n] for n in sorted(members)]),
     )
+
+
+def consensus_metrics(members: list[NodeResult], decided: Mapping[int, int] | None = None,
+                      k: int = 1) -> dict[str, float]:
+    """The round's pass@K, maj@K and greedy_accuracy from the nodes on the majority side.
+
+    `decided` (sample id -> voted verdict) and `k` (samples per prompt): pass@k is voted per
+    prompt; any other metric is the members' mean weighted by their sample counts."""
+    names = sorted({name for r in members for name in r.metrics if consensus_metric(name)})
+    out: dict[str, float] = {}
+    for name in names:
+        if decided and name == f"pass@{k}":
+            prompts: dict[int, int] = {}
+            for sample, v in decided.items():
+                prompts[sample // k] = prompts.get(sample // k, 0) | v
+            out[name] = sum(prompts.values()) / len(prompts)
+            continue
+        weighted = [(r.metrics[name], max(len(r.verdicts or ()), r.n_samples or 0, 1))
+                    for r in members if name in r.metrics]
+        total = sum(w for _, w in weighted)
+        out[name] = sum(v * w for v, w in weighted) / total
+    return out
 
 
 # ------------------------------------------------------------------ round lifecycle
@@ -343,6 +384,7 @@ def _decide(rnd: RoundState, comb: Combination, partial: bool, cfg: RunConfig,
         ci_low=min(low, comb.accuracy),
         ci_high=max(high, comb.accuracy),
         n_effective=comb.n_effective,
+        metrics=comb.metrics,
     )
     alerts = _divergence_alerts(rnd, comb, cfg)
     if not comb.has_majority:

@@ -19,7 +19,10 @@ consensus); `demo-g2` has a dissenting replica, a reward threshold in the worker
 (an alert) and its closed loop on evaluation (`scale_lr` while the `add_2digit`
 consensus is below 0.5). Added here: one evaluation result of `demo-g2` is withheld from
 the worker, as if the replica died (the round times out: a partial consensus), and two
-malformed step messages are dead-lettered.
+malformed step messages are dead-lettered. Added for the evaluation details (issue 32), to
+the recorded results once: `pass@1` and `maj@1` in `metrics` (the recording has one sample per
+prompt, so both are the result's accuracy), and on each sample its `gold` (the sum its prompt
+asks for) and `error_type` ("format" for an empty response, else "arithmetic"; "" when right).
 """
 
 from __future__ import annotations
@@ -95,9 +98,22 @@ def _malformed(event: StepEvent) -> bytes:
 TRAINER_TYPES = ("step", "eval", "run")
 
 
+def _with_details(line: str) -> str:
+    """A recorded eval result with the evaluation details (module docstring); others as they are."""
+    data = json.loads(line)
+    if data["type"] != "eval" or data.get("status") != "ok" or "pass@1" in data.get("metrics", {}):
+        return line
+    data["metrics"] = {**data.get("metrics", {}), "pass@1": data["accuracy"], "maj@1": data["accuracy"]}
+    for sample in data.get("samples") or ():
+        a, b = sample["prompt"].rstrip("=").split("+")
+        sample["gold"] = str(int(a) + int(b))
+        sample["error_type"] = "" if sample.get("verdict") == 1 else ("format" if not sample["response"] else "arithmetic")
+    return json.dumps(data, separators=(",", ":"))
+
+
 def rederive(path: Path) -> int:
     """The recorded trainer events again through today's stream worker logic (its rules changed since)."""
-    lines = [line.encode() for line in path.read_text().splitlines()
+    lines = [_with_details(line).encode() for line in path.read_text().splitlines()
              if line and json.loads(line)["type"] in TRAINER_TYPES and json.loads(line)["node"] != "areal-streams"]
     derived = derive(lines)
     path.write_text("".join(raw.decode() + "\n" for raw in [*lines, *derived]))
