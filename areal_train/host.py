@@ -1,8 +1,8 @@
 """The ranks of one local run, forked from one interpreter: `python -m areal_metrics.areal_train.host`.
 
 Every rank is a process of its own (gloo wants that), but the ranks need not
-each start Python and import torch, 2-4 s of CPU per rank on the demo's
-2 cores (docs/PERFORMANCE.md, "make demo"). This host imports the trainer once,
+each start Python and import torch, seconds of CPU per rank on a small
+machine. This host imports the trainer once,
 then forks one child per rank before it starts any thread; each child runs
 `areal_metrics.areal_train.worker.main` with RANK and LOCAL_RANK set, its output in its own
 log file when the launcher passes one.
@@ -15,7 +15,7 @@ signal killed), or 0.
 
 The ranks and the host exit without tearing down the interpreter (other
 threads joined, exit handlers run and output flushed first, as at a normal
-exit): for torch's modules the teardown costs about 1 s of CPU per process.
+exit): for torch's modules the teardown costs CPU for nothing.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def _preload_lazy_imports() -> None:
     # `torch.optim.Optimizer.add_param_group` imports torch._dynamo on its first call
-    # (about 1 s of CPU): done here once instead of in every rank.
+    # (a second of CPU or so): done here once instead of in every rank.
     import torch._dynamo  # noqa: F401
 
 
@@ -122,7 +122,7 @@ def _run_rank(worker_main: Callable[[list[str]], int], argv: list[str]) -> int:
 
 def _exit_quickly(status: int) -> NoReturn:
     """Exit as at the end of a program (other threads joined, exit handlers run, output flushed),
-    but without tearing down the interpreter's modules: for torch's, about 1 s of CPU per process."""
+    but without tearing down the interpreter's modules (costly for torch's)."""
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()

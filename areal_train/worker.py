@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # The publisher's sender thread and kafka-python's I/O thread share the GIL with
     # this loop; a shorter switch interval hands it back to training sooner
-    # (benchmarks/bench_train.py: publishing overhead 30% -> 19% of a 12 ms step on 2 cores).
+    # (`python -m benchmarks.bench_train --publishing` measures the overhead).
     sys.setswitchinterval(0.001)
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

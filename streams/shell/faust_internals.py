@@ -11,8 +11,8 @@ a private name of another object.
 Faust delivers each message on its own: for every message its fetch loop starts a task
 pair (the conductor's callback raced against flow control), the conductor decodes it into
 an Event and queues it, and the agent's stream iterator yields to the event loop once per
-message. Under load that path cost the worker more CPU than its own batch work (docs/
-PERFORMANCE.md, "Stream worker").
+message. Under load that path cost the worker more CPU than its own batch work
+(`python -m benchmarks.bench_streams --profile FILE` shows where the worker's CPU goes).
 
 `BatchConsumer` is Faust's aiokafka consumer with one change: messages of the topics the
 app names in `batch_inputs` leave each fetch as one list for the worker's InputFeed; every
