@@ -279,14 +279,10 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
 
     where = _runs_filter(runs)
     if store is None:
-        from areal_metrics.sinks.query import StoreError, connect
+        from areal_metrics.sinks.query import connect
 
-        try:
-            with connect() as opened:
-                return write_report(out_dir, runs, opened, metrics=metrics, grouped=grouped,
-                                    eval_details=eval_details)
-        except StoreError as exc:
-            raise UserError(str(exc)) from None
+        with connect() as opened:  # StoreError is a UserError: the CLI says it in one line
+            return write_report(out_dir, runs, opened, metrics=metrics, grouped=grouped, eval_details=eval_details)
     raw, smooth = load_rewards(store, where)
     if not raw:
         which = f"runs {', '.join(runs)}" if runs else "any run"

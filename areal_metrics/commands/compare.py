@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from areal_metrics.errors import ServiceUnavailable, UserError
+from areal_metrics.errors import ServiceUnavailable
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
@@ -25,10 +25,7 @@ def run(args: argparse.Namespace) -> int:
         store = connect()
     except StoreError as exc:
         raise ServiceUnavailable(str(exc)) from None
-    try:
-        with store:
-            result = compare(store, args.group_a, args.group_b, args.dataset, args.stage)
-    except StoreError as exc:
-        raise UserError(str(exc)) from None
+    with store:
+        result = compare(store, args.group_a, args.group_b, args.dataset, args.stage)
     sys.stdout.write(json.dumps(result) + "\n" if args.json else render(result))
     return 0

@@ -81,10 +81,7 @@ def _clickhouse_for_grafana(explicit: str | None) -> str:
     from areal_metrics.sinks.query import StoreError, http_dsn
 
     settings = Settings.from_env()
-    try:
-        dsn = http_dsn(settings)
-    except StoreError as exc:
-        raise UserError(str(exc)) from None
+    dsn = http_dsn(settings)
     if dsn is None:
         raise ServiceUnavailable(
             f"no process serves the embedded store {settings.clickhouse_url.split('?')[0]} over HTTP: start the stack "
@@ -173,20 +170,17 @@ def _check(args: argparse.Namespace) -> int:
         return "$__all"
 
     failures = total = 0
-    try:
-        with connect() as store:
-            runner = QueryRunner.of_store(store)
-            for name, model in all_models().items():
-                try:
-                    outcomes = check_dashboard(model, runner, start, end, choose)  # type: ignore[arg-type]
-                except StoreError as exc:
-                    raise UserError(f"dashboard {name}: variable query failed: {exc}") from None
-                for o in outcomes:
-                    total += 1
-                    status = "ok" if o.problem is None else o.problem
-                    failures += o.problem is not None
-                    print(f"{name:<11} {o.query.where} {o.context}: {status} ({o.rows} rows)")
-    except StoreError as exc:
-        raise UserError(str(exc)) from None
+    with connect() as store:
+        runner = QueryRunner.of_store(store)
+        for name, model in all_models().items():
+            try:
+                outcomes = check_dashboard(model, runner, start, end, choose)  # type: ignore[arg-type]
+            except StoreError as exc:
+                raise UserError(f"dashboard {name}: variable query failed: {exc}") from None
+            for o in outcomes:
+                total += 1
+                status = "ok" if o.problem is None else o.problem
+                failures += o.problem is not None
+                print(f"{name:<11} {o.query.where} {o.context}: {status} ({o.rows} rows)")
     print(f"{total - failures} of {total} queries returned rows with the expected columns", file=sys.stderr)
     return 1 if failures else 0

@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import Any
 
-from areal_metrics.errors import ServiceUnavailable, UserError
+from areal_metrics.errors import ServiceUnavailable
 
 FORMATS = ("table", "tsv", "csv", "json")
 
@@ -68,18 +68,12 @@ def run(args: argparse.Namespace) -> int:
     # the driver logs each failed connection attempt; the verb says it once, on one line
     logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)
     settings = Settings.from_env()
-    try:
-        Target.parse(settings.clickhouse_url)
-    except StoreError as exc:
-        raise UserError(str(exc)) from None
+    Target.parse(settings.clickhouse_url)  # a URL that cannot work: StoreError, a UserError (exit 2)
     try:
         store = connect(settings, write=args.write)
-    except StoreError as exc:
+    except StoreError as exc:  # the store does not answer: exit 1
         raise ServiceUnavailable(str(exc)) from None
-    try:
-        with store:
-            result = store.query(args.query)
-    except StoreError as exc:
-        raise UserError(str(exc)) from None
+    with store:
+        result = store.query(args.query)  # a query it refuses: StoreError (exit 2)
     sys.stdout.write(render(result.columns, result.rows, args.format))
     return 0
