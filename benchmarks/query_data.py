@@ -183,18 +183,20 @@ def generate_derived(client: Any, db: str, shape: Shape) -> None:
         8, map(), 0, 'areal.evals', 0, number * 100 + node_i
         FROM (SELECT *, {eval_id} AS eval_id FROM ({results}))""")
     c(f"""INSERT INTO {db}.generations (event_id, run_id, node, rank, ts, schema, eval_id, step, dataset, stage, sample,
-        prompt, response, verdict, reward, attempt, _topic, _partition, _offset)
+        prompt, response, verdict, reward, attempt, gold, error_type, _topic, _partition, _offset)
         SELECT event_id, run_id, node, rank, ts, schema, eval_id, step, dataset, stage, toUInt32(s),
         concat('Question ', toString(step), '.', toString(s), ': ', repeat('what is 12 + 30? ', 5)),
         concat('Let me think step by step. ', repeat('12 plus 30 is 42. ', 10), 'Answer: 42'),
-        toUInt8(sipHash64(event_id, s) % 2), toFloat64(sipHash64(event_id, s) % 2), 0, 'areal.evals', 0, _offset
+        toUInt8(sipHash64(event_id, s) % 2), toFloat64(sipHash64(event_id, s) % 2), 0, '42',
+        if(sipHash64(event_id, s) % 2 = 1, '', 'carry'), 'areal.evals', 0, _offset
         FROM {db}.evals ARRAY JOIN range(4) AS s""")
     c(f"""INSERT INTO {db}.eval_consensus (event_id, run_id, node, rank, ts, schema, eval_id, step, dataset, stage,
         accuracy, response_length, votes, replicas, agreement, dissenters, stale, partial, n_samples, n_undecided,
-        ci_low, ci_high, _topic, _partition, _offset)
+        ci_low, ci_high, metrics, _topic, _partition, _offset)
         SELECT lower(hex(MD5(concat(eval_id, ':consensus')))), run_id, 'worker', 0, max(ts) + 1, 1, eval_id, step,
         dataset, stage, avg(accuracy), avg(response_length), 8, 8, 0.9, ['gpu3:0'], sipHash64(eval_id) % 40 = 0,
         sipHash64(eval_id) % 40 = 1, 256, 4, greatest(avg(accuracy) - 0.06, 0), least(avg(accuracy) + 0.06, 1),
+        map('pass@4', least(avg(accuracy) + 0.2, 1), 'maj@4', avg(accuracy), 'greedy_accuracy', avg(accuracy)),
         'areal.evals.consensus', 0, min(_offset)
         FROM {db}.evals GROUP BY run_id, eval_id, step, dataset, stage""")
     alerts = f"SELECT * FROM ({_per_step(shape, 'r, run, step, t, number')}) WHERE step % 300 = 150"

@@ -488,7 +488,7 @@ def test_status_dsn_and_grafana_provisioning_point_at_the_endpoint(served: Serve
         provider = yaml.safe_load((out / "dashboards" / "areal.yaml").read_text())["providers"][0]
         dashboards = Path(provider["options"]["path"])
         assert dashboards.is_absolute() and sorted(p.stem for p in dashboards.glob("*.json")) == sorted(
-            ["training", "evaluation", "runs", "efficiency", "alerts"])
+            ["training", "evaluation", "runs", "efficiency", "alerts", "explorer"])
         assert "GF_PATHS_PROVISIONING=" in capsys.readouterr().err
     finally:
         (served.server.path / "owner.json").unlink()
