@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--eval-size", type=int, default=128)
     ap.add_argument("--eval-k", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=ppo.PPOSettings.epochs, help="PPO passes over each batch")
+    ap.add_argument("--minibatches", type=int, default=ppo.PPOSettings.minibatches)
+    ap.add_argument("--clip", type=float, default=ppo.PPOSettings.clip_eps)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--diagnose", type=int, default=256, help="prompts per set of the diagnostic (0: none)")
     a = ap.parse_args(argv)
@@ -76,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     data = TrainData(make_train_set(4096, a.seed, exclude), a.seed, 0, 1)
     optimizer = torch.optim.Adam(policy.parameters(), lr=a.lr)
     generator = torch.Generator().manual_seed(a.seed)
+    settings = ppo.PPOSettings(clip_eps=a.clip, epochs=a.epochs, minibatches=a.minibatches)
     rounds = [(0, evaluate())]
     print(f"step 0: {rounds[-1][1]}", flush=True)
     started = time.process_time()
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         reward = torch.tensor(episodes.rewards(0.9))
         advantage, returns = ppo.advantages(episodes, reward, a.group_size, "grpo", policy, 1.0, 0.95)
         policy.train()
-        stats = ppo.update(policy, optimizer, episodes, advantage, returns, None, ppo.PPOSettings(), None)
+        stats = ppo.update(policy, optimizer, episodes, advantage, returns, None, settings, None)
         if step % a.every == 0:
             rounds.append((step, evaluate()))
             print(f"step {step}: reward {float(reward.mean()):.3f} entropy {stats.entropy:.3f} eval {rounds[-1][1]} "

@@ -92,7 +92,7 @@ def batches_of(examples: list[tuple[list[str], list[bool]]], size: int) -> list[
     """Consecutive batches of the (already random) examples: every batch mixes skills and levels.
 
     Batches of similar lengths pad less but hold one skill each, and the alternating
-    gradients cost more than the padding saves: with them the default recipe ended at
+    gradients cost more than the padding saves: with them the recipe (then of distinct examples) ended at
     loss 0.47 and 0.034 sampled accuracy on math_id, mixed at 0.21 and 0.099 (docs/WORKLOAD.md)."""
     return [examples[i:i + size] for i in range(0, len(examples), size)]
 
