@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=ppo.PPOSettings.epochs, help="PPO passes over each batch")
     ap.add_argument("--minibatches", type=int, default=ppo.PPOSettings.minibatches)
     ap.add_argument("--clip", type=float, default=ppo.PPOSettings.clip_eps)
+    ap.add_argument("--cut-at", type=int, default=None, help="from this step on, lr x --cut-factor (a scale_lr)")
+    ap.add_argument("--cut-factor", type=float, default=0.25)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--diagnose", type=int, default=256, help="prompts per set of the diagnostic (0: none)")
     a = ap.parse_args(argv)
@@ -84,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"step 0: {rounds[-1][1]}", flush=True)
     started = time.process_time()
     for step in range(1, a.steps + 1):
+        if step == a.cut_at:
+            for group in optimizer.param_groups:
+                group["lr"] = a.lr * a.cut_factor
         problems = [p for p in data.next_batch(a.batch_prompts) for _ in range(a.group_size)]
         noise = torch.rand(len(problems), a.max_turns * 29, VOCAB_SIZE, generator=generator)
         policy.eval()
