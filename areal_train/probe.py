@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=ppo.PPOSettings.epochs, help="PPO passes over each batch")
     ap.add_argument("--minibatches", type=int, default=ppo.PPOSettings.minibatches)
     ap.add_argument("--clip", type=float, default=ppo.PPOSettings.clip_eps)
+    ap.add_argument("--entropy", type=float, default=ppo.PPOSettings.entropy_coef, help="entropy bonus")
     ap.add_argument("--cut-at", type=int, default=None, help="from this step on, lr x --cut-factor (a scale_lr)")
     ap.add_argument("--cut-factor", type=float, default=0.25)
     ap.add_argument("--seed", type=int, default=1)
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     data = TrainData(make_train_set(4096, a.seed, exclude), a.seed, 0, 1)
     optimizer = torch.optim.Adam(policy.parameters(), lr=a.lr)
     generator = torch.Generator().manual_seed(a.seed)
-    settings = ppo.PPOSettings(clip_eps=a.clip, epochs=a.epochs, minibatches=a.minibatches)
+    settings = ppo.PPOSettings(clip_eps=a.clip, epochs=a.epochs, minibatches=a.minibatches, entropy_coef=a.entropy)
     rounds = [(0, evaluate())]
     print(f"step 0: {rounds[-1][1]}", flush=True)
     started = time.process_time()
