@@ -58,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--eval-size", type=int, default=128)
     ap.add_argument("--eval-k", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=ppo.PPOSettings.epochs, help="PPO passes over each batch")
+    ap.add_argument("--minibatches", type=int, default=ppo.PPOSettings.minibatches)
+    ap.add_argument("--clip", type=float, default=ppo.PPOSettings.clip_eps)
+    ap.add_argument("--entropy", type=float, default=ppo.PPOSettings.entropy_coef, help="entropy bonus")
+    ap.add_argument("--cut-at", type=int, default=None, help="from this step on, lr x --cut-factor (a scale_lr)")
+    ap.add_argument("--cut-factor", type=float, default=0.25)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--diagnose", type=int, default=256, help="prompts per set of the diagnostic (0: none)")
     a = ap.parse_args(argv)
@@ -76,10 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     data = TrainData(make_train_set(4096, a.seed, exclude), a.seed, 0, 1)
     optimizer = torch.optim.Adam(policy.parameters(), lr=a.lr)
     generator = torch.Generator().manual_seed(a.seed)
+    settings = ppo.PPOSettings(clip_eps=a.clip, epochs=a.epochs, minibatches=a.minibatches, entropy_coef=a.entropy)
     rounds = [(0, evaluate())]
     print(f"step 0: {rounds[-1][1]}", flush=True)
     started = time.process_time()
     for step in range(1, a.steps + 1):
+        if step == a.cut_at:
+            for group in optimizer.param_groups:
+                group["lr"] = a.lr * a.cut_factor
         problems = [p for p in data.next_batch(a.batch_prompts) for _ in range(a.group_size)]
         noise = torch.rand(len(problems), a.max_turns * 29, VOCAB_SIZE, generator=generator)
         policy.eval()
@@ -87,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         reward = torch.tensor(episodes.rewards(0.9))
         advantage, returns = ppo.advantages(episodes, reward, a.group_size, "grpo", policy, 1.0, 0.95)
         policy.train()
-        stats = ppo.update(policy, optimizer, episodes, advantage, returns, None, ppo.PPOSettings(), None)
+        stats = ppo.update(policy, optimizer, episodes, advantage, returns, None, settings, None)
         if step % a.every == 0:
             rounds.append((step, evaluate()))
             print(f"step {step}: reward {float(reward.mean()):.3f} entropy {stats.entropy:.3f} eval {rounds[-1][1]} "

@@ -227,9 +227,23 @@ def eval_prompts(sizes: dict[str, int]) -> frozenset[tuple[str, ...]]:
     return frozenset(p.prompt for name, n in sizes.items() for p in make_eval_set(name, n))
 
 
-def make_train_set(n: int, seed: int, exclude: frozenset[tuple[str, ...]]) -> list[Problem]:
-    """`n` distinct training problems from the run's seed, none of them an evaluation prompt."""
-    return _distinct(random.Random(f"{TRAIN}:{seed}"), n, sample_problem, exclude)
+def make_train_set(n: int, seed: int, exclude: frozenset[tuple[str, ...]],
+                   weights: Sequence[float] = LEVEL_WEIGHTS, distinct: bool = True) -> list[Problem]:
+    """`n` training problems from the run's seed (levels 1, 2, 3 in the shares `weights`), none of
+    them an evaluation prompt; distinct ones, or (`distinct=False`) drawn with repeats.
+
+    Distinct draws exhaust the small skills (about 740 two-digit-plus-one-digit sums exist), so
+    a large distinct set holds far fewer of them than `weights` says; drawn with repeats, every
+    skill and level keeps its share."""
+    rng = random.Random(f"{TRAIN}:{seed}")
+    if distinct:
+        return _distinct(rng, n, lambda r: sample_problem(r, weights=weights), exclude)
+    out: list[Problem] = []
+    while len(out) < n:
+        p = sample_problem(rng, weights=weights)
+        if p.prompt not in exclude:
+            out.append(p)
+    return out
 
 
 def fingerprint(problems: Sequence[Problem], protocol: dict[str, object] | None = None) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 from areal_metrics.areal_train.task import VOCAB
 from areal_metrics.producers.contract.settings import read_setting
 
-FORMAT_VERSION = 4  # bump when the task, the vocabulary or the code of the recipe (warmstart.py) changes
+FORMAT_VERSION = 5  # bump when the task, the vocabulary or the code of the recipe (warmstart.py) changes
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class WarmStartSpec:
     seed: int = 12345
     scratch_share: float = 1.0  # of the examples written with the scratchpad (the rest: the bare answer)
     retry_share: float = 0.1  # of the examples that are a wrong attempt, the feedback and the worked solution
+    level_weights: tuple[float, float, float] = (0.35, 0.4, 0.25)  # the examples' share of levels 1, 2, 3
     threads: int = 1  # one: OpenMP threads spin and stall when the cores are shared
 
     def key(self) -> str:

@@ -8,15 +8,31 @@ import pytest
 import torch
 
 from areal_metrics.areal_train import warmstart
+from areal_metrics.areal_train.task import DATASETS, EVAL_EXCLUDE_SIZE, SKILLS, eval_prompts
 from areal_metrics.areal_train.warmstart_cache import WarmStartSpec, path_for
 
 TINY = WarmStartSpec(d_model=32, layers=1, heads=2, steps=10, batch=8)
 
 
 @pytest.mark.parametrize("change", [{"steps": 11}, {"lr": 1e-3}, {"batch": 16}, {"seed": 1}, {"scratch_share": 0.5},
-                                    {"retry_share": 0.2}, {"d_model": 64}])
+                                    {"retry_share": 0.2}, {"d_model": 64},
+                                    {"level_weights": (0.5, 0.4, 0.1)}])
 def test_every_number_of_the_recipe_is_in_the_key(change) -> None:
     assert dataclasses.replace(TINY, **change).key() != TINY.key()
+
+
+def test_the_examples_keep_every_skill_and_levels_share_and_no_evaluation_prompt() -> None:
+    # Distinct draws would hold about 740 two-digit-plus-one-digit sums of the 19,200 (0.04, not 0.0875),
+    # and 91 level-1 linear problems (0.005). The held-out evaluation prompts take a share of a small
+    # space (linear level 1 has 162 problems, a fifth of them held out), hence the relative bound.
+    spec = WarmStartSpec(steps=300)
+    problems = warmstart.problems_for(spec)
+    assert len(problems) == 300 * 64
+    for skill in SKILLS:
+        for level, weight in zip((1, 2, 3), spec.level_weights):
+            share = sum(p.skill == skill and p.level == level for p in problems) / len(problems)
+            assert abs(share / (weight / len(SKILLS)) - 1) < 0.25, (skill, level, share)
+    assert not {p.prompt for p in problems} & eval_prompts({name: EVAL_EXCLUDE_SIZE for name in DATASETS})
 
 
 def test_the_thread_count_is_not() -> None:
