@@ -5,6 +5,7 @@ The data come from areal_metrics.report's loaders; nothing here reads a store.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,9 +16,14 @@ CONFIG_KEYS = ("strategy", "seed", "world_size", "max_turns", "group_size", "bat
                "eval_size", "eval_samples", "eval_redundancy", "eval_mode")  # shown even when equal
 
 
+def tagged(info: dict[str, Any], run: str, tag: str) -> bool:
+    return run in info and tag in (info[run].config.get("tags") or ())
+
+
 def tagged_scaling(info: dict[str, Any], run: str) -> bool:
-    """A run of the demo's throughput comparison across rank counts (tag `scaling`)."""
-    return run in info and "scaling" in (info[run].config.get("tags") or ())
+    """A run of the demo's throughput comparisons: across rank counts (tag `scaling`) or model sizes
+    (`model_size`); no strategy of the training comparison."""
+    return tagged(info, run, "scaling") or tagged(info, run, "model_size")
 
 
 def _colors(names: Sequence[str]) -> dict[str, Any]:
@@ -244,7 +250,10 @@ def plot_throughput(series: dict[tuple[str, str], list[tuple[int, float]]], info
     runs = sorted({run for run, _ in series})
     colors = _colors(runs)
     styles = ["-", "--", ":", "-."]
-    fig, (ax_line, ax_bar) = plt.subplots(1, 2, figsize=(14, 5.5), gridspec_kw={"width_ratios": [3, 2]})
+    sizes = {run for run in info if tagged(info, run, "model_size") and any(r == run for r, _ in series)}
+    fig, axes = plt.subplots(1, 3 if sizes else 2, figsize=(19 if sizes else 14, 5.5),
+                             gridspec_kw={"width_ratios": [3, 2, 2] if sizes else [3, 2]})
+    ax_line, ax_bar = axes[0], axes[1]
     keys = sorted(series)
     for run, node in keys:
         nodes = sorted(n for r, n in keys if r == run)
@@ -258,7 +267,39 @@ def plot_throughput(series: dict[tuple[str, str], list[tuple[int, float]]], info
     ax_line.legend(fontsize=7, ncol=2)
     _style(ax_line)
     _scaling_bars(ax_bar, series, info)
+    if sizes:
+        _size_bars(axes[2], series, info, sizes)
     return _save(fig, path, "Throughput: generated tokens per second (the policy's tokens, no padding)")
+
+
+def size_points(series: dict[tuple[str, str], list[tuple[int, float]]], info: dict[str, Any],
+                runs: set[str]) -> list[tuple[int, float, int]]:
+    """(parameters, tokens/s summed over a run's nodes and averaged over its steps, ranks), smallest first."""
+    points = []
+    for run in runs:
+        per_step: dict[int, float] = defaultdict(float)
+        for (r, _node), pts in series.items():
+            if r == run:
+                for step, value in pts:
+                    per_step[step] += value
+        params = info[run].config.get("n_parameters")
+        if per_step and isinstance(params, (int, float)):
+            points.append((int(params), sum(per_step.values()) / len(per_step), info[run].world_size))
+    return sorted(points)
+
+
+def _size_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]], info: dict[str, Any],
+               runs: set[str]) -> None:
+    """Tokens/s (mean over steps) of the runs tagged `model_size`, by the policy's parameter count."""
+    points = size_points(series, info, runs)
+    bars = ax.bar(range(len(points)), [tps for _, tps, _ in points], color="tab:green", alpha=0.8)
+    ax.bar_label(bars, fmt="%.0f", fontsize=8)
+    ax.set_xticks(range(len(points)), [f"{p / 1e6:.2f}M params" for p, _, _ in points])
+    ranks = sorted({w for _, _, w in points})
+    ax.set_title(f"Across model sizes ({', '.join(map(str, ranks))} rank{'s' if ranks != [1] else ''}, "
+                 "untrained policies,\nruns tagged model_size)")
+    ax.set_ylabel("generated tokens / s")
+    _style(ax)
 
 
 def _scaling_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]], info: dict[str, Any]) -> None:
@@ -267,7 +308,7 @@ def _scaling_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]
     Runs tagged `scaling` (the demo's one-at-a-time runs) are compared alone when there are any:
     runs that shared the cores with others would not compare.
     """
-    scaling = {run for run in info if tagged_scaling(info, run)}
+    scaling = {run for run in info if tagged(info, run, "scaling")}
     totals: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for (run, _node), points in series.items():
         if scaling and run not in scaling:
@@ -287,8 +328,11 @@ def _scaling_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]
     ax.bar_label(bars, fmt="%.0f", fontsize=8)
     ax.plot(range(len(worlds)), [sum(per_node[w]) / len(per_node[w]) for w in worlds], "D", color="tab:orange",
             label="per node (rank)")
-    ax.set_xticks(range(len(worlds)), [f"{w} rank{'s' if w > 1 else ''}\n({len(by_world[w])} runs)" for w in worlds])
-    ax.set_title("Across rank counts (mean over steps and runs" + (",\nruns tagged scaling)" if scaling else ")"))
+    cores = os.cpu_count() or 1
+    ax.set_xticks(range(len(worlds)), [f"{w} rank{'s' if w > 1 else ''}\n({len(by_world[w])} runs)"
+                                       + ("\n> cores" if w > cores else "") for w in worlds])
+    ax.set_title(f"Across rank counts on {cores} cores (mean over steps and runs"
+                 + (",\nruns tagged scaling)" if scaling else ")"))
     ax.set_ylabel("generated tokens / s")
     ax.legend(fontsize=8)
     _style(ax)

@@ -213,3 +213,26 @@ def test_titles_are_whole_and_figures_bounded(store: tuple[DirectStore, Path], t
             extent = text.get_window_extent(renderer)
             assert box.x0 - 1 <= extent.x0 and extent.x1 <= box.x1 + 1, text.get_text()
             assert extent.y1 <= box.y1 + 1, text.get_text()
+
+
+def test_the_model_size_panel_orders_runs_by_parameters_and_sums_a_runs_nodes(tmp_path) -> None:
+    from areal_metrics.report import RunInfo
+    from areal_metrics.report_figures import plot_throughput, size_points
+
+    info = {f"size-{w}": RunInfo(group="throughput", world_size=1,
+                                 config={"tags": ["demo", "model_size"], "n_parameters": params})
+            for w, params in ((256, 1_600_000), (64, 103_000), (128, 400_000))}
+    info["tput-2r"] = RunInfo(group="throughput", world_size=2, config={"tags": ["demo", "scaling"]})
+    series = {("size-64", "vm-r0"): [(0, 900.0), (1, 1100.0)], ("size-128", "vm-r0"): [(0, 600.0)],
+              ("size-256", "vm-r0"): [(0, 200.0)], ("tput-2r", "vm-r0"): [(0, 500.0)],
+              ("tput-2r", "vm-r1"): [(0, 450.0)]}
+    sizes = {r for r in info if r.startswith("size-")}
+    assert size_points(series, info, sizes) == [(103_000, 1000.0, 1), (400_000, 600.0, 1), (1_600_000, 200.0, 1)]
+    two_nodes = {("size-64", "a"): [(0, 300.0)], ("size-64", "b"): [(0, 200.0)]}
+    assert size_points(two_nodes, info, {"size-64"}) == [(103_000, 500.0, 1)]  # a run's nodes add up
+    wide, narrow = tmp_path / "with.png", tmp_path / "without.png"
+    plot_throughput(series, info, wide)
+    plot_throughput({k: v for k, v in series.items() if not k[0].startswith("size-")}, info, narrow)
+    from PIL import Image
+
+    assert Image.open(wide).size[0] > Image.open(narrow).size[0]  # the third panel is there

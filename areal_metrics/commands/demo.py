@@ -17,7 +17,8 @@
      `scale_lr` cuts it;
    evaluation runs in a process per rank on weight snapshots, two-stage and
    sharded;
-4. time short runs with 1, 2 and 4 ranks, one after the other (throughput);
+4. time short runs one after the other: 1, 2 and 4 ranks (throughput across rank counts), then
+   untrained policies of three widths at 1 rank (throughput across model sizes);
 5. wait until the sink has stored every step, print what happened from SQL
    (and the checks the demo stands for) and write the report figures.
 
@@ -188,8 +189,13 @@ def _follow(handles: list, settings: object, runs: list[str], no_watch: bool, st
         raise
 
 
+# The model-size sweep of figure 3: policy widths at 1 rank, untrained (no warm start to build per size).
+SIZE_WIDTHS = (64, 128, 256)
+
+
 def _scaling_runs(args: argparse.Namespace, stamp: str, env: dict[str, str], logs: Path) -> dict[str, int]:
-    """Short runs with 1, 2 and 4 ranks, one at a time (throughput across rank counts): run id -> ranks."""
+    """Short runs one at a time: 1, 2 and 4 ranks of the demo's policy (throughput across rank counts), then
+    policies of SIZE_WIDTHS at 1 rank (across model sizes); run id -> ranks."""
     from areal_metrics.areal_train.launch import start
 
     if args.scaling_steps <= 0:
@@ -197,11 +203,14 @@ def _scaling_runs(args: argparse.Namespace, stamp: str, env: dict[str, str], log
     model = next(iter(run_configs(args, stamp).values()))[1]
     quiet = model.replace(eval_at_start=False, eval_every_steps=None, eval_at_end=False, group="throughput",  # type: ignore[attr-defined]
                           tags=["demo", "scaling"], fail_eval_rounds=[], max_turns=1, eval_loop={"enabled": False})
+    sweep = [(f"demo-{stamp}-tput-{n}r", n, quiet) for n in (1, 2, 4)]
+    sweep += [(f"demo-{stamp}-size-{width}", 1, quiet.replace(d_model=width, warmstart_steps=0,  # type: ignore[attr-defined]
+                                                               tags=["demo", "model_size"]))
+              for width in SIZE_WIDTHS]
     out = {}
-    for nproc in (1, 2, 4):
-        run_id = f"demo-{stamp}-tput-{nproc}r"
+    for run_id, nproc, config in sweep:
         print(f"throughput: {run_id} ({nproc} rank{'s' if nproc > 1 else ''}, {args.scaling_steps} steps)", flush=True)
-        code = start(run_id, nproc, args.scaling_steps, quiet, env=env, log_dir=logs).wait(600)
+        code = start(run_id, nproc, args.scaling_steps, config, env=env, log_dir=logs).wait(600)
         if code:
             raise UserError(f"throughput run {run_id} failed (exit status {code}); see {logs}")
         out[run_id] = nproc
