@@ -55,7 +55,7 @@ def test_figure_1_draws_pass_maj_and_greedy_on_request(store: DirectStore, tmp_p
 
 
 def test_the_cli_flag_asks_for_the_details(store: DirectStore, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr("areal_metrics.report.write_report.__defaults__", (None, store, False))
+    monkeypatch.setattr("areal_metrics.report.write_report.__defaults__", (None, store))
     assert main(["report", "--out", str(tmp_path), "--eval-details"]) == 0
     assert (tmp_path / FILES[0]).exists() and (tmp_path / CHANGES_FILE).exists()
 

@@ -46,9 +46,18 @@ def missing_modules(services: tuple[str, ...], clickhouse_url: str) -> list[str]
         for module in SERVICE_NEEDS[name]:
             if module == "chdb" and not clickhouse_url.startswith("chdb:"):
                 continue
-            if module not in out and importlib.util.find_spec(module) is None:
+            if module not in out and not _importable(module):
                 out.append(module)
     return out
+
+
+def _importable(module: str) -> bool:
+    if module in sys.modules:  # imported already, or blocked with None (find_spec refuses an unset __spec__)
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def failure_reason(home: str | Path, name: str) -> str:
