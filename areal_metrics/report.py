@@ -284,17 +284,18 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
         with connect() as opened:  # StoreError is a UserError: the CLI says it in one line
             return write_report(out_dir, runs, opened, metrics=metrics, grouped=grouped, eval_details=eval_details)
     raw, smooth = load_rewards(store, where)
-    if not raw:
+    evals = load_evals(store, where)
+    if not raw and not evals:
         which = f"runs {', '.join(runs)}" if runs else "any run"
-        raise UserError(f"no training steps stored for {which}: nothing to report")
+        raise UserError(f"no training steps with a reward and no evaluation stored for {which}: nothing to report")
     out_dir.mkdir(parents=True, exist_ok=True)
     info = load_runs(store, where)
     written = []
-    evals = load_evals(store, where)
     if evals:
         details = load_consensus_metrics(store, where) if eval_details else None
         written.append(draw.plot_evals(evals, out_dir / FILES[0], details))
-    written.append(draw.plot_rewards(raw, smooth, info, out_dir / FILES[1], grouped=grouped))
+    if raw:  # a run may log evaluations and other metrics without a reward (AReaL's names, say)
+        written.append(draw.plot_rewards(raw, smooth, info, out_dir / FILES[1], grouped=grouped))
     throughput = load_throughput(store, where)
     if throughput:
         written.append(draw.plot_throughput(throughput, info, out_dir / FILES[2]))

@@ -111,7 +111,7 @@ def test_cli(store: tuple[DirectStore, Path], tmp_path: Path, monkeypatch: pytes
     assert main(["report", "--out", str(out), "--run", "wl-mt2-s1", "--run", "wl-mt4-s1"]) == 0
     assert capsys.readouterr().out.split() == [str(out / f) for f in (*FILES, CHANGES_FILE)]
     assert main(["report", "--out", str(out), "--run", "no-such-run"]) == 2
-    assert "no training steps stored for runs no-such-run" in capsys.readouterr().err
+    assert "no training steps with a reward and no evaluation stored for runs no-such-run" in capsys.readouterr().err
     assert main(["report", "--out", str(out), "--run", "bad id;"]) == 2
     assert "a run id is 1..128 characters" in capsys.readouterr().err
 
@@ -236,3 +236,4 @@ def test_the_model_size_panel_orders_runs_by_parameters_and_sums_a_runs_nodes(tm
     from PIL import Image
 
     assert Image.open(wide).size[0] > Image.open(narrow).size[0]  # the third panel is there
+
