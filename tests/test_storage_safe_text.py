@@ -65,7 +65,7 @@ def test_every_place_a_string_sits_is_checked_and_named(base: dict, changes: dic
 def test_the_metrics_cap_and_the_key_cap() -> None:
     assert refusal({**STEP, "metrics": {f"m{i}": 1.0 for i in range(METRICS_MAX)}}) is None
     assert refusal({**STEP, "metrics": {f"m{i}": 1.0 for i in range(METRICS_MAX + 1)}}) == \
-        f"steps.metrics: more than {METRICS_MAX} names ({METRICS_MAX + 1})"
+        f"steps.metrics: more than {METRICS_MAX} names"
     assert refusal({**RUN, "config": {"k" * 257: 1}}) == "runs.config key: longer than 256 chars (257)"
 
 
