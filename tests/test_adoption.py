@@ -1,4 +1,4 @@
-"""A team's first day (CONTRACT.md, 'Adoption'), from a fresh venv with only the package and kafka-python.
+"""A team's first day (CONTRACT.md, 'Adoption'), from a fresh venv with only the package, kafka-python and msgspec.
 
 `areal-metrics up --no-worker` (the project's environment: the `stack` extra) starts a broker and the
 sink in a fresh `AREAL_HOME`. A script run by the bare venv, with no setting but `AREAL_HOME`, from

@@ -307,3 +307,33 @@ def test_the_home_is_per_user_and_the_broker_the_one_up_recorded(tmp_path, monke
     assert str(home / "stack.json") in bootstrap_origin()
     monkeypatch.setenv("AREAL_KAFKA_BOOTSTRAP", "kafka:9092")  # the environment wins
     assert Settings.from_env().kafka_bootstrap == "kafka:9092" and bootstrap_origin() == "AREAL_KAFKA_BOOTSTRAP"
+
+
+_VALUE_MAKERS = [
+    lambda x: x, lambda x: int(x), lambda x: bool(x), lambda x: None, lambda x: str(x),
+    lambda x: __import__("numpy").float32(x), lambda x: __import__("numpy").int64(int(x)),
+    lambda x: __import__("numpy").bool_(x > 0), lambda x: __import__("numpy").complex64(x),
+    lambda x: __import__("numpy").array(x), lambda x: __import__("numpy").array([x, x]),
+    lambda x: __import__("torch").tensor(x), lambda x: __import__("torch").tensor(int(x)),
+    lambda x: __import__("torch").tensor([x, x]), lambda x: __import__("decimal").Decimal(str(x)),
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(_VALUE_MAKERS) - 1),
+                          st.one_of(st.floats(-1e6, 1e6), st.just(float("nan")))), max_size=30))
+def test_a_snapshot_reads_each_value_as_to_number_does_whatever_the_mix_of_types(picks) -> None:
+    """snapshot reads the values of one type together (numpy scalars as one array, tensors by one
+    map): the same numbers as reading each alone, the same names skipped, in the caller's order."""
+    values = {}
+    for i, (maker, x) in enumerate(picks):
+        try:
+            values[f"m{i}"] = _VALUE_MAKERS[maker](x)
+        except (ValueError, OverflowError):  # int(nan)
+            values[f"m{i}"] = None
+    got, skipped = coerce.snapshot(values)
+    alone = {k: coerce.to_number(v) for k, v in values.items()}
+    expected = {k: x for k, x in alone.items() if x is not None}
+    assert list(got) == list(expected)
+    assert all(type(got[k]) is type(expected[k]) and (got[k] == expected[k] or got[k] != got[k]) for k in got)
+    assert skipped == tuple(k for k, x in alone.items() if x is None and values[k] is not None)

@@ -2,7 +2,7 @@
 
 The bare-install test builds the project's wheel, installs it with no
 dependencies into a fresh virtual environment (no system site packages), adds
-kafka-python (the one thing the client needs; from PyPI), and runs a trainer
+kafka-python and msgspec (what the client needs; from PyPI), and runs a trainer
 that logs with the broker away: it journals and exits 0, with no torch,
 faust or chdb present; then, against the real broker, it delivers through
 kafka-python, since the `fast` extra (confluent-kafka) is not installed.
@@ -67,7 +67,7 @@ def _pip(venv: Path, *args: str) -> None:
 
 
 def bare_venv(tmp_path: Path) -> Path:
-    """A fresh venv (no system site packages) with the project's wheel and kafka-python alone; its folder."""
+    """A fresh venv (no system site packages) with the project's wheel, kafka-python and msgspec alone; its folder."""
     src = tmp_path / "src"
     # the working tree as git sees it: tracked files and new ones not ignored
     files = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT).stdout.split("\0")
@@ -85,7 +85,8 @@ def bare_venv(tmp_path: Path) -> Path:
         metadata = next(archive.read(n).decode() for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
     assert {t for t in tops if not t.endswith((".dist-info", ".data"))} == {"areal_metrics"}
     assert "License-Expression: Apache-2.0" in metadata  # the licence in the package metadata
-    _pip(venv, "install", "--no-deps", "--quiet", str(wheel), f"kafka-python=={version('kafka-python')}")
+    _pip(venv, "install", "--no-deps", "--quiet", str(wheel), f"kafka-python=={version('kafka-python')}",
+         f"msgspec=={version('msgspec')}")
     return venv
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,22 +52,57 @@ def to_number(v: Any) -> int | float | None:
     t = type(v)
     if t is float or t is int:
         return v
-    if v is None or t is str or t is bytes or t is complex:
-        return None
-    if isinstance(v, bool):
+    return _read_one(_kind_of(t), v)
+
+
+# How the values of a type are read, learnt once per type: "plain" (Python int or float),
+# "int", "float" (their subclasses: bool, IntEnum, numpy.float64), "numpy" (numpy scalars:
+# a step's many are read in one array), "item" (tensors, numpy arrays: `.item()`), "dunder"
+# (`__float__`: Decimal, Fraction), "none" (not a number).
+_KINDS: dict[type, str] = {float: "plain", int: "plain", str: "none", bytes: "none", complex: "none",
+                           type(None): "none"}
+
+
+def _kind_of(t: type) -> str:
+    kind = _KINDS.get(t)
+    if kind is None:
+        if issubclass(t, int):
+            kind = "int"
+        elif issubclass(t, float):
+            kind = "float"
+        elif "numpy" in sys.modules and issubclass(t, sys.modules["numpy"].generic):
+            kind = "numpy"  # (a numpy scalar exists only once numpy is imported)
+        elif callable(getattr(t, "item", None)):
+            kind = "item"
+        elif hasattr(t, "__float__"):
+            kind = "dunder"
+        else:
+            kind = "none"
+        _KINDS[t] = kind
+    return kind
+
+
+def _number(x: Any) -> int | float | None:
+    """What `.item()` gave, as a contract number (a bool as an int; a complex, a date: None)."""
+    t = type(x)
+    if t is float or t is int:
+        return x
+    return int(x) if t is bool else None
+
+
+def _read_one(kind: str, v: Any) -> int | float | None:
+    if kind == "plain":
+        return v  # type: ignore[no-any-return]
+    if kind == "int":
         return int(v)
-    if isinstance(v, int):  # IntEnum, numpy ints that subclass int
-        return int(v)
-    if isinstance(v, float):  # numpy.float64 subclasses float
+    if kind == "float":
         return float(v)
-    item = getattr(v, "item", None)
-    if callable(item):  # numpy scalars and arrays, torch tensors: one element only
+    if kind in ("numpy", "item"):
         try:
-            x = item()
+            return _number(v.item())
         except Exception:  # noqa: BLE001 - a multi-element tensor, a device error: not one number
             return None
-        return x if type(x) in (int, float) else (int(x) if type(x) is bool else None)
-    if hasattr(v, "__float__"):
+    if kind == "dunder":
         try:
             return float(v)
         except Exception:  # noqa: BLE001
@@ -74,12 +110,30 @@ def to_number(v: Any) -> int | float | None:
     return None
 
 
+def _read_many(kind: str, t: type, vs: list[Any]) -> list[int | float | None]:
+    """The values `vs`, all of type `t`, read at once where the kind allows it."""
+    try:
+        if kind == "numpy":  # one array of the type's dtype: its tolist() is each scalar's item()
+            read = sys.modules["numpy"].array(vs).tolist()
+        elif kind == "item":
+            read = list(map(t.item, vs))  # type: ignore[attr-defined]
+        else:
+            return [_read_one(kind, v) for v in vs]
+    except Exception:  # noqa: BLE001 - one of them is not one number: each on its own
+        return [_read_one(kind, v) for v in vs]
+    return read if set(map(type, read)) <= _PLAIN_TYPES else [_number(x) for x in read]
+
+
+_PLAIN_TYPES = {float, int}
+
+
 def snapshot(values: Mapping[Any, Any]) -> tuple[dict[Any, int | float], tuple[Any, ...]]:
     """The caller-thread part of `log`: a copy holding only Python numbers, and the names skipped.
 
     Plain floats and ints (the common case) are copied as they are, at C
     speed; a tensor is read now, because the training loop may change it in
-    place after `log` returns. `None` is skipped without being named.
+    place after `log` returns. Values of one type are read together (numpy
+    scalars as one array). `None` is skipped without being named.
     """
     out = dict(values)
     for v in out.values():
@@ -88,16 +142,30 @@ def snapshot(values: Mapping[Any, Any]) -> tuple[dict[Any, int | float], tuple[A
             break
     else:
         return out, ()
-    skipped = []
-    for k, v in values.items():
-        x = to_number(v)
-        if x is None:
-            del out[k]
-            if v is not None:
-                skipped.append(k)
-        elif x is not v:
-            out[k] = x
-    return out, tuple(skipped)
+    by_type: dict[type, list[Any]] = {}
+    for k, v in out.items():
+        t = type(v)
+        if t is not float and t is not int:
+            keys = by_type.get(t)
+            if keys is None:
+                by_type[t] = [k]
+            else:
+                keys.append(k)
+    skipped = set()
+    for t, keys in by_type.items():
+        given = [out[k] for k in keys]
+        read = _read_many(_kind_of(t), t, given)
+        if None not in read:
+            out.update(zip(keys, read))
+            continue
+        for k, v, x in zip(keys, given, read):
+            if x is None:
+                del out[k]
+                if v is not None:
+                    skipped.add(k)
+            else:
+                out[k] = x
+    return out, tuple(k for k in values if k in skipped) if skipped else ()
 
 
 def finite(v: int | float) -> bool:
