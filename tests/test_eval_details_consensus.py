@@ -39,7 +39,7 @@ def shard_results(truth: list[int], maj: list[int], greedy: list[int], k: int, w
 
 
 def vote(results: list[NodeResult], world: int, redundancy: int):
-    state, found = VoteState.empty(), []
+    state, found = VoteState(), []
     for r in results:
         state, outcome = add_result(state, KEY, 10, redundancy, r, 0.0, CFG, shard_nodes=world)
         if outcome.consensus is not None:

@@ -2,8 +2,9 @@
 tests/data/make_golden.py from the code of the day they were recorded).
 
 Every event type's JSON reads back and is written again byte for byte, and the worker's stored
-state (RunState, as the state codec writes it) likewise: a new record or codec implementation
-must read what the old one wrote and write what the old one read.
+state (RunState, as the state codec writes it, and a busier one as its table records)
+likewise: a new record or codec implementation must read what the old one wrote and write
+what the old one read.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import pytest
 from areal_metrics.producers.contract.events import EVENT_TYPES, parse_event
 from areal_metrics.streams.core.processor import RunState
 from areal_metrics.streams.state import codec
+from areal_metrics.streams.state.state_store import StateStore
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
 EVENTS = GOLDEN.joinpath("events.jsonl").read_bytes().splitlines()
 STATES = GOLDEN.joinpath("state.jsonl").read_bytes().splitlines()
+TABLE = dict(line.split(b"\t", 1) for line in GOLDEN.joinpath("table.jsonl").read_bytes().splitlines())
 
 
 def test_the_golden_events_cover_every_type() -> None:
@@ -38,3 +41,12 @@ def test_the_workers_state_reads_back_and_is_written_byte_for_byte(line: bytes) 
     state = codec.loads(RunState, line)
     assert state.run_id == "run-1" and state.smoothing.points  # the record is a real, populated state
     assert codec.dumps(state) == line
+
+
+def test_the_workers_table_records_read_back_and_are_written_byte_for_byte() -> None:
+    state = StateStore(dict(TABLE)).load("run-1")
+    assert state is not None and state.ranks.pending and state.votes.open_rounds and state.votes.closed
+    assert state.votes.last_good and state.invalid and state.loop_overrides  # every kind of record, every mapping
+    rewritten: dict[bytes, bytes] = {}
+    StateStore(rewritten).save(state)
+    assert rewritten == TABLE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -189,15 +190,25 @@ def test_config_overrides_per_run_and_patterns(tmp_path) -> None:
         ({"defaults": {"windw": 3}}, "streams config defaults: unknown key 'windw'"),
         ({"runs": {"r": {"window": 0}}}, "window: must be >= 1"),
         ({"defaults": {"fast_exit_slope": 1.0}}, "fast_exit_slope"),
-        ({"defaults": {"window": "ten"}}, "window: must be an integer"),
-        ({"defaults": {"window": 2.5}}, "window: must be an integer"),
-        ({"defaults": {"lr_eval_threshold": None, "reward_threshold": True}}, "reward_threshold: must be a number"),
+        ({"defaults": {"window": "ten"}}, "window: Expected `int`, got `str`"),
+        ({"defaults": {"window": 2.5}}, "window: Expected `int`, got `float`"),
+        ({"defaults": {"lr_eval_threshold": None, "reward_threshold": True}}, "reward_threshold: Expected `float | null`, got `bool`"),
         ({"extra": 1}, "unknown key 'extra'"),
     ],
 )
 def test_config_errors_name_the_field(data, message) -> None:
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         StreamsConfig.from_dict(data)
+
+
+def test_config_values_take_their_fields_types() -> None:
+    """JSON has one number type and TOML is written by hand: a whole float where an integer
+    is meant, an integer where a float is; a non-finite number is refused by name."""
+    cfg = StreamsConfig.from_dict({"defaults": {"window": 30.0, "ema_alpha": 1, "reward_threshold": 0}}).for_run("r")
+    assert (cfg.window, cfg.ema_alpha, cfg.reward_threshold) == (30, 1.0, 0.0)
+    assert type(cfg.window) is int and type(cfg.ema_alpha) is float and type(cfg.reward_threshold) is float
+    with pytest.raises(ConfigError, match="stall_seconds: not finite"):
+        StreamsConfig.from_dict({"defaults": {"stall_seconds": float("inf")}})
 
 
 # ------------------------------------------------------------------ processor

@@ -5,7 +5,6 @@
   remembered writes a handful, not 2,048;
 - a save cut short after any of its writes (a crash), then the batch read again, gives the
   same state and only copies of the events the batch gave;
-- the codec writes the same bytes with orjson and with the standard library;
 - processing messages in batches gives the outputs and states one-by-one processing gives.
 """
 
@@ -202,38 +201,6 @@ def test_a_run_whose_head_does_not_decode_starts_over_and_its_leftovers_go() -> 
     assert StateStore(table).load("r").smoothing.max_step == 0
 
 
-def test_the_codec_writes_the_same_bytes_with_and_without_orjson(monkeypatch: Any) -> None:
-    core, _ = make_core({})
-    busy_state(core)
-    state = core.cache["r"]
-    fast = [codec.dumps(state), codec.dumps(state.votes), codec.dumps(state.ranks)]
-    monkeypatch.setattr(codec, "orjson", None)
-    assert [codec.dumps(state), codec.dumps(state.votes), codec.dumps(state.ranks)] == fast
-    assert codec.loads(RunState, fast[0]) == state
-
-
-def test_the_head_record_holds_what_the_reference_encoder_writes(monkeypatch: Any) -> None:
-    """The head skips walking the parts orjson writes itself (codec.prepare_as): the same
-    data as codec.encode, the codec's reference, with and without orjson."""
-    from areal_metrics.streams.state.state_store import _head_fields, _rank_fields, _vote_fields
-
-    core, _ = make_core({})
-    busy_state(core)
-    feed(core, [[(TOPICS.steps, step("r", n, rank=0, world=8)) for n in range(10, 300)]])
-    state, saved = core.cache["r"], core.store._saved["r"]
-    assert len(state.ranks.pending) > 200 and state.invalid and state.votes.open_rounds
-    expected = {name: codec.encode(getattr(state, name)) for name in _head_fields()}
-    expected["ranks"] = {**{n: codec.encode(getattr(state.ranks, n)) for n in _rank_fields()},
-                         "waiting": codec.encode(list(state.ranks.pending))}
-    expected["votes"] = {**{n: codec.encode(getattr(state.votes, n)) for n in _vote_fields()},
-                         "open": codec.encode(list(state.votes.open_rounds)),
-                         "closed_range": [min(saved.closed_no.values()), saved.next_no]}
-    fast = core.store._head(saved)
-    assert json.loads(fast) == expected
-    monkeypatch.setattr(codec, "orjson", None)
-    assert core.store._head(saved) == fast
-
-
 def test_round_keys_with_separators_stay_apart_in_record_keys() -> None:
     cfg = RunConfig()
     votes, _ = add_result(RunState("r").votes, RoundKey("r", "a|b", "c", "full"), 1, 2, NodeResult("n", True, 0.5),
@@ -322,29 +289,3 @@ def test_changelog_records_sent_directly_are_the_tables_own_in_the_same_order() 
         else:
             replayed[key] = value
     assert replayed == direct_table.data and StateStore(replayed).load("r") == direct.cache["r"]
-
-
-def test_the_stored_state_classes_have_no_slots() -> None:
-    """orjson writes a dataclass with a __dict__ ~6x as fast as a slotted one, and the
-    worker encodes a run's head once per batch (areal_metrics.streams.state.codec): every dataclass a RunState
-    holds is stored, so none has __slots__."""
-    import dataclasses
-    import typing
-
-    from areal_metrics.streams.core.processor import RunState
-
-    seen: set[type] = set()
-
-    def walk(tp: object) -> None:
-        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-            if tp in seen:
-                return
-            seen.add(tp)
-            for hint in typing.get_type_hints(tp).values():
-                walk(hint)
-        for arg in typing.get_args(tp):
-            walk(arg)
-
-    walk(RunState)
-    assert len(seen) > 10
-    assert [c.__name__ for c in seen if "__slots__" in c.__dict__] == []

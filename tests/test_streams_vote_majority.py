@@ -24,7 +24,7 @@ KEY = RoundKey("run-v", "e1", "math500", "full")
 
 
 def vote(results: list[NodeResult], replicas: int, shard_nodes: int | None = None):
-    state, found, alerts = VoteState.empty(), [], []
+    state, found, alerts = VoteState(), [], []
     for r in results:
         state, outcome = add_result(state, KEY, 10, replicas, r, 0.0, CFG, shard_nodes)
         if outcome.consensus is not None:

@@ -28,7 +28,7 @@ KEY = RoundKey("run-a", "e1", "math500", "quick")
 
 def feed(results: list[NodeResult], replicas: int, key: RoundKey = KEY, state: VoteState | None = None,
          now: float = 0.0) -> tuple[VoteState, list[VoteOutcome]]:
-    state = state or VoteState.empty()
+    state = state or VoteState()
     outcomes = []
     for r in results:
         state, outcome = add_result(state, key, 10, replicas, r, now, CFG)
@@ -185,7 +185,7 @@ def test_failed_round_repeats_last_good_as_stale_and_alerts() -> None:
 
 def test_timeout_gives_partial_with_quorum_and_failure_without() -> None:
     cfg = RunConfig(vote_timeout_s=30)
-    state = VoteState.empty()
+    state = VoteState()
     k_tie = RoundKey("r", "e1", "d", "full")
     k_one = RoundKey("r", "e2", "d", "full")
     state, _ = add_result(state, k_tie, 1, 3, NodeResult("a", True, 0.5, None, (1, 0)), 0.0, cfg)

@@ -35,7 +35,7 @@ def node_results(truth: list[int], n_prompts: int, k: int, world: int, redundanc
 
 
 def vote(results: list[NodeResult], world: int, redundancy: int):
-    state, found = VoteState.empty(), []
+    state, found = VoteState(), []
     for r in results:
         state, outcome = add_result(state, KEY, 10, redundancy, r, 0.0, CFG, shard_nodes=world)
         if outcome.consensus is not None:

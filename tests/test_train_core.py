@@ -199,6 +199,10 @@ def test_config_file_overrides_defaults_json_and_toml(tmp_path) -> None:
     assert cfg.strategy == "mt4-grpo"
     cfg = load(tmp_path / "c.toml")
     assert cfg.eval_mode == "async" and cfg.eval_every_steps == 7
+    # JSON's one number type: whole floats where integers are meant (in a list for a tuple too)
+    (tmp_path / "n.json").write_text('{"fail_eval_at_steps": [3.0, 4], "seed": 2.0, "lr": 1}')
+    cfg = load(tmp_path / "n.json")
+    assert (cfg.fail_eval_at_steps, cfg.seed, cfg.lr) == ((3, 4), 2, 1.0) and type(cfg.seed) is int
 
 
 @pytest.mark.parametrize("content, message", [
@@ -206,7 +210,8 @@ def test_config_file_overrides_defaults_json_and_toml(tmp_path) -> None:
     ('{"group_size": 1}', "group_size: must be >= 2"),
     ('{"eval_mode": "later"}', "eval_mode: must be sync or async"),
     ('{"lrr": 0.1}', "unknown key 'lrr'"),
-    ('{"batch_prompts": "8"}', "batch_prompts: must be an integer"),
+    ('{"batch_prompts": "8"}', "batch_prompts: Expected `int`, got `str`"),
+    ('{"fail_eval_at_steps": [3, 4.5]}', "fail_eval_at_steps: Expected `int`, got `float` - at `$[1]`"),
     ('{"eval_datasets": ["gsm8k"]}', "eval_datasets: must be a non-empty list"),
     ('{"eval_cpu_share": 0}', "eval_cpu_share: must be in (0, 1]"),
     ('{"quick_size": 100, "eval_size": 50}', "quick_size: must be <= eval_size"),

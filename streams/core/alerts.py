@@ -24,8 +24,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from msgspec.structs import replace
+
 from areal_metrics.streams.core.config import RunConfig
-from areal_metrics.streams.core.evolve import evolve, stored
+from areal_metrics.streams.core.stored import Stored
 from areal_metrics.streams.core.smoothing import SmoothedPoint
 
 NON_FINITE_FIELDS_KEPT = 64
@@ -48,8 +50,7 @@ class AlertDecision:
 # ------------------------------------------------------------------ breach / cooldown
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class BreachState:
+class BreachState(Stored):
     """Shared shape of a 'once per breach, with a cooldown' rule."""
 
     in_breach: bool = False
@@ -60,13 +61,13 @@ class BreachState:
 def breach_step(state: BreachState, breached: bool, recovered: bool, step: int, cooldown: int) -> tuple[BreachState, bool]:
     """Advance a breach rule by one observation; True when an alert fires now."""
     if state.in_breach:
-        return (evolve(state, in_breach=False), False) if recovered else (state, False)
+        return (replace(state, in_breach=False), False) if recovered else (state, False)
     if not breached:
         return state, False
     cooled = state.last_fired_step is None or step - state.last_fired_step >= cooldown
     if cooled:
-        return evolve(state, in_breach=True, last_fired_step=step), True
-    return evolve(state, in_breach=True), False
+        return replace(state, in_breach=True, last_fired_step=step), True
+    return replace(state, in_breach=True), False
 
 
 def check_reward(state: BreachState, point: SmoothedPoint, cfg: RunConfig) -> tuple[BreachState, list[AlertDecision]]:
@@ -78,7 +79,7 @@ def check_reward(state: BreachState, point: SmoothedPoint, cfg: RunConfig) -> tu
         # A run that starts below the threshold has not dropped below it: the rule arms
         # once the smoothed reward has reached threshold + margin.
         if avg >= threshold + cfg.reward_recover_margin:
-            state = evolve(state, armed=True)
+            state = replace(state, armed=True)
         return state, []
     state, fired = breach_step(
         state, avg < threshold, avg >= threshold + cfg.reward_recover_margin, point.step, cfg.reward_cooldown_steps
@@ -100,8 +101,7 @@ def check_reward(state: BreachState, point: SmoothedPoint, cfg: RunConfig) -> tu
 # ------------------------------------------------------------------ throughput
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class ThroughputState:
+class ThroughputState(Stored):
     history: tuple[float, ...] = ()
     breach: BreachState = BreachState()
 
@@ -137,8 +137,7 @@ def check_throughput(
 # ------------------------------------------------------------------ stalled
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class StallState:
+class StallState(Stored):
     last_step_at: float | None = None  # worker clock when the run's last step arrived
     last_step: int | None = None
     stalled: bool = False
@@ -154,7 +153,7 @@ def is_newest(state: StallState, step: int, attempt: int) -> bool:
 def saw_step(state: StallState, step: int, now: float, attempt: int = 0) -> StallState:
     if is_newest(state, step, attempt):
         return StallState(last_step_at=now, last_step=step, stalled=False, last_attempt=attempt)
-    return evolve(state, last_step_at=now, stalled=False)
+    return replace(state, last_step_at=now, stalled=False)
 
 
 def check_stalled(
@@ -176,7 +175,7 @@ def check_stalled(
         value=quiet,
         threshold=cfg.stall_seconds,
     )
-    return evolve(state, stalled=True), [alert]
+    return replace(state, stalled=True), [alert]
 
 
 # ------------------------------------------------------------------ abnormal end
@@ -205,8 +204,7 @@ def check_ended(before_ended: bool, ended: bool, status: str | None, attempt: in
 # ------------------------------------------------------------------ non-finite values
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class NonFiniteState:
+class NonFiniteState(Stored):
     fields: tuple[str, ...] = ()  # fields already alerted on, sorted
     saturated: bool = False  # NON_FINITE_FIELDS_KEPT reached: no more alerts
 
@@ -240,8 +238,7 @@ def check_non_finite(
 # ------------------------------------------------------------------ invalid input
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class InvalidState:
+class InvalidState(Stored):
     last_alert_at: float | None = None
     folded: int = 0  # rejected since the last alert, not alerted on their own
 
@@ -250,7 +247,7 @@ def check_invalid(
     state: InvalidState, reason: str, source_topic: str, about: str, now: float, cfg: RunConfig
 ) -> tuple[InvalidState, list[AlertDecision]]:
     if state.last_alert_at is not None and now - state.last_alert_at < cfg.invalid_alert_interval_s:
-        return evolve(state, folded=state.folded + 1), []
+        return replace(state, folded=state.folded + 1), []
     more = f" (+{state.folded} more since the last alert)" if state.folded else ""
     alert = AlertDecision(
         kind="invalid_event",

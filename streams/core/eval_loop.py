@@ -35,9 +35,11 @@ its k-th test at level look_alpha(alpha / 2, k) = alpha/2 * 6 / (pi^2 k^2)
 
 from __future__ import annotations
 
+from msgspec.structs import replace
+
 from areal_metrics.streams.core.alerts import AlertDecision
 from areal_metrics.streams.core.config import RunConfig
-from areal_metrics.streams.core.evolve import evolve, stored
+from areal_metrics.streams.core.stored import Stored
 from areal_metrics.streams.core.stats import look_alpha, proportion_variance, slope_bound, wilson, z_one_sided
 from areal_metrics.streams.core.triggers import CommandDecision
 from areal_metrics.streams.core.voting import Consensus
@@ -45,8 +47,7 @@ from areal_metrics.streams.core.voting import Consensus
 _EPS = 1e-9
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class EvalLoopState:
+class EvalLoopState(Stored):
     dataset: str | None = None  # the dataset the loop watches (pinned at its first result)
     last: tuple[int, int] | None = None  # (attempt, step) of the last round decided on
     factor: float = 1.0  # cumulative lr factor asked for so far
@@ -103,7 +104,7 @@ def _drop(state: EvalLoopState, c: Consensus, why: str, cfg: RunConfig) -> tuple
     lowered = state.factor * cfg.lr_factor
     if lowered < cfg.lr_min_factor - _EPS:
         return state, None
-    return evolve(state, factor=lowered), _command(c, cfg.lr_factor, lowered, why, cfg)
+    return replace(state, factor=lowered), _command(c, cfg.lr_factor, lowered, why, cfg)
 
 
 def below_threshold(c: Consensus, threshold: float, alpha: float, look: int,
@@ -138,19 +139,19 @@ def _threshold_rule(
     if state.in_breach:
         if c.ci_low < threshold + cfg.lr_restore_margin:
             return state, [], []
-        state = evolve(state, in_breach=False, previous=None)
+        state = replace(state, in_breach=False, previous=None)
         if state.factor >= 1.0 - _EPS:
             return state, [], []
         raised = min(1.0, state.factor * cfg.lr_restore_factor)
         why = f"{_estimate(c)}: the interval lies at or above threshold {threshold:g} + margin {cfg.lr_restore_margin:g}"
         command = _command(c, raised / state.factor, raised, why, cfg)
-        return evolve(state, factor=raised), [], [command]
+        return replace(state, factor=raised), [], [command]
     previous = state.previous
-    state = evolve(state, looks=state.looks + 1, previous=(c.accuracy, c.n_effective))
+    state = replace(state, looks=state.looks + 1, previous=(c.accuracy, c.n_effective))
     below, why = below_threshold(c, threshold, cfg.lr_alpha, state.looks, previous)
     if not below:
         return state, [], []
-    state = evolve(state, in_breach=True)
+    state = replace(state, in_breach=True)
     state, command = _drop(state, c, why, cfg)
     floor = "" if command is not None else f"; lr already at its floor x{state.factor:.4g}"
     return state, [_alert("eval_below_threshold", c, why + floor, c.accuracy, threshold)], (
@@ -176,14 +177,14 @@ def _improvement_rule(
     if patience <= 0:
         return state, [], []
     recent = (*state.recent, (c.accuracy, proportion_variance(c.accuracy, c.n_effective)))[-2 * patience:]
-    state = evolve(state, recent=recent, since_test=state.since_test + 1)
+    state = replace(state, recent=recent, since_test=state.since_test + 1)
     if len(recent) < patience + 1 or state.since_test < patience:
         return state, [], []
-    state = evolve(state, tests=state.tests + 1, since_test=0)
+    state = replace(state, tests=state.tests + 1, since_test=0)
     stopped, why = improvement_stopped(recent, cfg.lr_improve_delta, cfg.lr_alpha, state.tests)
     if not stopped:
         return state, [], []
-    state = evolve(state, recent=())
+    state = replace(state, recent=())
     command = None
     if loop_on(cfg) and not commanded:
         state, command = _drop(state, c, f"improvement stopped: {why}", cfg)
@@ -203,7 +204,7 @@ def on_consensus(
 ) -> tuple[EvalLoopState, list[AlertDecision], list[CommandDecision]]:
     if not _counts(state, c, cfg):
         return state, [], []
-    state = evolve(state, dataset=c.key.dataset, last=(c.key.attempt, c.step))
+    state = replace(state, dataset=c.key.dataset, last=(c.key.attempt, c.step))
     state, alerts, commands = _threshold_rule(state, c, cfg)
     state, more_alerts, more_commands = _improvement_rule(state, c, cfg, commanded=bool(commands))
     return state, [*alerts, *more_alerts], [*commands, *more_commands]

@@ -18,15 +18,15 @@ Rules (CONTRACT.md `run`; every rank sends `running` at start and one terminal s
 
 from __future__ import annotations
 
+from msgspec.structs import replace
 
-from areal_metrics.streams.core.evolve import evolve, stored
+from areal_metrics.streams.core.stored import Stored
 
 TERMINAL = ("finished", "failed", "killed")
 MAX_RANKS_TRACKED = 4096
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class Lifecycle:
+class Lifecycle(Stored):
     attempt: int = 0
     world_size: int = 1
     done_ranks: tuple[int, ...] = ()  # ranks that sent a terminal status for `attempt`, sorted
@@ -48,14 +48,14 @@ def on_run_event(state: Lifecycle, status: str, rank: int, world_size: int, atte
         return state  # an earlier attempt's news
     state = saw_attempt(state, attempt)
     # A rank number beyond world_size means a larger world than the event says.
-    state = evolve(state, world_size=max(state.world_size, world_size, min(rank, MAX_RANKS_TRACKED - 1) + 1))
+    state = replace(state, world_size=max(state.world_size, world_size, min(rank, MAX_RANKS_TRACKED - 1) + 1))
     if status == "running" and rank not in state.running_ranks and len(state.running_ranks) < MAX_RANKS_TRACKED:
-        state = evolve(state, running_ranks=tuple(sorted((*state.running_ranks, rank))))
+        state = replace(state, running_ranks=tuple(sorted((*state.running_ranks, rank))))
     if status not in TERMINAL or state.ended:
         return state
     done = state.done_ranks
     if rank not in done and len(done) < MAX_RANKS_TRACKED:
         done = tuple(sorted((*done, rank)))
     if rank == 0 or len(done) >= state.world_size:
-        return evolve(state, done_ranks=(), ended=True, status=status)  # ranks no longer needed
-    return evolve(state, done_ranks=done)
+        return replace(state, done_ranks=(), ended=True, status=status)  # ranks no longer needed
+    return replace(state, done_ranks=done)

@@ -20,9 +20,10 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from msgspec.structs import replace
 
 from areal_metrics.producers.contract.events import (
     AlertEvent,
@@ -53,7 +54,7 @@ from areal_metrics.streams.core.alerts import (
 )
 from areal_metrics.streams.core.config import RunConfig, eval_loop_overrides
 from areal_metrics.streams.core.eval_loop import EvalLoopState, on_consensus
-from areal_metrics.streams.core.evolve import evolve, stored
+from areal_metrics.streams.core.stored import NO_PAIRS, Pairs, Stored, hold_pairs
 from areal_metrics.streams.core.lifecycle import Lifecycle, on_run_event, saw_attempt
 from areal_metrics.streams.core.ranks import (
     RankReport,
@@ -114,12 +115,11 @@ class Output:
     must_ack: bool = True
 
 
-@stored  # stored state (areal_metrics.streams.state.codec, areal_metrics.streams.core.evolve)
-class RunState:
+class RunState(Stored):
     run_id: str
     partition: int | None = None  # the input partition the run lives on (its clock ticks come there)
     smoothing: SmoothingState = SmoothingState()
-    ranks: RankState = field(default_factory=RankState)  # steps waiting for the rest of their ranks
+    ranks: RankState = RankState()  # steps waiting for the rest of their ranks
     trigger: TriggerState = TriggerState()
     reward_alert: BreachState = BreachState(armed=False)  # see alerts.check_reward
     eval_loop: EvalLoopState = EvalLoopState()
@@ -127,10 +127,13 @@ class RunState:
     stall: StallState = StallState()
     lifecycle: Lifecycle = Lifecycle()
     non_finite: NonFiniteState = NonFiniteState()
-    votes: VoteState = field(default_factory=VoteState.empty)
-    invalid: Mapping[str, InvalidState] = field(default_factory=dict)  # per source topic
+    votes: VoteState = VoteState()
+    invalid: Pairs[str, InvalidState] = NO_PAIRS  # per source topic
     # The run's own `run.config.eval_loop`, as RunConfig overrides (config.eval_loop_overrides)
-    loop_overrides: Mapping[str, Any] = field(default_factory=dict)
+    loop_overrides: Pairs[str, Any] = NO_PAIRS
+
+    def __post_init__(self) -> None:
+        hold_pairs(self, "invalid", "loop_overrides")
 
 
 def loop_config(state: RunState, cfg: RunConfig) -> RunConfig:
@@ -229,7 +232,7 @@ def _vote_outputs(state: RunState, outcome: VoteOutcome, ts: float, cfg: RunConf
     out.extend(Output(alert_event(state.run_id, a, ts, attempt)) for a in outcome.alerts)
     if c is not None:
         loop, alerts, commands = on_consensus(state.eval_loop, c, loop_config(state, cfg))
-        state = evolve(state, eval_loop=loop)
+        state = replace(state, eval_loop=loop)
         out.extend(Output(alert_event(state.run_id, a, ts, attempt)) for a in alerts)
         out.extend(Output(command_event(state.run_id, d, ts)) for d in commands)
     return state, out
@@ -240,7 +243,7 @@ def _vote_outputs(state: RunState, outcome: VoteOutcome, ts: float, cfg: RunConf
 
 def _saw_attempt(state: RunState, attempt: int) -> RunState:
     lifecycle = saw_attempt(state.lifecycle, attempt)
-    return state if lifecycle is state.lifecycle else evolve(state, lifecycle=lifecycle)
+    return state if lifecycle is state.lifecycle else replace(state, lifecycle=lifecycle)
 
 
 def _smooth(
@@ -263,10 +266,10 @@ def _smooth(
     resend = bool(ready.source_id) and ready.source_id == current_id
     outputs = [Output(smoothed_event(state.run_id, point, ready.ts), must_ack=not resend)]
     if not outcome.is_newest:
-        return evolve(state, smoothing=smoothing, trigger=trigger), outputs
+        return replace(state, smoothing=smoothing, trigger=trigger), outputs
     trigger, commands = decide(trigger, point, cfg, outcome.slope_se, adaptive(state, cfg))
     reward_alert, alerts = check_reward(state.reward_alert, point, cfg)
-    state = evolve(state, smoothing=smoothing, trigger=trigger, reward_alert=reward_alert)
+    state = replace(state, smoothing=smoothing, trigger=trigger, reward_alert=reward_alert)
     if alerts or commands:  # (rarely: most steps decide nothing)
         outputs.extend(Output(alert_event(state.run_id, a, ready.ts, ready.attempt)) for a in alerts)
         outputs.extend(Output(command_event(state.run_id, c, ready.ts)) for c in commands)
@@ -299,7 +302,7 @@ def _step_reward(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> 
     ranks, ready = add_rank(ranks, (ev.attempt, ev.step), ev.world_size, report, ev.ts, ev.event_id, now,
                             cfg.max_pending_steps)
     if ranks is not state.ranks:  # (a one-rank step leaves them as they were)
-        state = evolve(state, ranks=ranks)
+        state = replace(state, ranks=ranks)
     return _smooth_all(state, ready, cfg, ev.event_id)
 
 
@@ -314,7 +317,7 @@ def on_step(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> tuple
     if ev.non_finite:
         changes["non_finite"], alerts = check_non_finite(state.non_finite, ev.non_finite, ev.step, ev.rank)
         outputs.extend(Output(alert_event(state.run_id, a, ev.ts)) for a in alerts)
-    state = evolve(state, **changes)
+    state = replace(state, **changes)
     if ev.reward is None and (ev.world_size or 1) <= 1:
         return state, outputs  # nothing to average, and no other rank to wait for
     state, more = _step_reward(state, ev, now, cfg)
@@ -340,7 +343,7 @@ def on_eval(state: RunState, ev: EvalEvent, now: float, cfg: RunConfig) -> tuple
     )
     votes, outcome = add_result(state.votes, key, ev.step, ev.replicas, result, now, cfg, ev.shard_nodes,
                                 registered(state, now, cfg))
-    return _vote_outputs(evolve(state, votes=votes), outcome, ev.ts, cfg)
+    return _vote_outputs(replace(state, votes=votes), outcome, ev.ts, cfg)
 
 
 def samples_per_prompt(ev: EvalEvent) -> int:
@@ -368,7 +371,7 @@ def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[R
     """A rank's lifecycle news: the end of the stall watch, the trainer's eval interval."""
     lifecycle = on_run_event(state.lifecycle, ev.status, ev.rank, ev.world_size, ev.attempt)
     if lifecycle.running_ranks != state.lifecycle.running_ranks:
-        lifecycle = evolve(lifecycle, ranks_changed_at=now)
+        lifecycle = replace(lifecycle, ranks_changed_at=now)
     trigger = state.trigger
     changes: dict[str, Any] = {}
     alerts = check_ended(state.lifecycle.ended and state.lifecycle.attempt == lifecycle.attempt, lifecycle.ended,
@@ -379,7 +382,7 @@ def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[R
             changes["loop_overrides"], errors = eval_loop_overrides(ev.config.get("eval_loop"), cfg)
             alerts = [*alerts, *(invalid_loop_alert(e) for e in errors)]
     outputs = [Output(alert_event(state.run_id, a, ev.ts, lifecycle.attempt)) for a in alerts]
-    return evolve(state, lifecycle=lifecycle, trigger=trigger, **changes), outputs
+    return replace(state, lifecycle=lifecycle, trigger=trigger, **changes), outputs
 
 
 def invalid_loop_alert(error: str) -> AlertDecision:
@@ -397,7 +400,7 @@ def on_rejected(
     dead = rejected.replace(event_id=derived_id("rejected", about))
     previous = state.invalid.get(rejected.source_topic, InvalidState())
     invalid, alerts = check_invalid(previous, rejected.reason, rejected.source_topic, about, now, cfg)
-    state = evolve(state, invalid={**state.invalid, rejected.source_topic: invalid})
+    state = replace(state, invalid={**state.invalid, rejected.source_topic: invalid})
     outputs = [Output(dead, must_ack=False)]
     outputs.extend(Output(alert_event(state.run_id, a, rejected.ts)) for a in alerts)
     return state, outputs
@@ -406,11 +409,11 @@ def on_rejected(
 def on_tick(state: RunState, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
     """The clock moved: steps whose ranks did not all come, stalled runs, vote timeouts."""
     ranks, ready = expire_ranks(state.ranks, now, cfg.step_wait_s)
-    state, outputs = _smooth_all(evolve(state, ranks=ranks), ready, cfg, None)
+    state, outputs = _smooth_all(replace(state, ranks=ranks), ready, cfg, None)
     stall, alerts = check_stalled(state.stall, now, cfg, ended=state.lifecycle.ended)
     outputs.extend(Output(alert_event(state.run_id, a, now, state.stall.last_attempt)) for a in alerts)
     votes, outcomes = expire(state.votes, now, cfg, registered(state))
-    state = evolve(state, stall=stall, votes=votes)
+    state = replace(state, stall=stall, votes=votes)
     for outcome in outcomes:
         state, out = _vote_outputs(state, outcome, now, cfg)
         outputs.extend(out)

@@ -28,35 +28,36 @@ Rules (CONTRACT.md 'reward_smoothed')
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import attrgetter
 
-from areal_metrics.streams.core.evolve import evolve, stored
+from msgspec.structs import replace
+
+from areal_metrics.streams.core.stored import NO_PAIRS, Pairs, Stored, hold_pairs
 
 StepKey = tuple[int, int]  # (attempt, step)
 _OPENED_AT = attrgetter("opened_at")
 _RANK = attrgetter("rank")
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class RankReport:
+class RankReport(Stored):
     rank: int
     reward: float | None
     n_samples: int | None
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class PendingStep:
+class PendingStep(Stored):
     world_size: int
     opened_at: float  # worker clock at the first report: the wait counts from here
     ts: float  # `ts` of the newest report (the smoothed event's ts: the same on a replay)
     reports: tuple[RankReport, ...] = ()
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class RankState:
-    pending: Mapping[StepKey, PendingStep] = field(default_factory=dict)  # (attempt, step) -> reports so far
+class RankState(Stored):
+    pending: Pairs[StepKey, PendingStep] = NO_PAIRS  # (attempt, step) -> reports so far
+
+    def __post_init__(self) -> None:
+        hold_pairs(self, "pending")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +102,9 @@ def add_rank(
     pending = state.pending.get(key) or PendingStep(world_size=world, opened_at=now, ts=ts)
     if report.rank in map(_RANK, pending.reports):
         return state, []
-    pending = evolve(pending, world_size=max(pending.world_size, world), ts=max(pending.ts, ts),
+    pending = replace(pending, world_size=max(pending.world_size, world), ts=max(pending.ts, ts),
                       reports=(*pending.reports, report))
-    rest = dict(state.pending)  # a C-level copy: a run can have hundreds of steps waiting
+    rest = state.pending.copy()  # a C-level copy: a run can have hundreds of steps waiting
     if len(pending.reports) >= pending.world_size:
         rest.pop(key, None)
         return RankState(rest), [_ready(key, pending, source_id)]

@@ -36,7 +36,9 @@ from functools import cache
 from itertools import repeat
 from typing import Literal
 
-from areal_metrics.streams.core.evolve import evolve, stored
+from msgspec.structs import replace
+
+from areal_metrics.streams.core.stored import Stored
 
 # EMA values kept for steps that left the window: a resume at most this far behind the farthest
 # step the run reached is exact (a resume does not bring back entries a farther attempt pushed out)
@@ -44,8 +46,7 @@ EMA_TRAIL = 32
 ATTEMPTS_KEPT = 32  # where the last attempts started (older boundaries are forgotten)
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class SmoothedPoint:
+class SmoothedPoint(Stored):
     step: int
     reward: float
     window: int  # steps in the window when this point was emitted (<= W)
@@ -56,8 +57,7 @@ class SmoothedPoint:
     attempt: int = 0  # the run's attempt (resume) the step belongs to
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class SmoothingState:
+class SmoothingState(Stored):
     points: tuple[SmoothedPoint, ...] = ()  # the window, sorted by step
     ema_base: float | None = None  # EMA over all steps older than the window
     max_step: int = -1
@@ -165,14 +165,14 @@ def is_stale(state: SmoothingState, step: int, attempt: int) -> bool:
 def resume(state: SmoothingState, step: int, attempt: int) -> SmoothingState:
     """Record where `attempt` starts; its first step replaces earlier attempts' from there on."""
     if attempt > state.attempt:
-        state = evolve(state, attempt=attempt)
+        state = replace(state, attempt=attempt)
     if attempt == 0:
         return state
     first = dict(state.starts).get(attempt)
     if first is not None and first <= step:
         return state
     starts = tuple(sorted({**dict(state.starts), attempt: step}.items()))[-ATTEMPTS_KEPT:]
-    state = evolve(state, starts=starts)
+    state = replace(state, starts=starts)
     kept = tuple(p for p in state.points if not (p.attempt < attempt and p.step >= step))
     rewind = bool(state.ema_trail) and state.ema_trail[-1][0] >= step  # the EMA holds replaced steps
     if len(kept) == len(state.points) and not rewind:
@@ -182,7 +182,7 @@ def resume(state: SmoothingState, step: int, attempt: int) -> SmoothingState:
         trail = tuple(t for t in trail if t[0] < step)
         base = trail[-1][1] if trail else None  # older than the trail: the EMA starts over
     max_step = max((p.step for p in kept), default=min(state.max_step, step - 1))
-    return evolve(state, points=kept, ema_base=base, ema_trail=trail, max_step=max_step)
+    return replace(state, points=kept, ema_base=base, ema_trail=trail, max_step=max_step)
 
 
 def classify(state: SmoothingState, step: int, attempt: int, window: int) -> tuple[SmoothingState, SmoothingOutcome]:
@@ -231,5 +231,5 @@ def add_reward(
     slope, slope_se = _window_fit(steps, rewards)
     point = SmoothedPoint(step, reward, len(rewards), sum(rewards) / len(rewards), ema, slope, source_id, attempt)
     points = (*old[:at], point, *old[at:])[out:] if at >= out else old[out - 1:]  # (a shrunk window evicted it)
-    new_state = evolve(state, points=points, ema_base=ema_base, ema_trail=trail, max_step=max(state.max_step, step))
+    new_state = replace(state, points=points, ema_base=ema_base, ema_trail=trail, max_step=max(state.max_step, step))
     return new_state, SmoothingOutcome(outcome.kind, point, slope_se)

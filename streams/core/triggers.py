@@ -33,8 +33,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from msgspec.structs import replace
+
 from areal_metrics.streams.core.config import RunConfig
-from areal_metrics.streams.core.evolve import evolve, stored
+from areal_metrics.streams.core.stored import Stored
 from areal_metrics.streams.core.smoothing import SmoothedPoint
 
 Mode = Literal["normal", "fast", "plateau"]
@@ -42,8 +44,7 @@ Mode = Literal["normal", "fast", "plateau"]
 INTERVAL_KEYS = ("eval_interval_steps", "eval_every_steps")
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class TriggerState:
+class TriggerState(Stored):
     mode: Mode = "normal"
     interval: int | None = None  # None: the run still uses cfg.eval_interval
     last_change_step: int | None = None
@@ -76,7 +77,7 @@ def published_interval(config: Mapping[str, Any]) -> int | None:
 
 
 def with_base_interval(state: TriggerState, interval: int | None) -> TriggerState:
-    return state if interval is None or interval == state.base_interval else evolve(state, base_interval=interval)
+    return state if interval is None or interval == state.base_interval else replace(state, base_interval=interval)
 
 
 def rewind(state: TriggerState, step: int) -> TriggerState:
@@ -84,7 +85,7 @@ def rewind(state: TriggerState, step: int) -> TriggerState:
     dwell and the evaluate_now baseline would otherwise wait for the old step numbers)."""
     marks = {name: step for name in ("last_change_step", "baseline_step")
              if (getattr(state, name) or 0) > step}
-    return evolve(state, **marks) if marks else state
+    return replace(state, **marks) if marks else state
 
 
 def next_mode(mode: Mode, abs_slope: float, cfg: RunConfig) -> Mode:
@@ -132,10 +133,10 @@ def decide(
     decisions: list[CommandDecision] = []
     slope = abs(point.slope)
     if not state.learning and slope > cfg.plateau_exit_slope and slope > cfg.learning_slope_t * slope_se:
-        state = evolve(state, learning=True)
+        state = replace(state, learning=True)
 
     if state.baseline is None:
-        state = evolve(state, baseline=point.sliding_avg, baseline_step=point.step)
+        state = replace(state, baseline=point.sliding_avg, baseline_step=point.step)
     elif abs(point.sliding_avg - state.baseline) > cfg.evaluate_delta:
         moved = point.sliding_avg - state.baseline
         since = f"step {state.baseline_step}" if state.baseline_step is not None else "the start"
@@ -149,7 +150,7 @@ def decide(
                 attempt=point.attempt,
             )
         )
-        state = evolve(state, baseline=point.sliding_avg, baseline_step=point.step)
+        state = replace(state, baseline=point.sliding_avg, baseline_step=point.step)
 
     if not (cfg.adaptive_interval if adaptive is None else adaptive):
         return state, decisions
@@ -173,7 +174,7 @@ def decide(
                 attempt=point.attempt,
             )
         )
-        state = evolve(state, interval=new_interval, last_change_step=point.step)
+        state = replace(state, interval=new_interval, last_change_step=point.step)
     if entered:
-        state = evolve(state, mode=mode)
+        state = replace(state, mode=mode)
     return state, decisions

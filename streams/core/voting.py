@@ -56,11 +56,13 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
+
+from msgspec.structs import astuple, replace
 
 from areal_metrics.streams.core.alerts import AlertDecision
 from areal_metrics.streams.core.config import RunConfig
-from areal_metrics.streams.core.evolve import evolve, stored
+from areal_metrics.streams.core.stored import NO_PAIRS, Pairs, Stored, hold_pairs
 from areal_metrics.streams.core.stats import effective_n, wilson
 
 CLOSED_ROUNDS_KEPT = 2048  # per run: remembered to refuse late results without re-voting
@@ -71,8 +73,7 @@ def consensus_metric(name: str) -> bool:
     return CONSENSUS_METRIC.fullmatch(name) is not None
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class NodeResult:
+class NodeResult(Stored):
     node: str
     ok: bool
     accuracy: float | None = None
@@ -82,14 +83,16 @@ class NodeResult:
     sample_ids: tuple[int, ...] | None = None  # the verdicts' samples (None: 0..len-1)
     n_samples: int | None = None  # as the node reported it (the value rule's interval)
     samples_per_prompt: int = 1  # consecutive sample ids of one prompt (clustered in the interval)
-    metrics: Mapping[str, float] = field(default_factory=dict)  # pass@K, maj@K, greedy_accuracy (consensus_metric)
+    metrics: Pairs[str, float] = NO_PAIRS  # pass@K, maj@K, greedy_accuracy (consensus_metric)
+
+    def __post_init__(self) -> None:
+        hold_pairs(self, "metrics")
 
     def samples(self) -> Iterable[int]:
         return self.sample_ids if self.sample_ids is not None else range(len(self.verdicts or ()))
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class RoundKey:
+class RoundKey(Stored):
     run_id: str
     eval_id: str
     dataset: str
@@ -102,8 +105,7 @@ class RoundKey:
         return (self.dataset, self.stage)
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class RoundState:
+class RoundState(Stored):
     key: RoundKey
     step: int
     replicas: int  # nodes per sample
@@ -112,8 +114,7 @@ class RoundState:
     shard_nodes: int = 0  # nodes sharing the round (the most any result said); 0: replicas
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class Consensus:
+class Consensus(Stored):
     key: RoundKey
     step: int
     accuracy: float
@@ -129,20 +130,21 @@ class Consensus:
     ci_low: float = 0.0  # 95 % interval of `accuracy`
     ci_high: float = 1.0
     n_effective: float = 0.0  # the interval's effective sample size (clustered samples count less)
-    metrics: Mapping[str, float] = field(default_factory=dict)  # pass@K, maj@K, greedy_accuracy
+    metrics: Pairs[str, float] = NO_PAIRS  # pass@K, maj@K, greedy_accuracy
+
+    def __post_init__(self) -> None:
+        hold_pairs(self, "metrics")
 
 
-@stored  # stored state (areal_metrics.streams.state.codec)
-class VoteState:
+class VoteState(Stored):
     """Keys are structured (RoundKey, (dataset, stage)): never a joined string to split again."""
 
-    open_rounds: Mapping[RoundKey, RoundState] = field(default_factory=dict)
+    open_rounds: Pairs[RoundKey, RoundState] = NO_PAIRS
     closed: tuple[RoundKey, ...] = ()  # rounds already decided, oldest first
-    last_good: Mapping[tuple[str, str], Consensus] = field(default_factory=dict)  # (dataset, stage) ->
+    last_good: Pairs[tuple[str, str], Consensus] = NO_PAIRS  # (dataset, stage) ->
 
-    @classmethod
-    def empty(cls) -> VoteState:
-        return cls()
+    def __post_init__(self) -> None:
+        hold_pairs(self, "open_rounds", "last_good")
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,7 +410,7 @@ def _fail(state: VoteState, rnd: RoundState, why: str) -> tuple[VoteState, VoteO
     previous = state.last_good.get(rnd.key.dataset_stage)
     stale = None
     if previous is not None:
-        stale = evolve(previous, key=rnd.key, step=rnd.step, replicas=rnd.replicas, stale=True, partial=False)
+        stale = replace(previous, key=rnd.key, step=rnd.step, replicas=rnd.replicas, stale=True, partial=False)
     repeat = (
         f"; repeating the last good result (eval {previous.key.eval_id}, accuracy {previous.accuracy:.4g})"
         if previous is not None else "; no earlier result to repeat"
@@ -447,7 +449,7 @@ def add_result(
     rnd = state.open_rounds.get(key) or RoundState(key=key, step=step, replicas=replicas, opened_at=now)
     if any(r.node == result.node for r in rnd.results):
         return state, VoteOutcome()
-    rnd = evolve(rnd, results=(*rnd.results, result), shard_nodes=max(rnd.shard_nodes, shard_nodes or 0))
+    rnd = replace(rnd, results=(*rnd.results, result), shard_nodes=max(rnd.shard_nodes, shard_nodes or 0))
     return _settle(state, rnd, cfg, registered)
 
 

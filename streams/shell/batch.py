@@ -23,11 +23,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from msgspec.structs import replace
+
 from areal_metrics.producers.contract.deadletter import rejected
 from areal_metrics.producers.contract.events import EvalEvent, Event, RejectedEvent, RunEvent, StepEvent, ValidationError, parse_event
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.streams.core.config import StreamsConfig
-from areal_metrics.streams.core.evolve import evolve
 from areal_metrics.streams.core.processor import (
     WORKER_NODE,
     Output,
@@ -115,7 +116,7 @@ class StreamCore:
                 self._bad_partition.setdefault(run_id, partition)
             state = RunState(run_id, partition=partition)
         if state.partition is None:
-            state = evolve(state, partition=partition)
+            state = replace(state, partition=partition)
         return state
 
     def save(self, state: RunState) -> None:

@@ -31,24 +31,26 @@ the next save.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
+
+import msgspec
+from msgspec.structs import FieldInfo, fields
 
 from areal_metrics.streams.state import codec
 from areal_metrics.streams.state.codec import StateDecodeError
 from areal_metrics.streams.core.processor import RunState
 from areal_metrics.streams.core.ranks import PendingStep, RankState, StepKey
+from areal_metrics.streams.core.stored import Stored
 from areal_metrics.streams.core.voting import RoundKey, RoundState, VoteState
 
 log = logging.getLogger("streams")
 
 HEAD, PENDING, ROUND, CLOSED = "run", "pending", "round", "closed"
 # The parts kept in records of their own; every other part is in the head.
+SPLIT_RUN = ("run_id", "ranks", "votes")
 SPLIT_RANKS = ("pending",)
 SPLIT_VOTES = ("open_rounds", "closed")
 
@@ -73,40 +75,37 @@ def record_key(run_id: str, kind: str, part: Any = None) -> bytes:
     return codec.dumps([run_id, kind] if part is None else [run_id, kind, part])
 
 
-@cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-@cache
-def _head_fields() -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(RunState) if f.name not in ("run_id", "ranks", "votes"))
-
-
-@cache
-def _rest(cls: type, split: tuple[str, ...]) -> tuple[str, ...]:
+def _rest(cls: type[Stored], split: tuple[str, ...]) -> tuple[str, ...]:
     """The fields of `cls` that stay in the head."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in split)
+    return tuple(f.name for f in fields(cls) if f.name not in split)
 
 
-def _rank_fields() -> tuple[str, ...]:
-    return _rest(RankState, SPLIT_RANKS)
+def _head_struct(name: str, cls: type[Stored], split: tuple[str, ...],
+                 extra: list[tuple[str, Any, Any]]) -> type[Stored]:
+    """The head's part for `cls`: its fields but the `split` ones (same types and defaults),
+    then the `extra` (name, type, default) ones."""
+
+    def spec(f: FieldInfo) -> tuple[str, Any, Any]:
+        if f.default_factory is not msgspec.NODEFAULT:
+            return f.name, f.type, msgspec.field(default_factory=f.default_factory)
+        return f.name, f.type, f.default
+
+    return msgspec.defstruct(name, [spec(f) for f in fields(cls) if f.name not in split] + extra,
+                             bases=(Stored,), module=__name__)
 
 
-def _vote_fields() -> tuple[str, ...]:
-    return _rest(VoteState, SPLIT_VOTES)
+HEAD_FIELDS, RANK_FIELDS, VOTE_FIELDS = _rest(RunState, SPLIT_RUN), _rest(RankState, SPLIT_RANKS), \
+    _rest(VoteState, SPLIT_VOTES)
+# The head record of a run: keys of the waiting steps and open rounds, the range of closed-round numbers
+RanksHead = _head_struct("RanksHead", RankState, SPLIT_RANKS, [("waiting", tuple[StepKey, ...], ())])
+VotesHead = _head_struct("VotesHead", VoteState, SPLIT_VOTES, [("open", tuple[RoundKey, ...], ()),
+                                                               ("closed_range", tuple[int, int], (0, 0))])
+Head = _head_struct("Head", RunState, SPLIT_RUN, [("ranks", RanksHead, RanksHead()),
+                                                  ("votes", VotesHead, VotesHead())])
 
 
 def _changed(a: Any, b: Any) -> bool:
     return a is not b and a != b
-
-
-def _decode_fields(cls: type, names: tuple[str, ...], data: Any, path: str) -> dict[str, Any]:
-    """The fields of `cls` found in the head object `data` (path: where it sits in a RunState)."""
-    if not isinstance(data, dict):
-        raise StateDecodeError(f"stream state {path}: expected an object")
-    hints = _hints(cls)
-    return {name: codec.decode(hints[name], data[name], f"{path}.{name}") for name in names if name in data}
 
 
 class TableWrites:
@@ -229,26 +228,16 @@ class StateStore:
         return state
 
     def _decode(self, run_id: str, head_key: bytes, keys: dict[bytes, tuple[Any, ...]]) -> _Saved:
-        data = codec.parse(self.io.get(head_key))
-        if not isinstance(data, dict):
-            raise StateDecodeError("stream state $: expected an object")
-        values = _decode_fields(RunState, _head_fields(), data, "$")
-        ranks = data.get("ranks", {})
-        rank_values = _decode_fields(RankState, _rank_fields(), ranks, "$.ranks")
-        waiting = codec.decode(tuple[StepKey, ...], ranks.get("waiting", []), "$.ranks.waiting")
-        votes = data.get("votes", {})
-        vote_values = _decode_fields(VoteState, _vote_fields(), votes, "$.votes")
-        open_keys = codec.decode(tuple[RoundKey, ...], votes.get("open", []), "$.votes.open")
-        low, next_no = codec.decode(tuple[int, int], votes.get("closed_range", [0, 0]), "$.votes.closed_range")
-        open_rounds = self._listed(run_id, ROUND, open_keys, RoundState, "$.votes.open_rounds", "round")
+        head = codec.loads(Head, self.io.get(head_key))
+        low, next_no = head.votes.closed_range
+        open_rounds = self._listed(run_id, ROUND, head.votes.open, RoundState, "$.votes.open_rounds", "round")
         closed_no = self._closed_rounds(keys, low, next_no)
-        pending = self._listed(run_id, PENDING, waiting, PendingStep, "$.ranks.pending", "step")
-        try:
-            vote_state = VoteState(open_rounds=open_rounds, closed=tuple(closed_no), **vote_values)
-            ranks = RankState(pending=pending, **rank_values)
-            state = RunState(run_id=run_id, ranks=ranks, votes=vote_state, **values)
-        except (TypeError, ValueError) as exc:
-            raise StateDecodeError(f"stream state $: {exc}") from None
+        pending = self._listed(run_id, PENDING, head.ranks.waiting, PendingStep, "$.ranks.pending", "step")
+        vote_state = VoteState(open_rounds=open_rounds, closed=tuple(closed_no),
+                               **{name: getattr(head.votes, name) for name in VOTE_FIELDS})
+        ranks = RankState(pending=pending, **{name: getattr(head.ranks, name) for name in RANK_FIELDS})
+        state = RunState(run_id=run_id, ranks=ranks, votes=vote_state,
+                         **{name: getattr(head, name) for name in HEAD_FIELDS})
         return _Saved(state, closed_no, next_no)
 
     def _listed(self, run_id: str, kind: str, keys: tuple[Any, ...], cls: type, where: str,
@@ -259,7 +248,7 @@ class StateStore:
             raw = self.io.get(record_key(run_id, kind, key))
             if raw is None:
                 raise StateDecodeError(f"stream state {where}[{i}]: the {what}'s record is missing")
-            out[key] = codec.decode(cls, codec.parse(raw), f"{where}[{i}]")
+            out[key] = codec.loads(cls, raw, f"{where}[{i}]")
         return out
 
     def _closed_rounds(self, keys: dict[bytes, tuple[Any, ...]], low: int, high: int) -> dict[RoundKey, int]:
@@ -270,8 +259,8 @@ class StateStore:
             if tail[:1] != (CLOSED,):
                 continue
             try:
-                key = codec.decode(RoundKey, tail[1], "$.votes.closed[]")
-                no = codec.decode(int, codec.parse(self.io.get(raw)), "$.votes.closed[]")
+                key = codec.convert(RoundKey, tail[1], "$.votes.closed[]")
+                no = codec.loads(int, self.io.get(raw), "$.votes.closed[]")
             except (StateDecodeError, IndexError):
                 continue  # a closed round's number is only a memory: one that does not read is forgotten
             if low <= no < high:
@@ -313,27 +302,23 @@ class StateStore:
         self.states[run_id], self._saved[run_id] = state, saved
 
     def _head_changed(self, old: RunState, new: RunState) -> bool:
-        if any(_changed(getattr(old, name), getattr(new, name)) for name in _head_fields()):
+        if any(_changed(getattr(old, name), getattr(new, name)) for name in HEAD_FIELDS):
             return True
         if old.ranks is not new.ranks and any(
-                _changed(getattr(old.ranks, name), getattr(new.ranks, name)) for name in _rank_fields()):
+                _changed(getattr(old.ranks, name), getattr(new.ranks, name)) for name in RANK_FIELDS):
             return True
         return old.votes is not new.votes and any(
-            _changed(getattr(old.votes, name), getattr(new.votes, name)) for name in _vote_fields())
+            _changed(getattr(old.votes, name), getattr(new.votes, name)) for name in VOTE_FIELDS)
 
     def _head(self, saved: _Saved) -> bytes:
         state = saved.state
-        hints = _hints(RunState)
-        head: dict[str, Any] = {name: codec.prepare_as(hints[name], getattr(state, name)) for name in _head_fields()}
-        ranks = {name: codec.prepare(getattr(state.ranks, name)) for name in _rank_fields()}
-        ranks["waiting"] = codec.prepare_as(tuple[StepKey, ...], list(state.ranks.pending))
-        head["ranks"] = ranks
-        votes = {name: codec.prepare(getattr(state.votes, name)) for name in _vote_fields()}
-        votes["open"] = codec.prepare_as(tuple[RoundKey, ...], list(state.votes.open_rounds))
+        ranks = RanksHead(**{name: getattr(state.ranks, name) for name in RANK_FIELDS},
+                          waiting=tuple(state.ranks.pending))
         # numbers are given in order, so the first one kept is the lowest
-        votes["closed_range"] = [next(iter(saved.closed_no.values()), saved.next_no), saved.next_no]
-        head["votes"] = votes
-        return codec.dump_prepared(head)
+        closed_range = (next(iter(saved.closed_no.values()), saved.next_no), saved.next_no)
+        votes = VotesHead(**{name: getattr(state.votes, name) for name in VOTE_FIELDS},
+                          open=tuple(state.votes.open_rounds), closed_range=closed_range)
+        return codec.dumps(Head(**{name: getattr(state, name) for name in HEAD_FIELDS}, ranks=ranks, votes=votes))
 
     def _diff_rounds(self, old: VoteState, new: VoteState, saved: _Saved, puts: list[tuple[bytes, bytes]],
                      deletes: list[bytes]) -> bool:

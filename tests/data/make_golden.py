@@ -4,7 +4,9 @@
 
 - events.jsonl: one event of each type with every field set, as `Event.to_json()` writes it;
 - state.jsonl: a run's worker state after steps, an evaluation round and a run event, as the
-  state codec writes it (RunState, JSON).
+  state codec writes it (RunState, JSON);
+- table.jsonl: a busier run's state as the worker's table records (streams.state.state_store:
+  a head, a waiting step, open and closed rounds), one `key<TAB>value` per line.
 
 tests/test_golden.py reads them back with the current code and expects the same bytes out:
 a change of records, validation or codec (msgspec, say) must keep both formats. Re-record
@@ -29,8 +31,9 @@ from areal_metrics.producers.contract.events import (  # noqa: E402
     StepEvent,
 )
 from areal_metrics.streams.core.config import RunConfig  # noqa: E402
-from areal_metrics.streams.core.processor import RunState, on_eval, on_run, on_step  # noqa: E402
+from areal_metrics.streams.core.processor import RunState, on_eval, on_rejected, on_run, on_step  # noqa: E402
 from areal_metrics.streams.state import codec  # noqa: E402
+from areal_metrics.streams.state.state_store import StateStore  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "golden"
 COMMON = dict(run_id="run-1", node="node-a", rank=1, ts=1700000000.5, event_id="e-0001")
@@ -82,11 +85,39 @@ def state() -> RunState:
     return s
 
 
+def busy_state() -> RunState:
+    """`state()` with a round closed (a last good consensus), another open, a step waiting for
+    its second rank, a dead letter's memory and the run's own eval-loop settings."""
+    cfg = RunConfig()
+    s = state()
+    s, _ = on_run(s, RunEvent(run_id="run-1", node="n1", rank=1, status="running", world_size=2, ts=9.2,
+                              event_id="r1", config={"eval_loop": {"threshold": 0.2, "patience_rounds": 3}}), 9.2, cfg)
+    s, _ = on_eval(s, EvalEvent(run_id="run-1", node="n1", rank=1, eval_id="run-1:5:full", step=5, dataset="math_id",
+                                accuracy=0.75, n_samples=4, verdicts=(1, 0, 1, 1), replicas=2, ts=9.5,
+                                metrics={"pass@1": 0.75}, event_id="v1"), 9.5, cfg)
+    s, _ = on_eval(s, EvalEvent(run_id="run-1", node="n0", eval_id="run-1:6:quick", step=6, dataset="math_id",
+                                stage="quick", accuracy=0.5, n_samples=2, verdicts=(1, 0), replicas=2, ts=10.0,
+                                metrics={"greedy_accuracy": 0.5}, event_id="v2"), 10.0, cfg)
+    s, _ = on_step(s, StepEvent(run_id="run-1", node="n0", rank=0, step=6, epoch=0, reward=0.6, world_size=2,
+                                ts=10.5, event_id="s6-0"), 10.5, cfg)
+    dead = RejectedEvent(run_id="run-1", node="n0", ts=11.0, event_id="d0", reason="steps.reward: not finite",
+                         source_topic="areal.steps", raw="{}")
+    s, _ = on_rejected(s, dead, "areal.steps/0/17", 11.0, cfg)
+    return s
+
+
+def table_lines(state: RunState) -> bytes:
+    table: dict[bytes, bytes] = {}
+    StateStore(table).save(state)
+    return b"".join(key + b"\t" + value + b"\n" for key, value in table.items())
+
+
 def main() -> int:
     HERE.mkdir(exist_ok=True)
     (HERE / "events.jsonl").write_bytes(b"".join(e.to_json() + b"\n" for e in events()))
     (HERE / "state.jsonl").write_bytes(codec.dumps(state()) + b"\n")
-    print(f"wrote {HERE}/events.jsonl and state.jsonl")
+    (HERE / "table.jsonl").write_bytes(table_lines(busy_state()))
+    print(f"wrote {HERE}/events.jsonl, state.jsonl and table.jsonl")
     return 0
 
 
