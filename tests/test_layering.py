@@ -30,7 +30,7 @@ ROOMS: dict[str, set[str]] = {
     "grafana": {"producers.contract"},
 }
 # third-party packages a pure room must not import
-PURE = {"streams.core": {"faust", "aiokafka", "kafka", "mode", "orjson", "clickhouse_connect", "chdb"}}
+PURE = {"streams.core": {"faust", "aiokafka", "kafka", "mode", "clickhouse_connect", "chdb"}}
 
 
 def room_of(dotted: str) -> str | None:

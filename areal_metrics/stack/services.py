@@ -35,7 +35,7 @@ from areal_metrics.producers.contract.settings import is_set, read_setting
 SERVICES = ("worker", "sink")  # started after the broker, stopped before it
 SERVICE_MODULES = {"worker": "areal_metrics.streams", "sink": "areal_metrics.sinks"}
 # What each service imports from the `stack` extra (chdb only for the embedded store)
-SERVICE_NEEDS = {"worker": ("faust", "orjson"), "sink": ("clickhouse_connect", "orjson", "chdb")}
+SERVICE_NEEDS = {"worker": ("faust",), "sink": ("clickhouse_connect", "chdb")}
 INSTALL_HINT = "pip install 'areal-metrics[stack]'"
 
 
