@@ -142,7 +142,7 @@ def test_every_alert_kind_the_worker_raises_is_one_alerts_accepts():
     import re
     from pathlib import Path
 
-    from areal_metrics.commands.alerts import ALERT_KINDS
+    from areal_metrics.producers.contract.events import ALERT_KINDS
 
     root = Path(__file__).resolve().parents[1] / "streams"
     source = "\n".join(p.read_text() for p in root.rglob("*.py"))

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from areal_metrics.producers.contract.events import SEVERITIES, AlertEvent, ValidationError, parse_event
+from areal_metrics.producers.contract.events import ALERT_KINDS, SEVERITIES, AlertEvent, ValidationError, parse_event
 from areal_metrics.producers.contract.settings import Settings
 
 from areal_metrics.commands import webhook
@@ -28,10 +28,6 @@ from areal_metrics.errors import ServiceUnavailable, UserError
 
 
 # Every kind the stream worker raises (CONTRACT.md's list and the ones it added); a test holds it to streams/.
-ALERT_KINDS = ("reward_below_threshold", "eval_failed", "node_divergence", "throughput_drop", "stalled",
-               "invalid_event", "non_finite", "no_improvement", "eval_below_threshold", "vote_no_majority",
-               "run_failed", "run_killed", "invalid_config")
-
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--follow", "-f", action="store_true", help="keep subscribing for new alerts")

@@ -65,12 +65,16 @@ EvalStatus = Literal["ok", "failed", "skipped"]
 RunStatus = Literal["running", "finished", "failed", "killed"]
 Command = Literal["evaluate_now", "set_eval_interval", "scale_lr", "stop"]
 Severity = Literal["info", "warning", "critical"]
+AlertKind = Literal["reward_below_threshold", "eval_failed", "node_divergence", "throughput_drop", "stalled",
+                    "invalid_event", "non_finite", "no_improvement", "eval_below_threshold", "vote_no_majority",
+                    "run_failed", "run_killed", "invalid_config"]  # what the stream worker raises
 
 EVAL_STATUSES: tuple[str, ...] = get_args(EvalStatus)
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
 TERMINAL_STATUSES = ("finished", "failed", "killed")
 COMMANDS: tuple[str, ...] = get_args(Command)
 SEVERITIES: tuple[str, ...] = get_args(Severity)
+ALERT_KINDS: tuple[str, ...] = get_args(AlertKind)
 
 
 # --------------------------------------------------------------------- records
@@ -97,12 +101,14 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         if getattr(_checked, "on", False):  # decoded (or converted) by msgspec: types and bounds hold
             self._check_rules()
             return
-        for name in self.__struct_fields__:  # a list given for a tuple field: kept as a tuple
-            if type(getattr(self, name)) is list:
-                msgspec.structs.force_setattr(self, name, tuple(getattr(self, name)))
+        values = msgspec.structs.asdict(self)
+        if list in map(type, values.values()):  # a list given for a tuple field: kept as a tuple
+            for name, v in values.items():
+                if type(v) is list:
+                    msgspec.structs.force_setattr(self, name, tuple(v))
         _checked.on = True
         try:
-            msgspec.convert(msgspec.structs.asdict(self), type(self))
+            msgspec.convert(values, type(self))
         except msgspec.ValidationError as exc:
             raise from_msgspec(self.table, exc) from None
         finally:
@@ -276,7 +282,7 @@ class AlertEvent(Event, frozen=True, kw_only=True, gc=False):
     table: ClassVar[str] = "alerts"
 
     alert_id: Text(256, nonempty=True) = msgspec.field(default_factory=new_event_id)
-    kind: Text(64, nonempty=True)
+    kind: Text(64, nonempty=True)  # one of ALERT_KINDS from our worker; other writers may name their own
     severity: Severity = "warning"
     message: Message
     step: Step | None = None

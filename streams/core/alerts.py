@@ -26,6 +26,7 @@ from typing import Any
 
 from msgspec.structs import replace
 
+from areal_metrics.producers.contract.events import ALERT_KINDS
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.stored import Stored
 from areal_metrics.streams.core.smoothing import SmoothedPoint
@@ -45,6 +46,10 @@ class AlertDecision:
     step: int | None = None
     value: float | None = None
     threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ALERT_KINDS:  # the contract's list is what `alerts --kind` and users filter by
+            raise ValueError(f"alert kind {self.kind!r} is not in the contract's ALERT_KINDS")
 
 
 # ------------------------------------------------------------------ breach / cooldown
