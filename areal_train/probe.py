@@ -5,7 +5,9 @@ steps with `episodes.rollout`, `ppo.advantages` and `ppo.update` on one rank's
 data, evaluating both held-out sets every `--every` steps (`--eval-size`
 prompts x `--eval-k` samples at temperature 1, seeded: the same samples every
 round). At the end: each set's first and last accuracy and the t statistic of
-an OLS slope over the rounds.
+an OLS slope over the rounds. `--supervised` trains the warm start's own loss on
+the worked solutions instead (as many problems a step as RL has episodes): the
+most that many right answers could teach, to hold RL's numbers against.
 
     python -m areal_metrics.areal_train.probe --steps 60 --batch-prompts 16 --group-size 16 --lr 3e-4
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
 import sys
 import time
 
@@ -26,11 +29,13 @@ from areal_metrics.areal_train.episodes import rollout
 from areal_metrics.areal_train.task import (
     DATASETS,
     EVAL_EXCLUDE_SIZE,
+    Problem,
     VOCAB_SIZE,
     eval_prompts,
     make_eval_set,
     make_train_set,
 )
+from areal_metrics.areal_train.trainer import episode_metrics
 from areal_metrics.areal_train.warmstart_cache import WarmStartSpec
 
 
@@ -47,9 +52,24 @@ def slope_t(xs: list[float], ys: list[float]) -> float:
     return slope / se if se > 0 else float("nan")
 
 
+def supervised_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, problems: list[Problem],
+                    rng: random.Random, max_grad_norm: float) -> float:
+    """One step of the warm start's loss on the worked solutions of `problems` (no retries); its loss."""
+    policy.train()
+    examples = [warmstart.example(p, rng, scratch_share=1.0, retry_share=0.0) for p in problems]
+    loss = warmstart.supervised_loss(policy, *warmstart.batch_tensors(examples))
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+    optimizer.step()
+    return float(loss.detach())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m areal_metrics.areal_train.probe")
     ap.add_argument("--ws-steps", type=int, default=WarmStartSpec.steps)
+    ap.add_argument("--ws-scratch-share", type=float, default=WarmStartSpec.scratch_share,
+                    help="the warm start's share of examples written with the scratchpad")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--batch-prompts", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=16)
@@ -65,10 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cut-at", type=int, default=None, help="from this step on, lr x --cut-factor (a scale_lr)")
     ap.add_argument("--cut-factor", type=float, default=0.25)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--supervised", action="store_true",
+                    help="instead of RL, the warm start's supervised loss on the worked solutions of as many distinct "
+                         "problems per step as RL has episodes: what that many right answers could teach at best")
     ap.add_argument("--diagnose", type=int, default=256, help="prompts per set of the diagnostic (0: none)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    policy = warmstart.load(WarmStartSpec(steps=a.ws_steps))
+    policy = warmstart.load(WarmStartSpec(steps=a.ws_steps, scratch_share=a.ws_scratch_share))
     print(f"warm start {policy.n_parameters():,} parameters", flush=True)
     if a.diagnose:
         print(table(diagnose(policy, size=a.diagnose, k=8), 8), flush=True)
@@ -83,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.Adam(policy.parameters(), lr=a.lr)
     generator = torch.Generator().manual_seed(a.seed)
     settings = ppo.PPOSettings(clip_eps=a.clip, epochs=a.epochs, minibatches=a.minibatches, entropy_coef=a.entropy)
+    examples_rng = random.Random(a.seed)
     rounds = [(0, evaluate())]
     print(f"step 0: {rounds[-1][1]}", flush=True)
     started = time.process_time()
@@ -90,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         if step == a.cut_at:
             for group in optimizer.param_groups:
                 group["lr"] = a.lr * a.cut_factor
+        if a.supervised:
+            loss = supervised_step(policy, optimizer, data.next_batch(a.batch_prompts * a.group_size), examples_rng,
+                                   settings.max_grad_norm)
+            if step % a.every == 0:
+                rounds.append((step, evaluate()))
+                print(f"step {step}: supervised loss {loss:.3f} eval {rounds[-1][1]} "
+                      f"({time.process_time() - started:.0f} s CPU)", flush=True)
+            continue
         problems = [p for p in data.next_batch(a.batch_prompts) for _ in range(a.group_size)]
         noise = torch.rand(len(problems), a.max_turns * 29, VOCAB_SIZE, generator=generator)
         policy.eval()
@@ -98,10 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         advantage, returns = ppo.advantages(episodes, reward, a.group_size, "grpo", policy, 1.0, 0.95)
         policy.train()
         stats = ppo.update(policy, optimizer, episodes, advantage, returns, None, settings, None)
+        scratch = episode_metrics(episodes)["scratchpad_share"]
         if step % a.every == 0:
             rounds.append((step, evaluate()))
-            print(f"step {step}: reward {float(reward.mean()):.3f} entropy {stats.entropy:.3f} eval {rounds[-1][1]} "
-                  f"({time.process_time() - started:.0f} s CPU)", flush=True)
+            print(f"step {step}: reward {float(reward.mean()):.3f} scratchpad {scratch:.2f} "
+                  f"entropy {stats.entropy:.3f} eval {rounds[-1][1]} ({time.process_time() - started:.0f} s CPU)",
+                  flush=True)
     for d in DATASETS:
         xs, ys = [float(s) for s, _ in rounds], [r[d] for _, r in rounds]
         print(f"{d}: {ys[0]:.3f} -> {ys[-1]:.3f} (rise {ys[-1] - ys[0]:+.3f}), OLS slope t {slope_t(xs, ys):.2f} "

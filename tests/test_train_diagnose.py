@@ -82,3 +82,20 @@ def test_the_probes_slope_t_matches_the_textbook_ols() -> None:
     se = np.sqrt(resid @ resid / (len(x) - 2) / ((x - x.mean()) ** 2).sum())
     assert abs(slope_t(xs, ys) - beta / se) < 1e-9
     assert slope_t([0.0, 1.0], [0.0, 1.0]) != slope_t([0.0, 1.0], [0.0, 1.0])  # nan: too few rounds
+
+
+def test_the_probes_supervised_step_teaches_the_worked_solutions() -> None:
+    import random
+
+    import torch
+
+    from areal_metrics.areal_train.policy import Policy
+    from areal_metrics.areal_train.probe import supervised_step
+    from areal_metrics.areal_train.task import make_train_set
+
+    torch.manual_seed(0)
+    policy = Policy(d_model=32, layers=1, heads=2)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
+    problems = make_train_set(8, seed=3, exclude=frozenset())
+    losses = [supervised_step(policy, optimizer, problems, random.Random(0), 1.0) for _ in range(30)]
+    assert losses[-1] < 0.5 * losses[0]  # the same eight solutions, learnt
