@@ -15,6 +15,7 @@ most that many right answers could teach, to hold RL's numbers against.
 from __future__ import annotations
 
 import argparse
+import re
 import math
 import random
 import sys
@@ -70,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ws-steps", type=int, default=WarmStartSpec.steps)
     ap.add_argument("--ws-scratch-share", type=float, default=WarmStartSpec.scratch_share,
                     help="the warm start's share of examples written with the scratchpad")
+    ap.add_argument("--ws-second-guess", type=float, default=WarmStartSpec.second_guess_share,
+                    help="warm start: share of examples with a second, wrong answer after the first")
+    ap.add_argument("--train-only", default="", help="train only the parameters whose names match this regex")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--batch-prompts", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=16)
@@ -91,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--diagnose", type=int, default=256, help="prompts per set of the diagnostic (0: none)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    policy = warmstart.load(WarmStartSpec(steps=a.ws_steps, scratch_share=a.ws_scratch_share))
+    policy = warmstart.load(WarmStartSpec(steps=a.ws_steps, scratch_share=a.ws_scratch_share,
+                                         second_guess_share=a.ws_second_guess))
     print(f"warm start {policy.n_parameters():,} parameters", flush=True)
     if a.diagnose:
         print(table(diagnose(policy, size=a.diagnose, k=8), 8), flush=True)
@@ -103,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
     exclude = eval_prompts({n: EVAL_EXCLUDE_SIZE for n in DATASETS})
     data = TrainData(make_train_set(4096, a.seed, exclude), a.seed, 0, 1)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=a.lr)
+    trained = [t for n, t in policy.named_parameters() if re.search(a.train_only, n)]
+    optimizer = torch.optim.Adam(trained, lr=a.lr)
     generator = torch.Generator().manual_seed(a.seed)
     settings = ppo.PPOSettings(clip_eps=a.clip, epochs=a.epochs, minibatches=a.minibatches, entropy_coef=a.entropy)
     examples_rng = random.Random(a.seed)

@@ -61,7 +61,8 @@ def _wrong_answer(rng: random.Random, answer: int) -> int:
 
 
 def example(problem: Problem, rng: random.Random, scratch_share: float = WarmStartSpec.scratch_share,
-            retry_share: float = WarmStartSpec.retry_share) -> tuple[list[str], list[bool]]:
+            retry_share: float = WarmStartSpec.retry_share,
+            second_guess_share: float = WarmStartSpec.second_guess_share) -> tuple[list[str], list[bool]]:
     """(tokens, trained-on mask) of one supervised example; the mask marks the target tokens."""
     tokens = [BOS, *problem.prompt, ANS]
     target = [False] * len(tokens)
@@ -72,6 +73,8 @@ def example(problem: Problem, rng: random.Random, scratch_share: float = WarmSta
         solution = problem.solution(with_scratch=True)
     else:
         solution = problem.solution(with_scratch=rng.random() < scratch_share)
+    if second_guess_share and rng.random() < second_guess_share:  # "... # 73 # 75 <eos>": the grader reads 75
+        solution = [*solution[:-1], "#", *digits(_wrong_answer(rng, problem.answer)), EOS]
     tokens += solution
     target += [True] * len(solution)
     return tokens, target
@@ -126,7 +129,8 @@ def build(spec: WarmStartSpec, log: bool = True) -> tuple[Policy, dict[str, floa
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda i: min((i + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(i / spec.steps, 1.0)))))
     started, cpu_started, losses = time.perf_counter(), time.process_time(), []
-    batches = batches_of([example(p, rng, spec.scratch_share, spec.retry_share) for p in problems], spec.batch)
+    batches = batches_of([example(p, rng, spec.scratch_share, spec.retry_share, spec.second_guess_share)
+                           for p in problems], spec.batch)
     try:
         for step, chunk in enumerate(batches):
             loss = supervised_loss(policy, *batch_tensors(chunk))

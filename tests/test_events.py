@@ -105,7 +105,7 @@ def raw_step(**fields):
         ('{"type": "step", "run_id": "r"}', "steps.event_id: missing"),
         (raw_step().replace('"step": 1, ', ""), "steps.step: missing"),
         (raw_step(event_id=None), "steps.event_id: not a string (null)"),
-        (raw_step(type="eval", stage="soon"), "evals.stage: 'soon' is not an allowed value"),
+        (raw_step(type="eval", stage="soon"), "evals.stage: 'soon' is not one of full, quick"),
     ],
 )
 def test_invalid_input_names_the_field_and_rule(raw, message):

@@ -164,7 +164,7 @@ def test_resent_events_and_bad_input_give_exact_rows(running_sink: Sink, kafka_b
     views = {t.name: int(client.command(f"SELECT count() FROM areal.{t.view}")) for t in TABLES}
     assert views == want
     reasons = dict(client.query("SELECT source_topic, reason FROM areal.v_deadletter").result_rows)
-    assert reasons[topics.steps] == "steps.epoch: missing"
+    assert reasons[topics.steps] == "steps.event_id: missing"  # the envelope first
     assert reasons[topics.evals].startswith("event: not UTF-8")
     assert reasons[topics.deadletter].startswith("event: not valid JSON")
     assert running_sink.stats["dead_letters"] == 2  # the third was read FROM the dead-letter topic: stored only

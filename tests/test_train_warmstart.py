@@ -15,7 +15,7 @@ TINY = WarmStartSpec(d_model=32, layers=1, heads=2, steps=10, batch=8)
 
 
 @pytest.mark.parametrize("change", [{"steps": 11}, {"lr": 1e-3}, {"batch": 16}, {"seed": 1}, {"scratch_share": 0.5},
-                                    {"retry_share": 0.2}, {"d_model": 64},
+                                    {"retry_share": 0.2}, {"d_model": 64}, {"second_guess_share": 0.3},
                                     {"level_weights": (0.5, 0.4, 0.1)}])
 def test_every_number_of_the_recipe_is_in_the_key(change) -> None:
     assert dataclasses.replace(TINY, **change).key() != TINY.key()
@@ -49,3 +49,20 @@ def test_load_refuses_a_file_of_another_recipe(tmp_path, monkeypatch) -> None:
     torch.save(saved, path_for(TINY))
     with pytest.raises(RuntimeError, match="a warm start of recipe 0123456789abcdef where"):
         warmstart.load(TINY)
+
+
+def test_a_second_guess_follows_the_answer_in_its_share_of_examples_and_share_0_changes_nothing() -> None:
+    import random
+
+    from areal_metrics.areal_train.grader import grade
+
+    problems = warmstart.problems_for(WarmStartSpec(steps=4, batch=50))
+    plain = [warmstart.example(p, random.Random(i)) for i, p in enumerate(problems)]
+    zero = [warmstart.example(p, random.Random(i), second_guess_share=0.0) for i, p in enumerate(problems)]
+    assert plain == zero  # the same random stream: the default recipe's examples (and key) stay
+    guessed = [warmstart.example(p, random.Random(i), retry_share=0.0, second_guess_share=1.0)
+               for i, p in enumerate(problems)]
+    for p, (tokens, mask) in zip(problems, guessed):
+        response = [t for t, trained in zip(tokens, mask) if trained]
+        assert response.count("#") == 2 and response[-1] == "<eos>"
+        assert not grade(p, response).correct  # the grader reads the second, wrong answer

@@ -110,7 +110,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         try:
             msgspec.convert(values, type(self))
         except msgspec.ValidationError as exc:
-            raise from_msgspec(self.table, exc) from None
+            raise from_msgspec(type(self), exc) from None
         finally:
             _checked.on = False
 
@@ -375,7 +375,7 @@ def event_from_dict(data: Any, expected: type[Event] | None = None) -> Event:
     try:
         return msgspec.convert(data, cls)
     except msgspec.ValidationError as exc:
-        raise from_msgspec(cls.table, exc) from None
+        raise from_msgspec(cls, exc) from None
     finally:
         _checked.on = False
 
@@ -398,7 +398,7 @@ def parse_event(raw: bytes | str, expected: type[Event] | None = None) -> Event:
     try:
         return _DECODERS[cls].decode(raw)
     except msgspec.ValidationError as exc:
-        raise from_msgspec(cls.table, exc) from None
+        raise from_msgspec(cls, exc) from None
     except msgspec.DecodeError:  # what msgspec refuses and `json` may take (NaN, a lone surrogate escape)
         pass
     finally:

@@ -235,7 +235,7 @@ _REWORDED = (  # msgspec's wording, in ours (the bounds every number has first)
     (re.compile(r"^Expected `int` (>= -9223372036854775808|<= 9223372036854775807)$"),
      lambda m: "integer out of the 64-bit range"),
     (re.compile(r"^Expected `(?:int|float)` (>=|<=|>|<) (\S+)$"), lambda m: f"must be {m[1]} {m[2]}"),
-    (re.compile(r"^Expected `(\w+)`, got `(\w+)`$"), lambda m: f"not {_NOUNS.get(m[1], m[1])} ({m[2]})"),
+    (re.compile(r"^Expected `(\w+)(?: \| null)?`, got `(\w+)`$"), lambda m: f"not {_NOUNS.get(m[1], m[1])} ({m[2]})"),
     (re.compile(r"^Expected `str` of length >= 1$"), lambda m: "must not be empty"),
     (re.compile(r"^Expected `str` of length <= (\d+)$"), lambda m: f"longer than {m[1]} chars"),
     (re.compile(r"^Expected `array` of length <= (\d+)$"), lambda m: f"more than {m[1]} entries"),
@@ -245,9 +245,22 @@ _REWORDED = (  # msgspec's wording, in ours (the bounds every number has first)
 )
 
 
-def from_msgspec(table: str, exc: msgspec.ValidationError) -> ValidationError:
-    """msgspec's ``<problem> - at `$.field[3]``` as ``<table>.field[3]: <problem>``; an error
-    raised by a record's own checks (already ours) as it was."""
+def _choices(cls: type, path: str) -> tuple[str, ...]:
+    """The allowed values of the Literal field at `path` (``$.stage``) of `cls`, else ()."""
+    name = path[2:] if path.startswith("$.") else ""
+    for f in msgspec.inspect.type_info(cls).fields:
+        if f.name == name:
+            t = f.type
+            kinds = t.types if isinstance(t, msgspec.inspect.UnionType) else (t,)
+            return next((tuple(map(str, k.values)) for k in kinds if isinstance(k, msgspec.inspect.LiteralType)), ())
+    return ()
+
+
+def from_msgspec(cls: type, exc: msgspec.ValidationError) -> ValidationError:
+    """msgspec's ``<problem> - at `$.field[3]``` as ``<table>.field[3]: <problem>`` (`cls`: the
+    record class, whose `table` names it); an error raised by a record's own checks (already
+    ours) as it was."""
+    table = cls.table  # type: ignore[attr-defined]
     text = str(exc)
     missing = _MISSING.match(text)
     if missing:
@@ -260,6 +273,9 @@ def from_msgspec(table: str, exc: msgspec.ValidationError) -> ValidationError:
             return ValidationError(ours["where"], ours["problem"])
         return ValidationError(table, text)
     problem = found["problem"]
+    choices = _choices(cls, found["path"]) if problem.startswith("Invalid enum value") else ()
+    if choices:
+        problem = f"{problem.removeprefix('Invalid enum value ')} is not one of {', '.join(choices)}"
     for pattern, words in _REWORDED:
         reworded = pattern.match(problem)
         if reworded:
