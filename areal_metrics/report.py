@@ -187,6 +187,18 @@ def load_rewards(store: Any, where: str) -> tuple[dict[str, list[tuple[int, floa
     return raw, smooth
 
 
+def load_generated_tokens(store: Any, where: str) -> dict[str, list[tuple[int, float]]]:
+    """run -> [(step, generated tokens up to and including the step, summed over ranks)]: the
+    compute behind a step, which differs between strategies (mt4 writes more per episode)."""
+    out: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for run, step, tokens in _rows(store, f"""
+            SELECT run_id, step, sum(tokens) FROM v_steps WHERE {where} AND tokens IS NOT NULL
+            GROUP BY run_id, step ORDER BY run_id, step"""):
+        total = (out[run][-1][1] if out[run] else 0.0) + float(tokens)
+        out[run].append((int(step), total))
+    return out
+
+
 def load_throughput(store: Any, where: str) -> dict[tuple[str, str], list[tuple[int, float]]]:
     """(run, node) -> [(step, generated tokens/s summed over the node's ranks)]."""
     out: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
@@ -295,7 +307,8 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
         details = load_consensus_metrics(store, where) if eval_details else None
         written.append(draw.plot_evals(evals, out_dir / FILES[0], details))
     if raw:  # a run may log evaluations and other metrics without a reward (AReaL's names, say)
-        written.append(draw.plot_rewards(raw, smooth, info, out_dir / FILES[1], grouped=grouped))
+        written.append(draw.plot_rewards(raw, smooth, info, out_dir / FILES[1], grouped=grouped,
+                                         tokens=load_generated_tokens(store, where)))
     throughput = load_throughput(store, where)
     if throughput:
         written.append(draw.plot_throughput(throughput, info, out_dir / FILES[2]))

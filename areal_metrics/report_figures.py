@@ -198,8 +198,11 @@ def _error_bars(ax: Any, points: Sequence[Any], color: Any) -> None:
 
 
 def plot_rewards(raw: dict[str, list[tuple[int, float]]], smooth: dict[str, list[tuple[int, float, float, int]]],
-                 info: dict[str, Any], path: Path, grouped: bool = False) -> Path:
-    """One line per run; `grouped`: per group (the runs' `group`), the mean over its runs and their band."""
+                 info: dict[str, Any], path: Path, grouped: bool = False,
+                 tokens: dict[str, list[tuple[int, float]]] | None = None) -> Path:
+    """One line per run; `grouped`: per group (the runs' `group`), the mean over its runs and their band.
+    With `tokens` (run -> [(step, generated tokens so far)]), a third panel draws each run's reward
+    against the tokens it generated: equal steps are not equal compute."""
     import matplotlib.pyplot as plt
 
     groups: dict[str, list[str]] = defaultdict(list)
@@ -207,7 +210,9 @@ def plot_rewards(raw: dict[str, list[tuple[int, float]]], smooth: dict[str, list
         if not tagged_scaling(info, run):  # throughput runs are no strategy
             groups[(info[run].group if run in info else run) if grouped else run].append(run)
     colors = _colors(list(groups))
-    fig, (ax_raw, ax_smooth) = plt.subplots(1, 2, figsize=(14, 5), sharey=True)
+    by_tokens = {run: tokens[run] for runs in groups.values() for run in runs if tokens and tokens.get(run) and raw.get(run)}
+    fig, axes = plt.subplots(1, 3 if by_tokens else 2, figsize=(21 if by_tokens else 14, 5), sharey=True)
+    ax_raw, ax_smooth = axes[0], axes[1]
     for group, runs in sorted(groups.items()):
         label = f"{group} ({len(runs)} run{'s' if len(runs) > 1 else ''})" if grouped else group
         raws = [moving_average_series(raw[r], 5) for r in runs if raw.get(r)]
@@ -222,6 +227,11 @@ def plot_rewards(raw: dict[str, list[tuple[int, float]]], smooth: dict[str, list
             if len(smooths) > 1:
                 ax_smooth.fill_between(steps, _clipped(lo), _clipped(hi), color=colors[group], alpha=0.2, lw=0)
             ax_smooth.plot(steps, mean, color=colors[group], lw=2.2, label=label)
+        for i, run in enumerate(r for r in runs if r in by_tokens):
+            at_step = dict(by_tokens[run])
+            points = [(at_step[s], v) for s, v in moving_average_series(raw[run], 5) if s in at_step]
+            axes[2].plot([t for t, _ in points], [v for _, v in points], color=colors[group], lw=1.4,
+                         label=label if i == 0 else None)
     ax_raw.set_title("Reward (mean over ranks, 5-step average)"
                      + (": mean over seeds, band 95% t-interval" if grouped else ""))
     ax_smooth.set_title(("Smoothed reward (stream worker's sliding average)"
@@ -229,6 +239,10 @@ def plot_rewards(raw: dict[str, list[tuple[int, float]]], smooth: dict[str, list
                         "Smoothed reward: none stored (stream worker not running?)")
     for ax in (ax_raw, ax_smooth):
         ax.set_xlabel("training step")
+    if by_tokens:
+        axes[2].set_title("Reward against generated tokens (5-step average, one line per run)")
+        axes[2].set_xlabel("generated tokens, summed over ranks")
+    for ax in axes:
         _style(ax)
         if ax.lines:
             ax.legend(fontsize=8, loc="upper left")

@@ -193,6 +193,27 @@ def test_reward_is_one_line_per_run_unless_grouped(store: tuple[DirectStore, Pat
     assert {"mt2-grpo (2 runs)", "mt4-grpo (2 runs)"} <= set(grouped) and len(grouped) < len(per_run)
 
 
+def test_reward_against_generated_tokens_is_a_third_panel_of_cumulative_sums(
+        store: tuple[DirectStore, Path], tmp_path: Path, kept: list) -> None:
+    from areal_metrics import report_figures as draw
+    from areal_metrics.report import load_generated_tokens
+
+    tokens = load_generated_tokens(store[0], "run_id = 'wl-mt4-s1'")
+    rows = store[0].query("SELECT step, sum(tokens) FROM v_steps WHERE run_id = 'wl-mt4-s1' AND tokens IS NOT NULL "
+                          "GROUP BY step ORDER BY step").rows
+    assert rows and tokens["wl-mt4-s1"][-1] == (int(rows[-1][0]), float(sum(float(t) for _, t in rows)))
+    assert all(a[1] < b[1] for a, b in zip(tokens["wl-mt4-s1"], tokens["wl-mt4-s1"][1:]))  # cumulative
+    raw, smooth = load_rewards(store[0], "1")
+    info = load_runs(store[0], "1")
+    draw.plot_rewards(raw, smooth, info, tmp_path / "tokens.png", grouped=True,
+                      tokens=load_generated_tokens(store[0], "1"))
+    axes = kept[-1].axes
+    assert len(axes) == 3 and axes[2].get_xlabel() == "generated tokens, summed over ranks"
+    mt4 = [line for line in axes[2].lines if line.get_color() == axes[0].lines[
+        [line.get_label() for line in axes[0].lines].index("mt4-grpo (2 runs)")].get_color()]
+    assert len(mt4) == 2 and tokens["wl-mt4-s1"][-1][1] in {max(line.get_xdata()) for line in mt4}
+
+
 def test_titles_are_whole_and_figures_bounded(store: tuple[DirectStore, Path], tmp_path: Path, kept: list) -> None:
     from types import SimpleNamespace
 
