@@ -80,8 +80,10 @@ ALERT_KINDS: tuple[str, ...] = get_args(AlertKind)
 # --------------------------------------------------------------------- records
 
 # msgspec has checked a record's types and bounds when it decoded or converted it; a record
-# built in Python is converted once from its own fields to have them checked.
+# built in Python is converted once from its own fields to have them checked. _TEXT_SAFE: its
+# strings too (decoded from UTF-8 bytes without a \u0000 escape: no NUL, no lone surrogate).
 _checked = threading.local()
+_TYPES, _TEXT_SAFE = 1, 2
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -98,7 +100,11 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     schema: Int(ge=1, le=SCHEMA_VERSION) = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        if getattr(_checked, "on", False):  # decoded (or converted) by msgspec: types and bounds hold
+        checked = getattr(_checked, "on", 0)
+        if checked:  # decoded (or converted) by msgspec: types and bounds hold
+            if checked != _TEXT_SAFE:
+                cls = type(self)
+                check_texts(cls.table, _TEXT_FIELDS[cls], _TEXT_GETTERS[cls](self))
             self._check_rules()
             return
         values = msgspec.structs.asdict(self)
@@ -106,19 +112,17 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             for name, v in values.items():
                 if type(v) is list:
                     msgspec.structs.force_setattr(self, name, tuple(v))
-        _checked.on = True
+        _checked.on = _TYPES
         try:
             msgspec.convert(values, type(self))
         except msgspec.ValidationError as exc:
             raise from_msgspec(type(self), exc) from None
         finally:
-            _checked.on = False
+            _checked.on = 0
 
     def _check_rules(self) -> None:
-        """What the field types cannot say: storage-safe text (every class), nested JSON,
-        sample rows and rules across fields (the classes that have them)."""
-        cls = type(self)
-        check_texts(cls.table, _TEXT_FIELDS[cls], _TEXT_GETTERS[cls](self))
+        """What the field types cannot say beyond storage-safe text (checked for every class):
+        nested JSON, sample rows and rules across fields, in the classes that have them."""
 
     def to_dict(self) -> dict[str, Any]:
         """{"type": ..., then every field that is not None, in field order}, lists as lists."""
@@ -191,7 +195,6 @@ class EvalEvent(Event, frozen=True, kw_only=True, gc=False):
     shard_nodes: Replicas | None = None
 
     def _check_rules(self) -> None:
-        Event._check_rules(self)
         if self.samples:
             check_samples(f"{self.table}.samples", self.samples)
         if self.status == "ok" and self.accuracy is None:
@@ -238,7 +241,6 @@ class EvalConsensusEvent(Event, frozen=True, kw_only=True, gc=False):
     metrics: Metrics = {}
 
     def _check_rules(self) -> None:
-        Event._check_rules(self)
         if self.ci_low is not None and self.ci_high is not None and self.ci_low > self.ci_high:
             raise ValidationError("eval_consensus.ci_low", f"{self.ci_low} is above ci_high {self.ci_high}")
 
@@ -265,7 +267,6 @@ class CommandEvent(Event, frozen=True, kw_only=True, gc=False):
     reason: Message = ""
 
     def _check_rules(self) -> None:
-        Event._check_rules(self)
         check_json(f"{self.table}.args", self.args)
         if self.command == "set_eval_interval":
             steps = self.args.get("steps")
@@ -318,7 +319,6 @@ class RunEvent(Event, frozen=True, kw_only=True, gc=False):
     name: Text(256) | None = None  # init(name=...): a free-form display name beside the run_id
 
     def _check_rules(self) -> None:
-        Event._check_rules(self)
         check_json(f"{self.table}.config", self.config)
 
 
@@ -371,13 +371,13 @@ def event_from_dict(data: Any, expected: type[Event] | None = None) -> Event:
         raise ValidationError("event", f"not a JSON object ({type(data).__name__})")
     cls = _record_class(data.get("type"), data.get("schema"),
                         ("event_id" in data, "ts" in data, "run_id" in data), expected)
-    _checked.on = True
+    _checked.on = _TYPES
     try:
         return msgspec.convert(data, cls)
     except msgspec.ValidationError as exc:
         raise from_msgspec(cls, exc) from None
     finally:
-        _checked.on = False
+        _checked.on = 0
 
 
 def parse_event(raw: bytes | str, expected: type[Event] | None = None) -> Event:
@@ -394,7 +394,7 @@ def parse_event(raw: bytes | str, expected: type[Event] | None = None) -> Event:
     except (msgspec.ValidationError, msgspec.DecodeError):  # not an object; or NaN, a lone surrogate...
         return event_from_dict(_loads(raw), expected)
     cls = _record_class(head.type, head.schema, (bool(head.event_id), bool(head.ts), bool(head.run_id)), expected)
-    _checked.on = True
+    _checked.on = _TEXT_SAFE if isinstance(raw, bytes) and b"\\u0000" not in raw else _TYPES
     try:
         return _DECODERS[cls].decode(raw)
     except msgspec.ValidationError as exc:
@@ -402,7 +402,7 @@ def parse_event(raw: bytes | str, expected: type[Event] | None = None) -> Event:
     except msgspec.DecodeError:  # what msgspec refuses and `json` may take (NaN, a lone surrogate escape)
         pass
     finally:
-        _checked.on = False
+        _checked.on = 0
     return event_from_dict(_loads(raw), expected)
 
 
