@@ -37,20 +37,8 @@ from areal_metrics.areal_train.task import (
     make_train_set,
 )
 from areal_metrics.areal_train.trainer import episode_metrics
+from areal_metrics.areal_train.learning import ols_slope_t
 from areal_metrics.areal_train.warmstart_cache import WarmStartSpec
-
-
-def slope_t(xs: list[float], ys: list[float]) -> float:
-    """t statistic of the OLS slope of ys on xs (nan with fewer than 3 points or no spread)."""
-    n = len(xs)
-    if n < 3:
-        return float("nan")
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    resid = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys))
-    se = math.sqrt(resid / (n - 2) / sxx)
-    return slope / se if se > 0 else float("nan")
 
 
 def supervised_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, problems: list[Problem],
@@ -144,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
     for d in DATASETS:
         xs, ys = [float(s) for s, _ in rounds], [r[d] for _, r in rounds]
-        print(f"{d}: {ys[0]:.3f} -> {ys[-1]:.3f} (rise {ys[-1] - ys[0]:+.3f}), OLS slope t {slope_t(xs, ys):.2f} "
+        print(f"{d}: {ys[0]:.3f} -> {ys[-1]:.3f} (rise {ys[-1] - ys[0]:+.3f}), OLS slope t {ols_slope_t(xs, ys):.2f} "
               f"over {len(xs)} rounds")
     return 0
 

@@ -71,3 +71,17 @@ def test_the_recorded_workload_fails_only_on_its_point_estimate_lr_cuts(store: D
     assert len(failed) == 1 and failed[0].startswith("scale_lr on evidence: 0 of 7")
     assert "below threshold 0.5" in failed[0]
     assert sum("per-sample vote" in what for _, what in results) == len(STRATEGY_RUNS)
+
+
+def test_the_learning_table_reads_rise_and_slope_t_and_says_whether_the_goal_is_met() -> None:
+    from areal_metrics.commands.demo_sql import learning_rows
+
+    rising = [(8 * i, 0.20 + 0.04 * i + (0.005 if i % 2 else -0.005), 0.0, 0.06) for i in range(6)]  # SE ~0.015
+    flat = [(8 * i, 0.25 + (0.02 if i % 2 else -0.02), 0.2, 0.3) for i in range(6)]
+    short = rising[:4]
+    rows = {(r[0], r[1]): r for r in learning_rows([("a", "math_id", rising), ("b", "math_id", flat),
+                                                    ("c", "math_id", short)])}
+    assert rows[("a", "math_id")][3:5] == ("0.195 -> 0.405", "+0.210") and float(rows[("a", "math_id")][5]) > 3
+    assert rows[("a", "math_id")][6] == "yes"
+    assert rows[("b", "math_id")][6] == "no" and abs(float(rows[("b", "math_id")][5])) < 3
+    assert rows[("c", "math_id")][2] == 4 and rows[("c", "math_id")][6] == "no"  # fewer than 5 rounds

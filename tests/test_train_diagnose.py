@@ -70,10 +70,10 @@ def test_train_diagnose_bad_input_is_one_line_and_exit_2(tmp_path, capsys) -> No
     assert "--run-id: required" in capsys.readouterr().err
 
 
-def test_the_probes_slope_t_matches_the_textbook_ols() -> None:
+def test_the_slope_t_matches_the_textbook_ols() -> None:
     import numpy as np
 
-    from areal_metrics.areal_train.probe import slope_t
+    from areal_metrics.areal_train.learning import ols_slope_t as slope_t
 
     xs, ys = [0.0, 10, 20, 30, 40, 50], [0.03, 0.05, 0.04, 0.08, 0.09, 0.12]
     x, y = np.array(xs), np.array(ys)

@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 from areal_metrics import stats
+from areal_metrics.areal_train.learning import ols_slope_t
 from areal_metrics.comparison import node_verdicts
 
 NUMBER = r"([-+]?\d*\.?\d+(?:e[-+]?\d+)?)"
@@ -54,6 +55,34 @@ LEFT JOIN (SELECT run_id, dataset, uniqExact(step) AS skipped FROM v_evals
 WHERE c.run_id IN {runs:Array(String)} AND c.stage = 'full'
 GROUP BY c.run_id, c.dataset ORDER BY c.run_id, c.dataset
 """
+
+# each run's full-stage consensus per round, for the learning table
+ROUNDS_SQL = """
+SELECT run_id, dataset, groupArray((step, accuracy, ci_low, ci_high)) AS rounds
+FROM (SELECT run_id, dataset, step, argMax(accuracy, ts) AS accuracy, argMax(ci_low, ts) AS ci_low,
+             argMax(ci_high, ts) AS ci_high
+      FROM v_eval_consensus WHERE run_id IN {runs:Array(String)} AND stage = 'full' AND NOT stale
+      GROUP BY run_id, dataset, step ORDER BY step)
+GROUP BY run_id, dataset ORDER BY run_id, dataset
+"""
+LEARNING_GOAL = "rise >= max(0.10, 3 SE of the last round) and OLS slope t >= 3 over >= 5 full rounds"
+
+
+def learning_rows(rows: list[tuple[Any, ...]]) -> list[tuple[str, str, int, str, str, str, str]]:
+    """(run, dataset, full rounds, first -> last, rise, OLS slope t, goal met) per run and dataset, from
+    ROUNDS_SQL's rows; SE from the last round's 95 % interval (its width / 3.92)."""
+    out = []
+    for run, dataset, rounds in rows:
+        rounds = sorted(rounds)
+        steps, acc = [float(r[0]) for r in rounds], [float(r[1]) for r in rounds]
+        low, high = rounds[-1][2], rounds[-1][3]
+        se = (float(high) - float(low)) / 3.92 if low is not None and high is not None else float("nan")
+        rise, t = acc[-1] - acc[0], ols_slope_t(steps, acc)
+        met = len(rounds) >= 5 and rise >= max(0.10, 3 * se) and t >= 3
+        out.append((run, dataset, len(rounds), f"{acc[0]:.3f} -> {acc[-1]:.3f}", f"{rise:+.3f}",
+                    f"{t:.2f}" if t == t else "-", "yes" if met else "no"))
+    return out
+
 
 # the generations table: distinct prompts shown per round (the same every round), gold answers, error types
 GENERATIONS_SQL = """
@@ -210,5 +239,11 @@ def print_summary(settings: Any, runs: list[str]) -> None:
             for row in result.rows:
                 table.add_row(*(str(v) for v in row))
             console.print(table)
+        table = Table(title=f"learning (the goal: {LEARNING_GOAL})  [SQL over ClickHouse]")
+        for column in ("run", "dataset", "full_rounds", "first -> last", "rise", "slope_t", "goal"):
+            table.add_column(column)
+        for row in learning_rows(store.query(ROUNDS_SQL, {"runs": runs}).rows):
+            table.add_row(*(str(v) for v in row))
+        console.print(table)
         for passed, what in checks(store, runs):
             console.print(f"[{'green' if passed else 'red'}]{'passed' if passed else 'NOT passed'}[/]: {what}")
