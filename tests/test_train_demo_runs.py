@@ -25,6 +25,7 @@ def test_compared_runs_differ_only_by_strategy_and_seed() -> None:
     assert {c.max_turns for c in compared} == {4, 2}
     for c in compared:
         assert c.eval_loop == demo.LOOP
+        assert not c.two_stage  # a full-stage round every eval_every_steps: a slope to test
         assert c.fail_eval_rounds == () and c.fail_eval_at_steps == () and c.dissent_rank is None
         assert c.corrupt_eval_rank is None
         neutral = c.replace(seed=0, max_turns=1, group="x")
@@ -46,6 +47,7 @@ def test_the_regression_run_has_a_too_high_learning_rate_and_the_same_loop() -> 
     base = configured[demo.compared_runs(configured)["mt4-grpo"][0]][1]
     assert cfg.lr == pytest.approx(base.lr * demo.HIGH_LR_FACTOR) and demo.HIGH_LR_FACTOR > 1
     assert cfg.eval_loop == base.eval_loop and cfg.group not in demo.STRATEGIES
+    assert cfg.two_stage == base.two_stage
 
 
 def test_a_config_file_wins_over_the_demos_settings_and_a_bad_one_is_a_user_error(tmp_path) -> None:

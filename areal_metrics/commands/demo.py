@@ -71,6 +71,10 @@ VOTE_RANKS = 3
 def run_configs(args: argparse.Namespace, stamp: str) -> dict[str, tuple[int, object]]:
     """run id -> (ranks, TrainConfig): the compared runs, the vote run and the regression run.
 
+    The compared runs and the regression run evaluate the full set every round (one stage), so
+    that each has a full-stage round every `eval_every_steps` for its slope and its loop; the
+    vote run keeps the two-stage gate.
+
     The demo's settings first, then --config's (a key the file sets wins)."""
     from areal_metrics.areal_train.config import ConfigError, load
 
@@ -86,7 +90,7 @@ def run_configs(args: argparse.Namespace, stamp: str) -> dict[str, tuple[int, ob
     for strategy, turns in STRATEGIES.items():
         for seed in range(1, args.seeds + 1):
             runs[f"demo-{stamp}-{strategy}-s{seed}"] = (args.nproc, config(
-                seed=seed, max_turns=turns, group=strategy, eval_loop=LOOP))
+                seed=seed, max_turns=turns, group=strategy, eval_loop=LOOP, two_stage=False))
     faulty = VOTE_RANKS - 1
     runs[f"demo-{stamp}-vote"] = (VOTE_RANKS, config(
         seed=101, max_turns=STRATEGIES["mt4-grpo"], group="vote", tags=["demo", "faults"],
@@ -94,7 +98,7 @@ def run_configs(args: argparse.Namespace, stamp: str) -> dict[str, tuple[int, ob
     base_lr = config().lr  # type: ignore[attr-defined]
     runs[f"demo-{stamp}-lr-high"] = (args.nproc, config(
         seed=102, max_turns=STRATEGIES["mt4-grpo"], group="lr-regression", tags=["demo", "lr-regression"],
-        lr=base_lr * HIGH_LR_FACTOR, eval_loop=LOOP))
+        lr=base_lr * HIGH_LR_FACTOR, eval_loop=LOOP, two_stage=False))
     return runs
 
 
