@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the warm start's share of examples written with the scratchpad")
     ap.add_argument("--ws-second-guess", type=float, default=WarmStartSpec.second_guess_share,
                     help="warm start: share of examples with a second, wrong answer after the first")
+    ap.add_argument("--ws-label-smoothing", type=float, default=WarmStartSpec.label_smoothing,
+                    help="warm start: label smoothing of its supervised loss (a flatter policy)")
     ap.add_argument("--train-only", default="", help="train only the parameters whose names match this regex")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--batch-prompts", type=int, default=16)
@@ -84,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     policy = warmstart.load(WarmStartSpec(steps=a.ws_steps, scratch_share=a.ws_scratch_share,
-                                         second_guess_share=a.ws_second_guess))
+                                         second_guess_share=a.ws_second_guess,
+                                         label_smoothing=a.ws_label_smoothing))
     print(f"warm start {policy.n_parameters():,} parameters", flush=True)
     if a.diagnose:
         print(table(diagnose(policy, size=a.diagnose, k=8), 8), flush=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ from areal_metrics.areal_train.task import (
     make_eval_set,
     make_train_set,
 )
+from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.producers.contract.events import CommandEvent, event_from_dict
 
 log = logging.getLogger("areal_train")
@@ -98,7 +100,7 @@ class Session:
         exclude = eval_prompts({name: EVAL_EXCLUDE_SIZE for name in DATASETS})
         session = cls(
             cfg=cfg, run_id=run_id, rank=rank, world_size=world_size, device=device, comm=comm, clock=clock,
-            policy=policy, optimizer=torch.optim.Adam(policy.parameters(), lr=cfg.lr),
+            policy=policy, optimizer=torch.optim.Adam(rl_parameters(policy, cfg.rl_parameters), lr=cfg.lr),
             data=TrainData(make_train_set(cfg.train_size, cfg.seed, exclude), cfg.seed, rank, world_size),
             eval_sets=_shared_eval_sets(cfg, comm, rank),
             eval_schedule=cfg.eval_schedule(now),
@@ -186,6 +188,19 @@ class Session:
                 **({"eval_interval_steps": interval} if interval else {}),
                 "resumed_from_step": self.start_step if self.attempt else None,
                 "dataset_fingerprints": {name: s.fingerprint() for name, s in self.eval_sets.items()}}
+
+
+def rl_parameters(policy: torch.nn.Module, pattern: str) -> list[torch.nn.Parameter]:
+    """The parameters whose names match `pattern` (TrainConfig.rl_parameters): what RL updates.
+    The others are frozen, so the backward pass stops where nothing trained lies below it."""
+    trained = []
+    for name, parameter in policy.named_parameters():
+        parameter.requires_grad_(re.search(pattern, name) is not None)
+        if parameter.requires_grad:
+            trained.append(parameter)
+    if not trained:
+        raise ConfigError(f"rl_parameters: {pattern!r} names no parameter of the policy")
+    return trained
 
 
 def _initial_policy(cfg: TrainConfig, comm: Collective, rank: int, resume: bool) -> Policy:

@@ -103,9 +103,17 @@ def batches_of(examples: list[tuple[list[str], list[bool]]], size: int) -> list[
 # ------------------------------------------------------------------ training
 
 
-def supervised_loss(policy: Policy, ids: torch.Tensor, valid: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def supervised_loss(policy: Policy, ids: torch.Tensor, valid: torch.Tensor, target: torch.Tensor,
+                    label_smoothing: float = 0.0) -> torch.Tensor:
+    """Cross-entropy of the target tokens; with `label_smoothing` e, the target gets 1 - e and the
+    writable tokens share e (a flatter policy: its samples stray where its argmax would not)."""
     hidden = policy(ids, valid)[:, :-1]
-    logp = torch.log_softmax(policy.logits(hidden), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    log_probs = torch.log_softmax(policy.logits(hidden), dim=-1)
+    logp = log_probs.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    if label_smoothing:
+        writable = policy.writable.float()
+        spread = (log_probs * writable).sum(-1) / writable.sum()
+        logp = (1 - label_smoothing) * logp + label_smoothing * spread
     mask = target[:, 1:].float()
     return -(logp * mask).sum() / mask.sum().clamp(min=1)
 
@@ -133,7 +141,7 @@ def build(spec: WarmStartSpec, log: bool = True) -> tuple[Policy, dict[str, floa
                            for p in problems], spec.batch)
     try:
         for step, chunk in enumerate(batches):
-            loss = supervised_loss(policy, *batch_tensors(chunk))
+            loss = supervised_loss(policy, *batch_tensors(chunk), spec.label_smoothing)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)

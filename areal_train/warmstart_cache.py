@@ -30,13 +30,15 @@ class WarmStartSpec:
     scratch_share: float = 1.0  # of the examples written with the scratchpad (the rest: the bare answer)
     retry_share: float = 0.1  # of the examples that are a wrong attempt, the feedback and the worked solution
     second_guess_share: float = 0.0  # of the examples whose answer is followed by a second, wrong one (a habit RL can unlearn)
+    label_smoothing: float = 0.1  # of the target's probability spread over the writable tokens: a flatter policy, which RL sharpens
     level_weights: tuple[float, float, float] = (0.35, 0.4, 0.25)  # the examples' share of levels 1, 2, 3
     threads: int = 1  # one: OpenMP threads spin and stall when the cores are shared
 
     def key(self) -> str:
         fields = asdict(self)
-        if not fields["second_guess_share"]:  # (added later: a recipe without it keeps its key and its file)
-            del fields["second_guess_share"]
+        for added_later in ("second_guess_share", "label_smoothing"):  # at 0: the key (and file) of before
+            if not fields[added_later]:
+                del fields[added_later]
         payload = json.dumps({**fields, "threads": None, "version": FORMAT_VERSION, "vocab": list(VOCAB)},
                              sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -177,3 +177,26 @@ def test_an_async_run_with_no_scheduled_evaluation_starts_its_process_at_evaluat
     train(cfg, "quiet", steps=4, open_run=lambda spec: run)
     assert started_after == [2]  # not at the start: only for the round the command asked for
     assert {e["step"] for e in run.evals} == {2} and {e["status"] for e in run.evals} == {"ok"}
+
+
+def test_rl_updates_only_the_parameters_its_config_names_and_a_pattern_naming_none_is_refused() -> None:
+    import pytest
+    import torch
+
+    from areal_metrics.areal_train.policy import Policy
+    from areal_metrics.areal_train.session import rl_parameters
+    from areal_metrics.producers.contract.errors import ConfigError
+
+    torch.manual_seed(0)
+    policy = Policy(32, 1, 2)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    optimizer = torch.optim.Adam(rl_parameters(policy, "ln_final"), lr=0.1)
+    ids = torch.randint(5, 20, (3, 7))
+    policy.logits(policy(ids, torch.ones_like(ids, dtype=torch.bool))).logsumexp(-1).sum().backward()
+    optimizer.step()
+    changed = {n for n, p in policy.named_parameters() if not torch.equal(p, before[n])}
+    assert changed == {"ln_final.weight", "ln_final.bias"}
+    assert all(p.grad is None for n, p in policy.named_parameters() if not n.startswith("ln_final"))
+    assert len(rl_parameters(policy, ".")) == len(list(policy.parameters()))  # "." trains every weight
+    with pytest.raises(ConfigError, match="rl_parameters: 'nothing_here' names no parameter"):
+        rl_parameters(policy, "nothing_here")
