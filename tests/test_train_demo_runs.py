@@ -45,7 +45,7 @@ def test_the_regression_run_has_a_too_high_learning_rate_and_the_same_loop() -> 
     (high_id,) = [r for r in configured if r.endswith("-lr-high")]
     cfg = configured[high_id][1]
     base = configured[demo.compared_runs(configured)["mt4-grpo"][0]][1]
-    assert cfg.lr == pytest.approx(base.lr * demo.HIGH_LR_FACTOR) and demo.HIGH_LR_FACTOR > 1
+    assert cfg.rl_parameters == "." and base.rl_parameters != "." and cfg.lr == demo.REGRESSION["lr"]
     assert cfg.eval_loop == base.eval_loop and cfg.group not in demo.STRATEGIES
     assert cfg.two_stage == base.two_stage
 

@@ -12,11 +12,11 @@
      faulty replica (`dissent_rank`: outvoted and named) and one round failing
      on every rank (degraded mode: the last good result repeated, stale, with
      an alert);
-   - the regression run: a learning rate too high on purpose (`HIGH_LR_FACTOR`
-     times the compared runs'), so accuracy really drops and the loop's
-     `scale_lr` cuts it;
-   evaluation runs in a process per rank on weight snapshots, two-stage and
-   sharded;
+   - the regression run: RL on every weight at a rate too high for that on purpose
+     (`REGRESSION`), so accuracy really drops and the loop's `scale_lr` cuts it;
+   the compared and regression runs evaluate the full set every round in the
+   training process; the vote run in a process per rank on weight snapshots,
+   two-stage and sharded;
 4. time short runs one after the other: 1, 2 and 4 ranks (throughput across rank counts), then
    untrained policies of three widths at 1 rank (throughput across model sizes);
 5. wait until the sink has stored every step, print what happened from SQL
@@ -64,16 +64,18 @@ DEMO_TRAINING = {"batch_prompts": 4, "group_size": 4, "eval_mode": "async", "eva
 # consensus is shown to be below the threshold (the warm start reads about 0.11 there, docs/WORKLOAD.md).
 LOOP = {"enabled": True, "dataset": "math_id", "stage": "full", "threshold": 0.05, "alpha": 0.05,
         "patience_rounds": 0, "factor": 0.25}
-HIGH_LR_FACTOR = 30.0  # the regression run's learning rate, in units of the compared runs'
+# The regression run: RL on every weight (rl_parameters ".") at a rate far too high for that
+# (the probe: math_id 0.22 -> 0.06 within 8 steps, docs/WORKLOAD.md), the compared runs' loop.
+REGRESSION = {"rl_parameters": ".", "lr": 1e-3}
 VOTE_RANKS = 3
 
 
 def run_configs(args: argparse.Namespace, stamp: str) -> dict[str, tuple[int, object]]:
     """run id -> (ranks, TrainConfig): the compared runs, the vote run and the regression run.
 
-    The compared runs and the regression run evaluate the full set every round (one stage), so
-    that each has a full-stage round every `eval_every_steps` for its slope and its loop; the
-    vote run keeps the two-stage gate.
+    The compared runs and the regression run evaluate the full set every round (one stage, in the
+    training process: 8 runs share 2 cores anyway), so that each has a full-stage round every
+    `eval_every_steps` for its slope and its loop; the vote run keeps the two-stage gate, async.
 
     The demo's settings first, then --config's (a key the file sets wins)."""
     from areal_metrics.areal_train.config import ConfigError, load
@@ -90,15 +92,14 @@ def run_configs(args: argparse.Namespace, stamp: str) -> dict[str, tuple[int, ob
     for strategy, turns in STRATEGIES.items():
         for seed in range(1, args.seeds + 1):
             runs[f"demo-{stamp}-{strategy}-s{seed}"] = (args.nproc, config(
-                seed=seed, max_turns=turns, group=strategy, eval_loop=LOOP, two_stage=False))
+                seed=seed, max_turns=turns, group=strategy, eval_loop=LOOP, two_stage=False, eval_mode="sync"))
     faulty = VOTE_RANKS - 1
     runs[f"demo-{stamp}-vote"] = (VOTE_RANKS, config(
         seed=101, max_turns=STRATEGIES["mt4-grpo"], group="vote", tags=["demo", "faults"],
         eval_redundancy=VOTE_RANKS, dissent_rank=faulty, fail_eval_rounds=[3], eval_loop={"enabled": False}))
-    base_lr = config().lr  # type: ignore[attr-defined]
     runs[f"demo-{stamp}-lr-high"] = (args.nproc, config(
         seed=102, max_turns=STRATEGIES["mt4-grpo"], group="lr-regression", tags=["demo", "lr-regression"],
-        lr=base_lr * HIGH_LR_FACTOR, eval_loop=LOOP, two_stage=False))
+        eval_loop=LOOP, two_stage=False, eval_mode="sync", **REGRESSION))
     return runs
 
 

@@ -57,7 +57,7 @@ GROUP BY c.run_id, c.dataset ORDER BY c.run_id, c.dataset
 """
 
 # each run's full-stage consensus per round, for the learning table
-ROUNDS_SQL = """
+LEARNING_SQL = """
 SELECT run_id, dataset, groupArray((step, accuracy, ci_low, ci_high)) AS rounds
 FROM (SELECT run_id, dataset, step, argMax(accuracy, ts) AS accuracy, argMax(ci_low, ts) AS ci_low,
              argMax(ci_high, ts) AS ci_high
@@ -70,7 +70,7 @@ LEARNING_GOAL = "rise >= max(0.10, 3 SE of the last round) and OLS slope t >= 3 
 
 def learning_rows(rows: list[tuple[Any, ...]]) -> list[tuple[str, str, int, str, str, str, str]]:
     """(run, dataset, full rounds, first -> last, rise, OLS slope t, goal met) per run and dataset, from
-    ROUNDS_SQL's rows; SE from the last round's 95 % interval (its width / 3.92)."""
+    LEARNING_SQL's rows; SE from the last round's 95 % interval (its width / 3.92)."""
     out = []
     for run, dataset, rounds in rows:
         rounds = sorted(rounds)
@@ -242,7 +242,7 @@ def print_summary(settings: Any, runs: list[str]) -> None:
         table = Table(title=f"learning (the goal: {LEARNING_GOAL})  [SQL over ClickHouse]")
         for column in ("run", "dataset", "full_rounds", "first -> last", "rise", "slope_t", "goal"):
             table.add_column(column)
-        for row in learning_rows(store.query(ROUNDS_SQL, {"runs": runs}).rows):
+        for row in learning_rows(store.query(LEARNING_SQL, {"runs": runs}).rows):
             table.add_row(*(str(v) for v in row))
         console.print(table)
         for passed, what in checks(store, runs):
