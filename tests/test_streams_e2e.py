@@ -303,7 +303,7 @@ def check_hand_written_facts(topics: Topics, got: dict[str, dict[str, dict[str, 
     dead = got[topics.deadletter].values()
     assert sorted((d["run_id"], d["source_topic"], d["reason"]) for d in dead) == [
         ("run-a", topics.steps, "event.type: 'eval' does not belong here (expected 'step')"),
-        ("run-a", topics.steps, "steps.epoch: missing"),
+        ("run-a", topics.steps, "steps.event_id: missing"),  # the envelope first
         ("run-b", topics.evals, "event: not valid JSON (Expecting value: line 1 column 1 (char 0))"),
     ]
     assert len(got[topics.smoothed]) == 2 * STEPS
