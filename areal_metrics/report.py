@@ -187,6 +187,19 @@ def load_rewards(store: Any, where: str) -> tuple[dict[str, list[tuple[int, floa
     return raw, smooth
 
 
+def load_lr_cuts(store: Any, where: str) -> dict[str, list[tuple[int, float]]]:
+    """run -> [(the step a scale_lr applies from, its factor)]: the closed loop's commands."""
+    out: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for run, args in _rows(store, f"""
+            SELECT run_id, args FROM v_commands WHERE {where} AND command = 'scale_lr' ORDER BY run_id, ts"""):
+        try:
+            parsed = json.loads(args)
+            out[run].append((int(parsed["from_step"]), float(parsed["factor"])))
+        except (ValueError, TypeError, KeyError):  # a command without its step (sent by hand): not drawn
+            continue
+    return out
+
+
 def load_generated_tokens(store: Any, where: str) -> dict[str, list[tuple[int, float]]]:
     """run -> [(step, generated tokens up to and including the step, summed over ranks)]: the
     compute behind a step, which differs between strategies (mt4 writes more per episode)."""
@@ -305,7 +318,7 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
     written = []
     if evals:
         details = load_consensus_metrics(store, where) if eval_details else None
-        written.append(draw.plot_evals(evals, out_dir / FILES[0], details))
+        written.append(draw.plot_evals(evals, out_dir / FILES[0], details, load_lr_cuts(store, where)))
     if raw:  # a run may log evaluations and other metrics without a reward (AReaL's names, say)
         written.append(draw.plot_rewards(raw, smooth, info, out_dir / FILES[1], grouped=grouped,
                                          tokens=load_generated_tokens(store, where)))

@@ -105,9 +105,12 @@ def _clipped(values: Sequence[float], low: float = 0.0, high: float = 1.0) -> li
 
 
 def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path,
-               details: dict[str, dict[str, list[tuple[int, dict[str, float]]]]] | None = None) -> Path:
+               details: dict[str, dict[str, list[tuple[int, dict[str, float]]]]] | None = None,
+               lr_cuts: dict[str, list[tuple[int, float]]] | None = None) -> Path:
     """Accuracy and response length per dataset; with `details` (dataset -> run -> (step, metrics), from
-    areal_metrics.report_eval_details.load_consensus_metrics) a second row: pass@K, maj@K and greedy accuracy."""
+    areal_metrics.report_eval_details.load_consensus_metrics) a second row: pass@K, maj@K and greedy accuracy.
+    `lr_cuts` (run -> [(step it applies from, factor)]: the closed loop's scale_lr commands) are drawn
+    as a dotted vertical line in the run's colour on every accuracy panel, the factor beside it."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
@@ -130,6 +133,12 @@ def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path,
                     ax.scatter([p.step for p in marked], [100 * p.accuracy for p in marked], marker=marker, s=90,
                                facecolors="none" if state == "partial" else colors[run], edgecolors="black",
                                linewidths=1.2, zorder=5)
+        for run, cuts in sorted((lr_cuts or {}).items()):
+            for step, factor in cuts:
+                if run in colors:
+                    ax.axvline(step, color=colors[run], ls=":", lw=1.6)
+                    ax.annotate(f"scale_lr x{factor:g}", (step, 0.97), xycoords=("data", "axes fraction"),
+                                rotation=90, va="top", ha="right", fontsize=7, color=colors[run])
         ax.set_title(f"{dataset}: full-stage accuracy and response length")
         ax.set_xlabel("training step")
         ax.set_ylabel("accuracy (%)  — solid")
@@ -146,6 +155,8 @@ def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path,
         Line2D([], [], ls="", marker="X", color="gray", markeredgecolor="black", ms=9, label="stale round (degraded)"),
         Line2D([], [], ls="", marker="s", markerfacecolor="none", markeredgecolor="black", ms=8, label="partial round"),
     ]
+    if lr_cuts and any(lr_cuts.get(r) for r in runs):
+        handles.append(Line2D([], [], color="gray", lw=1.6, ls=":", label="the loop's scale_lr, from its step"))
     if details:
         names = _plot_details(axes[1], datasets, details, colors)
         handles += [Line2D([], [], color="gray", lw=1.6, ls=_DETAIL_STYLE.get(_family(n), ":"), label=n)

@@ -163,3 +163,14 @@ def test_help_says_what_the_verbs_do_for_a_user():
     assert "module" not in result.stdout and "areal_metrics.commands" not in result.stdout
     for words in ("first steps:", "areal-metrics up", "exit status:", "sync", "--webhook"):
         assert words in result.stdout, words
+
+
+def test_every_verbs_help_prints_without_a_traceback():
+    """argparse formats each option's help with %: a bare "95 % t" in one broke `report --help`."""
+    from areal_metrics.cli import build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.choices and isinstance(a.choices, dict))
+    assert len(subparsers.choices) >= 10
+    for verb, sub in subparsers.choices.items():
+        assert sub.format_help().strip(), verb  # raises on a bad format character

@@ -258,3 +258,18 @@ def test_the_model_size_panel_orders_runs_by_parameters_and_sums_a_runs_nodes(tm
 
     assert Image.open(wide).size[0] > Image.open(narrow).size[0]  # the third panel is there
 
+
+
+def test_the_loops_scale_lr_is_marked_on_figure_1_at_the_step_it_applies_from(
+        store: tuple[DirectStore, Path], tmp_path: Path, kept: list) -> None:
+    from areal_metrics.report import load_lr_cuts
+
+    cuts = load_lr_cuts(store[0], "1")
+    rows = store[0].query("SELECT run_id, args FROM v_commands WHERE command = 'scale_lr' ORDER BY run_id, ts").rows
+    assert rows and sum(len(v) for v in cuts.values()) == len(rows)
+    assert cuts["wl-mt4-s1"][0] == (2, 0.5)  # args.from_step and args.factor of its first command
+    write_report(tmp_path, ["wl-mt4-s1"], store[0])
+    figure = next(f for f in kept if f.axes and "full-stage accuracy" in f.axes[0].get_title())
+    vertical = [line for line in figure.axes[0].lines if line.get_linestyle() == ":" and len(set(line.get_xdata())) == 1]
+    assert sorted(line.get_xdata()[0] for line in vertical) == sorted(step for step, _ in cuts["wl-mt4-s1"])
+    assert any(t.get_text() == "scale_lr x0.5" for t in figure.axes[0].texts)

@@ -13,7 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--metric", action="append", dest="metrics", default=[], metavar="KEY",
                         help="also draw this logged value per run, e.g. kl or actor/pg_loss (repeatable)")
     parser.add_argument("--group", action="store_true",
-                        help="average the runs of each group (mean and 95 % t-interval band) instead of one line per run")
+                        help="average the runs of each group (mean and 95 %% t-interval band) instead of one line per run")
     parser.add_argument("--eval-details", action="store_true",
                         help="figure 1 also draws pass@k, maj@k and greedy accuracy of each round's consensus")
 
