@@ -138,7 +138,8 @@ def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path,
                 if run in colors:
                     ax.axvline(step, color=colors[run], ls=":", lw=1.6)
                     ax.annotate(f"scale_lr x{factor:g}", (step, 0.97), xycoords=("data", "axes fraction"),
-                                rotation=90, va="top", ha="right", fontsize=7, color=colors[run])
+                                rotation=90, va="top", ha="right", fontsize=7, color=colors[run], zorder=5,
+                                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
         ax.set_title(f"{dataset}: full-stage accuracy and response length")
         ax.set_xlabel("training step")
         ax.set_ylabel("accuracy (%)  — solid")
