@@ -16,6 +16,7 @@ TINY = WarmStartSpec(d_model=32, layers=1, heads=2, steps=10, batch=8)
 
 @pytest.mark.parametrize("change", [{"steps": 11}, {"lr": 1e-3}, {"batch": 16}, {"seed": 1}, {"scratch_share": 0.5},
                                     {"retry_share": 0.2}, {"d_model": 64}, {"second_guess_share": 0.3},
+                                    {"label_smoothing": 0.0}, {"label_smoothing": 0.2},
                                     {"level_weights": (0.5, 0.4, 0.1)}])
 def test_every_number_of_the_recipe_is_in_the_key(change) -> None:
     assert dataclasses.replace(TINY, **change).key() != TINY.key()
@@ -66,3 +67,19 @@ def test_a_second_guess_follows_the_answer_in_its_share_of_examples_and_share_0_
         response = [t for t, trained in zip(tokens, mask) if trained]
         assert response.count("#") == 2 and response[-1] == "<eos>"
         assert not grade(p, response).correct  # the grader reads the second, wrong answer
+
+
+def test_label_smoothing_spreads_its_share_of_the_target_over_the_writable_tokens() -> None:
+    import random
+
+    torch.manual_seed(0)
+    policy = warmstart.Policy(16, 1, 2)
+    problems = warmstart.problems_for(WarmStartSpec(steps=1, batch=4))
+    ids, valid, target = warmstart.batch_tensors([warmstart.example(p, random.Random(i)) for i, p in enumerate(problems)])
+    plain = warmstart.supervised_loss(policy, ids, valid, target)
+    smoothed = warmstart.supervised_loss(policy, ids, valid, target, label_smoothing=0.1)
+    log_probs = torch.log_softmax(policy.logits(policy(ids, valid)[:, :-1]), dim=-1)
+    writable = policy.writable
+    spread = -(log_probs[..., writable].mean(-1) * target[:, 1:]).sum() / target[:, 1:].sum()
+    assert torch.allclose(smoothed, 0.9 * plain + 0.1 * spread, atol=1e-5)
+    assert not torch.allclose(smoothed, plain)
