@@ -20,7 +20,6 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 import msgspec
 
 from areal_metrics.producers.contract.field_rules import (
-    JSON_DEPTH_MAX,
     Float,
     Int,
     JsonObject,
