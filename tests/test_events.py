@@ -91,6 +91,8 @@ def raw_step(**fields):
         (raw_step(step=1.5), "steps.step: not an integer (float)"),
         (raw_step(step=True), "steps.step: not an integer (bool)"),
         (raw_step(node="a\ud800"), "steps.node: holds a lone surrogate U+D800"),
+        (raw_step(reward="\ud800"), "steps.reward: holds a lone surrogate U+D800"),  # in a number field
+        (raw_step(type="eval", stage="\ud800"), "evals.stage: holds a lone surrogate U+D800"),  # in a choice
         (raw_step(metrics={"a\x00": 1}), "steps.metrics key: holds a NUL character"),
         (raw_step(metrics={"": 1}), "steps.metrics key: must not be empty"),
         (raw_step(non_finite=["x", 3]), "steps.non_finite[1]: not a string (int)"),
@@ -236,6 +238,8 @@ def test_a_records_init_checks_its_fields_and_fills_its_defaults() -> None:
         StepEvent(run_id="r", step=-1, epoch=0)
     with pytest.raises(ValidationError, match=r"steps\.reward: not finite"):
         StepEvent(run_id="r", step=1, epoch=0, reward=float("nan"))
+    with pytest.raises(ValidationError, match=r"steps\.reward: holds a lone surrogate"):
+        StepEvent(run_id="r", step=1, epoch=0, reward="\ud800")  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match=r"steps\.step: must be >= 0"):
         a.replace(step=-1)  # a changed copy is checked as a new record is
     with pytest.raises(AttributeError):

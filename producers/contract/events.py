@@ -111,13 +111,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             for name, v in values.items():
                 if type(v) is list:
                     msgspec.structs.force_setattr(self, name, tuple(v))
-        _checked.on = _TYPES
-        try:
-            msgspec.convert(values, type(self))
-        except msgspec.ValidationError as exc:
-            raise from_msgspec(type(self), exc) from None
-        finally:
-            _checked.on = 0
+        _convert(values, type(self))
 
     def _check_rules(self) -> None:
         """What the field types cannot say beyond storage-safe text (checked for every class):
@@ -370,11 +364,21 @@ def event_from_dict(data: Any, expected: type[Event] | None = None) -> Event:
         raise ValidationError("event", f"not a JSON object ({type(data).__name__})")
     cls = _record_class(data.get("type"), data.get("schema"),
                         ("event_id" in data, "ts" in data, "run_id" in data), expected)
+    return _convert(data, cls)
+
+
+def _convert(data: dict[str, Any], cls: type[Event]) -> Event:
+    """msgspec.convert(data, cls), its errors in ours. A lone surrogate in a string msgspec has to
+    read as something else (a number, a choice) makes it raise UnicodeEncodeError, not a
+    ValidationError: the nested-JSON walk then names the string."""
     _checked.on = _TYPES
     try:
         return msgspec.convert(data, cls)
     except msgspec.ValidationError as exc:
         raise from_msgspec(cls, exc) from None
+    except UnicodeEncodeError:
+        check_json(cls.table, data)  # raises, naming the first string UTF-8 cannot hold
+        raise ValidationError(cls.table, "holds text UTF-8 cannot encode") from None
     finally:
         _checked.on = 0
 
