@@ -28,11 +28,17 @@ class _FakeRun:
 
     run_id, node, rank, world_size, attempt, _epoch, _key = "r1", "h:0", 0, 2, 1, 0.0, b"r1"
 
+    def __init__(self) -> None:
+        self.skipped: list[object] = []
+
+    def _note_skipped(self, names: tuple) -> None:
+        self.skipped.extend(names)
+
 
 def encoded_step(values: dict, step: int = 3) -> StepEvent:
     from areal_metrics.producers.client.run import _Step
 
-    snap, _ = coerce.snapshot(values)
+    snap = coerce.snapshot(values)
     topic, key, raw = _Step(_FakeRun(), step, snap, 1.7e9).encode(Topics("t."))  # type: ignore[arg-type]
     assert (topic, key) == ("t.steps", b"r1")
     event = event_from_dict(json.loads(raw))
@@ -45,23 +51,37 @@ def test_numbers_of_every_kind_become_python_numbers() -> None:
         "a": np.float32(0.5), "b": np.int64(7), "c": torch.tensor(0.25), "d": torch.tensor([3.0]), "e": np.array(2.0),
         "f": True, "g": Decimal("1.5"), "h": Fraction(1, 4), "i": np.float64(0.1), "j": torch.tensor(1, dtype=torch.int32),
     }
-    snap, skipped = coerce.snapshot(values)
+    snap, skipped = coerce.numbers(coerce.snapshot(values))
     assert skipped == ()
     assert snap == {"a": 0.5, "b": 7, "c": 0.25, "d": 3.0, "e": 2.0, "f": 1, "g": 1.5, "h": 0.25, "i": 0.1, "j": 1}
     assert all(type(v) in (int, float) for v in snap.values())
 
 
 def test_non_numbers_are_skipped_and_named_none_silently() -> None:
-    snap, skipped = coerce.snapshot({"s": "0.5", "t": torch.ones(3), "l": [1.0], "n": None, "c": 1j, "ok": 1.0})
+    snap, skipped = coerce.numbers(coerce.snapshot({"s": "0.5", "t": torch.ones(3), "l": [1.0], "n": None, "c": 1j,
+                                                    "ok": 1.0, "z": torch.tensor(1j)}))
     assert snap == {"ok": 1.0}
-    assert set(skipped) == {"s", "t", "l", "c"}
+    assert set(skipped) == {"s", "t", "l", "c", "z"}
+
+
+def test_the_sender_names_the_values_it_skipped_to_the_run() -> None:
+    from areal_metrics.producers.client.run import _Step
+
+    run = _FakeRun()
+    snap = coerce.snapshot({"note": "fine", "reward": np.float32(0.5), "t": torch.ones(2)})
+    _, _, raw = _Step(run, 1, snap, 1.7e9).encode(Topics("t."))  # type: ignore[arg-type]
+    assert run.skipped == ["note", "t"]
+    assert json.loads(raw)["reward"] == 0.5
 
 
 def test_a_tensor_is_read_when_logged_not_when_sent() -> None:
     t = torch.tensor(1.0)
-    snap, _ = coerce.snapshot({"loss": t})
+    a = np.array(2.0)
+    snap = coerce.snapshot({"loss": t, "acc": a, "n": np.float32(0.5)})
     t.add_(5.0)  # the training loop reuses the tensor after log() returned
-    assert snap == {"loss": 1.0}
+    a += 1.0
+    assert snap == {"loss": 1.0, "acc": 2.0, "n": 0.5}
+    assert type(snap["loss"]) is float and type(snap["acc"]) is float
 
 
 def test_nan_and_inf_become_null_and_are_named() -> None:
@@ -323,15 +343,17 @@ _VALUE_MAKERS = [
 @given(st.lists(st.tuples(st.integers(0, len(_VALUE_MAKERS) - 1),
                           st.one_of(st.floats(-1e6, 1e6), st.just(float("nan")))), max_size=30))
 def test_a_snapshot_reads_each_value_as_to_number_does_whatever_the_mix_of_types(picks) -> None:
-    """snapshot reads the values of one type together (numpy scalars as one array, tensors by one
-    map): the same numbers as reading each alone, the same names skipped, in the caller's order."""
+    """snapshot (tensors and arrays read on the caller's thread) then numbers (the rest, values of one
+    type together): the same numbers as reading each alone, the same names skipped, in the caller's order."""
     values = {}
     for i, (maker, x) in enumerate(picks):
         try:
             values[f"m{i}"] = _VALUE_MAKERS[maker](x)
         except (ValueError, OverflowError):  # int(nan)
             values[f"m{i}"] = None
-    got, skipped = coerce.snapshot(values)
+    snap = coerce.snapshot(values)
+    assert all(type(v) not in (torch.Tensor, np.ndarray) or v is values[k] for k, v in snap.items())  # read, or kept when not one number
+    got, skipped = coerce.numbers(snap)
     alone = {k: coerce.to_number(v) for k, v in values.items()}
     expected = {k: x for k, x in alone.items() if x is not None}
     assert list(got) == list(expected)

@@ -125,22 +125,52 @@ def _read_many(kind: str, t: type, vs: list[Any]) -> list[int | float | None]:
 
 
 _PLAIN_TYPES = {float, int}
+# Kinds whose values cannot change after `log` returns (numbers, numpy scalars, strings, None):
+# `snapshot` keeps them as given and the sender thread reads them (`numbers`).
+_SETTLED_KINDS = ("plain", "int", "float", "numpy", "none")
+_SETTLED: set[type] = {t for t, kind in _KINDS.items() if kind in _SETTLED_KINDS}
 
 
-def snapshot(values: Mapping[Any, Any]) -> tuple[dict[Any, int | float], tuple[Any, ...]]:
-    """The caller-thread part of `log`: a copy holding only Python numbers, and the names skipped.
+def snapshot(values: Mapping[Any, Any]) -> dict[Any, Any]:
+    """The caller-thread part of `log`: a copy of the values in which each one that may change later is read now.
 
-    Plain floats and ints (the common case) are copied as they are, at C
-    speed; a tensor is read now, because the training loop may change it in
-    place after `log` returns. Values of one type are read together (numpy
-    scalars as one array). `None` is skipped without being named.
+    A tensor or an array is read now (`.item()`), because the training loop may
+    change it in place after `log` returns; so is an object read by `__float__`.
+    Numbers, numpy scalars, strings and None cannot change: they are kept as
+    given, and the sender thread reads or skips them (`numbers`). A value that
+    cannot be read now (a multi-element tensor) is kept too, and skipped there.
     """
     out = dict(values)
-    for v in out.values():
+    settled = _SETTLED
+    if settled.issuperset(map(type, out.values())):
+        return out
+    reading = read = None  # the type read last, and how (a step's tensors come one after another)
+    for k, v in out.items():  # values are replaced in place: the keys do not change
         t = type(v)
-        if t is not float and t is not int:
-            break
-    else:
+        if t is not reading:
+            if t in settled:
+                continue
+            kind = _kind_of(t)
+            if kind in _SETTLED_KINDS:
+                settled.add(t)
+                continue
+            reading, read = t, (t.item if kind == "item" else float)
+        try:
+            out[k] = read(v)
+        except Exception:  # noqa: BLE001 - not one number (a multi-element tensor): kept, the sender skips it
+            pass
+    return out
+
+
+def numbers(values: Mapping[Any, Any]) -> tuple[dict[Any, int | float], tuple[Any, ...]]:
+    """A step's values (from `snapshot`) as Python numbers only, and the names skipped (the sender thread's part).
+
+    Plain floats and ints (the common case) are copied as they are, at C
+    speed. Values of one type are read together (numpy scalars as one array).
+    `None` is skipped without being named.
+    """
+    out = dict(values)
+    if _PLAIN_TYPES.issuperset(map(type, out.values())):
         return out, ()
     by_type: dict[type, list[Any]] = {}
     for k, v in out.items():
@@ -226,7 +256,7 @@ def fit_column(column: str, x: float) -> int | float | None:
 
 
 def split_step(values: Mapping[Any, int | float], previous_epoch: float = 0.0) -> StepParts:
-    """A step's numbers (from `snapshot`) -> typed columns and metrics (the sender thread's part)."""
+    """A step's numbers (from `numbers`) -> typed columns and metrics (the sender thread's part)."""
     parts = StepParts(epoch=previous_epoch)
     holders: dict[str, tuple[int, str, float | None]] = {}  # column -> (priority, name, value as logged; None: NaN)
     nan: list[tuple[str, str | None]] = []  # (name as logged, the column it would have filled)

@@ -7,9 +7,9 @@
     for command in run.commands(): ...
     run.finish()
 
-On the caller's thread `log` only copies the values (reading tensors and
-numpy scalars) and enqueues them; names, rules and JSON are the sender
-thread's work (`_Step.encode`). A step logged twice (same step number) is sent
+On the caller's thread `log` only copies the values (reading tensors, which
+the training loop may change in place afterwards) and enqueues them; numpy
+scalars, names, rules and JSON are the sender thread's work (`_Step.encode`). A step logged twice (same step number) is sent
 again with the union of its values, later ones winning: in FINAL reads the
 later event replaces the earlier one (steps are keyed by run, rank, step).
 """
@@ -212,9 +212,7 @@ class Run:
         if self._done or self._forked:
             self._warn_once("after-finish", "log() after finish() (or in a forked child): ignored")
             return
-        values, skipped = coerce.snapshot(metrics)
-        if skipped:
-            self._note_skipped(skipped)
+        values = coerce.snapshot(metrics)
         if step == self._open_step:
             values = {**self._open_values, **values}
         self._open_step, self._open_values, self._last_step = step, values, step
@@ -389,7 +387,10 @@ class _Step:
     def encode(self, topics: Topics) -> tuple[str, bytes, bytes]:
         run = self.run
         try:
-            parts = coerce.split_step(self.values, run._epoch)
+            values, skipped = coerce.numbers(self.values)
+            if skipped:
+                run._note_skipped(skipped)
+            parts = coerce.split_step(values, run._epoch)
             run._epoch = parts.epoch
             data = {"type": "step", "schema": SCHEMA_VERSION, "event_id": uuid.uuid4().hex, "run_id": run.run_id,
                     "node": run.node, "rank": run.rank, "ts": self.ts, "step": self.step, "epoch": parts.epoch,
