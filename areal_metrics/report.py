@@ -187,14 +187,17 @@ def load_rewards(store: Any, where: str) -> tuple[dict[str, list[tuple[int, floa
     return raw, smooth
 
 
-def load_lr_cuts(store: Any, where: str) -> dict[str, list[tuple[int, float]]]:
-    """run -> [(the step a scale_lr applies from, its factor)]: the closed loop's commands."""
-    out: dict[str, list[tuple[int, float]]] = defaultdict(list)
+def load_lr_cuts(store: Any, where: str) -> dict[str, list[tuple[int, float, int | None]]]:
+    """run -> [(the step a scale_lr applies from, its factor, the step whose weights it restores or None)]:
+    the closed loop's commands."""
+    out: dict[str, list[tuple[int, float, int | None]]] = defaultdict(list)
     for run, args in _rows(store, f"""
             SELECT run_id, args FROM v_commands WHERE {where} AND command = 'scale_lr' ORDER BY run_id, ts"""):
         try:
             parsed = json.loads(args)
-            out[run].append((int(parsed["from_step"]), float(parsed["factor"])))
+            restore = parsed.get("restore_step")
+            out[run].append((int(parsed["from_step"]), float(parsed["factor"]),
+                             None if restore is None else int(restore)))
         except (ValueError, TypeError, KeyError):  # a command without its step (sent by hand): not drawn
             continue
     return out

@@ -106,11 +106,12 @@ def _clipped(values: Sequence[float], low: float = 0.0, high: float = 1.0) -> li
 
 def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path,
                details: dict[str, dict[str, list[tuple[int, dict[str, float]]]]] | None = None,
-               lr_cuts: dict[str, list[tuple[int, float]]] | None = None) -> Path:
+               lr_cuts: dict[str, list[tuple[int, float, int | None]]] | None = None) -> Path:
     """Accuracy and response length per dataset; with `details` (dataset -> run -> (step, metrics), from
     areal_metrics.report_eval_details.load_consensus_metrics) a second row: pass@K, maj@K and greedy accuracy.
-    `lr_cuts` (run -> [(step it applies from, factor)]: the closed loop's scale_lr commands) are drawn
-    as a dotted vertical line in the run's colour on every accuracy panel, the factor beside it."""
+    `lr_cuts` (run -> [(step it applies from, factor, step whose weights it restores or None)]: the closed
+    loop's scale_lr commands) are drawn as a dotted vertical line in the run's colour on every accuracy
+    panel, the factor (and the step restored) beside it."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
@@ -134,10 +135,11 @@ def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path,
                                facecolors="none" if state == "partial" else colors[run], edgecolors="black",
                                linewidths=1.2, zorder=5)
         for run, cuts in sorted((lr_cuts or {}).items()):
-            for step, factor in cuts:
+            for step, factor, restored in cuts:
                 if run in colors:
                     ax.axvline(step, color=colors[run], ls=":", lw=1.6)
-                    ax.annotate(f"scale_lr x{factor:g}", (step, 0.97), xycoords=("data", "axes fraction"),
+                    label = f"scale_lr x{factor:g}" + (f", weights of step {restored}" if restored is not None else "")
+                    ax.annotate(label, (step, 0.97), xycoords=("data", "axes fraction"),
                                 rotation=90, va="top", ha="right", fontsize=7, color=colors[run], zorder=5,
                                 bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
         ax.set_title(f"{dataset}: full-stage accuracy and response length")

@@ -166,7 +166,7 @@ class TrainConfig:
 
 
 EVAL_LOOP_KEYS = ("enabled", "dataset", "stage", "threshold", "alpha", "patience_rounds", "factor", "min_factor",
-                  "adaptive_interval")
+                  "adaptive_interval", "rollback")
 
 
 def _eval_loop(value: Any, where: str) -> dict[str, Any] | None:

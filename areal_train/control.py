@@ -9,7 +9,9 @@ A `scale_lr` with `args.from_step` (the stream worker's closed loop) waits for
 that step boundary: `due(pending, step)` holds it back until the step is
 reached, and since every rank holds the same broadcast commands, every rank
 applies it after the same step. The trainer keeps the scale at or above its
-floor (`TrainConfig.lr_min_scale`).
+floor (`TrainConfig.lr_min_scale`). A `scale_lr` with `args.restore_step` (the
+loop's rollback) also asks for the weights the run had at that step: the trainer
+restores them when it kept them (`Session.restore_weights`), before the lower lr applies.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class Applied:
     lr_factor: float = 1.0
     stop: bool = False
     count: int = 0
+    restore_step: int | None = None  # the weights to restore first (the last such command's)
 
 
 def from_step(command: CommandEvent) -> int:
@@ -52,6 +55,9 @@ def apply_commands(commands: Iterable[CommandEvent], scheduler: Any) -> Applied:
             scheduler.set_step_interval(int(cmd.args["steps"]))
         elif cmd.command == "scale_lr":
             out.lr_factor *= float(cmd.args["factor"])
+            restore = cmd.args.get("restore_step")
+            if isinstance(restore, int) and not isinstance(restore, bool) and restore >= 0:
+                out.restore_step = restore
         elif cmd.command == "stop":
             out.stop = True
     return out

@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--entropy", type=float, default=ppo.PPOSettings.entropy_coef, help="entropy bonus")
     ap.add_argument("--cut-at", type=int, default=None, help="from this step on, lr x --cut-factor (a scale_lr)")
     ap.add_argument("--cut-factor", type=float, default=0.25)
+    ap.add_argument("--rollback", action="store_true",
+                    help="with --cut-at: also restore the weights of the round before the last one (a scale_lr's restore_step)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--supervised", action="store_true",
                     help="instead of RL, the warm start's supervised loss on the worked solutions of as many distinct "
@@ -105,12 +107,18 @@ def main(argv: list[str] | None = None) -> int:
     settings = ppo.PPOSettings(clip_eps=a.clip, epochs=a.epochs, minibatches=a.minibatches, entropy_coef=a.entropy)
     examples_rng = random.Random(a.seed)
     rounds = [(0, evaluate())]
+    kept = {0: {k: v.clone() for k, v in policy.state_dict().items()}}  # the weights of each round, for --rollback
     print(f"step 0: {rounds[-1][1]}", flush=True)
     started = time.process_time()
     for step in range(1, a.steps + 1):
         if step == a.cut_at:
             for group in optimizer.param_groups:
                 group["lr"] = a.lr * a.cut_factor
+            if a.rollback:
+                restored = sorted(kept)[-2] if len(kept) > 1 else 0  # the round before the one that saw the drop
+                policy.load_state_dict(kept[restored])
+                optimizer.state.clear()  # Adam's moments belong to the weights left behind
+                print(f"step {step}: weights of step {restored} restored", flush=True)
         if a.supervised:
             loss = supervised_step(policy, optimizer, data.next_batch(a.batch_prompts * a.group_size), examples_rng,
                                    settings.max_grad_norm)
@@ -130,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         scratch = episode_metrics(episodes)["scratchpad_share"]
         if step % a.every == 0:
             rounds.append((step, evaluate()))
+            kept[step] = {k: v.clone() for k, v in policy.state_dict().items()}
             print(f"step {step}: reward {float(reward.mean()):.3f} scratchpad {scratch:.2f} "
                   f"entropy {stats.entropy:.3f} eval {rounds[-1][1]} ({time.process_time() - started:.0f} s CPU)",
                   flush=True)

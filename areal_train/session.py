@@ -46,6 +46,9 @@ from areal_metrics.producers.contract.events import CommandEvent, event_from_dic
 log = logging.getLogger("areal_train")
 
 
+KEPT_ROUNDS = 3  # rounds whose weights a rollback may restore (the loop names the one before a drop)
+
+
 def checkpoint_root(cfg: TrainConfig) -> Path:
     if cfg.checkpoint_dir:
         return Path(cfg.checkpoint_dir)
@@ -84,9 +87,11 @@ class Session:
     attempt: int = 0
     lr_scale: float = 1.0
     commands_applied: int = 0
+    rollbacks: int = 0  # rounds' weights restored by a scale_lr's restore_step
     rounds: int = 0
     control: dict[str, Any] = field(default_factory=dict)  # this step's broadcast payload
     waiting: list[CommandEvent] = field(default_factory=list)  # scale_lr commands for a later step boundary
+    kept: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # step -> weights of a recent round
     evaluator: Evaluator = field(init=False)
     _eval_memory: dict[str, Any] = field(default_factory=dict)
 
@@ -137,6 +142,23 @@ class Session:
                 detail = ", ".join(f"rank {r} holds {fp}" for r, fp in enumerate(held))
                 out[name] = f"dataset fingerprint mismatch on {name}: {detail}"
         return out
+
+    # ------------------------------------------------------------ rollback
+
+    def keep_weights(self, step: int) -> None:
+        """Keep the weights an evaluation round measured, for a `scale_lr` that restores them (the last few)."""
+        self.kept[step] = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+        for old in sorted(self.kept)[:-KEPT_ROUNDS]:
+            del self.kept[old]
+
+    def restore_weights(self, step: int) -> bool:
+        """The weights of round `step` back in the policy, Adam's moments cleared; False when not kept."""
+        weights = self.kept.get(step)
+        if weights is None:
+            return False
+        self.policy.load_state_dict(weights)
+        self.optimizer.state.clear()  # the moments belong to the weights left behind
+        return True
 
     # ------------------------------------------------------------ checkpoints
 

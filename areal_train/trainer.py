@@ -162,7 +162,7 @@ def _train_step(cfg: TrainConfig, session: Session, reporter: Reporter, comm: Co
                   throughput=generated / latency, latency_ms=latency * 1000,
                   gpu_mem_bytes=mem if device.type == "cuda" else None)
     metrics = {"mem_bytes": float(mem), "rss_bytes": float(rss_bytes()), "lr_scale": session.lr_scale,
-               "commands_applied": float(session.commands_applied),
+               "commands_applied": float(session.commands_applied), "weights_restored": float(session.rollbacks),
                "eval_interval": float(session.eval_schedule.every_steps or 0), "cuda": float(device.type == "cuda"),
                **episode_metrics(episodes)}
     reporter.step(step, session.data.epochs, len(problems), fields, metrics)
@@ -196,6 +196,11 @@ def _sync_commands(session: Session, comm: Collective, run: RunLike, clock: Call
     arrived = [event_from_dict(c, CommandEvent) for c in payload["commands"]]
     commands, session.waiting = due([*session.waiting, *arrived], step)  # type: ignore[list-item]
     applied = apply_commands(commands, session.eval_schedule)
+    if applied.restore_step is not None:
+        restored = session.restore_weights(applied.restore_step)
+        session.rollbacks += int(restored)
+        log.info("rank %d step %d: weights of step %d %s", session.rank, step, applied.restore_step,
+                 "restored" if restored else "not kept: not restored")
     if applied.count:
         session.commands_applied += applied.count
         session.lr_scale = max(session.lr_scale * applied.lr_factor, session.cfg.lr_min_scale)  # the floor
@@ -222,3 +227,4 @@ def _evaluate(session: Session, comm: Collective, step: int, force: str | None, 
                    force_full=force, fail=step in cfg.fail_eval_at_steps or session.rounds in cfg.fail_eval_rounds,
                    dissent=cfg.dissent_rank == session.rank, mismatch=mismatch)
     session.evaluator.submit(session.policy, job)
+    session.keep_weights(step)

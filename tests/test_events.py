@@ -125,6 +125,10 @@ def test_eval_rules_across_fields():
         EvalEvent(run_id="r", eval_id="e", step=1, dataset="d", accuracy=0.5, verdicts=(1, 0), n_samples=3)
     with pytest.raises(ValidationError, match="commands.args.steps"):
         CommandEvent(run_id="r", command="set_eval_interval", args={"steps": 0})
+    for bad in (-1, 2.5, True, "0"):
+        with pytest.raises(ValidationError, match=r"commands.args.restore_step: must be an integer >= 0"):
+            CommandEvent(run_id="r", command="scale_lr", args={"factor": 0.1, "restore_step": bad})
+    assert CommandEvent(run_id="r", command="scale_lr", args={"factor": 0.1, "restore_step": 0}).args["restore_step"] == 0
 
 
 def test_expected_type_on_a_topic():
@@ -257,7 +261,7 @@ _SAMPLE_RECORDS = (
     EvalEvent(run_id="r", eval_id="e", step=3, dataset="d", accuracy=0.5, verdicts=(1, 0), n_samples=2,
               samples=({"prompt": "p", "response": "r", "verdict": 1},), metrics={"pass@4": 0.5}),
     RunEvent(run_id="r", status="failed", config={"a": [1, {"b": None}]}, tags=("x",), exit_code=3),
-    CommandEvent(run_id="r", command="scale_lr", args={"factor": 0.5, "from_step": 4}, reason="why"),
+    CommandEvent(run_id="r", command="scale_lr", args={"factor": 0.5, "from_step": 4, "restore_step": 2}, reason="why"),
     AlertEvent(run_id="r", kind="k", message="m", step=2, value=1.0, threshold=0.5),
     RewardSmoothedEvent(run_id="r", step=1, reward=0.5, window=3, sliding_avg=0.4, ema=0.3, slope=-0.1),
 )

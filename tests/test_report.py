@@ -267,9 +267,27 @@ def test_the_loops_scale_lr_is_marked_on_figure_1_at_the_step_it_applies_from(
     cuts = load_lr_cuts(store[0], "1")
     rows = store[0].query("SELECT run_id, args FROM v_commands WHERE command = 'scale_lr' ORDER BY run_id, ts").rows
     assert rows and sum(len(v) for v in cuts.values()) == len(rows)
-    assert cuts["wl-mt4-s1"][0] == (2, 0.5)  # args.from_step and args.factor of its first command
+    assert cuts["wl-mt4-s1"][0] == (2, 0.5, None)  # args.from_step and args.factor of its first command, no rollback
     write_report(tmp_path, ["wl-mt4-s1"], store[0])
     figure = next(f for f in kept if f.axes and "full-stage accuracy" in f.axes[0].get_title())
     vertical = [line for line in figure.axes[0].lines if line.get_linestyle() == ":" and len(set(line.get_xdata())) == 1]
-    assert sorted(line.get_xdata()[0] for line in vertical) == sorted(step for step, _ in cuts["wl-mt4-s1"])
+    assert sorted(line.get_xdata()[0] for line in vertical) == sorted(step for step, _, _ in cuts["wl-mt4-s1"])
     assert any(t.get_text() == "scale_lr x0.5" for t in figure.axes[0].texts)
+
+
+def test_a_scale_lr_that_restores_weights_is_read_and_labelled_with_the_step(
+        store: tuple[DirectStore, Path], tmp_path: Path, kept: list) -> None:
+    from types import SimpleNamespace
+
+    from areal_metrics.report import load_evals, load_lr_cuts
+    from areal_metrics.report_figures import plot_evals
+
+    rows = [("r", '{"factor": 0.1, "from_step": 12, "restore_step": 8}'), ("r", '{"factor": 2.0, "from_step": 20}'),
+            ("r", '{"factor": 0.5}')]  # the last, sent by hand without its step: not drawn
+    commands = SimpleNamespace(query=lambda sql, *a, **k: SimpleNamespace(rows=rows, result_rows=rows))
+    assert load_lr_cuts(commands, "1") == {"r": [(12, 0.1, 8), (20, 2.0, None)]}
+    plot_evals(load_evals(store[0], "run_id = 'wl-mt4-s1'"), tmp_path / "f.png", None,
+               {"wl-mt4-s1": [(12, 0.1, 8), (20, 2.0, None)]})
+    figure = next(f for f in kept if f.axes and "full-stage accuracy" in f.axes[0].get_title())
+    labels = {t.get_text() for t in figure.axes[0].texts}
+    assert {"scale_lr x0.1, weights of step 8", "scale_lr x2"} <= labels

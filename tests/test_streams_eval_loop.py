@@ -90,6 +90,44 @@ def test_the_restore_is_capped_at_the_factor_of_one() -> None:
     assert [f for _, fs in log for f in fs] == [0.5, 2.0] and state.factor == 1.0
 
 
+def test_with_rollback_a_drop_restores_the_round_before_when_it_was_at_or_above_the_threshold() -> None:
+    cfg = RunConfig(lr_eval_threshold=0.5, lr_rollback=True, no_improvement_rounds=0, lr_apply_delay_steps=2)
+    state = EvalLoopState()
+    commands_by_step = {}
+    for step, acc in ((0, 0.7), (8, 0.1), (16, 0.75), (24, 0.6), (32, 0.55)):
+        state, _, commands = on_consensus(state, cons(step, acc), cfg)
+        commands_by_step[step] = [c.args for c in commands]
+    assert commands_by_step[8] == [{"factor": 0.5, "from_step": 10, "restore_step": 0}]
+    assert commands_by_step[16] == [{"factor": 2.0, "from_step": 18}]  # the breach's end restores the lr, no weights
+
+
+def test_rollback_names_no_step_when_the_round_before_was_low_too_or_of_another_attempt() -> None:
+    cfg = RunConfig(lr_eval_threshold=0.5, lr_rollback=True, no_improvement_rounds=0)
+    # the round before read 0.45 (under the threshold, not shown below it): its weights are no better
+    state, _, _ = on_consensus(EvalLoopState(), cons(10, 0.45), cfg)
+    _, _, [command] = on_consensus(state, cons(20, 0.1), cfg)
+    assert "restore_step" not in command.args and "restored" not in command.reason
+    # the first round of the run: nothing before it
+    _, _, [command] = on_consensus(EvalLoopState(), cons(10, 0.1), cfg)
+    assert "restore_step" not in command.args
+    # a resumed attempt: the weights of the earlier attempt's round are not the trainer's to restore
+    state, _, _ = on_consensus(EvalLoopState(), cons(10, 0.8, attempt=0), cfg)
+    _, _, [command] = on_consensus(state, cons(12, 0.1, attempt=1), cfg)
+    assert "restore_step" not in command.args
+    # rollback off (the default): never
+    state, _, _ = on_consensus(EvalLoopState(), cons(10, 0.8), CFG)
+    _, _, [command] = on_consensus(state, cons(20, 0.1), CFG)
+    assert "restore_step" not in command.args
+
+
+def test_the_reason_of_a_rollback_names_the_step_restored() -> None:
+    cfg = RunConfig(lr_eval_threshold=0.5, lr_rollback=True, no_improvement_rounds=0)
+    state, _, _ = on_consensus(EvalLoopState(), cons(10, 0.8), cfg)
+    _, [alert], [command] = on_consensus(state, cons(20, 0.1), cfg)
+    assert command.args["restore_step"] == 10 and command.reason.endswith("; weights of step 10 restored first")
+    assert alert.kind == "eval_below_threshold"
+
+
 def test_only_watched_non_stale_newer_rounds_with_decided_samples_count() -> None:
     state, _, commands = on_consensus(EvalLoopState(), cons(10, 0.9, dataset="math500"), CFG)
     assert state.dataset == "math500" and commands == []

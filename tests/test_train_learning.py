@@ -158,6 +158,31 @@ def test_scale_lr_applies_from_its_step_boundary_and_stops_at_the_floor(tmp_path
     assert [s.values["lr"] for s in run.steps] == [cfg.lr * x for x in scales]
 
 
+def test_a_scale_lr_with_restore_step_puts_back_the_weights_that_round_measured(tmp_path) -> None:
+    """After step 3: a rollback to step 2 and an evaluation. The round at step 3 reads what the round at
+    step 2 read, while the same run without the rollback reads its trained weights (an entropy bonus
+    moves the untrained weights whatever the reward). A step the trainer did not keep is not restored."""
+    def run_with(restore_step: int | None) -> CommandedRun:
+        args: dict = {"factor": 0.5} if restore_step is None else {"factor": 0.5, "restore_step": restore_step}
+        commands = [CommandEvent(run_id="rb", command="scale_lr", args=args), CommandEvent(run_id="rb", command="evaluate_now")]
+        run = CommandedRun([[], [], commands])
+        cfg = TrainConfig(**SMALL, seed=4, rl_parameters=".", lr=0.05, entropy_coef=0.5, eval_every_steps=2, eval_at_end=False,
+                          two_stage=False, checkpoint_dir=str(tmp_path))
+        train(cfg, "rb", steps=4, open_run=lambda spec: run)
+        return run
+
+    def verdicts(run: CommandedRun, step: int) -> list:  # what the round read: its samples' responses
+        return [[s["response"] for s in e["samples"]] for e in run.evals if e["step"] == step and e["dataset"] == "math_id"]
+
+    rolled, plain, unknown = run_with(2), run_with(None), run_with(1)
+    assert verdicts(rolled, 2) == verdicts(plain, 2) and verdicts(rolled, 3) == verdicts(rolled, 2)
+    assert verdicts(plain, 3) != verdicts(plain, 2)  # step 3's training moved what the round reads
+    assert [s.values["weights_restored"] for s in rolled.steps] == [0, 0, 0, 1]
+    assert verdicts(unknown, 3) == verdicts(plain, 3)
+    assert [s.values["weights_restored"] for s in unknown.steps] == [0, 0, 0, 0]
+    assert [s.values["lr_scale"] for s in rolled.steps] == [1.0, 1.0, 1.0, 0.5]
+
+
 def test_an_async_run_with_no_scheduled_evaluation_starts_its_process_at_evaluate_now(tmp_path, monkeypatch) -> None:
     from areal_metrics.areal_train.evaluator import Evaluator
 

@@ -13,7 +13,8 @@
      on every rank (degraded mode: the last good result repeated, stale, with
      an alert);
    - the regression run: RL on every weight at a rate too high for that on purpose
-     (`REGRESSION`), so accuracy really drops and the loop's `scale_lr` cuts it;
+     (`REGRESSION`), so accuracy really drops; the loop's `scale_lr` cuts the lr by ten
+     and restores the weights of the round before the drop, and accuracy comes back;
    the compared and regression runs evaluate the full set every round in the
    training process; the vote run in a process per rank on weight snapshots,
    two-stage and sharded;
@@ -62,10 +63,12 @@ DEMO_TRAINING = {"batch_prompts": 4, "group_size": 4, "eval_mode": "async", "eva
 # The closed loop of every compared run and of the regression run: the same settings, so that the
 # compared runs differ only by strategy and seed. It cuts the learning rate when the in-distribution
 # consensus is shown to be below the threshold (the warm start reads about 0.11 there, docs/WORKLOAD.md).
+# A cut is by ten and rolls back to the round before the drop: a lower lr alone does not bring back a
+# policy that collapsed (docs/WORKLOAD.md, the probe with --cut-at and --rollback).
 LOOP = {"enabled": True, "dataset": "math_id", "stage": "full", "threshold": 0.05, "alpha": 0.05,
-        "patience_rounds": 0, "factor": 0.25}
+        "patience_rounds": 0, "factor": 0.1, "min_factor": 0.01, "rollback": True}
 # The regression run: RL on every weight (rl_parameters ".") at a rate far too high for that
-# (the probe: math_id 0.22 -> 0.06 within 8 steps, docs/WORKLOAD.md), the compared runs' loop.
+# (the probe: math_id 0.11 -> 0.02-0.04 within 8 steps, docs/WORKLOAD.md), the compared runs' loop.
 REGRESSION = {"rl_parameters": ".", "lr": 1e-3}
 VOTE_RANKS = 3
 

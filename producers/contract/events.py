@@ -269,6 +269,9 @@ class CommandEvent(Event, frozen=True, kw_only=True, gc=False):
             factor = self.args.get("factor")
             if not is_number(factor) or not (0 < factor <= 100):
                 raise ValidationError("commands.args.factor", f"must be a number in (0, 100] (got {factor!r})")
+            restore = self.args.get("restore_step", 0)
+            if not is_int(restore) or restore < 0:
+                raise ValidationError("commands.args.restore_step", f"must be an integer >= 0 (got {restore!r})")
 
 
 class AlertEvent(Event, frozen=True, kw_only=True, gc=False):

@@ -32,6 +32,9 @@ A run's `run.config.eval_loop` overrides these for that run (EVAL_LOOP_KEYS: the
   lr_alpha = 0.05              the false-alarm rate the run's decisions keep over all its rounds
   lr_factor = 0.5              the `factor` of a lowering `scale_lr`, in (0, 1)
   lr_min_factor = 0.125        floor of the cumulative factor
+  lr_rollback = False          a threshold drop's `scale_lr` also names `restore_step`: the round before,
+                               when its accuracy was at or above the threshold (the trainer restores
+                               the weights it had then)
   lr_restore_margin = 0.0      a breach ends when the 95 % interval's low end is >= threshold + margin ...
   lr_restore_factor = 2.0      ... and scales lr back up by this (cumulative capped at 1.0)
   lr_apply_delay_steps = 5     `from_step` = the evaluated step + this
@@ -84,7 +87,7 @@ from areal_metrics.producers.contract.settings import read_setting
 CONFIG_ENV = "AREAL_STREAMS_CONFIG"
 _OPTIONAL = frozenset({"reward_threshold", "lr_eval_threshold", "lr_eval_dataset"})  # None: off / any
 _TEXT = frozenset({"lr_eval_dataset", "lr_eval_stage"})  # names, not numbers
-_FLAGS = frozenset({"eval_loop_enabled", "adaptive_interval"})  # true / false
+_FLAGS = frozenset({"eval_loop_enabled", "adaptive_interval", "lr_rollback"})  # true / false
 # `run.config.eval_loop` key (CONTRACT.md, "Evaluation you can trust") -> the RunConfig field it sets.
 EVAL_LOOP_KEYS = {
     "enabled": "eval_loop_enabled",
@@ -96,6 +99,7 @@ EVAL_LOOP_KEYS = {
     "factor": "lr_factor",
     "min_factor": "lr_min_factor",
     "adaptive_interval": "adaptive_interval",
+    "rollback": "lr_rollback",
 }
 
 
@@ -126,6 +130,7 @@ class RunConfig:
     lr_alpha: float = 0.05
     adaptive_interval: bool = False
     lr_min_factor: float = 0.125
+    lr_rollback: bool = False
     lr_restore_margin: float = 0.0
     lr_restore_factor: float = 2.0
     lr_apply_delay_steps: int = 5

@@ -31,6 +31,11 @@ its k-th test at level look_alpha(alpha / 2, k) = alpha/2 * 6 / (pi^2 k^2)
 - One command per round at most, for the whole run (no target_node), with
   `{"factor": f, "from_step": s}`: s = the round's step + `lr_apply_delay_steps`. Every
   reason names the evaluation and cites its interval or its test.
+- Rollback (`lr_rollback`, off by default): a threshold drop's command also carries
+  `restore_step`, the round before it when that round's accuracy was at or above the
+  threshold; the trainer restores the weights it had then before the lower lr applies (a lower
+  lr alone does not bring back a policy that collapsed: docs/WORKLOAD.md). The decision is the
+  threshold rule's, with its error rates.
 """
 
 from __future__ import annotations
@@ -88,23 +93,39 @@ def _alert(kind: str, c: Consensus, what: str, value: float, threshold: float | 
                          threshold=threshold)
 
 
-def _command(c: Consensus, factor: float, cumulative: float, why: str, cfg: RunConfig) -> CommandDecision:
+def _command(c: Consensus, factor: float, cumulative: float, why: str, cfg: RunConfig,
+             restore_step: int | None = None) -> CommandDecision:
     start = c.step + cfg.lr_apply_delay_steps
+    args: dict[str, int | float] = {"factor": factor, "from_step": start}
+    restore = ""
+    if restore_step is not None:
+        args["restore_step"] = restore_step
+        restore = f"; weights of step {restore_step} restored first"
     return CommandDecision(
         "scale_lr",
-        {"factor": factor, "from_step": start},
+        args,
         f"{_where(c)}: {why}; lr x{factor:.4g} from step {start} (cumulative x{cumulative:.4g}, "
-        f"floor x{cfg.lr_min_factor:g})",
+        f"floor x{cfg.lr_min_factor:g}){restore}",
         c.step,
         attempt=c.key.attempt,
     )
 
 
-def _drop(state: EvalLoopState, c: Consensus, why: str, cfg: RunConfig) -> tuple[EvalLoopState, CommandDecision | None]:
+def _drop(state: EvalLoopState, c: Consensus, why: str, cfg: RunConfig,
+          restore_step: int | None = None) -> tuple[EvalLoopState, CommandDecision | None]:
     lowered = state.factor * cfg.lr_factor
     if lowered < cfg.lr_min_factor - _EPS:
         return state, None
-    return replace(state, factor=lowered), _command(c, cfg.lr_factor, lowered, why, cfg)
+    return replace(state, factor=lowered), _command(c, cfg.lr_factor, lowered, why, cfg, restore_step)
+
+
+def rollback_step(last: tuple[int, int] | None, previous: tuple[float, float] | None, c: Consensus,
+                  threshold: float) -> int | None:
+    """The step whose weights a drop's `scale_lr` restores: the round before this one, of the same attempt,
+    when its accuracy was at or above the threshold (None: no such round, nothing to restore)."""
+    if last is None or previous is None or last[0] != c.key.attempt or last[1] >= c.step:
+        return None
+    return last[1] if previous[0] >= threshold else None
 
 
 def below_threshold(c: Consensus, threshold: float, alpha: float, look: int,
@@ -131,7 +152,7 @@ def below_threshold(c: Consensus, threshold: float, alpha: float, look: int,
 
 
 def _threshold_rule(
-    state: EvalLoopState, c: Consensus, cfg: RunConfig
+    state: EvalLoopState, c: Consensus, cfg: RunConfig, last_round: tuple[int, int] | None = None
 ) -> tuple[EvalLoopState, list[AlertDecision], list[CommandDecision]]:
     threshold = cfg.lr_eval_threshold
     if threshold is None or not cfg.eval_loop_enabled:
@@ -152,7 +173,8 @@ def _threshold_rule(
     if not below:
         return state, [], []
     state = replace(state, in_breach=True)
-    state, command = _drop(state, c, why, cfg)
+    restore = rollback_step(last_round, previous, c, threshold) if cfg.lr_rollback else None
+    state, command = _drop(state, c, why, cfg, restore)
     floor = "" if command is not None else f"; lr already at its floor x{state.factor:.4g}"
     return state, [_alert("eval_below_threshold", c, why + floor, c.accuracy, threshold)], (
         [command] if command is not None else [])
@@ -204,7 +226,8 @@ def on_consensus(
 ) -> tuple[EvalLoopState, list[AlertDecision], list[CommandDecision]]:
     if not _counts(state, c, cfg):
         return state, [], []
+    last_round = state.last
     state = replace(state, dataset=c.key.dataset, last=(c.key.attempt, c.step))
-    state, alerts, commands = _threshold_rule(state, c, cfg)
+    state, alerts, commands = _threshold_rule(state, c, cfg, last_round)
     state, more_alerts, more_commands = _improvement_rule(state, c, cfg, commanded=bool(commands))
     return state, [*alerts, *more_alerts], [*commands, *more_commands]
