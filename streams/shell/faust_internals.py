@@ -34,7 +34,7 @@ from typing import Any
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import Message
+from faust.types import TP, Message
 
 # (the topic names to batch, the coroutine that takes a fetch's messages of them, in order)
 BatchInputs = tuple[Collection[str], Callable[[list[Message]], Awaitable[None]]]
@@ -53,7 +53,10 @@ class BatchConsumer(faust_aiokafka.Consumer):
             while not (self._stopped.is_set() or fetcher._stopped.is_set()):
                 generation = self.app.consumer_generation_id
                 batch: list[Message] = []
-                async for tp, message in self.getmany(timeout=1.0):
+                for tp, message in await self._fetch(timeout=1.0):
+                    # what Faust's getmany checks before it yields each message
+                    if not self.flow_active or self.app.consumer_generation_id != generation:
+                        break
                     last = read_offset[tp]
                     if last is not None and message.offset < last:
                         continue  # behind where a seek put the partition: Faust drops these too
@@ -76,6 +79,28 @@ class BatchConsumer(faust_aiokafka.Consumer):
             if self.transport.app.should_stop:
                 return
             raise
+
+    async def _fetch(self, timeout: float) -> list[tuple[TP, Message]]:
+        """One fetch as Faust's `getmany` yields it (its partitions in turn, the partitions it
+        reads now), but whole: getmany asks for the partition's high-water mark for Faust's lag
+        monitor once per message; here once per partition and fetch."""
+        records, active = await self._wait_next_records(timeout)
+        if records is None or self.should_stop:
+            return []
+        if not self.flow_active:
+            try:  # as getmany: a fetch while the flow is stopped seeks back to the committed offsets
+                await self.perform_seek()
+            except Exception as exc:  # noqa: BLE001 - getmany logs and goes on
+                self.log.warning(f"exception performing seek when flow not active {exc}")
+            return []
+        buffered = self._buffered_partitions
+        reads = [tp for tp in records if active is None or tp in active or tp in buffered]
+        monitor = self.app.monitor
+        for tp in reads:
+            monitor.track_tp_end_offset(tp, self.highwater(tp))
+        to_message = self._to_message
+        return [(tp, to_message(tp, record)) for tp, record in self.scheduler.iterate(records)
+                if active is None or tp in active or tp in buffered]
 
     async def _hand_over(self, batch: list[Message], deliver: Callable[[list[Message]], Awaitable[None]],
                          generation: int) -> None:
