@@ -35,6 +35,8 @@ from typing import Any
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, Message
+from faust.types.tuples import ack_lock
+from mode.utils.futures import notify
 
 # (the topic names to batch, the coroutine that takes a fetch's messages of them, in order)
 BatchInputs = tuple[Collection[str], Callable[[list[Message]], Awaitable[None]]]
@@ -116,6 +118,34 @@ class BatchConsumer(faust_aiokafka.Consumer):
             for tp in {message.tp for message in batch}:
                 monitor.stream_inbound_time[tp] = now
         await deliver(batch)
+
+
+    def ack_all(self, messages: list[Message]) -> None:
+        """`Consumer.ack` for each message, in order (their offsets may be committed now):
+        Faust's bookkeeping under its ack lock taken once, the waiter for acks woken once."""
+        acks_enabled_for = self.app.topics.acks_enabled_for
+        committed, acked_index, acked = self._committed_offset, self._acked_index, self._acked
+        unacked = self._unacked_messages
+        woken = False
+        with ack_lock:
+            for message in messages:
+                if message.acked:
+                    continue
+                message.acked = True
+                if not acks_enabled_for(message.topic):
+                    continue
+                woken = True
+                tp, offset = message.tp, message.offset
+                last = committed[tp]
+                if last is None or offset >= last:
+                    index = acked_index[tp]
+                    if offset not in index:
+                        unacked.discard(message)
+                        index.add(offset)
+                        acked[tp].append(offset)
+                        self._n_acked += 1
+            if woken:
+                notify(self._waiting_for_ack)
 
 
 class BatchTransport(faust_aiokafka.Transport):
