@@ -133,7 +133,8 @@ class RunState(Stored):
     loop_overrides: Pairs[str, Any] = NO_PAIRS
 
     def __post_init__(self) -> None:
-        hold_pairs(self, "invalid", "loop_overrides")
+        if type(self.invalid) is not Pairs or type(self.loop_overrides) is not Pairs:  # (a replace keeps them)
+            hold_pairs(self, "invalid", "loop_overrides")
 
 
 def loop_config(state: RunState, cfg: RunConfig) -> RunConfig:
