@@ -1,7 +1,8 @@
 """Every use of Faust's and aiokafka's private names, in one place (faust-streaming is pinned
 to the version these were written and tested against, in pyproject.toml).
 
-- `BatchConsumer`: Faust's Kafka consumer, handing the worker's input topics over a fetch at a time;
+- `BatchConsumer`: Faust's Kafka consumer, handing the worker's input topics over a fetch at a time
+  (`ack_all`: a processed batch's messages acknowledged in one call);
 - `transport_producer(app)`: the started aiokafka producer under Faust's;
 - `partition_for(producer, topic, key)`: the partition aiokafka's `send()` would pick.
 
@@ -17,10 +18,12 @@ message. Under load that path cost the worker more CPU than its own batch work
 `BatchConsumer` is Faust's aiokafka consumer with one change: messages of the topics the
 app names in `batch_inputs` leave each fetch as one list for the worker's InputFeed; every
 other topic (the ticks, the table's changelog) still goes through Faust's conductor, in
-its place in the fetch. Everything else stays Faust's: group membership and partition
+its place in the fetch. The fetch itself is Faust's `getmany` taken whole (its order,
+checks and seek), with the partition's high-water mark read once per fetch rather than
+once per message. Everything else stays Faust's: group membership and partition
 assignment (so the `runs` table stays co-partitioned with the inputs), seeks, flow control
-during a rebalance, and the offset commits, which follow `Consumer.ack` as for any
-message. A message handed over is tracked as unacknowledged, so a rebalance or shutdown
+during a rebalance, and the offset commits, which follow the acknowledgements (`ack_all`
+books a batch's as `Consumer.ack` books each message's). A message handed over is tracked as unacknowledged, so a rebalance or shutdown
 waits for it to be processed (Faust's `wait_empty`), and its partition's inbound time is
 recorded as a stream's sensor would (Faust's check for a stream that stopped processing).
 """
@@ -93,7 +96,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
             try:  # as getmany: a fetch while the flow is stopped seeks back to the committed offsets
                 await self.perform_seek()
             except Exception as exc:  # noqa: BLE001 - getmany logs and goes on
-                self.log.warning(f"exception performing seek when flow not active {exc}")
+                self.log.warning("exception performing seek when flow not active %r", exc)
             return []
         buffered = self._buffered_partitions
         reads = [tp for tp in records if active is None or tp in active or tp in buffered]
@@ -118,7 +121,6 @@ class BatchConsumer(faust_aiokafka.Consumer):
             for tp in {message.tp for message in batch}:
                 monitor.stream_inbound_time[tp] = now
         await deliver(batch)
-
 
     def ack_all(self, messages: list[Message]) -> None:
         """`Consumer.ack` for each message, in order (their offsets may be committed now):
