@@ -52,3 +52,27 @@ def test_a_fetch_is_handed_over_tracked_and_timed_and_a_stale_one_dropped(tmp_pa
         assert len(delivered) == 1 and stale[0] not in consumer._unacked_messages
 
     asyncio.run(go())
+
+
+def test_ack_all_books_what_fausts_ack_books_one_message_at_a_time(tmp_path: Path) -> None:
+    steps, ticks = TP(TOPICS.steps, 0), TP("handover.not-acked", 0)
+    books = []
+    for name, ack_all in (("faust", False), ("ack_all", True)):
+        worker = build_worker(bootstrap="127.0.0.1:9", topics=TOPICS, datadir=tmp_path / name)
+        worker.app.finalize()
+        consumer = worker.app.consumer
+        consumer.app.topics._acking_topics.add(TOPICS.steps)  # as once the worker subscribed
+        consumer._committed_offset[steps] = 3  # offsets below it were committed already
+        fetch = [message(steps, 2), message(steps, 3), message(steps, 4), message(ticks, 7)]
+        again = message(steps, 4)  # a second message for offset 4 (read again after a seek)
+        for m in fetch:
+            consumer.track_message(m)
+        if ack_all:
+            consumer.ack_all([*fetch, fetch[1], again])
+        else:
+            for m in [*fetch, fetch[1], again]:
+                consumer.ack(m)
+        books.append((dict(consumer._acked), dict(consumer._acked_index), consumer._n_acked,
+                       sorted(m.offset for m in consumer._unacked_messages), [m.acked for m in [*fetch, again]]))
+    assert books[0] == books[1]
+    assert books[1][0] == {steps: [3, 4]} and books[1][2] == 2

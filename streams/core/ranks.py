@@ -28,9 +28,9 @@ Rules (CONTRACT.md 'reward_smoothed')
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from operator import attrgetter
 
+import msgspec
 from msgspec.structs import replace
 
 from areal_metrics.streams.core.stored import NO_PAIRS, Pairs, Stored, hold_pairs
@@ -60,8 +60,8 @@ class RankState(Stored):
         hold_pairs(self, "pending")
 
 
-@dataclass(frozen=True, slots=True)
-class StepReward:
+# a frozen Struct: made per step, and its __init__ costs a tenth of a frozen dataclass's
+class StepReward(msgspec.Struct, frozen=True, gc=False):
     """A step ready to be smoothed."""
 
     attempt: int

@@ -190,13 +190,15 @@ def build_worker(
     app.batch_inputs = (frozenset(feed.inputs), feed.deliver)
 
     async def ack(tokens: list[Any]) -> None:
-        consumer_ack = app.consumer.ack if real_consumer else None
+        inputs = []
         for token in tokens:
             if isinstance(token, tuple):  # a tick, through its agent's stream
                 stream, event = token
                 await stream.ack(event)
-            elif consumer_ack is not None:  # an input message: its offset may be committed now
-                consumer_ack(token)
+            else:
+                inputs.append(token)
+        if real_consumer:  # the input messages: their offsets may be committed now
+            app.consumer.ack_all(inputs)
 
     def crash(exc: BaseException) -> None:
         app.loop.create_task(app.crash(exc))

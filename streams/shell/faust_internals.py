@@ -1,7 +1,8 @@
 """Every use of Faust's and aiokafka's private names, in one place (faust-streaming is pinned
 to the version these were written and tested against, in pyproject.toml).
 
-- `BatchConsumer`: Faust's Kafka consumer, handing the worker's input topics over a fetch at a time;
+- `BatchConsumer`: Faust's Kafka consumer, handing the worker's input topics over a fetch at a time
+  (`ack_all`: a processed batch's messages acknowledged in one call);
 - `transport_producer(app)`: the started aiokafka producer under Faust's;
 - `partition_for(producer, topic, key)`: the partition aiokafka's `send()` would pick.
 
@@ -17,10 +18,12 @@ message. Under load that path cost the worker more CPU than its own batch work
 `BatchConsumer` is Faust's aiokafka consumer with one change: messages of the topics the
 app names in `batch_inputs` leave each fetch as one list for the worker's InputFeed; every
 other topic (the ticks, the table's changelog) still goes through Faust's conductor, in
-its place in the fetch. Everything else stays Faust's: group membership and partition
+its place in the fetch. The fetch itself is Faust's `getmany` taken whole (its order,
+checks and seek), with the partition's high-water mark read once per fetch rather than
+once per message. Everything else stays Faust's: group membership and partition
 assignment (so the `runs` table stays co-partitioned with the inputs), seeks, flow control
-during a rebalance, and the offset commits, which follow `Consumer.ack` as for any
-message. A message handed over is tracked as unacknowledged, so a rebalance or shutdown
+during a rebalance, and the offset commits, which follow the acknowledgements (`ack_all`
+books a batch's as `Consumer.ack` books each message's). A message handed over is tracked as unacknowledged, so a rebalance or shutdown
 waits for it to be processed (Faust's `wait_empty`), and its partition's inbound time is
 recorded as a stream's sensor would (Faust's check for a stream that stopped processing).
 """
@@ -34,7 +37,9 @@ from typing import Any
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import Message
+from faust.types import TP, Message
+from faust.types.tuples import ack_lock
+from mode.utils.futures import notify
 
 # (the topic names to batch, the coroutine that takes a fetch's messages of them, in order)
 BatchInputs = tuple[Collection[str], Callable[[list[Message]], Awaitable[None]]]
@@ -53,7 +58,10 @@ class BatchConsumer(faust_aiokafka.Consumer):
             while not (self._stopped.is_set() or fetcher._stopped.is_set()):
                 generation = self.app.consumer_generation_id
                 batch: list[Message] = []
-                async for tp, message in self.getmany(timeout=1.0):
+                for tp, message in await self._fetch(timeout=1.0):
+                    # what Faust's getmany checks before it yields each message
+                    if not self.flow_active or self.app.consumer_generation_id != generation:
+                        break
                     last = read_offset[tp]
                     if last is not None and message.offset < last:
                         continue  # behind where a seek put the partition: Faust drops these too
@@ -77,6 +85,28 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 return
             raise
 
+    async def _fetch(self, timeout: float) -> list[tuple[TP, Message]]:
+        """One fetch as Faust's `getmany` yields it (its partitions in turn, the partitions it
+        reads now), but whole: getmany asks for the partition's high-water mark for Faust's lag
+        monitor once per message; here once per partition and fetch."""
+        records, active = await self._wait_next_records(timeout)
+        if records is None or self.should_stop:
+            return []
+        if not self.flow_active:
+            try:  # as getmany: a fetch while the flow is stopped seeks back to the committed offsets
+                await self.perform_seek()
+            except Exception as exc:  # noqa: BLE001 - getmany logs and goes on
+                self.log.warning("exception performing seek when flow not active %r", exc)
+            return []
+        buffered = self._buffered_partitions
+        reads = [tp for tp in records if active is None or tp in active or tp in buffered]
+        monitor = self.app.monitor
+        for tp in reads:
+            monitor.track_tp_end_offset(tp, self.highwater(tp))
+        to_message = self._to_message
+        return [(tp, to_message(tp, record)) for tp, record in self.scheduler.iterate(records)
+                if active is None or tp in active or tp in buffered]
+
     async def _hand_over(self, batch: list[Message], deliver: Callable[[list[Message]], Awaitable[None]],
                          generation: int) -> None:
         if not batch:
@@ -91,6 +121,33 @@ class BatchConsumer(faust_aiokafka.Consumer):
             for tp in {message.tp for message in batch}:
                 monitor.stream_inbound_time[tp] = now
         await deliver(batch)
+
+    def ack_all(self, messages: list[Message]) -> None:
+        """`Consumer.ack` for each message, in order (their offsets may be committed now):
+        Faust's bookkeeping under its ack lock taken once, the waiter for acks woken once."""
+        acks_enabled_for = self.app.topics.acks_enabled_for
+        committed, acked_index, acked = self._committed_offset, self._acked_index, self._acked
+        unacked = self._unacked_messages
+        woken = False
+        with ack_lock:
+            for message in messages:
+                if message.acked:
+                    continue
+                message.acked = True
+                if not acks_enabled_for(message.topic):
+                    continue
+                woken = True
+                tp, offset = message.tp, message.offset
+                last = committed[tp]
+                if last is None or offset >= last:
+                    index = acked_index[tp]
+                    if offset not in index:
+                        unacked.discard(message)
+                        index.add(offset)
+                        acked[tp].append(offset)
+                        self._n_acked += 1
+            if woken:
+                notify(self._waiting_for_ack)
 
 
 class BatchTransport(faust_aiokafka.Transport):
