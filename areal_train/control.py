@@ -55,9 +55,8 @@ def apply_commands(commands: Iterable[CommandEvent], scheduler: Any) -> Applied:
             scheduler.set_step_interval(int(cmd.args["steps"]))
         elif cmd.command == "scale_lr":
             out.lr_factor *= float(cmd.args["factor"])
-            restore = cmd.args.get("restore_step")
-            if isinstance(restore, int) and not isinstance(restore, bool) and restore >= 0:
-                out.restore_step = restore
+            if "restore_step" in cmd.args:  # an integer >= 0: the contract checked it on reading
+                out.restore_step = cmd.args["restore_step"]
         elif cmd.command == "stop":
             out.stop = True
     return out

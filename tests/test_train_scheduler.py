@@ -115,8 +115,11 @@ def test_scale_lr_and_stop_are_handed_to_the_trainer() -> None:
     applied = apply_commands([command("scale_lr", args={"factor": 0.5}), command("scale_lr", args={"factor": 0.5}),
                               command("stop")], s)
     assert applied.lr_factor == pytest.approx(0.25)
-    assert applied.stop and applied.count == 3
+    assert applied.stop and applied.count == 3 and applied.restore_step is None
     assert not apply_commands([], s).stop
+    rollback = apply_commands([command("scale_lr", args={"factor": 0.1, "restore_step": 8}),
+                               command("scale_lr", args={"factor": 0.5, "restore_step": 16})], s)
+    assert rollback.restore_step == 16 and rollback.lr_factor == pytest.approx(0.05)  # the last one's weights
 
 
 def test_a_bad_interval_is_refused() -> None:

@@ -9,9 +9,10 @@
 
 On the caller's thread `log` only copies the values (reading tensors, which
 the training loop may change in place afterwards) and enqueues them; numpy
-scalars, names, rules and JSON are the sender thread's work (`_Step.encode`). A step logged twice (same step number) is sent
-again with the union of its values, later ones winning: in FINAL reads the
-later event replaces the earlier one (steps are keyed by run, rank, step).
+scalars, names, rules and JSON are the sender thread's work (`_Step.encode`).
+A step logged twice (same step number) is sent again with the union of its
+values, later ones winning: in FINAL reads the later event replaces the earlier
+one (steps are keyed by run, rank, step).
 """
 
 from __future__ import annotations
