@@ -146,8 +146,9 @@ class Session:
     # ------------------------------------------------------------ rollback
 
     def keep_weights(self, step: int) -> None:
-        """Keep the weights an evaluation round measured, for a `scale_lr` that restores them (the last few)."""
-        self.kept[step] = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+        """Keep the weights an evaluation round measured, for a `scale_lr` that restores them (the last few).
+        They are kept in host memory: a GPU holds one policy, not four."""
+        self.kept[step] = {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
         for old in sorted(self.kept)[:-KEPT_ROUNDS]:
             del self.kept[old]
 
