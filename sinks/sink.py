@@ -35,7 +35,7 @@ from areal_metrics.sinks.migrations import apply_schema
 from areal_metrics.sinks.query import Target, open_client
 from areal_metrics.sinks.rows import Located
 from areal_metrics.sinks.schema import TABLES, SchemaOptions
-from areal_metrics.sinks.writer import insert_rows, load_plans, record_plans
+from areal_metrics.sinks.writer import insert_missing, insert_rows, load_plans, record_plans
 from areal_metrics.producers.contract.errors import ArealError
 
 log = logging.getLogger("areal.sink")
@@ -83,7 +83,7 @@ class Sink:
         self.revoked: set[TopicPartition] = set()  # by a rebalance under way: dropped unless assigned again
         self.plans: dict[TopicPartition, Plan] = {}
         self.stats = {"rows": 0, "chunks": 0, "dead_letters": 0, "retries": 0, "commits": 0, "replanned": 0,
-                      "unstorable": 0}
+                      "unstorable": 0, "restored": 0}
         self.client: Any = None
         self.consumer: Any = None
         self.producer: Any = None
@@ -233,6 +233,8 @@ class Sink:
         for c, d in decoded:
             token = dedup_token(c.topic, c.partition, c.first, c.last)
             stored, failed = isolate(d.rows, token, lambda rows, t, c=c: self._insert(c, rows, t))
+            if (c.topic, c.partition) in redone:
+                self._restore_missing(c, d.rows, failed, token)
             self.stats["rows"] += stored
             self.stats["chunks"] += 1
             if failed:
@@ -247,6 +249,17 @@ class Sink:
     def _insert(self, c: Chunk[Any], rows: Any, token: str) -> int:
         return self._retry(f"inserting {c.topic}[{c.partition}]",
                            lambda: insert_rows(self.client, self.schema.database, rows, token), data_errors=True)
+
+    def _restore_missing(self, c: Chunk[Any], rows: Any, failed: list[tuple[Located, DataError]], token: str) -> None:
+        """A retried chunk's token may be known to the store without its rows (see insert_missing)."""
+        unstorable = {loc.offset for loc, _ in failed}
+        kept = [r for r in rows if r.offset not in unstorable]
+        n = self._retry(f"checking the retried batch {c.topic}[{c.partition}]",
+                        lambda: insert_missing(self.client, self.schema.database, kept, token))
+        if n:
+            log.warning("%s[%d]@%d-%d: %d events of a batch the store had recorded as inserted were not stored "
+                        "(a crash between the two); inserted them again", c.topic, c.partition, c.first, c.last, n)
+            self.stats["restored"] += n
 
     def _unstored(self, c: Chunk[Any], failed: list[tuple[Located, DataError]], token: str) -> list[Any]:
         """Dead letters for the rows no insert could store. A row read from the dead-letter

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,6 +50,50 @@ def insert_rows(client: Any, database: str, rows: Sequence[Located], token: str)
             settings=insert_settings(token),
         )
     return len(rows)
+
+
+def insert_missing(client: Any, database: str, rows: Sequence[Located], token: str) -> int:
+    """Store the rows of a retried chunk that its tables do not hold; returns how many events
+    had rows to restore.
+
+    A chunk retried after a crash is inserted with its token first (`insert_rows`),
+    which drops what was stored. But ClickHouse records a block's token before
+    it makes the block's part visible, so a process killed between the two
+    leaves the token without the rows, and every retry with that token is
+    dropped too. This reads which log positions each table holds and inserts
+    the rest under a token of their own (fresh per call, the same across this
+    call's retries): checked first, so they are inserted once.
+
+    A row a merge replaced by a later copy of its event (a re-sent event) is
+    held. Any other row a later version replaced would be inserted again, which
+    changes nothing `FINAL` reads: the later version still wins.
+    """
+    if not rows:
+        return 0
+    first, last = min(r.offset for r in rows), max(r.offset for r in rows)
+    ids = sorted({r.event.event_id for r in rows})
+    topic, partition = rows[0].topic, rows[0].partition
+    table = table_for(rows[0].event)
+    restored: set[int] = set()
+    again = f"{token}:restored:{uuid.uuid4().hex}"
+    for target in (table, *projections_for(table)):
+        held: set[int] = set()
+        last_copy: dict[str, int] = {}
+        for offset, event_id in client.query(
+                f"SELECT DISTINCT _offset, event_id FROM {database}.{target.name} "
+                "WHERE _topic = {t:String} AND _partition = {p:UInt32} AND _offset >= {a:UInt64} "
+                "AND (_offset <= {b:UInt64} OR event_id IN {ids:Array(String)})",
+                parameters={"t": topic, "p": partition, "a": first, "b": last, "ids": ids}).result_rows:
+            held.add(int(offset))
+            last_copy[event_id] = max(int(offset), last_copy.get(event_id, -1))
+        missing = [r for r in rows if r.offset not in held and last_copy.get(r.event.event_id, -1) < r.offset]
+        names, columns = build_columns(target, missing) if missing else ((), [])
+        if not columns or not columns[0]:
+            continue  # all held, or nothing this table would take (evals without samples)
+        client.insert(target.name, columns, column_names=list(names), database=database,
+                      column_oriented=True, settings=insert_settings(again))
+        restored.update(columns[list(names).index("_offset")])
+    return len(restored)
 
 
 def record_plans(client: Any, database: str, group: str, plans: Mapping[TopicPartition, Plan]) -> None:

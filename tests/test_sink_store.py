@@ -28,7 +28,7 @@ from areal_metrics.sinks.query import (
 )
 from areal_metrics.sinks.rows import Located
 from areal_metrics.sinks.schema import SCHEMA_VERSION, TABLES, SchemaOptions
-from areal_metrics.sinks.writer import insert_rows
+from areal_metrics.sinks.writer import insert_missing, insert_rows
 
 
 @pytest.fixture
@@ -97,6 +97,47 @@ def test_retried_insert_with_the_same_token_is_dropped(client) -> None:
     assert client.command("SELECT count() FROM areal.steps") == 100
     assert client.command("SELECT count() FROM areal.steps FINAL") == 50
     assert client.command("SELECT count() FROM areal.v_steps") == 50
+
+
+def evals_with_samples(n: int) -> list[EvalEvent]:
+    return [EvalEvent(run_id="r1", eval_id=f"e{i}", step=i, dataset="math500", accuracy=0.5, n_samples=2,
+                      samples=[{"prompt": f"q{i}", "response": "a"}, {"prompt": f"q{i}", "response": "b"}] if i % 3 else [])
+            for i in range(n)]
+
+
+def positions(client, table: str) -> list[tuple[int, ...]]:
+    extra = ", sample" if table == "generations" else ""
+    return sorted(client.query(f"SELECT _offset{extra} FROM areal.{table}").result_rows)
+
+
+def test_a_token_the_store_kept_without_its_rows_is_healed_by_insert_missing(client) -> None:
+    """A process killed between ClickHouse recording a block's token and making its part visible
+    leaves the token without the rows: a retry with that token is dropped. Simulated here by
+    deleting the rows (the token stays in the deduplication log); insert_missing stores them once."""
+    events = evals_with_samples(12)
+    rows = located(events, "areal.evals", 2, 100)
+    token = "areal.evals:2:100-111"
+    insert_rows(client, "areal", rows, token)
+    want = {t: positions(client, t) for t in ("evals", "generations")}
+    assert len(want["evals"]) == 12 and len(want["generations"]) == 16  # 8 events with 2 samples
+
+    client.command("ALTER TABLE areal.evals DELETE WHERE _offset IN (103, 104, 105, 110) SETTINGS mutations_sync = 2")
+    client.command("ALTER TABLE areal.generations DELETE WHERE _offset = 104 SETTINGS mutations_sync = 2")
+    insert_rows(client, "areal", rows, token)  # the retry after the crash: dropped by its token
+    assert len(positions(client, "evals")) == 8 and len(positions(client, "generations")) == 14
+
+    assert insert_missing(client, "areal", rows, token) == 4
+    assert {t: positions(client, t) for t in ("evals", "generations")} == want  # each row once
+    assert insert_missing(client, "areal", rows, token) == 0  # nothing missing: nothing inserted
+    assert {t: positions(client, t) for t in ("evals", "generations")} == want
+    # a row a merge replaced by a later copy of its event (re-sent) is held
+    resent = located(events[:2], "areal.evals", 2, 200)
+    insert_rows(client, "areal", resent, "areal.evals:2:200-201")
+    client.command("ALTER TABLE areal.evals DELETE WHERE _offset IN (100, 101) SETTINGS mutations_sync = 2")
+    assert insert_missing(client, "areal", rows, token) == 0
+    # other partitions and offsets outside the chunk are not read as held
+    other = located(evals_with_samples(3), "areal.evals", 3, 100)
+    assert insert_missing(client, "areal", other, "areal.evals:3:100-102") == 3
 
 
 def test_resent_event_counts_once_in_views_of_every_table(client) -> None:
