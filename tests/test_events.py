@@ -255,6 +255,28 @@ def test_a_records_init_checks_its_fields_and_fills_its_defaults() -> None:
         assert fields["run_id"].required and not fields["event_id"].required, cls.__name__
 
 
+@pytest.mark.parametrize("event", one_of_each(), ids=lambda e: e.type)
+def test_build_gives_the_record_the_constructor_gives_and_checks_it_alike(event) -> None:
+    import msgspec
+
+    fields = msgspec.structs.asdict(event)
+    assert type(event).build(**fields) == type(event)(**fields)
+    first = next(f.name for f in msgspec.structs.fields(event) if f.name in ("step", "eval_id", "reason", "kind"))
+    with pytest.raises(ValidationError) as by_build:
+        type(event).build(**{**fields, first: None})
+    with pytest.raises(ValidationError) as by_init:
+        type(event)(**{**fields, first: None})
+    assert str(by_build.value) == str(by_init.value) and f"{event.table}.{first}" in str(by_build.value)
+
+
+def test_build_gives_numbers_their_fields_type_and_fills_the_defaults() -> None:
+    e = RewardSmoothedEvent.build(run_id="r", step=1, reward=1, window=2, sliding_avg=0, ema=0.5, slope=0)
+    assert (type(e.reward), type(e.slope), e.reward) == (float, float, 1.0)
+    assert e.event_id and e.ts > 0 and e.rank == 0
+    with pytest.raises(ValidationError, match=r"rewards_smoothed\.window: must be >= 1"):
+        RewardSmoothedEvent.build(run_id="r", step=1, reward=1.0, window=0, sliding_avg=0.0, ema=0.5, slope=0.0)
+
+
 _SAMPLE_RECORDS = (
     StepEvent(run_id="r", step=3, epoch=0.5, reward=0.25, world_size=2, metrics={"m": 1.5}, non_finite=("kl",),
               throughput=10.0, n_samples=4, attempt=1),

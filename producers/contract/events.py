@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, Self, get_args
 
 import msgspec
 
@@ -112,6 +112,13 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
                 if type(v) is list:
                     msgspec.structs.force_setattr(self, name, tuple(v))
         _convert(values, type(self))
+
+    @classmethod
+    def build(cls, **fields: Any) -> Self:
+        """The record of these fields, checked as the constructor checks them, in one conversion
+        (the constructor makes the record, then converts its fields to check them). Numbers
+        come out as their field's type (an int given for a float field is a float)."""
+        return _convert(fields, cls)  # type: ignore[return-value]
 
     def _check_rules(self) -> None:
         """What the field types cannot say beyond storage-safe text (checked for every class):

@@ -151,7 +151,7 @@ def adaptive(state: RunState, cfg: RunConfig) -> bool:
 
 
 def smoothed_event(run_id: str, point: SmoothedPoint, ts: float) -> RewardSmoothedEvent:
-    return RewardSmoothedEvent(
+    return RewardSmoothedEvent.build(
         run_id=run_id,
         node=WORKER_NODE,
         ts=ts,
@@ -166,7 +166,7 @@ def smoothed_event(run_id: str, point: SmoothedPoint, ts: float) -> RewardSmooth
 
 
 def command_event(run_id: str, d: CommandDecision, ts: float) -> CommandEvent:
-    return CommandEvent(
+    return CommandEvent.build(
         run_id=run_id,
         node=WORKER_NODE,
         ts=ts,
@@ -180,7 +180,7 @@ def command_event(run_id: str, d: CommandDecision, ts: float) -> CommandEvent:
 
 def alert_event(run_id: str, a: AlertDecision, ts: float, attempt: int = 0) -> AlertEvent:
     alert_id = derived_id("alert", run_id, *a.about, *_attempt_part(attempt))
-    return AlertEvent(
+    return AlertEvent.build(
         run_id=run_id,
         node=WORKER_NODE,
         ts=ts,
@@ -197,7 +197,7 @@ def alert_event(run_id: str, a: AlertDecision, ts: float, attempt: int = 0) -> A
 
 def consensus_event(c: Consensus, ts: float) -> EvalConsensusEvent:
     k = c.key
-    return EvalConsensusEvent(
+    return EvalConsensusEvent.build(
         run_id=k.run_id,
         node=WORKER_NODE,
         ts=ts,

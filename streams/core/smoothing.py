@@ -116,12 +116,13 @@ def _fit_centred(dx: list[float], sxx: float, values: list[float], with_se: bool
     """`_fit` once the steps' deviations from their mean (`dx`, sxx > 0) are known."""
     n = len(dx)
     mean_y = sum(values) / n
-    dy = list(map(operator.sub, values, repeat(mean_y)))
+    dy = [y - mean_y for y in values]
     slope = _dot(dx, dy) / sxx
     if not with_se or n < 3:
         return slope, 0.0
-    residual = list(map(operator.sub, dy, map(operator.mul, repeat(slope), dx)))  # e - slope * d
-    return slope, math.sqrt(max(0.0, _sum_of_squares(residual)) / (n - 2) / sxx)
+    # ** 2 as in _sum_of_squares (C's pow), in one pass with the residuals
+    residual_ss = sum([(e - slope * d) ** 2 for e, d in zip(dy, dx)])
+    return slope, math.sqrt(max(0.0, residual_ss) / (n - 2) / sxx)
 
 
 @cache
