@@ -11,6 +11,7 @@ Nothing of the decision code is re-implemented here.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,11 +32,12 @@ CFG = RunConfig(lr_eval_threshold=THRESHOLD, lr_alpha=ALPHA, no_improvement_roun
 class RunLog:
     threshold_cuts: tuple[int, ...]  # rounds with an eval_below_threshold
     plateau: tuple[int, ...]  # rounds with a no_improvement (a plateau cut comes with one)
+    restored: tuple[int, ...] = ()  # with rollback on: the rounds whose weights a cut named (restore_step)
 
 
 def run_once(accuracies: Sequence[float], rng: np.random.Generator, cfg: RunConfig = CFG) -> RunLog:
     state = RunState("sim")
-    cuts, plateau = [], []
+    cuts, plateau, restored = [], [], []
     for r, mu in enumerate(accuracies):
         p = np.clip(mu + rng.normal(0.0, PROMPT_SPREAD, PROMPTS), 0.0, 1.0)
         verdicts = (rng.random((PROMPTS, PER_PROMPT)) < p[:, None]).astype(int).ravel().tolist()
@@ -48,12 +50,14 @@ def run_once(accuracies: Sequence[float], rng: np.random.Generator, cfg: RunConf
             cuts.append(r)
         if "no_improvement" in kinds:
             plateau.append(r)
-    return RunLog(tuple(cuts), tuple(plateau))
+        restored.extend(o.event.args["restore_step"] // 10 for o in out
+                        if o.event.type == "command" and "restore_step" in o.event.args)
+    return RunLog(tuple(cuts), tuple(plateau), tuple(restored))
 
 
-def simulate(runs: int, seed: int, accuracies: Sequence[float]) -> list[RunLog]:
+def simulate(runs: int, seed: int, accuracies: Sequence[float], cfg: RunConfig = CFG) -> list[RunLog]:
     rng = np.random.default_rng(seed)
-    return [run_once(accuracies, rng) for _ in range(runs)]
+    return [run_once(accuracies, rng, cfg) for _ in range(runs)]
 
 
 def share(logs: list[RunLog], hit: Callable[[RunLog], bool]) -> float:
@@ -91,7 +95,27 @@ def hard_drop_rates(runs: int = 2000, seed: int = 30) -> dict[str, float]:
     }
 
 
+ROLLBACK = dataclasses.replace(CFG, lr_rollback=True)
+# Rollback: which round a cut names for its weights. A clean collapse after 10 good rounds; and a
+# slide whose first round under the threshold (0.25) is close enough to it to read above it.
+SLIDE = [0.5] * DROP_AT + [0.25] + [0.1] * 3
+
+
+def rollback_rates(runs: int = 2000, seed: int = 40) -> dict[str, float]:
+    """How often a cut names a round whose weights were good (true accuracy at or above the
+    threshold), and how often one that was not."""
+    good = {r for r, mu in enumerate(SLIDE) if mu >= THRESHOLD}
+    collapse = simulate(runs, seed, DROPPING, ROLLBACK)
+    slide = simulate(runs, seed + 1, SLIDE, ROLLBACK)
+    return {
+        "collapse_restores_good": share(collapse, lambda log: any(r in good for r in log.restored)),
+        "collapse_restores_bad": share(collapse, lambda log: any(r not in good for r in log.restored)),
+        "slide_restores_good": share(slide, lambda log: any(r in good for r in log.restored)),
+        "slide_restores_bad": share(slide, lambda log: any(r not in good for r in log.restored)),
+    }
+
+
 if __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
-    for name, value in {**rates(n), **hard_drop_rates(n)}.items():
+    for name, value in {**rates(n), **hard_drop_rates(n), **rollback_rates(n)}.items():
         print(f"{name:24s} {value:.4f}  ({n} runs)")

@@ -101,12 +101,30 @@ def test_with_rollback_a_drop_restores_the_round_before_when_it_was_at_or_above_
     assert commands_by_step[16] == [{"factor": 2.0, "from_step": 18}]  # the breach's end restores the lr, no weights
 
 
-def test_rollback_names_no_step_when_the_round_before_was_low_too_or_of_another_attempt() -> None:
+def test_rollback_restores_the_latest_round_shown_good_also_when_the_drop_is_found_a_round_late() -> None:
+    cfg = RunConfig(lr_eval_threshold=0.5, lr_rollback=True, no_improvement_rounds=0)
+    state, restored = EvalLoopState(), {}
+    # 0.38 at step 10 is not shown below 0.5 alone at its look; pooled with step 20's it is
+    for step, acc in ((0, 0.8), (10, 0.38), (20, 0.38), (30, 0.9), (40, 0.1)):
+        state, _, commands = on_consensus(state, cons(step, acc), cfg)
+        restored.update({step: c.args.get("restore_step") for c in commands if c.args["factor"] < 1})
+    assert restored == {20: 0, 40: 30}  # two rounds back; then the round that ended the breach
+
+
+def test_rollback_names_no_step_when_no_round_was_shown_good_or_it_was_of_another_attempt() -> None:
     cfg = RunConfig(lr_eval_threshold=0.5, lr_rollback=True, no_improvement_rounds=0)
     # the round before read 0.45 (under the threshold, not shown below it): its weights are no better
     state, _, _ = on_consensus(EvalLoopState(), cons(10, 0.45), cfg)
     _, _, [command] = on_consensus(state, cons(20, 0.1), cfg)
     assert "restore_step" not in command.args and "restored" not in command.reason
+    # 0.55 of 128 reads above 0.5, but its interval reaches under it: not shown to be good
+    state, _, _ = on_consensus(EvalLoopState(), cons(10, 0.55), cfg)
+    _, _, [command] = on_consensus(state, cons(20, 0.1), cfg)
+    assert "restore_step" not in command.args
+    # the same accuracy on 2,000 samples is: restored
+    state, _, _ = on_consensus(EvalLoopState(), cons(10, 0.55, n=2000), cfg)
+    _, _, [command] = on_consensus(state, cons(20, 0.1), cfg)
+    assert command.args["restore_step"] == 10
     # the first round of the run: nothing before it
     _, _, [command] = on_consensus(EvalLoopState(), cons(10, 0.1), cfg)
     assert "restore_step" not in command.args
@@ -124,7 +142,9 @@ def test_the_reason_of_a_rollback_names_the_step_restored() -> None:
     cfg = RunConfig(lr_eval_threshold=0.5, lr_rollback=True, no_improvement_rounds=0)
     state, _, _ = on_consensus(EvalLoopState(), cons(10, 0.8), cfg)
     _, [alert], [command] = on_consensus(state, cons(20, 0.1), cfg)
-    assert command.args["restore_step"] == 10 and command.reason.endswith("; weights of step 10 restored first")
+    assert command.args["restore_step"] == 10
+    assert command.reason.endswith("; weights of step 10 restored first (the latest round whose 95% CI lay at or "
+                                   "above 0.5)")
     assert alert.kind == "eval_below_threshold"
 
 

@@ -1,6 +1,7 @@
-"""The closed loop's error rates, measured by a seeded simulation of 6,000 runs through the
-worker's real code (tests/loop_simulation.py): 128 samples a round, alpha 0.05, threshold 0.3.
-docs/STREAMS.md quotes these numbers beside the rules."""
+"""The closed loop's error rates, measured by a seeded simulation through the worker's real
+code (tests/loop_simulation.py): 6,000 runs for the cuts and plateaus, 2,000 for the rollback's
+choice of weights; 128 samples a round, alpha 0.05, threshold 0.3. docs/STREAMS.md quotes these
+numbers beside the rules."""
 
 from __future__ import annotations
 
@@ -29,3 +30,18 @@ def test_the_simulation_can_fail_a_rule_that_acts_on_the_point_estimate() -> Non
     rng = np.random.default_rng(1)
     logs = [sim.run_once(sim.CONSTANT, rng, loose) for _ in range(200)]
     assert sim.share(logs, lambda log: bool(log.threshold_cuts)) > 0.05
+
+
+def test_the_rollback_restores_good_rounds_and_not_bad_ones() -> None:
+    rates = sim.rollback_rates(runs=1000, seed=40)
+    # 0.5 -> 0.1: a cut (95 % of runs, above) names a round of the good stretch ...
+    assert rates["collapse_restores_good"] >= 0.90 and rates["collapse_restores_bad"] == 0.0
+    # ... and a slide through 0.25 (under the threshold 0.3, but close) hardly ever names that round
+    assert rates["slide_restores_good"] >= 0.90 and rates["slide_restores_bad"] <= 0.05
+
+
+def test_the_simulation_can_fail_a_rollback_that_trusts_the_point_estimate(monkeypatch) -> None:
+    from areal_metrics.streams.core import eval_loop
+
+    monkeypatch.setattr(eval_loop, "shown_good", lambda c, threshold: c.accuracy >= threshold)
+    assert sim.rollback_rates(runs=300, seed=41)["slide_restores_bad"] > 0.05

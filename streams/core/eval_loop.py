@@ -32,10 +32,11 @@ its k-th test at level look_alpha(alpha / 2, k) = alpha/2 * 6 / (pi^2 k^2)
   `{"factor": f, "from_step": s}`: s = the round's step + `lr_apply_delay_steps`. Every
   reason names the evaluation and cites its interval or its test.
 - Rollback (`lr_rollback`, off by default): a threshold drop's command also carries
-  `restore_step`, the round before it when that round's accuracy was at or above the
-  threshold; the trainer restores the weights it had then before the lower lr applies (a lower
-  lr alone does not bring back a policy that collapsed: docs/WORKLOAD.md). The decision is the
-  threshold rule's, with its error rates.
+  `restore_step`, the latest round of the same attempt whose 95 % interval lay at or above the
+  threshold (the round before, or two back when the drop was found on the two pooled); the
+  trainer restores the weights it had then before the lower lr applies (a lower lr alone does not bring back a policy that collapsed:
+  docs/WORKLOAD.md). The drop is the threshold rule's, with its error rates; the choice of
+  round has its own (tests/loop_simulation.py, docs/STREAMS.md).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class EvalLoopState(Stored):
     # (accuracy, variance) of the rounds since the last improvement decision, newest last
     recent: tuple[tuple[float, float], ...] = ()
     since_test: int = 0  # rounds since the last improvement test
+    # (attempt, step) of the latest round whose 95 % interval lay at or above the threshold (rollback)
+    good_round: tuple[int, int] | None = None
 
 
 def loop_on(cfg: RunConfig) -> bool:
@@ -94,13 +97,12 @@ def _alert(kind: str, c: Consensus, what: str, value: float, threshold: float | 
 
 
 def _command(c: Consensus, factor: float, cumulative: float, why: str, cfg: RunConfig,
-             restore_step: int | None = None) -> CommandDecision:
+             rollback: tuple[int, str] | None = None) -> CommandDecision:
     start = c.step + cfg.lr_apply_delay_steps
     args: dict[str, int | float] = {"factor": factor, "from_step": start}
     restore = ""
-    if restore_step is not None:
-        args["restore_step"] = restore_step
-        restore = f"; weights of step {restore_step} restored first"
+    if rollback is not None:
+        args["restore_step"], restore = rollback[0], f"; {rollback[1]}"
     return CommandDecision(
         "scale_lr",
         args,
@@ -112,20 +114,26 @@ def _command(c: Consensus, factor: float, cumulative: float, why: str, cfg: RunC
 
 
 def _drop(state: EvalLoopState, c: Consensus, why: str, cfg: RunConfig,
-          restore_step: int | None = None) -> tuple[EvalLoopState, CommandDecision | None]:
+          rollback: tuple[int, str] | None = None) -> tuple[EvalLoopState, CommandDecision | None]:
     lowered = state.factor * cfg.lr_factor
     if lowered < cfg.lr_min_factor - _EPS:
         return state, None
-    return replace(state, factor=lowered), _command(c, cfg.lr_factor, lowered, why, cfg, restore_step)
+    return replace(state, factor=lowered), _command(c, cfg.lr_factor, lowered, why, cfg, rollback)
 
 
-def rollback_step(last: tuple[int, int] | None, previous: tuple[float, float] | None, c: Consensus,
-                  threshold: float) -> int | None:
-    """The step whose weights a drop's `scale_lr` restores: the round before this one, of the same attempt,
-    when its accuracy was at or above the threshold (None: no such round, nothing to restore)."""
-    if last is None or previous is None or last[0] != c.key.attempt or last[1] >= c.step:
+def shown_good(c: Consensus, threshold: float) -> bool:
+    """The round's 95 % interval lies at or above the threshold: weights a rollback may restore."""
+    return c.ci_low >= threshold
+
+
+def rollback_step(good_round: tuple[int, int] | None, c: Consensus, threshold: float) -> tuple[int, str] | None:
+    """The step whose weights a drop's `scale_lr` restores, and why: the latest round of this
+    attempt whose 95 % interval lay at or above the threshold (None: no such round, nothing to
+    restore). A drop found one round late (pooled with the round before) still finds it."""
+    if good_round is None or good_round[0] != c.key.attempt or good_round[1] >= c.step:
         return None
-    return last[1] if previous[0] >= threshold else None
+    step = good_round[1]
+    return step, f"weights of step {step} restored first (the latest round whose 95% CI lay at or above {threshold:g})"
 
 
 def below_threshold(c: Consensus, threshold: float, alpha: float, look: int,
@@ -152,7 +160,7 @@ def below_threshold(c: Consensus, threshold: float, alpha: float, look: int,
 
 
 def _threshold_rule(
-    state: EvalLoopState, c: Consensus, cfg: RunConfig, last_round: tuple[int, int] | None = None
+    state: EvalLoopState, c: Consensus, cfg: RunConfig
 ) -> tuple[EvalLoopState, list[AlertDecision], list[CommandDecision]]:
     threshold = cfg.lr_eval_threshold
     if threshold is None or not cfg.eval_loop_enabled:
@@ -160,7 +168,7 @@ def _threshold_rule(
     if state.in_breach:
         if c.ci_low < threshold + cfg.lr_restore_margin:
             return state, [], []
-        state = replace(state, in_breach=False, previous=None)
+        state = replace(state, in_breach=False, previous=None, good_round=(c.key.attempt, c.step))
         if state.factor >= 1.0 - _EPS:
             return state, [], []
         raised = min(1.0, state.factor * cfg.lr_restore_factor)
@@ -171,10 +179,12 @@ def _threshold_rule(
     state = replace(state, looks=state.looks + 1, previous=(c.accuracy, c.n_effective))
     below, why = below_threshold(c, threshold, cfg.lr_alpha, state.looks, previous)
     if not below:
+        if shown_good(c, threshold):
+            state = replace(state, good_round=(c.key.attempt, c.step))
         return state, [], []
     state = replace(state, in_breach=True)
-    restore = rollback_step(last_round, previous, c, threshold) if cfg.lr_rollback else None
-    state, command = _drop(state, c, why, cfg, restore)
+    rollback = rollback_step(state.good_round, c, threshold) if cfg.lr_rollback else None
+    state, command = _drop(state, c, why, cfg, rollback)
     floor = "" if command is not None else f"; lr already at its floor x{state.factor:.4g}"
     return state, [_alert("eval_below_threshold", c, why + floor, c.accuracy, threshold)], (
         [command] if command is not None else [])
@@ -226,8 +236,7 @@ def on_consensus(
 ) -> tuple[EvalLoopState, list[AlertDecision], list[CommandDecision]]:
     if not _counts(state, c, cfg):
         return state, [], []
-    last_round = state.last
     state = replace(state, dataset=c.key.dataset, last=(c.key.attempt, c.step))
-    state, alerts, commands = _threshold_rule(state, c, cfg, last_round)
+    state, alerts, commands = _threshold_rule(state, c, cfg)
     state, more_alerts, more_commands = _improvement_rule(state, c, cfg, commanded=bool(commands))
     return state, [*alerts, *more_alerts], [*commands, *more_commands]
