@@ -1,5 +1,5 @@
 """The closed loop's error rates, measured by a seeded simulation through the worker's real
-code (tests/loop_simulation.py): 6,000 runs for the cuts and plateaus, 2,000 for the rollback's
+code (tests/loop_simulation.py): 6,000 runs for the cuts and plateaus, 1,000 for the rollback's
 choice of weights; 128 samples a round, alpha 0.05, threshold 0.3. docs/STREAMS.md quotes these
 numbers beside the rules."""
 
