@@ -6,6 +6,10 @@
 - run-t: two replicas that disagree on 3 samples: those are undecided, nobody is named.
 - run-0: a 2-rank run where only rank 0 registered and logs (rank-0-only logging): its round
   gets a consensus of its one node, and no `eval_failed` for the rank that never registered.
+
+And the closed loop's rollback end to end: rounds logged through the public client, the
+worker's `scale_lr` with `restore_step` read back by the same client, as the reference
+trainer reads it.
 """
 
 from __future__ import annotations
@@ -136,6 +140,56 @@ def test_a_two_rank_run_that_logs_from_rank_zero_only_gets_its_consensus(
         kinds = [json.loads(r.value)["kind"] for r in read_to_end(kafka_bootstrap, topics.alerts)
                  if r.key == b"rank-zero-only"]
         assert "eval_failed" not in kinds, kinds
+        assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+    finally:
+        stop_process(worker)
+
+
+ROLLBACK_SCRIPT = """
+    import json, sys, time
+    import areal_metrics as am
+    from areal_metrics.areal_train.control import apply_commands
+
+    run = am.init(run_id="rollback")
+    run.log({"reward": 0.8}, step=0)
+    run.log_eval("math500", 0, verdicts=[1] * 100 + [0] * 28)  # 0.78 of 128: its interval lies above 0.5
+    run.log({"reward": 0.1}, step=10)
+    run.log_eval("math500", 10, verdicts=[1] * 10 + [0] * 118)  # 0.08 of 128: below 0.5
+    commands, deadline = [], time.monotonic() + 90
+    while not commands and time.monotonic() < deadline:
+        commands = [c for c in run.commands() if c.command == "scale_lr"]
+        time.sleep(0.2)
+    applied = apply_commands(commands, scheduler=None)
+    print(json.dumps({"args": [c.args for c in commands], "reasons": [c.reason for c in commands],
+                      "lr_factor": applied.lr_factor, "restore_step": applied.restore_step}))
+    run.finish()
+"""
+
+
+def test_a_drop_below_the_threshold_sends_the_trainer_the_weights_of_the_last_good_round(
+    kafka_bootstrap: str, topics: Topics, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    from tests.kafka_reading import read_to_end
+    from tests.support import child_env, start_service, stop_process
+    from tests.test_client_broker import start
+
+    cfg = tmp_path / "streams.json"
+    loop = {"lr_eval_threshold": 0.5, "lr_rollback": True, "lr_factor": 0.1, "lr_min_factor": 0.01}
+    cfg.write_text(json.dumps({"defaults": {**loop, "stall_seconds": 0}}))  # the worker's: no wait for the run's config
+    env = {**stack_env, "AREAL_STREAMS_CONFIG": str(cfg)}
+    worker = start_service("areal_metrics.streams", env, tmp_path / "worker.log")
+    try:
+        trainer = start(ROLLBACK_SCRIPT, child_env(stack_env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"),
+                        tmp_path / "trainer.log")
+        out, _ = trainer.communicate(timeout=150)
+        assert trainer.returncode == 0, (tmp_path / "trainer.log").read_text()
+        got = json.loads(out.strip().splitlines()[-1])
+        seen = [(e["type"], e.get("step"), e.get("accuracy"), e.get("kind"), e.get("message") or e.get("reason"))
+                for t in (topics.consensus, topics.alerts, topics.control, topics.deadletter)
+                for e in map(json.loads, (r.value for r in read_to_end(kafka_bootstrap, t)))]
+        assert got["args"] == [{"factor": 0.1, "from_step": 15, "restore_step": 0}], seen
+        assert "weights of step 0 restored first" in got["reasons"][0]
+        assert (got["lr_factor"], got["restore_step"]) == (0.1, 0)
         assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
     finally:
         stop_process(worker)

@@ -32,8 +32,8 @@ A run's `run.config.eval_loop` overrides these for that run (EVAL_LOOP_KEYS: the
   lr_alpha = 0.05              the false-alarm rate the run's decisions keep over all its rounds
   lr_factor = 0.5              the `factor` of a lowering `scale_lr`, in (0, 1)
   lr_min_factor = 0.125        floor of the cumulative factor
-  lr_rollback = False          a threshold drop's `scale_lr` also names `restore_step`: the round before,
-                               when its 95 % interval lies at or above the threshold (the trainer
+  lr_rollback = False          a threshold drop's `scale_lr` also names `restore_step`: the latest round
+                               whose 95 % interval lay at or above the threshold (the trainer
                                restores the weights it had then)
   lr_restore_margin = 0.0      a breach ends when the 95 % interval's low end is >= threshold + margin ...
   lr_restore_factor = 2.0      ... and scales lr back up by this (cumulative capped at 1.0)
