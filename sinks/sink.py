@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import uuid
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -233,12 +234,13 @@ class Sink:
         for c, d in decoded:
             token = dedup_token(c.topic, c.partition, c.first, c.last)
             stored, failed = isolate(d.rows, token, lambda rows, t, c=c: self._insert(c, rows, t))
-            if (c.topic, c.partition) in redone:
+            retried = (c.topic, c.partition) in redone
+            if retried:
                 self._restore_missing(c, d.rows, failed, token)
             self.stats["rows"] += stored
             self.stats["chunks"] += 1
             if failed:
-                d.dead_letters.extend(self._unstored(c, failed, token))
+                d.dead_letters.extend(self._unstored(c, failed, token, retried))
         dead = [ev for _, d in decoded for ev in d.dead_letters]
         if dead:
             self._retry("publishing dead letters", lambda: self._publish(dead))
@@ -254,14 +256,21 @@ class Sink:
         """A retried chunk's token may be known to the store without its rows (see insert_missing)."""
         unstorable = {loc.offset for loc, _ in failed}
         kept = [r for r in rows if r.offset not in unstorable]
-        n = self._retry(f"checking the retried batch {c.topic}[{c.partition}]",
-                        lambda: insert_missing(self.client, self.schema.database, kept, token))
+        again = f"{token}:restored:{uuid.uuid4().hex}"  # one per restore: its own retries deduplicate
+        try:
+            n = self._retry(f"checking the retried batch {c.topic}[{c.partition}]",
+                            lambda: insert_missing(self.client, self.schema.database, kept, again), data_errors=True)
+        except DataError as exc:  # these rows were stored once: not expected; said, and passed over
+            log.error("%s[%d]@%d-%d: restoring rows of a retried batch failed: %s", c.topic, c.partition, c.first,
+                      c.last, exc)
+            return
         if n:
             log.warning("%s[%d]@%d-%d: %d events of a batch the store had recorded as inserted were not stored "
                         "(a crash between the two); inserted them again", c.topic, c.partition, c.first, c.last, n)
             self.stats["restored"] += n
 
-    def _unstored(self, c: Chunk[Any], failed: list[tuple[Located, DataError]], token: str) -> list[Any]:
+    def _unstored(self, c: Chunk[Any], failed: list[tuple[Located, DataError]], token: str,
+                  retried: bool = False) -> list[Any]:
         """Dead letters for the rows no insert could store. A row read from the dead-letter
         topic is not published again (that would loop): its own dead letter is stored instead,
         and when even that fails, it is logged and passed over."""
@@ -276,6 +285,8 @@ class Sink:
             return letters
         rows = [Located(e, c.topic, c.partition, loc.offset) for e, (loc, _) in zip(letters, failed)]
         _, lost = isolate(rows, f"{token}:letters", lambda part, t: self._insert(c, part, t))
+        if retried:
+            self._restore_missing(c, rows, lost, f"{token}:letters")
         for loc, exc in lost:
             log.error("%s[%d]@%d cannot be stored even as a dead letter (%s); passed over",
                       c.topic, c.partition, loc.offset, exc)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from areal_metrics.sinks.batching import Plan, TopicPartition
 from areal_metrics.sinks.rows import Located, build_columns, projections_for, table_for
-from areal_metrics.sinks.schema import BATCH_PLANS
+from areal_metrics.sinks.schema import BATCH_PLANS, Table
 
 # Set explicitly: ClickHouse changed the defaults of async inserts and of
 # insert deduplication across versions (and Cloud turns async_insert on).
@@ -53,47 +52,64 @@ def insert_rows(client: Any, database: str, rows: Sequence[Located], token: str)
 
 
 def insert_missing(client: Any, database: str, rows: Sequence[Located], token: str) -> int:
-    """Store the rows of a retried chunk that its tables do not hold; returns how many events
-    had rows to restore.
+    """Store the rows of a retried chunk that its tables do not hold, as one block per table with
+    `token`; returns how many events had rows to restore.
 
     A chunk retried after a crash is inserted with its token first (`insert_rows`),
     which drops what was stored. But ClickHouse records a block's token before
     it makes the block's part visible, so a process killed between the two
     leaves the token without the rows, and every retry with that token is
-    dropped too. This reads which log positions each table holds and inserts
-    the rest under a token of their own (fresh per call, the same across this
-    call's retries): checked first, so they are inserted once.
-
-    A row a merge replaced by a later copy of its event (a re-sent event) is
-    held. Any other row a later version replaced would be inserted again, which
-    changes nothing `FINAL` reads: the later version still wins.
+    dropped too. A row counts as held when its table has a row of the same
+    sorting key at the same or a later version: itself, or the later version a
+    merge kept in its place (a re-sent event, a step logged again, a resumed
+    attempt's row). The caller gives a token of its own, the same across its
+    retries, so a retried restore deduplicates too.
     """
     if not rows:
         return 0
-    first, last = min(r.offset for r in rows), max(r.offset for r in rows)
-    ids = sorted({r.event.event_id for r in rows})
-    topic, partition = rows[0].topic, rows[0].partition
     table = table_for(rows[0].event)
+    runs = sorted({r.event.run_id for r in rows})
     restored: set[int] = set()
-    again = f"{token}:restored:{uuid.uuid4().hex}"
     for target in (table, *projections_for(table)):
-        held: set[int] = set()
-        last_copy: dict[str, int] = {}
-        for offset, event_id in client.query(
-                f"SELECT DISTINCT _offset, event_id FROM {database}.{target.name} "
-                "WHERE _topic = {t:String} AND _partition = {p:UInt32} AND _offset >= {a:UInt64} "
-                "AND (_offset <= {b:UInt64} OR event_id IN {ids:Array(String)})",
-                parameters={"t": topic, "p": partition, "a": first, "b": last, "ids": ids}).result_rows:
-            held.add(int(offset))
-            last_copy[event_id] = max(int(offset), last_copy.get(event_id, -1))
-        missing = [r for r in rows if r.offset not in held and last_copy.get(r.event.event_id, -1) < r.offset]
-        names, columns = build_columns(target, missing) if missing else ((), [])
+        names, columns = build_columns(target, rows)
         if not columns or not columns[0]:
-            continue  # all held, or nothing this table would take (evals without samples)
+            continue  # nothing this table takes (evals without samples)
+        held = _held_versions(client, database, target, runs, names, columns)
+        column = dict(zip(names, columns))
+        keys, versions = _keys(target, column), _versions(target, column)
+        missing_at = {offset for offset, key, version in zip(column["_offset"], keys, versions)
+                      if held.get(key, -1) < version}
+        if not missing_at:
+            continue
+        names, columns = build_columns(target, [r for r in rows if r.offset in missing_at])
         client.insert(target.name, columns, column_names=list(names), database=database,
-                      column_oriented=True, settings=insert_settings(again))
-        restored.update(columns[list(names).index("_offset")])
+                      column_oriented=True, settings=insert_settings(token))
+        restored |= missing_at
     return len(restored)
+
+
+def _keys(table: Table, column: Mapping[str, list[Any]]) -> list[tuple[str, ...]]:
+    """Each built row's sorting key, as text (every key column is a string or an integer)."""
+    return list(zip(*([str(v) for v in column[name]] for name in table.order_by)))
+
+
+def _versions(table: Table, column: Mapping[str, list[Any]]) -> list[int]:
+    """Each built row's ReplacingMergeTree version, as the table computes it (schema.VERSION)."""
+    if table.version == "_offset":
+        return list(column["_offset"])
+    return [(attempt << 43) + offset for attempt, offset in zip(column["attempt"], column["_offset"])]
+
+
+def _held_versions(client: Any, database: str, table: Table, runs: list[str], names: Sequence[str],
+                   columns: list[list[Any]]) -> dict[tuple[str, ...], int]:
+    """The newest version the table holds of each of these rows' sorting keys (absent: none)."""
+    key = ", ".join(f"toString({name})" for name in table.order_by)
+    wanted = [list(k) for k in set(_keys(table, dict(zip(names, columns))))]
+    result = client.query(
+        f"SELECT [{key}], max({table.version}) FROM {database}.{table.name} "
+        f"WHERE run_id IN {{runs:Array(String)}} AND has({{keys:Array(Array(String))}}, [{key}]) GROUP BY 1",
+        parameters={"runs": runs, "keys": wanted})
+    return {tuple(k): int(v) for k, v in result.result_rows}
 
 
 def record_plans(client: Any, database: str, group: str, plans: Mapping[TopicPartition, Plan]) -> None:

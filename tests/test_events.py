@@ -273,6 +273,8 @@ def test_build_gives_numbers_their_fields_type_and_fills_the_defaults() -> None:
     e = RewardSmoothedEvent.build(run_id="r", step=1, reward=1, window=2, sliding_avg=0, ema=0.5, slope=0)
     assert (type(e.reward), type(e.slope), e.reward) == (float, float, 1.0)
     assert e.event_id and e.ts > 0 and e.rank == 0
+    with pytest.raises(TypeError, match="Unexpected keyword argument 'slop'"):  # as the constructor
+        RewardSmoothedEvent.build(run_id="r", step=1, reward=1.0, window=2, sliding_avg=0.0, ema=0.5, slop=0.0)
     with pytest.raises(ValidationError, match=r"rewards_smoothed\.window: must be >= 1"):
         RewardSmoothedEvent.build(run_id="r", step=1, reward=1.0, window=0, sliding_avg=0.0, ema=0.5, slope=0.0)
 

@@ -99,8 +99,8 @@ def test_retried_insert_with_the_same_token_is_dropped(client) -> None:
     assert client.command("SELECT count() FROM areal.v_steps") == 50
 
 
-def evals_with_samples(n: int) -> list[EvalEvent]:
-    return [EvalEvent(run_id="r1", eval_id=f"e{i}", step=i, dataset="math500", accuracy=0.5, n_samples=2,
+def evals_with_samples(n: int, run: str = "r1") -> list[EvalEvent]:
+    return [EvalEvent(run_id=run, eval_id=f"e{i}", step=i, dataset="math500", accuracy=0.5, n_samples=2,
                       samples=[{"prompt": f"q{i}", "response": "a"}, {"prompt": f"q{i}", "response": "b"}] if i % 3 else [])
             for i in range(n)]
 
@@ -126,18 +126,37 @@ def test_a_token_the_store_kept_without_its_rows_is_healed_by_insert_missing(cli
     insert_rows(client, "areal", rows, token)  # the retry after the crash: dropped by its token
     assert len(positions(client, "evals")) == 8 and len(positions(client, "generations")) == 14
 
-    assert insert_missing(client, "areal", rows, token) == 4
+    restore = f"{token}:restored:1"  # a token of its own (the sink makes one per restore)
+    assert insert_missing(client, "areal", rows, restore) == 4
     assert {t: positions(client, t) for t in ("evals", "generations")} == want  # each row once
-    assert insert_missing(client, "areal", rows, token) == 0  # nothing missing: nothing inserted
+    assert insert_missing(client, "areal", rows, f"{token}:restored:2") == 0  # nothing missing: nothing inserted
     assert {t: positions(client, t) for t in ("evals", "generations")} == want
     # a row a merge replaced by a later copy of its event (re-sent) is held
     resent = located(events[:2], "areal.evals", 2, 200)
     insert_rows(client, "areal", resent, "areal.evals:2:200-201")
     client.command("ALTER TABLE areal.evals DELETE WHERE _offset IN (100, 101) SETTINGS mutations_sync = 2")
-    assert insert_missing(client, "areal", rows, token) == 0
-    # other partitions and offsets outside the chunk are not read as held
-    other = located(evals_with_samples(3), "areal.evals", 3, 100)
+    assert insert_missing(client, "areal", rows, f"{token}:restored:3") == 0
+    # the same rows of another run are not held (the check is by sorting key and version)
+    other = located(evals_with_samples(3, run="r2"), "areal.evals", 3, 100)
     assert insert_missing(client, "areal", other, "areal.evals:3:100-102") == 3
+
+
+def test_a_row_a_later_version_replaced_is_held_and_one_newer_than_what_is_stored_is_not(client) -> None:
+    """Steps are keyed by (run_id, step, rank), versioned by (attempt, offset): a step logged again,
+    or a resumed attempt's step, replaces the row in a merge. That row counts as held; a row newer
+    than every stored version of its key does not."""
+    first = located([StepEvent(run_id="r1", step=s, epoch=0, reward=0.1) for s in range(4)], first=10)
+    insert_rows(client, "areal", first, "areal.steps:0:10-13")
+    again = located([StepEvent(run_id="r1", step=s, epoch=0, reward=0.2) for s in (0, 1)], first=20)  # logged again
+    resumed = located([StepEvent(run_id="r1", step=2, epoch=0, reward=0.3, attempt=1)], first=5)  # attempt 1
+    insert_rows(client, "areal", again + resumed, "later")
+    client.command("ALTER TABLE areal.steps DELETE WHERE _offset IN (10, 11, 12, 13) SETTINGS mutations_sync = 2")
+    # steps 0-2 have a later version (offsets 20, 21; attempt 1 at offset 5); step 3 has none
+    assert insert_missing(client, "areal", first, "areal.steps:0:10-13:restored") == 1
+    assert client.query("SELECT step, _offset FROM areal.steps ORDER BY step, _offset").result_rows == [
+        (0, 20), (1, 21), (2, 5), (3, 13)]
+    newer = located([StepEvent(run_id="r1", step=0, epoch=0, reward=0.0)], first=30)  # after offset 20
+    assert insert_missing(client, "areal", newer, "areal.steps:0:30-30:restored") == 1
 
 
 def test_resent_event_counts_once_in_views_of_every_table(client) -> None:

@@ -118,6 +118,9 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         """The record of these fields, checked as the constructor checks them, in one conversion
         (the constructor makes the record, then converts its fields to check them). Numbers
         come out as their field's type (an int given for a float field is a float)."""
+        if not _FIELD_NAMES[cls].issuperset(fields):
+            unknown = sorted(set(fields) - _FIELD_NAMES[cls])
+            raise TypeError(f"Unexpected keyword argument {unknown[0]!r}")  # as the constructor says it
         return _convert(fields, cls)  # type: ignore[return-value]
 
     def _check_rules(self) -> None:
@@ -336,6 +339,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     )
 }
 _DECODERS = {cls: msgspec.json.Decoder(cls) for cls in EVENT_TYPES.values()}
+_FIELD_NAMES = {cls: frozenset(cls.__struct_fields__) for cls in EVENT_TYPES.values()}
 _TYPE_HEADS = {cls: b'{"type":' + msgspec.json.encode(cls.type) + b"," for cls in EVENT_TYPES.values()}
 _encode = msgspec.json.Encoder().encode
 _TEXT_FIELDS = {cls: text_fields(cls) for cls in EVENT_TYPES.values()}
