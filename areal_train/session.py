@@ -46,7 +46,9 @@ from areal_metrics.producers.contract.events import CommandEvent, event_from_dic
 log = logging.getLogger("areal_train")
 
 
-KEPT_ROUNDS = 3  # rounds whose weights a rollback may restore (the loop names the one before a drop)
+# Rounds whose weights a rollback may restore. The loop names the latest round shown good, which a
+# slide through rounds neither good nor cut puts 2-4 rounds back (tests/loop_simulation.py).
+KEPT_ROUNDS = 5
 
 
 def checkpoint_root(cfg: TrainConfig) -> Path:
@@ -147,7 +149,7 @@ class Session:
 
     def keep_weights(self, step: int) -> None:
         """Keep the weights an evaluation round measured, for a `scale_lr` that restores them (the last few).
-        They are kept in host memory: a GPU holds one policy, not four."""
+        They are kept in host memory: a GPU holds one policy, not six."""
         self.kept[step] = {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
         for old in sorted(self.kept)[:-KEPT_ROUNDS]:
             del self.kept[old]

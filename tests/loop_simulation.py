@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from areal_metrics.areal_train.session import KEPT_ROUNDS
 from areal_metrics.producers.contract.events import EvalEvent
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.processor import RunState, on_eval
@@ -32,7 +33,7 @@ CFG = RunConfig(lr_eval_threshold=THRESHOLD, lr_alpha=ALPHA, no_improvement_roun
 class RunLog:
     threshold_cuts: tuple[int, ...]  # rounds with an eval_below_threshold
     plateau: tuple[int, ...]  # rounds with a no_improvement (a plateau cut comes with one)
-    restored: tuple[int, ...] = ()  # with rollback on: the rounds whose weights a cut named (restore_step)
+    restored: tuple[tuple[int, int], ...] = ()  # with rollback on: (round of a cut, round whose weights it named)
 
 
 def run_once(accuracies: Sequence[float], rng: np.random.Generator, cfg: RunConfig = CFG) -> RunLog:
@@ -50,7 +51,7 @@ def run_once(accuracies: Sequence[float], rng: np.random.Generator, cfg: RunConf
             cuts.append(r)
         if "no_improvement" in kinds:
             plateau.append(r)
-        restored.extend(o.event.args["restore_step"] // 10 for o in out
+        restored.extend((r, o.event.args["restore_step"] // 10) for o in out
                         if o.event.type == "command" and "restore_step" in o.event.args)
     return RunLog(tuple(cuts), tuple(plateau), tuple(restored))
 
@@ -103,15 +104,22 @@ SLIDE = [0.5] * DROP_AT + [0.25] + [0.1] * 3
 
 def rollback_rates(runs: int = 2000, seed: int = 40) -> dict[str, float]:
     """How often a cut names a round whose weights were good (true accuracy at or above the
-    threshold), and how often one that was not."""
+    threshold), how often one that was not, and how often a good one the reference trainer
+    still keeps when the command comes (its last KEPT_ROUNDS rounds, the cut's included)."""
     good = {r for r, mu in enumerate(SLIDE) if mu >= THRESHOLD}
+
+    def kept(cut: int, named: int) -> bool:
+        return named in good and cut - named < KEPT_ROUNDS
+
     collapse = simulate(runs, seed, DROPPING, ROLLBACK)
     slide = simulate(runs, seed + 1, SLIDE, ROLLBACK)
     return {
-        "collapse_restores_good": share(collapse, lambda log: any(r in good for r in log.restored)),
-        "collapse_restores_bad": share(collapse, lambda log: any(r not in good for r in log.restored)),
-        "slide_restores_good": share(slide, lambda log: any(r in good for r in log.restored)),
-        "slide_restores_bad": share(slide, lambda log: any(r not in good for r in log.restored)),
+        "collapse_restores_good": share(collapse, lambda log: any(r in good for _, r in log.restored)),
+        "collapse_restores_bad": share(collapse, lambda log: any(r not in good for _, r in log.restored)),
+        "collapse_restores_kept": share(collapse, lambda log: any(kept(c, r) for c, r in log.restored)),
+        "slide_restores_good": share(slide, lambda log: any(r in good for _, r in log.restored)),
+        "slide_restores_bad": share(slide, lambda log: any(r not in good for _, r in log.restored)),
+        "slide_restores_kept": share(slide, lambda log: any(kept(c, r) for c, r in log.restored)),
     }
 
 

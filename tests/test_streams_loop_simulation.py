@@ -38,6 +38,8 @@ def test_the_rollback_restores_good_rounds_and_not_bad_ones() -> None:
     assert rates["collapse_restores_good"] >= 0.90 and rates["collapse_restores_bad"] == 0.0
     # ... and a slide through 0.25 (under the threshold 0.3, but close) hardly ever names that round
     assert rates["slide_restores_good"] >= 0.90 and rates["slide_restores_bad"] <= 0.05
+    # the good round named is one the reference trainer still keeps (the slide puts it 2-4 rounds back)
+    assert rates["slide_restores_kept"] >= 0.90 and rates["collapse_restores_kept"] >= 0.90
 
 
 def test_the_simulation_can_fail_a_rollback_that_trusts_the_point_estimate(monkeypatch) -> None:

@@ -33,7 +33,7 @@ its k-th test at level look_alpha(alpha / 2, k) = alpha/2 * 6 / (pi^2 k^2)
   reason names the evaluation and cites its interval or its test.
 - Rollback (`lr_rollback`, off by default): a threshold drop's command also carries
   `restore_step`, the latest round of the same attempt whose 95 % interval lay at or above the
-  threshold (the round before, or two back when the drop was found on the two pooled); the
+  threshold (the round before, or further back when the drop was found late); the
   trainer restores the weights it had then before the lower lr applies (a lower lr alone
   does not bring back a policy that collapsed: docs/WORKLOAD.md). The drop is the threshold
   rule's, with its error rates; the choice of round has its own (tests/loop_simulation.py,
