@@ -74,9 +74,9 @@ def insert_missing(client: Any, database: str, rows: Sequence[Located], token: s
         names, columns = build_columns(target, rows)
         if not columns or not columns[0]:
             continue  # nothing this table takes (evals without samples)
-        held = _held_versions(client, database, target, runs, names, columns)
         column = dict(zip(names, columns))
         keys, versions = _keys(target, column), _versions(target, column)
+        held = _held_versions(client, database, target, runs, set(keys))
         missing_at = {offset for offset, key, version in zip(column["_offset"], keys, versions)
                       if held.get(key, -1) < version}
         if not missing_at:
@@ -100,15 +100,14 @@ def _versions(table: Table, column: Mapping[str, list[Any]]) -> list[int]:
     return [(attempt << 43) + offset for attempt, offset in zip(column["attempt"], column["_offset"])]
 
 
-def _held_versions(client: Any, database: str, table: Table, runs: list[str], names: Sequence[str],
-                   columns: list[list[Any]]) -> dict[tuple[str, ...], int]:
-    """The newest version the table holds of each of these rows' sorting keys (absent: none)."""
+def _held_versions(client: Any, database: str, table: Table, runs: list[str],
+                   keys: set[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
+    """The newest version the table holds of each of these sorting keys (absent: none)."""
     key = ", ".join(f"toString({name})" for name in table.order_by)
-    wanted = [list(k) for k in set(_keys(table, dict(zip(names, columns))))]
     result = client.query(
         f"SELECT [{key}], max({table.version}) FROM {database}.{table.name} "
         f"WHERE run_id IN {{runs:Array(String)}} AND has({{keys:Array(Array(String))}}, [{key}]) GROUP BY 1",
-        parameters={"runs": runs, "keys": wanted})
+        parameters={"runs": runs, "keys": [list(k) for k in keys]})
     return {tuple(k): int(v) for k, v in result.result_rows}
 
 
