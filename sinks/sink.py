@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import uuid
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
