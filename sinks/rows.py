@@ -10,7 +10,6 @@ one row per sample of each eval event, `sample` being its index in `samples`.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,8 +17,6 @@ from typing import Any
 
 from areal_metrics.producers.contract.events import Event
 from areal_metrics.sinks.schema import PROJECTIONS, TABLES_BY_EVENT_TYPE, Table
-
-UTC = dt.timezone.utc
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +76,11 @@ def unstorable(event: Event) -> str | None:
     return None
 
 
-def _timestamp(seconds: float) -> dt.datetime:
-    # DateTime64(3): millisecond precision; round here so a retry cannot differ
-    return dt.datetime.fromtimestamp(round(seconds, 3), tz=UTC)
+def _ticks(seconds: float) -> int:
+    """A DateTime64(3) value as its integer milliseconds since the epoch (what the column stores, and
+    what clickhouse-connect writes as given): the value of `datetime.fromtimestamp(round(seconds, 3))`
+    without building it. Rounded here, so a retry cannot differ."""
+    return round(round(seconds, 3) * 1000)
 
 
 def _column(name: str, rows: Sequence[Located]) -> list[Any]:
@@ -94,7 +93,7 @@ def _column(name: str, rows: Sequence[Located]) -> list[Any]:
         return [loc.offset for loc in rows]
     values = [getattr(loc.event, name) for loc in rows]
     if name == "ts":
-        return [_timestamp(v) for v in values]
+        return [_ticks(v) for v in values]
     if name in ("args", "config"):  # free-form object: stored as canonical JSON text
         return [json.dumps(dict(v), sort_keys=True, separators=(",", ":"), allow_nan=False) for v in values]
     if name == "metrics":

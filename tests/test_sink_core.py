@@ -131,9 +131,22 @@ def test_rows_are_column_oriented_and_identical_when_rebuilt() -> None:
     got = dict(zip(names, (c[0] for c in cols)))
     assert got["step"] == 3 and got["reward"] == 0.25 and got["entropy"] is None
     assert got["metrics"] == {"x": 1.5}
-    assert got["ts"] == dt.datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=dt.timezone.utc)
+    assert got["ts"] == 1700000000123  # DateTime64(3): milliseconds since the epoch, rounded
     assert (got["_topic"], got["_partition"], got["_offset"]) == ("x.steps", 1, 42)
     assert "_ingested_at" not in names  # filled by the server
+
+
+@given(st.floats(min_value=0, max_value=2**32, allow_nan=False) | st.integers(0, 2**42).map(lambda ms: ms / 1000 + 0.0005))
+def test_ts_ticks_are_what_the_column_stores_for_the_rounded_time(seconds: float) -> None:
+    """The ts column is built as integer milliseconds: the same value clickhouse-connect writes
+    for the datetime of the time rounded to milliseconds (half-way cases included)."""
+    from clickhouse_connect.datatypes.registry import get_from_name
+
+    column = get_from_name("DateTime64(3, 'UTC')")
+    ev = StepEvent(run_id="r", step=0, epoch=0, ts=seconds)
+    names, cols = build_columns(TABLES_BY_NAME["steps"], [Located(ev, "t", 0, 0)])
+    ticks = dict(zip(names, (c[0] for c in cols)))["ts"]
+    assert ticks == column._datetime64_ticks(dt.datetime.fromtimestamp(round(seconds, 3), tz=dt.timezone.utc))
 
 
 def test_command_args_are_canonical_json_and_lists_never_null() -> None:
