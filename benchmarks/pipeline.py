@@ -211,9 +211,57 @@ def wait_ready(services: Services, timeout: float = 120.0) -> None:
     raise TimeoutError(f"worker and sink not ready after {timeout:.0f} s; logs in {services.home}")
 
 
+class SinkProgress:
+    """How far the sink has stored each topic: its group's committed offsets (it commits only what
+    it has inserted) against the topics' end offsets, both read from the broker. Cheap, unlike
+    counting rows: a count goes through the sink's query endpoint and runs a FINAL query in the
+    sink's own process, whose CPU and core it would take from the phase being measured."""
+
+    def __init__(self, services: Services, topics: tuple[str, ...]) -> None:
+        from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+        from areal_metrics.sinks.sink import consumer_group
+
+        self.group = consumer_group(services.settings)
+        self.admin = KafkaAdminClient(bootstrap_servers=services.bootstrap)
+        self.consumer = KafkaConsumer(bootstrap_servers=services.bootstrap, group_id=None, enable_auto_commit=False)
+        self.consumer.topics()  # the metadata: every topic's partitions
+        self.partitions = {t: [TopicPartition(t, p) for p in sorted(self.consumer.partitions_for_topic(t) or ())]
+                           for t in topics}
+
+    def ends(self) -> dict[str, int]:
+        offsets = self.consumer.end_offsets([tp for tps in self.partitions.values() for tp in tps])
+        return {t: sum(offsets[tp] for tp in tps) for t, tps in self.partitions.items()}
+
+    def stored(self) -> dict[str, int]:
+        committed = self.admin.list_group_offsets(self.group).get(self.group, {})
+        return {t: sum(max(0, committed[tp].offset) for tp in tps if tp in committed)
+                for t, tps in self.partitions.items()}
+
+    def settle(self, timeout: float = 120.0) -> dict[str, int]:
+        """Wait until the sink has stored everything in the log and the log has stopped growing
+        (the last phase's tail, the warm-up's smoothed steps); return the end offsets."""
+        deadline = time.monotonic() + timeout
+        last: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            ends, stored = self.ends(), self.stored()
+            if ends == last and all(stored[t] >= n for t, n in ends.items()):
+                return ends
+            last = ends
+            time.sleep(0.1)
+        raise TimeoutError(f"the sink did not catch up with the log within {timeout:.0f} s")
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.admin.close()
+
+
 def pipeline_rate(services: Services, ranks: int, n: int, timeout: float = 600.0) -> dict[str, float]:
     """`ranks` publishers (one per simulated rank, each in its own thread) publish n step events
-    in all; time until every step row and every smoothed row is in ClickHouse."""
+    in all; time until every step row and every smoothed row is in ClickHouse.
+
+    The end is seen from the broker (`SinkProgress`: the sink commits offsets only after their
+    rows are inserted), polled every 10 ms; the rows are then counted once to confirm it."""
     from areal_metrics.sinks.query import connect
 
     tag = f"pipe{ranks}-{uuid.uuid4().hex[:4]}"
@@ -238,6 +286,9 @@ def pipeline_rate(services: Services, ranks: int, n: int, timeout: float = 600.0
         p.publish(StepEvent(run_id=f"warm-{tag}", node=f"node{r}", step=0, epoch=0, reward=0.5))
     for p in publishers:
         p.flush(60)
+    steps_topic, smoothed_topic = services.topics.steps, services.topics.smoothed
+    progress = SinkProgress(services, (steps_topic, smoothed_topic))
+    start = progress.settle()
     threads = [threading.Thread(target=publish_all, args=(p, b)) for p, b in zip(publishers, batches)]
     cpu0 = services.cpu_seconds()
     t0 = time.perf_counter()
@@ -245,21 +296,28 @@ def pipeline_rate(services: Services, ranks: int, n: int, timeout: float = 600.0
         t.start()
     for t in threads:
         t.join()
-    steps = smoothed = 0
-    with connect(services.settings) as store:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            steps = count(store, "steps", f"{tag}-%")
-            smoothed = count(store, "rewards_smoothed", f"{tag}-%")
-            if steps >= expected_steps and smoothed >= expected_smoothed:
-                break
-            time.sleep(0.05)  # the phase's end to within ~50 ms (each count is ~15 ms more)
+    deadline = time.monotonic() + timeout
+    while True:
+        ends, stored = progress.ends(), progress.stored()
+        if (stored[steps_topic] >= start[steps_topic] + expected_steps
+                and ends[smoothed_topic] >= start[smoothed_topic] + expected_smoothed
+                and stored[smoothed_topic] >= ends[smoothed_topic]):
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{tag}: the sink stored {stored} of the log's {ends} within {timeout:.0f} s "
+                               f"(from {start}; {expected_steps} steps and {expected_smoothed} smoothed expected)")
+        time.sleep(0.01)
     elapsed = time.perf_counter() - t0
     cpu1 = services.cpu_seconds()
+    progress.close()
     for p in publishers:
         p.close(5)
+    with connect(services.settings) as store:
+        steps = count(store, "steps", f"{tag}-%")
+        smoothed = count(store, "rewards_smoothed", f"{tag}-%")
     if steps < expected_steps or smoothed < expected_smoothed:
-        raise TimeoutError(f"{tag}: {steps}/{expected_steps} step rows, {smoothed}/{expected_smoothed} smoothed")
+        raise AssertionError(f"{tag}: the sink committed the phase's offsets with {steps}/{expected_steps} step rows "
+                             f"and {smoothed}/{expected_smoothed} smoothed rows stored")
     # Share of one core each service used over the phase: the one near 1.0 is the bottleneck
     # (Python: one core per process).
     busy = {f"{name}_core_share": (cpu1[name] - cpu0[name]) / elapsed for name in cpu0}
