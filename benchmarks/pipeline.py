@@ -1,7 +1,8 @@
 """The whole pipeline, measured as a user runs it: trainers' publishers -> Kafka
 -> stream worker (`python -m areal_metrics.streams`) and sink (`python -m areal_metrics.sinks`) -> rows in
 the embedded ClickHouse, beside the raw produce-then-consume rate of the same
-client library on the same broker (the ceiling on this machine).
+client library on the same broker, best of 3 (produce first, then consume;
+the pipeline does both at once, so it can pass it).
 
 Also: latency from `publish()` to the alert on the alerts topic and to the row
 being visible to `sql`; peak RSS of the worker and the sink; the CPU time the
@@ -34,6 +35,7 @@ from areal_metrics.producers.contract.settings import Settings, read_setting
 from areal_metrics.producers.contract.topics import Topics
 
 RANKS_PER_RUN = 8
+RAW_TRIES = 3
 
 
 @dataclass
@@ -363,11 +365,14 @@ def run(bootstrap: str, n: int, samples: int, scales: tuple[int, ...]) -> dict[s
     services = Services(bootstrap, home)
     # The ceiling is the raw rate of the library the publishers deliver with; kafka-python's
     # is kept beside it (the bare install's library, and the ceiling earlier runs used).
+    # Each is the best of RAW_TRIES runs, as the pipeline's figure is its best phase: one run of
+    # either reads a third lower now and then, and a ceiling read low would flatter the ratio.
     library = publisher_library()
-    kafka_python = raw_ceiling(bootstrap, n)
-    out: dict[str, Any] = {"raw_library": library, "raw_events_per_s_kafka_python": kafka_python,
-                           "raw_events_per_s": raw_ceiling_confluent(bootstrap, n) if library == "confluent-kafka"
-                           else kafka_python}
+    kafka_python_runs = [raw_ceiling(bootstrap, n) for _ in range(RAW_TRIES)]
+    runs = ([raw_ceiling_confluent(bootstrap, n) for _ in range(RAW_TRIES)] if library == "confluent-kafka"
+            else kafka_python_runs)
+    out: dict[str, Any] = {"raw_library": library, "raw_events_per_s_kafka_python": max(kafka_python_runs),
+                           "raw_events_per_s": max(runs), "raw_events_per_s_runs": runs}
     services.start()
     try:
         wait_ready(services)
