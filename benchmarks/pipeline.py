@@ -236,7 +236,10 @@ class SinkProgress:
         return {t: sum(offsets[tp] for tp in tps) for t, tps in self.partitions.items()}
 
     def stored(self) -> dict[str, int]:
-        committed = self.admin.list_group_offsets(self.group).get(self.group, {})
+        if hasattr(self.admin, "list_group_offsets"):  # kafka-python 3
+            committed = self.admin.list_group_offsets(self.group).get(self.group, {})
+        else:  # kafka-python 2
+            committed = self.admin.list_consumer_group_offsets(self.group)
         return {t: sum(max(0, committed[tp].offset) for tp in tps if tp in committed)
                 for t, tps in self.partitions.items()}
 
