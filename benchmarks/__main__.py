@@ -108,6 +108,7 @@ def main() -> int:
         "raw_events_per_s_runs": pipe["raw_events_per_s_runs"],
         "raw_library": pipe["raw_library"],
         "raw_events_per_s_kafka_python": pipe["raw_events_per_s_kafka_python"],
+        "raw_events_per_s_kafka_python_runs": pipe["raw_events_per_s_kafka_python_runs"],
         "pipeline_to_raw": pipe["pipeline_events_per_s"] / raw,
         "worker_cpu_us_per_event": pipe["worker_cpu_us_per_event"],
         "sink_cpu_us_per_event": pipe["sink_cpu_us_per_event"],

@@ -113,7 +113,7 @@ class Services:
                 proc.kill()
 
 
-def raw_ceiling(bootstrap: str, n: int) -> float:
+def raw_rate(bootstrap: str, n: int) -> float:
     """kafka-python: produce n step events (acks=all), then consume them; events/s over both."""
     from kafka import KafkaConsumer, KafkaProducer
 
@@ -141,8 +141,8 @@ def raw_ceiling(bootstrap: str, n: int) -> float:
     return n / (produced + consumed)
 
 
-def raw_ceiling_confluent(bootstrap: str, n: int) -> float:
-    """The same as `raw_ceiling` with confluent-kafka (librdkafka), the library the Publisher
+def raw_rate_confluent(bootstrap: str, n: int) -> float:
+    """The same as `raw_rate` with confluent-kafka (librdkafka), the library the Publisher
     delivers with when the `fast` extra is installed."""
     from confluent_kafka import Consumer, Producer
 
@@ -243,14 +243,16 @@ class SinkProgress:
         return {t: sum(max(0, committed[tp].offset) for tp in tps if tp in committed)
                 for t, tps in self.partitions.items()}
 
-    def settle(self, timeout: float = 120.0) -> dict[str, int]:
-        """Wait until the sink has stored everything in the log and the log has stopped growing
-        (the last phase's tail, the warm-up's smoothed steps); return the end offsets."""
+    def settle(self, at_least: dict[str, int], timeout: float = 120.0) -> dict[str, int]:
+        """Wait until each topic's log has reached `at_least` records and stopped growing, and
+        the sink has stored all of it (the last phase's tail, the warm-up's smoothed step);
+        return the end offsets."""
         deadline = time.monotonic() + timeout
         last: dict[str, int] = {}
         while time.monotonic() < deadline:
             ends, stored = self.ends(), self.stored()
-            if ends == last and all(stored[t] >= n for t, n in ends.items()):
+            if (ends == last and all(n >= at_least.get(t, 0) for t, n in ends.items())
+                    and all(stored[t] >= n for t, n in ends.items())):
                 return ends
             last = ends
             time.sleep(0.1)
@@ -285,41 +287,45 @@ def pipeline_rate(services: Services, ranks: int, n: int, timeout: float = 600.0
         for e in events:
             publisher.publish(e)
 
-    # Connected and idempotent before the clock starts, as the raw ceiling's producer is (its
-    # warm-up message): a trainer's publisher starts once, not once per burst of steps.
-    for r, p in enumerate(publishers):
-        p.publish(StepEvent(run_id=f"warm-{tag}", node=f"node{r}", step=0, epoch=0, reward=0.5))
-    for p in publishers:
-        p.flush(60)
     steps_topic, smoothed_topic = services.topics.steps, services.topics.smoothed
     progress = SinkProgress(services, (steps_topic, smoothed_topic))
-    start = progress.settle()
-    threads = [threading.Thread(target=publish_all, args=(p, b)) for p, b in zip(publishers, batches)]
-    cpu0 = services.cpu_seconds()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    deadline = time.monotonic() + timeout
-    while True:
-        ends, stored = progress.ends(), progress.stored()
-        if (stored[steps_topic] >= start[steps_topic] + expected_steps
-                and ends[smoothed_topic] >= start[smoothed_topic] + expected_smoothed
-                and stored[smoothed_topic] >= ends[smoothed_topic]):
-            break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{tag}: the sink stored {stored} of the log's {ends} within {timeout:.0f} s "
-                               f"(from {start}; {expected_steps} steps and {expected_smoothed} smoothed expected)")
-        time.sleep(0.01)
-    elapsed = time.perf_counter() - t0
-    cpu1 = services.cpu_seconds()
-    progress.close()
-    for p in publishers:
-        p.close(5)
-    with connect(services.settings) as store:
-        steps = count(store, "steps", f"{tag}-%")
-        smoothed = count(store, "rewards_smoothed", f"{tag}-%")
+    try:
+        # Connected and idempotent before the clock starts, as the raw baseline's producer is (its
+        # warm-up message): a trainer's publisher starts once, not once per burst of steps. The
+        # warm-up run's one smoothed step is in the log and stored before the clock starts.
+        before = progress.ends()
+        for r, p in enumerate(publishers):
+            p.publish(StepEvent(run_id=f"warm-{tag}", node=f"node{r}", step=0, epoch=0, reward=0.5))
+        for p in publishers:
+            p.flush(60)
+        start = progress.settle({steps_topic: before[steps_topic] + ranks, smoothed_topic: before[smoothed_topic] + 1})
+        threads = [threading.Thread(target=publish_all, args=(p, b)) for p, b in zip(publishers, batches)]
+        cpu0 = services.cpu_seconds()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        deadline = time.monotonic() + timeout
+        while True:
+            ends, stored = progress.ends(), progress.stored()
+            if (ends[steps_topic] >= start[steps_topic] + expected_steps
+                    and ends[smoothed_topic] >= start[smoothed_topic] + expected_smoothed
+                    and all(stored[t] >= n for t, n in ends.items())):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{tag}: the sink stored {stored} of the log's {ends} within {timeout:.0f} s "
+                                   f"(from {start}; {expected_steps} steps and {expected_smoothed} smoothed expected)")
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - t0
+        cpu1 = services.cpu_seconds()
+        with connect(services.settings) as store:  # at once: what the offsets said is stored, is
+            steps = count(store, "steps", f"{tag}-%")
+            smoothed = count(store, "rewards_smoothed", f"{tag}-%")
+    finally:
+        progress.close()
+        for p in publishers:
+            p.close(5)
     if steps < expected_steps or smoothed < expected_smoothed:
         raise AssertionError(f"{tag}: the sink committed the phase's offsets with {steps}/{expected_steps} step rows "
                              f"and {smoothed}/{expected_smoothed} smoothed rows stored")
@@ -366,16 +372,17 @@ def alert_latency(services: Services, samples: int, timeout: float = 60.0) -> li
 def run(bootstrap: str, n: int, samples: int, scales: tuple[int, ...]) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix="areal-bench-pipeline-"))
     services = Services(bootstrap, home)
-    # The ceiling is the raw rate of the library the publishers deliver with; kafka-python's
-    # is kept beside it (the bare install's library, and the ceiling earlier runs used).
+    # The baseline is the raw rate of the library the publishers deliver with; kafka-python's
+    # is kept beside it (the bare install's library, and the baseline earlier runs used).
     # Each is the best of RAW_TRIES runs, as the pipeline's figure is its best phase: one run of
-    # either reads a third lower now and then, and a ceiling read low would flatter the ratio.
+    # either reads a third lower now and then, and a baseline read low would flatter the ratio.
     library = publisher_library()
-    kafka_python_runs = [raw_ceiling(bootstrap, n) for _ in range(RAW_TRIES)]
-    runs = ([raw_ceiling_confluent(bootstrap, n) for _ in range(RAW_TRIES)] if library == "confluent-kafka"
+    kafka_python_runs = [raw_rate(bootstrap, n) for _ in range(RAW_TRIES)]
+    runs = ([raw_rate_confluent(bootstrap, n) for _ in range(RAW_TRIES)] if library == "confluent-kafka"
             else kafka_python_runs)
-    out: dict[str, Any] = {"raw_library": library, "raw_events_per_s_kafka_python": max(kafka_python_runs),
-                           "raw_events_per_s": max(runs), "raw_events_per_s_runs": runs}
+    out: dict[str, Any] = {"raw_library": library, "raw_events_per_s": max(runs), "raw_events_per_s_runs": runs,
+                           "raw_events_per_s_kafka_python": max(kafka_python_runs),
+                           "raw_events_per_s_kafka_python_runs": kafka_python_runs}
     services.start()
     try:
         wait_ready(services)
