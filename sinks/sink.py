@@ -82,6 +82,7 @@ class Sink:
         self.stop_event = threading.Event()
         self.batcher: Batcher[Any] = Batcher(policy)
         self.revoked: set[TopicPartition] = set()  # by a rebalance under way: dropped unless assigned again
+        self.uncommitted: dict[Any, Any] = {}  # stored offsets a rebalance kept us from committing yet
         self.plans: dict[TopicPartition, Plan] = {}
         self.stats = {"rows": 0, "chunks": 0, "dead_letters": 0, "retries": 0, "commits": 0, "replanned": 0,
                       "unstorable": 0, "restored": 0}
@@ -149,8 +150,11 @@ class Sink:
                 sink.revoked |= {(tp.topic, tp.partition) for tp in revoked}
 
             def on_partitions_assigned(self, assigned: Any) -> None:
-                sink.batcher.drop(sink.revoked - {(tp.topic, tp.partition) for tp in assigned})
+                kept = set(assigned)
+                sink.batcher.drop(sink.revoked - {(tp.topic, tp.partition) for tp in kept})
                 sink.revoked = set()
+                # what went elsewhere is its new owner's to commit (it re-reads from our last commit)
+                sink.uncommitted = {tp: o for tp, o in sink.uncommitted.items() if tp in kept}
                 try:
                     sink.plans = load_plans(sink.client, sink.schema.database, sink.group)
                 except Exception as exc:  # noqa: BLE001 - keep the plans we have
@@ -199,6 +203,8 @@ class Sink:
                 for tp, messages in polled.items():
                     for m in messages:
                         self.batcher.add((tp.topic, tp.partition), m.offset, m, now)
+                if self.uncommitted:  # a commit a rebalance put off: the poll may have joined the group again
+                    self._retry("committing offsets", self._commit_stored)
                 if self.batcher.due(now, quiet=not polled):
                     self.flush()
                 if now - last_report > 30:
@@ -299,22 +305,30 @@ class Sink:
             f.get(timeout=0)  # raises the send error, if any
 
     def _commit(self, chunks: list[Chunk[Any]]) -> None:
-        from kafka.errors import CommitFailedError, IllegalStateError
         from kafka.structs import OffsetAndMetadata, TopicPartition
 
-        offsets = {TopicPartition(c.topic, c.partition): OffsetAndMetadata(c.next_offset, "", -1) for c in chunks}
-
-        def commit() -> None:
-            try:
-                self.consumer.commit(offsets)
-            except (CommitFailedError, IllegalStateError) as exc:
-                # the group moved on: the new owner re-reads from the last commit and
-                # our plans make its batches identical, so the inserts deduplicate. The
-                # buffers stay: the rebalance drops those of partitions that went elsewhere.
-                log.warning("offset commit refused (%s); partitions will be re-read", exc)
-
-        self._retry("committing offsets", commit)
+        self.uncommitted.update({TopicPartition(c.topic, c.partition): OffsetAndMetadata(c.next_offset, "", -1)
+                                 for c in chunks})
+        self._retry("committing offsets", self._commit_stored)
         self.stats["commits"] += 1
+
+    def _commit_stored(self) -> None:
+        """Commit the offsets of what is stored and not yet committed (`uncommitted`)."""
+        from kafka.errors import CommitFailedError, IllegalStateError, RebalanceInProgressError
+
+        try:
+            self.consumer.commit(dict(self.uncommitted))
+        except RebalanceInProgressError:
+            # Only a poll joins the group again: retrying here would wait forever. The
+            # offsets stay in `uncommitted`, committed after the next poll.
+            log.info("offset commit put off until the group's rebalance is done")
+            return
+        except (CommitFailedError, IllegalStateError) as exc:
+            # the group moved on: the new owner re-reads from the last commit and
+            # our plans make its batches identical, so the inserts deduplicate. The
+            # buffers stay: the rebalance drops those of partitions that went elsewhere.
+            log.warning("offset commit refused (%s); partitions will be re-read", exc)
+        self.uncommitted = {}
 
     def _close(self) -> None:
         if self.consumer is not None and self.client is not None and self.batcher.total:

@@ -354,6 +354,46 @@ def test_a_rebalance_while_rows_are_buffered_loses_none(settings: Settings, kafk
         no_duplicate_positions(sink.client)
 
 
+def test_a_commit_refused_by_a_rebalance_under_way_is_made_after_the_next_poll(settings: Settings,
+                                                                               kafka_bootstrap: str,
+                                                                               topics: Topics) -> None:
+    """The broker refuses an offset commit (REBALANCE_IN_PROGRESS) while the group waits for a
+    member's SyncGroup, and the sink sends that only from its poll: a sink that retried the
+    commit without polling waited forever (a fault soak saw it once in 20 runs, the sink being
+    the group's only member and so its leader). That state cannot be reached on purpose from
+    outside the client, so the test gives the broker's answer to every commit from the first
+    one until the sink polls again, as the broker would; everything else is the real broker.
+    The sink must commit after its next poll, with every row stored once."""
+    from kafka.errors import RebalanceInProgressError
+
+    with sink_in_a_thread(settings, BatchPolicy(max_rows=5_000, max_wait_s=0.5)) as sink:
+        wait_for(lambda: len(sink.consumer.assignment()) == 3 * len(topics.all()), 60, "the sink's partitions")
+        real_commit, real_poll = sink.consumer.commit, sink.consumer.poll
+        state = {"refused": 0, "waiting_for_poll": False, "done": False}
+
+        def commit(offsets: Any) -> Any:
+            if not state["done"]:
+                state["waiting_for_poll"] = True
+                state["refused"] += 1
+                raise RebalanceInProgressError("the group is rebalancing (the test's answer for the broker)")
+            return real_commit(offsets)
+
+        def poll(*args: Any, **kwargs: Any) -> Any:
+            if state["waiting_for_poll"]:
+                state["done"] = True  # the poll would send the SyncGroup: the rebalance is over
+            return real_poll(*args, **kwargs)
+
+        sink.consumer.commit, sink.consumer.poll = commit, poll
+        producer = Producer(kafka_bootstrap, topics)
+        for i in range(50):
+            producer.send(StepEvent(run_id="refused", step=i, epoch=0, reward=0.5))
+        producer.close()
+        wait_for(lambda: lag(kafka_bootstrap, topics, sink.group) == 0, 60, "the sink to commit everything")
+        assert state["refused"] == 1  # put off once, not retried against the rebalance
+        assert counts(sink.client)["steps"] == 50
+        no_duplicate_positions(sink.client)
+
+
 def test_the_sink_joins_its_group_only_once_its_metadata_has_every_topic(settings: Settings, topics: Topics,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A group leader that assigns from empty metadata gives itself nothing: a CI run's sink once
