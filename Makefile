@@ -23,6 +23,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e '.[stack,train,test,bench,fast,integrations]'
 	$(PY) -m pip install --quiet --no-deps $(NO_DEPS)
 	$(PY) -c 'from areal_metrics.stack.kafka_broker import ensure_jars; print("kafka jars:", ensure_jars())'
+	$(PY) tools/rooms_tree.py >/dev/null  # the rooms as links, for pyright and editors (docs/ARCHITECTURE.md)
+	$(VENV)/bin/pyright --version  # fetches pyright's own package once, at install rather than in a test
 	touch $(STAMP)
 
 install: $(STAMP)
