@@ -1,7 +1,7 @@
 """The event contract: immutable typed records, one class per event type.
 
 Each record is a frozen msgspec Struct whose field types carry their rules (types, ranges,
-lengths, choices), so the contract in ../shared/CONTRACT.md reads straight off this file.
+lengths, choices), so the contract in docs/CONTRACT.md reads straight off this file.
 msgspec checks them in C when a reader decodes bytes (`parse_event`) and when code builds a
 record, so an invalid event cannot exist in memory. The error names the field and the rule,
 e.g. ``steps.reward: not finite``.
