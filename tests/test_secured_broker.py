@@ -203,29 +203,32 @@ def test_pipeline_runs_with_one_principal_per_component(secured: Secured, tmp_pa
     _no_secret(secured.broker.log_file.read_text(), "the broker's log")
 
 
-def _refused(config: dict[str, object]) -> str:
-    """What kafka-python raises when it tries to reach the broker with `config`."""
-    with pytest.raises(KafkaError) as caught:
-        admin = KafkaAdminClient(**config, request_timeout_ms=5000, bootstrap_timeout_ms=5000)
-        admin.close()
-    return repr(caught.value)
+def _refused(secured: Secured, config: dict[str, object], reason: str) -> None:
+    """kafka-python cannot reach the broker with `config`, and the broker's log says it refused it for `reason`."""
+    seen = secured.broker.log_file.stat().st_size
+    with pytest.raises(KafkaError):
+        KafkaAdminClient(**config, request_timeout_ms=3000, bootstrap_timeout_ms=3000).close()
+    wait_for(lambda: reason in secured.broker.log_file.read_bytes()[seen:].decode("utf-8", "replace"), 10,
+             f"the broker to log {reason!r}")
 
 
 def test_a_client_without_credentials_or_with_a_wrong_password_is_refused(secured: Secured, tmp_path: Path) -> None:
-    _refused({"bootstrap_servers": secured.broker.bootstrap})  # no SASL at all
-    wrong = _refused(secured.config("trainer", "not-the-password"))
-    assert "not-the-password" not in wrong
-    _refused({**secured.config("trainer"), "sasl_plain_username": "nobody"})  # no such user
+    KafkaAdminClient(**secured.config("trainer"), request_timeout_ms=3000, bootstrap_timeout_ms=3000).close()  # the right one
+    _refused(secured, {"bootstrap_servers": secured.broker.bootstrap}, "during SASL handshake")  # no SASL at all
+    invalid = "due to invalid credentials with SASL mechanism SCRAM-SHA-256"
+    _refused(secured, secured.config("trainer", "not-the-password"), invalid)
+    _refused(secured, {**secured.config("trainer"), "sasl_plain_username": "nobody"}, invalid)  # no such user
 
     # the CLI says so in one line and exits 1; the event stays in the journal, the password out of the output
     home = tmp_path / "areal"
     command = json.dumps(CommandEvent(run_id="r1", command="stop").to_dict()) + "\n"
     env = {**secured.env("publish", home), "AREAL_KAFKA_SASL_PASSWORD": "not-the-password"}
-    result = cli("publish", "-", "--timeout", "5", env=env, input=command)
+    result = cli("publish", "-", "--timeout", "3", env=env, input=command)
     assert result.returncode == 1, result.stdout + result.stderr
+    assert "journal" in result.stdout + result.stderr
     assert "not-the-password" not in result.stdout + result.stderr
     plain = {k: v for k, v in secured.env("publish", home).items() if not k.startswith("AREAL_KAFKA_S")}
-    assert cli("publish", "-", "--timeout", "5", env=plain, input=command).returncode == 1
+    assert cli("publish", "-", "--timeout", "3", env=plain, input=command).returncode == 1
 
 
 def test_the_trainer_cannot_write_commands_nor_read_alerts_unless_granted(secured: Secured, tmp_path: Path) -> None:
@@ -239,7 +242,7 @@ def test_the_trainer_cannot_write_commands_nor_read_alerts_unless_granted(secure
         producer.close(timeout=5)
     # nor through the CLI: a compromised trainer's credentials cannot stop a run
     stop = json.dumps(CommandEvent(run_id="other-run", command="stop").to_dict()) + "\n"
-    assert cli("publish", "-", "--timeout", "5", env=secured.env("trainer", tmp_path / "t"), input=stop).returncode == 1
+    assert cli("publish", "-", "--timeout", "3", env=secured.env("trainer", tmp_path / "t"), input=stop).returncode == 1
 
     # an alert, written by the worker's principal (the only writer of alerts)
     alert = AlertEvent(run_id="r1", kind="reward_collapse", severity="critical", message="secured test")
@@ -271,7 +274,7 @@ def test_the_trainer_cannot_write_commands_nor_read_alerts_unless_granted(secure
             admin.close()
 
     assert described("trainer") == TopicAuthorizationFailedError.errno
-    assert read_alerts("trainer", wait_s=5) == []  # the consumer logs the refusal and gets nothing
+    assert read_alerts("trainer", wait_s=3) == []  # the consumer logs the refusal and gets nothing
     assert described("granted") == 0
     assert [a.alert_id for a in read_alerts("granted")] == [alert.alert_id]
 
