@@ -34,13 +34,14 @@ from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.stack import access
 from areal_metrics.stack.kafka_broker import KafkaBroker, create_topics, kafka_version
 from areal_metrics.stack.services import StackInfo, write_info
-from tests.support import ROOT, cli, start_service, stop_process, wait_for
+from tests.support import CLI, ROOT, cli, start_service, stop_process, wait_for
 
 pytestmark = pytest.mark.broker
 
 # One principal per component; each password is distinct, so a leak names its component.
 USERS = {"admin": "pw-admin-5b1d", "trainer": "pw-trainer-93ce", "worker": "pw-worker-0a7f",
          "sink": "pw-sink-c44e", "alerts": "pw-alerts-71d2", "publish": "pw-publish-e80b",
+         "watch": "pw-watch-3a90", "replay": "pw-replay-d6b7",
          "granted": "pw-granted-2f69"}  # granted: the trainer's ACLs plus READ on the alerts topic
 ALERTS_GROUP = "secured-alerts"
 
@@ -85,7 +86,8 @@ def secured(request: pytest.FixtureRequest) -> Iterator[Secured]:
                                    table["trainer"].kafka + (access.KafkaGrant(access.TOPIC, topics.alerts, ("READ",)),))
         admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, **broker.admin_config())
         try:
-            users = {name: name for name in ("trainer", "worker", "sink", "alerts", "publish", "granted")}
+            users = {name: name for name in ("trainer", "worker", "sink", "alerts", "publish", "watch", "replay",
+                                             "granted")}
             assert access.apply_acls(admin, users, {**table, "granted": granted}) > 0
         finally:
             admin.close()
@@ -115,6 +117,15 @@ while not got and time.monotonic() < deadline:
 print("commands " + json.dumps(got), flush=True)
 run.finish()
 """
+
+
+def _cli_started(*args: str, env: dict[str, str], input: str) -> subprocess.Popen[str]:
+    """`areal-metrics ARGS` started now, to be collected with .communicate() (tests run such checks side by side)."""
+    with tempfile.TemporaryFile("w+") as stdin:
+        stdin.write(input)
+        stdin.seek(0)
+        return subprocess.Popen([*CLI, *args], env=env, text=True, stdin=stdin, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
 
 
 def _no_secret(text: str, where: str) -> None:
@@ -190,6 +201,15 @@ def test_pipeline_runs_with_one_principal_per_component(secured: Secured, tmp_pa
         state = json.loads(status.stdout)
         assert {n: p["alive"] for n, p in state["processes"].items()} == {"kafka": True, "worker": True, "sink": True}
         _no_secret(status.stdout + status.stderr, "`status --json`")
+
+        # people look on and rebuild: `watch` and `replay` under their own principals
+        watched = cli("watch", "--run", run_id, "--duration", "3", env=secured.env("watch", home))
+        assert watched.returncode == 0 and run_id in watched.stdout, watched.stdout[-2000:] + watched.stderr
+        replayed = cli("replay", env=secured.env("replay", home))
+        assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+        assert "steps\t12" in replayed.stdout.splitlines(), replayed.stdout
+        assert rows("SELECT step, reward FROM steps FINAL WHERE run_id = {r:String} ORDER BY step") == steps
+        _no_secret(watched.stdout + watched.stderr + replayed.stdout + replayed.stderr, "`watch`, `replay`")
         _no_secret(first + out, "the trainer's output")
         _no_secret(published.stdout + published.stderr, "`publish`")
     finally:
@@ -213,26 +233,32 @@ def _refused(secured: Secured, config: dict[str, object], reason: str) -> None:
 
 
 def test_a_client_without_credentials_or_with_a_wrong_password_is_refused(secured: Secured, tmp_path: Path) -> None:
+    # the CLI, side by side with the checks below: one line, exit 1, the event kept in the journal
+    home = tmp_path / "areal"
+    command = json.dumps(CommandEvent(run_id="r1", command="stop").to_dict()) + "\n"
+    env = {**secured.env("publish", home), "AREAL_KAFKA_SASL_PASSWORD": "not-the-password"}
+    wrong_cli = _cli_started("publish", "-", "--timeout", "3", env=env, input=command)
+    plain = {k: v for k, v in secured.env("publish", tmp_path / "plain").items() if not k.startswith("AREAL_KAFKA_S")}
+    plain_cli = _cli_started("publish", "-", "--timeout", "3", env=plain, input=command)
+
     KafkaAdminClient(**secured.config("trainer"), request_timeout_ms=3000, bootstrap_timeout_ms=3000).close()  # the right one
     _refused(secured, {"bootstrap_servers": secured.broker.bootstrap}, "during SASL handshake")  # no SASL at all
     invalid = "due to invalid credentials with SASL mechanism SCRAM-SHA-256"
     _refused(secured, secured.config("trainer", "not-the-password"), invalid)
     _refused(secured, {**secured.config("trainer"), "sasl_plain_username": "nobody"}, invalid)  # no such user
 
-    # the CLI says so in one line and exits 1; the event stays in the journal, the password out of the output
-    home = tmp_path / "areal"
-    command = json.dumps(CommandEvent(run_id="r1", command="stop").to_dict()) + "\n"
-    env = {**secured.env("publish", home), "AREAL_KAFKA_SASL_PASSWORD": "not-the-password"}
-    result = cli("publish", "-", "--timeout", "3", env=env, input=command)
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "journal" in result.stdout + result.stderr
-    assert "not-the-password" not in result.stdout + result.stderr
-    plain = {k: v for k, v in secured.env("publish", home).items() if not k.startswith("AREAL_KAFKA_S")}
-    assert cli("publish", "-", "--timeout", "3", env=plain, input=command).returncode == 1
+    for proc in (wrong_cli, plain_cli):
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 1, stdout + stderr
+        assert "journal" in stderr and len(stderr.strip().splitlines()) == 1, stderr
+        assert "not-the-password" not in stdout + stderr
 
 
 def test_the_trainer_cannot_write_commands_nor_read_alerts_unless_granted(secured: Secured, tmp_path: Path) -> None:
     t = secured.topics
+    # nor through the CLI (started now, collected below): a compromised trainer's credentials cannot stop a run
+    stop = json.dumps(CommandEvent(run_id="other-run", command="stop").to_dict()) + "\n"
+    stop_cli = _cli_started("publish", "-", "--timeout", "3", env=secured.env("trainer", tmp_path / "t"), input=stop)
     producer = KafkaProducer(**secured.config("trainer"), acks="all", retries=0, max_block_ms=10_000)
     try:
         producer.send(t.steps, key=b"r1", value=StepEvent(run_id="r1", step=0, epoch=0).to_json()).get(30)  # what it may do
@@ -240,9 +266,6 @@ def test_the_trainer_cannot_write_commands_nor_read_alerts_unless_granted(secure
             producer.send(t.control, key=b"r1", value=CommandEvent(run_id="r1", command="stop").to_json()).get(30)
     finally:
         producer.close(timeout=5)
-    # nor through the CLI: a compromised trainer's credentials cannot stop a run
-    stop = json.dumps(CommandEvent(run_id="other-run", command="stop").to_dict()) + "\n"
-    assert cli("publish", "-", "--timeout", "3", env=secured.env("trainer", tmp_path / "t"), input=stop).returncode == 1
 
     # an alert, written by the worker's principal (the only writer of alerts)
     alert = AlertEvent(run_id="r1", kind="reward_collapse", severity="critical", message="secured test")
@@ -283,6 +306,8 @@ def test_the_trainer_cannot_write_commands_nor_read_alerts_unless_granted(secure
     followed = cli("alerts", "--follow", "--group", ALERTS_GROUP, "--timeout", "8", env=env)
     assert followed.returncode == 0, followed.stdout + followed.stderr
     assert [json.loads(line)["alert_id"] for line in followed.stdout.splitlines()] == [alert.alert_id]
-    again = cli("alerts", "--group", ALERTS_GROUP, "--timeout", "5", env=env)  # the group resumes after it
+    again = cli("alerts", "--group", ALERTS_GROUP, "--timeout", "3", env=env)  # the group resumes after it
     assert again.returncode == 0 and again.stdout == "", again.stdout + again.stderr
     _no_secret(followed.stdout + followed.stderr + again.stderr, "`alerts`")
+    stdout, stderr = stop_cli.communicate(timeout=120)
+    assert stop_cli.returncode == 1, stdout + stderr

@@ -145,10 +145,10 @@ def apply_acls(admin: Any, users: Mapping[str, str], table: Mapping[str, Compone
     `KafkaAdminClient` of a super user; returns how many. RuntimeError naming the first refused ACL."""
     acls = [acl for name, user in users.items() for acl in kafka_acls(f"User:{user}", table[name].kafka)]
     result = admin.create_acls(acls)
-    failed = result.get("failed") or []
+    failed = result.get("failed") or []  # kafka-python: the error of each refused ACL
     if failed:
-        acl, error = failed[0]
-        raise RuntimeError(f"the broker refused ACL {acl}: {error}")
+        refused = [acl for acl in acls if acl not in result.get("succeeded", [])]
+        raise RuntimeError(f"the broker refused {len(failed)} ACL(s), the first {refused[:1]}: {failed[0]}")
     return len(acls)
 
 
