@@ -119,7 +119,7 @@ run.finish()
 """
 
 
-def _cli_started(*args: str, env: dict[str, str], input: str) -> subprocess.Popen[str]:
+def _cli_started(*args: str, env: dict[str, str], input: str = "") -> subprocess.Popen[str]:
     """`areal-metrics ARGS` started now, to be collected with .communicate() (tests run such checks side by side)."""
     with tempfile.TemporaryFile("w+") as stdin:
         stdin.write(input)
@@ -196,20 +196,22 @@ def test_pipeline_runs_with_one_principal_per_component(secured: Secured, tmp_pa
                              topic_prefix=secured.topics.prefix, clickhouse_url=settings.clickhouse_url,
                              home=str(home), pids={"kafka": secured.broker.process.pid, "worker": worker.pid,
                                                    "sink": sink.pid}))
-        status = cli("status", "--json", env={**secured.env("admin", home), "AREAL_KAFKA_SASL_PASSWORD": USERS["admin"]})
-        assert status.returncode == 0, status.stdout + status.stderr
-        state = json.loads(status.stdout)
+        # side by side: `status`, and people looking on (`watch`) and rebuilding (`replay`) as their own principals
+        running = {
+            "status": _cli_started("status", "--json", env={**secured.env("admin", home),
+                                                            "AREAL_KAFKA_SASL_PASSWORD": USERS["admin"]}),
+            "watch": _cli_started("watch", "--run", run_id, "--duration", "3", env=secured.env("watch", home)),
+            "replay": _cli_started("replay", env=secured.env("replay", home)),
+        }
+        done = {name: (proc.communicate(timeout=150), proc.returncode) for name, proc in running.items()}
+        for name, ((stdout, stderr), code) in done.items():
+            assert code == 0, f"{name}: {stdout[-2000:]}{stderr[-2000:]}"
+            _no_secret(stdout + stderr, f"`{name}`")
+        state = json.loads(done["status"][0][0])
         assert {n: p["alive"] for n, p in state["processes"].items()} == {"kafka": True, "worker": True, "sink": True}
-        _no_secret(status.stdout + status.stderr, "`status --json`")
-
-        # people look on and rebuild: `watch` and `replay` under their own principals
-        watched = cli("watch", "--run", run_id, "--duration", "3", env=secured.env("watch", home))
-        assert watched.returncode == 0 and run_id in watched.stdout, watched.stdout[-2000:] + watched.stderr
-        replayed = cli("replay", env=secured.env("replay", home))
-        assert replayed.returncode == 0, replayed.stdout + replayed.stderr
-        assert "steps\t12" in replayed.stdout.splitlines(), replayed.stdout
+        assert run_id in done["watch"][0][0]
+        assert "steps\t12" in done["replay"][0][0].splitlines(), done["replay"]
         assert rows("SELECT step, reward FROM steps FINAL WHERE run_id = {r:String} ORDER BY step") == steps
-        _no_secret(watched.stdout + watched.stderr + replayed.stdout + replayed.stderr, "`watch`, `replay`")
         _no_secret(first + out, "the trainer's output")
         _no_secret(published.stdout + published.stderr, "`publish`")
     finally:
@@ -272,6 +274,9 @@ def test_the_trainer_cannot_write_commands_nor_read_alerts_unless_granted(secure
     worker = KafkaProducer(**secured.config("worker"), acks="all")
     worker.send(t.alerts, key=b"r1", value=alert.to_json()).get(30)
     worker.close(timeout=5)
+    # the alerts principal follows them through the CLI, committing in its group (collected below)
+    env = secured.env("alerts", tmp_path / "a")
+    following = _cli_started("alerts", "--follow", "--group", ALERTS_GROUP, "--timeout", "8", env=env, input="")
 
     def read_alerts(user: str, wait_s: float = 30) -> list[AlertEvent]:
         consumer = KafkaConsumer(**secured.config(user), group_id=None, enable_auto_commit=False)
@@ -301,13 +306,11 @@ def test_the_trainer_cannot_write_commands_nor_read_alerts_unless_granted(secure
     assert described("granted") == 0
     assert [a.alert_id for a in read_alerts("granted")] == [alert.alert_id]
 
-    # the alerts principal follows them through the CLI, committing in its group
-    env = secured.env("alerts", tmp_path / "a")
-    followed = cli("alerts", "--follow", "--group", ALERTS_GROUP, "--timeout", "8", env=env)
-    assert followed.returncode == 0, followed.stdout + followed.stderr
-    assert [json.loads(line)["alert_id"] for line in followed.stdout.splitlines()] == [alert.alert_id]
+    out, err = following.communicate(timeout=120)
+    assert following.returncode == 0, out + err
+    assert [json.loads(line)["alert_id"] for line in out.splitlines()] == [alert.alert_id]
     again = cli("alerts", "--group", ALERTS_GROUP, "--timeout", "3", env=env)  # the group resumes after it
     assert again.returncode == 0 and again.stdout == "", again.stdout + again.stderr
-    _no_secret(followed.stdout + followed.stderr + again.stderr, "`alerts`")
+    _no_secret(out + err + again.stderr, "`alerts`")
     stdout, stderr = stop_cli.communicate(timeout=120)
     assert stop_cli.returncode == 1, stdout + stderr
