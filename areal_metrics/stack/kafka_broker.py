@@ -6,6 +6,11 @@ dependencies once into a cache folder; `KafkaBroker` formats the storage with
 `kafka.tools.StorageTool` and runs `kafka.Kafka` on loopback ports: on its own
 (one broker+controller node), or as one node of a `KafkaCluster`
 (`kafka_cluster.py`), which sets `node_id`, `voters`, `cluster_id` and `replicas`.
+
+Secured (`scram_users` and `super_user`): the only client listener is SASL_PLAINTEXT with
+SCRAM-SHA-256/512, users made when the storage is formatted (KIP-900), the standard KRaft
+authorizer with `allow.everyone.if.no.acl.found=false`, and `super_user` for the broker's own
+traffic and for admin work (topics, ACLs; `admin_config()`). docs/SECURITY.md.
 """
 
 from __future__ import annotations
@@ -103,6 +108,9 @@ class KafkaBroker:
     # Optional SASL/PLAIN listener beside the plain one (user -> password), to test secured clients.
     sasl_users: dict[str, str] = field(default_factory=dict, repr=False)
     sasl_port: int = 0
+    # Secured: SCRAM users (name -> password) and the super user among them; see the module doc.
+    scram_users: dict[str, str] = field(default_factory=dict, repr=False)
+    super_user: str = ""
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -111,6 +119,19 @@ class KafkaBroker:
         self.controller_port = self.controller_port or free_port()
         if self.sasl_users:
             self.sasl_port = self.sasl_port or free_port()
+        if self.super_user and self.super_user not in self.scram_users:
+            raise ValueError(f"super_user {self.super_user!r} is not among scram_users")
+
+    @property
+    def secured(self) -> bool:
+        return bool(self.super_user)
+
+    def admin_config(self) -> dict[str, object]:
+        """kafka-python settings of the super user (secured), or none (the plain listener)."""
+        if not self.secured:
+            return {}
+        return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-256",
+                "sasl_plain_username": self.super_user, "sasl_plain_password": self.scram_users[self.super_user]}
 
     @property
     def sasl_bootstrap(self) -> str:
@@ -159,8 +180,11 @@ class KafkaBroker:
             users = " ".join(f'user_{u}="{pw}"' for u, pw in self.sasl_users.items())
             props["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = (
                 "org.apache.kafka.common.security.plain.PlainLoginModule required " + users + ";")
+        if self.secured:
+            props.update(self._secured_props())
         config = self.data_dir / "server.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        config.chmod(0o600)  # a secured broker's file holds the super user's password
         (self.data_dir / "log4j.properties").write_text(
             "log4j.rootLogger=INFO, file\n"
             "log4j.appender.file=org.apache.log4j.FileAppender\n"
@@ -170,6 +194,32 @@ class KafkaBroker:
             "log4j.logger.kafka=INFO\nlog4j.logger.org.apache.kafka=INFO\n"
         )
         return config
+
+    def _secured_props(self) -> dict[str, str]:
+        """SCRAM on the one client listener (also the brokers' own), PLAIN between broker and
+        controller (SCRAM credentials live in the metadata the controller serves), ACLs enforced."""
+        admin, password = self.super_user, self.scram_users[self.super_user]
+        return {
+            "listeners": f"SASL_PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"SASL_PLAINTEXT://127.0.0.1:{self.port}",
+            "listener.security.protocol.map": "CONTROLLER:SASL_PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+            "inter.broker.listener.name": "SASL_PLAINTEXT",
+            "sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512",
+            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-256",
+            "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config":
+                f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{admin}" '
+                f'password="{password}";',
+            "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config":
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.controller.plain.sasl.jaas.config":
+                f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{admin}" '
+                f'password="{password}" user_{admin}="{password}";',
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": f"User:{admin}",
+            "allow.everyone.if.no.acl.found": "false",
+        }
 
     def _java(self, jars: Path, main: str, *args: str) -> list[str]:
         return [
@@ -182,12 +232,17 @@ class KafkaBroker:
         if (self.data_dir / "logs" / "meta.properties").exists():
             return  # formatted earlier: keep the data
         cluster_id = self.cluster_id or uuid.uuid4().hex[:22]
+        scram = [arg for user, pw in self.scram_users.items() for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512")
+                 for arg in ("--add-scram", f"{mech}=[name={user},password={pw}]")]
         result = subprocess.run(
-            self._java(jars, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
+            self._java(jars, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config), *scram),
             capture_output=True, text=True,
         )
         if result.returncode != 0:
-            raise RuntimeError(f"StorageTool format failed: {result.stdout}{result.stderr}")
+            out = result.stdout + result.stderr
+            for pw in self.scram_users.values():
+                out = out.replace(pw, "***")
+            raise RuntimeError(f"StorageTool format failed: {out}")
 
     def start(self, timeout: float = 60.0, detach: bool = False) -> None:
         """Format (first time) and start; returns when the broker serves metadata."""
@@ -220,7 +275,8 @@ class KafkaBroker:
                 raise RuntimeError(f"Kafka broker exited with {self.process.returncode}; see {self.log_file}")
             if port_open("127.0.0.1", self.port):
                 try:
-                    admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=3000)
+                    admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=3000,
+                                             **self.admin_config())
                     try:
                         brokers = admin.describe_cluster().get("brokers", [])
                         if {self.node_id, *peers} <= {b.get("broker_id") for b in brokers}:
@@ -284,18 +340,20 @@ def stop_pid(pid: int, timeout: float = 30.0) -> None:
 
 
 def create_topics(bootstrap: str, topics: Sequence[str | TopicSpec], partitions: int = 3,
-                  timeout: float = 30.0) -> None:
+                  timeout: float = 30.0, client_config: dict[str, object] | None = None) -> None:
     """Create the topics that do not exist yet; waits until they are visible.
 
     `topics`: specs (`Topics.specs(settings)`: replication, min ISR, retention) or bare
-    names, which get the broker's defaults.
+    names, which get the broker's defaults. `client_config`: security settings in
+    kafka-python's spelling (a secured broker's `admin_config()`).
     """
     from kafka import KafkaAdminClient
 
     from areal_metrics.producers.runtime.topic_admin import create_missing_topics
 
     specs = [t if isinstance(t, TopicSpec) else TopicSpec(t, -1) for t in topics]
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","), request_timeout_ms=int(timeout * 1000))
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","), request_timeout_ms=int(timeout * 1000),
+                             **(client_config or {}))
     try:
         create_missing_topics(admin, specs, partitions, timeout=timeout)
     finally:

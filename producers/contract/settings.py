@@ -34,6 +34,9 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # Who reads a setting, for the docs' table: the client in a trainer, the stream worker, the
 # sink, the local stack and CLI, the reference trainer, the benchmarks.
 READERS = ("client", "worker", "sink", "stack", "trainer", "benchmarks")
+# The SASL mechanisms the clients (kafka-python, aiokafka, librdkafka) and the local broker share;
+# lower case, as `kind="choice"` settings are read.
+SASL_MECHANISMS = ("plain", "scram-sha-256", "scram-sha-512")
 
 
 def setting(env: str, default: Any, doc: str, *, kind: str = "str", ge: float | None = None,
@@ -116,7 +119,9 @@ class Settings:
     # -- Kafka security (all optional; PLAINTEXT when unset)
     kafka_security_protocol: str = setting("AREAL_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT",
                                            "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL")
-    kafka_sasl_mechanism: str | None = setting("AREAL_KAFKA_SASL_MECHANISM", None, "PLAIN, SCRAM-SHA-256, ...")
+    kafka_sasl_mechanism: str | None = setting("AREAL_KAFKA_SASL_MECHANISM", None, "the SASL mechanism, in any case "
+                                               "(docs/SECURITY.md)", kind="choice",
+                                               choices=SASL_MECHANISMS)
     kafka_sasl_username: str | None = setting("AREAL_KAFKA_SASL_USERNAME", None, "SASL user")
     kafka_sasl_password: str | None = setting("AREAL_KAFKA_SASL_PASSWORD", None, "SASL password (or a file named "
                                               "by AREAL_KAFKA_SASL_PASSWORD_FILE); never printed", secret=True)
@@ -239,7 +244,7 @@ class Settings:
         }
         if self.kafka_sasl_mechanism:
             quiet_client_debug_logs()
-            cfg["sasl_mechanism"] = self.kafka_sasl_mechanism
+            cfg["sasl_mechanism"] = self.kafka_sasl_mechanism.upper()  # Kafka's spelling
             cfg["sasl_plain_username"] = self.kafka_sasl_username
             cfg["sasl_plain_password"] = self.kafka_sasl_password
         for name in ("cafile", "certfile", "keyfile"):

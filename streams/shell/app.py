@@ -68,7 +68,7 @@ def broker_credentials(settings: Any) -> Any:
         return faust.SASLCredentials(
             username=settings.kafka_sasl_username,
             password=settings.kafka_sasl_password,
-            mechanism=settings.kafka_sasl_mechanism or "PLAIN",
+            mechanism=(settings.kafka_sasl_mechanism or "PLAIN").upper(),  # Faust's enum: Kafka's spelling
             ssl_context=context,
         )
     return faust.SSLCredentials(context)
