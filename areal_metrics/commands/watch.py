@@ -11,8 +11,8 @@ Kafka into the state and the state onto the screen.
 from __future__ import annotations
 
 import argparse
+import bisect
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,7 +96,9 @@ class RunView:
 class WatchState:
     run_ids: set[str] | None = None  # None: every run seen
     runs: dict[str, RunView] = field(default_factory=dict)
-    alerts: deque[AlertEvent] = field(default_factory=lambda: deque(maxlen=MAX_ALERTS))
+    # the newest MAX_ALERTS alerts by time, oldest first, each once: the log's partitions arrive in
+    # any order (one partition's old alerts after another's new ones), and a redelivered alert is one
+    alerts: list[AlertEvent] = field(default_factory=list)
     events: int = 0
     skipped: int = 0
 
@@ -105,7 +107,7 @@ class WatchState:
             return
         self.events += 1
         if isinstance(event, AlertEvent):
-            self.alerts.append(event)
+            self._add_alert(event)
             return
         run = self.runs.setdefault(event.run_id, RunView(event.run_id))
         run.updated = max(run.updated, event.ts)
@@ -133,6 +135,16 @@ class WatchState:
             run.last_command = event.command + (f" {dict(event.args)}" if event.args else "")
             if event.command == "set_eval_interval":
                 run.eval_interval = int(event.args["steps"])
+
+    def _add_alert(self, alert: AlertEvent) -> None:
+        keys = [(a.ts, a.alert_id) for a in self.alerts]
+        key = (alert.ts, alert.alert_id)
+        if len(self.alerts) >= MAX_ALERTS and key <= keys[0]:
+            return  # older than every alert shown
+        if any(a.alert_id == alert.alert_id for a in self.alerts):
+            return
+        self.alerts.insert(bisect.bisect(keys, key), alert)
+        del self.alerts[:-MAX_ALERTS]
 
 
 WIDE = 150  # columns from which the view shows every column; narrower terminals get the compact one
