@@ -456,7 +456,9 @@ class _Step:
             given = self.values
             sampler = run._sampler
             if sampler is not None and (sample := sampler.take()):
-                given = {**sample, **given}
+                given = dict(given)  # the user's names first: the metrics cap keeps them before the samples
+                for name, value in sample.items():
+                    given.setdefault(name, value)
             values, skipped = coerce.numbers(given)
             if skipped:
                 run._note_skipped(skipped)
