@@ -73,6 +73,9 @@ def test_a_valid_override_is_taken_with_its_type() -> None:
         base.replace(exit_timeout_s=True)
     with pytest.raises(TypeError, match="unknown setting"):
         base.replace(no_such_setting=1)
+    with pytest.raises(ConfigError) as secret:
+        base.replace(kafka_sasl_password=12345678)
+    assert "12345678" not in str(secret.value) and "kafka_sasl_password=***" in str(secret.value)
 
 
 @pytest.mark.parametrize("value", ["localhost:notaport", "http://127.0.0.1:9092", "127.0.0.1", "a:1,,b:2",

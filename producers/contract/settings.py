@@ -111,7 +111,7 @@ def _override(f: Any, value: Any) -> Any:
     """A value given in Python (`init(exit_timeout_s=...)`) -> the setting's value, by the rules the variable
     follows: text goes through the variable's parser, numbers through the same range checks."""
     m = f.metadata
-    label = f"{f.name}={_shown_value(value)} ({m['env']})"
+    label = f"{f.name}={'***' if m['secret'] else repr(value)[:40]} ({m['env']})"  # a secret is never printed
     if value is None:
         if f.default is None:
             return None
@@ -129,10 +129,6 @@ def _override(f: Any, value: Any) -> Any:
         return float(_in_range(f, label, float(value)))
     wanted = {"int": "an integer", "float": "a number", "bool": "True or False"}.get(kind, "a string")
     raise ConfigError(f"{label}: expected {wanted}, got {type(value).__name__}")
-
-
-def _shown_value(value: Any) -> str:
-    return repr(value)[:40]
 
 
 def _from_env(f: Any, environ: Mapping[str, str]) -> Any:
