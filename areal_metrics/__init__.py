@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from areal_metrics.producers.client.run import AlertLevel, DisabledRun, Run, RunStats, alert, finish, init, log
 
-__all__ = ["AlertLevel", "DisabledRun", "Run", "RunStats", "alert", "finish", "init", "log", "run", "summary", "__version__"]
+# `run` and `summary` (the current run's) are attributes too, left out here: `import *` before init would fail
+__all__ = ["AlertLevel", "DisabledRun", "Run", "RunStats", "alert", "finish", "init", "log", "__version__"]
 _CLIENT = frozenset(("AlertLevel", "DisabledRun", "Run", "RunStats", "alert", "finish", "init", "log"))
 _CURRENT = frozenset(("run", "summary"))  # of the current run: looked up at each access, as wandb.run
 
