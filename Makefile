@@ -5,7 +5,15 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+# Two stamps: `make demo` installs what the demo needs (the stack and the trainer);
+# `make test` (and install, bench, fault-soak) adds the tests', benchmarks' and
+# integrations' packages on top.
+DEMO_STAMP := $(VENV)/.installed-demo
+STAMP      := $(VENV)/.installed
+# setuptools tells every editable install of a package-dir layout that it uses an import
+# hook ("Editable installation ... be careful with folders ..."), as a UserWarning: a
+# screen of text on a user's first run, and nothing they can act on.
+PIP    := PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip
 # The integrations' tests run against these from PyPI, installed without their
 # requirements (which pin torch < 2.11, packaging < 26, protobuf < 7, pillow < 13
 # against the stack's); what their modules import comes with the `integrations`
@@ -14,22 +22,28 @@ NO_DEPS := areal==1.0.4 verl==0.9.1 swanlab==0.10.3 trackio==0.43.0
 
 .PHONY: install demo test bench clean-state fault-soak
 
-$(STAMP): pyproject.toml Makefile
+$(DEMO_STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed"'
 	@command -v java >/dev/null || { echo "Java 17+ is needed for the local Kafka broker"; exit 2; }
 	@command -v mvn >/dev/null || { echo "Maven is needed to fetch the Kafka jars"; exit 2; }
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[stack,train,test,bench,fast,integrations]'
-	$(PY) -m pip install --quiet --no-deps $(NO_DEPS)
-	$(PY) -c 'from areal_metrics.stack.kafka_broker import ensure_jars; print("kafka jars:", ensure_jars())'
-	$(PY) tools/rooms_tree.py >/dev/null  # the rooms as links, for pyright and editors (docs/ARCHITECTURE.md)
-	$(VENV)/bin/pyright --version  # fetches pyright's own package once, at install rather than in a test
-	touch $(STAMP)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "Installing the stack and the trainer into $(VENV) (torch, Faust, the ClickHouse engine...): a few minutes the first time"
+	@$(PIP) install --quiet --upgrade pip
+	@$(PIP) install --quiet -e '.[stack,train]'
+	@$(PY) -c 'from areal_metrics.stack.kafka_broker import ensure_jars; print("kafka jars:", ensure_jars())'
+	@$(PY) tools/rooms_tree.py >/dev/null  # the rooms as links, for pyright and editors (docs/ARCHITECTURE.md)
+	@touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP)
+	@echo "Installing the tests', benchmarks' and integrations' packages into $(VENV) (TRL, ray, verl...): several minutes the first time"
+	@$(PIP) install --quiet -e '.[stack,train,test,bench,fast,integrations]'
+	@$(PIP) install --quiet --no-deps $(NO_DEPS)
+	@$(VENV)/bin/pyright --version >/dev/null  # fetches pyright's own package once, at install rather than in a test
+	@touch $(STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/areal-metrics demo
 
 test: $(STAMP)

@@ -1,6 +1,7 @@
 """areal-metrics: the Python client (`init`), the command line and the local stack.
 
-`import areal_metrics as am; run = am.init(...)` is all a trainer needs; the
+`import areal_metrics as am; run = am.init(...)` is all a trainer needs; W&B's module-level
+calls work too (`am.log`, `am.finish`, `am.alert`, `am.summary`, `am.run`: the current run). The
 client lives in `areal_metrics.producers.client.run` and is imported on first use, so importing
 this package pulls in no stream, store, plotting or torch package.
 """
@@ -10,10 +11,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from areal_metrics.producers.client.run import Run, RunStats, init
+    from areal_metrics.producers.client.run import AlertLevel, DisabledRun, Run, RunStats, alert, finish, init, log
 
-__all__ = ["Run", "RunStats", "init", "__version__"]
-_CLIENT = frozenset(("Run", "RunStats", "init"))
+# `run` and `summary` (the current run's) are attributes too, left out here: `import *` before init would fail
+__all__ = ["AlertLevel", "DisabledRun", "Run", "RunStats", "alert", "finish", "init", "log", "__version__"]
+_CLIENT = frozenset(("AlertLevel", "DisabledRun", "Run", "RunStats", "alert", "finish", "init", "log"))
+_CURRENT = frozenset(("run", "summary"))  # of the current run: looked up at each access, as wandb.run
 
 
 def _version() -> str:
@@ -33,8 +36,12 @@ def __getattr__(name: str) -> Any:
         from areal_metrics.producers.client import run as client
 
         return getattr(client, name)
+    if name in _CURRENT:
+        from areal_metrics.producers.client import run as client
+
+        return client.current() if name == "run" else client.summary()
     raise AttributeError(f"module 'areal_metrics' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _CLIENT | {"__version__"})
+    return sorted(set(globals()) | _CLIENT | _CURRENT | {"__version__"})

@@ -17,6 +17,7 @@ import sys
 from types import ModuleType
 from typing import NoReturn
 
+from areal_metrics import extras
 from areal_metrics.producers.contract.errors import ArealError, one_line
 
 from areal_metrics.commands import (alerts, compare, demo, grafana, publish, replay, report, sql, stack_cmd, sync, train,
@@ -94,12 +95,19 @@ def use_local_stack_bootstrap() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    use_local_stack_bootstrap()
     try:
+        use_local_stack_bootstrap()
+        extras.check_verb(args.verb, getattr(args, "action", None))  # the thin install: name the extra
         return int(args.run(args) or 0)
     except ArealError as exc:  # every error raised on purpose: one line, its exit code (2 bad input, 1 a service)
         print(f"areal-metrics {args.verb}: error: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
+    except ImportError as exc:  # an extra's module imported deeper (chdb, torch): one line naming the extra
+        found = extras.from_import_error(exc, args.verb)
+        if found is None:
+            raise
+        print(f"areal-metrics {args.verb}: error: {one_line(found)}", file=sys.stderr)
+        return found.exit_code
     except KeyboardInterrupt:
         return 130
 

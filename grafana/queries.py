@@ -46,6 +46,11 @@ class Outcome:
     columns: list[str] = field(default_factory=list)
     problem: str | None = None
 
+    @property
+    def empty(self) -> bool:
+        """No data yet (no rows, or a value column NULL throughout: a column nobody logged), not a broken query."""
+        return self.problem is not None and (self.problem == NO_ROWS or self.problem.endswith(ALL_NULL))
+
 
 class QueryRunner:
     """What the check needs from a store: run SQL, get columns, their types and rows."""
@@ -165,9 +170,13 @@ def check_query(q: DashboardQuery, runner: QueryRunner, ctx: QueryContext) -> li
     return outcomes
 
 
+NO_ROWS = "no rows"
+ALL_NULL = "is NULL in every row"
+
+
 def _shape_problem(q: DashboardQuery, columns: Sequence[str], types: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> str | None:
     if not rows:
-        return "no rows"
+        return NO_ROWS
     missing = [c for c in q.expects if c not in columns]
     if missing:
         return f"missing column(s) {missing}; got {list(columns)}"
@@ -186,7 +195,7 @@ def _shape_problem(q: DashboardQuery, columns: Sequence[str], types: Sequence[st
             return f"column {name!r} must be numeric, is {type_of[name]}"
         index = list(columns).index(name)
         if all(r[index] is None for r in rows):
-            return f"column {name!r} is NULL in every row"
+            return f"column {name!r} {ALL_NULL}"
     return None
 
 

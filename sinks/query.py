@@ -254,6 +254,8 @@ def connect(settings: Settings | None = None, *, write: bool = False, wait_s: fl
     if target.kind == "http":
         try:
             return DirectStore(target, open_client(target, readonly=not write), write=write)
+        except ImportError:  # the driver is not installed: not a store that does not answer (the CLI names the extra)
+            raise
         except Exception as exc:  # noqa: BLE001
             raise StoreError(f"cannot reach ClickHouse at {target.url.split('@')[-1]}: {one_line(exc)}") from None
     assert target.path is not None
@@ -263,11 +265,15 @@ def connect(settings: Settings | None = None, *, write: bool = False, wait_s: fl
         if owner is not None:
             try:
                 return DirectStore(target, owner_client(owner, write=write), write=write)
+            except ImportError:
+                raise
             except Exception as exc:  # noqa: BLE001
                 raise StoreError(f"the sink holding {target.path} (pid {owner.pid}) did not answer on "
                                  f"127.0.0.1:{owner.port}: {one_line(exc)}") from None
         try:
             return DirectStore(target, open_client(target, readonly=not write), write=write)
+        except ImportError:  # the driver is not installed: not a store that does not answer (the CLI names the extra)
+            raise
         except Exception as exc:  # noqa: BLE001 - locked by a process that has not published its endpoint yet
             if time.monotonic() > deadline:
                 raise StoreError(f"cannot open the ClickHouse store {target.path}: {one_line(exc)}") from None

@@ -220,7 +220,10 @@ TABLES: tuple[Table, ...] = (
     ),
 )
 # Fields of an event that its table does not hold as a column: stored elsewhere.
-NOT_COLUMNS: dict[str, frozenset[str]] = {"evals": frozenset({"samples"})}  # samples: the generations table
+NOT_COLUMNS: dict[str, frozenset[str]] = {
+    "evals": frozenset({"samples"}),  # samples: the generations table
+    "runs": frozenset({"notes", "summary"}),  # on the wire (CONTRACT.md, 'W&B habits'); no column yet
+}
 TABLES_BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
 TABLES_BY_EVENT_TYPE: dict[str, Table] = {t.event_type: t for t in TABLES if not t.projected}
 PROJECTIONS: dict[str, tuple[Table, ...]] = {

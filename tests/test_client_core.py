@@ -27,6 +27,7 @@ class _FakeRun:
     """What `_Step.encode` reads of a Run."""
 
     run_id, node, rank, world_size, attempt, _epoch, _key = "r1", "h:0", 0, 2, 1, 0.0, b"r1"
+    _sampler, _max_metrics = None, 1024
 
     def __init__(self) -> None:
         self.skipped: list[object] = []

@@ -217,6 +217,6 @@ def test_cli_provision_errors_are_one_line(capsys: pytest.CaptureFixture[str], m
     assert main(["grafana", "provision", "--url", "http://127.0.0.1:9"]) == 1  # no sink serves the embedded store
     assert "pass --clickhouse-url" in capsys.readouterr().err
     assert main(["grafana", "provision", "--url", "http://127.0.0.1:9", "--clickhouse-url", "http://d:@c:8123",
-                 "--timeout", "2"]) == 2
+                 "--timeout", "2"]) == 1  # unreachable: 1, as the README says (it was 2)
     err = capsys.readouterr().err
     assert "cannot reach Grafana at http://127.0.0.1:9" in err and len(err.strip().splitlines()) == 1

@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--config", type=Path, default=None, metavar="FILE",
                         help="JSON or TOML trainer settings applied to every run (see areal_train/config.py)")
     parser.add_argument("--out", type=Path, default=Path("reports/demo"), help="where the report PNGs go")
-    parser.add_argument("--no-watch", action="store_true", help="no live view (plain progress lines)")
+    parser.add_argument("--no-watch", action="store_true",
+                        help="no live view: the runs' status, reward and accuracy as lines every 10 s")
 
 
 DEMO_TRAINING = {"batch_prompts": 4, "group_size": 4, "eval_mode": "async", "eval_every_steps": 8,
@@ -176,22 +177,19 @@ def run(args: argparse.Namespace) -> int:
     return 0 if paths else 1
 
 
+PLAIN_EVERY_S = 10.0  # the live view without a terminal: the runs' lines this often
+
+
 def _follow(handles: list, settings: object, runs: list[str], no_watch: bool, started: float) -> None:
     def finished() -> bool:
         return all(h.poll() is not None for h in handles)
 
-    try:
-        if no_watch or not sys.stdout.isatty():
-            last = time.monotonic()
-            while not finished():
-                time.sleep(0.5)  # notice the end at once; a progress line every 5 s
-                if time.monotonic() - last >= 5:
-                    last = time.monotonic()
-                    print(f"  ... {last - started:.0f} s", flush=True)
-        else:
-            from areal_metrics.commands.watch import watch_loop
+    from areal_metrics.commands.watch import watch_loop
 
-            watch_loop(settings, runs, until=finished)
+    try:
+        # without a terminal (or with --no-watch) the same content as lines, every 10 s
+        plain = no_watch or not sys.stdout.isatty()
+        watch_loop(settings, runs, until=finished, plain_every_s=PLAIN_EVERY_S if plain else None)
     except KeyboardInterrupt:
         for h in handles:
             h.terminate()

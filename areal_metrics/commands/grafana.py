@@ -8,7 +8,8 @@
   running sink's ClickHouse HTTP endpoint (the read-only DSN of `status --json`).
 - `generate [--out DIR]`: write the dashboards' JSON (and the provisioning files).
 - `check [--since 1h]`: run every panel's query, expanded as Grafana would, against
-  the configured ClickHouse and report those that fail or return nothing.
+  the configured ClickHouse; a query that fails or returns the wrong shape is a failure
+  (exit 1), one that returns nothing (a column nobody logged yet) is "no data yet" (exit 0).
 """
 
 from __future__ import annotations
@@ -110,9 +111,12 @@ def _provision(args: argparse.Namespace) -> int:
     try:
         pushed = push(api, server)
     except GrafanaException as exc:
-        raise UserError(f"Grafana at {where} refused: {exc.status_code} {' '.join(str(exc.message).split())[:300]}") from None
-    except Exception as exc:  # noqa: BLE001 - connection refused, DNS, TLS: one line
-        raise UserError(f"cannot reach Grafana at {where}: {' '.join(str(exc).split())[:300]}") from None
+        said = f"{exc.status_code} {' '.join(str(exc.message).split())[:300]}"
+        if exc.status_code is not None and exc.status_code >= 500:  # Grafana is there but failing: a service error
+            raise ServiceUnavailable(f"Grafana at {where} failed: {said}") from None
+        raise UserError(f"Grafana at {where} refused: {said}") from None  # a token, a permission, a request
+    except Exception as exc:  # noqa: BLE001 - connection refused, DNS, TLS: unreachable, exit 1
+        raise ServiceUnavailable(f"cannot reach Grafana at {where}: {' '.join(str(exc).split())[:300]}") from None
     print(f"datasource {pushed.datasource} (uid areal-clickhouse -> {server.protocol}://{server.host}:{server.port}); "
           f"folder {pushed.folder}; dashboards: {', '.join(pushed.dashboards)}")
     return 0
@@ -169,7 +173,7 @@ def _check(args: argparse.Namespace) -> int:
             return runs or tuple(options)
         return "$__all"
 
-    failures = total = 0
+    failures = empty = total = 0
     with connect() as store:
         runner = QueryRunner.of_store(store)
         for name, model in all_models().items():
@@ -179,8 +183,10 @@ def _check(args: argparse.Namespace) -> int:
                 raise UserError(f"dashboard {name}: variable query failed: {exc}") from None
             for o in outcomes:
                 total += 1
-                status = "ok" if o.problem is None else o.problem
-                failures += o.problem is not None
+                status = "ok" if o.problem is None else f"no data yet ({o.problem})" if o.empty else f"FAILED: {o.problem}"
+                empty += o.empty
+                failures += o.problem is not None and not o.empty
                 print(f"{name:<11} {o.query.where} {o.context}: {status} ({o.rows} rows)")
-    print(f"{total - failures} of {total} queries returned rows with the expected columns", file=sys.stderr)
+    print(f"{total} queries: {total - failures - empty} with data, {empty} no data yet (nothing logged for them in "
+          f"--since {args.since}), {failures} failed", file=sys.stderr)
     return 1 if failures else 0

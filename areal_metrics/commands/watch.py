@@ -4,15 +4,17 @@ Per run: its status (from its `run` events: running, finished, failed,
 killed, and the attempt), the smoothed reward with a sparkline, the latest
 consensus accuracy per dataset (quick and full stage), the evaluation
 interval, and the latest alerts. The state is a pure fold over events (`WatchState.apply`), the view a
-pure function of it (`render`), and `watch_loop` only moves messages from
-Kafka into the state and the state onto the screen.
+pure function of it (`render` on a terminal; `plain_lines` without one: the same
+content as lines of text, printed every few seconds), and `watch_loop` only moves
+messages from Kafka into the state and the state onto the screen.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import sys
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,7 +98,9 @@ class RunView:
 class WatchState:
     run_ids: set[str] | None = None  # None: every run seen
     runs: dict[str, RunView] = field(default_factory=dict)
-    alerts: deque[AlertEvent] = field(default_factory=lambda: deque(maxlen=MAX_ALERTS))
+    # the newest MAX_ALERTS alerts by time, oldest first, each once: the log's partitions arrive in
+    # any order (one partition's old alerts after another's new ones), and a redelivered alert is one
+    alerts: list[AlertEvent] = field(default_factory=list)
     events: int = 0
     skipped: int = 0
 
@@ -105,7 +109,7 @@ class WatchState:
             return
         self.events += 1
         if isinstance(event, AlertEvent):
-            self.alerts.append(event)
+            self._add_alert(event)
             return
         run = self.runs.setdefault(event.run_id, RunView(event.run_id))
         run.updated = max(run.updated, event.ts)
@@ -133,6 +137,16 @@ class WatchState:
             run.last_command = event.command + (f" {dict(event.args)}" if event.args else "")
             if event.command == "set_eval_interval":
                 run.eval_interval = int(event.args["steps"])
+
+    def _add_alert(self, alert: AlertEvent) -> None:
+        keys = [(a.ts, a.alert_id) for a in self.alerts]
+        key = (alert.ts, alert.alert_id)
+        if len(self.alerts) >= MAX_ALERTS and key <= keys[0]:
+            return  # older than every alert shown
+        if any(a.alert_id == alert.alert_id for a in self.alerts):
+            return
+        self.alerts.insert(bisect.bisect(keys, key), alert)
+        del self.alerts[:-MAX_ALERTS]
 
 
 WIDE = 150  # columns from which the view shows every column; narrower terminals get the compact one
@@ -193,6 +207,42 @@ def _layout(state: WatchState, now: float, width: int) -> Any:
     return Group(runs, alerts, footer)
 
 
+def plain_lines(state: WatchState, now: float, shown_alerts: set[str] | None = None) -> list[str]:
+    """What the terminal view shows, as lines of text for a log or a pipe: one line per run, then the
+    alerts not printed before (`shown_alerts`: their ids, updated)."""
+    lines = []
+    for run in sorted(state.runs.values(), key=lambda r: r.run_id):
+        parts = [_plain_status(run.state), f"step {run.step}"]
+        if run.ema is not None:
+            parts.append(f"reward EMA {_fmt(run.ema)} (sliding avg {_fmt(run.sliding_avg)})")
+        parts += _accuracy_lines(run, detail=False)
+        interval = (f"{run.eval_interval} steps" if run.eval_interval is not None else
+                    f"~{run.observed_interval} steps (seen)" if run.observed_interval else None)
+        if interval:
+            parts.append(f"eval interval {interval}")
+        if run.last_command:
+            parts.append(f"last command {run.last_command}")
+        if run.updated:
+            parts.append(f"{max(now - run.updated, 0):.0f}s ago")
+        lines.append(f"  {run.run_id}: {', '.join(parts)}")
+    for a in state.alerts:
+        if shown_alerts is None or a.alert_id not in shown_alerts:
+            lines.append(f"  alert {time.strftime('%H:%M:%S', time.localtime(a.ts))} {a.run_id} {a.severity} "
+                         f"{a.kind}: {a.message}")
+            if shown_alerts is not None:
+                shown_alerts.add(a.alert_id)
+    return lines
+
+
+def _plain_status(state: RunState | None) -> str:
+    if state is None:
+        return "-"
+    label = state.status
+    if state.status == "running" and state.ranks < state.world_size:
+        label += f" {state.ranks}/{state.world_size} ranks"
+    return label + (f" (attempt {state.attempt})" if state.attempt else "")
+
+
 def _accuracy_lines(run: RunView, detail: bool) -> list[str]:
     """One line per dataset: full / quick with votes and agreement (`detail`), else the full stage alone."""
     lines = []
@@ -219,12 +269,7 @@ def _status(state: RunState | None) -> Any:
 
     if state is None:
         return "-"
-    label = state.status
-    if state.status == "running" and state.ranks < state.world_size:
-        label += f" {state.ranks}/{state.world_size} ranks"
-    if state.attempt:
-        label += f" (attempt {state.attempt})"
-    return Text(label, style=STATUS_STYLES.get(state.status, ""))
+    return Text(_plain_status(state), style=STATUS_STYLES.get(state.status, ""))
 
 
 def _fmt(v: float | None) -> str:
@@ -233,11 +278,14 @@ def _fmt(v: float | None) -> str:
 
 def watch_loop(settings: Any, run_ids: list[str] | None = None, duration: float | None = None, *,
                console: Any = None, from_beginning: bool = True, refresh_per_second: float = 4.0,
-               until: Callable[[], bool] | None = None) -> WatchState:
+               until: Callable[[], bool] | None = None, plain_every_s: float | None = None,
+               out: Callable[[str], None] | None = None) -> WatchState:
     """Follow the derived topics (and the runs topic) and redraw until `duration` passes (forever if None), `until()`
-    returns True (checked between polls; e.g. "the training runs have ended"), or Ctrl-C."""
+    returns True (checked between polls; e.g. "the training runs have ended"), or Ctrl-C.
+
+    With `plain_every_s` (no terminal: a log, a pipe), no live view: every that many seconds, and at the
+    end, `plain_lines` are printed (to `out`, default stdout), with a header giving the elapsed time."""
     from kafka import KafkaConsumer
-    from rich.live import Live
 
     from areal_metrics.producers.contract.events import ValidationError, parse_event
 
@@ -246,18 +294,41 @@ def watch_loop(settings: Any, run_ids: list[str] | None = None, duration: float 
     consumer = KafkaConsumer(topics.smoothed, topics.consensus, topics.control, topics.alerts, topics.runs,
                              **settings.kafka_python_config(), group_id=None, enable_auto_commit=False,
                              auto_offset_reset="earliest" if from_beginning else "latest")
-    deadline = None if duration is None else time.monotonic() + duration
+    started = time.monotonic()
+    deadline = None if duration is None else started + duration
+
+    def follow(redraw: Callable[[], None]) -> None:
+        while (deadline is None or time.monotonic() < deadline) and not (until and until()):
+            batch = consumer.poll(timeout_ms=250)
+            for records in batch.values():
+                for record in records:
+                    try:
+                        state.apply(parse_event(record.value))
+                    except ValidationError:
+                        state.skipped += 1  # the stream worker dead-letters these; the view just skips
+            redraw()
+
     try:
-        with Live(render(state), console=console, refresh_per_second=refresh_per_second, transient=False) as live:
-            while (deadline is None or time.monotonic() < deadline) and not (until and until()):
-                batch = consumer.poll(timeout_ms=250)
-                for records in batch.values():
-                    for record in records:
-                        try:
-                            state.apply(parse_event(record.value))
-                        except ValidationError:
-                            state.skipped += 1  # the stream worker dead-letters these; the view just skips
-                live.update(render(state))
+        if plain_every_s is None:
+            from rich.live import Live
+
+            with Live(render(state), console=console, refresh_per_second=refresh_per_second, transient=False) as live:
+                follow(lambda: live.update(render(state)))
+        else:
+            write = out or (lambda line: print(line, flush=True))
+            shown: set[str] = set()
+            last = [started]
+
+            def show(final: bool = False) -> None:
+                if not final and time.monotonic() - last[0] < plain_every_s:
+                    return
+                last[0] = time.monotonic()
+                write(f"--- {last[0] - started:.0f} s: {len(state.runs)} runs, {state.events} events read")
+                for line in plain_lines(state, time.time(), shown):
+                    write(line)
+
+            follow(show)
+            show(final=True)
     except KeyboardInterrupt:
         pass
     finally:
@@ -270,6 +341,8 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                         help="only these runs (repeatable)")
     parser.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
     parser.add_argument("--new", action="store_true", help="start from now instead of the beginning of the log")
+    parser.add_argument("--every", type=float, default=10.0, metavar="S",
+                        help="without a terminal (a pipe, a log): print the runs every S seconds (default 10)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -280,9 +353,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.duration is not None and args.duration <= 0:
         raise UserError(f"--duration: must be > 0 (got {args.duration})")
+    if args.every <= 0:
+        raise UserError(f"--every: must be > 0 (got {args.every})")
     settings = Settings.from_env()
+    plain = None if sys.stdout.isatty() else args.every  # a pipe or a log gets lines, not screen redraws
     try:
-        watch_loop(settings, args.runs or None, args.duration, from_beginning=not args.new)
+        watch_loop(settings, args.runs or None, args.duration, from_beginning=not args.new, plain_every_s=plain)
     except KafkaError as exc:
         raise ServiceUnavailable(f"Kafka at {settings.kafka_bootstrap}: {exc} "
                                  "(start the stack with `areal-metrics up`)") from None

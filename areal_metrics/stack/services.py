@@ -15,7 +15,6 @@ AREAL_KAFKA_MIN_INSYNC_REPLICAS say otherwise.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -28,6 +27,7 @@ from pathlib import Path
 from areal_metrics.producers.contract.settings import Settings, state_dir
 
 from areal_metrics.errors import UserError
+from areal_metrics.extras import importable
 from areal_metrics.stack.kafka_broker import KafkaBroker, create_topics, kafka_version, pid_alive, port_open, stop_pid
 from areal_metrics.stack.kafka_cluster import KafkaCluster
 from areal_metrics.producers.contract.settings import is_set, read_setting
@@ -46,18 +46,9 @@ def missing_modules(services: tuple[str, ...], clickhouse_url: str) -> list[str]
         for module in SERVICE_NEEDS[name]:
             if module == "chdb" and not clickhouse_url.startswith("chdb:"):
                 continue
-            if module not in out and not _importable(module):
+            if module not in out and not importable(module):
                 out.append(module)
     return out
-
-
-def _importable(module: str) -> bool:
-    if module in sys.modules:  # imported already, or blocked with None (find_spec refuses an unset __spec__)
-        return sys.modules[module] is not None
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def failure_reason(home: str | Path, name: str) -> str:

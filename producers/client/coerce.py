@@ -229,6 +229,7 @@ class StepParts:
     metrics: dict[str, float] = field(default_factory=dict)
     non_finite: list[str] = field(default_factory=list)
     epoch: float = 0.0
+    dropped: int = 0  # metrics names past the cap, not sent
 
 
 def clamp(x: float, lo: float | None, hi: float | None) -> float | None:
@@ -255,8 +256,10 @@ def fit_column(column: str, x: float) -> int | float | None:
     return float(fitted)
 
 
-def split_step(values: Mapping[Any, int | float], previous_epoch: float = 0.0) -> StepParts:
-    """A step's numbers (from `numbers`) -> typed columns and metrics (the sender thread's part)."""
+def split_step(values: Mapping[Any, int | float], previous_epoch: float = 0.0,
+               max_metrics: int = METRICS_MAX) -> StepParts:
+    """A step's numbers (from `numbers`) -> typed columns and metrics (the sender thread's part);
+    of the metrics, the first `max_metrics` names logged are kept and the rest counted in `dropped`."""
     parts = StepParts(epoch=previous_epoch)
     holders: dict[str, tuple[int, str, float | None]] = {}  # column -> (priority, name, value as logged; None: NaN)
     nan: list[tuple[str, str | None]] = []  # (name as logged, the column it would have filled)
@@ -297,8 +300,10 @@ def split_step(values: Mapping[Any, int | float], previous_epoch: float = 0.0) -
     # a NaN names the column it leaves null; when another name filled that column, the NaN is that name's
     names = (column if column is not None and column not in holders else name for name, column in nan)
     parts.non_finite = list(dict.fromkeys(names))
-    if len(parts.metrics) > METRICS_MAX:  # readers refuse more: the first names logged are kept
-        parts.metrics = dict(list(parts.metrics.items())[:METRICS_MAX])
+    cap = min(max_metrics, METRICS_MAX)  # readers refuse more than METRICS_MAX
+    if len(parts.metrics) > cap:  # the first names logged are kept
+        parts.dropped = len(parts.metrics) - cap
+        parts.metrics = dict(list(parts.metrics.items())[:cap])
     return parts
 
 

@@ -7,6 +7,12 @@
     for command in run.commands(): ...
     run.finish()
 
+W&B's habits work as they read there: `am.log(...)`, `am.finish()`, `am.alert(...)` and
+`am.summary` act on the current run (the last one `init` started in this process);
+`run.summary[...] = value` is sent with the run's end; `init(notes=...)`; `AREAL_MODE=disabled`
+(or `init(mode="disabled")`) gives a run whose calls do nothing (no thread, no journal, nothing
+sent); `AREAL_SYSTEM_METRICS_S` samples CPU, memory and GPUs into the steps (docs/CLIENT.md).
+
 On the caller's thread `log` only copies the values (reading tensors, which
 the training loop may change in place afterwards) and enqueues them; numpy
 scalars, names, rules and JSON are the sender thread's work (`_Step.encode`).
@@ -18,6 +24,7 @@ one (steps are keyed by run, rank, step).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import operator
 import os
@@ -31,13 +38,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from areal_metrics.producers.client import attempts, coerce, exit_hooks, run_info
+from areal_metrics.producers.client import attempts, coerce, exit_hooks, run_info, system_metrics
 from areal_metrics.producers.client.control_feed import ControlFeed
 from areal_metrics.producers.contract.deadletter import rejected
+from areal_metrics.producers.contract.errors import UserError
 from areal_metrics.producers.contract.events import (
     EVAL_STATUSES,
     SCHEMA_VERSION,
     TERMINAL_STATUSES,
+    AlertEvent,
     CommandEvent,
     EvalEvent,
     RunEvent,
@@ -50,7 +59,7 @@ from areal_metrics.producers.delivery.publisher import Publisher
 from areal_metrics.producers.contract.settings import Settings, bootstrap_origin, state_dir
 from areal_metrics.producers.contract.topics import Topics
 
-log = logging.getLogger("areal_metrics.client")
+_log = logging.getLogger("areal_metrics.client")
 
 SETTINGS_FIELDS = frozenset(f.name for f in dataclasses.fields(Settings))
 
@@ -75,7 +84,7 @@ class Options:
 class RunStats:
     steps: int  # log() calls taken
     evals: int
-    skipped: int  # values that were not numbers (None excluded)
+    skipped: int  # values not sent: not numbers (None excluded), or metrics names past AREAL_MAX_METRICS
     queued: int
     sent: int
     journaled: int
@@ -88,7 +97,8 @@ def _split_settings(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Options]:
     option_names = {f.name for f in dataclasses.fields(Options)}
     unknown = sorted(set(kwargs) - SETTINGS_FIELDS - option_names)
     if unknown:
-        raise TypeError(f"init() got unknown setting(s) {', '.join(unknown)}")
+        hint = " (areal-metrics has no projects: group= and tags= group runs)" if "project" in unknown else ""
+        raise TypeError(f"init() got unknown setting(s) {', '.join(unknown)}{hint}")
     options = Options(**{k: v for k, v in kwargs.items() if k in option_names})
     return {k: v for k, v in kwargs.items() if k in SETTINGS_FIELDS}, options
 
@@ -103,11 +113,15 @@ def _identity(options: Options) -> Identity:
 
 
 def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = (), group: str | None = None,
-         resume: bool = False, name: str | None = None, **settings: Any) -> Run:
+         resume: bool = False, name: str | None = None, notes: str | None = None, **settings: Any) -> Run:
     """Start (or, with `resume=True`, continue) a run from this process; see the module doc.
 
     `name`: a free-form display name (any Unicode, <= 256 chars), kept in `runs.name` beside the run id.
+    `notes`: free text about the run (<= 4,096 chars), on its `run` events.
+    `**settings`: any `Settings` field (checked by the rule its AREAL_* variable follows) and the `Options`.
+    With `mode="disabled"` (or AREAL_MODE=disabled) the run's calls do nothing.
     """
+    global _current
     if run_id is not None and not isinstance(run_id, str):
         raise TypeError(f"run_id: expected a string, got {type(run_id).__name__}")
     if group is not None and not isinstance(group, str):
@@ -116,9 +130,10 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
         raise TypeError(f"resume: expected True or False, got {type(resume).__name__}")
     clean_tags = run_info.clean_tags(tags)
     display_name = run_info.clean_name(name)
+    clean_notes = run_info.clean_notes(notes)
     overrides, options = _split_settings(settings)
     base = Settings.from_env(reader="client")
-    settings_obj = dataclasses.replace(base, **overrides) if overrides else base
+    settings_obj = base.replace(**overrides) if overrides else base
     identity = _identity(options)
     generated = False
     if run_id is None:
@@ -128,14 +143,19 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
     if not is_valid_run_id(run_id):
         raise ValueError(f"run_id {run_id[:60]!r}: must be {RUN_ID_RULE}; a free-form name goes in "
                          f"init(name=...), e.g. init(run_id={run_info.run_id_for(run_id)!r}, name={run_id[:60]!r})")
+    if settings_obj.mode == "disabled":
+        _current = DisabledRun(run_id, identity, config=config, tags=clean_tags, group=group, name=display_name,
+                               notes=clean_notes)
+        return _current  # type: ignore[return-value]
     origin = "init(kafka_bootstrap=...)" if "kafka_bootstrap" in overrides else bootstrap_origin()
     attempt = _attempt(settings_obj, run_id, identity.rank, resume, options)
     run = Run(run_id, identity, settings_obj, options, config=config, tags=clean_tags, group=group, attempt=attempt,
-              name=display_name, bootstrap_from=origin)
+              name=display_name, bootstrap_from=origin, notes=clean_notes)
+    _current = run
     if generated and identity.rank == 0:
         print(f"areal-metrics: run {run_id}", file=sys.stderr)
     if generated and identity.world_size > 1:
-        log.warning("run id %s was generated by rank %d alone: pass run_id= (or AREAL_RUN_ID) so that the "
+        _log.warning("run id %s was generated by rank %d alone: pass run_id= (or AREAL_RUN_ID) so that the "
                     "%d ranks report one run", run_id, identity.rank, identity.world_size)
     return run
 
@@ -158,9 +178,11 @@ class Run:
 
     def __init__(self, run_id: str, identity: Identity, settings: Settings, options: Options, *,
                  config: Any, tags: tuple[str, ...], group: str | None, attempt: int, name: str | None = None,
-                 bootstrap_from: str | None = None) -> None:
+                 bootstrap_from: str | None = None, notes: str | None = None) -> None:
         self.run_id = run_id
         self.name = name
+        self.notes = notes
+        self.summary: dict[str, Any] = {}  # sent with this rank's end (its terminal `run` event)
         self.rank = identity.rank
         self.world_size = identity.world_size
         self.local_rank = identity.local_rank
@@ -188,6 +210,8 @@ class Run:
         self._open_values: dict[Any, int | float] = {}
         self._steps = self._evals = self._skipped = 0
         self._warned: set[Any] = set()
+        self._max_metrics = settings.max_metrics
+        self._alerted: dict[str, float] = {}  # alert title -> when it was last sent
         self._done = False
         self._forked = False
         self._exit_status: tuple[str, int] | None = None
@@ -195,6 +219,7 @@ class Run:
         self._feed_lock = threading.Lock()
         self._publish_run("running")
         exit_hooks.register(self)
+        self._sampler = system_metrics.started(settings.system_metrics_s)
 
     # ------------------------------------------------------------ logging
 
@@ -256,9 +281,35 @@ class Run:
                 step=step, dataset=dataset[:128], stage=stage, replicas=replicas or self.world_size, attempt=self.attempt,
                 dataset_fingerprint=dataset_fingerprint[:128] if dataset_fingerprint else None, **fields)
         except (ValidationError, TypeError) as exc:  # an argument we could not coerce: say so, never stop training
-            log.warning("log_eval(%s, step %d) not sent: %s", dataset, step, exc)
+            _log.warning("log_eval(%s, step %d) not sent: %s", dataset, step, exc)
             return
         self._evals += 1
+        self._publisher.publish(event)
+
+    def alert(self, title: str, text: str = "", level: Any = "warning", wait_duration: float = 60.0) -> None:
+        """Raise an alert of your own (W&B's `run.alert`): an `alert` event of kind `user` on the alerts topic,
+        which `alerts --follow --webhook`, `watch` and Grafana show as they show the worker's.
+
+        `level`: info, warning (W&B's WARN) or critical (W&B's ERROR), in any case, or W&B's AlertLevel;
+        an alert whose title was sent less than `wait_duration` seconds ago is not sent again."""
+        if not isinstance(title, str) or not title.strip():
+            raise TypeError("alert(): title must be a non-empty string")
+        severity = alert_severity(level)
+        if self._done or self._forked:
+            self._warn_once("after-finish", "alert() after finish() (or in a forked child): ignored")
+            return
+        now = time.monotonic()
+        last = self._alerted.get(title)
+        if last is not None and now - last < float(wait_duration):
+            return
+        self._alerted[title] = now
+        message = f"{title}: {text}" if text else title
+        try:
+            event = AlertEvent(run_id=self.run_id, node=self.node, rank=self.rank, kind="user", severity=severity,
+                               message=coerce.text(message)[:4096], step=self._last_step if self._last_step >= 0 else None)
+        except ValidationError as exc:  # pragma: no cover - the fields are cleaned above
+            _log.warning("alert() not sent: %s", exc)
+            return
         self._publisher.publish(event)
 
     def commands(self) -> list[CommandEvent]:
@@ -282,8 +333,11 @@ class Run:
             marked = self._exit_status
             if status is None and marked is not None:
                 status, exit_code = marked[0], marked[1] if exit_code is None else exit_code
+            if self._sampler is not None:
+                self._sampler.close()
             self._publish_run(status or "finished", exit_code)
             exit_hooks.unregister(self)
+            _forget(self)
             if self._feed is not None:
                 self._feed.close()
             self._publisher.close(self._exit_timeout_s, journaled_ok=True)
@@ -324,11 +378,22 @@ class Run:
             event = RunEvent(run_id=self.run_id, node=self.node, rank=self.rank, status=status, config=self.config,
                              tags=self.tags, group=self.group, world_size=self.world_size, host=self.host,
                              attempt=self.attempt, framework=self.framework, git_commit=self.git_commit,
-                             exit_code=exit_code, name=self.name)
-        except ValidationError as exc:  # pragma: no cover - the fields are cleaned above
-            log.warning("run event not sent: %s", exc)
+                             exit_code=exit_code, name=self.name, notes=self.notes,
+                             summary=coerce.config(self.summary) or None if status != "running" else None)
+        except ValidationError as exc:  # the summary's values are cleaned as config's: should not happen
+            if status != "running" and self.summary:
+                _log.warning("run.summary not sent: %s", exc)
+                self.summary = {}
+                self._publish_run(status, exit_code)
+                return
+            _log.warning("run event not sent: %s", exc)
             return
         self._publisher.publish(event)
+
+    def _note_dropped(self, count: int) -> None:
+        self._skipped += count
+        self._warn_once("metrics-cap", f"log(): a step holds more than {self._max_metrics} metrics names "
+                        f"(AREAL_MAX_METRICS); the first are sent, the rest skipped (see stats().skipped)")
 
     def _note_skipped(self, names: tuple[Any, ...]) -> None:
         self._skipped += len(names)
@@ -338,7 +403,7 @@ class Run:
     def _warn_once(self, key: Any, message: str) -> None:
         if key not in self._warned and len(self._warned) < 1000:
             self._warned.add(key)
-            log.warning(message)
+            _log.warning(message)
 
 
 def _eval_fields(verdicts: Any, accuracy: Any, samples: Any, status: str, error: Any, response_length: Any,
@@ -388,10 +453,18 @@ class _Step:
     def encode(self, topics: Topics) -> tuple[str, bytes, bytes]:
         run = self.run
         try:
-            values, skipped = coerce.numbers(self.values)
+            given = self.values
+            sampler = run._sampler
+            if sampler is not None and (sample := sampler.take()):
+                given = dict(given)  # the user's names first: the metrics cap keeps them before the samples
+                for name, value in sample.items():
+                    given.setdefault(name, value)
+            values, skipped = coerce.numbers(given)
             if skipped:
                 run._note_skipped(skipped)
-            parts = coerce.split_step(values, run._epoch)
+            parts = coerce.split_step(values, run._epoch, run._max_metrics)
+            if parts.dropped:
+                run._note_dropped(parts.dropped)
             run._epoch = parts.epoch
             data = {"type": "step", "schema": SCHEMA_VERSION, "event_id": uuid.uuid4().hex, "run_id": run.run_id,
                     "node": run.node, "rank": run.rank, "ts": self.ts, "step": self.step, "epoch": parts.epoch,
@@ -399,8 +472,130 @@ class _Step:
                     "non_finite": parts.non_finite}
             return topics.steps, run._key, dumps_compact(data)
         except Exception as exc:
-            log.exception("step %d of run %s could not be encoded", self.step, run.run_id)
+            _log.exception("step %d of run %s could not be encoded", self.step, run.run_id)
             raw = repr({str(k): v for k, v in list(self.values.items())[:200]})
             bad = rejected(raw, f"client: step {self.step} could not be encoded: {exc}", topics.steps,
                            node=run.node, key=run._key)
             return topics.deadletter, run._key, bad.to_json()
+
+
+# ------------------------------------------------------------ W&B's module-level calls
+
+class AlertLevel(str, enum.Enum):
+    """W&B's alert levels (`wandb.AlertLevel`), for scripts that name them: INFO, WARN, ERROR."""
+
+    INFO = "INFO"
+    WARN = "WARN"
+    ERROR = "ERROR"
+
+
+_SEVERITIES = {"info": "info", "warn": "warning", "warning": "warning", "error": "critical", "critical": "critical"}
+
+
+def alert_severity(level: Any) -> str:
+    """An alert level as W&B spells it (AlertLevel.WARN, "ERROR") or as the contract does -> the contract's."""
+    name = getattr(level, "value", level)
+    found = _SEVERITIES.get(name.lower()) if isinstance(name, str) else None
+    if found is None:
+        raise ValueError(f"alert(): level must be info, warning or critical (W&B's INFO, WARN, ERROR), got {level!r}")
+    return found
+
+
+_current: Run | DisabledRun | None = None
+
+
+def _forget(run: Any) -> None:
+    global _current
+    if _current is run:
+        _current = None
+
+
+def current() -> Run | None:
+    """The run `init` last started in this process and that has not finished (W&B's `wandb.run`), or None."""
+    return _current  # type: ignore[return-value]
+
+
+def _need_run(call: str) -> Run:
+    if _current is None:
+        raise UserError(f"areal_metrics.{call}: no run; call areal_metrics.init() first")
+    return _current  # type: ignore[return-value]
+
+
+def log(data: Mapping[Any, Any], step: int | None = None) -> None:
+    """`run.log` on the current run (W&B's `wandb.log`)."""
+    _need_run("log()").log(data, step=step)
+
+
+def finish(status: str | None = None, exit_code: int | None = None) -> None:
+    """`run.finish` on the current run (W&B's `wandb.finish`); nothing when there is none."""
+    if _current is not None:
+        _current.finish(status, exit_code)
+
+
+def alert(title: str, text: str = "", level: Any = "warning", wait_duration: float = 60.0) -> None:
+    """`run.alert` on the current run (W&B's `wandb.alert`)."""
+    _need_run("alert()").alert(title, text, level, wait_duration)
+
+
+def summary() -> dict[str, Any]:
+    """The current run's `summary` (W&B's `wandb.summary`)."""
+    return _need_run("summary").summary
+
+
+class DisabledRun:
+    """What `init` gives with `mode="disabled"` (AREAL_MODE=disabled): the calls of a `Run`, which do nothing.
+    No thread, no journal, no state file, nothing sent: for debugging runs and unit tests of training code."""
+
+    attempt = 0
+    framework = None
+    git_commit = None
+    mode = "disabled"
+
+    def __init__(self, run_id: str, identity: Identity, *, config: Any, tags: tuple[str, ...], group: str | None,
+                 name: str | None, notes: str | None) -> None:
+        self.run_id, self.name, self.notes, self.tags, self.group = run_id, name, notes, tags, group
+        self.rank, self.world_size, self.local_rank = identity.rank, identity.world_size, identity.local_rank
+        self.node, self.host = identity.node, identity.host
+        self.config = config if config is not None else {}
+        self.summary: dict[str, Any] = {}
+        self.topics = None
+        self._steps = 0
+
+    def log(self, metrics: Mapping[Any, Any], step: int | None = None) -> None:
+        self._steps += 1
+
+    def log_eval(self, dataset: str, step: int | None = None, **fields: Any) -> None:
+        return None
+
+    def alert(self, title: str, text: str = "", level: Any = "warning", wait_duration: float = 60.0) -> None:
+        alert_severity(level)  # a wrong level is wrong in either mode
+
+    def commands(self) -> list[CommandEvent]:
+        return []
+
+    def finish(self, status: str | None = None, exit_code: int | None = None) -> None:
+        if status is not None and status not in TERMINAL_STATUSES:
+            raise ValueError(f"finish(): status must be one of {', '.join(TERMINAL_STATUSES)} (got {status!r})")
+        _forget(self)
+
+    def mark_exit(self, status: str, exit_code: int) -> None:
+        return None
+
+    def finish_at_exit(self) -> None:
+        return None
+
+    def forget_after_fork(self) -> None:
+        return None
+
+    def stats(self) -> RunStats:
+        return RunStats(steps=self._steps, evals=0, skipped=0, queued=0, sent=0, journaled=0, resent=0, failed=0,
+                        pending=0)
+
+    def __enter__(self) -> DisabledRun:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.finish()
+
+    def __repr__(self) -> str:
+        return f"DisabledRun({self.run_id!r}, rank={self.rank}/{self.world_size})"

@@ -49,6 +49,16 @@ def clean_name(name: object) -> str | None:
     return text or None
 
 
+def clean_notes(notes: object) -> str | None:
+    """`init(notes=...)`: free text, at most 4,096 characters; None when empty."""
+    if notes is None:
+        return None
+    if not isinstance(notes, str):
+        raise TypeError(f"notes: expected a string, got {type(notes).__name__}")
+    text = notes.encode("utf-8", "replace").decode("utf-8").strip()[:4096]
+    return text.replace("\x00", "\ufffd") or None
+
+
 def new_run_id(now: float | None = None) -> str:
     """`run-YYYYmmdd-HHMMSS-xxxxxx`: sortable by start time, unique enough to never collide."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))

@@ -327,9 +327,13 @@ class RunEvent(Event, frozen=True, kw_only=True, gc=False):
     git_commit: Text(64) | None = None
     exit_code: Int(ge=-(2**31), le=2**31 - 1) | None = None
     name: Text(256) | None = None  # init(name=...): a free-form display name beside the run_id
+    notes: Message | None = None  # init(notes=...): free text about the run, as W&B's notes
+    summary: JsonObject | None = None  # run.summary: on the rank's terminal event, when it holds anything
 
     def _check_rules(self) -> None:
         check_json(f"{self.table}.config", self.config)
+        if self.summary is not None:
+            check_json(f"{self.table}.summary", self.summary)
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

@@ -12,16 +12,19 @@ Secrets (SASL password) come from the environment or a file and are never printe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from areal_metrics.producers.contract.errors import ConfigError
+from areal_metrics.producers.contract.field_rules import METRICS_MAX
 from areal_metrics.producers.contract.topics import DEFAULT_PREFIX, Topics
 
 DEFAULT_STATE_DIR = ".areal"  # under the user's home directory: one folder per user, whatever the working directory
@@ -43,7 +46,7 @@ def setting(env: str, default: Any, doc: str, *, kind: str = "str", ge: float | 
             le: float | None = None, choices: tuple[str, ...] = (), readers: str = "client worker sink",
             secret: bool = False, default_doc: str | None = None) -> Any:
     """A Settings field read from the environment variable `env` (docs/SETTINGS.md is made
-    from these declarations). kind: str, int, float, bool, choice, path."""
+    from these declarations). kind: str, int, float, bool, choice, path, hostports (`host:port[,host:port]`)."""
     assert set(readers.split()) <= set(READERS), readers
     meta = {"env": env, "doc": doc, "kind": kind, "ge": ge, "le": le, "choices": choices,
             "readers": tuple(readers.split()), "secret": secret,
@@ -55,33 +58,80 @@ def _shown(default: Any) -> str:
     return "unset" if default is None or default == "" else f"`{default}`"
 
 
-def _parse(f: Any, raw: str) -> Any:
+def _parse(f: Any, raw: str, label: str | None = None) -> Any:
     """One variable's text -> its value; ConfigError naming the variable otherwise."""
     m = f.metadata
-    name, kind, text = m["env"], m["kind"], raw.strip()
+    kind, text = m["kind"], raw.strip()
+    name = label or f"{m['env']}={text[:40]!r}"
     if kind in ("str", "path"):
         return text
+    if kind == "hostports":
+        return _hostports(name, text)
     if kind == "choice":
         if text.lower() not in m["choices"]:
-            raise ConfigError(f"{name}={text[:40]!r}: expected one of {', '.join(m['choices'])}")
+            raise ConfigError(f"{name}: expected one of {', '.join(m['choices'])}")
         return text.lower()
     if kind == "bool":
         if text.lower() in _TRUE:
             return True
         if text.lower() in _FALSE:
             return False
-        raise ConfigError(f"{name}={text[:40]!r}: expected 1/0, true/false, yes/no or on/off")
+        raise ConfigError(f"{name}: expected 1/0, true/false, yes/no or on/off")
     try:
         value: float = int(text) if kind == "int" else float(text)
     except ValueError:
-        raise ConfigError(f"{name}={text[:40]!r}: expected {'an integer' if kind == 'int' else 'a number'}") from None
-    if kind == "float" and not math.isfinite(value):
-        raise ConfigError(f"{name}={text[:40]!r}: expected a finite number")
+        raise ConfigError(f"{name}: expected {'an integer' if kind == 'int' else 'a number'}") from None
+    return _in_range(f, name, value)
+
+
+def _in_range(f: Any, name: str, value: float) -> float:
+    m = f.metadata
+    if m["kind"] == "float" and not math.isfinite(value):
+        raise ConfigError(f"{name}: expected a finite number")
     if (m["ge"] is not None and value < m["ge"]) or (m["le"] is not None and value > m["le"]):
         low = "" if m["ge"] is None else f">= {m['ge']:g}"
         high = "" if m["le"] is None else f"<= {m['le']:g}"
-        raise ConfigError(f"{name}={text[:40]!r}: expected a number {' and '.join(filter(None, (low, high)))}")
+        raise ConfigError(f"{name}: expected a number {' and '.join(filter(None, (low, high)))}")
     return value
+
+
+# One bootstrap server: a host name, an IPv4 address or a bracketed IPv6 address, then `:port`.
+_HOSTPORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
+
+
+def _hostports(name: str, text: str) -> str:
+    """`host:port[,host:port...]` as given (spaces around commas dropped); ConfigError naming the variable."""
+    parts = [p.strip() for p in text.split(",")]
+    for part in parts:
+        found = _HOSTPORT.fullmatch(part)
+        if found is None or not 1 <= int(found.group(1)) <= 65535:
+            raise ConfigError(f"{name}: expected host:port[,host:port...] (e.g. 127.0.0.1:9092, no scheme); "
+                              f"{part[:60]!r} is not one")
+    return ",".join(parts)
+
+
+def _override(f: Any, value: Any) -> Any:
+    """A value given in Python (`init(exit_timeout_s=...)`) -> the setting's value, by the rules the variable
+    follows: text goes through the variable's parser, numbers through the same range checks."""
+    m = f.metadata
+    label = f"{f.name}={'***' if m['secret'] else repr(value)[:40]} ({m['env']})"  # a secret is never printed
+    if value is None:
+        if f.default is None:
+            return None
+        raise ConfigError(f"{label}: expected a value (None is not one)")
+    if isinstance(value, os.PathLike) and m["kind"] == "path":
+        value = os.fspath(value)
+    if isinstance(value, str):
+        return _parse(f, value, label)
+    kind = m["kind"]
+    if kind == "bool" and isinstance(value, bool):
+        return value
+    if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return int(_in_range(f, label, value))
+    if kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(_in_range(f, label, float(value)))
+    wanted = {"int": "an integer", "float": "a number", "bool": "True or False"}.get(kind, "a string")
+    raise ConfigError(f"{label}: expected {wanted}, got {type(value).__name__}")
 
 
 def _from_env(f: Any, environ: Mapping[str, str]) -> Any:
@@ -104,8 +154,8 @@ class Settings:
     """Every AREAL_* environment variable the project reads, in one place (docs/SETTINGS.md)."""
 
     # -- where things are
-    kafka_bootstrap: str = setting("AREAL_KAFKA_BOOTSTRAP", "", "Kafka bootstrap servers, comma-separated",
-                                   readers="client worker sink stack trainer benchmarks",
+    kafka_bootstrap: str = setting("AREAL_KAFKA_BOOTSTRAP", "", "Kafka bootstrap servers: host:port, "
+                                   "comma-separated (no scheme)", kind="hostports", readers="client worker sink stack trainer benchmarks",
                                    default_doc=f"the broker `areal-metrics up` recorded, else `{DEFAULT_BOOTSTRAP}`")
     clickhouse_url: str = setting("AREAL_CLICKHOUSE_URL", "", "the store: `chdb:///path` (embedded) or "
                                   "`http://user:pass@host:8123/db` (a server)", readers="sink stack",
@@ -152,6 +202,16 @@ class Settings:
     exit_timeout_s: float = setting("AREAL_EXIT_TIMEOUT_S", 10.0, "how long exit and finish() wait for the "
                                     "broker's acknowledgement before leaving the rest in the journal",
                                     kind="float", ge=0, readers="client")
+    mode: str = setting("AREAL_MODE", "online", "online: send to Kafka (a journal on disk while it is away); "
+                        "disabled: init() gives a run whose calls do nothing (no thread, no journal, nothing sent)",
+                        kind="choice", choices=("online", "disabled"), readers="client")
+    max_metrics: int = setting("AREAL_MAX_METRICS", METRICS_MAX, "names one step's `metrics` keeps (the first "
+                               "logged); past it log() warns once and counts the rest in stats().skipped",
+                               kind="int", ge=1, le=METRICS_MAX, readers="client")
+    system_metrics_s: float = setting("AREAL_SYSTEM_METRICS_S", 0.0, "sample CPU, memory and (with pynvml) GPU "
+                                      "utilisation and memory every this many seconds into the next step's "
+                                      "`metrics` under `system/` (0: off)", kind="float", ge=0, le=3600,
+                                      readers="client")
     kafka_client: str = setting("AREAL_KAFKA_CLIENT", "auto", "the Kafka client that delivers the trainer's "
                                 "events: auto (confluent-kafka when installed), confluent-kafka or kafka-python",
                                 kind="choice", choices=("auto", "confluent-kafka", "kafka-python"), readers="client")
@@ -227,6 +287,14 @@ class Settings:
         values.setdefault("clickhouse_replicated", bool(values.get("clickhouse_cluster")))
         values["clickhouse_steps_ttl_days"] = values.get("clickhouse_steps_ttl_days") or None
         return cls(**values)
+
+    def replace(self, **overrides: Any) -> Settings:
+        """These settings with `overrides` (field name -> value), each checked by the rule its variable
+        follows (`init(exit_timeout_s=-1)` is refused as `AREAL_EXIT_TIMEOUT_S=-1` is)."""
+        unknown = sorted(set(overrides) - set(_FIELDS))
+        if unknown:
+            raise TypeError(f"unknown setting(s) {', '.join(unknown)}")
+        return dataclasses.replace(self, **{k: _override(_FIELDS[k], v) for k, v in overrides.items()})
 
     @property
     def topics(self) -> Topics:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import select
 import socket
@@ -118,6 +119,27 @@ def generated_users() -> dict[str, StoreUser]:
 
 def _quote(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# chdb names the statement it ran: for ours, `In scope SELECT formatQuerySingleLine('<the user's SQL>')`
+_TAGGED = re.compile(r"(.*?)[.\s]*(\(\w+\))?\s*", re.S)  # a message, then ClickHouse's (ERROR_NAME)
+_WRAPPER = re.compile(r"[:.]?\s*In scope SELECT formatQuerySingleLine\(.*\)(?=\.?\s*(?:\(\w+\))?\s*$)", re.S)
+
+
+def _canonical(conn: Any, sql: str, user: str) -> str:
+    """The statement on one line (`formatQuerySingleLine`), which also parses it; a syntax error names the
+    user's SQL, not our wrapper around it."""
+    try:
+        return conn.query(f"SELECT formatQuerySingleLine({_quote(sql)})", "RawBLOB").bytes().decode()  # type: ignore[no-any-return]
+    except Exception as exc:  # noqa: BLE001 - chdb's errors carry ClickHouse's code and text
+        err = ClickHouseError.from_engine(exc, user)
+        shown = " ".join(sql.split())
+        shown = shown if len(shown) <= 300 else shown[:300] + "..."
+        message, found = _WRAPPER.subn("", err.message)
+        if found:
+            body, tag = _TAGGED.fullmatch(message).groups()  # type: ignore[union-attr]
+            err.message = f"{body}: in query: {shown}" + (f" {tag}" if tag else "")
+        raise err from None
 
 
 def _identifier(name: str) -> str:
@@ -206,7 +228,7 @@ class ClickHouseHTTPServer:
                 self._prepare(conn, user, req, method, tag)
                 if req.insert_format is not None:
                     return self._insert(conn, req)
-                canonical = conn.query(f"SELECT formatQuerySingleLine({_quote(req.sql)})", "RawBLOB").bytes().decode()
+                canonical = _canonical(conn, req.sql, user.name)
                 proto.check_statement(canonical, readonly=user.readonly)
                 out_fmt = proto.output_format(canonical, req.default_format)
                 if req.default_format.lower() in _PYTHON_ONLY_FORMATS or out_fmt.lower() in _PYTHON_ONLY_FORMATS:
