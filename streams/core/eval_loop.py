@@ -83,16 +83,18 @@ class EvalLoopState(Stored):
     factor: float = 1.0  # cumulative lr factor asked for so far
     in_breach: bool = False
     looks: int = 0  # threshold looks so far
-    cusum: float = 0.0  # the threshold rule's CUSUM of the rounds' shortfall (in standard errors)
+    previous: tuple[float, float] | None = None  # the older threshold rule's; unused, kept so old records round-trip
     tests: int = 0  # improvement tests so far
+    recent: tuple[tuple[float, float], ...] = ()  # the older plateau rule's; unused, likewise
+    since_test: int = 0  # rounds since the last improvement test
+    # (attempt, step) of the latest round whose 95 % interval lay at or above the threshold (rollback)
+    good_round: tuple[int, int] | None = None
+    cusum: float = 0.0  # the threshold rule's CUSUM of the rounds' shortfall (in standard errors)
     # (step, accuracy, variance) of the rounds since the last improvement decision, newest last
     window: tuple[tuple[int, float, float], ...] = ()
-    since_test: int = 0  # rounds since the last improvement test
     # the run's dispersion: sum and count of (difference of consecutive rounds)^2 / (their variances)
     dispersion: tuple[float, int] = (0.0, 0)
     last_round: tuple[float, float] | None = None  # (accuracy, variance) of the last round
-    # (attempt, step) of the latest round whose 95 % interval lay at or above the threshold (rollback)
-    good_round: tuple[int, int] | None = None
     lowered_from: int | None = None  # `from_step` of the threshold cut whose raise is still owed
     steady: int = 0  # rounds at the lower rate since then, in a row, read at or above the threshold
     ceiling: float = 1.0  # the highest cumulative factor a raise may reach
