@@ -36,7 +36,11 @@ def test_the_faults_have_a_run_of_three_ranks_where_a_majority_outvotes_one() ->
     configured = runs()
     (vote_id,) = [r for r in configured if r.endswith("-vote")]
     ranks, cfg = configured[vote_id]
-    assert ranks >= 3 and cfg.eval_redundancy == ranks  # every sample by every rank: 2 against 1
+    # sharded (shard_nodes 3 > replicas 2), the third rank adjudicating what two replicas dispute: 2 against 1
+    assert ranks >= 3 and cfg.eval_redundancy == 2 < ranks
+    from areal_metrics.areal_train.evalsets import adjudicates
+    assert adjudicates(ranks, cfg.eval_redundancy)
+    assert cfg.dissent_kind == "stuck"  # a systematic fault: its grader returns 0 for every sample
     assert cfg.dissent_rank is not None and 0 <= cfg.dissent_rank < ranks and cfg.fail_eval_rounds
 
 

@@ -251,9 +251,9 @@ def _raise_rule(state: EvalLoopState, c: Consensus, cfg: RunConfig) -> tuple[Eva
     if state.in_breach or steady < cfg.lr_raise_after_rounds or c.ci_low < threshold + cfg.lr_restore_margin:
         return state, []
     raised = min(state.ceiling, state.factor * cfg.lr_restore_factor)
-    why = (f"{_estimate(c)}: {steady} rounds at the lower rate since step {state.lowered_from} read at or above "
-           f"threshold {threshold:g}, this one's interval at or above it + margin {cfg.lr_restore_margin:g}; "
-           f"raised to at most x{state.ceiling:.4g} (below the rate at which accuracy dropped)")
+    why = (f"{_estimate(c)}: the interval lies at or above threshold {threshold:g} + margin "
+           f"{cfg.lr_restore_margin:g}, and {steady} rounds at the lower rate since step {state.lowered_from} read at "
+           f"or above the threshold; raised to at most x{state.ceiling:.4g} (below the rate at which accuracy dropped)")
     command = _command(c, raised / state.factor, raised, why, cfg)
     return replace(state, factor=raised, lowered_from=None, steady=0, raised_in=c.key.attempt), [command]
 
