@@ -250,44 +250,76 @@ def collapsing_trainer(collapse_at: float = 1.0, after: int = 2) -> Callable[[in
 ROLLBACK = dataclasses.replace(CFG, lr_rollback=True, no_improvement_rounds=0)
 
 
+ONE_NODE = dataclasses.replace(PRODUCT, nodes=1, replicas=1)  # the product world, one honest node (no vote)
+
+
 def rates(runs: int, seed: int = 27) -> dict[str, tuple[float, float]]:
-    """Every rate docs/STREAMS.md's table shows: name -> (rate, Monte-Carlo SE)."""
+    """Every rate docs/STREAMS.md's table shows: name -> (rate, Monte-Carlo SE). The rows through
+    the vote (several nodes) run a fifth as many runs: the vote is most of a round's time."""
     out: dict[str, tuple[float, float]] = {}
-    for world_name, world in (("independent", INDEPENDENT), ("product", PRODUCT)):
+    few = max(runs // 5, 2)
+    for world_name, world in (("independent", INDEPENDENT), ("product, 1 node", ONE_NODE)):
         steady = dataclasses.replace(world, jitter=0.0)  # "exactly at the threshold": no wobble
-        out[f"{world_name}: at threshold 150 rounds, cut"] = share(
+        out[f"{world_name}: at 0.30 (threshold) for 150 rounds, cut"] = share(
             simulate(runs, seed, at_threshold(), CFG, steady), any_cut)
-        out[f"{world_name}: drop 0.40->0.23 after 5 rounds, cut within 2"] = share(
+        out[f"{world_name}: 0.40 -> 0.23 after 5 rounds, cut within 2"] = share(
             simulate(runs, seed + 1, drop_after(5), CFG, world), cut_within(5, 2))
-        out[f"{world_name}: drop 0.40->0.23 after 150 rounds, cut within 2"] = share(
+        out[f"{world_name}: 0.40 -> 0.23 after 150 rounds, cut within 2"] = share(
             simulate(runs, seed + 2, drop_after(150), CFG, world), cut_within(150, 2))
-    out["product, jitter 0.02: at threshold 150 rounds (half its rounds truly below), cut"] = share(
-        simulate(runs, seed + 10, at_threshold(), CFG, PRODUCT), any_cut)
-    out["product: at 0.40 for 200 rounds, cut"] = share(simulate(runs, seed + 3, [GOOD] * 200), any_cut)
-    jittery = dataclasses.replace(PRODUCT, jitter=0.05)
-    out["product, jitter 0.05: improving 0.01/round (plateau null), no_improvement"] = share(
+    out["product, 1 node: at 0.40 for 200 rounds, cut"] = share(simulate(runs, seed + 3, [GOOD] * 200, CFG, ONE_NODE),
+                                                                any_cut)
+    out["product, 1 node, jitter 0.02: at 0.30 for 150 rounds (half its rounds truly below), cut"] = share(
+        simulate(runs, seed + 10, at_threshold(), CFG, ONE_NODE), any_cut)
+    jittery = dataclasses.replace(ONE_NODE, jitter=0.05)
+    out["product, 1 node, jitter 0.05: improving 0.01/round for 40 rounds (plateau null), no_improvement"] = share(
         simulate(runs, seed + 4, improving_at_boundary(), CFG, jittery), lambda log: bool(log.plateau))
-    out["product: flat at 0.40 for 40 rounds, no_improvement (power)"] = share(
-        simulate(runs, seed + 5, [GOOD] * 40), lambda log: bool(log.plateau))
+    out["product, 1 node: flat at 0.40 for 40 rounds, no_improvement (power)"] = share(
+        simulate(runs, seed + 5, [GOOD] * 40, CFG, ONE_NODE), lambda log: bool(log.plateau))
+    out["product, 3 ranks at 2 replicas: 0.40 -> 0.23 after 20 rounds, cut within 2"] = share(
+        simulate(few, seed + 11, drop_after(20), CFG, PRODUCT), cut_within(20, 2))
     stuck = dataclasses.replace(PRODUCT, nodes=2, replicas=2, faulty=1)
-    out["2 ranks at 2 replicas, rank 1 stuck at 0, at 0.40: cut"] = share(
-        simulate(runs, seed + 6, [GOOD] * 50, CFG, stuck), any_cut)
+    out["2 ranks at 2 replicas, rank 1's grader stuck at 0, at 0.40 for 20 rounds: cut"] = share(
+        simulate(few, seed + 6, [GOOD] * 20, CFG, stuck), any_cut)
     outvoted = dataclasses.replace(PRODUCT, nodes=3, replicas=3, faulty=2)
-    out["3 ranks at 3 replicas, rank 2 stuck at 0, drop after 20: cut within 2"] = share(
-        simulate(runs, seed + 7, drop_after(20), CFG, outvoted), cut_within(20, 2))
+    out["3 ranks at 3 replicas, rank 2 stuck at 0: 0.40 -> 0.23 after 20 rounds, cut within 2"] = share(
+        simulate(few, seed + 7, drop_after(20), CFG, outvoted), cut_within(20, 2))
     cycle = [run_once(collapsing_trainer(), np.random.default_rng(seed + 8 + i), ROLLBACK, PRODUCT, 20)
-             for i in range(runs)]
-    out["trainer collapsing at x1.0: at most 1 cut and 1 raise in 20 rounds"] = share(
+             for i in range(few)]
+    out["trainer collapsing at x1.0 (3 ranks at 2 replicas, rollback): at most 1 cut and 1 raise in 20 rounds"] = share(
         cycle, lambda log: len(log.threshold_cuts) <= 1 and len(log.raises) <= 1)
     harsh = [run_once(collapsing_trainer(0.6), np.random.default_rng(seed + 9 + i), ROLLBACK, PRODUCT, 20)
-             for i in range(runs)]
+             for i in range(few)]
     out["trainer collapsing above x0.5: at most 2 cuts and 1 raise in 20 rounds"] = share(
         harsh, lambda log: len(log.threshold_cuts) <= 2 and len(log.raises) <= 1)
     return out
 
 
+COLLAPSE = [GOOD] * 20 + [0.10] * 3  # a clean collapse after 20 good rounds
+SLIDE = [GOOD] * 20 + [0.27] + [0.10] * 3  # a slide whose first round under 0.30 is close enough to read above it
+
+
+def rollback_rates(runs: int, seed: int = 60) -> dict[str, tuple[float, float]]:
+    """Which weights a cut names (rollback on; the product world, one node): a round whose true
+    accuracy was at or above the threshold (good), or one that was not (bad)."""
+    out: dict[str, tuple[float, float]] = {}
+    for name, path in (("collapse 0.40 -> 0.10 after 20 rounds", COLLAPSE),
+                       ("slide 0.40 -> 0.27 -> 0.10 after 20 rounds", SLIDE)):
+        good = {r for r, mu in enumerate(path) if mu >= THRESHOLD}
+        logs = simulate(runs, seed, path, ROLLBACK, ONE_NODE)
+        out[f"rollback, {name}: the cut names a good round"] = share(
+            logs, lambda log: any(r in good for _, r in log.restored))
+        out[f"rollback, {name}: the cut names a round under the threshold"] = share(
+            logs, lambda log: any(r not in good for _, r in log.restored))
+        seed += 1
+    return out
+
+
 if __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
-    print(f"| condition ({n} runs each, seed 27) | rate | MC error |\n|---|---|---|")
-    for name, (value, se) in rates(n).items():
-        print(f"| {name} | {value:.3f} | {se:.3f} |")
+    print(f"| condition (seed 27; {n} runs a row, {max(n // 5, 2)} through the vote) | rate | MC error |\n"
+          "|---|---|---|", flush=True)
+    which = sys.argv[2] if len(sys.argv) > 2 else "all"
+    table = {**(rates(n) if which in ("all", "rates") else {}),
+             **(rollback_rates(n) if which in ("all", "rollback") else {})}
+    for name, (value, se) in table.items():
+        print(f"| {name} | {value:.3f} | {se:.3f} |", flush=True)

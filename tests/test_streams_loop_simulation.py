@@ -84,3 +84,12 @@ def test_no_rollback_cycle_with_a_trainer_that_collapses_at_the_full_rate() -> N
     logs = [sim.run_once(sim.collapsing_trainer(0.6), np.random.default_rng(50 + i), sim.ROLLBACK, sim.PRODUCT, 20)
             for i in range(6)]
     assert all(len(log.threshold_cuts) <= 2 and len(log.raises) <= 1 for log in logs)
+
+
+def test_the_rollback_names_good_weights_and_not_the_round_under_the_threshold() -> None:
+    rates = sim.rollback_rates(60, seed=60)
+    assert rates["rollback, collapse 0.40 -> 0.10 after 20 rounds: the cut names a good round"][0] >= 0.90
+    assert rates["rollback, collapse 0.40 -> 0.10 after 20 rounds: the cut names a round under the threshold"][0] == 0
+    assert rates["rollback, slide 0.40 -> 0.27 -> 0.10 after 20 rounds: the cut names a good round"][0] >= 0.90
+    assert rates["rollback, slide 0.40 -> 0.27 -> 0.10 after 20 rounds: the cut names a round under the "
+                 "threshold"][0] <= 0.05
