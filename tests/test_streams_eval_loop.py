@@ -348,3 +348,28 @@ def test_any_eval_loop_a_run_sends_is_taken_or_named_never_a_crash(loop) -> None
         assert len(taken) + len(named) == len(loop)  # every key either taken or named
     # and the state round-trips through the worker's codec
     assert codec.loads(RunState, codec.dumps(state)).loop_overrides == state.loop_overrides
+
+
+def test_the_horizon_comes_from_the_run_its_total_steps_and_interval_else_the_worker() -> None:
+    def horizon(config: dict) -> str:
+        state, _ = on_run(RunState("run-l"), RunEvent(run_id="run-l", node="n0", status="running", world_size=1,
+                                                      config=config, ts=1.0, event_id="r"), 0.0, CFG)
+        ev = EvalEvent(run_id="run-l", node="n0", eval_id="r60", step=60, dataset="math500", stage="full",
+                       accuracy=0.1, verdicts=(1,) + (0,) * 127, replicas=1, ts=5.0, event_id="r60")
+        _, out = on_eval(state, ev, 1.0, CFG)
+        [command] = [o.event for o in out if o.event.type == "command"]
+        return command.reason.split("over a horizon of ")[1].split(" ")[0]
+
+    assert horizon({}) == "200"  # the worker's setting
+    assert horizon({"total_steps": 400, "eval_interval_steps": 8}) == "50"
+    assert horizon({"total_steps": 401, "eval_interval_steps": 8}) == "51"  # rounded up
+    assert horizon({"total_steps": 400}) == "200"  # no interval: the worker's
+    assert horizon({"total_steps": 400, "eval_interval_steps": 8, "eval_loop": {"horizon_rounds": 1000}}) == "1000"
+    assert horizon({"total_steps": "many", "eval_interval_steps": 8}) == "200"
+
+
+def test_a_longer_horizon_keeps_the_false_alarm_rate_with_a_higher_limit() -> None:
+    from areal_metrics.streams.core.eval_loop import cusum_design
+
+    (k, h50), (_, h200), (_, h2000) = (cusum_design(0.05, n) for n in (50, 200, 2000))
+    assert k == pytest.approx(1.959964, abs=1e-6) and h50 < h200 < h2000
