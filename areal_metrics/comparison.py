@@ -324,7 +324,8 @@ def render(result: Mapping[str, Any]) -> str:
     a, b = result["groups"][0]["group"], result["groups"][1]["group"]
     d = result["difference"]
     note = f" ({d['note']})" if "note" in d else ""
-    lines.append(f"  difference {b} - {a}: {d['estimate']:+.3f}, 95% interval [{num(d['ci_low'])}, {num(d['ci_high'])}], "
+    lines.append(f"  difference {b} - {a}: {d['estimate']:+.3f}, "
+                 f"95% interval [{num(d['ci_low'])}, {num(d['ci_high'])}], "
                  f"{stats.format_p(d['p_value'])} ({d['method']}){note}")
     p = result["paired"]
     tail = f" ({p['note']})" if "note" in p else ""

@@ -15,8 +15,9 @@ A skip never hides a drop: the full stage is skipped only when the quick stage
 shows that accuracy did not fall by `drop_margin` or more (a one-sided
 non-inferiority test: the lower `1 - alpha` bound of the mean per-prompt change
 in the share of right answers, a paired t over the quick prompts, lies above
--`drop_margin`; with fewer than 11 quick prompts the full stage always runs). A drop of that size is then sent on to the full stage, and the
-closed loop that reads it, in at least 1 - alpha of rounds (the t is exact for
+-`drop_margin`; with fewer than 11 quick prompts the full stage always runs).
+A drop of that size is then sent on to the full stage, and the closed loop that
+reads it, in at least 1 - alpha of rounds (the t is exact for
 normal changes; the simulation measures it for 0/1 verdicts). The full stage
 also runs when forced (first round, last round) or overdue (`max_skipped` skips
 in a row).

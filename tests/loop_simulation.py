@@ -24,9 +24,10 @@ fresh prompts and noise every round (independent rounds: the old simulation's wo
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -253,45 +254,47 @@ ROLLBACK = dataclasses.replace(CFG, lr_rollback=True, no_improvement_rounds=0)
 ONE_NODE = dataclasses.replace(PRODUCT, nodes=1, replicas=1)  # the product world, one honest node (no vote)
 
 
-def rates(runs: int, seed: int = 27) -> dict[str, tuple[float, float]]:
+def rate_rows(runs: int, seed: int = 27) -> Iterator[tuple[str, tuple[float, float]]]:
     """Every rate docs/STREAMS.md's table shows: name -> (rate, Monte-Carlo SE). The rows through
     the vote (several nodes) run a fifth as many runs: the vote is most of a round's time."""
-    out: dict[str, tuple[float, float]] = {}
     few = max(runs // 5, 2)
     for world_name, world in (("independent", INDEPENDENT), ("product, 1 node", ONE_NODE)):
         steady = dataclasses.replace(world, jitter=0.0)  # "exactly at the threshold": no wobble
-        out[f"{world_name}: at 0.30 (threshold) for 150 rounds, cut"] = share(
+        yield f"{world_name}: at 0.30 (threshold) for 150 rounds, cut", share(
             simulate(runs, seed, at_threshold(), CFG, steady), any_cut)
-        out[f"{world_name}: 0.40 -> 0.23 after 5 rounds, cut within 2"] = share(
+        yield f"{world_name}: 0.40 -> 0.23 after 5 rounds, cut within 2", share(
             simulate(runs, seed + 1, drop_after(5), CFG, world), cut_within(5, 2))
-        out[f"{world_name}: 0.40 -> 0.23 after 150 rounds, cut within 2"] = share(
+        yield f"{world_name}: 0.40 -> 0.23 after 150 rounds, cut within 2", share(
             simulate(runs, seed + 2, drop_after(150), CFG, world), cut_within(150, 2))
-    out["product, 1 node: at 0.40 for 200 rounds, cut"] = share(simulate(runs, seed + 3, [GOOD] * 200, CFG, ONE_NODE),
-                                                                any_cut)
-    out["product, 1 node, jitter 0.02: at 0.30 for 150 rounds (half its rounds truly below), cut"] = share(
+    yield "product, 1 node: at 0.40 for 200 rounds, cut", share(
+        simulate(runs, seed + 3, [GOOD] * 200, CFG, ONE_NODE), any_cut)
+    yield "product, 1 node, jitter 0.02: at 0.30 for 150 rounds (half its rounds truly below), cut", share(
         simulate(runs, seed + 10, at_threshold(), CFG, ONE_NODE), any_cut)
     jittery = dataclasses.replace(ONE_NODE, jitter=0.05)
-    out["product, 1 node, jitter 0.05: improving 0.01/round for 40 rounds (plateau null), no_improvement"] = share(
+    yield "product, 1 node, jitter 0.05: improving 0.01/round for 40 rounds (plateau null), no_improvement", share(
         simulate(runs, seed + 4, improving_at_boundary(), CFG, jittery), lambda log: bool(log.plateau))
-    out["product, 1 node: flat at 0.40 for 40 rounds, no_improvement (power)"] = share(
+    yield "product, 1 node: flat at 0.40 for 40 rounds, no_improvement (power)", share(
         simulate(runs, seed + 5, [GOOD] * 40, CFG, ONE_NODE), lambda log: bool(log.plateau))
-    out["product, 3 ranks at 2 replicas: 0.40 -> 0.23 after 20 rounds, cut within 2"] = share(
+    yield "product, 3 ranks at 2 replicas: 0.40 -> 0.23 after 20 rounds, cut within 2", share(
         simulate(few, seed + 11, drop_after(20), CFG, PRODUCT), cut_within(20, 2))
     stuck = dataclasses.replace(PRODUCT, nodes=2, replicas=2, faulty=1)
-    out["2 ranks at 2 replicas, rank 1's grader stuck at 0, at 0.40 for 20 rounds: cut"] = share(
+    yield "2 ranks at 2 replicas, rank 1's grader stuck at 0, at 0.40 for 20 rounds: cut", share(
         simulate(few, seed + 6, [GOOD] * 20, CFG, stuck), any_cut)
     outvoted = dataclasses.replace(PRODUCT, nodes=3, replicas=3, faulty=2)
-    out["3 ranks at 3 replicas, rank 2 stuck at 0: 0.40 -> 0.23 after 20 rounds, cut within 2"] = share(
+    yield "3 ranks at 3 replicas, rank 2 stuck at 0: 0.40 -> 0.23 after 20 rounds, cut within 2", share(
         simulate(few, seed + 7, drop_after(20), CFG, outvoted), cut_within(20, 2))
     cycle = [run_once(collapsing_trainer(), np.random.default_rng(seed + 8 + i), ROLLBACK, PRODUCT, 20)
              for i in range(few)]
-    out["trainer collapsing at x1.0 (3 ranks at 2 replicas, rollback): at most 1 cut and 1 raise in 20 rounds"] = share(
+    yield "trainer collapsing at x1.0 (3 ranks at 2 replicas, rollback): at most 1 cut and 1 raise in 20 rounds", share(
         cycle, lambda log: len(log.threshold_cuts) <= 1 and len(log.raises) <= 1)
     harsh = [run_once(collapsing_trainer(0.6), np.random.default_rng(seed + 9 + i), ROLLBACK, PRODUCT, 20)
              for i in range(few)]
-    out["trainer collapsing above x0.5: at most 2 cuts and 1 raise in 20 rounds"] = share(
+    yield "trainer collapsing above x0.5: at most 2 cuts and 1 raise in 20 rounds", share(
         harsh, lambda log: len(log.threshold_cuts) <= 2 and len(log.raises) <= 1)
-    return out
+
+
+def rates(runs: int, seed: int = 27) -> dict[str, tuple[float, float]]:
+    return dict(rate_rows(runs, seed))
 
 
 COLLAPSE = [GOOD] * 20 + [0.10] * 3  # a clean collapse after 20 good rounds
@@ -319,7 +322,7 @@ if __name__ == "__main__":
     print(f"| condition (seed 27; {n} runs a row, {max(n // 5, 2)} through the vote) | rate | MC error |\n"
           "|---|---|---|", flush=True)
     which = sys.argv[2] if len(sys.argv) > 2 else "all"
-    table = {**(rates(n) if which in ("all", "rates") else {}),
-             **(rollback_rates(n) if which in ("all", "rollback") else {})}
-    for name, (value, se) in table.items():
+    rows = itertools.chain(rate_rows(n) if which in ("all", "rates") else (),
+                           rollback_rates(n).items() if which in ("all", "rollback") else ())
+    for name, (value, se) in rows:
         print(f"| {name} | {value:.3f} | {se:.3f} |", flush=True)

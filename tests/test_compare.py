@@ -234,7 +234,9 @@ def test_the_headline_keeps_its_false_positive_rate_and_finds_a_real_difference(
     wrong = 0
     for _ in range(100):
         truth_a, truth_b = rng.normal(0.3, 0.02, 3), rng.normal(0.3, 0.02, 3)
-        a = [RunRound(f"a{i}", 0, "e", 1, {s: int(rng.random() < p) for s in range(512)}) for i, p in enumerate(truth_a)]
-        b = [RunRound(f"b{i}", 0, "e", 1, {s: int(rng.random() < p) for s in range(512)}) for i, p in enumerate(truth_b)]
+        a = [RunRound(f"a{i}", 0, "e", 1, {s: int(rng.random() < p) for s in range(512)})
+             for i, p in enumerate(truth_a)]
+        b = [RunRound(f"b{i}", 0, "e", 1, {s: int(rng.random() < p) for s in range(512)})
+             for i, p in enumerate(truth_b)]
         wrong += paired(a, b)["p_value"] < 0.05
     assert wrong / 100 > 0.10  # twice its nominal 5 %: why it is labelled a test of these models

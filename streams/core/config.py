@@ -223,7 +223,8 @@ class RunConfig:
             raise ConfigError(f"streams config lr_eval_threshold: must be an accuracy in [0, 1] "
                               f"(got {self.lr_eval_threshold})")
         if not 1 <= self.lr_horizon_rounds <= 1_000_000:
-            raise ConfigError(f"streams config lr_horizon_rounds: must be in [1, 1000000] (got {self.lr_horizon_rounds})")
+            raise ConfigError(f"streams config lr_horizon_rounds: must be in [1, 1000000] "
+                              f"(got {self.lr_horizon_rounds})")
         for name in ("lr_restore_margin", "lr_apply_delay_steps", "no_improvement_rounds", "lr_improve_delta",
                      "lr_raise_after_rounds"):
             if getattr(self, name) < 0:
