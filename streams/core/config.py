@@ -36,7 +36,8 @@ A run's `run.config.eval_loop` overrides these for that run (EVAL_LOOP_KEYS: the
                                whose 95 % interval lay at or above the threshold (the trainer
                                restores the weights it had then)
   lr_restore_margin = 0.0      a breach ends when the 95 % interval's low end is >= threshold + margin ...
-  lr_restore_factor = 2.0      ... and scales lr back up by this (cumulative capped at 1.0)
+  lr_restore_factor = 2.0      ... and a raise (after lr_raise_after_rounds) scales lr back up by this,
+                               capped below the rate at which accuracy dropped (and at 1.0)
   lr_apply_delay_steps = 5     `from_step` = the evaluated step + this
   lr_horizon_rounds = 200      the rounds over which the run's decisions keep their false-alarm rate
                                lr_alpha (a run's `eval_loop.horizon_rounds`; else, when its run event
