@@ -50,8 +50,9 @@ def test_a_drop_is_cut_within_two_rounds_as_late_in_the_run_as_early() -> None:
     assert rate(late, lambda log: any(r < 150 for r in log.threshold_cuts)) <= 0.05
 
 
-def test_the_old_spending_would_have_missed_the_late_drop(monkeypatch) -> None:
-    # the simulation can fail a rule whose late looks go blind: a limit as strict as the old 150th look's
+def test_the_simulation_fails_a_rule_that_asks_far_more_evidence(monkeypatch) -> None:
+    # the simulation can fail a rule that has gone blind (as the old spending had by its 150th look:
+    # a single round had to read 4.8 standard errors below): a CUSUM limit of 10
     from areal_metrics.streams.core import eval_loop
 
     strict = eval_loop.cusum_design(0.05, 200)[0], 10.0
