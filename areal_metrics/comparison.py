@@ -1,14 +1,22 @@
 """Two groups of runs compared on one dataset: what `areal-metrics compare` prints.
 
-Each group's runs (by `run.group`) and each run's last full-stage consensus on
-the dataset (a stale repeat of an earlier round is not a result): the mean over
-the runs and its 95 % t-interval over runs (seeds). Then a paired test per
-sample: each run's per-sample verdicts come from its nodes' stored `verdicts`
-(table `evals`, the round of that consensus), voted per sample as the worker
-votes (strict majority, ties undecided); a group's score of a sample is the
-mean over its runs that decided it; the exact sign test runs over the samples
-both groups decided, on the differences of those scores (with one run per
-group: McNemar's exact test). Samples are matched by their index in the
+The question is the strategy's: does group B's way of training do better than group A's? The
+runs (seeds) are the replicates. Each group's runs (by `run.group`) enter with their
+full-stage consensus on the dataset at one common step: the last step at which every run of
+both groups has a (non-stale) consensus, or the `--step` the user gives (never "whatever each
+run's last round was": two groups identical at equal steps but of different lengths do not
+differ). Per group: the mean over its runs and its 95 % t-interval. The headline,
+`difference`: mean(B) - mean(A) with Welch's 95 % interval and two-sided p-value over runs
+(areal_metrics.stats.welch; unequal variances; None with fewer than 2 runs in a group).
+
+Then `paired`, a test of these particular models (the runs compared, not the strategies),
+with the prompt as its unit: each run's per-sample verdicts come from its nodes' stored
+`verdicts` (table `evals`, the round of that consensus), voted per sample as the worker
+votes (strict majority, ties undecided); a run's score of a prompt is the mean of its
+decided samples of it (`samples_per_prompt` consecutive samples a prompt); a group's score
+the mean over its runs that decided it; the exact sign test runs over the prompts both
+groups decided, on the differences of those scores (with one run per group and one sample
+a prompt: McNemar's exact test). Samples are matched by their index in the
 dataset's shared order (`sample_ids`, else the older `metrics` window, else
 0..n-1), and only when both groups evaluated the same set (one
 `dataset_fingerprint`). `accuracy` is the first attempt's; for multi-turn
@@ -27,7 +35,8 @@ from typing import Any
 from areal_metrics import stats
 from areal_metrics.errors import UserError
 
-TEST_NAME = "exact sign test on per-sample accuracy differences"
+TEST_NAME = "exact sign test on per-prompt accuracy differences"
+SCOPE = "these models (the runs compared), not the strategies: see difference"
 
 
 def literal(text: str) -> str:
@@ -44,6 +53,7 @@ class RunRound:
     verdicts: dict[int, int] = field(default_factory=dict)  # sample -> the nodes' majority
     fingerprints: set[str] = field(default_factory=set)
     turn_metrics: dict[str, float] = field(default_factory=dict)  # first_attempt_accuracy, solved_within_<T>_turns
+    per_prompt: int = 1  # samples a prompt (the evaluators' `samples_per_prompt`)
 
 
 @dataclass(frozen=True)
@@ -77,17 +87,30 @@ def full_datasets(store: Any, runs: Sequence[str], stage: str) -> set[str]:
         WHERE run_id IN ({', '.join(map(literal, runs))}) AND stage = {literal(stage)} AND NOT stale""")}
 
 
-def last_rounds(store: Any, runs: Sequence[str], dataset: str, stage: str) -> dict[str, RunRound]:
-    """run -> its last consensus (highest step, then latest) on the dataset and stage."""
-    out = {}
-    for run, acc, eval_id, step in _rows(store, f"""
-            SELECT run_id, argMax(accuracy, (step, ts)), argMax(eval_id, (step, ts)), max(step)
+def rounds_at(store: Any, runs: Sequence[str], dataset: str, stage: str,
+              step: int | None) -> tuple[int, dict[str, RunRound]]:
+    """(the step compared, run -> its consensus there (the latest at that step) on the dataset and
+    stage). The step: `step`, else the last step every run has a non-stale consensus at; UserError
+    when a run has none there (naming it) or no step is common to all."""
+    evaluated: dict[str, dict[int, tuple[float, str]]] = {r: {} for r in runs}
+    for run, step_, acc, eval_id in _rows(store, f"""
+            SELECT run_id, step, argMax(accuracy, ts), argMax(eval_id, ts)
             FROM v_eval_consensus
             WHERE run_id IN ({', '.join(map(literal, runs))}) AND dataset = {literal(dataset)}
               AND stage = {literal(stage)} AND NOT stale
-            GROUP BY run_id"""):
-        out[run] = RunRound(run, float(acc), eval_id, int(step))
-    return out
+            GROUP BY run_id, step"""):
+        evaluated[run][int(step_)] = (float(acc), eval_id)
+    if step is None:
+        common = set.intersection(*(set(steps) for steps in evaluated.values())) if evaluated else set()
+        if not common:
+            raise UserError(f"--step: no step at which every run of both groups has a {stage}-stage consensus on "
+                            f"{dataset!r}; give one with --step, or compare groups evaluated at the same steps")
+        step = max(common)
+    missing = sorted(r for r, steps in evaluated.items() if step not in steps)
+    if missing:
+        raise UserError(f"--step {step}: no {stage}-stage consensus on {dataset!r} at that step for "
+                        f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    return step, {r: RunRound(r, steps[step][0], steps[step][1], step) for r, steps in evaluated.items()}
 
 
 def _has_sample_ids(store: Any) -> bool:
@@ -152,14 +175,27 @@ def attach_turn_metrics(store: Any, rounds: Mapping[str, RunRound]) -> None:
         rounds[run].turn_metrics[key] = float(value)
 
 
+def samples_per_prompt(store: Any, rounds: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    if not rounds:
+        return {}
+    keys = ", ".join(f"({literal(run)}, {literal(eval_id)})" for run, eval_id in rounds)
+    return {(run, eval_id): max(1, int(k)) for run, eval_id, k in _rows(store, f"""
+            SELECT run_id, eval_id, max(metrics['samples_per_prompt']) FROM v_evals
+            WHERE (run_id, eval_id) IN ({keys}) AND status = 'ok' AND mapContains(metrics, 'samples_per_prompt')
+            GROUP BY run_id, eval_id""")}
+
+
 def attach_verdicts(store: Any, rounds: Mapping[str, RunRound]) -> None:
-    """Fill each round's per-sample verdicts (the nodes' majority) and fingerprints from `evals`."""
+    """Fill each round's per-sample verdicts (the nodes' majority), fingerprints and samples a
+    prompt from `evals`."""
     keys = [(r.run_id, r.eval_id) for r in rounds.values()]
     voted = node_verdicts(store, keys)
     prints = fingerprints(store, keys)
+    per_prompt = samples_per_prompt(store, keys)
     for r in rounds.values():
         r.verdicts = stats.node_majority(voted.get((r.run_id, r.eval_id), {}).values())
         r.fingerprints = prints.get((r.run_id, r.eval_id), set())
+        r.per_prompt = per_prompt.get((r.run_id, r.eval_id), 1)
 
 
 # ------------------------------------------------------------------ the rule
@@ -182,34 +218,54 @@ def _clip(interval: stats.MeanInterval) -> tuple[float | None, float | None]:
     return None if low is None else max(low, 0.0), None if high is None else min(high, 1.0)
 
 
-def per_sample_scores(rounds: Sequence[RunRound]) -> dict[int, float]:
-    """sample -> mean verdict over the runs that decided it."""
+def per_prompt_scores(rounds: Sequence[RunRound], k: int) -> dict[int, float]:
+    """prompt -> mean over the runs that decided any of its samples of the run's mean verdict on them
+    (`k` consecutive samples a prompt)."""
     total: dict[int, float] = defaultdict(float)
     count: dict[int, int] = defaultdict(int)
     for r in rounds:
+        mine: dict[int, list[int]] = defaultdict(list)
         for sample, v in r.verdicts.items():
-            total[sample] += v
-            count[sample] += 1
-    return {s: total[s] / count[s] for s in total}
+            mine[sample // k].append(v)
+        for prompt, vs in mine.items():
+            total[prompt] += sum(vs) / len(vs)
+            count[prompt] += 1
+    return {p: total[p] / count[p] for p in total}
 
 
 def paired(a: Sequence[RunRound], b: Sequence[RunRound]) -> dict[str, Any]:
-    """The paired per-sample test between two groups' rounds, as the JSON's `paired` object."""
+    """The paired per-prompt test between two groups' rounds, as the JSON's `paired` object: a test of
+    these models (the runs compared), not of the strategies (`difference` is that)."""
     prints = {fp for r in (*a, *b) for fp in r.fingerprints}
-    base: dict[str, Any] = {"test": TEST_NAME, "n": 0, "p_value": None, "a_better": 0, "b_better": 0}
+    k = max((r.per_prompt for r in (*a, *b)), default=1)
+    base: dict[str, Any] = {"test": TEST_NAME, "scope": SCOPE, "unit": "prompt", "samples_per_prompt": k,
+                            "n": 0, "p_value": None, "a_better": 0, "b_better": 0}
     if len(prints) > 1:
         return {**base, "note": "the groups evaluated different sample sets (dataset fingerprints differ)"}
-    sa, sb = per_sample_scores(a), per_sample_scores(b)
+    sa, sb = per_prompt_scores(a, k), per_prompt_scores(b, k)
     common = sorted(set(sa) & set(sb))
     if not common:
-        return {**base, "note": "no sample evaluated (and decided) by both groups"}
+        return {**base, "note": "no prompt evaluated (and decided) by both groups"}
     result = stats.sign_test(sa[s] - sb[s] for s in common)
     return {**base, "n": result.n, "p_value": result.p_value, "a_better": result.positive,
             "b_better": result.negative}
 
 
-def compare(store: Any, group_a: str, group_b: str, dataset: str | None, stage: str) -> dict[str, Any]:
-    """The contract's JSON object; UserError names what is missing."""
+def difference(a: Sequence[RunRound], b: Sequence[RunRound]) -> dict[str, Any]:
+    """The headline: mean(B) - mean(A) over runs, Welch's interval and p-value (the JSON's `difference`)."""
+    d = stats.welch([r.accuracy for r in a], [r.accuracy for r in b])
+    out: dict[str, Any] = {"estimate": d.estimate, "ci_low": d.ci_low, "ci_high": d.ci_high, "p_value": d.p_value,
+                           "method": d.method}
+    if d.p_value is None:
+        out["note"] = ("needs 2 or more runs (seeds) in each group" if min(len(a), len(b)) < 2
+                       else "no spread between the runs: no interval")
+    return out
+
+
+def compare(store: Any, group_a: str, group_b: str, dataset: str | None, stage: str,
+            step: int | None = None) -> dict[str, Any]:
+    """The contract's JSON object; UserError names what is missing. Without `dataset`, groups that
+    share several datasets get {"results": [one object per dataset]}."""
     if group_a == group_b:
         raise UserError(f"GROUP_B: the same group as GROUP_A ({group_a!r})")
     members = group_runs(store, [group_a, group_b])
@@ -218,39 +274,61 @@ def compare(store: Any, group_a: str, group_b: str, dataset: str | None, stage: 
             raise UserError(f"{label} {g!r}: no runs in this group (the `group` of areal_metrics.init)")
     if dataset is None:
         both = full_datasets(store, members[group_a], stage) & full_datasets(store, members[group_b], stage)
-        if len(both) != 1:
-            choices = ", ".join(sorted(both)) or "none"
-            raise UserError(f"--dataset: needed, the groups share {stage}-stage results on: {choices}")
+        if not both:
+            raise UserError(f"--dataset: the groups share no {stage}-stage results on any dataset")
+        if len(both) > 1:
+            return {"results": [compare_on(store, members, group_a, group_b, d, stage, step) for d in sorted(both)]}
         dataset = both.pop()
-    rounds = last_rounds(store, members[group_a] + members[group_b], dataset, stage)
+    return compare_on(store, members, group_a, group_b, dataset, stage, step)
+
+
+def compare_on(store: Any, members: Mapping[str, Sequence[str]], group_a: str, group_b: str, dataset: str,
+               stage: str, step: int | None) -> dict[str, Any]:
+    evaluated = {r for (r,) in _rows(store, f"""SELECT DISTINCT run_id FROM v_eval_consensus
+        WHERE run_id IN ({', '.join(map(literal, [*members[group_a], *members[group_b]]))})
+          AND dataset = {literal(dataset)} AND stage = {literal(stage)} AND NOT stale""")}
+    runs = []
     for label, g in (("GROUP_A", group_a), ("GROUP_B", group_b)):
-        if not any(r in rounds for r in members[g]):
+        mine = [r for r in members[g] if r in evaluated]  # a run without a result there is not in the comparison
+        if not mine:
             raise UserError(f"{label} {g!r}: no {stage}-stage consensus on dataset {dataset!r}")
+        runs.append(mine)
+    at, rounds = rounds_at(store, runs[0] + runs[1], dataset, stage, step)
     attach_verdicts(store, rounds)
     attach_turn_metrics(store, rounds)
-    a = [rounds[r] for r in members[group_a] if r in rounds]
-    b = [rounds[r] for r in members[group_b] if r in rounds]
+    a = [rounds[r] for r in runs[0]]
+    b = [rounds[r] for r in runs[1]]
     groups = [summarize(group_a, a), summarize(group_b, b)]
-    return {"dataset": dataset, "stage": stage,
+    return {"dataset": dataset, "stage": stage, "step": at,
             "groups": [{"group": g.group, "runs": g.runs, "mean": g.mean, "ci_low": g.ci_low, "ci_high": g.ci_high,
                         "run_ids": list(g.run_ids), "metrics": g.metrics} for g in groups],
+            "difference": difference(a, b),
             "paired": paired(a, b)}
 
 
 def render(result: Mapping[str, Any]) -> str:
-    """The human form: one line per group, one for the paired test."""
+    """The human form: per dataset, one line per group, the difference, the paired test."""
+    if "results" in result:
+        return "".join(render(r) for r in result["results"])
+
     def num(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.3f}"
 
-    lines = [f"{result['dataset']} ({result['stage']} stage), the last consensus of each run"]
+    lines = [f"{result['dataset']} ({result['stage']} stage), each run's consensus at step {result['step']} "
+             "(the last step every run evaluated, or --step)"]
     for g in result["groups"]:
         lines.append(f"  {g['group']}: mean {num(g['mean'])} over {g['runs']} run{'s' * (g['runs'] != 1)}, "
                      f"95% t-interval [{num(g['ci_low'])}, {num(g['ci_high'])}]")
         for name, m in g.get("metrics", {}).items():
             lines.append(f"    {name}: {num(m['mean'])} [{num(m['ci_low'])}, {num(m['ci_high'])}]")
-    p = result["paired"]
     a, b = result["groups"][0]["group"], result["groups"][1]["group"]
+    d = result["difference"]
+    note = f" ({d['note']})" if "note" in d else ""
+    lines.append(f"  difference {b} - {a}: {d['estimate']:+.3f}, "
+                 f"95% interval [{num(d['ci_low'])}, {num(d['ci_high'])}], "
+                 f"{stats.format_p(d['p_value'])} ({d['method']}){note}")
+    p = result["paired"]
     tail = f" ({p['note']})" if "note" in p else ""
-    lines.append(f"  paired ({p['test']}): n {p['n']} samples, {a} better on {p['a_better']}, "
-                 f"{b} better on {p['b_better']}, p = {num(p['p_value'])}{tail}")
+    lines.append(f"  paired, a test of {p['scope']} ({p['test']}): n {p['n']} prompts, {a} better on "
+                 f"{p['a_better']}, {b} better on {p['b_better']}, {stats.format_p(p['p_value'])}{tail}")
     return "\n".join(lines) + "\n"

@@ -3,6 +3,8 @@
 - `wilson`: a 95 % interval of a proportion of `n` samples; `design_effect`
   widens it when samples come in clusters (k samples per prompt);
 - `t_interval`: a 95 % interval of a mean over runs (seeds), Student's t;
+- `welch`: the difference of two groups' means over runs (seeds), Welch's t interval
+  and two-sided p-value (unequal variances; Welch-Satterthwaite degrees of freedom);
 - `sign_test`: the exact two-sided sign test of paired differences (with one
   0/1 outcome per side it is McNemar's exact test on the discordant pairs);
 - `node_majority`: one run's per-sample verdicts from its nodes' verdicts, the
@@ -17,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from areal_metrics.areal_train.gate import binomial_two_sided  # the trainer's gate runs the same test
+from areal_metrics.streams.core import stats as core  # t_cdf, t_quantile (the one statistics module at the merge)
 
 Z95 = 1.959963984540054
 
@@ -85,6 +88,45 @@ def t_interval(values: Sequence[float]) -> MeanInterval:
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = t_quantile(n - 1) * sd / math.sqrt(n)
     return MeanInterval(n, mean, mean - half, mean + half)
+
+
+@dataclass(frozen=True)
+class Difference:
+    estimate: float  # mean of b minus mean of a
+    ci_low: float | None  # None: a group has fewer than 2 runs (no spread to measure), or no spread at all
+    ci_high: float | None
+    p_value: float | None
+    df: float | None
+    method: str = "Welch t-test over runs (each run's accuracy one value), 95% interval"
+
+
+def welch(a: Sequence[float], b: Sequence[float]) -> Difference:
+    """mean(b) - mean(a) with Welch's 95 % interval and two-sided p-value (scipy.stats.ttest_ind(b, a,
+    equal_var=False)); runs are the replicates."""
+    if not a or not b:
+        raise ValueError("welch needs values in both groups")
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    estimate = mb - ma
+    if len(a) < 2 or len(b) < 2:
+        return Difference(estimate, None, None, None, None)
+    va = sum((x - ma) ** 2 for x in a) / (len(a) - 1) / len(a)
+    vb = sum((x - mb) ** 2 for x in b) / (len(b) - 1) / len(b)
+    se2 = va + vb
+    if se2 <= 0:
+        return Difference(estimate, None, None, None, None)
+    df = se2 * se2 / (va * va / (len(a) - 1) + vb * vb / (len(b) - 1))
+    se = math.sqrt(se2)
+    half = core.t_quantile(df, 0.975) * se
+    t = estimate / se
+    p = min(1.0, 2 * core.t_cdf(-abs(t), df))
+    return Difference(estimate, estimate - half, estimate + half, p, df)
+
+
+def format_p(p: float | None) -> str:
+    """A p-value as people read it: `p < 0.001` below 0.001, else three decimals."""
+    if p is None:
+        return "p n/a"
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,8 @@ class TrainConfig:
     # fault injection, for demonstrations of degraded mode, dissent and a broken data copy
     fail_eval_at_steps: tuple[int, ...] = ()  # every rank's evaluation raises at these steps
     fail_eval_rounds: tuple[int, ...] = ()  # ... or in these rounds (1 = the first), whatever their step
-    dissent_rank: int | None = None  # this rank flips some verdicts (a faulty replica)
+    dissent_rank: int | None = None  # this rank publishes wrong verdicts (a faulty replica) ...
+    dissent_kind: str = "flip"  # ... "flip": every fourth verdict flipped; "stuck": its grader returns 0 for all
     corrupt_eval_rank: int | None = None  # this rank's copy of the evaluation data differs (fingerprint check)
 
     def __post_init__(self) -> None:
@@ -155,6 +156,7 @@ class TrainConfig:
         for key in ("dissent_rank", "corrupt_eval_rank"):
             need(getattr(self, key) is None or getattr(self, key) >= 0, key, "must be >= 0 or null")
         need(self.group is None or 0 < len(self.group) <= 256, "group", "must be 1..256 characters or null")
+        need(self.dissent_kind in ("flip", "stuck"), "dissent_kind", "must be flip or stuck")
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as JSON values; `eval_loop` only when set (the run event's config: absent, not null)."""

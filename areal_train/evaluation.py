@@ -256,7 +256,8 @@ class RoundJob:
     two_stage: bool = True
     force_full: str | None = None  # a reason the full stage runs whatever the quick stage says
     fail: bool = False  # injected: every stage raises
-    dissent: bool = False  # injected: flip every fourth published verdict (a faulty replica)
+    dissent: bool = False  # injected: a faulty replica's published verdicts (`dissent_kind`)
+    dissent_kind: str = "flip"  # "flip": every fourth verdict flipped; "stuck": a grader that returns 0 for all
     mismatch: dict[str, str] = field(default_factory=dict)  # dataset -> why its fingerprint check failed
 
     @property
@@ -313,7 +314,7 @@ def _stage(policy: Policy, evalset: EvalSet, shard: Shard, job: RoundJob, stage:
         greedy = greedy_accuracy(policy, evalset, prompts_of(ids, evalset.k), device, pause)
         result = summarize(evalset, ids, answers, shard.redundancy, nodes, generated, greedy)
         if job.dissent:  # a faulty replica publishes wrong verdicts; its own decisions stay honest
-            result = replace(result, verdicts=_flipped(result.verdicts))
+            result = replace(result, verdicts=_flipped(result.verdicts, job.dissent_kind))
         if board is not None:
             result = _adjudicate(policy, evalset, job, result, board, device, pause)
     except Exception as exc:  # an evaluation bug must not end the training run
@@ -329,7 +330,10 @@ def _stage(policy: Policy, evalset: EvalSet, shard: Shard, job: RoundJob, stage:
     return outcome, answers
 
 
-def _flipped(verdicts: Sequence[int]) -> tuple[int, ...]:
+def _flipped(verdicts: Sequence[int], kind: str = "flip") -> tuple[int, ...]:
+    """A faulty replica's verdicts: every fourth flipped, or (`stuck`) all 0, a systematic fault."""
+    if kind == "stuck":
+        return tuple(0 for _ in verdicts)
     return tuple(1 - v if i % 4 == 0 else v for i, v in enumerate(verdicts))
 
 
@@ -372,7 +376,7 @@ def _adjudicate(policy: Policy, evalset: EvalSet, job: RoundJob, result: StageRe
     answers = generate(policy, evalset, extra, device, pause)
     verdicts = tuple(answers[s].verdict for s in extra)
     if job.dissent:
-        verdicts = _flipped(result.verdicts + verdicts)[len(result.verdicts):]
+        verdicts = _flipped(result.verdicts + verdicts, job.dissent_kind)[len(result.verdicts):]
     return replace(result, verdicts=result.verdicts + verdicts, sample_ids=result.sample_ids + tuple(extra),
                    rollouts=result.rollouts + len(extra), adjudicated=len(extra))
 

@@ -208,7 +208,7 @@ class Session:
     def run_config(self, steps: int) -> dict[str, Any]:
         """The config the run event carries: the settings, the strategy and what the trainer decided."""
         interval = self.eval_schedule.every_steps  # the stream worker's base interval (CONTRACT.md additions)
-        return {**self.cfg.to_dict(), "strategy": self.cfg.strategy, "steps": steps,
+        return {**self.cfg.to_dict(), "strategy": self.cfg.strategy, "steps": steps, "total_steps": steps,
                 "n_parameters": self.policy.n_parameters(),
                 **({"eval_interval_steps": interval} if interval else {}),
                 "resumed_from_step": self.start_step if self.attempt else None,

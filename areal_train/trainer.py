@@ -225,6 +225,6 @@ def _evaluate(session: Session, comm: Collective, step: int, force: str | None, 
     job = RoundJob(step=step, round_no=session.rounds, rank=session.rank, world_size=session.world_size,
                    redundancy=cfg.eval_redundancy, quick_size=cfg.quick_size, two_stage=cfg.two_stage,
                    force_full=force, fail=step in cfg.fail_eval_at_steps or session.rounds in cfg.fail_eval_rounds,
-                   dissent=cfg.dissent_rank == session.rank, mismatch=mismatch)
+                   dissent=cfg.dissent_rank == session.rank, dissent_kind=cfg.dissent_kind, mismatch=mismatch)
     session.evaluator.submit(session.policy, job)
     session.keep_weights(step)

@@ -41,14 +41,35 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DirectStore]:
 
 
 def test_scale_lr_needs_evidence_that_supports_it() -> None:
-    cut = ("threshold math_hard full: accuracy 0.05 (95% CI [0.020, 0.110], 128 samples, effective 64): upper bound "
-           "{u} at one-sided level 0.0071 (look 3 of the run, alpha 0.05 spent over its rounds) {op} threshold 0.12")
-    assert scale_lr_evidence(cut.format(u="0.1012", op="<"))[0]
-    assert not scale_lr_evidence(cut.format(u="0.1312", op=">="))[0]
-    slope = ("improvement stopped: accuracy slope +0.001 per round (se 0.01) over the last 4 rounds: upper bound "
-             "{u} at one-sided level 0.01 (test 2 of the run) < 0.02 per round")
-    assert scale_lr_evidence(slope.format(u="+0.0101"))[0]
+    # the reasons the loop itself writes (a cut, a raise, a plateau cut) read as evidence
+    from areal_metrics.streams.core.config import RunConfig
+    from areal_metrics.streams.core.eval_loop import EvalLoopState, on_consensus
+    from tests.test_streams_eval_loop import cons
+
+    cfg = RunConfig(lr_eval_threshold=0.5, no_improvement_rounds=0)
+    state, reasons = EvalLoopState(), []
+    for step, acc in ((10, 0.7), (20, 0.1), (30, 0.8), (40, 0.8), (50, 0.8)):
+        state, _, commands = on_consensus(state, cons(step, acc), cfg)
+        reasons += [c.reason for c in commands]
+    assert len(reasons) == 2 and all(scale_lr_evidence(r)[0] for r in reasons)
+    plateau_cfg = RunConfig(lr_eval_threshold=0.05, no_improvement_rounds=3)
+    state = EvalLoopState()
+    for i, acc in enumerate([0.300, 0.301, 0.299, 0.300, 0.300, 0.301, 0.300]):
+        state, _, commands = on_consensus(state, cons(10 * i, acc, n=20000), plateau_cfg)
+        reasons += [c.reason for c in commands]
+    assert len(reasons) == 3 and scale_lr_evidence(reasons[-1])[0]
+    # and what does not support its action does not
+    cut = reasons[0]
+    statistic = cut.split("shortfall ")[1].split(" ")[0]
+    assert not scale_lr_evidence(cut.replace(f"shortfall {statistic} > limit", "shortfall 0.1 <= limit"))[0]
     assert not scale_lr_evidence("evaluation math_hard accuracy 0.09 fell below threshold 0.12")[0]  # a point estimate
+
+
+def test_scale_lr_on_evidence_fails_with_no_command_and_when_the_regression_run_got_none(store: DirectStore) -> None:
+    # 0 of 0 is not a pass: runs with no scale_lr at all, among them a regression run
+    [scale] = [(passed, what) for passed, what in checks(store, ["vote-right", "demo-x-lr-high"])
+               if what.startswith("scale_lr on evidence")]
+    assert not scale[0] and "0 of 0" in scale[1] and "the regression run demo-x-lr-high got no scale_lr" in scale[1]
 
 
 def test_a_vote_check_fails_on_a_tie_counted_as_wrong_and_on_a_blamed_honest_node() -> None:
@@ -85,3 +106,28 @@ def test_the_learning_table_reads_rise_and_slope_t_and_says_whether_the_goal_is_
     assert rows[("a", "math_id")][6] == "yes"
     assert rows[("b", "math_id")][6] == "no" and abs(float(rows[("b", "math_id")][5])) < 3
     assert rows[("c", "math_id")][2] == 4 and rows[("c", "math_id")][6] == "no"  # fewer than 5 rounds
+
+
+def test_a_sharded_vote_with_a_stuck_grader_is_the_honest_one_and_names_only_the_stuck_rank() -> None:
+    # 3 ranks at 2 replicas (blocks r and r+1), rank 1's grader returns 0 for everything, rank r adjudicating
+    # the disputed samples of block r + 2: what the demo's vote run publishes
+    from areal_metrics.areal_train.evaluation import _flipped
+
+    truth = {s: int(s % 3 != 0) for s in range(30)}  # 3 blocks of 10 samples
+    blocks = [range(0, 10), range(10, 20), range(20, 30)]
+    nodes: dict[str, dict[int, int]] = {}
+    for rank in range(3):
+        held = [s for b in (blocks[rank], blocks[(rank + 1) % 3]) for s in b]
+        verdicts = [truth[s] for s in held]
+        if rank == 1:
+            verdicts = list(_flipped(verdicts, "stuck"))
+        nodes[f"v-r{rank}"] = dict(zip(held, verdicts))
+    for rank in range(3):  # adjudication: the samples of block r + 2 its two holders dispute
+        block = blocks[(rank + 2) % 3]
+        holders = [n for n in nodes if n != f"v-r{rank}"]
+        disputed = [s for s in block if len({nodes[h][s] for h in holders if s in nodes[h]}) > 1]
+        nodes[f"v-r{rank}"].update({s: 0 if rank == 1 else truth[s] for s in disputed})
+    honest_accuracy = sum(truth.values()) / 30
+    passed, what = vote_check(honest_accuracy, ["v-r1"], nodes, "v-r1")
+    assert passed, what
+    assert not vote_check(honest_accuracy, ["v-r1", "v-r0"], nodes, "v-r1")[0]  # an honest rank blamed

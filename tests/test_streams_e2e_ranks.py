@@ -32,10 +32,12 @@ CONFIG = {
     "defaults": {
         "window": 5, "step_wait_s": 2.0, "stall_seconds": 3.0, "fast_slope": 1.0, "fast_exit_slope": 0.5,
         "evaluate_delta": 100.0, "vote_timeout_s": 600, "lr_eval_threshold": 0.5, "lr_restore_margin": 0.05,
+        "lr_raise_after_rounds": 1,  # a raise after one round at the lower rate (default 3)
     },
     "tick_interval_s": 0.5,
 }
-# full stage, 64 samples: 0.75, 0.25 (its interval below 0.5: a cut), 0.875 (its interval above 0.55: a restore)
+# full stage, 64 samples: 0.75, 0.25 (far below 0.5: a cut), 0.875 (its interval above 0.55: a raise, to the
+# ceiling x0.707 of the rate that dropped)
 ROUNDS = {10: (1, 1, 1, 0) * 16, 20: (1, 0, 0, 0) * 16, 28: (1, 1, 1, 1, 1, 1, 1, 0) * 8}
 
 
@@ -121,7 +123,9 @@ def test_ranks_resume_lifecycle_and_the_evaluation_loop_on_the_broker(
 
     commands = list(latest(reader.got, topics.control).values())
     assert [(c["command"], c["args"]) for c in commands] == [
-        ("scale_lr", {"factor": 0.5, "from_step": 25}), ("scale_lr", {"factor": 2.0, "from_step": 33})]
+        ("scale_lr", {"factor": 0.5, "from_step": 25}),
+        ("scale_lr", {"factor": pytest.approx(2 ** 0.5), "from_step": 33})]
     assert all("target_node" not in c and "math500/full" in c["reason"] for c in commands)
-    assert "accuracy 0.25 (95% CI [" in commands[0]["reason"] and "< threshold 0.5" in commands[0]["reason"]
+    assert "accuracy 0.25 (95% CI [" in commands[0]["reason"] and "below threshold 0.5" in commands[0]["reason"]
+    assert "CUSUM of the rounds' shortfall" in commands[0]["reason"]
     assert "the interval lies at or above threshold 0.5 + margin 0.05" in commands[1]["reason"]

@@ -1,6 +1,7 @@
-"""The closed loop on evaluation (areal_metrics.streams.core.eval_loop): scale_lr on an interval
-below the threshold (repeated looks accounted for), a test that improvement stopped, a floor and
-a restore; per-run settings from run.config.eval_loop. Error rates: test_streams_loop_simulation.py."""
+"""The closed loop on evaluation (areal_metrics.streams.core.eval_loop): scale_lr when the CUSUM of
+the rounds' shortfall below the threshold passes its limit (alpha spent over the run's horizon), a
+test that improvement stopped, a floor, a raise that waits and never cycles; per-run settings from
+run.config.eval_loop. Error rates: test_streams_loop_simulation.py."""
 
 from __future__ import annotations
 
@@ -47,10 +48,11 @@ def test_an_interval_below_the_threshold_halves_the_lr_from_a_later_step_and_the
     assert (command.command, command.args) == ("scale_lr", {"factor": 0.5, "from_step": 45})
     low, high = wilson(0.25, 128)
     for part in ("math500/full", "step 40", "eval e40", "accuracy 0.25", f"95% CI [{low:.3f}, {high:.3f}]",
-                 "128 samples", "upper bound", "look 1 of the run", "alpha 0.05", "< threshold 0.5"):
+                 "128 samples", "5.66 standard errors below threshold 0.5", "CUSUM", "> limit",
+                 "alpha/2 = 0.025 over a horizon of 200 rounds"):
         assert part in command.reason, part
     assert [a.kind for a in alerts] == ["eval_below_threshold"] and alerts[0].threshold == 0.5
-    assert state.factor == 0.5 and state.in_breach and state.looks == 1
+    assert state.factor == 0.5 and state.in_breach and state.looks == 1 and state.cusum == 0.0
 
 
 def test_a_point_estimate_below_the_threshold_is_not_enough() -> None:
@@ -62,50 +64,97 @@ def test_a_point_estimate_below_the_threshold_is_not_enough() -> None:
     assert log == [(["eval_below_threshold"], [0.5])]
 
 
-def test_later_looks_need_more_evidence() -> None:
-    # 0.38 on 128 samples: below the threshold at the first look, not at the 40th
-    first = on_consensus(EvalLoopState(), cons(10, 0.38), CFG)[2]
-    late = on_consensus(EvalLoopState(looks=39), cons(10, 0.38), CFG)[2]
-    assert len(first) == 1 and late == []
+def test_late_looks_need_no_more_evidence_than_early_ones() -> None:
+    # the same round cuts at the first look and at the 150th: the limit depends on the horizon only
+    first = on_consensus(EvalLoopState(), cons(10, 0.3), CFG)[2]
+    late = on_consensus(EvalLoopState(looks=149), cons(10, 0.3), CFG)[2]
+    assert len(first) == 1 and len(late) == 1
+    # two rounds a little below add up (each alone is not enough); a round above the threshold resets
+    _, log = feed([0.35, 0.35])
+    assert log == [([], []), (["eval_below_threshold"], [0.5])]
+    _, log = feed([0.35, 0.6, 0.35])
+    assert log == [([], [])] * 3
+    # a longer horizon asks for more: the same two rounds are not enough over 100,000 rounds
+    _, log = feed([0.35, 0.35], RunConfig(lr_eval_threshold=0.5, lr_horizon_rounds=100000, no_improvement_rounds=0))
+    assert log == [([], [])] * 2
+
+
+def test_repeating_the_same_data_cannot_cut_unless_one_round_is_past_the_reference() -> None:
+    # the same prompts with the same noise and unchanged weights give the same round again and again:
+    # the CUSUM grows only while a round is more than k = 1.96 standard errors below the threshold
+    z = lambda acc: (0.5 - acc) / (0.25 / 128) ** 0.5  # noqa: E731
+    assert z(0.42) < 1.96 < z(0.40)
+    _, log = feed([0.42] * 300)
+    assert all(entry == ([], []) for entry in log)
+    _, log = feed([0.40] * 300)
+    assert any(entry[0] == ["eval_below_threshold"] for entry in log)
+
+
+def test_undecided_samples_count_right_for_the_cut() -> None:
+    # 2 replicas disagree on 60 of 128 samples: decided 8 of 68 right (0.118), but with every undecided
+    # sample right the round reads 68 / 128 = 0.53, above 0.5: no cut
+    c = Consensus(key=RoundKey("run-l", "e10", "math500", "full", 0), step=10, accuracy=8 / 68,
+                  response_length=None, votes=2, replicas=2, agreement=0.5, dissenters=(), n_samples=68,
+                  n_undecided=60, ci_low=0.0, ci_high=0.6, n_effective=68.0)
+    state, alerts, commands = on_consensus(EvalLoopState(), c, CFG)
+    assert (alerts, commands) == ([], []) and state.cusum == 0.0
 
 
 def test_one_drop_per_breach_and_restore_once_the_interval_is_back_above() -> None:
     cfg = RunConfig(lr_eval_threshold=0.5, lr_restore_margin=0.0, no_improvement_rounds=0)
-    state, log = feed([0.6, 0.2, 0.25, 0.55, 0.7, 0.2, 0.9], cfg)
+    state, log = feed([0.6, 0.2, 0.25, 0.55, 0.7, 0.7, 0.7, 0.2, 0.9, 0.9, 0.9, 0.9], cfg)
+    ceiling = 0.5 ** 0.5  # the geometric middle of the rate cut (1.0) and the rate set (0.5)
     assert log == [
         ([], []),
         (["eval_below_threshold"], [0.5]),
         ([], []),  # still in the breach: no second drop
         ([], []),  # 0.55 of 128: its interval still reaches under 0.5
-        ([], [2.0]),  # 0.7: the interval lies above 0.5, restored to 1.0
-        (["eval_below_threshold"], [0.5]),
-        ([], [2.0]),
+        ([], []),  # 0.7: the breach ends; 2 rounds at the lower rate so far (0.55, 0.7)
+        ([], [pytest.approx(ceiling / 0.5)]),  # the third round at or above: raised, to the ceiling only
+        ([], []),
+        (["eval_below_threshold"], [0.5]),  # a drop after a raise ...
+        ([], []), ([], []), ([], []), ([], []),  # ... keeps the lower rate for the rest of the attempt
     ]
-    assert state.factor == 1.0
+    assert state.factor == pytest.approx(ceiling * 0.5) and state.locked_in == 0
 
 
-def test_the_restore_is_capped_at_the_factor_of_one() -> None:
-    cfg = RunConfig(lr_eval_threshold=0.5, lr_restore_factor=4.0, no_improvement_rounds=0)
-    state, log = feed([0.2, 0.9], cfg)
-    assert [f for _, fs in log for f in fs] == [0.5, 2.0] and state.factor == 1.0
+def test_a_raise_waits_for_rounds_at_the_lower_rate_and_a_round_below_starts_the_count_again() -> None:
+    cfg = RunConfig(lr_eval_threshold=0.5, no_improvement_rounds=0, lr_raise_after_rounds=3,
+                    lr_apply_delay_steps=15)
+    # the cut at step 20 applies from step 35: the round at step 30 is still at the old rate
+    state, log = feed([0.7, 0.1, 0.9, 0.9, 0.45, 0.9, 0.9, 0.9], cfg)
+    raises = [i for i, (_, factors) in enumerate(log) if factors and factors[0] > 1]
+    assert raises == [7]  # steps 40, 50 count; 0.45 at step 60 resets; 70, 80, 90 raise
+    # a new attempt is no longer locked
+    locked = EvalLoopState(factor=0.25, lowered_from=0, locked_in=0, ceiling=1.0)
+    state, _, commands = on_consensus(locked, cons(10, 0.9, attempt=0), cfg)
+    assert commands == [] and state.lowered_from is None
+
+
+def test_the_raise_is_capped_at_the_factor_of_one() -> None:
+    cfg = RunConfig(lr_eval_threshold=0.5, lr_restore_factor=4.0, no_improvement_rounds=0, lr_factor=0.25,
+                    lr_min_factor=0.0625)
+    state, log = feed([0.2, 0.9, 0.9, 0.9], cfg)
+    assert [f for _, fs in log for f in fs] == [0.25, 2.0] and state.factor == 0.5  # ceiling sqrt(0.25)
 
 
 def test_with_rollback_a_drop_restores_the_round_before_when_it_was_at_or_above_the_threshold() -> None:
     cfg = RunConfig(lr_eval_threshold=0.5, lr_rollback=True, no_improvement_rounds=0, lr_apply_delay_steps=2)
     state = EvalLoopState()
     commands_by_step = {}
-    for step, acc in ((0, 0.7), (8, 0.1), (16, 0.75), (24, 0.6), (32, 0.55)):
+    for step, acc in ((0, 0.7), (8, 0.1), (16, 0.75), (24, 0.6), (32, 0.75)):
         state, _, commands = on_consensus(state, cons(step, acc), cfg)
         commands_by_step[step] = [c.args for c in commands]
     assert commands_by_step[8] == [{"factor": 0.5, "from_step": 10, "restore_step": 0}]
-    assert commands_by_step[16] == [{"factor": 2.0, "from_step": 18}]  # the breach's end restores the lr, no weights
+    assert commands_by_step[16] == commands_by_step[24] == []  # the breach ends at 16; the raise waits
+    assert commands_by_step[32] == [{"factor": pytest.approx(2 ** 0.5), "from_step": 34}]  # third round: no weights
 
 
 def test_rollback_restores_the_latest_round_shown_good_also_when_the_drop_is_found_a_round_late() -> None:
     cfg = RunConfig(lr_eval_threshold=0.5, lr_rollback=True, no_improvement_rounds=0)
     state, restored = EvalLoopState(), {}
-    # 0.38 at step 10 is not shown below 0.5 alone at its look; pooled with step 20's it is
-    for step, acc in ((0, 0.8), (10, 0.38), (20, 0.38), (30, 0.9), (40, 0.1)):
+    # 0.38 at step 10 is not enough alone; with step 20's it is
+    for step, acc in ((0, 0.8), (10, 0.35), (20, 0.35), (30, 0.9), (40, 0.1)):
         state, _, commands = on_consensus(state, cons(step, acc), cfg)
         restored.update({step: c.args.get("restore_step") for c in commands if c.args["factor"] < 1})
     assert restored == {20: 0, 40: 30}  # two rounds back; then the round that ended the breach
@@ -167,15 +216,18 @@ def test_a_flat_run_is_found_to_have_stopped_improving_and_the_reason_cites_the_
     cfg = RunConfig(no_improvement_rounds=3)  # no threshold: the alert only
     state = EvalLoopState()
     found = []
-    for i, acc in enumerate([0.30, 0.31, 0.29, 0.30, 0.30, 0.31, 0.30, 0.29]):
+    for i, acc in enumerate([0.300, 0.301, 0.299, 0.300, 0.300, 0.301, 0.300, 0.299]):
         state, alerts, commands = on_consensus(state, cons(10 * i, acc, n=20000), cfg)
         assert commands == []
         found += [(i, a) for a in alerts]
     [(i, alert)] = found[:1]
-    assert i == 3 and alert.kind == "no_improvement"  # the first test: after patience + 1 rounds
-    for part in ("improvement stopped", "slope", "per round", "upper bound", "test 1 of the run", "< 0.01"):
+    # the first test (after patience + 1 rounds, 3 differences: a t quantile on 3 degrees of freedom) is not
+    # enough; the second, over 6 rounds, is
+    assert i == 6 and alert.kind == "no_improvement"
+    for part in ("improvement stopped", "slope", "per round of 10 steps", "dispersion", "upper bound",
+                 "one of 67 tests over the horizon", "< 0.01"):
         assert part in alert.message, part
-    assert state.recent == () or len(found) > 1
+    assert len(state.window) == 1  # the rounds started over after the alert
 
 
 def test_a_noisy_round_below_a_noisy_best_is_not_a_plateau() -> None:
@@ -296,3 +348,28 @@ def test_any_eval_loop_a_run_sends_is_taken_or_named_never_a_crash(loop) -> None
         assert len(taken) + len(named) == len(loop)  # every key either taken or named
     # and the state round-trips through the worker's codec
     assert codec.loads(RunState, codec.dumps(state)).loop_overrides == state.loop_overrides
+
+
+def test_the_horizon_comes_from_the_run_its_total_steps_and_interval_else_the_worker() -> None:
+    def horizon(config: dict) -> str:
+        state, _ = on_run(RunState("run-l"), RunEvent(run_id="run-l", node="n0", status="running", world_size=1,
+                                                      config=config, ts=1.0, event_id="r"), 0.0, CFG)
+        ev = EvalEvent(run_id="run-l", node="n0", eval_id="r60", step=60, dataset="math500", stage="full",
+                       accuracy=0.1, verdicts=(1,) + (0,) * 127, replicas=1, ts=5.0, event_id="r60")
+        _, out = on_eval(state, ev, 1.0, CFG)
+        [command] = [o.event for o in out if o.event.type == "command"]
+        return command.reason.split("over a horizon of ")[1].split(" ")[0]
+
+    assert horizon({}) == "200"  # the worker's setting
+    assert horizon({"total_steps": 400, "eval_interval_steps": 8}) == "50"
+    assert horizon({"total_steps": 401, "eval_interval_steps": 8}) == "51"  # rounded up
+    assert horizon({"total_steps": 400}) == "200"  # no interval: the worker's
+    assert horizon({"total_steps": 400, "eval_interval_steps": 8, "eval_loop": {"horizon_rounds": 1000}}) == "1000"
+    assert horizon({"total_steps": "many", "eval_interval_steps": 8}) == "200"
+
+
+def test_a_longer_horizon_keeps_the_false_alarm_rate_with_a_higher_limit() -> None:
+    from areal_metrics.streams.core.eval_loop import cusum_design
+
+    (k, h50), (_, h200), (_, h2000) = (cusum_design(0.05, n) for n in (50, 200, 2000))
+    assert k == pytest.approx(1.959964, abs=1e-6) and h50 < h200 < h2000

@@ -36,7 +36,11 @@ def test_the_faults_have_a_run_of_three_ranks_where_a_majority_outvotes_one() ->
     configured = runs()
     (vote_id,) = [r for r in configured if r.endswith("-vote")]
     ranks, cfg = configured[vote_id]
-    assert ranks >= 3 and cfg.eval_redundancy == ranks  # every sample by every rank: 2 against 1
+    # sharded (shard_nodes 3 > replicas 2), the third rank adjudicating what two replicas dispute: 2 against 1
+    assert ranks >= 3 and cfg.eval_redundancy == 2 < ranks
+    from areal_metrics.areal_train.evalsets import adjudicates
+    assert adjudicates(ranks, cfg.eval_redundancy)
+    assert cfg.dissent_kind == "stuck"  # a systematic fault: its grader returns 0 for every sample
     assert cfg.dissent_rank is not None and 0 <= cfg.dissent_rank < ranks and cfg.fail_eval_rounds
 
 
@@ -73,3 +77,14 @@ def test_eval_loop_reaches_the_run_config_only_when_set_and_unknown_keys_are_ref
         from_mapping({"eval_loop": {"thresh": 0.1}})
     with pytest.raises(ConfigError, match="eval_loop: must be an object"):
         from_mapping({"eval_loop": 0.1})
+
+
+def test_a_stuck_grader_is_a_fault_the_config_names_and_its_verdicts_are_all_wrong_answers() -> None:
+    from areal_metrics.areal_train.config import ConfigError, TrainConfig
+    from areal_metrics.areal_train.evaluation import _flipped
+
+    assert _flipped((1, 0, 1, 1), "stuck") == (0, 0, 0, 0)
+    assert _flipped((1, 0, 1, 1, 1), "flip") == (0, 0, 1, 1, 0)  # every fourth, as before
+    assert TrainConfig(dissent_rank=1, dissent_kind="stuck").dissent_kind == "stuck"
+    with pytest.raises(ConfigError, match="dissent_kind"):
+        TrainConfig(dissent_kind="random")

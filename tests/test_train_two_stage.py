@@ -34,14 +34,17 @@ def _offsets(rng: random.Random) -> list[float]:
     return [rng.gauss(0, 1.5) for _ in range(N_PROMPTS)]
 
 
-def test_the_gate_calls_the_full_stage_in_at_most_alpha_of_rounds_that_did_not_move() -> None:
+def test_the_gate_calls_a_move_in_at_most_alpha_of_rounds_that_did_not_move() -> None:
+    # the sign test's false "moved" calls; the full stage also runs when the quick stage cannot show that
+    # accuracy fell by less than the margin (what that costs: the rollouts test below)
     rng, rule = random.Random(11), TwoStage(alpha=0.05)
     for accuracy in (0.1, 0.3, 0.5):
         calls = 0
         for _ in range(2000):
             offsets = _offsets(rng)
             before = _draw(rng, offsets, accuracy, QUICK)
-            calls += rule.decide(StageMemory(tuple(before)), _draw(rng, offsets, accuracy, QUICK), K, None)[0]
+            ran, why = rule.decide(StageMemory(tuple(before)), _draw(rng, offsets, accuracy, QUICK), K, None)
+            calls += ran and why.startswith("quick stage moved")
         assert calls / 2000 <= 0.05, (accuracy, calls / 2000)
 
 
@@ -52,6 +55,35 @@ def test_the_gate_detects_a_large_move() -> None:
         before = _draw(rng, offsets, 0.15, QUICK)
         hits += rule.decide(StageMemory(tuple(before)), _draw(rng, offsets, 0.75, QUICK), K, None)[0]
     assert hits / 2000 >= 0.8
+
+
+def test_a_drop_reaches_the_full_stage_and_the_loop_within_one_round() -> None:
+    # issue 40: the sign test alone sent a halving 0.30 -> 0.15 to the full stage in 73 % of rounds; a
+    # skip now needs the quick stage to show the drop smaller than drop_margin (0.15)
+    rng, rule = random.Random(13), TwoStage()
+    hits = sum(rule.decide(StageMemory(tuple(_draw(rng, offsets, 0.30, QUICK))), _draw(rng, offsets, 0.15, QUICK),
+                           K, None)[0] for offsets in (_offsets(rng) for _ in range(2000)))
+    assert hits / 2000 >= 0.8
+    # the sign test alone (no margin: any skip the sign test allows) misses it far more often
+    rng, old = random.Random(13), TwoStage(drop_margin=1.01)
+    missed = sum(not old.decide(StageMemory(tuple(_draw(rng, offsets, 0.30, QUICK))), _draw(rng, offsets, 0.15, QUICK),
+                                K, None)[0] for offsets in (_offsets(rng) for _ in range(2000)))
+    assert missed / 2000 > 0.2
+
+
+def test_the_drop_bound_is_the_paired_t_bound() -> None:
+    scipy_stats = __import__("pytest").importorskip("scipy.stats")
+    from areal_metrics.areal_train.gate import drop_bound, t_one_sided
+
+    for df in (10, 15, 30, 100):
+        for alpha in (0.01, 0.05, 0.1):
+            assert abs(t_one_sided(df, alpha) - scipy_stats.t.ppf(1 - alpha, df)) < 0.01
+    rng = random.Random(4)
+    changes = [rng.randint(-4, 4) for _ in range(16)]
+    shares = [c / 4 for c in changes]
+    mean = sum(shares) / 16
+    se = scipy_stats.sem(shares)
+    assert abs(drop_bound(changes, 4, 0.05) - (mean - scipy_stats.t.ppf(0.95, 15) * se)) < 0.01 * se
 
 
 def _rollouts(ran_full: bool, rank: int) -> int:

@@ -1,4 +1,4 @@
-"""`areal-metrics compare GROUP_A GROUP_B [--dataset D] [--stage full] [--json]` (areal_metrics.comparison)."""
+"""`areal-metrics compare GROUP_A GROUP_B [--dataset D] [--stage full] [--step S] [--json]` (areal_metrics.comparison)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("group_b", metavar="GROUP_B", help="the group to compare it with")
     parser.add_argument("--dataset", help="the evaluation dataset (needed when the groups share several)")
     parser.add_argument("--stage", choices=("quick", "full"), default="full", help="the stage compared (default: full)")
+    parser.add_argument("--step", type=int, help="compare every run's consensus at this step (default: the last "
+                        "step at which every run of both groups evaluated)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
@@ -26,6 +28,6 @@ def run(args: argparse.Namespace) -> int:
     except StoreError as exc:
         raise ServiceUnavailable(str(exc)) from None
     with store:
-        result = compare(store, args.group_a, args.group_b, args.dataset, args.stage)
+        result = compare(store, args.group_a, args.group_b, args.dataset, args.stage, args.step)
     sys.stdout.write(json.dumps(result) + "\n" if args.json else render(result))
     return 0

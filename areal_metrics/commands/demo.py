@@ -8,8 +8,11 @@
      (up to 2), `--seeds` seeds each, `--nproc` ranks each, the same evaluation
      sets and the same closed-loop settings (`LOOP`, in each run's
      `config.eval_loop`), no fault injection;
-   - the vote run: 3 ranks, every sample evaluated by all three, one rank a
-     faulty replica (`dissent_rank`: outvoted and named) and one round failing
+   - the vote run: 3 ranks, sharded at 2 replicas a sample (each rank evaluates two
+     thirds of the set) with the third rank adjudicating the samples its two replicas
+     dispute; one rank a systematically faulty replica (`dissent_rank`, `dissent_kind`
+     "stuck": its grader returns 0 for every sample; outvoted by the adjudication and
+     named) and one round failing
      on every rank (degraded mode: the last good result repeated, stale, with
      an alert);
    - the regression run: RL on every weight at a rate too high for that on purpose
@@ -73,6 +76,7 @@ LOOP = {"enabled": True, "dataset": "math_id", "stage": "full", "threshold": 0.1
 # (the probe: math_id 0.11 -> 0.02-0.04 within 8 steps, docs/WORKLOAD.md), the compared runs' loop.
 REGRESSION = {"rl_parameters": ".", "lr": 1e-3}
 VOTE_RANKS = 3
+VOTE_REPLICAS = 2  # sharded: shard_nodes 3 > replicas 2, the third rank adjudicating disputed samples
 
 
 def run_configs(args: argparse.Namespace, stamp: str) -> dict[str, tuple[int, object]]:
@@ -101,7 +105,8 @@ def run_configs(args: argparse.Namespace, stamp: str) -> dict[str, tuple[int, ob
     faulty = VOTE_RANKS - 1
     runs[f"demo-{stamp}-vote"] = (VOTE_RANKS, config(
         seed=101, max_turns=STRATEGIES["mt4-grpo"], group="vote", tags=["demo", "faults"],
-        eval_redundancy=VOTE_RANKS, dissent_rank=faulty, fail_eval_rounds=[3], eval_loop={"enabled": False}))
+        eval_redundancy=VOTE_REPLICAS, dissent_rank=faulty, dissent_kind="stuck", fail_eval_rounds=[3],
+        eval_loop={"enabled": False}))
     runs[f"demo-{stamp}-lr-high"] = (args.nproc, config(
         seed=102, max_turns=STRATEGIES["mt4-grpo"], group="lr-regression", tags=["demo", "lr-regression"],
         eval_loop=LOOP, two_stage=False, eval_mode="sync", **REGRESSION))

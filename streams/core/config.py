@@ -36,8 +36,14 @@ A run's `run.config.eval_loop` overrides these for that run (EVAL_LOOP_KEYS: the
                                whose 95 % interval lay at or above the threshold (the trainer
                                restores the weights it had then)
   lr_restore_margin = 0.0      a breach ends when the 95 % interval's low end is >= threshold + margin ...
-  lr_restore_factor = 2.0      ... and scales lr back up by this (cumulative capped at 1.0)
+  lr_restore_factor = 2.0      ... and a raise (after lr_raise_after_rounds) scales lr back up by this,
+                               capped below the rate at which accuracy dropped (and at 1.0)
   lr_apply_delay_steps = 5     `from_step` = the evaluated step + this
+  lr_horizon_rounds = 200      the rounds over which the run's decisions keep their false-alarm rate
+                               lr_alpha (a run's `eval_loop.horizon_rounds`; else, when its run event
+                               publishes `total_steps` and `eval_interval_steps`, their ratio)
+  lr_raise_after_rounds = 3    after a threshold cut, the lr is raised again only after this many
+                               rounds at the lower rate, none read below the threshold
   no_improvement_rounds = 5    patience: every this many rounds, a test whether improvement stopped;
                                `no_improvement` (+ `scale_lr` when the loop is on) when it did (0: off)
   lr_improve_delta = 0.01      improvement per round below which it counts as stopped
@@ -100,6 +106,8 @@ EVAL_LOOP_KEYS = {
     "min_factor": "lr_min_factor",
     "adaptive_interval": "adaptive_interval",
     "rollback": "lr_rollback",
+    "horizon_rounds": "lr_horizon_rounds",
+    "raise_after_rounds": "lr_raise_after_rounds",
 }
 
 
@@ -134,6 +142,8 @@ class RunConfig:
     lr_restore_margin: float = 0.0
     lr_restore_factor: float = 2.0
     lr_apply_delay_steps: int = 5
+    lr_horizon_rounds: int = 200
+    lr_raise_after_rounds: int = 3
     no_improvement_rounds: int = 5
     lr_improve_delta: float = 0.01
     throughput_window: int = 50
@@ -213,7 +223,11 @@ class RunConfig:
         if self.lr_eval_threshold is not None and not 0 <= self.lr_eval_threshold <= 1:
             raise ConfigError(f"streams config lr_eval_threshold: must be an accuracy in [0, 1] "
                               f"(got {self.lr_eval_threshold})")
-        for name in ("lr_restore_margin", "lr_apply_delay_steps", "no_improvement_rounds", "lr_improve_delta"):
+        if not 1 <= self.lr_horizon_rounds <= 1_000_000:
+            raise ConfigError(f"streams config lr_horizon_rounds: must be in [1, 1000000] "
+                              f"(got {self.lr_horizon_rounds})")
+        for name in ("lr_restore_margin", "lr_apply_delay_steps", "no_improvement_rounds", "lr_improve_delta",
+                     "lr_raise_after_rounds"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"streams config {name}: must be >= 0")
 

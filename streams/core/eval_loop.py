@@ -8,24 +8,44 @@ the run's own `run.config.eval_loop` applied (areal_metrics.streams.core.process
 
 Rules (thresholds in areal_metrics.streams.core.config; the loop may send commands when
 `eval_loop_enabled` and `lr_eval_threshold` is set). A run's decisions keep their
-false-alarm rate at or below `lr_alpha` over all its rounds: each rule spends half of it,
-its k-th test at level look_alpha(alpha / 2, k) = alpha/2 * 6 / (pi^2 k^2)
-(areal_metrics.streams.core.stats), whose sum over any number of tests is alpha / 2.
+false-alarm rate at or below `lr_alpha` over its horizon, `lr_horizon_rounds` rounds (the
+run's `eval_loop.horizon_rounds`; else total_steps / eval_interval_steps when its run event
+publishes both; else the worker's setting, 200): each rule spends half of it, and every look
+up to the horizon has the same power (tests/loop_simulation.py measures both, docs/STREAMS.md).
 - The watched dataset is `lr_eval_dataset`, else the first dataset whose consensus of the
   stage the run reports (kept in the state, so the loop follows one dataset).
-- Threshold: out of a breach, every round is a look: the upper end of the one-sided
-  interval of the accuracy at the look's level (Wilson on the consensus's effective sample
-  size) below `lr_eval_threshold` -> `scale_lr` by `lr_factor` and an `eval_below_threshold`
-  alert. A look after another looks twice, at half the level each: the round alone, and the
-  two rounds pooled (a lasting drop is found on twice the samples). The breach lasts until the round's 95 % interval lies at or above threshold +
-  `lr_restore_margin`; its end restores: `scale_lr` by `lr_restore_factor`, capped so the
-  cumulative factor never exceeds 1.0. No test runs during a breach.
+- Threshold: a one-sided CUSUM of the rounds' shortfall below `lr_eval_threshold`. Each round
+  gives z = (threshold - p) / sqrt(threshold (1 - threshold) / n), p its accuracy with every
+  undecided sample counted right (the optimistic side: undecided samples never make a cut), n
+  its effective sample size (undecided included); S = max(0, S + z - k) with k the one-sided
+  normal quantile of alpha / 2, and a cut when S > h, h = cusum_limit(k, horizon / (alpha / 2)):
+  the in-control average run length of rounds independent at the threshold is horizon / (alpha / 2), so
+  such a run is cut within its horizon in at most about alpha / 2 of runs. With k at the quantile
+  of alpha / 2, a run whose rounds repeat the same data (the same prompts, the same sampling
+  noise, unchanged weights) is cut in at most alpha / 2 of runs however long it lasts: S grows
+  only while z > k. No samples are pooled across rounds, so a prompt seen in two rounds is never
+  counted as two. A single round far below (z > k + h) cuts at once; a drop whose rounds sit
+  a few standard errors below is cut within two rounds, as early in the run as late. Past the
+  horizon the rule goes on with the same limit: its false-alarm rate per round stays what it
+  was, so a run twice its horizon long has spent about alpha / 2 per horizon.
+  A cut: `scale_lr` by `lr_factor` and an `eval_below_threshold` alert; the run is in a breach
+  (no test) until a round's 95 % interval lies at or above threshold + `lr_restore_margin`.
+- Raise after a cut: not before `lr_raise_after_rounds` rounds evaluated at the lower rate
+  (step >= the cut's `from_step`) in a row read at or above the threshold, the latest with its
+  95 % interval at or above threshold + margin; then `scale_lr` by `lr_restore_factor`, capped
+  at the ceiling: a cut lowers the ceiling to the geometric middle of the rate it cut and the
+  rate it set (the rate at which accuracy dropped is not returned to). A cut after a raise in the
+  same attempt keeps the lower rate for the rest of the attempt (no more raises).
 - Improvement stopped: every `no_improvement_rounds` (patience) rounds, once patience + 1
-  rounds are in, a test over the last 2 x patience rounds: the weighted least-squares slope
-  of the accuracy per round (weights: each round's variance from its effective sample size)
-  is below `lr_improve_delta` when its one-sided upper bound at the test's level is. Then a
-  `no_improvement` alert that recommends stopping (no `stop` is sent; also with the loop
-  off), and with the loop on, `scale_lr` by `lr_factor`; the rounds start over.
+  rounds are in, a test over the last 2 x patience rounds: the weighted least-squares slope of
+  the accuracy over the step (weights: each round's binomial variance from its effective
+  sample size; reported per round at the window's mean interval), its standard error scaled by
+  the run's dispersion (quasi-binomial: the mean of (difference of consecutive rounds)^2 /
+  (sum of their binomial variances), at least 1: jitter between rounds widens it) and a
+  Student t quantile on as many degrees of freedom as differences went into it. It is below
+  `lr_improve_delta` when its one-sided upper bound at level alpha / 2 / (horizon / patience)
+  is. Then a `no_improvement` alert that recommends stopping (no `stop` is sent; also with the
+  loop off), and with the loop on, `scale_lr` by `lr_factor`; the rounds start over.
 - Floor: the cumulative factor never goes below `lr_min_factor`; a drop that would is
   not sent (the alert says the lr is at its floor).
 - One command per round at most, for the whole run (no target_node), with
@@ -42,12 +62,15 @@ its k-th test at level look_alpha(alpha / 2, k) = alpha/2 * 6 / (pi^2 k^2)
 
 from __future__ import annotations
 
+import math
+
 from msgspec.structs import replace
 
 from areal_metrics.streams.core.alerts import AlertDecision
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.stored import Stored
-from areal_metrics.streams.core.stats import look_alpha, proportion_variance, slope_bound, wilson, z_one_sided
+from areal_metrics.streams.core.stats import (cusum_limit, proportion_variance, slope_bound, t_quantile,
+                                              z_one_sided)
 from areal_metrics.streams.core.triggers import CommandDecision
 from areal_metrics.streams.core.voting import Consensus
 
@@ -59,14 +82,24 @@ class EvalLoopState(Stored):
     last: tuple[int, int] | None = None  # (attempt, step) of the last round decided on
     factor: float = 1.0  # cumulative lr factor asked for so far
     in_breach: bool = False
-    looks: int = 0  # threshold looks so far (each spends its share of alpha / 2)
-    previous: tuple[float, float] | None = None  # (accuracy, effective samples) of the last round looked at
-    tests: int = 0  # improvement tests so far (likewise)
-    # (accuracy, variance) of the rounds since the last improvement decision, newest last
-    recent: tuple[tuple[float, float], ...] = ()
+    looks: int = 0  # threshold looks so far
+    previous: tuple[float, float] | None = None  # the older threshold rule's; unused, kept so old records round-trip
+    tests: int = 0  # improvement tests so far
+    recent: tuple[tuple[float, float], ...] = ()  # the older plateau rule's; unused, likewise
     since_test: int = 0  # rounds since the last improvement test
     # (attempt, step) of the latest round whose 95 % interval lay at or above the threshold (rollback)
     good_round: tuple[int, int] | None = None
+    cusum: float = 0.0  # the threshold rule's CUSUM of the rounds' shortfall (in standard errors)
+    # (step, accuracy, variance) of the rounds since the last improvement decision, newest last
+    window: tuple[tuple[int, float, float], ...] = ()
+    # the run's dispersion: sum and count of (difference of consecutive rounds)^2 / (their variances)
+    dispersion: tuple[float, int] = (0.0, 0)
+    last_round: tuple[float, float] | None = None  # (accuracy, variance) of the last round
+    lowered_from: int | None = None  # `from_step` of the threshold cut whose raise is still owed
+    steady: int = 0  # rounds at the lower rate since then, in a row, read at or above the threshold
+    ceiling: float = 1.0  # the highest cumulative factor a raise may reach
+    raised_in: int | None = None  # the attempt of the last raise
+    locked_in: int | None = None  # an attempt whose lr is no longer raised (a cut after a raise)
 
 
 def loop_on(cfg: RunConfig) -> bool:
@@ -86,8 +119,9 @@ def _where(c: Consensus) -> str:
 
 
 def _estimate(c: Consensus) -> str:
-    return (f"accuracy {c.accuracy:.4g} (95% CI [{c.ci_low:.3f}, {c.ci_high:.3f}], {c.n_samples} samples, "
-            f"effective {c.n_effective:.4g})")
+    undecided = f", {c.n_undecided} undecided" if c.n_undecided else ""
+    return (f"accuracy {c.accuracy:.4g} (95% CI [{c.ci_low:.3f}, {c.ci_high:.3f}], {c.n_samples} samples"
+            f"{undecided}, effective {c.n_effective:.4g})")
 
 
 def _alert(kind: str, c: Consensus, what: str, value: float, threshold: float | None) -> AlertDecision:
@@ -130,34 +164,47 @@ def shown_good(c: Consensus, threshold: float) -> bool:
 def rollback_step(good_round: tuple[int, int] | None, c: Consensus, threshold: float) -> tuple[int, str] | None:
     """The step whose weights a drop's `scale_lr` restores, and why: the latest round of this
     attempt whose 95 % interval lay at or above the threshold (None: no such round, nothing to
-    restore). A drop found one round late (pooled with the round before) still finds it."""
+    restore). A drop found one round late still finds it."""
     if good_round is None or good_round[0] != c.key.attempt or good_round[1] >= c.step:
         return None
     step = good_round[1]
     return step, f"weights of step {step} restored first (the latest round whose 95% CI lay at or above {threshold:g})"
 
 
-def below_threshold(c: Consensus, threshold: float, alpha: float, look: int,
-                    previous: tuple[float, float] | None = None) -> tuple[bool, str]:
-    """The threshold test of one round: (the interval lies below the threshold, why).
+def optimistic(c: Consensus) -> tuple[float, float]:
+    """(accuracy, effective size) of the round with every undecided sample counted right."""
+    n, u = c.n_samples, max(c.n_undecided, 0)
+    if n + u <= 0:
+        return c.accuracy, 0.0
+    scale = (n + u) / n if n > 0 else 1.0
+    return (c.accuracy * n + u) / (n + u), c.n_effective * scale
 
-    With the `previous` round's (accuracy, effective samples), a second test pools the two
-    rounds (a drop that lasts is found on twice the samples); the look's level is then split
-    between the two tests."""
-    level = look_alpha(alpha / 2, look) / (2 if previous is not None else 1)
-    z = z_one_sided(level)
-    upper = wilson(c.accuracy, c.n_effective, z)[1]
-    what = "its"
-    if upper >= threshold and previous is not None:
-        n = c.n_effective + previous[1]
-        pooled = (c.accuracy * c.n_effective + previous[0] * previous[1]) / n if n > 0 else c.accuracy
-        pooled_upper = wilson(pooled, n, z)[1]
-        if pooled_upper < threshold:
-            upper, what = pooled_upper, f"with the round before ({previous[0]:.4g}), pooled {pooled:.4g} on {n:.4g} " \
-                                        "effective samples, their"
-    why = (f"{_estimate(c)}: {what} upper bound {upper:.4g} at one-sided level {level:.2g} (look {look} of the run, "
-           f"alpha {alpha:g} spent over its rounds) {'<' if upper < threshold else '>='} threshold {threshold:g}")
-    return upper < threshold, why
+
+def shortfall(p: float, n_eff: float, threshold: float) -> float:
+    """How many standard errors (at the threshold) the accuracy `p` on `n_eff` samples lies below it."""
+    if n_eff <= 0:
+        return 0.0
+    return (threshold - p) / math.sqrt(max(threshold * (1 - threshold), 1e-6) / n_eff)
+
+
+def cusum_design(alpha: float, horizon: int) -> tuple[float, float]:
+    """(reference k, limit h) of the threshold CUSUM that spends alpha / 2 over `horizon` rounds."""
+    k = z_one_sided(alpha / 2)
+    return k, cusum_limit(k, horizon / (alpha / 2))
+
+
+def below_threshold(c: Consensus, threshold: float, alpha: float, horizon: int,
+                    cusum: float) -> tuple[bool, float, str]:
+    """One look of the threshold CUSUM: (cut, the new statistic, why)."""
+    k, h = cusum_design(alpha, horizon)
+    p, n = optimistic(c)
+    z = shortfall(p, n, threshold)
+    statistic = max(0.0, cusum + z - k)
+    counted = f", its {c.n_undecided} undecided samples counted right" if c.n_undecided else ""
+    why = (f"{_estimate(c)}: {z:.3g} standard errors below threshold {threshold:g}{counted}; CUSUM of the "
+           f"rounds' shortfall {statistic:.3g} {'>' if statistic > h else '<='} limit {h:.3g} (reference {k:.3g}; "
+           f"false-alarm rate alpha/2 = {alpha / 2:g} over a horizon of {horizon} rounds)")
+    return statistic > h, statistic, why
 
 
 def _threshold_rule(
@@ -167,57 +214,91 @@ def _threshold_rule(
     if threshold is None or not cfg.eval_loop_enabled:
         return state, [], []
     if state.in_breach:
-        if c.ci_low < threshold + cfg.lr_restore_margin:
-            return state, [], []
-        state = replace(state, in_breach=False, previous=None, good_round=(c.key.attempt, c.step))
-        if state.factor >= 1.0 - _EPS:
-            return state, [], []
-        raised = min(1.0, state.factor * cfg.lr_restore_factor)
-        why = f"{_estimate(c)}: the interval lies at or above threshold {threshold:g} + margin {cfg.lr_restore_margin:g}"
-        command = _command(c, raised / state.factor, raised, why, cfg)
-        return replace(state, factor=raised), [], [command]
-    previous = state.previous
-    state = replace(state, looks=state.looks + 1, previous=(c.accuracy, c.n_effective))
-    below, why = below_threshold(c, threshold, cfg.lr_alpha, state.looks, previous)
+        if c.ci_low >= threshold + cfg.lr_restore_margin:
+            state = replace(state, in_breach=False, cusum=0.0, good_round=(c.key.attempt, c.step))
+        return state, [], []
+    below, statistic, why = below_threshold(c, threshold, cfg.lr_alpha, cfg.lr_horizon_rounds, state.cusum)
+    state = replace(state, looks=state.looks + 1, cusum=statistic)
     if not below:
         if shown_good(c, threshold):
             state = replace(state, good_round=(c.key.attempt, c.step))
         return state, [], []
-    state = replace(state, in_breach=True)
+    state = replace(state, in_breach=True, cusum=0.0)
     rollback = rollback_step(state.good_round, c, threshold) if cfg.lr_rollback else None
+    before, locked = state.factor, state.locked_in
+    if state.raised_in == c.key.attempt:  # a drop after a raise: the lower rate stays
+        locked, why = c.key.attempt, why + "; a drop after a raise: the lr is not raised again in this attempt"
     state, command = _drop(state, c, why, cfg, rollback)
     floor = "" if command is not None else f"; lr already at its floor x{state.factor:.4g}"
+    if command is not None:
+        state = replace(state, lowered_from=int(command.args["from_step"]), steady=0, locked_in=locked,
+                        ceiling=min(state.ceiling, before * math.sqrt(cfg.lr_factor)))
     return state, [_alert("eval_below_threshold", c, why + floor, c.accuracy, threshold)], (
         [command] if command is not None else [])
 
 
-def improvement_stopped(recent: tuple[tuple[float, float], ...], delta: float, alpha: float,
-                        test: int) -> tuple[bool, str]:
-    """The improvement test over (accuracy, variance) rounds: (stopped, why)."""
-    level = look_alpha(alpha / 2, test)
-    slope, se, upper = slope_bound(((i, acc, var) for i, (acc, var) in enumerate(recent)), z_one_sided(level))
+def _raise_rule(state: EvalLoopState, c: Consensus, cfg: RunConfig) -> tuple[EvalLoopState, list[CommandDecision]]:
+    """The raise a threshold cut owes, once the rounds at the lower rate have held."""
+    threshold = cfg.lr_eval_threshold
+    if state.lowered_from is None or threshold is None or not cfg.eval_loop_enabled:
+        return state, []
+    if state.locked_in == c.key.attempt or state.factor >= state.ceiling - _EPS:
+        return replace(state, lowered_from=None, steady=0), []
+    if c.step < state.lowered_from:
+        return state, []
+    steady = state.steady + 1 if c.accuracy >= threshold else 0
+    state = replace(state, steady=steady)
+    if state.in_breach or steady < cfg.lr_raise_after_rounds or c.ci_low < threshold + cfg.lr_restore_margin:
+        return state, []
+    raised = min(state.ceiling, state.factor * cfg.lr_restore_factor)
+    why = (f"{_estimate(c)}: the interval lies at or above threshold {threshold:g} + margin "
+           f"{cfg.lr_restore_margin:g}, and {steady} rounds at the lower rate since step {state.lowered_from} read at "
+           f"or above the threshold; raised to at most x{state.ceiling:.4g} (below the rate at which accuracy dropped)")
+    command = _command(c, raised / state.factor, raised, why, cfg)
+    return replace(state, factor=raised, lowered_from=None, steady=0, raised_in=c.key.attempt), [command]
+
+
+def improvement_stopped(recent: tuple[tuple[int, float, float], ...], delta: float, alpha: float, tests: int,
+                        dispersion: tuple[float, int]) -> tuple[bool, str]:
+    """The improvement test over (step, accuracy, variance) rounds: (stopped, why). `tests` is the
+    number of tests the horizon holds (the level is alpha / 2 shared among them)."""
+    level = alpha / 2 / max(tests, 1)
+    steps = [s for s, _, _ in recent]
+    gap = (steps[-1] - steps[0]) / (len(steps) - 1) if steps[-1] > steps[0] else 1.0
+    slope, se, _ = slope_bound(((s / gap, acc, var) for s, acc, var in recent), 0.0)
+    total, count = dispersion
+    phi = max(1.0, total / count) if count else 1.0
+    quantile = t_quantile(count, 1.0 - level) if count else z_one_sided(level)
+    se *= math.sqrt(phi)
+    upper = slope + quantile * se
     stopped = upper < delta
-    why = (f"accuracy slope {slope:+.4g} per round (se {se:.3g}) over the last {len(recent)} rounds: upper bound "
-           f"{upper:+.4g} at one-sided level {level:.2g} (test {test} of the run) "
-           f"{'<' if stopped else '>='} {delta:g} per round")
+    why = (f"accuracy slope {slope:+.4g} per round of {gap:.4g} steps (se {se:.3g}, dispersion {phi:.3g} on {count} "
+           f"differences) over the last {len(recent)} rounds: upper bound {upper:+.4g} at one-sided level {level:.2g} "
+           f"(one of {max(tests, 1)} tests over the horizon) {'<' if stopped else '>='} {delta:g} per round")
     return stopped, why
 
 
 def _improvement_rule(
     state: EvalLoopState, c: Consensus, cfg: RunConfig, commanded: bool
 ) -> tuple[EvalLoopState, list[AlertDecision], list[CommandDecision]]:
+    variance = proportion_variance(c.accuracy, c.n_effective)
+    total, count = state.dispersion
+    if state.last_round is not None:
+        total, count = total + (c.accuracy - state.last_round[0]) ** 2 / (variance + state.last_round[1]), count + 1
+    state = replace(state, last_round=(c.accuracy, variance), dispersion=(total, count))
     patience = cfg.no_improvement_rounds
     if patience <= 0:
         return state, [], []
-    recent = (*state.recent, (c.accuracy, proportion_variance(c.accuracy, c.n_effective)))[-2 * patience:]
-    state = replace(state, recent=recent, since_test=state.since_test + 1)
-    if len(recent) < patience + 1 or state.since_test < patience:
+    recent = (*state.window, (c.step, c.accuracy, variance))[-2 * patience:]
+    state = replace(state, window=recent, since_test=state.since_test + 1)
+    if len(recent) < patience + 1 or state.since_test < patience or recent[-1][0] <= recent[0][0]:
         return state, [], []
     state = replace(state, tests=state.tests + 1, since_test=0)
-    stopped, why = improvement_stopped(recent, cfg.lr_improve_delta, cfg.lr_alpha, state.tests)
+    tests = math.ceil(cfg.lr_horizon_rounds / patience)
+    stopped, why = improvement_stopped(recent, cfg.lr_improve_delta, cfg.lr_alpha, tests, state.dispersion)
     if not stopped:
         return state, [], []
-    state = replace(state, recent=())
+    state = replace(state, window=())
     command = None
     if loop_on(cfg) and not commanded:
         state, command = _drop(state, c, f"improvement stopped: {why}", cfg)
@@ -239,5 +320,7 @@ def on_consensus(
         return state, [], []
     state = replace(state, dataset=c.key.dataset, last=(c.key.attempt, c.step))
     state, alerts, commands = _threshold_rule(state, c, cfg)
+    if not commands:
+        state, commands = _raise_rule(state, c, cfg)
     state, more_alerts, more_commands = _improvement_rule(state, c, cfg, commanded=bool(commands))
     return state, [*alerts, *more_alerts], [*commands, *more_commands]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -382,8 +383,26 @@ def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[R
         if "eval_loop" in ev.config:  # the run's own loop settings (the latest `running` that carries them)
             changes["loop_overrides"], errors = eval_loop_overrides(ev.config.get("eval_loop"), cfg)
             alerts = [*alerts, *(invalid_loop_alert(e) for e in errors)]
+        horizon = published_horizon(ev.config)
+        overrides = changes.get("loop_overrides", state.loop_overrides)
+        if horizon is not None and not _explicit_horizon(ev.config) and overrides.get("lr_horizon_rounds") != horizon:
+            changes["loop_overrides"] = {**overrides, "lr_horizon_rounds": horizon}
     outputs = [Output(alert_event(state.run_id, a, ev.ts, lifecycle.attempt)) for a in alerts]
     return replace(state, lifecycle=lifecycle, trigger=trigger, **changes), outputs
+
+
+def published_horizon(config: Mapping[str, Any]) -> int | None:
+    """The run's horizon in rounds from its published `total_steps` and evaluation interval
+    (None: either is missing): the rounds its loop keeps its false-alarm rate over."""
+    total, interval = config.get("total_steps"), published_interval(config)
+    if isinstance(total, bool) or not isinstance(total, int) or interval is None or not 1 <= total <= 1 << 40:
+        return None
+    return max(1, min(1_000_000, -(-total // interval)))
+
+
+def _explicit_horizon(config: Mapping[str, Any]) -> bool:
+    loop = config.get("eval_loop")
+    return isinstance(loop, Mapping) and "horizon_rounds" in loop
 
 
 def invalid_loop_alert(error: str) -> AlertDecision:

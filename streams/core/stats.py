@@ -14,12 +14,19 @@ Pure and dependency-free (the standard library's NormalDist).
   whole run at or below alpha (a union bound: no assumption on how many rounds a run has).
 - `slope_bound(points, z)`: the weighted least-squares slope of (x, value, variance) points
   and its upper bound at `z` standard errors.
+- `t_cdf(t, df)`, `t_quantile(df, q)`: Student's t (the regularized incomplete beta, inverted);
+  the same functions, by name and signature, as the statistics module of the stats work
+  (producers/contract/statistics.py), which replaces these at the merge.
+- `cusum_limit(k, arl)`: the decision limit h of a one-sided CUSUM of unit-variance normal
+  increments with reference value k whose in-control average run length is `arl` rounds
+  (Siegmund's approximation, ARL = (exp(2kb) - 2kb - 1) / (2k^2), b = h + 1.166).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from statistics import NormalDist
 
 Z95 = NormalDist().inv_cdf(0.975)  # two-sided 95 %: 1.95996...
@@ -93,3 +100,97 @@ def proportion_variance(p: float, n_eff: float) -> float:
         return 0.25
     q = min(max(p, 0.5 / n_eff), 1 - 0.5 / n_eff)
     return q * (1 - q) / n_eff
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 1000):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _beta_regularized(a: float, b: float, x: float) -> float:
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with `df` degrees of freedom."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be > 0, not {df}")
+    tail = 0.5 * _beta_regularized(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+@lru_cache(maxsize=4096)
+def t_quantile(df: float, q: float = 0.975) -> float:
+    """Student's t quantile: the t with P(T <= t) = q (0 < q < 1), `df` > 0 degrees of freedom."""
+    if df <= 0:
+        raise ValueError("a t quantile needs at least 1 degree of freedom (2 or more values)")
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q must be within (0, 1), not {q}")
+    if q == 0.5:
+        return 0.0
+    if q < 0.5:
+        return -t_quantile(df, 1.0 - q)
+    low, high = 0.0, max(1.0, NormalDist().inv_cdf(q))
+    while t_cdf(high, df) < q:
+        low, high = high, high * 2.0
+    for _ in range(200):  # bisection: t_cdf is monotone
+        mid = (low + high) / 2.0
+        if mid in (low, high):
+            break
+        if t_cdf(mid, df) < q:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2.0
+
+
+@lru_cache(maxsize=256)
+def cusum_limit(k: float, arl: float) -> float:
+    """The limit h of a one-sided CUSUM S = max(0, S + x - k) over N(0, 1) increments x whose
+    average run length to a false alarm is `arl` rounds (Siegmund's approximation)."""
+    if k <= 0 or arl <= 1:
+        raise ValueError(f"cusum_limit needs k > 0 and arl > 1 (got {k}, {arl})")
+
+    def run_length(h: float) -> float:
+        b = 2 * k * (h + 1.166)
+        return (math.exp(b) - b - 1) / (2 * k * k)
+
+    low, high = 0.0, 1.0
+    while run_length(high) < arl:
+        low, high = high, high * 2
+    for _ in range(100):
+        mid = (low + high) / 2
+        if run_length(mid) < arl:
+            low = mid
+        else:
+            high = mid
+    return high
