@@ -171,7 +171,7 @@ def test_init_and_log_with_hostile_values_never_raise_and_the_runs_events_arrive
                      "x": BrokenInt(1) if step == 2 else 1}, step=step)
         # the control feed: a 5,000-deep message, then a command for this run
         producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
-        producer.send(topics.control, key=b"hostile-values", value=json.dumps(deep(5000, "list")).encode())
+        producer.send(topics.control, key=b"hostile-values", value=b"[" * 5000 + b"1" + b"]" * 5000)
         good = CommandEvent(run_id="hostile-values", command="evaluate_now", reason="after a deep one")
         producer.send(topics.control, key=b"hostile-values", value=good.to_json())
         producer.flush(30)
@@ -211,7 +211,7 @@ def test_alerts_follow_skips_a_5000_deep_message_and_prints_the_next(stack_env: 
 
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
     alert = AlertEvent(run_id="deep-alerts", kind="stalled", message="after a deep one")
-    producer.send(topics.alerts, key=b"deep-alerts", value=b'{"type":"alert","x":' + json.dumps(deep(5000)).encode() + b"}")
+    producer.send(topics.alerts, key=b"deep-alerts", value=b'{"type":"alert","x":' + b'{"a":' * 5000 + b"1" + b"}" * 5001)
     producer.send(topics.alerts, key=b"deep-alerts", value=alert.to_json())
     producer.flush(30)
     producer.close()
