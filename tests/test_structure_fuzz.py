@@ -323,7 +323,9 @@ def test_hostile_shapes_on_every_topic_never_stop_the_worker_or_the_sink(
                 good = _dumps(base(type_name, f"fz-g{tag}", f"g{tag}"))
                 topic = topics.for_event(EVENT_TYPES[type_name])
                 key = f"fz-{type_name}".encode()
-                where = producer.send(topic, key=key, value=bad).get(60)
+                # a producer sets the log time it likes (2**50 ms: the year 37,648)
+                when = data.draw(st.sampled_from([None, None, 2**50]), label="timestamp_ms")
+                where = producer.send(topic, key=key, value=bad, timestamp_ms=when).get(60)
                 after = producer.send(topic, key=key, value=good).get(60)
                 assert after.partition == where.partition
                 sent.append((type_name, accepted(bad, type_name, SMALL), topic, where.partition, where.offset,
@@ -356,3 +358,36 @@ def test_hostile_shapes_on_every_topic_never_stop_the_worker_or_the_sink(
                  f"the worker's {refused} dead letters of {type_name}")
     assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
     assert sink.poll() is None, (tmp_path / "sink.log").read_text()[-3000:]
+
+
+def test_a_log_time_past_what_ts_holds_still_gives_a_dead_letter() -> None:
+    """A producer sets the Kafka timestamp it likes: the dead letter of its bad message is still
+    made (its `ts` held within the contract's range) by the sink and by the worker."""
+    import asyncio
+
+    from areal_metrics.producers.contract.field_rules import TS_MAX
+    from areal_metrics.streams.core.config import StreamsConfig
+    from areal_metrics.streams.shell.batch import Input, StreamCore
+
+    topics = Topics("fz.")
+
+    class M:
+        topic, partition, offset, key, value, timestamp = topics.steps, 0, 7, b"k", b"{not json", 2**62
+
+    [letter] = decode([M()], topics).dead_letters
+    assert letter.ts == TS_MAX and letter.reason.startswith("event: not valid JSON")
+    sent: list[tuple[str, bytes]] = []
+
+    async def send(topic: str, key: bytes, value: bytes) -> Any:
+        sent.append((topic, value))
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    worker = StreamCore(topics=topics, config=StreamsConfig(), table={}, send=send)
+    asyncio.run(worker.on_batch([Input(topics.steps, 0, 7, b"k", b"{not json", 1e15),
+                                 Input(topics.steps, 0, 8, b"k", _dumps(base("step", event_id="after")), 1e15)]))
+    letters = [parse_event(v) for t, v in sent if t == topics.deadletter]
+    assert [x.ts for x in letters] == [TS_MAX]
+    assert any(t == topics.smoothed for t, _ in sent)  # the good step after it went through
+    assert worker.stats["errors"] == 0
