@@ -57,7 +57,8 @@ SOAK_DIR   ?= .areal/soak
 SOAK_TESTS ?= tests/test_faults.py tests/test_cluster_faults.py \
 	tests/test_streams_e2e.py::test_worker_killed_and_restarted_mid_scenario_gives_the_same_events \
 	tests/test_fuzz_strings.py tests/test_sink_poison.py tests/test_clickhouse_http_bounds.py \
-	tests/test_sink_broker.py::test_sigkill_mid_batch_repeatedly_loses_and_duplicates_nothing
+	tests/test_sink_broker.py::test_sigkill_mid_batch_repeatedly_loses_and_duplicates_nothing \
+	tests/test_structure_fuzz.py tests/test_client_hostile_values.py
 
 fault-soak: $(STAMP)
 	@mkdir -p $(SOAK_DIR); failed=0; \

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from areal_metrics.producers.contract.deadletter import rejected
+from areal_metrics.producers.contract.deadletter import letter_ts, rejected
 from areal_metrics.producers.contract.events import Event, RejectedEvent, ValidationError, parse_event
 from areal_metrics.producers.contract.topics import Topics
 
@@ -53,7 +53,7 @@ def dead_letter(m: Message, reason: str, node: str = SINK_NODE) -> RejectedEvent
     decode (or a second bisection of its chunk) gives the same record."""
     raw = m.value if m.value is not None else b""
     bad = rejected(raw, reason, m.topic, node=node, key=m.key)
-    ts = max(0, getattr(m, "timestamp", 0) or 0) / 1000.0
+    ts = letter_ts(max(0, getattr(m, "timestamp", 0) or 0) / 1000.0)
     return bad.replace(event_id=dead_letter_id(m.topic, m.partition, m.offset), ts=ts)
 
 

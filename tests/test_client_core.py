@@ -31,9 +31,13 @@ class _FakeRun:
 
     def __init__(self) -> None:
         self.skipped: list[object] = []
+        self.warned: dict[object, str] = {}
 
     def _note_skipped(self, names: tuple) -> None:
         self.skipped.extend(names)
+
+    def _warn_once(self, key: object, message: str) -> None:
+        self.warned[key] = message
 
 
 def encoded_step(values: dict, step: int = 3) -> StepEvent:

@@ -91,7 +91,7 @@ def good_step(draw: Any, run_id: str, n: int) -> bytes:
     rank = draw(st.integers(0, 1))
     reward = draw(st.one_of(st.floats(-1, 1), st.none()))
     return StepEvent(run_id=run_id, node=f"n{rank}", rank=rank, step=n, epoch=draw(st.sampled_from([0, 0.5])),
-                     reward=reward, world_size=draw(st.sampled_from([None, 1, 2])),
+                     reward=reward, world_size=draw(st.sampled_from([None, rank + 1, 2])),  # rank < world_size
                      n_samples=draw(st.one_of(st.none(), st.integers(0, 64))),
                      non_finite=() if reward is not None else draw(st.sampled_from([("reward",), ("reward", "ключ|x")])),
                      ts=1.0 + n, event_id=f"{run_id}-{n}").to_json()
@@ -101,7 +101,7 @@ def good_step(draw: Any, run_id: str, n: int) -> bytes:
 def good_run(draw: Any, run_id: str) -> bytes:
     rank = draw(st.integers(0, 2))
     return RunEvent(run_id=run_id, node=f"n{rank}", rank=rank, status=draw(st.sampled_from(
-        ["running", "finished", "failed", "killed"])), world_size=draw(st.integers(1, 3)),
+        ["running", "finished", "failed", "killed"])), world_size=draw(st.integers(rank + 1, 3)),
         config={"eval_interval_steps": draw(st.integers(1, 100)), draw(NAMES): draw(NAMES)},
         tags=tuple(draw(st.lists(NAMES, max_size=2))), ts=1.0, event_id=f"{run_id}-run-{draw(st.integers(0, 99))}",
     ).to_json()

@@ -7,7 +7,8 @@ the client can name it. The rules:
   tensors and numpy arrays (duck-typed: `.item()`, never an import of torch),
   anything with `__float__` (Decimal, Fraction). Anything else (strings, lists,
   multi-element tensors) is not a number and is skipped. `None` is skipped.
-- NaN and +-inf become null and their names go into `non_finite`.
+- NaN, +-inf and numbers beyond +-1e100 (NUMBER_MAX: what the worker's arithmetic keeps finite)
+  become null and their names go into `non_finite`.
 - A typed column gets its value when the value meets the column's rule; a
   value a hair outside (within 1e-6, e.g. clip_ratio 1.0000001, lr -1e-12) is
   clamped to the bound; a value clearly outside (clip_ratio 1.5, lr -0.1) stays
@@ -26,11 +27,14 @@ import json
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from areal_metrics.producers.client.aliases import ALIASES, BOUNDS, INT_COLUMNS
 from areal_metrics.producers.contract.field_rules import (
+    JSON_DEPTH_MAX,
     JSON_KEY_MAX,
+    NUMBER_MAX,
     METRIC_NAME_MAX,
     METRICS_MAX,
     SAMPLE_ERROR_TYPE_MAX,
@@ -38,6 +42,7 @@ from areal_metrics.producers.contract.field_rules import (
     SAMPLES_MAX,
     storage_safe,
 )
+from areal_metrics.producers.contract.limits import default_limits
 
 TOLERANCE = 1e-6  # how far outside a column's bound a value is still clamped (relative, at least absolute)
 INT64 = (-(2**63), 2**63 - 1)
@@ -205,17 +210,23 @@ def finite(v: int | float) -> bool:
 
 
 def as_float(v: int | float) -> float | None:
-    """float(v), or None for a non-finite value (an int too large for a float included)."""
+    """float(v), or None for a value the contract refuses: not finite, or beyond +-NUMBER_MAX (an
+    int too large for a float included)."""
     try:
         x = float(v)
     except OverflowError:
         return None
-    return x if x - x == 0.0 else None
+    return x if x - x == 0.0 and -NUMBER_MAX <= x <= NUMBER_MAX else None
 
 
 def metric_name(key: Any) -> str:
-    name = key if type(key) is str else str(key)
-    return storage_safe(name[:METRIC_NAME_MAX])
+    """The name a key is sent under ("" for a key whose str() raises: skipped)."""
+    if type(key) is str:
+        return storage_safe(key[:METRIC_NAME_MAX])
+    try:
+        return storage_safe(str(key)[:METRIC_NAME_MAX])
+    except Exception:  # noqa: BLE001 - never raise for a value
+        return ""
 
 
 # ------------------------------------------------------------------- a step
@@ -230,6 +241,7 @@ class StepParts:
     non_finite: list[str] = field(default_factory=list)
     epoch: float = 0.0
     dropped: int = 0  # metrics names past the cap, not sent
+    beyond: int = 0  # finite values beyond +-NUMBER_MAX (sent as null, named in non_finite)
 
 
 def clamp(x: float, lo: float | None, hi: float | None) -> float | None:
@@ -270,6 +282,8 @@ def split_step(values: Mapping[Any, int | float], previous_epoch: float = 0.0,
         alias = ALIASES.get(name)
         x = as_float(v)
         if x is None:
+            if v - v == 0:  # finite, and beyond the number range
+                parts.beyond += 1
             nan.append((name, alias[0] if alias is not None else None))
             if alias is not None and alias[2] == 0:  # the own name given as NaN: no alias may fill its column
                 held = holders.get(alias[0])
@@ -332,8 +346,9 @@ def verdicts(values: Any) -> list[int]:
 
 
 def text(v: Any) -> str:
-    s = v if isinstance(v, str) else ("" if v is None else str(v))
-    return storage_safe(s[:SAMPLE_TEXT_MAX])
+    if isinstance(v, str):
+        return storage_safe(v[:SAMPLE_TEXT_MAX])
+    return "" if v is None else text_of(v, SAMPLE_TEXT_MAX)
 
 
 def samples(values: Any) -> tuple[list[dict[str, Any]], int]:
@@ -379,48 +394,95 @@ def float_metrics(values: Mapping[Any, Any]) -> tuple[dict[str, float], list[str
 # ------------------------------------------------------------------- config
 
 
-def json_safe(v: Any, depth: int = 0) -> Any:
-    """A config (dict, dataclass, argparse.Namespace, pydantic or OmegaConf object...) as plain JSON values."""
+CONFIG_DEPTH_MAX = JSON_DEPTH_MAX - 2  # a config's nesting the client keeps (readers refuse deeper: check_json)
+# What `config` did to a value it could not send as it was, by kind: init() warns once for each.
+CONFIG_NOTES = {
+    "deep": f"nested deeper than {CONFIG_DEPTH_MAX} levels: the deeper values are replaced by a note",
+    "keys": "an object with more names than a message may hold: the first ones are kept",
+    "items": "a list with more entries than a message may hold: the first ones are kept",
+    "unreadable": "a value that could not be read (its conversion raised): replaced by a note",
+    "big": f"larger than {CONFIG_MAX_BYTES} bytes as JSON: its largest top-level values are replaced by a note",
+}
+
+
+def text_of(v: Any, limit: int) -> str:
+    """str(v) cut to `limit`, or a note when str() itself fails (a recursion, a broken __str__)."""
+    try:
+        return storage_safe(str(v)[:limit])
+    except Exception:  # noqa: BLE001 - never raise for a value
+        return f"<unprintable {type(v).__name__[:64]}>"
+
+
+def json_safe(v: Any, depth: int = 0, notes: set[str] | None = None) -> Any:
+    """A config (dict, dataclass, argparse.Namespace, pydantic or OmegaConf object...) as plain JSON values,
+    within the readers' structure limits; what had to change is named in `notes` (CONFIG_NOTES' kinds)."""
+    notes = set() if notes is None else notes
+    try:
+        return _json_safe(v, depth, notes)
+    except Exception as exc:  # noqa: BLE001 - e.g. a mapping whose items() raises
+        notes.add("unreadable")
+        return f"<unreadable {type(v).__name__[:64]}: {text_of(exc, 200)}>"
+
+
+def _json_safe(v: Any, depth: int, notes: set[str]) -> Any:
     if isinstance(v, str):
         return storage_safe(v)
     if v is None or isinstance(v, bool):
         return v
-    if depth > 30:
-        return storage_safe(str(v)[:1000])
     if type(v) is int or type(v) is float:
         return v if finite(v) and (type(v) is float or INT64[0] <= v <= INT64[1]) else str(v)
+    if depth > CONFIG_DEPTH_MAX:
+        notes.add("deep")
+        return f"<nested deeper than {CONFIG_DEPTH_MAX} levels: not stored>"
+    limits = default_limits()
     if isinstance(v, Mapping):
-        return {storage_safe(str(k)[:JSON_KEY_MAX]): json_safe(x, depth + 1) for k, x in v.items()}
+        items = list(islice(v.items(), limits.max_keys + 1))
+        if len(items) > limits.max_keys:
+            notes.add("keys")
+            items = items[:limits.max_keys]
+        return {text_of(k, JSON_KEY_MAX): json_safe(x, depth + 1, notes) for k, x in items}
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return {f.name: json_safe(getattr(v, f.name, None), depth + 1) for f in dataclasses.fields(v)}
+        return {f.name: json_safe(getattr(v, f.name, None), depth + 1, notes) for f in dataclasses.fields(v)}
     if isinstance(v, argparse.Namespace):
-        return json_safe(vars(v), depth)
+        return json_safe(vars(v), depth, notes)
     for method in ("model_dump", "to_dict"):  # pydantic, HF TrainingArguments
         dump = getattr(v, method, None)
         if callable(dump) and not isinstance(v, type):
             try:
-                return json_safe(dump(), depth + 1)
+                dumped = dump()
             except Exception:  # noqa: BLE001
                 break
+            return json_safe(dumped, depth + 1, notes)
     if isinstance(v, (list, tuple, set, frozenset)):
-        return [json_safe(x, depth + 1) for x in v]
+        entries = list(islice(v, limits.max_items + 1))
+        if len(entries) > limits.max_items:
+            notes.add("items")
+            entries = entries[:limits.max_items]
+        return [json_safe(x, depth + 1, notes) for x in entries]
     x = to_number(v)
     if x is not None:
-        return json_safe(x, depth)
-    return storage_safe(str(v)[:10_000])
+        return json_safe(x, depth, notes)
+    return text_of(v, 10_000)
 
 
 def config(v: Any) -> dict[str, Any]:
     """A run's config as a JSON object of bounded size (top-level values too large are replaced by a note)."""
+    return config_with_notes(v)[0]
+
+
+def config_with_notes(v: Any) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """`config(v)`, and the kinds of change it made (CONFIG_NOTES' keys, sorted); never raises."""
     if v is None:
-        return {}
-    safe = json_safe(v)
+        return {}, ()
+    notes: set[str] = set()
+    safe = json_safe(v, 0, notes)
     if not isinstance(safe, dict):
         safe = {"value": safe}
-    if len(json.dumps(safe, separators=(",", ":"))) <= CONFIG_MAX_BYTES:
-        return safe
-    out = {}
-    for k, x in safe.items():
-        size = len(json.dumps(x, separators=(",", ":")))
-        out[k] = x if size <= 4096 else f"<{size} bytes, not stored>"
-    return out
+    if len(json.dumps(safe, separators=(",", ":"))) > CONFIG_MAX_BYTES:
+        notes.add("big")
+        out = {}
+        for k, x in safe.items():
+            size = len(json.dumps(x, separators=(",", ":")))
+            out[k] = x if size <= 4096 else f"<{size} bytes, not stored>"
+        safe = out
+    return safe, tuple(sorted(notes))

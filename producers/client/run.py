@@ -53,6 +53,7 @@ from areal_metrics.producers.contract.events import (
     ValidationError,
     dumps_compact,
 )
+from areal_metrics.producers.contract.field_rules import NUMBER_MAX
 from areal_metrics.producers.contract.ids import RUN_ID_RULE, is_valid_run_id
 from areal_metrics.producers.client.launcher_env import Identity, identity_from_env, job_run_id
 from areal_metrics.producers.delivery.publisher import Publisher
@@ -109,7 +110,12 @@ def _identity(options: Options) -> Identity:
     for name, value in changes.items():
         if type(value) is not int or value < 0 or (name == "world_size" and value < 1):
             raise TypeError(f"init(): {name} must be a non-negative integer (got {value!r})")
-    return dataclasses.replace(found, **changes)
+    identity = dataclasses.replace(found, **changes)
+    if identity.rank >= identity.world_size:  # readers refuse rank >= world_size: the world is made to hold it
+        log.warning("init(): rank %d is not below world_size %d; world_size %d is reported (pass world_size=)",
+                    identity.rank, identity.world_size, identity.rank + 1)
+        identity = dataclasses.replace(identity, world_size=identity.rank + 1)
+    return identity
 
 
 def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = (), group: str | None = None,
@@ -189,7 +195,7 @@ class Run:
         self.node = (options.node or identity.node)[:128]
         self.host = identity.host[:256]
         self.attempt = attempt
-        self.config = coerce.config(config)
+        self.config, config_notes = coerce.config_with_notes(config)
         self.tags = tags
         self.group = group[:256] if group else None
         self.framework = (options.framework or run_info.detect_framework())[:64]
@@ -212,6 +218,8 @@ class Run:
         self._warned: set[Any] = set()
         self._max_metrics = settings.max_metrics
         self._alerted: dict[str, float] = {}  # alert title -> when it was last sent
+        for kind in config_notes:  # what the config could not be sent as: once per kind
+            self._warn_once(("config", kind), f"init(): config: {coerce.CONFIG_NOTES[kind]}")
         self._done = False
         self._forked = False
         self._exit_status: tuple[str, int] | None = None
@@ -380,13 +388,13 @@ class Run:
                              attempt=self.attempt, framework=self.framework, git_commit=self.git_commit,
                              exit_code=exit_code, name=self.name, notes=self.notes,
                              summary=coerce.config(self.summary) or None if status != "running" else None)
-        except ValidationError as exc:  # the summary's values are cleaned as config's: should not happen
-            if status != "running" and self.summary:
-                _log.warning("run.summary not sent: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - the fields are cleaned above; never raise into training
+            if status != "running" and self.summary:  # send the run's end without the summary rather than not at all
+                self._warn_once(("summary", type(exc).__name__), f"run.summary not sent: {coerce.text_of(exc, 300)}")
                 self.summary = {}
                 self._publish_run(status, exit_code)
                 return
-            _log.warning("run event not sent: %s", exc)
+            self._warn_once(("run-event", type(exc).__name__), f"run event not sent: {coerce.text_of(exc, 300)}")
             return
         self._publisher.publish(event)
 
@@ -466,16 +474,21 @@ class _Step:
             if parts.dropped:
                 run._note_dropped(parts.dropped)
             run._epoch = parts.epoch
+            if parts.beyond:
+                run._warn_once("beyond", f"log(): a value beyond +-{NUMBER_MAX:g} is sent as null and named in "
+                                         f"non_finite (step {self.step})")
             data = {"type": "step", "schema": SCHEMA_VERSION, "event_id": uuid.uuid4().hex, "run_id": run.run_id,
                     "node": run.node, "rank": run.rank, "ts": self.ts, "step": self.step, "epoch": parts.epoch,
                     **parts.columns, "metrics": parts.metrics, "world_size": run.world_size, "attempt": run.attempt,
                     "non_finite": parts.non_finite}
             return topics.steps, run._key, dumps_compact(data)
-        except Exception as exc:
-            _log.exception("step %d of run %s could not be encoded", self.step, run.run_id)
-            raw = repr({str(k): v for k, v in list(self.values.items())[:200]})
-            bad = rejected(raw, f"client: step {self.step} could not be encoded: {exc}", topics.steps,
-                           node=run.node, key=run._key)
+        except Exception as exc:  # noqa: BLE001 - the sender thread must never raise: a dead letter instead
+            run._warn_once(("encode", type(exc).__name__), f"log(): step {self.step} could not be encoded "
+                                                          f"({type(exc).__name__}); sent as a dead letter")
+            raw = coerce.text_of({coerce.text_of(k, 256): coerce.text_of(v, 256)
+                                   for k, v in list(self.values.items())[:200]}, 64 * 1024)
+            reason = f"client: step {self.step} could not be encoded: {coerce.text_of(exc, 1000)}"
+            bad = rejected(raw, reason, topics.steps, node=run.node, key=run._key)
             return topics.deadletter, run._key, bad.to_json()
 
 

@@ -10,7 +10,7 @@ import base64
 import json
 
 from areal_metrics.producers.contract.events import RejectedEvent
-from areal_metrics.producers.contract.field_rules import storage_safe, text_problem
+from areal_metrics.producers.contract.field_rules import TS_MAX, storage_safe, text_problem
 from areal_metrics.producers.contract.ids import is_valid_run_id
 
 UNKNOWN_RUN = "unknown"
@@ -45,6 +45,15 @@ def guess_run_id(raw: bytes | str, key: bytes | None = None) -> str:
         if is_valid_run_id(c):
             return c
     return UNKNOWN_RUN
+
+
+def letter_ts(seconds: float | None) -> float | None:
+    """A message's log time (s) as a dead letter's `ts`: within what `ts` holds (a producer sets
+    the Kafka timestamp it likes: year 3000 too), so that no dead letter can fail to be made;
+    None for none (-1)."""
+    if seconds is None or not seconds >= 0:
+        return None
+    return min(float(seconds), TS_MAX)
 
 
 def rejected(raw: bytes | str, reason: str, source_topic: str, *, node: str, key: bytes | None = None) -> RejectedEvent:

@@ -20,9 +20,14 @@ from typing import Annotated, Any, ClassVar, Literal, Self, get_args
 import msgspec
 
 from areal_metrics.producers.contract.field_rules import (
+    NUMBER_MAX,
+    TS_MAX,
+    UINT32_MAX,
+    DerivedMetrics,
     Float,
     Int,
     JsonObject,
+    Measured,
     Metrics,
     Samples,
     Text,
@@ -36,9 +41,9 @@ from areal_metrics.producers.contract.field_rules import (
     is_number,
 )
 from areal_metrics.producers.contract.ids import RUN_ID_PATTERN
+from areal_metrics.producers.contract.limits import StructureLimits, check_structure, default_limits
 
 SCHEMA_VERSION = 1
-MAX_MESSAGE_BYTES = 1 << 20  # a reader refuses larger messages before parsing them
 _HOSTNAME = socket.gethostname()[:128] or "localhost"
 
 
@@ -51,12 +56,15 @@ def new_event_id() -> str:
 RunId = Text(128, nonempty=True, pattern=f"^(?:{RUN_ID_PATTERN.pattern})$")
 Name = Text(128, nonempty=True)  # a node, a dataset, an event id
 Count = Int(ge=0)
+Count32 = Int(ge=0, le=UINT32_MAX)  # a count a UInt32 column holds
 Step = Int(ge=0)
 Attempt = Int(ge=0, le=1 << 20)
 WorldSize = Int(ge=1, le=1 << 20)
 Replicas = Int(ge=1, le=4096)
-Number = Float()  # any finite number
-NonNegative = Float(ge=0)
+Number = Measured  # a number a trainer sends: finite, |x| <= NUMBER_MAX (field_rules)
+NonNegative = Float(ge=0, le=NUMBER_MAX)
+Finite = Float()  # what the worker derives (a slope, an alert's value): any finite number
+Timestamp = Float(ge=0, le=TS_MAX)
 Fraction = Float(ge=0, le=1)
 Message = Text(4096)
 Stage = Literal["quick", "full"]
@@ -93,8 +101,8 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     run_id: RunId
     node: Name = _HOSTNAME
-    rank: Count = 0
-    ts: NonNegative = msgspec.field(default_factory=time.time)
+    rank: Count32 = 0
+    ts: Timestamp = msgspec.field(default_factory=time.time)
     event_id: Name = msgspec.field(default_factory=new_event_id)
     schema: Int(ge=1, le=SCHEMA_VERSION) = SCHEMA_VERSION
 
@@ -174,6 +182,10 @@ class StepEvent(Event, frozen=True, kw_only=True, gc=False):
     non_finite: Annotated[tuple[Text(256), ...], msgspec.Meta(max_length=1024)] = ()  # fields/metrics whose NaN/inf is null here
     n_samples: Count | None = None  # samples behind this rank's reward: its weight over ranks
 
+    def _check_rules(self) -> None:
+        if self.world_size is not None and self.rank >= self.world_size:
+            raise ValidationError("steps.rank", f"{self.rank} is not below world_size {self.world_size}")
+
 
 class EvalEvent(Event, frozen=True, kw_only=True, gc=False):
     type: ClassVar[str] = "eval"
@@ -187,7 +199,7 @@ class EvalEvent(Event, frozen=True, kw_only=True, gc=False):
     accuracy: Fraction | None = None
     response_length: NonNegative | None = None
     reward: Number | None = None
-    n_samples: Count | None = None
+    n_samples: Count32 | None = None
     latency_ms: NonNegative | None = None
     verdicts: tuple[Int(ge=0, le=1), ...] | None = None
     error: Message | None = None
@@ -231,21 +243,21 @@ class EvalConsensusEvent(Event, frozen=True, kw_only=True, gc=False):
     dataset: Name
     stage: Stage = "full"
     accuracy: Fraction
-    response_length: NonNegative | None = None
-    votes: Count
-    replicas: Int(ge=1)
+    response_length: Float(ge=0) | None = None
+    votes: Count32
+    replicas: Int(ge=1, le=UINT32_MAX)
     agreement: Fraction
     dissenters: tuple[Text(256), ...] = ()
     stale: bool = False
     partial: bool = False
     # Evaluation you can trust: decided samples behind `accuracy`, undecided ones (ties), and a
     # 95 % interval of `accuracy` (None on events written before these fields existed).
-    n_samples: Count | None = None
-    n_undecided: Count | None = None
+    n_samples: Count32 | None = None
+    n_undecided: Count32 | None = None
     ci_low: Fraction | None = None
     ci_high: Fraction | None = None
     # Evaluation details: pass@K, maj@K, greedy_accuracy over the round (streams.core.voting)
-    metrics: Metrics = {}
+    metrics: DerivedMetrics = {}
 
     def _check_rules(self) -> None:
         if self.ci_low is not None and self.ci_high is not None and self.ci_low > self.ci_high:
@@ -258,10 +270,10 @@ class RewardSmoothedEvent(Event, frozen=True, kw_only=True, gc=False):
 
     step: Step
     reward: Number
-    window: Int(ge=1)
-    sliding_avg: Number
-    ema: Number
-    slope: Number
+    window: Int(ge=1, le=UINT32_MAX)
+    sliding_avg: Finite
+    ema: Finite
+    slope: Finite
 
 
 class CommandEvent(Event, frozen=True, kw_only=True, gc=False):
@@ -297,8 +309,8 @@ class AlertEvent(Event, frozen=True, kw_only=True, gc=False):
     severity: Severity = "warning"
     message: Message
     step: Step | None = None
-    value: Number | None = None
-    threshold: Number | None = None
+    value: Finite | None = None
+    threshold: Finite | None = None
 
 
 class RejectedEvent(Event, frozen=True, kw_only=True, gc=False):
@@ -331,6 +343,8 @@ class RunEvent(Event, frozen=True, kw_only=True, gc=False):
     summary: JsonObject | None = None  # run.summary: on the rank's terminal event, when it holds anything
 
     def _check_rules(self) -> None:
+        if self.rank >= self.world_size:
+            raise ValidationError("runs.rank", f"{self.rank} is not below world_size {self.world_size}")
         check_json(f"{self.table}.config", self.config)
         if self.summary is not None:
             check_json(f"{self.table}.summary", self.summary)
@@ -407,10 +421,30 @@ def _convert(data: dict[str, Any], cls: type[Event]) -> Event:
         _checked.on = 0
 
 
-def parse_event(raw: bytes | str, expected: type[Event] | None = None) -> Event:
-    """Bytes off the wire -> record. Raises ValidationError naming the field."""
-    if len(raw) > MAX_MESSAGE_BYTES:
-        raise ValidationError("event", f"message too large ({len(raw)} bytes > {MAX_MESSAGE_BYTES})")
+def parse_event(raw: bytes | str, expected: type[Event] | None = None,
+                limits: StructureLimits | None = None) -> Event:
+    """Bytes off the wire -> record: the one guard every reader decodes a message in (the stream
+    worker, the sink, replay, the client's control feed, `alerts --follow`, `watch`).
+
+    It raises ValidationError naming the field, and nothing else: the structure limits first
+    (`check_structure`, on the bytes, before any parser builds the message), then the record's
+    rules; any other exception while reading this one message (a bug, a recursion, memory) is
+    the message's problem too, in a ValidationError that names it, so a reader dead-letters
+    the message and goes on. `limits`: the environment's (AREAL_MAX_*) when None."""
+    where = expected.table if expected is not None else "event"
+    lim = limits or default_limits()  # outside the guard: a bad setting is not a bad message
+    try:
+        check_structure(raw, where, lim)
+        return _parse(raw, expected)
+    except ValidationError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one message must never stop its reader
+        detail = " ".join(str(exc).split())[:200]
+        raise ValidationError(where, f"could not be read ({type(exc).__name__}{': ' + detail if detail else ''})") from None
+
+
+def _parse(raw: bytes | str, expected: type[Event] | None) -> Event:
+    """`parse_event` past the structure limits."""
     if isinstance(raw, bytes) and not raw.isascii():
         try:  # msgspec skips the fields it does not read without looking at their bytes
             raw.decode("utf-8")

@@ -29,6 +29,13 @@ JSON_DEPTH_MAX = 32  # nesting of a free-form object
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # an integer field: what an Int64 column holds (msgspec's bounds)
 UINT64_MAX = 2**64 - 1  # a number inside nested JSON: what Int64 and UInt64 columns hold between them
 FLOAT_MAX = 1.7976931348623157e308  # the largest finite double: bounds that refuse NaN and +-inf
+# A number a trainer sends (a step's or an eval's values, `metrics`): at most this large, so that
+# what the worker derives from them (sums over a window, squares, a slope, weights by n_samples
+# up to 2**63) stays finite; nothing measured in training comes near it.
+NUMBER_MAX = 1e100
+UINT32_MAX = 2**32 - 1  # rank, votes, window...: UInt32 columns
+# `ts`, seconds since the epoch: up to 2106-02-07, which DateTime64(3) columns hold (to 2299)
+TS_MAX = float(2**32 - 1)
 
 
 class ValidationError(UserError, ValueError):
@@ -60,7 +67,9 @@ def Text(max_len: int | None = None, nonempty: bool = False, pattern: str | None
 
 
 MetricName = Text(METRIC_NAME_MAX, nonempty=True)
-Metrics = Annotated[dict[MetricName, Float()], Meta(max_length=METRICS_MAX)]  # named finite numbers
+Measured = Float(-NUMBER_MAX, NUMBER_MAX)  # a number a trainer sends
+Metrics = Annotated[dict[MetricName, Measured], Meta(max_length=METRICS_MAX)]  # named numbers within NUMBER_MAX
+DerivedMetrics = Annotated[dict[MetricName, Float()], Meta(max_length=METRICS_MAX)]  # the worker's: finite
 JsonObject = dict[str, Any]  # nested JSON (config, args): `check_json`
 Samples = Annotated[tuple[dict[str, Any], ...], Meta(max_length=SAMPLES_MAX)]  # `check_samples`
 
@@ -232,6 +241,7 @@ _NOUNS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "
 _REWORDED = (  # msgspec's wording, in ours (the bounds every number has first)
     (re.compile(r"^Expected `float` (>=|<=) -?1\.7976931348623157e\+308$"), lambda m: "not finite"),
     (re.compile(r"^Number out of range$"), lambda m: "not finite (beyond the float range)"),
+    (re.compile(r"^Expected `float` (>=|<=) -?1e\+100$"), lambda m: f"not finite or beyond +-{NUMBER_MAX:g} (the number range)"),
     (re.compile(r"^Expected `int` (>= -9223372036854775808|<= 9223372036854775807)$"),
      lambda m: "integer out of the 64-bit range"),
     (re.compile(r"^Expected `(?:int|float)` (>=|<=|>|<) (\S+)$"), lambda m: f"must be {m[1]} {m[2]}"),

@@ -198,6 +198,20 @@ class Settings:
     clickhouse_steps_ttl_days: int | None = setting("AREAL_CLICKHOUSE_STEPS_TTL_DAYS", None, "delete raw steps "
                                                     "older than this many days (0 or unset: keep)", kind="int",
                                                     ge=0, readers="sink stack")
+    # -- what every reader refuses before decoding a message (producers/contract/limits.py; CONTRACT.md,
+    # 'No input stops the pipeline'): a refused message is dead-lettered with its reason
+    max_message_bytes: int = setting("AREAL_MAX_MESSAGE_BYTES", 1 << 20, "the largest message a reader "
+                                     "decodes, bytes", kind="int", ge=1024, le=1 << 30,
+                                     readers="client worker sink stack")
+    max_json_depth: int = setting("AREAL_MAX_JSON_DEPTH", 64, "the deepest nesting of objects and arrays a "
+                                  "reader decodes (the message itself is level 1)", kind="int", ge=8, le=512,
+                                  readers="client worker sink stack")
+    max_object_keys: int = setting("AREAL_MAX_OBJECT_KEYS", 10_000, "the most names one JSON object of a "
+                                   "message may have", kind="int", ge=64, le=10_000_000,
+                                   readers="client worker sink stack")
+    max_array_items: int = setting("AREAL_MAX_ARRAY_ITEMS", 100_000, "the most entries one JSON array of a "
+                                   "message may have (verdicts, sample_ids, ...)", kind="int", ge=64,
+                                   le=100_000_000, readers="client worker sink stack")
     # -- the client (areal_metrics.init)
     exit_timeout_s: float = setting("AREAL_EXIT_TIMEOUT_S", 10.0, "how long exit and finish() wait for the "
                                     "broker's acknowledgement before leaving the rest in the journal",

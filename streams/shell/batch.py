@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 from msgspec.structs import replace
 
-from areal_metrics.producers.contract.deadletter import rejected
+from areal_metrics.producers.contract.deadletter import letter_ts, rejected
 from areal_metrics.producers.contract.events import EvalEvent, Event, RejectedEvent, RunEvent, StepEvent, ValidationError, parse_event
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.streams.core.config import StreamsConfig
@@ -204,8 +204,9 @@ class StreamCore:
 
     def _dead(self, m: Input, reason: str) -> RejectedEvent:
         dead = rejected(m.value if m.value is not None else b"", reason, m.topic, node=WORKER_NODE, key=m.key)
-        if m.timestamp is not None and m.timestamp >= 0:
-            dead = dead.replace(ts=m.timestamp)
+        ts = letter_ts(m.timestamp)
+        if ts is not None:
+            dead = dead.replace(ts=ts)
         return dead
 
     def _apply(self, state: RunState, items: list[_Item], now: float) -> tuple[RunState, list[Output], list[_Item]]:
