@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from areal_metrics.producers.client.run import Run, RunStats, init
+    from areal_metrics.producers.client.trainer_control import CommandApplier
 
-__all__ = ["Run", "RunStats", "init", "__version__"]
+__all__ = ["CommandApplier", "Run", "RunStats", "init", "__version__"]
 _CLIENT = frozenset(("Run", "RunStats", "init"))
+_APPLIER = frozenset(("CommandApplier",))
 
 
 def _version() -> str:
@@ -33,8 +35,12 @@ def __getattr__(name: str) -> Any:
         from areal_metrics.producers.client import run as client
 
         return getattr(client, name)
+    if name in _APPLIER:  # torch is imported by its methods only
+        from areal_metrics.producers.client import trainer_control
+
+        return getattr(trainer_control, name)
     raise AttributeError(f"module 'areal_metrics' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _CLIENT | {"__version__"})
+    return sorted(set(globals()) | _CLIENT | _APPLIER | {"__version__"})
