@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from areal_metrics.producers.contract.events import parse_event
+from areal_metrics.producers.contract.events import CommandEvent, parse_event
 from areal_metrics.producers.contract.topics import Topics
 from tests import integration_support, test_client_broker
 from tests.integration_support import publish_commands, rows_when, torchrun_obeying
@@ -62,9 +62,10 @@ def tiny_grpo_trainer(out: Path, callback: Any, **config: Any) -> Any:
     model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_positions=32, n_embd=16, n_layer=2, n_head=2,
                                        bos_token_id=1, eos_token_id=1, pad_token_id=0))
     prompts = Dataset.from_list([{"prompt": f"{i}+{i}="} for i in range(32)])
-    args = GRPOConfig(output_dir=str(out), use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True,
-                      per_device_train_batch_size=4, num_generations=2, max_completion_length=4, logging_steps=1,
-                      eval_strategy="steps", per_device_eval_batch_size=4, seed=0, **config)
+    settings = dict(output_dir=str(out), use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True,
+                    per_device_train_batch_size=4, num_generations=2, max_completion_length=4, logging_steps=1,
+                    eval_strategy="steps", per_device_eval_batch_size=4, seed=0)
+    args = GRPOConfig(**{**settings, **config})
     return GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward_has_digit, args=args,
                        train_dataset=prompts, eval_dataset=prompts.select(range(4)), callbacks=[callback])
 
@@ -166,6 +167,92 @@ def test_evaluate_now_and_stop_on_the_control_topic_are_obeyed(areal_env: dict[s
              "the steps before the stop")
     assert rows_when(sink, "SELECT step, status FROM v_evals WHERE run_id = 'trl-stop'", 1, "the eval result") == [
         (evaluated[0], "ok")]
+
+
+class WeightProbe:
+    """Records the weights right after update `step` (before any callback's step end) and at the next step's
+    begin (after every step end), as tensors."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.after_update: dict[str, Any] = {}
+        self.next_begin: dict[str, Any] = {}
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        probe = self
+
+        class Probe(TrainerCallback):
+            def on_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+                if state.global_step + 1 == probe.step:  # global_step grows after the optimizer step
+                    probe.after_update = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+            def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+                if state.global_step == probe.step:
+                    probe.next_begin = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+        return Probe()
+
+
+def test_scale_lr_with_a_rollback_reaches_grpo_from_its_step(areal_env: dict[str, str], topics: Topics,
+                                                              tmp_path: Path, sink) -> None:
+    """`scale_lr` {factor 0.5, from_step 6, restore_step 5} published on the control topic while GRPO trains
+    with a linear schedule and save_steps=2: the lr TRL logs is the same schedule's (a run without the command)
+    before step 6 and exactly half of it from step 6 on; the weights before update 6 are checkpoint-4's."""
+    from safetensors.torch import load_file
+    from transformers import TrainerCallback
+
+    import areal_metrics as am
+    from areal_metrics.integrations.trl import ArealMetricsCallback
+
+    schedule = dict(max_steps=10, eval_steps=1000, lr_scheduler_type="linear", warmup_steps=2, learning_rate=1e-3,
+                    save_strategy="steps", save_steps=2)
+    base = tiny_grpo_trainer(tmp_path / "base", TrainerCallback(), **schedule)
+    base.train()
+    base_lr = {e["step"]: e["learning_rate"] for e in base.state.log_history if "learning_rate" in e}
+    assert sorted(base_lr) == list(range(1, 11)) and len(set(base_lr.values())) > 5  # a schedule that moves
+
+    run = am.init(run_id="trl-lr", world_size=1, git=False)
+    assert run.commands() == []  # starts the control feed, from the run's start
+    command = CommandEvent(run_id="trl-lr", node="worker", command="scale_lr", reason="test",
+                           args={"factor": 0.5, "from_step": 6, "restore_step": 5})
+    publish_events(areal_env["AREAL_KAFKA_BOOTSTRAP"], topics.control, [command])
+    wait_for(lambda: run._feed is not None and run._feed._pending, 60, "the command in the run's feed")  # undrained
+
+    probe = WeightProbe(5)
+    callback = ArealMetricsCallback(run, accuracy_key="eval_reward")
+    trainer = tiny_grpo_trainer(tmp_path / "out", callback, **schedule)
+    trainer.add_callback(probe.callback())  # after ours: sees the weights our step end left
+    trainer.train()
+    lr = {e["step"]: e["learning_rate"] for e in trainer.state.log_history if "learning_rate" in e}
+    assert sorted(lr) == sorted(base_lr)
+    for step in sorted(lr):
+        assert lr[step] == pytest.approx((0.5 if step >= 6 else 1.0) * base_lr[step], rel=1e-12, abs=0), step
+    assert callback.applier is not None and callback.applier.factor == 0.5
+
+    saved = load_file(str(tmp_path / "out" / "checkpoint-4" / "model.safetensors"))  # the newest <= step 5
+    assert saved and probe.after_update and probe.next_begin
+    assert any(not torch_equal(probe.after_update[k], v) for k, v in saved.items())  # update 5 moved them
+    for name, value in saved.items():
+        assert torch_equal(probe.next_begin[name], value), name  # and the rollback put checkpoint-4's back
+    run.finish()
+
+
+def torch_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+def publish_events(bootstrap: str, topic: str, events: list[Any]) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    for event in events:
+        producer.send(topic, key=event.run_id.encode(), value=event.to_json())
+    producer.flush(30)
+    producer.close()
 
 
 DDP_SCRIPT = """

@@ -23,8 +23,9 @@ What `at_step(step)` does, before the update numbered `step` (the step you log i
   applied up to the bound. The update `s` is the first at the new lr.
 - `restore_step` in a `scale_lr`: first the weights of that step back, from a snapshot this
   applier kept (`keep(step)`, host memory, the last `keep_rounds`: the trainable parameters of
-  `model` and the optimizer's state) or from `restore(step) -> bool` (a checkpoint loader of
-  yours); when neither has them, the factor alone, and the acknowledgement says why.
+  `model` and the optimizer's state) or from `restore(step)` (a checkpoint loader of yours: True
+  when it restored them, the step of the weights it restored instead, e.g. the newest checkpoint
+  before it, or False, or why not); when neither has them, the factor alone, and the acknowledgement says why.
 - `evaluate_now`, `set_eval_interval`, `stop`: flags of the `Due` returned (`evaluate`,
   `eval_interval`, `stop`) for the loop to read. `ignore={"evaluate_now": "why"}` names
   commands this loop cannot carry out: they are acknowledged as ignored, with the reason.
@@ -102,7 +103,7 @@ class CommandApplier:
     """Apply the control commands to a torch optimizer (and LR scheduler) at step boundaries; module doc."""
 
     def __init__(self, run: Any, optimizer: Any = None, scheduler: Any = None, *, model: Any = None,
-                 keep_rounds: int = 0, restore: Callable[[int], bool] | None = None,
+                 keep_rounds: int = 0, restore: Callable[[int], bool | int | str] | None = None,
                  lr_min_factor: float = LR_MIN_FACTOR, ignore: Mapping[str, str] | None = None,
                  sync: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None) -> None:
         if not 0 < lr_min_factor <= 1:
@@ -127,6 +128,7 @@ class CommandApplier:
         self._applied: set[str] = set()
         self.waiting: list[CommandEvent] = []
         self.kept: dict[int, dict[str, Any]] = {}
+        self._inbox: list[CommandEvent] = []
 
     # ------------------------------------------------------------ the call per step
 
@@ -156,6 +158,11 @@ class CommandApplier:
         out.lr_factor, out.stop, out.eval_interval = self.factor, self.stopped, self.interval
         return out
 
+    def submit(self, commands: Iterable[CommandEvent]) -> None:
+        """Commands this process drained from `run.commands()` itself (on rank 0): they join the next
+        `at_step`'s, so a loop that read the feed before the applier existed loses none."""
+        self._inbox.extend(commands)
+
     def eval_interval(self, default: int) -> int:
         """The evaluation interval a `set_eval_interval` set, else `default`."""
         return self.interval or default
@@ -174,8 +181,8 @@ class CommandApplier:
         for old in sorted(self.kept)[:-self.keep_rounds]:
             del self.kept[old]
 
-    def _restore_weights(self, step: int) -> str | None:
-        """Put back the weights of `step`; None when done, else why not."""
+    def _restore_weights(self, step: int) -> tuple[int | None, str | None]:
+        """Put back the weights of `step`: (the step whose weights were restored, None) or (None, why not)."""
         snapshot = self.kept.get(step)
         if snapshot is not None:
             import torch
@@ -188,13 +195,16 @@ class CommandApplier:
                 inner = _inner_optimizer(self.optimizer)
                 current = inner.state_dict()  # the groups as they are now: their lrs stay
                 inner.load_state_dict({"state": snapshot["optimizer"], "param_groups": current["param_groups"]})
-            return None
+            return step, None
         if self.restore is not None:
-            if self.restore(step):
-                return None
-            return f"the weights of step {step} were not found by restore()"
+            done = self.restore(step)
+            if done is True:
+                return step, None
+            if isinstance(done, int) and not isinstance(done, bool):
+                return done, None
+            return None, done if isinstance(done, str) and done else f"restore({step}) did not restore them"
         kept = ", ".join(map(str, sorted(self.kept))) or "none"
-        return f"the weights of step {step} were not kept (kept: {kept})"
+        return None, f"the weights of step {step} were not kept (kept: {kept})"
 
     # ------------------------------------------------------------ checkpoints
 
@@ -216,7 +226,8 @@ class CommandApplier:
     # ------------------------------------------------------------ inside
 
     def _arrived(self) -> list[CommandEvent]:
-        mine = [c.to_dict() for c in self.run.commands()] if self.run is not None else []
+        inbox, self._inbox = self._inbox, []
+        mine = [c.to_dict() for c in [*inbox, *(self.run.commands() if self.run is not None else ())]]
         shared = self._broadcast(mine)
         return [c if isinstance(c, CommandEvent) else event_from_dict(c, CommandEvent) for c in shared]  # type: ignore[misc]
 
@@ -258,10 +269,11 @@ class CommandApplier:
         notes = []
         restore = command.args.get("restore_step")
         if restore is not None:
-            why = self._restore_weights(int(restore))
-            if why is None:
-                out.restored_step = int(restore)
-                notes.append(f"weights of step {restore} restored")
+            restored, why = self._restore_weights(int(restore))
+            if restored is not None:
+                out.restored_step = restored
+                notes.append(f"weights of step {restored} restored" +
+                             (f" (the newest kept at or before step {restore})" if restored != restore else ""))
             else:
                 notes.append(f"factor alone: {why}")
                 log.warning("scale_lr at step %d: %s", step, notes[-1])
