@@ -161,3 +161,33 @@ def test_a_command_nobody_applies_raises_command_not_applied_and_an_applied_one_
         assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
     finally:
         stop_process(worker)
+
+
+def test_migration_8_adds_the_acks_table_and_the_status_view_to_an_older_store(tmp_path: Path) -> None:
+    from areal_metrics.producers.contract.events import CommandEvent
+    from areal_metrics.sinks.migrations import applied_version, apply_schema
+    from areal_metrics.sinks.query import Target, open_client
+    from areal_metrics.sinks.rows import Located
+    from areal_metrics.sinks.writer import insert_rows
+
+    client = open_client(Target.parse(f"chdb://{tmp_path / 'store'}"), readonly=False, use_database=False)
+    try:
+        apply_schema(client)
+        client.command("DROP VIEW areal.v_command_status")
+        client.command("DROP VIEW areal.v_command_acks")
+        client.command("DROP TABLE areal.command_acks SYNC")
+        client.command("ALTER TABLE areal.schema_migrations DELETE WHERE version >= 8 SETTINGS mutations_sync = 1")
+        assert applied_version(client) == 7
+        assert apply_schema(client) == 8 and apply_schema(client) == 8
+        sent = CommandEvent(run_id="r1", node="worker", command="scale_lr", args={"factor": 0.5, "from_step": 4})
+        insert_rows(client, "areal", [Located(sent, "areal.control", 0, 0)], "t1")
+        acks = [CommandAckEvent(run_id="r1", node=n, command_id=sent.event_id, command="scale_lr", status=s, step=4,
+                                lr_factor=0.5 if s == "applied" else 1.0, detail=d)
+                for n, s, d in (("n1", "applied", ""), ("n2", "ignored", "no optimizer"))]
+        insert_rows(client, "areal", [Located(a, "areal.acks", 0, i) for i, a in enumerate(acks)], "t2")
+        insert_rows(client, "areal", [Located(acks[0], "areal.acks", 0, 0)], "t3")  # redelivered: counted once
+        rows = client.query("SELECT command_id, applied_nodes, arrayMap(a -> (a.1, a.2, a.3), applied), ignored_nodes, "
+                            "ignored FROM areal.v_command_status").result_rows
+        assert rows == [(sent.event_id, ["n1"], [("n1", 4, 0.5)], ["n2"], [("n2", 4, "no optimizer")])]
+    finally:
+        client.close()
