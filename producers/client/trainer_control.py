@@ -30,9 +30,10 @@ What `at_step(step)` does, before the update numbered `step` (the step you log i
   `eval_interval`, `stop`) for the loop to read. `ignore={"evaluate_now": "why"}` names
   commands this loop cannot carry out: they are acknowledged as ignored, with the reason.
 - Every rank applies a command at the same step: with `torch.distributed` initialised and
-  more than one process, rank 0 takes the commands (`run.commands()`; the other ranks may pass
-  `run=None`) and broadcasts them at each `at_step` (one small object broadcast), so every rank
-  must call `at_step` at the same steps. `sync=` replaces that broadcast (rank 0's list of
+  more than one process, rank 0 takes the commands (`run.commands()`; the other ranks do not
+  read their feed: they pass their own run, to acknowledge what they apply, or `run=None`) and
+  broadcasts them at each `at_step` (one small object broadcast), so every rank must call
+  `at_step` at the same steps. `sync=` replaces that broadcast (rank 0's list of
   command dicts -> that list on every rank).
 - Each command applied or ignored is acknowledged on the run (`command_ack` events, CONTRACT.md:
   the step, the cumulative factor, or why not), so the stream worker sees what the loop did.
@@ -227,20 +228,36 @@ class CommandApplier:
 
     def _arrived(self) -> list[CommandEvent]:
         inbox, self._inbox = self._inbox, []
-        mine = [c.to_dict() for c in [*inbox, *(self.run.commands() if self.run is not None else ())]]
+        reads = self.run is not None and self._leads()  # only rank 0 reads the feed when ranks agree
+        mine = [c.to_dict() for c in [*inbox, *(self.run.commands() if reads else ())]]
         shared = self._broadcast(mine)
         return [c if isinstance(c, CommandEvent) else event_from_dict(c, CommandEvent) for c in shared]  # type: ignore[misc]
+
+    def _leads(self) -> bool:
+        """Whether this process's commands are the ones every rank applies (rank 0, or no distribution)."""
+        if self._sync is not None:
+            return True
+        dist = self._dist()
+        return dist is None or dist.get_rank() == 0
+
+    @staticmethod
+    def _dist() -> Any:
+        """torch.distributed when it is initialised with more than one process, else None."""
+        import sys
+
+        if "torch" not in sys.modules:  # nothing distributed without torch
+            return None
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return None
+        return dist
 
     def _broadcast(self, mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self._sync is not None:
             return self._sync(mine)
-        import sys
-
-        if "torch" not in sys.modules:  # nothing distributed without torch
-            return mine
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        dist = self._dist()
+        if dist is None:
             return mine
         holder = [mine if dist.get_rank() == 0 else None]
         dist.broadcast_object_list(holder, src=0)
