@@ -239,6 +239,49 @@ def test_scale_lr_with_a_rollback_reaches_grpo_from_its_step(areal_env: dict[str
     run.finish()
 
 
+def test_a_resumed_grpo_neither_applies_a_command_again_nor_forgets_one_waiting(
+        areal_env: dict[str, str], topics: Topics, tmp_path: Path, sink) -> None:
+    """Two scale_lr (x0.5 from step 3, applied; x0.5 from step 9, waiting at the checkpoint of step 6); the
+    training resumed from checkpoint-6 with a new run that receives the first command again (same event id):
+    its lrs at steps 7-10 are the uninterrupted training's (x0.5 until 8, x0.25 from 9)."""
+    import areal_metrics as am
+    from areal_metrics.integrations.trl import COMMANDS_FILE, ArealMetricsCallback
+
+    schedule = dict(max_steps=10, eval_steps=1000, lr_scheduler_type="linear", warmup_steps=2, learning_rate=1e-3,
+                    save_strategy="steps", save_steps=2)
+    first = CommandEvent(run_id="trl-resume", node="worker", command="scale_lr", args={"factor": 0.5, "from_step": 3})
+    second = CommandEvent(run_id="trl-resume", node="worker", command="scale_lr", args={"factor": 0.5, "from_step": 9})
+
+    def run_with(commands: list[CommandEvent]) -> Any:
+        run = am.init(run_id="trl-resume", world_size=1, git=False)
+        assert run.commands() == []
+        publish_events(areal_env["AREAL_KAFKA_BOOTSTRAP"], topics.control, commands)
+        wait_for(lambda: run._feed is not None and len(run._feed._pending) == len(commands), 60, "the commands")
+        return run
+
+    run = run_with([first, second])
+    whole = tiny_grpo_trainer(tmp_path / "out", ArealMetricsCallback(run, accuracy_key="eval_reward"), **schedule)
+    whole.train()
+    run.finish()
+    lr = {e["step"]: e["learning_rate"] for e in whole.state.log_history if "learning_rate" in e}
+    saved = json.loads((tmp_path / "out" / "checkpoint-6" / COMMANDS_FILE).read_text())
+    assert saved["factor"] == 0.5 and saved["applied"] == [first.event_id]
+    assert [c["event_id"] for c in saved["waiting"]] == [second.event_id]
+
+    run = run_with([first])  # the first again: a feed that reads it twice must not apply it twice
+    callback = ArealMetricsCallback(run, accuracy_key="eval_reward")
+    resumed = tiny_grpo_trainer(tmp_path / "out", callback, **schedule)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-6"))
+    run.finish()
+    again = {e["step"]: e["learning_rate"] for e in resumed.state.log_history if "learning_rate" in e and e["step"] > 6}
+    assert sorted(again) == [7, 8, 9, 10]
+    for step in again:
+        assert again[step] == pytest.approx(lr[step], rel=1e-12, abs=0), step
+    # linear decay: update s uses (10 - (s - 1)) / 8 of 1e-3: 3/8 at 8, 2/8 at 9; times 0.5 at 8, 0.25 at 9
+    assert (lr[8], lr[9]) == (pytest.approx(1e-3 * 3 / 8 * 0.5, rel=1e-9), pytest.approx(1e-3 * 2 / 8 * 0.25, rel=1e-9))
+    assert callback.applier is not None and callback.applier.factor == 0.25
+
+
 def torch_equal(a: Any, b: Any) -> bool:
     import torch
 

@@ -169,6 +169,7 @@ class ArealMetricsCallback(TrainerCallback):
         self.lr_min_factor = lr_min_factor
         self.applier: CommandApplier | None = None  # built at the first step end (the trainer's optimizer)
         self._early: list[Any] = []
+        self._begin_step = 0
 
     def attach(self, trainer: Any) -> ArealMetricsCallback:
         """Add this callback to `trainer` and read what it keeps of its completions (TRL's `log_completions`)."""
@@ -180,6 +181,7 @@ class ArealMetricsCallback(TrainerCallback):
     # ------------------------------------------------------------ the run
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._begin_step = state.global_step  # a resumed training's: the checkpoint's step
         if not state.is_world_process_zero:
             return
         self._tokens = TokenMark(float(getattr(state, "num_input_tokens_seen", 0) or 0), state.global_step,
@@ -276,7 +278,23 @@ class ArealMetricsCallback(TrainerCallback):
                 lr_min_factor=self.lr_min_factor, ignore=ignore)
             self.applier.submit(self._early)
             self._early = []
+            saved = _saved_state(args, self._begin_step)
+            if saved is not None:  # a resumed training: the commands applied and waiting, the factor
+                self.applier.load_state_dict(saved)
         return self.applier
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The applier's state beside HF's checkpoint (`checkpoint-N/areal_metrics_commands.json`): a training
+        resumed from it (whose optimizer and scheduler hold the scaled lrs) neither applies a command again
+        nor forgets one waiting for its step."""
+        if self.applier is None or not state.is_world_process_zero:
+            return
+        import json
+        from pathlib import Path
+
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if folder.is_dir():
+            (folder / COMMANDS_FILE).write_text(json.dumps(self.applier.state_dict()))
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -295,6 +313,23 @@ def _as_config(config: Any) -> dict[str, Any]:
 def _eval_strategy(args: Any) -> str:
     strategy = getattr(args, "eval_strategy", "no")
     return str(getattr(strategy, "value", strategy))
+
+
+COMMANDS_FILE = "areal_metrics_commands.json"
+
+
+def _saved_state(args: Any, step: int) -> dict[str, Any] | None:
+    """The applier's state saved with the checkpoint of `step` (the one this training resumed from), or None."""
+    import json
+    from pathlib import Path
+
+    if not step or not getattr(args, "output_dir", None):
+        return None
+    path = Path(args.output_dir) / f"checkpoint-{step}" / COMMANDS_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def newest_checkpoint(output_dir: Any, step: int) -> Any:
