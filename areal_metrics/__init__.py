@@ -12,11 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from areal_metrics.producers.client.run import AlertLevel, DisabledRun, Run, RunStats, alert, finish, init, log
+    from areal_metrics.producers.client.trainer_control import CommandApplier
 
 # `run` and `summary` (the current run's) are attributes too, left out here: `import *` before init would fail
-__all__ = ["AlertLevel", "DisabledRun", "Run", "RunStats", "alert", "finish", "init", "log", "__version__"]
+__all__ = ["AlertLevel", "CommandApplier", "DisabledRun", "Run", "RunStats", "alert", "finish", "init", "log",
+           "__version__"]
 _CLIENT = frozenset(("AlertLevel", "DisabledRun", "Run", "RunStats", "alert", "finish", "init", "log"))
 _CURRENT = frozenset(("run", "summary"))  # of the current run: looked up at each access, as wandb.run
+_APPLIER = frozenset(("CommandApplier",))
 
 
 def _version() -> str:
@@ -40,8 +43,12 @@ def __getattr__(name: str) -> Any:
         from areal_metrics.producers.client import run as client
 
         return client.current() if name == "run" else client.summary()
+    if name in _APPLIER:  # torch is imported by its methods only
+        from areal_metrics.producers.client import trainer_control
+
+        return getattr(trainer_control, name)
     raise AttributeError(f"module 'areal_metrics' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _CLIENT | _CURRENT | {"__version__"})
+    return sorted(set(globals()) | _CLIENT | _CURRENT | _APPLIER | {"__version__"})

@@ -203,6 +203,23 @@ def load_lr_cuts(store: Any, where: str) -> dict[str, list[tuple[int, float, int
     return out
 
 
+def load_lr_applied(store: Any, where: str) -> dict[str, list[tuple[int, float]]]:
+    """run -> [(the step from which its trainers applied a scale_lr, their cumulative lr factor)], one per
+    command (its first node's step): the trainers' acknowledgements (`v_command_acks`). A store made
+    before they existed (schema < 8) gives nothing."""
+    out: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    try:
+        rows = _rows(store, f"""
+            SELECT run_id, min(step), argMin(lr_factor, step) FROM v_command_acks
+            WHERE {where} AND command = 'scale_lr' AND status = 'applied' AND step IS NOT NULL
+            GROUP BY run_id, command_id ORDER BY run_id, min(step)""")
+    except Exception:  # noqa: BLE001 - an older store without the view: the figure without the marks
+        return out
+    for run, step, factor in rows:
+        out[run].append((int(step), float(factor) if factor is not None else float("nan")))
+    return out
+
+
 def load_generated_tokens(store: Any, where: str) -> dict[str, list[tuple[int, float]]]:
     """run -> [(step, generated tokens up to and including the step, summed over ranks)]: the
     compute behind a step, which differs between strategies (mt4 writes more per episode)."""
@@ -321,7 +338,8 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
     written = []
     if evals:
         details = load_consensus_metrics(store, where) if eval_details else None
-        written.append(draw.plot_evals(evals, out_dir / FILES[0], details, load_lr_cuts(store, where)))
+        written.append(draw.plot_evals(evals, out_dir / FILES[0], details, load_lr_cuts(store, where),
+                                       load_lr_applied(store, where)))
     if raw:  # a run may log evaluations and other metrics without a reward (AReaL's names, say)
         written.append(draw.plot_rewards(raw, smooth, info, out_dir / FILES[1], grouped=grouped,
                                          tokens=load_generated_tokens(store, where)))

@@ -106,12 +106,14 @@ def _clipped(values: Sequence[float], low: float = 0.0, high: float = 1.0) -> li
 
 def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path,
                details: dict[str, dict[str, list[tuple[int, dict[str, float]]]]] | None = None,
-               lr_cuts: dict[str, list[tuple[int, float, int | None]]] | None = None) -> Path:
+               lr_cuts: dict[str, list[tuple[int, float, int | None]]] | None = None,
+               lr_applied: dict[str, list[tuple[int, float]]] | None = None) -> Path:
     """Accuracy and response length per dataset; with `details` (dataset -> run -> (step, metrics), from
     areal_metrics.report_eval_details.load_consensus_metrics) a second row: pass@K, maj@K and greedy accuracy.
     `lr_cuts` (run -> [(step it applies from, factor, step whose weights it restores or None)]: the closed
     loop's scale_lr commands) are drawn as a dotted vertical line in the run's colour on every accuracy
-    panel, the factor (and the step restored) beside it."""
+    panel, the factor (and the step restored) beside it. `lr_applied` (run -> [(step, cumulative factor)]: the
+    trainers' acknowledgements) puts a triangle at the foot of each accuracy panel where a trainer applied one."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
@@ -142,6 +144,11 @@ def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path,
                     ax.annotate(label, (step, 0.97), xycoords=("data", "axes fraction"),
                                 rotation=90, va="top", ha="right", fontsize=7, color=colors[run], zorder=5,
                                 bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
+        for run, applied in sorted((lr_applied or {}).items()):
+            if run in colors and applied:
+                ax.plot([step for step, _ in applied], [0.02] * len(applied), ls="", marker="^", ms=8,
+                        color=colors[run], markeredgecolor="black", transform=ax.get_xaxis_transform(),
+                        clip_on=False, zorder=6)
         ax.set_title(f"{dataset}: full-stage accuracy and response length")
         ax.set_xlabel("training step")
         ax.set_ylabel("accuracy (%)  — solid")
@@ -160,6 +167,9 @@ def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path,
     ]
     if lr_cuts and any(lr_cuts.get(r) for r in runs):
         handles.append(Line2D([], [], color="gray", lw=1.6, ls=":", label="the loop's scale_lr, from its step"))
+    if lr_applied and any(lr_applied.get(r) for r in runs):
+        handles.append(Line2D([], [], ls="", marker="^", color="gray", markeredgecolor="black", ms=8,
+                              label="scale_lr applied by the trainers (their ack)"))
     if details:
         names = _plot_details(axes[1], datasets, details, colors)
         handles += [Line2D([], [], color="gray", lw=1.6, ls=_DETAIL_STYLE.get(_family(n), ":"), label=n)

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from areal_metrics.producers.client.trainer_control import due, from_step
 from areal_metrics.producers.contract.events import CommandEvent
 
 
@@ -33,15 +34,10 @@ class Applied:
     restore_step: int | None = None  # the weights to restore first (the last such command's)
 
 
-def from_step(command: CommandEvent) -> int:
-    """The step boundary after which a command applies (0: at once)."""
-    value = command.args.get("from_step") if command.command == "scale_lr" else None
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def due(pending: list[CommandEvent], step: int) -> tuple[list[CommandEvent], list[CommandEvent]]:
-    """(the commands to apply after `step`, in arrival order; those that wait for a later boundary)."""
-    return [c for c in pending if from_step(c) <= step], [c for c in pending if from_step(c) > step]
+# When a command is due is the public client's rule (`CommandApplier` uses it too); the trainer
+# calls `due(pending, step)` after update `step`, so a command from step s changes the lr of
+# update s + 1 on.
+__all__ = ["Applied", "apply_commands", "due", "from_step"]
 
 
 def apply_commands(commands: Iterable[CommandEvent], scheduler: Any) -> Applied:

@@ -196,6 +196,7 @@ def _sync_commands(session: Session, comm: Collective, run: RunLike, clock: Call
     arrived = [event_from_dict(c, CommandEvent) for c in payload["commands"]]
     commands, session.waiting = due([*session.waiting, *arrived], step)  # type: ignore[list-item]
     applied = apply_commands(commands, session.eval_schedule)
+    restored = False
     if applied.restore_step is not None:
         restored = session.restore_weights(applied.restore_step)
         session.rollbacks += int(restored)
@@ -205,7 +206,23 @@ def _sync_commands(session: Session, comm: Collective, run: RunLike, clock: Call
         session.commands_applied += applied.count
         session.lr_scale = max(session.lr_scale * applied.lr_factor, session.cfg.lr_min_scale)  # the floor
         log.info("rank %d step %d applied %s", session.rank, step, [c.command for c in commands])
+        _acknowledge(run, commands, step + 1, session.lr_scale, applied.restore_step,
+                     restored if applied.restore_step is not None else None)
     return applied
+
+
+def _acknowledge(run: RunLike, commands: list[CommandEvent], step: int, lr_scale: float, restore_step: int | None,
+                 restored: bool | None) -> None:
+    """Each rank says what it applied (`command_ack`, from the first update the commands change)."""
+    acknowledge = getattr(run, "acknowledge", None)
+    if acknowledge is None:
+        return
+    for command in commands:
+        detail = None
+        if command.command == "scale_lr" and "restore_step" in command.args and restore_step is not None:
+            detail = (f"weights of step {restore_step} restored" if restored
+                      else f"factor alone: the weights of step {restore_step} were not kept")
+        acknowledge(command, "applied", step=step, lr_factor=lr_scale, detail=detail)
 
 
 def _evaluate(session: Session, comm: Collective, step: int, force: str | None, summary: Summary) -> None:

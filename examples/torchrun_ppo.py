@@ -11,9 +11,10 @@ with a KL penalty to the initial policy, and DDP averages the gradients.
 What it reports: every rank logs its step (`run.log`, torch scalars as they
 are); every evaluation round each rank evaluates the same 16 prompts greedily
 and logs its verdicts (`run.log_eval`): the stream worker's cross-node vote
-turns the ranks' results into one consensus. Rank 0 reads the control topic
-(`run.commands()`) and broadcasts what to do, so every rank evaluates, changes
-its interval or learning rate, and stops at the same step.
+turns the ranks' results into one consensus. `am.CommandApplier` applies the control
+topic's commands: rank 0 reads them (`run.commands()`) and broadcasts them, so every rank
+evaluates, changes its interval or learning rate (`scale_lr` from its `from_step`), and stops
+at the same step, and each rank acknowledges what it applied.
 """
 
 from __future__ import annotations
@@ -100,25 +101,6 @@ def evaluate(policy: torch.nn.Module) -> tuple[list[int], list[dict[str, object]
     return verdicts, samples
 
 
-def commands_from_rank_zero(run: am.Run, rank: int) -> tuple[bool, bool, int, float]:
-    """(evaluate, stop, new eval interval or 0, lr factor): rank 0's commands, the same on every rank."""
-    evaluate, stop, interval, factor = 0.0, 0.0, 0.0, 1.0
-    if rank == 0:
-        for command in run.commands():
-            if command.command == "evaluate_now":
-                evaluate = 1.0
-            elif command.command == "stop":
-                stop = 1.0
-            elif command.command == "set_eval_interval":
-                interval = float(command.args["steps"])
-            elif command.command == "scale_lr":
-                factor *= float(command.args["factor"])
-    flags = torch.tensor([evaluate, stop, interval, factor], dtype=torch.float64)
-    dist.broadcast(flags, src=0)
-    e, s, i, f = flags.tolist()
-    return bool(e), bool(s), int(i), f
-
-
 def main() -> None:
     args = parse_args()
     dist.init_process_group("gloo")
@@ -133,7 +115,11 @@ def main() -> None:
 
     # rank, world size, local rank and node come from torchrun's environment
     run = am.init(run_id=args.run_id, config=vars(args), tags=["example", "torchrun"], framework="torch")
-    run.commands()  # starts the control consumer (it reads from the run's start)
+    # the commands, applied at the same step on every rank (rank 0 reads them and broadcasts them);
+    # each rank acknowledges what it applied
+    control = am.CommandApplier(run, optimizer)
+    if rank == 0:
+        control.submit(run.commands())  # starts the control consumer (it reads from the run's start)
     if rank == 0:
         print(f"ready {run.run_id} world {world}", flush=True)
     interval, step, rounds = args.eval_every, 0, 0
@@ -142,10 +128,9 @@ def main() -> None:
         stats = ppo_step(policy, reference, optimizer, gen, args)
         run.log({**stats, "lr": optimizer.param_groups[0]["lr"], "n_samples": args.prompts * args.group,
                  "latency_ms": (time.perf_counter() - started) * 1000, "epoch": step / 20}, step=step)
-        evaluate_now, stop, new_interval, factor = commands_from_rank_zero(run, rank)
-        interval = new_interval or interval
-        for group in optimizer.param_groups:
-            group["lr"] *= factor
+        due = control.at_step(step + 1)  # before the next update: scale_lr from its from_step, the flags
+        evaluate_now, stop = due.evaluate, due.stop
+        interval = due.eval_interval or interval
         if evaluate_now or (step + 1) % interval == 0:
             verdicts, samples = evaluate(model)
             run.log_eval(f"modular-{K}", step, verdicts=verdicts, samples=samples)  # eval_id: the same on every rank

@@ -110,6 +110,18 @@ FROM {view('eval_consensus')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND (stale OR partial)
 ORDER BY time"""
 
+# The commands the trainers applied (their `command_ack` events), marked where they took effect: a
+# `scale_lr` the worker decided on an evaluation shows on the accuracy-over-time panel beside that round.
+APPLIED_COMMAND_MARKERS_SQL = f"""SELECT
+    ts AS time,
+    concat('applied ', command, ' @', node) AS title,
+    concat(command, ' from step ', ifNull(toString(step), '?'), ', lr factor ', ifNull(toString(round(lr_factor, 4)), '-'),
+           if(detail = '', '', concat(' (', detail, ')'))) AS text,
+    concat('command,applied,', command) AS tags
+FROM {view('command_acks')}
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND status = 'applied'
+ORDER BY time"""
+
 ROUNDS = SQL(
     f"""SELECT
     ts AS time,
@@ -225,6 +237,7 @@ def build() -> dash_b.Dashboard:
         ["evaluation"],
     )
     board = board.annotation(annotation("Stale / partial rounds", "#FF9830", DEGRADED_MARKERS_SQL))
+    board = board.annotation(annotation("Commands applied", "#5794F2", APPLIED_COMMAND_MARKERS_SQL))
     for var in generation_variables():
         board = board.with_variable(var)
 

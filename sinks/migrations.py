@@ -19,6 +19,7 @@ from areal_metrics.sinks.schema import (
     TABLES_BY_NAME,
     CommandClient,
     SchemaOptions,
+    command_status_view_sql,
     create_table_sql,
     create_view_sql,
     drop_table_sql,
@@ -136,6 +137,9 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
         create_view_sql(TABLES_BY_NAME["generations"], o),
         create_view_sql(TABLES_BY_NAME["eval_consensus"], o),
     ]
+    # v8: trainers' acknowledgements of commands (topic `acks`), and per command who applied it
+    v8: list[Statement] = [create_table_sql(TABLES_BY_NAME["command_acks"], o),
+                           create_view_sql(TABLES_BY_NAME["command_acks"], o), command_status_view_sql(o)]
     return [
         (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
         (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
@@ -145,6 +149,7 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
         (6, "evaluation statistics: evals.sample_ids, shard_nodes; eval_consensus n_samples, n_undecided, ci_low, "
             "ci_high", v6),
         (7, "evaluation details: generations.gold, error_type; eval_consensus.metrics", v7),
+        (8, "command_acks: what each trainer node did with each command; v_command_status", v8),
     ]
 
 

@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from areal_metrics.producers.contract.errors import ConfigError
-from areal_metrics.sinks.views import RUNS_VIEW, final_view
+from areal_metrics.sinks.views import COMMAND_STATUS_VIEW, RUNS_VIEW, final_view
 
-SCHEMA_VERSION = 7  # the newest migration
+SCHEMA_VERSION = 8  # the newest migration
 DEFAULT_DATABASE = "areal"
 DEDUP_WINDOW = 10_000  # insert blocks remembered per table for token deduplication
 
@@ -208,6 +208,14 @@ TABLES: tuple[Table, ...] = (
         "exit_code Nullable(Int32), name Nullable(String)",
         "run_id, event_id",
     ),
+    # trainers' acknowledgements of commands (topic `acks`): which node applied which command, when
+    _table(
+        "command_acks",
+        "command_ack",
+        f"command_id String, command {LC}, status {LC}, step Nullable(UInt64), lr_factor {F}, detail String, "
+        "attempt UInt32",
+        "run_id, command_id, event_id",
+    ),
     # one row per sample of an eval event (its `samples`): what W&B users see as sample tables
     _table(
         "generations",
@@ -331,6 +339,11 @@ def create_view_sql(table: Table, o: SchemaOptions) -> str:
     return f"CREATE OR REPLACE VIEW {o.database}.{table.view}{o.on_cluster} AS {query}"
 
 
+
+
+def command_status_view_sql(o: SchemaOptions) -> str:
+    """`v_command_status`: per command, the nodes that applied it (at which step) and those that ignored it."""
+    return f"CREATE OR REPLACE VIEW {o.database}.v_command_status{o.on_cluster} AS {COMMAND_STATUS_VIEW.format(db=o.database)}"
 
 
 def drop_table_sql(table: Table, o: SchemaOptions) -> str:

@@ -90,3 +90,26 @@ FROM
     GROUP BY run_id, attempt
 )
 GROUP BY run_id"""
+
+
+# v_command_status: one row per command (of `commands`) with what the trainers answered (`command_acks`):
+# the nodes that applied it, each with the step from which it applies and its cumulative lr factor, the
+# first time one applied it, and the nodes that ignored it with their reasons. A command no node
+# acknowledged has empty arrays.
+COMMAND_STATUS_VIEW = """SELECT
+    c.run_id AS run_id,
+    c.event_id AS command_id,
+    c.command AS command,
+    c.args AS args,
+    c.reason AS reason,
+    c.target_node AS target_node,
+    c.ts AS ts,
+    arraySort(groupUniqArrayIf(a.node, a.status = 'applied')) AS applied_nodes,
+    groupArrayIf((a.node, a.step, a.lr_factor, a.ts), a.status = 'applied') AS applied,
+    minIf(a.ts, a.status = 'applied') AS first_applied_at,
+    arraySort(groupUniqArrayIf(a.node, a.status = 'ignored')) AS ignored_nodes,
+    groupArrayIf((a.node, a.step, a.detail), a.status = 'ignored') AS ignored
+FROM (SELECT run_id, event_id, command, args, reason, target_node, ts FROM {db}.commands FINAL) AS c
+LEFT JOIN (SELECT run_id, command_id, node, status, step, lr_factor, detail, ts FROM {db}.command_acks FINAL) AS a
+    ON a.run_id = c.run_id AND a.command_id = c.event_id
+GROUP BY c.run_id, c.event_id, c.command, c.args, c.reason, c.target_node, c.ts"""

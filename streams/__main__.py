@@ -58,7 +58,7 @@ def main() -> int:
     try:
         partitions = prepare_topics(
             settings.kafka_bootstrap,
-            [topics.steps, topics.evals, topics.runs],
+            [topics.steps, topics.evals, topics.runs, topics.acks],
             ticks_topic_for(topics.prefix),
             client_config=settings.kafka_python_config(),
             durability=settings,
@@ -67,7 +67,7 @@ def main() -> int:
         committed = ensure_committed_offsets(
             settings.kafka_bootstrap,
             app_id_for(topics.prefix),
-            from_start=[topics.steps, topics.evals, topics.runs],
+            from_start=[topics.steps, topics.evals, topics.runs, topics.acks],
             from_end=[ticks_topic_for(topics.prefix)],
             timeout=max(60.0, 3 * session_timeout),
             client_config=settings.kafka_python_config(),

@@ -51,7 +51,7 @@ def test_the_worker_may_write_every_output_and_its_own_topics_only() -> None:
     t, worker = Topics("x."), table("x.")["worker"]
     outputs = {t.for_event(e) for e in (RewardSmoothedEvent, EvalConsensusEvent, CommandEvent, AlertEvent, RejectedEvent)}
     assert allowed(worker, access.TOPIC, access.WRITE) == outputs
-    assert allowed(worker, access.TOPIC, access.READ) == {t.steps, t.evals, t.runs}
+    assert allowed(worker, access.TOPIC, access.READ) == {t.steps, t.evals, t.runs, t.acks}  # streams/shell/app.py: its four inputs
     [own] = [g for g in worker.kafka if g.prefixed]
     # its ticks, its table's changelog (streams/__main__.py's name) and Faust's assignor topic
     for name in (ticks_topic_for(t.prefix), f"{access.worker_group(t.prefix)}-runs-changelog"):

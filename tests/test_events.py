@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from areal_metrics.producers.contract.events import (
     EVENT_TYPES,
     AlertEvent,
+    CommandAckEvent,
     CommandEvent,
     EvalConsensusEvent,
     EvalEvent,
@@ -289,6 +290,8 @@ _SAMPLE_RECORDS = (
     CommandEvent(run_id="r", command="scale_lr", args={"factor": 0.5, "from_step": 4, "restore_step": 2}, reason="why"),
     AlertEvent(run_id="r", kind="k", message="m", step=2, value=1.0, threshold=0.5),
     RewardSmoothedEvent(run_id="r", step=1, reward=0.5, window=3, sliding_avg=0.4, ema=0.3, slope=-0.1),
+    CommandAckEvent(run_id="r", command_id="c1", command="scale_lr", status="ignored", step=4, lr_factor=1.0,
+                    detail="no optimizer"),
 )
 
 

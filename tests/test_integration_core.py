@@ -22,7 +22,6 @@ from importlib import metadata
 import pytest
 from packaging.requirements import Requirement
 
-from areal_metrics.producers.contract.events import CommandEvent
 from tests.support import ROOT
 
 
@@ -58,19 +57,6 @@ def test_importing_the_client_and_the_areal_and_verl_modules_stays_light() -> No
                          check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["heavy"]
-
-
-def command(name: str, **args: object) -> CommandEvent:
-    return CommandEvent(run_id="r", command=name, args=args)
-
-
-def test_commands_make_one_decision() -> None:
-    from areal_metrics.integrations.trl import Decision, decide
-
-    assert decide([]) == Decision()
-    got = decide([command("set_eval_interval", steps=5), command("evaluate_now"), command("scale_lr", factor=0.5),
-                   command("set_eval_interval", steps=7), command("stop")])
-    assert got == Decision(evaluate=True, stop=True, eval_interval=7, ignored=("scale_lr",))
 
 
 @pytest.mark.parametrize("accuracy_key", ["eval_accuracy", "eval_reward"])

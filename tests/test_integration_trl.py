@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from areal_metrics.producers.contract.events import parse_event
+from areal_metrics.producers.contract.events import CommandEvent, parse_event
 from areal_metrics.producers.contract.topics import Topics
 from tests import integration_support, test_client_broker
 from tests.integration_support import publish_commands, rows_when, torchrun_obeying
@@ -62,9 +62,10 @@ def tiny_grpo_trainer(out: Path, callback: Any, **config: Any) -> Any:
     model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_positions=32, n_embd=16, n_layer=2, n_head=2,
                                        bos_token_id=1, eos_token_id=1, pad_token_id=0))
     prompts = Dataset.from_list([{"prompt": f"{i}+{i}="} for i in range(32)])
-    args = GRPOConfig(output_dir=str(out), use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True,
-                      per_device_train_batch_size=4, num_generations=2, max_completion_length=4, logging_steps=1,
-                      eval_strategy="steps", per_device_eval_batch_size=4, seed=0, **config)
+    settings = dict(output_dir=str(out), use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True,
+                    per_device_train_batch_size=4, num_generations=2, max_completion_length=4, logging_steps=1,
+                    eval_strategy="steps", per_device_eval_batch_size=4, seed=0)
+    args = GRPOConfig(**{**settings, **config})
     return GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward_has_digit, args=args,
                        train_dataset=prompts, eval_dataset=prompts.select(range(4)), callbacks=[callback])
 
@@ -166,6 +167,135 @@ def test_evaluate_now_and_stop_on_the_control_topic_are_obeyed(areal_env: dict[s
              "the steps before the stop")
     assert rows_when(sink, "SELECT step, status FROM v_evals WHERE run_id = 'trl-stop'", 1, "the eval result") == [
         (evaluated[0], "ok")]
+
+
+class WeightProbe:
+    """Records the weights right after update `step` (before any callback's step end) and at the next step's
+    begin (after every step end), as tensors."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.after_update: dict[str, Any] = {}
+        self.next_begin: dict[str, Any] = {}
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        probe = self
+
+        class Probe(TrainerCallback):
+            def on_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+                if state.global_step + 1 == probe.step:  # global_step grows after the optimizer step
+                    probe.after_update = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+            def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+                if state.global_step == probe.step:
+                    probe.next_begin = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+        return Probe()
+
+
+def test_scale_lr_with_a_rollback_reaches_grpo_from_its_step(areal_env: dict[str, str], topics: Topics,
+                                                              tmp_path: Path, sink) -> None:
+    """`scale_lr` {factor 0.5, from_step 6, restore_step 5} published on the control topic while GRPO trains
+    with a linear schedule and save_steps=2: the lr TRL logs is the same schedule's (a run without the command)
+    before step 6 and exactly half of it from step 6 on; the weights before update 6 are checkpoint-4's."""
+    from safetensors.torch import load_file
+    from transformers import TrainerCallback
+
+    import areal_metrics as am
+    from areal_metrics.integrations.trl import ArealMetricsCallback
+
+    schedule = dict(max_steps=10, eval_steps=1000, lr_scheduler_type="linear", warmup_steps=2, learning_rate=1e-3,
+                    save_strategy="steps", save_steps=2)
+    base = tiny_grpo_trainer(tmp_path / "base", TrainerCallback(), **schedule)
+    base.train()
+    base_lr = {e["step"]: e["learning_rate"] for e in base.state.log_history if "learning_rate" in e}
+    assert sorted(base_lr) == list(range(1, 11)) and len(set(base_lr.values())) > 5  # a schedule that moves
+
+    run = am.init(run_id="trl-lr", world_size=1, git=False)
+    assert run.commands() == []  # starts the control feed, from the run's start
+    command = CommandEvent(run_id="trl-lr", node="worker", command="scale_lr", reason="test",
+                           args={"factor": 0.5, "from_step": 6, "restore_step": 5})
+    publish_events(areal_env["AREAL_KAFKA_BOOTSTRAP"], topics.control, [command])
+    wait_for(lambda: run._feed is not None and run._feed._pending, 60, "the command in the run's feed")  # undrained
+
+    probe = WeightProbe(5)
+    callback = ArealMetricsCallback(run, accuracy_key="eval_reward")
+    trainer = tiny_grpo_trainer(tmp_path / "out", callback, **schedule)
+    trainer.add_callback(probe.callback())  # after ours: sees the weights our step end left
+    trainer.train()
+    lr = {e["step"]: e["learning_rate"] for e in trainer.state.log_history if "learning_rate" in e}
+    assert sorted(lr) == sorted(base_lr)
+    for step in sorted(lr):
+        assert lr[step] == pytest.approx((0.5 if step >= 6 else 1.0) * base_lr[step], rel=1e-12, abs=0), step
+    assert callback.applier is not None and callback.applier.factor == 0.5
+
+    saved = load_file(str(tmp_path / "out" / "checkpoint-4" / "model.safetensors"))  # the newest <= step 5
+    assert saved and probe.after_update and probe.next_begin
+    assert any(not torch_equal(probe.after_update[k], v) for k, v in saved.items())  # update 5 moved them
+    for name, value in saved.items():
+        assert torch_equal(probe.next_begin[name], value), name  # and the rollback put checkpoint-4's back
+    run.finish()
+
+
+def test_a_resumed_grpo_neither_applies_a_command_again_nor_forgets_one_waiting(
+        areal_env: dict[str, str], topics: Topics, tmp_path: Path, sink) -> None:
+    """Two scale_lr (x0.5 from step 3, applied; x0.5 from step 9, waiting at the checkpoint of step 6); the
+    training resumed from checkpoint-6 with a new run that receives the first command again (same event id):
+    its lrs at steps 7-10 are the uninterrupted training's (x0.5 until 8, x0.25 from 9)."""
+    import areal_metrics as am
+    from areal_metrics.integrations.trl import COMMANDS_FILE, ArealMetricsCallback
+
+    schedule = dict(max_steps=10, eval_steps=1000, lr_scheduler_type="linear", warmup_steps=2, learning_rate=1e-3,
+                    save_strategy="steps", save_steps=2)
+    first = CommandEvent(run_id="trl-resume", node="worker", command="scale_lr", args={"factor": 0.5, "from_step": 3})
+    second = CommandEvent(run_id="trl-resume", node="worker", command="scale_lr", args={"factor": 0.5, "from_step": 9})
+
+    def run_with(commands: list[CommandEvent]) -> Any:
+        run = am.init(run_id="trl-resume", world_size=1, git=False)
+        assert run.commands() == []
+        publish_events(areal_env["AREAL_KAFKA_BOOTSTRAP"], topics.control, commands)
+        wait_for(lambda: run._feed is not None and len(run._feed._pending) == len(commands), 60, "the commands")
+        return run
+
+    run = run_with([first, second])
+    whole = tiny_grpo_trainer(tmp_path / "out", ArealMetricsCallback(run, accuracy_key="eval_reward"), **schedule)
+    whole.train()
+    run.finish()
+    lr = {e["step"]: e["learning_rate"] for e in whole.state.log_history if "learning_rate" in e}
+    saved = json.loads((tmp_path / "out" / "checkpoint-6" / COMMANDS_FILE).read_text())
+    assert saved["factor"] == 0.5 and saved["applied"] == [first.event_id]
+    assert [c["event_id"] for c in saved["waiting"]] == [second.event_id]
+
+    run = run_with([first])  # the first again: a feed that reads it twice must not apply it twice
+    callback = ArealMetricsCallback(run, accuracy_key="eval_reward")
+    resumed = tiny_grpo_trainer(tmp_path / "out", callback, **schedule)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-6"))
+    run.finish()
+    again = {e["step"]: e["learning_rate"] for e in resumed.state.log_history if "learning_rate" in e and e["step"] > 6}
+    assert sorted(again) == [7, 8, 9, 10]
+    for step in again:
+        assert again[step] == pytest.approx(lr[step], rel=1e-12, abs=0), step
+    # linear decay: update s uses (10 - (s - 1)) / 8 of 1e-3: 3/8 at 8, 2/8 at 9; times 0.5 at 8, 0.25 at 9
+    assert (lr[8], lr[9]) == (pytest.approx(1e-3 * 3 / 8 * 0.5, rel=1e-9), pytest.approx(1e-3 * 2 / 8 * 0.25, rel=1e-9))
+    assert callback.applier is not None and callback.applier.factor == 0.25
+
+
+def torch_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+def publish_events(bootstrap: str, topic: str, events: list[Any]) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    for event in events:
+        producer.send(topic, key=event.run_id.encode(), value=event.to_json())
+    producer.flush(30)
+    producer.close()
 
 
 DDP_SCRIPT = """

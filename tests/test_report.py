@@ -291,3 +291,26 @@ def test_a_scale_lr_that_restores_weights_is_read_and_labelled_with_the_step(
     figure = next(f for f in kept if f.axes and "full-stage accuracy" in f.axes[0].get_title())
     labels = {t.get_text() for t in figure.axes[0].texts}
     assert {"scale_lr x0.1, weights of step 8", "scale_lr x2"} <= labels
+
+
+def test_the_scale_lr_the_trainers_applied_is_marked_at_its_step_on_figure_1(
+        store: tuple[DirectStore, Path], tmp_path: Path, kept: list) -> None:
+    """`v_command_acks` (one command applied by two nodes at step 12, a second one at 20) -> a triangle per
+    command at the foot of each accuracy panel; a store without the view gives no marks."""
+    from types import SimpleNamespace
+
+    from areal_metrics.report import load_evals, load_lr_applied
+    from areal_metrics.report_figures import plot_evals
+
+    rows = [("wl-mt4-s1", 12, 0.5), ("wl-mt4-s1", 20, 1.0)]
+    acks = SimpleNamespace(query=lambda sql, *a, **k: SimpleNamespace(rows=rows))
+    assert load_lr_applied(acks, "1") == {"wl-mt4-s1": [(12, 0.5), (20, 1.0)]}
+    assert load_lr_applied(store[0], "1") == {}  # the workload store has no acknowledgements
+    missing = SimpleNamespace(query=lambda sql, *a, **k: (_ for _ in ()).throw(RuntimeError("no v_command_acks")))
+    assert load_lr_applied(missing, "1") == {}  # a store older than schema 8
+    plot_evals(load_evals(store[0], "run_id = 'wl-mt4-s1'"), tmp_path / "f.png", None, None,
+               load_lr_applied(acks, "1"))
+    figure = next(f for f in kept if f.axes and "full-stage accuracy" in f.axes[0].get_title())
+    marks = [line for line in figure.axes[0].lines if line.get_marker() == "^"]
+    assert len(marks) == 1 and list(marks[0].get_xdata()) == [12, 20]
+    assert any(t.get_text() == "scale_lr applied by the trainers (their ack)" for t in figure.legends[0].texts)

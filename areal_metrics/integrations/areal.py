@@ -30,6 +30,17 @@ event's `metrics`. AReaL 1.0.4 commits aggregates only, so the consensus uses th
 value rule with the sample count; `eval_verdicts=` (a callable
 `(dataset, global_step) -> list of 0/1 or None`, e.g. filled by the user's eval
 workflow) adds per-sample verdicts for the per-sample vote.
+
+AReaL's learning rate: `apply_commands(trainer.actor, run)` (SPMD launch: every rank runs the
+script and holds its engine's `optimizer` and `lr_scheduler`) wraps that actor's
+`step_lr_scheduler`, which `PPOTrainer.train` calls once per global step after `ppo_update`:
+after each call the client's `CommandApplier` applies what is due before the next update
+(`scale_lr` from its `from_step` on, composed with AReaL's schedule; `restore_step` from the
+evaluated rounds it keeps, `keep(step)`, or `restore=`). `evaluate_now`, `set_eval_interval`
+and `stop` have no hook in AReaL's loop: they are acknowledged as ignored, with that reason.
+With a single controller (`actor` is a controller whose engines live in remote workers) there
+is no optimizer here: `apply_commands` returns None and says why (the worker then raises
+`command_not_applied`, which is the truth).
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from areal_metrics.producers.client.run_info import run_id_for
+from areal_metrics.producers.client.trainer_control import LR_MIN_FACTOR, CommandApplier
 
 log = logging.getLogger("areal_metrics.integrations.areal")
 
@@ -168,3 +180,42 @@ def _valid_dataset(stats_logger: Any) -> str:
     path = getattr(getattr(getattr(stats_logger, "exp_config", None), "valid_dataset", None), "path", None)
     name = os.path.basename(str(path).rstrip("/")) if isinstance(path, str) and path else ""
     return name[:128] or "eval"
+
+
+NO_HOOK = {
+    "evaluate_now": "AReaL's PPOTrainer evaluates on its own schedule (evaluator freq_*): no hook for a command",
+    "set_eval_interval": "AReaL's PPOTrainer evaluates on its own schedule (evaluator freq_*): no hook for a command",
+    "stop": "AReaL's PPOTrainer loop has no hook to stop it early (stop the job yourself)",
+}
+
+
+def apply_commands(actor: Any, run: Any = None, *, start_step: int = 0, keep_rounds: int = 0,
+                   restore: Callable[[int], Any] | None = None,
+                   lr_min_factor: float = LR_MIN_FACTOR) -> CommandApplier | None:
+    """Apply the control commands to an AReaL actor engine's optimizer and lr scheduler (module doc).
+
+    `run`: the run that reads the commands (rank 0's, e.g. `attach(...)`'s; None on the other ranks:
+    rank 0's commands are broadcast). `start_step`: the global step the loop starts at (a recovered
+    run's). Returns the applier (its `keep(step)` keeps an evaluated round's weights for a rollback),
+    or None when the actor holds no optimizer here.
+    """
+    optimizer = getattr(actor, "optimizer", None)
+    scheduler = getattr(actor, "lr_scheduler", None)
+    step_lr = getattr(actor, "step_lr_scheduler", None)
+    if optimizer is None or step_lr is None:
+        log.warning("apply_commands: %s holds no optimizer in this process (a single-controller launch keeps "
+                    "it in remote workers): commands are not applied", type(actor).__name__)
+        return None
+    applier = CommandApplier(run, optimizer, scheduler, model=getattr(actor, "model", None) if keep_rounds else None,
+                             keep_rounds=keep_rounds, restore=restore, lr_min_factor=lr_min_factor,
+                             ignore=NO_HOOK)
+    next_step = [start_step + 1]
+
+    def step_lr_scheduler(*args: Any, **kwargs: Any) -> Any:
+        out = step_lr(*args, **kwargs)
+        applier.at_step(next_step[0])  # before the next global step's update: its lr is the scaled one
+        next_step[0] += 1
+        return out
+
+    actor.step_lr_scheduler = step_lr_scheduler
+    return applier

@@ -11,16 +11,25 @@
 - `on_evaluate`: with `accuracy_key` among the metrics (for GRPO with a 0/1
   reward, `eval_reward`), one `log_eval` result; without it the metrics are
   added to the step's row under their `eval_` names.
-- `on_step_end`: `evaluate_now` -> `control.should_evaluate` (when the trainer
-  has an `eval_strategy`: an evaluation without an eval dataset would raise),
-  `stop` -> `control.should_training_stop`, `set_eval_interval` ->
-  `state.eval_steps`. Other commands are logged and ignored.
+- `on_step_end`: the client's `CommandApplier` over the trainer's optimizer and
+  LR scheduler (HF passes both to callbacks) applies what is due before the next
+  update: `scale_lr` from its `from_step` on, composed with HF's schedule (the
+  lr logged for step s is the lr update s used: the factor shows from `from_step`
+  on); its `restore_step` from the weights kept at the last `keep_rounds`
+  evaluations (host memory; cheap with LoRA), else from the newest
+  `checkpoint-N` of `output_dir` with N <= the step (`save_steps`), else the
+  factor alone and a warning saying why. `evaluate_now` ->
+  `control.should_evaluate` (when the trainer has an `eval_strategy`: an
+  evaluation without an eval dataset would raise), `stop` ->
+  `control.should_training_stop`, `set_eval_interval` -> `state.eval_steps`;
+  each command is acknowledged (applied, or ignored and why) on the run.
 
 HF callbacks run on every process, but the values a trainer logs are already
 averaged over the processes: only the main process (world rank 0) has a run,
 created with `world_size=1` in `on_train_begin`. With several processes, rank
-0's decision is broadcast at each step end, so every rank evaluates and stops
-at the same step (a collective that would otherwise hang).
+0's commands are broadcast at each step end (the applier's), so every rank
+scales, evaluates and stops at the same step (a collective that would
+otherwise hang).
 """
 
 from __future__ import annotations
@@ -28,11 +37,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from transformers import TrainerCallback
+
+from areal_metrics.producers.client.trainer_control import LR_MIN_FACTOR, CommandApplier
 
 log = logging.getLogger("areal_metrics.integrations.trl")
 
@@ -110,33 +121,6 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What the commands drained at one step end ask the trainer to do."""
-
-    evaluate: bool = False
-    stop: bool = False
-    eval_interval: int | None = None
-    ignored: tuple[str, ...] = ()
-
-
-def decide(commands: Iterable[Any]) -> Decision:
-    """Commands (`CommandEvent`s, oldest first) -> one decision; a later interval wins."""
-    evaluate = stop = False
-    interval: int | None = None
-    ignored: list[str] = []
-    for command in commands:
-        if command.command == "evaluate_now":
-            evaluate = True
-        elif command.command == "stop":
-            stop = True
-        elif command.command == "set_eval_interval":
-            interval = int(command.args["steps"])
-        else:
-            ignored.append(command.command)
-    return Decision(evaluate, stop, interval, tuple(ignored))
-
-
 def eval_result(metrics: Mapping[str, Any], accuracy_key: str) -> dict[str, Any] | None:
     """HF evaluation metrics -> `log_eval` keywords, or None when `accuracy_key` is not among them."""
     if accuracy_key not in metrics:
@@ -167,7 +151,8 @@ class ArealMetricsCallback(TrainerCallback):
     """
 
     def __init__(self, run: Any = None, *, dataset: str = "eval", accuracy_key: str = "eval_accuracy",
-                 obey_commands: bool = True, trainer: Any = None, **init_kwargs: Any) -> None:
+                 obey_commands: bool = True, trainer: Any = None, keep_rounds: int = 0,
+                 lr_min_factor: float = LR_MIN_FACTOR, **init_kwargs: Any) -> None:
         if run is not None and init_kwargs:
             raise TypeError("ArealMetricsCallback: pass either run= or init() keywords, not both")
         self.run = run
@@ -180,6 +165,11 @@ class ArealMetricsCallback(TrainerCallback):
         self._warned: set[str] = set()
         self._tokens = TokenMark(0.0, 0, time.monotonic())
         self._before_eval: list[Any] = []  # the completions TRL kept before an evaluation (references)
+        self.keep_rounds = keep_rounds
+        self.lr_min_factor = lr_min_factor
+        self.applier: CommandApplier | None = None  # built at the first step end (the trainer's optimizer)
+        self._early: list[Any] = []
+        self._begin_step = 0
 
     def attach(self, trainer: Any) -> ArealMetricsCallback:
         """Add this callback to `trainer` and read what it keeps of its completions (TRL's `log_completions`)."""
@@ -191,6 +181,7 @@ class ArealMetricsCallback(TrainerCallback):
     # ------------------------------------------------------------ the run
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._begin_step = state.global_step  # a resumed training's: the checkpoint's step
         if not state.is_world_process_zero:
             return
         self._tokens = TokenMark(float(getattr(state, "num_input_tokens_seen", 0) or 0), state.global_step,
@@ -203,8 +194,8 @@ class ArealMetricsCallback(TrainerCallback):
             if interval is not None:  # the worker's base interval: the user's, never its default
                 options["config"] = {"eval_interval_steps": interval, **_as_config(options["config"])}
             self.run, self._owns_run = areal_metrics.init(**options), True
-        if self.obey_commands:
-            self.run.commands()  # starts the control consumer now; it reads from the run's start
+        if self.obey_commands:  # starts the control consumer now (it reads from the run's start), and keeps
+            self._early = list(self.run.commands())  # what already arrived for the first step end
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._owns_run and self.run is not None:
@@ -228,6 +219,8 @@ class ArealMetricsCallback(TrainerCallback):
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Mapping[str, Any] | None = None,
                     **kwargs: Any) -> None:
+        if self.applier is not None:  # every rank: the weights of an evaluated round, for a rollback
+            self.applier.keep(state.global_step)
         if self.run is None or not state.is_world_process_zero or not metrics:
             return
         result = eval_result(metrics, self.accuracy_key)
@@ -257,21 +250,51 @@ class ArealMetricsCallback(TrainerCallback):
             self._before_eval = list(kept.get("prompt") or ())
         if not self.obey_commands:
             return
-        decision = decide(self.run.commands()) if self.run is not None and state.is_world_process_zero else Decision()
-        if getattr(args, "world_size", 1) > 1:
-            decision = _from_rank_zero(decision, args)
-        if decision.ignored:
-            self._warn_once("ignored", f"commands not applied by the TRL callback: {', '.join(decision.ignored)}")
-        evaluates = _eval_strategy(args) != "no"
-        if decision.evaluate and evaluates:
+        applier = self._applier(args, kwargs)
+        if applier is None:
+            return
+        # the boundary before update global_step + 1: its lr (HF logs the lr an update used) is the scaled one
+        due = applier.at_step(state.global_step + 1)
+        if due.evaluate:
             control.should_evaluate = True
-        elif decision.evaluate:
-            self._warn_once("evaluate_now", "evaluate_now ignored: the trainer has eval_strategy='no' "
-                                            "(set eval_strategy='steps' and an eval_dataset)")
-        if decision.eval_interval is not None and _eval_strategy(args) == "steps":
-            state.eval_steps = decision.eval_interval
-        if decision.stop:
+        if due.eval_interval is not None and _eval_strategy(args) == "steps":
+            state.eval_steps = due.eval_interval
+        if due.stop:
             control.should_training_stop = True
+
+    def _applier(self, args: Any, kwargs: Mapping[str, Any]) -> CommandApplier | None:
+        """The applier over the trainer's optimizer and scheduler (HF passes them to every callback)."""
+        if self.applier is None and kwargs.get("optimizer") is not None:
+            ignore = {}
+            if _eval_strategy(args) == "no":
+                ignore["evaluate_now"] = ("the trainer has eval_strategy='no' (set eval_strategy='steps' and an "
+                                          "eval_dataset)")
+            if _eval_strategy(args) != "steps":
+                ignore["set_eval_interval"] = "the trainer evaluates on no step schedule (eval_strategy != 'steps')"
+            self.applier = CommandApplier(
+                self.run, kwargs["optimizer"],
+                kwargs.get("lr_scheduler"), model=kwargs.get("model"), keep_rounds=self.keep_rounds,
+                restore=lambda step: restore_checkpoint(args, kwargs.get("model"), kwargs["optimizer"], step),
+                lr_min_factor=self.lr_min_factor, ignore=ignore)
+            self.applier.submit(self._early)
+            self._early = []
+            saved = _saved_state(args, self._begin_step)
+            if saved is not None:  # a resumed training: the commands applied and waiting, the factor
+                self.applier.load_state_dict(saved)
+        return self.applier
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The applier's state beside HF's checkpoint (`checkpoint-N/areal_metrics_commands.json`): a training
+        resumed from it (whose optimizer and scheduler hold the scaled lrs) neither applies a command again
+        nor forgets one waiting for its step."""
+        if self.applier is None or not state.is_world_process_zero:
+            return
+        import json
+        from pathlib import Path
+
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if folder.is_dir():
+            (folder / COMMANDS_FILE).write_text(json.dumps(self.applier.state_dict()))
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -292,15 +315,65 @@ def _eval_strategy(args: Any) -> str:
     return str(getattr(strategy, "value", strategy))
 
 
-def _from_rank_zero(decision: Decision, args: Any) -> Decision:
-    """Rank 0's decision on every rank (one small broadcast per step while several processes train)."""
-    import torch
-    import torch.distributed as dist
+COMMANDS_FILE = "areal_metrics_commands.json"
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return decision
-    flags = torch.tensor([int(decision.evaluate), int(decision.stop), decision.eval_interval or 0],
-                         dtype=torch.int64, device=args.device)
-    dist.broadcast(flags, src=0)
-    evaluate, stop, interval = (int(x) for x in flags.tolist())
-    return Decision(bool(evaluate), bool(stop), interval or None, decision.ignored)
+
+def _saved_state(args: Any, step: int) -> dict[str, Any] | None:
+    """The applier's state saved with the checkpoint of `step` (the one this training resumed from), or None."""
+    import json
+    from pathlib import Path
+
+    if not step or not getattr(args, "output_dir", None):
+        return None
+    path = Path(args.output_dir) / f"checkpoint-{step}" / COMMANDS_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def newest_checkpoint(output_dir: Any, step: int) -> Any:
+    """The newest `checkpoint-N` folder of `output_dir` with N <= step (HF's save_steps), or None."""
+    from pathlib import Path
+
+    found = []
+    for path in Path(output_dir).glob("checkpoint-*") if output_dir else ():
+        suffix = path.name.removeprefix("checkpoint-")
+        if suffix.isdigit() and int(suffix) <= step and path.is_dir():
+            found.append((int(suffix), path))
+    return max(found)[1] if found else None
+
+
+def restore_checkpoint(args: Any, model: Any, optimizer: Any, step: int) -> int | str:
+    """Put back the weights (and the optimizer's state) of the newest checkpoint at or before `step`:
+    `model.safetensors` (or `adapter_model.safetensors` with PEFT, `pytorch_model.bin`) and `optimizer.pt`
+    of HF's `checkpoint-N`; the lrs stay the current ones. N when restored, else why not."""
+    import torch
+
+    if model is None:
+        return "the trainer gave the callback no model"
+    folder = newest_checkpoint(getattr(args, "output_dir", None), step)
+    if folder is None:
+        return (f"no checkpoint at or before step {step} in {getattr(args, 'output_dir', None)} "
+                "(save_strategy='steps' with save_steps, or keep_rounds= to keep evaluated rounds in memory)")
+    if (folder / "model.safetensors").exists():
+        from safetensors.torch import load_file
+
+        missing, unexpected = model.load_state_dict(load_file(str(folder / "model.safetensors")), strict=False)
+        if unexpected:
+            return f"{folder.name}/model.safetensors does not match the model ({unexpected[:3]})"
+    elif (folder / "adapter_model.safetensors").exists():
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
+    elif (folder / "pytorch_model.bin").exists():
+        model.load_state_dict(torch.load(folder / "pytorch_model.bin", map_location="cpu"), strict=False)
+    else:
+        return f"{folder.name} holds no model weights this callback reads (sharded or DeepSpeed checkpoint)"
+    if (folder / "optimizer.pt").exists():
+        inner = getattr(optimizer, "optimizer", optimizer)
+        saved = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
+        inner.load_state_dict({"state": saved["state"], "param_groups": inner.state_dict()["param_groups"]})
+    log.info("rollback to step %d: the weights of %s restored", step, folder)
+    return int(folder.name.removeprefix("checkpoint-"))

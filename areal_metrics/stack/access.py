@@ -8,10 +8,11 @@ kafka-python's admin API (tests/test_secured_broker.py runs the pipeline under t
 
 Derived from the code of each component:
 
-- trainer client (`producers/client`, `producers/delivery`): writes steps, evals, runs and
-  dead letters (what it could not encode); reads `control` (`run.commands()`) and `runs`
+- trainer client (`producers/client`, `producers/delivery`): writes steps, evals, runs,
+  acks (its answers to commands), alerts (`run.alert`) and dead letters (what it could not
+  encode); reads `control` (`run.commands()`) and `runs`
   (resume: its earlier attempts), both without a consumer group.
-- stream worker (`python -m areal_metrics.streams`, Faust): reads steps, evals, runs; writes
+- stream worker (`python -m areal_metrics.streams`, Faust): reads steps, evals, runs, acks; writes
   smoothed rewards, consensus, commands (closed loop), alerts, dead letters; its group and its
   own topics (ticks, the table's changelog, Faust's assignor topic) are named after the app id
   (`streams.shell.app.app_id_for`), and it creates the own topics that are missing.
@@ -103,9 +104,11 @@ def components(topics: Topics, *, worker: str, sink: str, alerts_group: str | No
         alerts_grants += (KafkaGrant(GROUP, alerts_group, (READ,)),)
     table = [
         Component("trainer", "the client in a training process (`areal_metrics.init`, `run.log`)",
-                  _topics([t.steps, t.evals, t.runs, t.deadletter], WRITE) + _topics([t.control, t.runs], READ)),
+                  # acks: its answers to commands; alerts: `run.alert` (the user's own conditions)
+                  _topics([t.steps, t.evals, t.runs, t.acks, t.alerts, t.deadletter], WRITE)
+                  + _topics([t.control, t.runs], READ)),
         Component("worker", "the stream worker (`python -m areal_metrics.streams`)",
-                  _topics([t.steps, t.evals, t.runs], READ)
+                  _topics([t.steps, t.evals, t.runs, t.acks], READ)
                   + _topics([t.smoothed, t.consensus, t.control, t.alerts, t.deadletter], WRITE)
                   + (KafkaGrant(TOPIC, f"{worker}-", (READ, WRITE, CREATE), prefixed=True),
                      KafkaGrant(GROUP, worker, (READ,)))),

@@ -47,6 +47,7 @@ from areal_metrics.producers.contract.events import (
     SCHEMA_VERSION,
     TERMINAL_STATUSES,
     AlertEvent,
+    CommandAckEvent,
     CommandEvent,
     EvalEvent,
     RunEvent,
@@ -327,6 +328,22 @@ class Run:
                 self._feed = ControlFeed(self._settings.kafka_python_config(), self.topics.control, self.run_id,
                                          self.node, since=self._started)
         return self._feed.drain() if self._feed is not None else []
+
+    def acknowledge(self, command: CommandEvent, status: str, *, step: int | None = None,
+                    lr_factor: float | None = None, detail: str | None = None) -> None:
+        """Say what this node did with `command`: `applied` (from `step`, its cumulative lr factor now) or
+        `ignored` (`detail`: why). A `command_ack` on the acks topic; never raises into the loop.
+        `CommandApplier` calls it for every command it handles."""
+        if self._done or self._forked:
+            return
+        try:
+            event = CommandAckEvent(run_id=self.run_id, node=self.node, rank=self.rank, command_id=command.event_id,
+                                    command=command.command, status=status, step=step, lr_factor=lr_factor,
+                                    detail=(detail or "")[:4096], attempt=self.attempt)
+        except (ValidationError, TypeError) as exc:
+            log.warning("acknowledgement of %s not sent: %s", command.command, exc)
+            return
+        self._publisher.publish(event)
 
     # ------------------------------------------------------------ the end
 

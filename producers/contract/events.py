@@ -74,7 +74,9 @@ Command = Literal["evaluate_now", "set_eval_interval", "scale_lr", "stop"]
 Severity = Literal["info", "warning", "critical"]
 AlertKind = Literal["reward_below_threshold", "eval_failed", "node_divergence", "throughput_drop", "stalled",
                     "invalid_event", "non_finite", "no_improvement", "eval_below_threshold", "vote_no_majority",
-                    "run_failed", "run_killed", "invalid_config"]  # what the stream worker raises
+                    "run_failed", "run_killed", "invalid_config",
+                    "command_not_applied", "command_ignored"]  # what the stream worker raises
+AckStatus = Literal["applied", "ignored"]
 
 EVAL_STATUSES: tuple[str, ...] = get_args(EvalStatus)
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
@@ -82,6 +84,7 @@ TERMINAL_STATUSES = ("finished", "failed", "killed")
 COMMANDS: tuple[str, ...] = get_args(Command)
 SEVERITIES: tuple[str, ...] = get_args(Severity)
 ALERT_KINDS: tuple[str, ...] = get_args(AlertKind)
+ACK_STATUSES: tuple[str, ...] = get_args(AckStatus)
 
 
 # --------------------------------------------------------------------- records
@@ -300,6 +303,23 @@ class CommandEvent(Event, frozen=True, kw_only=True, gc=False):
                 raise ValidationError("commands.args.restore_step", f"must be an integer >= 0 (got {restore!r})")
 
 
+class CommandAckEvent(Event, frozen=True, kw_only=True, gc=False):
+    """A trainer node's answer to one command: applied (at which step, the lr factor since) or ignored (why).
+
+    Trainers write it on their own topic (`areal.acks`), never on the control topic."""
+
+    type: ClassVar[str] = "command_ack"
+    table: ClassVar[str] = "command_acks"
+
+    command_id: Name  # the command's event_id
+    command: Command
+    status: AckStatus
+    step: Step | None = None  # the step from which it applies (the first update it changed)
+    lr_factor: NonNegative | None = None  # the node's cumulative lr factor after it
+    detail: Message = ""  # why it was ignored, or what was applied with limits
+    attempt: Attempt = 0
+
+
 class AlertEvent(Event, frozen=True, kw_only=True, gc=False):
     type: ClassVar[str] = "alert"
     table: ClassVar[str] = "alerts"
@@ -354,6 +374,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (
         StepEvent, EvalEvent, EvalConsensusEvent, RewardSmoothedEvent, CommandEvent, AlertEvent, RejectedEvent, RunEvent,
+        CommandAckEvent,
     )
 }
 _DECODERS = {cls: msgspec.json.Decoder(cls) for cls in EVENT_TYPES.values()}

@@ -243,6 +243,9 @@ class Settings:
                                                "timeout, seconds", kind="float", ge=1, le=3600, readers="worker")
     streams_linger_ms: float = setting("AREAL_STREAMS_LINGER_MS", 5.0, "how long a batch waits for more input, "
                                        "ms", kind="float", ge=0, le=10_000, readers="worker")
+    command_ack_steps: int = setting("AREAL_COMMAND_ACK_STEPS", 10, "command_not_applied when a node of a running "
+                                     "run has not acknowledged a scale_lr this many steps after its from_step",
+                                     kind="int", ge=0, le=1_000_000, readers="worker")
     # -- the sink
     log_level: str = setting("AREAL_LOG_LEVEL", "info", "the sink's log level", kind="choice", choices=LOG_LEVELS,
                              readers="sink")

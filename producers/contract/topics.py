@@ -9,6 +9,7 @@ from typing import Protocol
 from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.producers.contract.events import (
     AlertEvent,
+    CommandAckEvent,
     CommandEvent,
     EvalConsensusEvent,
     EvalEvent,
@@ -31,6 +32,7 @@ TOPIC_TYPES: dict[str, type[Event]] = {
     "alerts": AlertEvent,
     "deadletter": RejectedEvent,
     "runs": RunEvent,
+    "acks": CommandAckEvent,  # trainers' acknowledgements of commands (they need no write access to control)
 }
 
 # Written by the stream processor and rebuilt by running it again over the raw
@@ -116,6 +118,10 @@ class Topics:
     @property
     def runs(self) -> str:
         return self.prefix + "runs"
+
+    @property
+    def acks(self) -> str:
+        return self.prefix + "acks"
 
     def all(self) -> list[str]:
         return [self.prefix + suffix for suffix in TOPIC_TYPES]

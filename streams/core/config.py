@@ -65,6 +65,10 @@ Cross-node vote
   vote_tolerance = 0.02        values (accuracy) within this distance agree
   divergence_threshold = 0.05  `node_divergence` when a node's share of samples off the consensus
                                (or its accuracy's distance from it) exceeds this
+Commands acknowledged (areal_metrics.streams.core.acks)
+  command_ack_steps = 10       `command_not_applied` when a node publishes a step this many steps past
+                               a `scale_lr`'s from_step without acknowledging it (AREAL_COMMAND_ACK_STEPS
+                               sets the default)
 
 The file named by AREAL_STREAMS_CONFIG (JSON) may change them:
 
@@ -155,6 +159,7 @@ class RunConfig:
     vote_timeout_s: float = 120.0
     vote_tolerance: float = 0.02
     divergence_threshold: float = 0.05
+    command_ack_steps: int = 10
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -198,7 +203,7 @@ class RunConfig:
             raise ConfigError("streams config throughput_drop_ratio: must be in (0, 1)")
         if self.max_pending_steps < 1:
             raise ConfigError(f"streams config max_pending_steps: must be >= 1 (got {self.max_pending_steps})")
-        for name in ("interval_dwell_steps", "reward_cooldown_steps", "throughput_cooldown_steps",
+        for name in ("interval_dwell_steps", "reward_cooldown_steps", "throughput_cooldown_steps", "command_ack_steps",
                      "throughput_window", "throughput_min_samples"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"streams config {name}: must be >= 0")
@@ -304,11 +309,23 @@ class StreamsConfig:
         """The config from `path`, else from $AREAL_STREAMS_CONFIG, else the defaults."""
         path = path or read_setting("streams_config")
         if not path:
-            return cls()
+            return cls()._with_env()
         try:
             data = json.loads(Path(path).read_text())
         except OSError as exc:
             raise ConfigError(f"streams config {path}: cannot read ({exc.strerror})") from None
         except ValueError as exc:
             raise ConfigError(f"streams config {path}: not valid JSON ({exc})") from None
-        return cls.from_dict(data)
+        return cls.from_dict(data)._with_env()
+
+    def _with_env(self) -> StreamsConfig:
+        """AREAL_COMMAND_ACK_STEPS, when set, is the default of `command_ack_steps` (a file's value wins)."""
+        from areal_metrics.producers.contract.settings import is_set
+
+        if not is_set("command_ack_steps"):
+            return self
+        steps = read_setting("command_ack_steps")
+        defaults = self.defaults
+        if defaults.command_ack_steps == RunConfig().command_ack_steps:
+            defaults = defaults.with_overrides({"command_ack_steps": steps}, " (AREAL_COMMAND_ACK_STEPS)")
+        return dataclasses.replace(self, defaults=defaults)

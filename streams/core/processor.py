@@ -1,6 +1,6 @@
 """One run's whole state and what each input does to it: the pure core the worker calls.
 
-`on_step`, `on_eval`, `on_run`, `on_rejected`, `on_tick` take a `RunState`, an input and
+`on_step`, `on_eval`, `on_run`, `on_command_ack`, `on_rejected`, `on_tick` take a `RunState`, an input and
 the worker clock `now`, and return the new state and the `Output`s to send. Outputs are
 contract records (areal_metrics.producers.contract.events) with deterministic event_ids, so re-sending one after
 a crash deduplicates downstream. `Output.must_ack` marks outputs the worker must see
@@ -28,6 +28,7 @@ from msgspec.structs import replace
 
 from areal_metrics.producers.contract.events import (
     AlertEvent,
+    CommandAckEvent,
     CommandEvent,
     EvalConsensusEvent,
     EvalEvent,
@@ -37,6 +38,7 @@ from areal_metrics.producers.contract.events import (
     RunEvent,
     StepEvent,
 )
+from areal_metrics.streams.core.acks import AckState, on_ack, on_node_step, on_sent
 from areal_metrics.streams.core.alerts import (
     AlertDecision,
     BreachState,
@@ -132,6 +134,7 @@ class RunState(Stored):
     invalid: Pairs[str, InvalidState] = NO_PAIRS  # per source topic
     # The run's own `run.config.eval_loop`, as RunConfig overrides (config.eval_loop_overrides)
     loop_overrides: Pairs[str, Any] = NO_PAIRS
+    acks: AckState = AckState()  # the scale_lr commands sent and what the nodes acknowledged (acks.py)
 
     def __post_init__(self) -> None:
         if type(self.invalid) is not Pairs or type(self.loop_overrides) is not Pairs:  # (a replace keeps them)
@@ -236,8 +239,20 @@ def _vote_outputs(state: RunState, outcome: VoteOutcome, ts: float, cfg: RunConf
         loop, alerts, commands = on_consensus(state.eval_loop, c, loop_config(state, cfg))
         state = replace(state, eval_loop=loop)
         out.extend(Output(alert_event(state.run_id, a, ts, attempt)) for a in alerts)
-        out.extend(Output(command_event(state.run_id, d, ts)) for d in commands)
+        state, sent = _send(state, commands, ts)
+        out.extend(sent)
     return state, out
+
+
+def _send(state: RunState, commands: list[CommandDecision], ts: float) -> tuple[RunState, list[Output]]:
+    """The commands as events; a `scale_lr` is watched until the nodes acknowledge it (acks.py)."""
+    out: list[Output] = []
+    acks = state.acks
+    for d in commands:
+        event = command_event(state.run_id, d, ts)
+        acks = on_sent(acks, event.event_id, d.command, d.args, d.attempt)
+        out.append(Output(event))
+    return (state if acks is state.acks else replace(state, acks=acks)), out
 
 
 # ------------------------------------------------------------------ inputs
@@ -274,7 +289,8 @@ def _smooth(
     state = replace(state, smoothing=smoothing, trigger=trigger, reward_alert=reward_alert)
     if alerts or commands:  # (rarely: most steps decide nothing)
         outputs.extend(Output(alert_event(state.run_id, a, ready.ts, ready.attempt)) for a in alerts)
-        outputs.extend(Output(command_event(state.run_id, c, ready.ts)) for c in commands)
+        state, sent = _send(state, commands, ready.ts)
+        outputs.extend(sent)
     return state, outputs
 
 
@@ -319,6 +335,11 @@ def on_step(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> tuple
     if ev.non_finite:
         changes["non_finite"], alerts = check_non_finite(state.non_finite, ev.non_finite, ev.step, ev.rank)
         outputs.extend(Output(alert_event(state.run_id, a, ev.ts)) for a in alerts)
+    if state.acks.sent and not state.lifecycle.ended:  # scale_lr commands this node should have acknowledged
+        acks, alerts = on_node_step(state.acks, ev.node, ev.step, ev.attempt, cfg.command_ack_steps)
+        if acks is not state.acks:
+            changes["acks"] = acks
+        outputs.extend(Output(alert_event(state.run_id, a, ev.ts, ev.attempt)) for a in alerts)
     state = replace(state, **changes)
     if ev.reward is None and (ev.world_size or 1) <= 1:
         return state, outputs  # nothing to average, and no other rank to wait for
@@ -367,6 +388,14 @@ def registered(state: RunState, now: float | None = None, cfg: RunConfig | None 
                                                 or now - lc.ranks_changed_at < cfg.step_wait_s):
         return None
     return len(lc.running_ranks)
+
+
+def on_command_ack(state: RunState, ev: CommandAckEvent, now: float,
+                   cfg: RunConfig) -> tuple[RunState, list[Output]]:
+    """A trainer node's acknowledgement of a command: remembered; `command_ignored` when it ignored it."""
+    acks, alerts = on_ack(state.acks, ev.command_id, ev.command, ev.node, ev.status, ev.step, ev.detail)
+    outputs = [Output(alert_event(state.run_id, a, ev.ts, ev.attempt)) for a in alerts]
+    return replace(state, acks=acks), outputs
 
 
 def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:

@@ -1,6 +1,7 @@
 """The Faust shell: bytes in, batches through the core (areal_metrics.streams.shell.batch), bytes out.
 
-Three inputs, `steps` (areal.steps), `evals` (areal.evals) and `runs` (areal.runs: run
+Four inputs, `steps` (areal.steps), `evals` (areal.evals), `acks` (areal.acks: trainers' command
+acknowledgements) and `runs` (areal.runs: run
 lifecycle), reach the worker a fetch at a time (areal_metrics.streams.shell.faust_internals: Faust's consumer
 without its per-message path); one agent, `ticks`, reads an internal topic a timer writes
 to, one tick per partition, so clock-driven decisions (steps whose ranks did not all come,
@@ -160,6 +161,7 @@ def build_worker(
     steps = app.topic(topics.steps, key_type=bytes, value_type=bytes)
     evals = app.topic(topics.evals, key_type=bytes, value_type=bytes)
     run_events = app.topic(topics.runs, key_type=bytes, value_type=bytes)
+    acks = app.topic(topics.acks, key_type=bytes, value_type=bytes)  # trainers' command_ack events
     ticks = app.topic(ticks_topic_for(topics.prefix), key_type=bytes, value_type=bytes, partitions=partitions,
                       replicas=replication_factor, config=durability)
     runs = app.Table("runs", partitions=partitions, key_type=bytes, value_type=bytes, default=None,
@@ -184,8 +186,9 @@ def build_worker(
                           changelog=changelog_send)
     else:
         core = StreamCore(topics=topics, config=config, table=runs, send=send, clock=clock)
-    feed = InputFeed(app, InputGuard() if real_consumer else None, (topics.steps, topics.evals, topics.runs))
-    for topic in (steps, evals, run_events):
+    feed = InputFeed(app, InputGuard() if real_consumer else None,
+                     (topics.steps, topics.evals, topics.runs, topics.acks))
+    for topic in (steps, evals, run_events, acks):
         app.topics.add(topic)  # subscribed (and so co-partitioned with the table), read by the feed
     app.batch_inputs = (frozenset(feed.inputs), feed.deliver)
 

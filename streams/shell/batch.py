@@ -27,7 +27,16 @@ import msgspec
 from msgspec.structs import replace
 
 from areal_metrics.producers.contract.deadletter import letter_ts, rejected
-from areal_metrics.producers.contract.events import EvalEvent, Event, RejectedEvent, RunEvent, StepEvent, ValidationError, parse_event
+from areal_metrics.producers.contract.events import (
+    CommandAckEvent,
+    EvalEvent,
+    Event,
+    RejectedEvent,
+    RunEvent,
+    StepEvent,
+    ValidationError,
+    parse_event,
+)
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.streams.core.config import StreamsConfig
 from areal_metrics.streams.core.processor import (
@@ -36,6 +45,7 @@ from areal_metrics.streams.core.processor import (
     RunState,
     derived_id,
     has_clock_work,
+    on_command_ack,
     on_eval,
     on_rejected,
     on_run,
@@ -156,7 +166,7 @@ class StreamCore:
         self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
         timestamp: float | None = None,
     ) -> None:
-        """One message from areal.steps, areal.evals or areal.runs. Never raises for bad input."""
+        """One message from areal.steps, areal.evals, areal.runs or areal.acks. Never raises for bad input."""
         await self.on_batch([Input(topic, partition, offset, key, value, timestamp)])
 
     async def on_batch(self, messages: Sequence[Input]) -> None:
@@ -187,9 +197,11 @@ class StreamCore:
         await self.send_changelog()
 
     def input_type(self, topic: str) -> type[Event]:
-        """The event type an input topic carries (anything but steps and runs is read as evals)."""
+        """The event type an input topic carries (anything but steps, runs and acks is read as evals)."""
         if topic == self.topics.steps:
             return StepEvent
+        if topic == self.topics.acks:
+            return CommandAckEvent
         return RunEvent if topic == self.topics.runs else EvalEvent
 
     def _read(self, m: Input) -> _Item:
@@ -242,6 +254,9 @@ class StreamCore:
         if isinstance(ev, RunEvent):
             self.stats["runs"] += 1
             return on_run(state, ev, now, cfg)
+        if isinstance(ev, CommandAckEvent):
+            self.stats["acks"] = self.stats.get("acks", 0) + 1
+            return on_command_ack(state, ev, now, cfg)
         assert isinstance(ev, EvalEvent)
         self.stats["evals"] += 1
         return on_eval(state, ev, now, cfg)

@@ -23,6 +23,9 @@ malformed step messages are dead-lettered. Added for the evaluation details (iss
 the recorded results once: `pass@1` and `maj@1` in `metrics` (the recording has one sample per
 prompt, so both are the result's accuracy), and on each sample its `gold` (the sum its prompt
 asks for) and `error_type` ("format" for an empty response, else "arithmetic"; "" when right).
+Added for the trainers' acknowledgements (issue 41): each node of a run acknowledges each
+`scale_lr` the worker sent at its first step at or past `from_step`, as `CommandApplier` does
+(`command_ack` events, fed to the worker on the acks topic and kept in the file).
 """
 
 from __future__ import annotations
@@ -36,7 +39,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from areal_metrics.producers.contract.events import EvalEvent, RunEvent, StepEvent, parse_event  # noqa: E402
+from areal_metrics.producers.contract.events import (  # noqa: E402
+    CommandAckEvent,
+    CommandEvent,
+    EvalEvent,
+    RunEvent,
+    StepEvent,
+    parse_event,
+)
 
 RUNS = {
     # run id -> the worker's config overrides of that run
@@ -63,12 +73,44 @@ def derive(trainer_events: list[bytes]) -> list[bytes]:
     replay = Replay(config, partition_of.values())
     topics = replay.topics
 
+    acks: list[bytes] = []
+    pending: dict[str, list[CommandEvent]] = {}  # node -> the scale_lr commands it has yet to apply
+    factor: dict[str, float] = {}
+    seen = [0]
+
+    async def acknowledge(event: StepEvent) -> None:
+        """The trainer of today acknowledges each `scale_lr` at its from_step (CommandApplier): every node."""
+        for raw in replay.emitted[seen[0]:]:
+            command = parse_event(raw)
+            if isinstance(command, CommandEvent) and command.command == "scale_lr":
+                for node in nodes[command.run_id]:
+                    pending.setdefault(node, []).append(command)
+        seen[0] = len(replay.emitted)
+        due = [c for c in pending.get(event.node, ()) if c.run_id == event.run_id and
+               int(c.args.get("from_step", 0)) <= event.step]
+        for command in due:
+            pending[event.node].remove(command)
+            factor[event.node] = min(1.0, max(0.125, factor.get(event.node, 1.0) * float(command.args["factor"])))
+            ack = CommandAckEvent(run_id=event.run_id, node=event.node, rank=event.rank, ts=event.ts,
+                                  event_id=f"ack-{command.event_id}-{event.node}", command_id=command.event_id,
+                                  command="scale_lr", status="applied", step=event.step, lr_factor=factor[event.node])
+            acks.append(ack.to_json())
+            await replay.put(topics.acks, partition_of[event.run_id], event.run_id.encode(), ack.to_json(), event.ts)
+
+    nodes: dict[str, list[str]] = {}
+    for raw in trainer_events:
+        event = parse_event(raw)
+        if isinstance(event, StepEvent) and event.node not in nodes.setdefault(event.run_id, []):
+            nodes[event.run_id].append(event.node)
+
     async def feed() -> None:
         for raw in trainer_events:
             event = parse_event(raw)
             await replay.advance(event.ts)
             if _withheld(event) or isinstance(event, RunEvent):
                 continue  # run events: the recording predates the worker reading the runs topic
+            if isinstance(event, StepEvent):
+                await acknowledge(event)
             partition, key = partition_of[event.run_id], event.run_id.encode()
             topic = topics.steps if isinstance(event, StepEvent) else topics.evals
             # the Kafka timestamp: the event's time (a dead letter's ts, so the file is the same on every run)
@@ -78,7 +120,7 @@ def derive(trainer_events: list[bytes]) -> list[bytes]:
         await replay.time_out(defaults.vote_timeout_s + 1)  # after the last event: open rounds time out
 
     asyncio.run(feed())
-    return replay.emitted
+    return [*acks, *replay.emitted]
 
 
 def _withheld(event: object) -> bool:

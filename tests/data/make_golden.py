@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from areal_metrics.producers.contract.events import (  # noqa: E402
     AlertEvent,
+    CommandAckEvent,
     CommandEvent,
     EvalConsensusEvent,
     EvalEvent,
@@ -66,6 +67,8 @@ def events() -> list:
         RunEvent(**COMMON, status="running", config={"lr": 1e-4, "eval_loop": {"threshold": 0.1}}, tags=("demo",),
                  group="mt4-grpo", world_size=2, host="h1", attempt=1, framework="torch", git_commit="abc",
                  name="mt4 grpo, seed 1"),
+        CommandAckEvent(**COMMON, command_id="e-0001", command="scale_lr", status="applied", step=7, lr_factor=0.5,
+                        detail="weights of step 4 restored (the newest kept at or before step 5)", attempt=1),
     ]
 
 

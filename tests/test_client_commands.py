@@ -1,0 +1,269 @@
+"""`CommandApplier` on real torch optimizers and schedulers (no broker): the lr of a command's steps is the
+factor times the same run's schedule without it, for every scheduler type; the bounds; rollback from kept
+weights; the flags; resume from its state; two gloo ranks applying a command at the same step."""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch.optim import lr_scheduler as sch
+
+import areal_metrics as am
+from areal_metrics.producers.client.trainer_control import CommandApplier, due, from_step
+from areal_metrics.producers.contract.events import CommandEvent
+
+STEPS = 14
+
+
+class Feed:
+    """What a trainer's run gives the applier: `commands()` (the run's control feed drained) and
+    `acknowledge(...)`; here the commands are handed in at chosen calls."""
+
+    def __init__(self, plan: dict[int, list[CommandEvent]] | None = None) -> None:
+        self.plan = plan or {}
+        self.calls = 0
+        self.acks: list[tuple[str, str, int, float, str | None]] = []
+
+    def commands(self) -> list[CommandEvent]:
+        out = self.plan.get(self.calls, [])
+        self.calls += 1
+        return out
+
+    def acknowledge(self, command: CommandEvent, status: str, *, step: int, lr_factor: float,
+                    detail: str | None) -> None:
+        self.acks.append((command.command, status, step, lr_factor, detail))
+
+
+def command(name: str, **args: object) -> CommandEvent:
+    return CommandEvent(run_id="r1", node="worker", command=name, args=args)
+
+
+def model_and_optimizer(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    # two groups with their own lrs: each must be scaled
+    opt = torch.optim.AdamW([{"params": model[0].parameters(), "lr": 1e-2},
+                             {"params": model[2].parameters(), "lr": 3e-3}], lr=1e-2)
+    return model, opt
+
+
+def linear_warmup(opt: torch.optim.Optimizer) -> sch.LRScheduler:
+    from transformers import get_linear_schedule_with_warmup
+
+    return get_linear_schedule_with_warmup(opt, num_warmup_steps=3, num_training_steps=STEPS)
+
+
+SCHEDULES: dict[str, Callable[[torch.optim.Optimizer], object]] = {
+    "hf_linear_warmup_LambdaLR": linear_warmup,
+    "StepLR": lambda opt: sch.StepLR(opt, step_size=3, gamma=0.7),
+    "CosineAnnealingLR_eta_min": lambda opt: sch.CosineAnnealingLR(opt, T_max=STEPS, eta_min=1e-4),
+    "SequentialLR": lambda opt: sch.SequentialLR(
+        opt, [sch.LinearLR(opt, start_factor=0.2, total_iters=4), sch.CosineAnnealingLR(opt, T_max=10, eta_min=5e-4)],
+        milestones=[4]),
+    "ChainedScheduler": lambda opt: sch.ChainedScheduler(
+        [sch.ConstantLR(opt, factor=0.5, total_iters=5), sch.ExponentialLR(opt, gamma=0.9)]),
+    "OneCycleLR": lambda opt: sch.OneCycleLR(opt, max_lr=[2e-2, 6e-3], total_steps=STEPS + 1),
+    "no_scheduler": lambda opt: None,
+}
+
+
+def train(schedule: str, feed: Feed | None, steps: range = range(1, STEPS + 1), state: dict | None = None,
+          **applier_kwargs: object) -> tuple[dict[int, list[float]], CommandApplier, dict]:
+    """A loop that logs at step s the lrs update s used; returns them, the applier and a checkpoint."""
+    model, opt = model_and_optimizer()
+    scheduler = SCHEDULES[schedule](opt)
+    control = CommandApplier(feed, opt, scheduler, model=model, **applier_kwargs)  # type: ignore[arg-type]
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        if scheduler is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        control.load_state_dict(state["control"])
+    gen = torch.Generator().manual_seed(1)
+    lrs: dict[int, list[float]] = {}
+    for step in steps:
+        control.at_step(step)
+        x = torch.randn(16, 4, generator=gen)
+        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        lrs[step] = [g["lr"] for g in opt.param_groups]
+        opt.step()
+        if scheduler is not None:
+            scheduler.step()
+    checkpoint = copy.deepcopy({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                                "control": control.state_dict()})
+    return lrs, control, checkpoint
+
+
+def assert_scaled(lrs: dict[int, list[float]], base: dict[int, list[float]], factors: Callable[[int], float]) -> None:
+    for step, values in base.items():
+        want = [factors(step) * v for v in values]
+        assert lrs[step] == pytest.approx(want, rel=1e-9, abs=0), (step, lrs[step], want)
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_the_lr_is_the_factor_times_the_schedule_from_the_commands_step_on(schedule: str) -> None:
+    base, _, _ = train(schedule, None)
+    assert len({tuple(v) for v in base.values()}) > (1 if schedule != "no_scheduler" else 0)  # a schedule moves
+    feed = Feed({2: [command("scale_lr", factor=0.5, from_step=6)]})  # arrives at step 3, waits for 6
+    lrs, control, _ = train(schedule, feed)
+    assert_scaled(lrs, base, lambda s: 0.5 if s >= 6 else 1.0)
+    assert control.factor == 0.5
+    assert feed.acks == [("scale_lr", "applied", 6, 0.5, None)]
+
+
+def test_two_commands_compose_and_the_factor_stays_within_its_bounds() -> None:
+    base, _, _ = train("hf_linear_warmup_LambdaLR", None)
+    feed = Feed({1: [command("scale_lr", factor=0.5, from_step=4)], 5: [command("scale_lr", factor=0.5)],
+                 7: [command("scale_lr", factor=0.5)], 9: [command("scale_lr", factor=100.0)]})
+    lrs, control, _ = train("hf_linear_warmup_LambdaLR", feed, lr_min_factor=0.3)
+
+    def factor(s: int) -> float:
+        return 1.0 if s < 4 else 0.5 if s < 6 else 0.3 if s < 10 else 1.0
+
+    assert_scaled(lrs, base, factor)
+    assert [(a[0], a[1], a[2], a[3]) for a in feed.acks] == [
+        ("scale_lr", "applied", 4, 0.5), ("scale_lr", "applied", 6, 0.3), ("scale_lr", "applied", 8, 0.3),
+        ("scale_lr", "applied", 10, 1.0)]
+    assert "kept at 0.3" in feed.acks[1][4] and "kept at 1" in feed.acks[3][4]
+    assert control.factor == 1.0
+
+
+def test_a_resumed_attempt_neither_applies_a_command_again_nor_forgets_one_waiting() -> None:
+    first, second = command("scale_lr", factor=0.5, from_step=3), command("scale_lr", factor=0.5, from_step=11)
+    base, _, _ = train("hf_linear_warmup_LambdaLR", None)
+    whole, _, _ = train("hf_linear_warmup_LambdaLR", Feed({0: [first, second]}))
+    # interrupted after step 7 (the first applied, the second waiting), resumed from that checkpoint; the
+    # resumed attempt's feed hands the first command over again (a feed reading from an earlier offset)
+    before, _, saved = train("hf_linear_warmup_LambdaLR", Feed({0: [first, second]}), steps=range(1, 8))
+    feed = Feed({0: [first]})
+    after, control, _ = train("hf_linear_warmup_LambdaLR", feed, steps=range(8, STEPS + 1), state=saved)
+    assert {**before, **after} == whole
+    assert_scaled(whole, base, lambda s: 1.0 if s < 3 else 0.5 if s < 11 else 0.25)
+    assert feed.acks == [("scale_lr", "applied", 11, 0.25, None)]  # only the one that waited
+    assert control.state_dict()["applied"] == [first.event_id, second.event_id]
+
+
+def test_a_rollback_puts_back_the_kept_weights_and_optimizer_state_and_keeps_the_lower_lr() -> None:
+    model, opt = model_and_optimizer()
+    scheduler = linear_warmup(opt)
+    feed = Feed({6: [command("scale_lr", factor=0.5, restore_step=4)]})
+    control = CommandApplier(feed, opt, scheduler, model=model, keep_rounds=2)
+    gen = torch.Generator().manual_seed(3)
+    kept: dict[int, tuple[dict, dict]] = {}
+    for step in range(1, 10):
+        due_now = control.at_step(step)
+        if step == 7:
+            assert due_now.restored_step == 4
+            for name, value in model.state_dict().items():
+                assert torch.equal(value, kept[4][0][name]), name
+            for index, value in opt.state_dict()["state"].items():
+                for key in ("exp_avg", "exp_avg_sq", "step"):
+                    assert torch.equal(value[key], kept[4][1][index][key])
+            # the lower lr stays: half the schedule's value at its 6th step (linear decay: 8/11)
+            assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.5 * 1e-2 * 8 / 11, 0.5 * 3e-3 * 8 / 11])
+        x = torch.randn(8, 4, generator=gen)
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        scheduler.step()
+        if step % 2 == 0:  # an evaluated round
+            control.keep(step)
+            kept[step] = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()["state"]))
+        if step == 7:
+            assert sorted(control.kept) == [4, 6]
+    assert feed.acks[0][:4] == ("scale_lr", "applied", 7, 0.5) and feed.acks[0][4] == "weights of step 4 restored"
+
+
+def test_weights_not_kept_give_the_factor_alone_and_say_why_and_a_restore_callback_is_asked() -> None:
+    model, opt = model_and_optimizer()
+    feed = Feed({0: [command("scale_lr", factor=0.5, restore_step=2)]})
+    control = CommandApplier(feed, opt, model=model, keep_rounds=1)
+    control.at_step(1)
+    assert opt.param_groups[0]["lr"] == pytest.approx(5e-3)
+    assert feed.acks[0][1] == "applied" and "factor alone: the weights of step 2 were not kept" in feed.acks[0][4]
+    asked: list[int] = []
+    feed2 = Feed({0: [command("scale_lr", factor=0.5, restore_step=2)]})
+    control2 = CommandApplier(feed2, opt, restore=lambda s: asked.append(s) or True)
+    assert control2.at_step(3).restored_step == 2 and asked == [2]
+
+
+def test_evaluate_now_interval_and_stop_are_flags_and_ignored_commands_say_why() -> None:
+    _, opt = model_and_optimizer()
+    feed = Feed({0: [command("set_eval_interval", steps=7), command("evaluate_now")], 1: [command("stop")]})
+    control = CommandApplier(feed, opt, ignore={"evaluate_now": "this loop evaluates on its schedule only"})
+    first = control.at_step(0)
+    assert (first.evaluate, first.stop, first.eval_interval) == (False, False, 7)
+    assert control.eval_interval(50) == 7
+    second = control.at_step(1)
+    assert second.stop and not control.at_step(2).evaluate and control.at_step(3).stop
+    assert [(a[0], a[1], a[4]) for a in feed.acks] == [
+        ("set_eval_interval", "applied", None), ("evaluate_now", "ignored", "this loop evaluates on its schedule only"),
+        ("stop", "applied", None)]
+    feed3 = Feed({0: [command("evaluate_now")]})
+    assert CommandApplier(feed3, opt).at_step(5).evaluate
+
+
+def test_the_pure_step_rule_is_the_reference_trainers() -> None:
+    from areal_metrics.areal_train import control
+
+    assert control.due is due and control.from_step is from_step
+    assert from_step(command("scale_lr", factor=0.5, from_step=4)) == 4 and from_step(command("stop")) == 0
+
+
+def test_the_applier_is_public_and_importing_the_client_imports_no_torch(tmp_path: Path) -> None:
+    assert am.CommandApplier is CommandApplier
+    import subprocess
+
+    code = ("import sys, areal_metrics as am; am.CommandApplier; "
+            "import areal_metrics.producers.client.run; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+
+
+# ---------------------------------------------------------------- two ranks
+
+
+def _rank(rank: int, port: int, out: str) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    model, opt = model_and_optimizer()
+    scheduler = linear_warmup(opt)
+    # the command reaches rank 0 at its 5th call; rank 1 has no run at all (as in HF callbacks)
+    feed = Feed({4: [command("scale_lr", factor=0.25)], 6: [command("evaluate_now")]}) if rank == 0 else None
+    control = CommandApplier(feed, opt, scheduler)
+    record = []
+    for step in range(1, 10):
+        d = control.at_step(step)
+        record.append([step, d.lr_factor, d.evaluate, opt.param_groups[0]["lr"]])
+        opt.step()
+        scheduler.step()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_apply_a_command_at_the_same_step(tmp_path: Path) -> None:
+    import json
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
+    zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert zero == one
+    assert [r[1] for r in zero] == [1.0] * 4 + [0.25] * 5  # applied before update 5 on both
+    assert [r[0] for r in zero if r[2]] == [7]
