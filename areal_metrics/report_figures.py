@@ -26,6 +26,17 @@ def tagged_scaling(info: dict[str, Any], run: str) -> bool:
     return tagged(info, run, "scaling") or tagged(info, run, "model_size")
 
 
+REWARD_LABEL_KEY = "reward_label"  # a run's config may name what its reward is (the workload's trainer does)
+DEFAULT_REWARD_LABEL = "reward (as logged)"
+
+
+def reward_label(info: dict[str, Any], runs: Sequence[str]) -> str:
+    """The reward axis's label: the runs' own `config.reward_label` when every drawn run sets the same one,
+    else "reward (as logged)": the report says nothing about a reward it did not define."""
+    labels = {str(info[r].config.get(REWARD_LABEL_KEY) or "") if r in info else "" for r in runs}
+    return labels.pop() if len(labels) == 1 and "" not in labels else DEFAULT_REWARD_LABEL
+
+
 def _colors(names: Sequence[str]) -> dict[str, Any]:
     import matplotlib
 
@@ -260,7 +271,7 @@ def plot_rewards(raw: dict[str, list[tuple[int, float]]], smooth: dict[str, list
         _style(ax)
         if ax.lines:
             ax.legend(fontsize=8, loc="upper left")
-    ax_raw.set_ylabel("reward (right answers, discounted per extra attempt)")
+    ax_raw.set_ylabel(reward_label(info, [r for runs in groups.values() for r in runs]))
     return _save(fig, path, "Reward of the strategies side by side" if grouped else "Reward per run")
 
 

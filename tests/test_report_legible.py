@@ -1,0 +1,123 @@
+"""The report speaks of the user's data (issue 44): labels from the runs' own config, no empty axes,
+nothing clipped, and figures that a reader can read for the demo's nine runs and for a plain two-rank run.
+
+The runs are built as events (tests/report_runs.py) and loaded through the sink's own path. Each
+store is a chdb directory: one module, one store at a time (a process holds one embedded session)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from areal_metrics.report import load_runs, write_report
+from areal_metrics.report_figures import DEFAULT_REWARD_LABEL, reward_label
+from tests.report_runs import DEMO_LABEL, USER_RUN, demo_like, user_run
+from tests.test_grafana_data import loaded_store
+
+
+@pytest.fixture
+def kept(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The figures the report draws, kept open after they are saved."""
+    import matplotlib.pyplot as plt
+
+    figures: list = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    return figures
+
+
+@pytest.fixture(scope="module")
+def drawn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, list[Any]]]:
+    """name -> the figures of the demo-like report (grouped, with the evaluation details) and of the user's run."""
+    import matplotlib.pyplot as plt
+
+    base = tmp_path_factory.mktemp("legible")
+    out: dict[str, list[Any]] = {}
+    close = plt.close
+    for name, events, options in (("demo", demo_like(), {"grouped": True, "eval_details": True}),
+                                  ("user", user_run(), {})):
+        figures: list = []
+        plt.close = figures.append  # type: ignore[assignment]
+        try:
+            with loaded_store(base / f"store-{name}", events) as store:
+                write_report(base / name, None, store, **options)
+                out[name + "-info"] = [load_runs(store, "1")]
+        finally:
+            plt.close = close  # type: ignore[assignment]
+        out[name] = figures
+    yield out
+    for figures in out.values():
+        for fig in figures:
+            if hasattr(fig, "canvas"):
+                close(fig)
+
+
+def _figure(figures: list[Any], title: str) -> Any:
+    return next(f for f in figures if f._suptitle is not None and title in f._suptitle.get_text())
+
+
+def test_a_user_runs_reward_axis_reads_as_logged_the_workloads_its_own_label(drawn: dict[str, list[Any]]) -> None:
+    user = _figure(drawn["user"], "Reward")
+    assert user.axes[0].get_ylabel() == DEFAULT_REWARD_LABEL == "reward (as logged)"
+    demo = _figure(drawn["demo"], "Reward")
+    assert demo.axes[0].get_ylabel() == DEMO_LABEL  # from the runs' config.reward_label
+
+
+def test_the_reward_label_is_the_runs_own_only_when_every_drawn_run_names_the_same() -> None:
+    from areal_metrics.report import RunInfo
+
+    info = {"a": RunInfo("a", 1, {"reward_label": "pass rate"}), "b": RunInfo("b", 1, {"reward_label": "pass rate"}),
+            "c": RunInfo("c", 1, {"reward_label": "score"}), "d": RunInfo("d", 1, {})}
+    assert reward_label(info, ["a", "b"]) == "pass rate"
+    assert reward_label(info, ["a", "c"]) == reward_label(info, ["a", "d"]) == reward_label(info, ["x"]) \
+        == DEFAULT_REWARD_LABEL
+
+
+def test_the_workload_names_its_reward_in_the_run_config() -> None:
+    from areal_metrics.areal_train import session
+
+    assert session.REWARD_LABEL == DEMO_LABEL  # what the trainer's run_config carries as `reward_label`
+    source = Path(session.__file__).read_text()
+    assert '"reward_label": REWARD_LABEL' in source
+
+
+def _outside(fig: Any) -> list[str]:
+    """The texts and legends of a drawn figure whose window extent leaves the figure."""
+    from matplotlib.legend import Legend
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    box = fig.bbox
+    ticks = {id(t) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+             for tick in axis.get_major_ticks() + axis.get_minor_ticks() for t in (tick.label1, tick.label2)}
+    drawn_ticks = [t for ax in fig.axes for axis in (ax.xaxis, ax.yaxis) 
+                   if ax.axison and axis.get_visible() for tick in axis._update_ticks()
+                   for t in (tick.label1, tick.label2)]  # the ticks inside the view: those matplotlib draws
+    bad = []
+    for artist in [a for a in fig.findobj(lambda a: isinstance(a, (Text, Legend))) if id(a) not in ticks] + drawn_ticks:
+        if not artist.get_visible() or (isinstance(artist, Text) and not artist.get_text().strip()):
+            continue
+        extent = artist.get_window_extent(renderer)
+        if not (box.x0 - 1 <= extent.x0 and extent.x1 <= box.x1 + 1 and box.y0 - 1 <= extent.y0
+                and extent.y1 <= box.y1 + 1):
+            bad.append(artist.get_text() if isinstance(artist, Text) else f"legend of {len(artist.texts)} entries")
+    return bad
+
+
+@pytest.mark.parametrize("name", ["demo", "user"])
+def test_no_text_or_legend_leaves_its_figure(drawn: dict[str, list[Any]], name: str) -> None:
+    assert len(drawn[name]) >= 4
+    for fig in drawn[name]:
+        assert _outside(fig) == [], fig._suptitle.get_text()
+
+
+@pytest.mark.parametrize("name", ["demo", "user"])
+def test_no_axes_is_empty(drawn: dict[str, list[Any]], name: str) -> None:
+    for fig in drawn[name]:
+        for ax in fig.axes:
+            if ax.axison:  # the config table's axes is switched off
+                assert ax.lines or ax.collections or ax.patches or ax.images, (fig._suptitle.get_text(),
+                                                                                ax.get_title(), ax.get_ylabel())
