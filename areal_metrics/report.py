@@ -321,7 +321,8 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
     written = []
     if evals:
         details = load_consensus_metrics(store, where) if eval_details else None
-        written.append(draw.plot_evals(evals, out_dir / FILES[0], details, load_lr_cuts(store, where)))
+        written.append(draw.plot_evals(evals, out_dir / FILES[0], details, load_lr_cuts(store, where),
+                                       info, grouped=grouped))
     if raw:  # a run may log evaluations and other metrics without a reward (AReaL's names, say)
         written.append(draw.plot_rewards(raw, smooth, info, out_dir / FILES[1], grouped=grouped,
                                          tokens=load_generated_tokens(store, where)))

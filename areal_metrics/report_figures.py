@@ -117,96 +117,197 @@ def _clipped(values: Sequence[float], low: float = 0.0, high: float = 1.0) -> li
 
 def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path,
                details: dict[str, dict[str, list[tuple[int, dict[str, float]]]]] | None = None,
-               lr_cuts: dict[str, list[tuple[int, float, int | None]]] | None = None) -> Path:
-    """Accuracy and response length per dataset; with `details` (dataset -> run -> (step, metrics), from
-    areal_metrics.report_eval_details.load_consensus_metrics) a second row: pass@K, maj@K and greedy accuracy.
-    `lr_cuts` (run -> [(step it applies from, factor, step whose weights it restores or None)]: the closed
-    loop's scale_lr commands) are drawn as a dotted vertical line in the run's colour on every accuracy
-    panel, the factor (and the step restored) beside it."""
+               lr_cuts: dict[str, list[tuple[int, float, int | None]]] | None = None,
+               info: dict[str, Any] | None = None, grouped: bool = False) -> Path:
+    """Small multiples, one column per dataset: the full-stage accuracy; the mean response length (a row of
+    its own, only when some round has one); with `details` (dataset -> run -> (step, metrics), from
+    areal_metrics.report_eval_details.load_consensus_metrics) one row per metric family: pass@K, maj@K,
+    greedy accuracy.
+
+    One line per run with its rounds' 95 % intervals as error bars; `grouped` (with `info`): one line per
+    group (the runs' `group`), the mean over its runs and their 95 % t-interval as the band (a group of one
+    run keeps its error bars). `lr_cuts` (run -> [(step it applies from, factor, step whose weights it
+    restores or None)]: the closed loop's scale_lr commands) are drawn as a dotted vertical line in the
+    run's colour on every accuracy panel, labelled horizontally in a band above the data."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     datasets = sorted(evals)
     runs = sorted({run for per_run in evals.values() for run in per_run})
-    colors = _colors(runs)
-    rows = 2 if details else 1
-    fig, axes = plt.subplots(rows, len(datasets), figsize=(6.5 * len(datasets), 5.0 * rows), squeeze=False)
-    for ax, dataset in zip(axes[0], datasets):
-        right = ax.twinx()
-        for run, points in sorted(evals[dataset].items()):
-            ax.plot([p.step for p in points], [100 * p.accuracy for p in points], "-o", color=colors[run], lw=2, ms=4)
-            _error_bars(ax, points, colors[run])
-            lengths = [(p.step, p.response_length) for p in points if p.response_length is not None]
-            if lengths:
-                right.plot(*zip(*lengths), "--", color=colors[run], lw=1.4, alpha=0.8)
+    units = _units(runs, info, grouped)
+    colors = _colors(list(units))
+    unit_of = {run: unit for unit, members in units.items() for run in members}
+    has_length = any(p.response_length is not None for per_run in evals.values() for pts in per_run.values()
+                     for p in pts)
+    families = _detail_families(details) if details else []
+    rows = 1 + has_length + len(families)
+    width = max(8.0, 6.5 * len(datasets))
+    fig, axes = plt.subplots(rows, len(datasets), figsize=(width, 3.6 * rows + 1.0), squeeze=False)
+    states: set[str] = set()
+    cut_drawn = False
+    for col, dataset in enumerate(datasets):
+        ax = axes[0][col]
+        for unit, members in sorted(units.items()):
+            present = [r for r in members if r in evals[dataset]]
+            if not present:
+                continue
+            color = colors[unit]
+            if len(present) == 1:
+                points = evals[dataset][present[0]]
+                ax.plot([p.step for p in points], [100 * p.accuracy for p in points], "-o", color=color, lw=2, ms=4)
+                _error_bars(ax, points, color)
+            else:
+                _band_line(ax, [[(p.step, 100 * p.accuracy) for p in evals[dataset][r]] for r in present], color,
+                           marker="o")
             for state, marker in (("stale", "X"), ("partial", "s")):
-                marked = [p for p in points if p.state == state]
+                marked = [p for r in present for p in evals[dataset][r] if p.state == state]
                 if marked:
-                    ax.scatter([p.step for p in marked], [100 * p.accuracy for p in marked], marker=marker, s=90,
-                               facecolors="none" if state == "partial" else colors[run], edgecolors="black",
-                               linewidths=1.2, zorder=5)
-        for run, cuts in sorted((lr_cuts or {}).items()):
-            for step, factor, restored in cuts:
-                if run in colors:
-                    ax.axvline(step, color=colors[run], ls=":", lw=1.6)
-                    label = f"scale_lr x{factor:g}" + (f", weights of step {restored}" if restored is not None else "")
-                    ax.annotate(label, (step, 0.97), xycoords=("data", "axes fraction"),
-                                rotation=90, va="top", ha="right", fontsize=7, color=colors[run], zorder=5,
-                                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
-        ax.set_title(f"{dataset}: full-stage accuracy and response length")
-        ax.set_xlabel("training step")
-        ax.set_ylabel("accuracy (%)  — solid")
+                    states.add(state)
+                    ax.scatter([p.step for p in marked], [100 * p.accuracy for p in marked], marker=marker, s=70,
+                               facecolors="none" if state == "partial" else color, edgecolors="black",
+                               linewidths=1.1, zorder=5)
         top = max((100 * (p.ci_high if p.ci_high is not None else p.accuracy)
                    for pts in evals[dataset].values() for p in pts), default=0.0)
-        ax.set_ylim(-1, min(102, max(10.0, top * 1.15)))
-        right.set_ylabel("mean response length (tokens)  — dashed")
-        right.set_ylim(bottom=0)
-        _style(ax)
-    handles = [Line2D([], [], color=colors[r], lw=2, label=r) for r in runs]
-    handles += [
-        Line2D([], [], color="gray", lw=2, marker="o", label="accuracy, bars: 95% interval (left axis)"),
-        Line2D([], [], color="gray", lw=1.4, ls="--", label="response length (right axis)"),
-        Line2D([], [], ls="", marker="X", color="gray", markeredgecolor="black", ms=9, label="stale round (degraded)"),
-        Line2D([], [], ls="", marker="s", markerfacecolor="none", markeredgecolor="black", ms=8, label="partial round"),
-    ]
-    if lr_cuts and any(lr_cuts.get(r) for r in runs):
+        cut_drawn |= _lr_cut_marks(ax, lr_cuts or {}, colors, unit_of, max(10.0, top * 1.1),
+                                   max((p.step for pts in evals[dataset].values() for p in pts), default=0))
+        ax.set_title(f"{dataset}: full-stage accuracy")
+        ax.set_ylabel("accuracy (%)")
+        if has_length:
+            ax_len = axes[1][col]
+            for unit, members in sorted(units.items()):
+                series = [[(p.step, p.response_length) for p in evals[dataset][r] if p.response_length is not None]
+                          for r in members if r in evals[dataset]]
+                series = [s for s in series if s]
+                if series:
+                    _band_line(ax_len, series, colors[unit], marker=".")
+            ax_len.set_title(f"{dataset}: mean response length")
+            ax_len.set_ylabel("tokens")
+            ax_len.set_ylim(bottom=0)
+            if not ax_len.lines:
+                ax_len.text(0.5, 0.5, "no response length logged", ha="center", va="center",
+                            transform=ax_len.transAxes, color="gray")
+        for row, family in enumerate(families, start=1 + has_length):
+            _plot_family(axes[row][col], dataset, family, details or {}, units, colors)
+        for row in range(rows):
+            _style(axes[row][col])
+            axes[row][col].set_xlabel("training step" if row == rows - 1 else "")
+    grouped_units = any(len(m) > 1 for m in units.values())
+    handles = [Line2D([], [], color=colors[u], lw=2,
+                      label=f"{u} ({len(m)} runs)" if grouped and len(m) > 1 else u) for u, m in sorted(units.items())]
+    if any(len(m) == 1 for m in units.values()):
+        handles.append(Line2D([], [], color="gray", lw=2, marker="o", label="a run: bars 95% interval of a round"))
+    if grouped_units:
+        handles.append(Patch(color="gray", alpha=0.3, label="a group: mean of its runs, band 95% t-interval"))
+    if "stale" in states:
+        handles.append(Line2D([], [], ls="", marker="X", color="gray", markeredgecolor="black", ms=9,
+                              label="stale round (degraded)"))
+    if "partial" in states:
+        handles.append(Line2D([], [], ls="", marker="s", markerfacecolor="none", markeredgecolor="black", ms=8,
+                              label="partial round"))
+    if cut_drawn:
         handles.append(Line2D([], [], color="gray", lw=1.6, ls=":", label="the loop's scale_lr, from its step"))
-    if details:
-        names = _plot_details(axes[1], datasets, details, colors)
-        handles += [Line2D([], [], color="gray", lw=1.6, ls=_DETAIL_STYLE.get(_family(n), ":"), label=n)
-                    for n in names]
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), frameon=False, fontsize=8)
-    legend_rows = (len(handles) + 3) // 4
-    return _save(fig, path, "Evaluation accuracy and response length per dataset (cross-node consensus)",
-                 bottom=0.05 * legend_rows / rows)
+    return _save_with_legend(fig, path, handles, "Evaluation per dataset: full-stage accuracy"
+                             + (" and response length" if has_length else "") + (", pass@k, maj@k" if families else ""))
 
 
-_DETAIL_STYLE = {"pass": "-", "maj": "--", "greedy_accuracy": "-."}
+def _units(runs: Sequence[str], info: dict[str, Any] | None, grouped: bool) -> dict[str, list[str]]:
+    """What one line stands for: each run, or (`grouped`) each group of runs."""
+    units: dict[str, list[str]] = defaultdict(list)
+    for run in runs:
+        units[(info[run].group if info and run in info else run) if grouped else run].append(run)
+    return dict(units)
+
+
+def _band_line(ax: Any, series: Sequence[Sequence[tuple[int, float]]], color: Any, marker: str = "") -> None:
+    """The mean over the series at each step; with two or more, their 95 % t-interval as the band."""
+    steps, mean, low, high = band(series)
+    if len(series) > 1:
+        ax.fill_between(steps, low, high, color=color, alpha=0.18, lw=0)
+    ax.plot(steps, mean, ls="-", marker=marker or None, color=color, lw=2, ms=4)
+
+
+MAX_CUT_LABELS = 4  # more cuts on one panel: the lines alone, and one line of text that counts them
+
+
+def _lr_cut_marks(ax: Any, lr_cuts: dict[str, list[tuple[int, float, int | None]]], colors: dict[str, Any],
+                  unit_of: dict[str, str], data_top: float, last_step: int) -> bool:
+    """The loop's cuts as dotted vertical lines; their labels horizontal, stacked in a band above the data
+    (the y limit leaves room for them): no text across the curves. True when any was drawn."""
+    cuts = sorted((step, factor, restored, run) for run, per_run in lr_cuts.items() if run in unit_of
+                  for step, factor, restored in per_run)
+    labels = [f"scale_lr x{factor:g}" + (f", weights of step {restored}" if restored is not None else "")
+              for _, factor, restored, _ in cuts]
+    shown = labels if len(labels) <= MAX_CUT_LABELS else [f"{len(labels)} scale_lr cuts (dotted lines)"]
+    line = 0.065
+    ax.set_ylim(-1, min(102 + 100 * line * len(shown), data_top / (1 - line * len(shown) - 0.02)))
+    for step, _, _, run in cuts:
+        ax.axvline(step, color=colors[unit_of[run]], ls=":", lw=1.6)
+    for i, label in enumerate(shown):
+        step, _, _, run = cuts[min(i, len(cuts) - 1)]
+        right = len(shown) == len(labels) and step > last_step / 2
+        x, xcoords = (step, "data") if len(shown) == len(labels) else (0.01, "axes fraction")
+        ax.annotate(label, (x, 0.98 - line * i), xycoords=(xcoords, "axes fraction"), va="top",
+                    ha="right" if right else "left", fontsize=7, zorder=5,
+                    color=colors[unit_of[run]] if len(shown) == len(labels) else "black",
+                    xytext=(-3 if right else 3, 0), textcoords="offset points")
+    return bool(cuts)
+
+
+def _detail_families(details: dict[str, dict[str, list[tuple[int, dict[str, float]]]]]) -> list[str]:
+    names = {n for per_run in details.values() for pts in per_run.values() for _, m in pts for n in m}
+    order = {"pass": 0, "maj": 1, "greedy_accuracy": 2}
+    return sorted({_family(n) for n in names}, key=lambda f: (order.get(f, 3), f))
+
+
+_FAMILY_TITLE = {"pass": "pass@k: some sample right", "maj": "maj@k: the majority answer right",
+                 "greedy_accuracy": "greedy accuracy"}
+_K_STYLES = ("-", "--", "-.", ":")
 
 
 def _family(name: str) -> str:
     return name.split("@")[0] if "@" in name else name
 
 
-def _plot_details(axes: Sequence[Any], datasets: Sequence[str],
-                  details: dict[str, dict[str, list[tuple[int, dict[str, float]]]]], colors: dict[str, Any]) -> list[str]:
-    """pass@K, maj@K and greedy accuracy of each round's consensus, one line style per metric; their names."""
-    names: set[str] = set()
-    for ax, dataset in zip(axes, datasets):
-        top = 0.0
-        for run, points in sorted(details.get(dataset, {}).items()):
-            for name in sorted({n for _, m in points for n in m}):
-                series = [(step, 100 * m[name]) for step, m in points if name in m]
-                top = max(top, *(v for _, v in series))
-                ax.plot(*zip(*series), ls=_DETAIL_STYLE.get(_family(name), ":"), marker=".", color=colors.get(run),
-                        lw=1.6)
-                names.add(name)
-        ax.set_title(f"{dataset}: pass@k, maj@k and greedy accuracy")
-        ax.set_xlabel("training step")
-        ax.set_ylabel("share of prompts (%)")
-        ax.set_ylim(-1, min(102, max(10.0, top * 1.15)))
-        _style(ax)
-    return sorted(names)
+def _plot_family(ax: Any, dataset: str, family: str, details: dict[str, dict[str, list[tuple[int, dict[str, float]]]]],
+                 units: dict[str, list[str]], colors: dict[str, Any]) -> None:
+    """One metric family of each round's consensus (pass@K, maj@K, greedy accuracy): a line per run or group,
+    one line style per K when a family has several."""
+    per_run = details.get(dataset, {})
+    names = sorted({n for pts in per_run.values() for _, m in pts for n in m if _family(n) == family})
+    top = 0.0
+    for unit, members in sorted(units.items()):
+        for k, name in enumerate(names):
+            series = [[(step, 100 * m[name]) for step, m in per_run.get(r, []) if name in m] for r in members]
+            series = [s for s in series if s]
+            if series:
+                top = max(top, max(v for s in series for _, v in s))
+                steps, mean, low, high = band(series)
+                if len(series) > 1:
+                    ax.fill_between(steps, low, high, color=colors[unit], alpha=0.18, lw=0)
+                ax.plot(steps, mean, ls=_K_STYLES[k % len(_K_STYLES)], marker=".", color=colors[unit], lw=1.8,
+                        label=name if unit == min(units) and len(names) > 1 else None)
+    ax.set_title(f"{dataset}: {_FAMILY_TITLE.get(family, family)}" + (f" ({', '.join(names)})" if names and names != [family] else ""))
+    ax.set_ylabel("share of prompts (%)")
+    ax.set_ylim(-1, min(102, max(10.0, top * 1.15)))
+    if len(names) > 1:
+        ax.legend(fontsize=7, loc="upper left")
+    if not ax.lines:
+        ax.text(0.5, 0.5, f"no {family} stored for {dataset}", ha="center", va="center", transform=ax.transAxes,
+                color="gray")
+
+
+def _save_with_legend(fig: Any, path: Path, handles: list[Any], title: str) -> Path:
+    """A figure-wide legend below the panels, in as many columns as its width holds (nothing clipped)."""
+    width, height = (min(a, b) for a, b in zip(fig.get_size_inches(), MAX_FIGURE_INCHES))
+    fig.set_size_inches(width, height)
+    ncol = max(1, min(len(handles), int(width / LEGEND_COLUMN_INCHES)))
+    legend_rows = -(-len(handles) // ncol)
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, frameon=False, fontsize=8)
+    return _save(fig, path, title, bottom=min(0.4, (legend_rows * 0.19 + 0.1) / height))
+
+
+LEGEND_COLUMN_INCHES = 3.3  # a legend entry of about 40 characters at 8 points, with its handle
 
 
 def _error_bars(ax: Any, points: Sequence[Any], color: Any) -> None:
