@@ -108,10 +108,6 @@ def band(series: Sequence[Sequence[tuple[int, float]]]) -> tuple[list[int], list
             [i.mean if i.ci_high is None else i.ci_high for i in intervals])
 
 
-def _clipped(values: Sequence[float], low: float = 0.0, high: float = 1.0) -> list[float]:
-    return [min(max(v, low), high) for v in values]
-
-
 # ------------------------------------------------------------------ figure 1
 
 
@@ -337,37 +333,42 @@ def plot_rewards(raw: dict[str, list[tuple[int, float]]], smooth: dict[str, list
             groups[(info[run].group if run in info else run) if grouped else run].append(run)
     colors = _colors(list(groups))
     by_tokens = {run: tokens[run] for runs in groups.values() for run in runs if tokens and tokens.get(run) and raw.get(run)}
-    fig, axes = plt.subplots(1, 3 if by_tokens else 2, figsize=(21 if by_tokens else 14, 5), sharey=True)
-    ax_raw, ax_smooth = axes[0], axes[1]
+    has_smooth = any(smooth.get(r) for runs in groups.values() for r in runs)  # no empty panel without the worker
+    panels = 1 + has_smooth + bool(by_tokens)
+    fig, axes = plt.subplots(1, panels, figsize=(max(8.0, 7 * panels), 5), sharey=True, squeeze=False)
+    axes = list(axes[0])
+    ax_raw = axes[0]
+    ax_smooth = axes[1] if has_smooth else None
+    ax_tokens = axes[-1] if by_tokens else None
     for group, runs in sorted(groups.items()):
         label = f"{group} ({len(runs)} run{'s' if len(runs) > 1 else ''})" if grouped else group
         raws = [moving_average_series(raw[r], 5) for r in runs if raw.get(r)]
         if raws:
             steps, mean, lo, hi = band(raws)
             if len(raws) > 1:
-                ax_raw.fill_between(steps, _clipped(lo), _clipped(hi), color=colors[group], alpha=0.2, lw=0)
+                ax_raw.fill_between(steps, lo, hi, color=colors[group], alpha=0.2, lw=0)
             ax_raw.plot(steps, mean, color=colors[group], lw=2, label=label)
         smooths = [[(s, avg) for s, avg, _, _ in smooth[r]] for r in runs if smooth.get(r)]
-        if smooths:
+        if smooths and ax_smooth is not None:
             steps, mean, lo, hi = band(smooths)
             if len(smooths) > 1:
-                ax_smooth.fill_between(steps, _clipped(lo), _clipped(hi), color=colors[group], alpha=0.2, lw=0)
+                ax_smooth.fill_between(steps, lo, hi, color=colors[group], alpha=0.2, lw=0)
             ax_smooth.plot(steps, mean, color=colors[group], lw=2.2, label=label)
         for i, run in enumerate(r for r in runs if r in by_tokens):
             at_step = dict(by_tokens[run])
             points = [(at_step[s], v) for s, v in moving_average_series(raw[run], 5) if s in at_step]
-            axes[2].plot([t for t, _ in points], [v for _, v in points], color=colors[group], lw=1.4,
-                         label=label if i == 0 else None)
+            ax_tokens.plot([t for t, _ in points], [v for _, v in points], color=colors[group], lw=1.4,
+                           label=label if i == 0 else None)
     ax_raw.set_title("Reward (mean over ranks, 5-step average)"
                      + (": mean over seeds, band 95% t-interval" if grouped else ""))
-    ax_smooth.set_title(("Smoothed reward (stream worker's sliding average)"
-                         + (": mean, band 95% t-interval" if grouped else "")) if smooth else
-                        "Smoothed reward: none stored (stream worker not running?)")
-    for ax in (ax_raw, ax_smooth):
-        ax.set_xlabel("training step")
-    if by_tokens:
-        axes[2].set_title("Reward against generated tokens (5-step average, one line per run)")
-        axes[2].set_xlabel("generated tokens, summed over ranks")
+    if ax_smooth is not None:
+        ax_smooth.set_title("Smoothed reward (stream worker's sliding average)"
+                            + (": mean, band 95% t-interval" if grouped else ""))
+        ax_smooth.set_xlabel("training step")
+    ax_raw.set_xlabel("training step")
+    if ax_tokens is not None:
+        ax_tokens.set_title("Reward against generated tokens (5-step average, one line per run)")
+        ax_tokens.set_xlabel("generated tokens, summed over ranks")
     for ax in axes:
         _style(ax)
         if ax.lines:

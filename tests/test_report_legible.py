@@ -121,3 +121,17 @@ def test_no_axes_is_empty(drawn: dict[str, list[Any]], name: str) -> None:
             if ax.axison:  # the config table's axes is switched off
                 assert ax.lines or ax.collections or ax.patches or ax.images, (fig._suptitle.get_text(),
                                                                                 ax.get_title(), ax.get_ylabel())
+
+
+def test_a_reward_outside_zero_one_keeps_its_band_and_no_worker_means_no_smoothed_panel(tmp_path: Path,
+                                                                                        kept: list) -> None:
+    from areal_metrics.report import RunInfo
+    from areal_metrics.report_figures import plot_rewards
+
+    raw = {"a": [(s, 2.0 + s) for s in range(6)], "b": [(s, 4.0 + s) for s in range(6)]}
+    info = {r: RunInfo("g", 2, {}) for r in raw}
+    plot_rewards(raw, {}, info, tmp_path / "r.png", grouped=True)
+    [ax] = kept[-1].axes  # the raw reward alone: no "none stored" panel
+    [band] = ax.collections
+    lows = band.get_paths()[0].vertices[:, 1]
+    assert lows.max() > 4.0 and lows.min() < 0.0  # a t-band over two seeds, not cut to [0, 1]
