@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -387,29 +388,40 @@ def moving_average_series(points: list[tuple[int, float]], n: int) -> list[tuple
 
 def plot_throughput(series: dict[tuple[str, str], list[tuple[int, float]]], info: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     runs = sorted({run for run, _ in series})
     colors = _colors(runs)
     styles = ["-", "--", ":", "-."]
     sizes = {run for run in info if tagged(info, run, "model_size") and any(r == run for r, _ in series)}
-    fig, axes = plt.subplots(1, 3 if sizes else 2, figsize=(19 if sizes else 14, 5.5),
-                             gridspec_kw={"width_ratios": [3, 2, 2] if sizes else [3, 2]})
-    ax_line, ax_bar = axes[0], axes[1]
+    ranks = len(scaling_rows(series, info)) > 1  # one rank count: nothing to compare, no panel
+    ratios = [3] + [2] * (ranks + bool(sizes))
+    fig, axes = plt.subplots(1, len(ratios), figsize=(5 + 5 * len(ratios), 7.0), squeeze=False,
+                             gridspec_kw={"width_ratios": ratios})
+    axes = list(axes[0])
+    ax_line = axes[0]
     keys = sorted(series)
     for run, node in keys:
         nodes = sorted(n for r, n in keys if r == run)
         steps, values = zip(*series[(run, node)])
         ax_line.plot(steps, moving_average(values, SMOOTH_STEPS), color=colors[run],
-                     ls=styles[nodes.index(node) % len(styles)], lw=1.4, label=f"{run} · {node}")
-    ax_line.set_title(f"Per node, over training ({SMOOTH_STEPS}-step moving average)")
+                     ls=styles[nodes.index(node) % len(styles)], lw=1.4)
+    ax_line.set_title(f"Per node, over training ({SMOOTH_STEPS}-step moving average): a colour per run, "
+                      "a line style per node of the run")
     ax_line.set_xlabel("training step")
     ax_line.set_ylabel("generated tokens / s")
     ax_line.set_ylim(bottom=0)
-    ax_line.legend(fontsize=7, ncol=2)
+    most_nodes = max(len({n for r, n in keys if r == run}) for run in runs)
+    handles = [Line2D([], [], color=colors[r], lw=2, label=r) for r in runs]
+    handles += [Line2D([], [], color="gray", ls=styles[i % len(styles)], label=f"node {i + 1} of a run")
+                for i in range(min(most_nodes, len(styles)))] if most_nodes > 1 else []
+    ax_line.legend(handles=handles, fontsize=7, ncol=max(1, min(4, -(-len(handles) // 4))), frameon=False,
+                   loc="upper center", bbox_to_anchor=(0.5, -0.13))  # below the panel: never on the data
     _style(ax_line)
-    _scaling_bars(ax_bar, series, info)
+    if ranks:
+        _scaling_bars(axes[1], series, info)
     if sizes:
-        _size_bars(axes[2], series, info, sizes)
+        _size_bars(axes[-1], series, info, sizes)
     return _save(fig, path, "Throughput: generated tokens per second (the policy's tokens, no padding)")
 
 
@@ -443,12 +455,29 @@ def _size_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]], 
     _style(ax)
 
 
-def _scaling_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]], info: dict[str, Any]) -> None:
-    """Total tokens/s across a run's ranks (mean over steps), grouped by the run's rank count.
+SCALING_MIN_RUNS, SCALING_MIN_STEPS = 2, 10  # a rank count is compared with at least this many runs of as many steps
+
+
+@dataclass(frozen=True)
+class ScalingRow:
+    """One rank count of the scaling panel: each run's tokens/s (summed over its ranks, mean over its steps)."""
+
+    world: int
+    run_means: tuple[float, ...]
+    steps: tuple[int, ...]  # steps behind each run's mean
+    mean: float
+    ci_low: float | None  # the 95 % t-interval over the runs; None below SCALING_MIN_RUNS
+    ci_high: float | None
+    enough: bool  # SCALING_MIN_RUNS runs of SCALING_MIN_STEPS steps or more: comparable with the others
+
+
+def scaling_rows(series: dict[tuple[str, str], list[tuple[int, float]]], info: dict[str, Any]) -> list[ScalingRow]:
+    """Total tokens/s across a run's ranks (mean over steps), by the run's rank count.
 
     Runs tagged `scaling` (the demo's one-at-a-time runs) are compared alone when there are any:
-    runs that shared the cores with others would not compare.
-    """
+    runs that shared the cores with others would not compare."""
+    from areal_metrics.stats import t_interval
+
     scaling = {run for run in info if tagged(info, run, "scaling")}
     totals: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for (run, _node), points in series.items():
@@ -456,26 +485,55 @@ def _scaling_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]
             continue
         for step, value in points:
             totals[run][step] += value
-    by_world: dict[int, list[float]] = defaultdict(list)
-    per_node: dict[int, list[float]] = defaultdict(list)
-    for run, steps in totals.items():
-        world = info[run].world_size if run in info else 1
-        mean = sum(steps.values()) / len(steps)
-        by_world[world].append(mean)
-        per_node[world].append(mean / world)
-    worlds = sorted(by_world)
-    means = [sum(by_world[w]) / len(by_world[w]) for w in worlds]
-    bars = ax.bar(range(len(worlds)), means, color="tab:blue", alpha=0.8, label="total across the ranks")
-    ax.bar_label(bars, fmt="%.0f", fontsize=8)
-    ax.plot(range(len(worlds)), [sum(per_node[w]) / len(per_node[w]) for w in worlds], "D", color="tab:orange",
-            label="per node (rank)")
+    by_world: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for run, steps in sorted(totals.items()):
+        by_world[info[run].world_size if run in info else 1].append((sum(steps.values()) / len(steps), len(steps)))
+    rows = []
+    for world, runs in sorted(by_world.items()):
+        interval = t_interval([m for m, _ in runs])
+        rows.append(ScalingRow(world, tuple(m for m, _ in runs), tuple(n for _, n in runs), interval.mean,
+                               interval.ci_low, interval.ci_high,
+                               len(runs) >= SCALING_MIN_RUNS and min(n for _, n in runs) >= SCALING_MIN_STEPS))
+    return rows
+
+
+def _scaling_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]], info: dict[str, Any]) -> None:
+    """Tokens/s by rank count: a bar with its 95 % t-interval over runs where there are enough runs and steps
+    to compare, else a hatched bar marked "too few to compare"; each run's own mean as a dot; rank counts
+    above this machine's cores marked (their ranks share cores: no scaling to read there)."""
+    from matplotlib.patches import Patch
+
+    rows = scaling_rows(series, info)
     cores = os.cpu_count() or 1
-    ax.set_xticks(range(len(worlds)), [f"{w} rank{'s' if w > 1 else ''}\n({len(by_world[w])} runs)"
-                                       + ("\n> cores" if w > cores else "") for w in worlds])
-    ax.set_title(f"Across rank counts on {cores} cores (mean over steps and runs"
-                 + (",\nruns tagged scaling)" if scaling else ")"))
-    ax.set_ylabel("generated tokens / s")
-    ax.legend(fontsize=8)
+    for i, row in enumerate(rows):
+        if row.enough:
+            ax.bar(i, row.mean, color="tab:blue", alpha=0.8,
+                   yerr=[[row.mean - row.ci_low], [row.ci_high - row.mean]] if row.ci_low is not None else None,
+                   capsize=5, ecolor="black")
+        else:
+            ax.bar(i, row.mean, facecolor="none", edgecolor="gray", hatch="//", lw=1)
+        ax.scatter([i] * len(row.run_means), row.run_means, color="black", s=14, zorder=5)
+        ax.annotate(f"{row.mean:.0f}", (i, row.mean), xytext=(0, 3), textcoords="offset points", ha="center",
+                    fontsize=8)
+    ax.set_xticks(range(len(rows)), [f"{r.world} rank{'s' if r.world > 1 else ''}\n{len(r.run_means)} "
+                                     f"run{'s' if len(r.run_means) > 1 else ''}, {min(r.steps)}"
+                                     + (f"-{max(r.steps)}" if max(r.steps) > min(r.steps) else "") + " steps"
+                                     + (f"\n> {cores} cores" if r.world > cores else "") for r in rows], fontsize=8)
+    few = [r for r in rows if not r.enough]
+    over = [r.world for r in rows if r.world > cores]
+    scaling = any(tagged(info, run, "scaling") for run in info)
+    ax.set_title(f"Across rank counts (mean over steps; {'runs tagged scaling' if scaling else 'every run'})"
+                 + (f". Too few to compare (hatched): fewer than {SCALING_MIN_RUNS} runs of "
+                    f"{SCALING_MIN_STEPS}+ steps" if few else "; bars: 95% t-interval over runs")
+                 + (f". {', '.join(map(str, over))} ranks exceed this machine's {cores} cores: they share them"
+                    if over else ""), fontsize=10)
+    ax.set_ylabel("generated tokens / s, summed over ranks")
+    ax.set_ylim(0, max((max(r.run_means + ((r.ci_high,) if r.ci_high else ())) for r in rows), default=1) * 1.15)
+    handles = [Patch(color="tab:blue", alpha=0.8, label="comparable: mean, 95% t-interval")] if len(few) < len(rows) \
+        else []
+    handles += [Patch(facecolor="none", edgecolor="gray", hatch="//", label="too few to compare")] if few else []
+    ax.legend(handles=handles + [ax.scatter([], [], color="black", s=14, label="a run")], fontsize=8,
+              loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
     _style(ax)
 
 

@@ -135,3 +135,55 @@ def test_a_reward_outside_zero_one_keeps_its_band_and_no_worker_means_no_smoothe
     [band] = ax.collections
     lows = band.get_paths()[0].vertices[:, 1]
     assert lows.max() > 4.0 and lows.min() < 0.0  # a t-band over two seeds, not cut to [0, 1]
+
+
+def _tput(runs: dict[str, tuple[int, int]]) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """run -> (ranks, steps): each rank 1000 / ranks tokens/s, a little noise by run."""
+    return {(run, f"n{r}"): [(s, 1000.0 / ranks + (hash(run) % 7) + s % 3) for s in range(steps)]
+            for run, (ranks, steps) in runs.items() for r in range(ranks)}
+
+
+def test_rank_counts_are_compared_only_with_enough_runs_and_steps_and_with_intervals(tmp_path: Path,
+                                                                                   kept: list) -> None:
+    import os
+
+    from areal_metrics.report import RunInfo
+    from areal_metrics.report_figures import SCALING_MIN_STEPS, plot_throughput, scaling_rows
+    from areal_metrics.stats import t_interval
+
+    demo = {"t1": (1, 4), "t2": (2, 4), "t4": (4, 4)}  # the demo's: one 4-step run per rank count
+    info = {r: RunInfo("throughput", w, {"tags": ["scaling"]}) for r, (w, _) in demo.items()}
+    rows = scaling_rows(_tput(demo), info)
+    assert [r.world for r in rows] == [1, 2, 4] and not any(r.enough for r in rows)
+    plot_throughput(_tput(demo), info, tmp_path / "demo.png")
+    ax = kept[-1].axes[1]
+    assert all(bar.get_hatch() == "//" for bar in ax.patches)  # drawn as "too few to compare"
+    assert "Too few to compare" in ax.get_title()
+    if os.cpu_count() and os.cpu_count() < 4:
+        assert "exceed this machine's" in ax.get_title() and "> " in ax.get_xticklabels()[-1].get_text()
+
+    enough = {f"a{w}-{i}": (w, SCALING_MIN_STEPS + 2) for w in (1, 2) for i in range(3)}
+    info = {r: RunInfo("throughput", w, {}) for r, (w, _) in enough.items()}
+    rows = scaling_rows(_tput(enough), info)
+    assert all(r.enough for r in rows)
+    expected = t_interval(list(rows[0].run_means))
+    assert (rows[0].ci_low, rows[0].ci_high) == (expected.ci_low, expected.ci_high)
+    plot_throughput(_tput(enough), info, tmp_path / "enough.png")
+    ax = kept[-1].axes[1]
+    assert [bar.get_hatch() for bar in ax.patches] == [None, None]
+    from matplotlib.container import BarContainer
+
+    bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+    assert len(bars) == 2 and all(c.errorbar is not None for c in bars)  # each with its t-interval
+
+    plot_throughput(_tput({"one": (2, 30)}), {"one": RunInfo("one", 2, {})}, tmp_path / "one.png")
+    assert len(kept[-1].axes) == 1  # one rank count: nothing to compare, no panel
+
+
+def test_the_throughput_legend_is_below_its_panel_not_on_the_data(drawn: dict[str, list[Any]]) -> None:
+    fig = _figure(drawn["demo"], "Throughput")
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert legend.y1 <= ax.get_window_extent(renderer).y0  # under the axes, outside its data area
+    assert len(ax.get_legend().texts) < len(ax.lines)  # runs and node styles, not one entry per line
