@@ -48,6 +48,7 @@ from areal_metrics.report_eval_details import (
     load_consensus_metrics,
     load_errors_by_round,
     load_flips,
+    load_runs_by_round,
     write_what_changed,
 )
 
@@ -331,7 +332,8 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
         written.append(draw.plot_throughput(throughput, info, out_dir / FILES[2]))
     errors = load_errors(store, where)
     if errors:
-        written.append(draw.plot_errors(errors, out_dir / FILES[3], load_errors_by_round(store, where)))
+        written.append(draw.plot_errors(errors, out_dir / FILES[3], load_errors_by_round(store, where),
+                                        load_runs_by_round(store, where)))
     written.append(draw.plot_configs(info, out_dir / FILES[4]))
     if evals:
         written.append(write_what_changed(load_flips(store, where), out_dir / CHANGES_FILE))

@@ -540,10 +540,16 @@ def _scaling_bars(ax: Any, series: dict[tuple[str, str], list[tuple[int, float]]
 # --------------------------------------------------------------- wrong answers
 
 
+FEW_RUNS_SHARE = 0.5  # a round of fewer runs than this share of the fullest round's is drawn faded and hatched
+
+
 def plot_errors(errors: dict[str, dict[str, dict[str, float]]], path: Path,
-                by_round: dict[str, dict[int, dict[str, float]]] | None = None) -> Path:
+                by_round: dict[str, dict[int, dict[str, float]]] | None = None,
+                runs_by_round: dict[str, dict[int, int]] | None = None) -> Path:
     """Wrong answers by error type per run; with `by_round` (dataset -> step -> type -> count) a second row:
-    the same shares per evaluation round, so a trend over training shows."""
+    the same shares per evaluation round, so a trend over training shows. `runs_by_round` (dataset -> step ->
+    runs): each round's bar says how many runs it pools, and a round of fewer than half the fullest round's
+    runs is drawn faded and hatched (it reads as one run's noise, not the trend)."""
     import matplotlib.pyplot as plt
 
     datasets = sorted(errors)
@@ -559,21 +565,33 @@ def plot_errors(errors: dict[str, dict[str, dict[str, float]]], path: Path,
     if by_round:
         for ax, dataset in zip(axes[1], datasets):
             steps = sorted(by_round.get(dataset, {}))
-            _stacked_shares(ax, [by_round[dataset][s] for s in steps], kinds, colors)
-            ax.set_xticks(range(len(steps)), [str(s) for s in steps], fontsize=8)
-            ax.set_xlabel("evaluation round (training step), all runs")
-            ax.set_title(f"{dataset}: error types per round")
-    axes[0][0].legend(fontsize=8, loc="lower left")
-    return _save(fig, path, "Why answers were wrong (full-stage evaluations, the workload's grader)")
+            counts = [(runs_by_round or {}).get(dataset, {}).get(s) for s in steps]
+            most = max((c for c in counts if c), default=0)
+            few = [bool(c) and c < FEW_RUNS_SHARE * most for c in counts]
+            _stacked_shares(ax, [by_round[dataset][s] for s in steps], kinds, colors, few)
+            ax.set_xticks(range(len(steps)), [str(s) + (f"\n{c} run{'s' if c > 1 else ''}" if c else "")
+                                              for s, c in zip(steps, counts)], fontsize=7)
+            ax.set_xlabel("evaluation round (training step) and the runs it pools")
+            ax.set_title(f"{dataset}: error types per round, pooled over runs"
+                         + (f" (faded, hatched: under {FEW_RUNS_SHARE:.0%} of the fullest round's {most} runs)"
+                            if any(few) else ""))
+    handles = axes[0][0].get_legend_handles_labels()[0]  # one entry per error type, below the panels
+    return _save_with_legend(fig, path, handles, "Why answers were wrong (full-stage evaluations, by error type)")
 
 
-def _stacked_shares(ax: Any, groups: Sequence[dict[str, float]], kinds: Sequence[str], colors: dict[str, Any]) -> None:
-    """One bar per group: each error type's share of the group's wrong answers."""
+def _stacked_shares(ax: Any, groups: Sequence[dict[str, float]], kinds: Sequence[str], colors: dict[str, Any],
+                    faded: Sequence[bool] = ()) -> None:
+    """One bar per group: each error type's share of the group's wrong answers; `faded` groups light and hatched."""
     bottoms = [0.0] * len(groups)
     totals = [sum(g.values()) or 1.0 for g in groups]
+    faded = list(faded) or [False] * len(groups)
     for kind in kinds:
         shares = [100 * g.get(kind, 0.0) / t for g, t in zip(groups, totals)]
-        ax.bar(range(len(groups)), shares, bottom=bottoms, color=colors[kind], label=kind)
+        bars = ax.bar(range(len(groups)), shares, bottom=bottoms, color=colors[kind], label=kind)
+        for bar, light in zip(bars, faded):
+            if light:
+                bar.set_alpha(0.35)
+                bar.set_hatch("..")
         bottoms = [b + s for b, s in zip(bottoms, shares)]
     ax.set_ylim(0, 100)
     ax.set_ylabel("share of wrong answers (%)")

@@ -74,7 +74,7 @@ def demo_like() -> list[Event]:
             events += _run(f"demo-{strategy}-s{seed}", strategy, 1, config, 40, level=0.2 + 0.02 * seed,
                            slope=0.004 if turns == 4 else 0.002)
     events += _run("demo-vote", "vote", 3, {"tags": ["demo", "faults"], "seed": 101, "reward_label": DEMO_LABEL},
-                   40, level=0.25, slope=0.003, stale_step=24)
+                   40, level=0.25, slope=0.003, stale_step=24, every=12)  # its own rounds: 12 and 36 hold one run
     events += _run("demo-lr-high", "lr-regression", 1,
                    {"tags": ["demo", "lr-regression"], "seed": 102, "lr": 1e-3, "reward_label": DEMO_LABEL},
                    40, level=0.2, slope=-0.002)

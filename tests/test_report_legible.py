@@ -187,3 +187,16 @@ def test_the_throughput_legend_is_below_its_panel_not_on_the_data(drawn: dict[st
     legend = ax.get_legend().get_window_extent(renderer)
     assert legend.y1 <= ax.get_window_extent(renderer).y0  # under the axes, outside its data area
     assert len(ax.get_legend().texts) < len(ax.lines)  # runs and node styles, not one entry per line
+
+
+def test_the_error_trend_says_how_many_runs_each_round_pools_and_fades_the_thin_rounds(
+        drawn: dict[str, list[Any]]) -> None:
+    fig = _figure(drawn["demo"], "Why answers were wrong")
+    trend = [ax for ax in fig.axes if "error types per round" in ax.get_title()]
+    assert len(trend) == 2
+    for ax in trend:
+        ticks = [t.get_text() for t in ax.get_xticklabels()]
+        # the demo-like runs: 8 runs evaluate at 0, 8, ... 40; the vote run alone at 12 and 36 (and not at 8, 16, ...)
+        assert ticks[:4] == ["0\n8 runs", "8\n7 runs", "12\n1 run", "16\n7 runs"]
+        hatched = {round(bar.get_x() + bar.get_width() / 2) for bar in ax.patches if bar.get_hatch() == ".."}
+        assert hatched == {ticks.index("12\n1 run"), ticks.index("36\n1 run")}
