@@ -372,10 +372,9 @@ def plot_rewards(raw: dict[str, list[tuple[int, float]]], smooth: dict[str, list
         ax_tokens.set_xlabel("generated tokens, summed over ranks")
     for ax in axes:
         _style(ax)
-        if ax.lines:
-            ax.legend(fontsize=8, loc="upper left")
     ax_raw.set_ylabel(reward_label(info, [r for runs in groups.values() for r in runs]))
-    return _save(fig, path, "Reward of the strategies side by side" if grouped else "Reward per run")
+    handles = [line for line in ax_raw.lines if not line.get_label().startswith("_")]  # one legend, below the panels
+    return _save_with_legend(fig, path, handles, "Reward of the strategies side by side" if grouped else "Reward per run")
 
 
 def moving_average_series(points: list[tuple[int, float]], n: int) -> list[tuple[int, float]]:
@@ -618,7 +617,7 @@ def _cell(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-CONFIG_ROWS_MAX, CONFIG_RUNS_MAX, CELL_CHARS = 40, 10, 24  # the table stays readable and its figure bounded
+CONFIG_ROWS_MAX, CONFIG_RUNS_MAX, CELL_CHARS = 40, 12, 24  # the table stays readable and its figure bounded
 
 
 def plot_configs(info: dict[str, Any], path: Path) -> Path:
