@@ -664,7 +664,7 @@ def plot_metric(key: str, series: dict[str, list[tuple[int, float]]], info: dict
             ax.fill_between(steps, lo, hi, color=colors[group], alpha=0.2, lw=0)
         ax.plot(steps, mean, color=colors[group], lw=1.8,
                 label=f"{group} ({len(runs)} runs)" if grouped else group)
-    ax.set_title(f"{key}: mean over ranks per step" + (", mean over each group's runs, band min-max" if grouped else ""))
+    ax.set_title(f"{key}: mean over ranks per step" + (", mean over each group's runs, band 95% t-interval" if grouped else ""))
     ax.set_xlabel("training step")
     ax.set_ylabel(key)
     _style(ax)
