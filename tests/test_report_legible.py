@@ -200,3 +200,23 @@ def test_the_error_trend_says_how_many_runs_each_round_pools_and_fades_the_thin_
         assert ticks[:4] == ["0\n8 runs", "8\n7 runs", "12\n1 run", "16\n7 runs"]
         hatched = {round(bar.get_x() + bar.get_width() / 2) for bar in ax.patches if bar.get_hatch() == ".."}
         assert hatched == {ticks.index("12\n1 run"), ticks.index("36\n1 run")}
+
+
+def test_figure_1_for_nine_runs_draws_a_line_per_group_in_small_multiples_and_no_rotated_text(
+        drawn: dict[str, list[Any]]) -> None:
+    fig = _figure(drawn["demo"], "Evaluation per dataset")
+    groups = {i.group for i in drawn["demo-info"][0].values() if i.group != "throughput"}
+    assert len(groups) == 4  # mt4-grpo and mt2-grpo (3 seeds each), vote, lr-regression: 8 runs that evaluate
+    titles = [ax.get_title() for ax in fig.axes]
+    for family in ("pass@k", "maj@k", "greedy accuracy", "mean response length", "full-stage accuracy"):
+        assert sum(family in t for t in titles) == 2, family  # a panel per dataset, one family each
+    for ax in fig.axes:
+        data = [line for line in ax.lines if len(set(line.get_xdata())) > 1  # not the scale_lr verticals
+                and line.get_linestyle() not in ("None", "")]  # nor the error bars' caps
+        assert len(data) <= len(groups), ax.get_title()
+        assert len({tuple(line.get_color()) if not isinstance(line.get_color(), str) else line.get_color()
+                    for line in data}) == len(data)  # one colour per group in a panel: no style to tell apart
+        assert all(t.get_rotation() == 0 for t in ax.texts)
+    accuracy = next(ax for ax in fig.axes if "full-stage accuracy" in ax.get_title())
+    assert len(accuracy.collections) >= 2  # the bands of the two 3-seed groups (fill_between)
+    assert any(t.get_text() == "scale_lr x0.1, weights of step 8" for t in accuracy.texts)
