@@ -2,21 +2,24 @@
 
 `write_report(out_dir, runs=None, store=None)` writes (report_figures.py draws them)
 
-- `accuracy_response_length.png` (figure 1): per evaluation dataset, the
-  full-stage accuracy (cross-node consensus) with its 95 % interval as error
-  bars (the consensus's `ci_low`/`ci_high`, else Wilson from its sample count)
-  and the mean response length over training steps, one line per run; stale
-  (degraded) and partial rounds marked;
-- `reward.png` (figure 2): reward per run, raw (mean over ranks) and smoothed;
-  with `grouped` (`report --group`), per strategy (the runs' group, e.g.
-  mt4-grpo) the mean over its runs (seeds) and its 95 % t-interval over the
-  runs as the band;
+- `accuracy_response_length.png` (figure 1): small multiples, a column per evaluation
+  dataset: the full-stage accuracy (cross-node consensus, else the nodes' own results)
+  with each round's 95 % interval as error bars (the consensus's `ci_low`/`ci_high`, else
+  Wilson from its sample count), one line per run, or with `grouped` one per group (the
+  mean of its runs, their 95 % t-interval as the band); the mean response length in a
+  row of its own when logged; stale (degraded) and partial rounds marked;
+- `reward.png` (figure 2): reward per run, raw (mean over ranks) and smoothed (when the
+  stream worker stored it); with `grouped` (`report --group`), per strategy (the runs'
+  group, e.g. mt4-grpo) the mean over its runs (seeds) and its 95 % t-interval over the
+  runs as the band; the axis reads the runs' `config.reward_label`, else "reward (as logged)";
 - `throughput.png` (figure 3): generated tokens per second (the policy's own
-  tokens, not prompts, feedback or padding) per run and node over steps, and
-  the total across the ranks of runs with 1, 2 and 4 ranks;
+  tokens, not prompts, feedback or padding) per run and node over steps, and, with two
+  or more rank counts, the total across the ranks by rank count: compared (a 95 %
+  t-interval over runs) only with 2+ runs of 10+ steps per rank count;
 - `errors.png`: the wrong answers of the full-stage evaluations by error type
   (the workload's grader, per skill: areal_metrics.areal_train.grader), per dataset
-  and run, and per evaluation round over all runs (the trend over training);
+  and run, and per evaluation round over all runs (the trend over training; each round
+  says how many runs it pools);
 - `config.png`: the compared runs' configs side by side (the settings that
   differ, and the strategy, seed and rank count), from the `runs` table;
 - `metric-<key>.png` for each `metrics=` key (`report --metric KEY`): any value a
@@ -24,8 +27,8 @@
 - `what_changed.md` (when runs evaluated): the shown prompts whose verdict flipped between
   a run's first and last round (areal_metrics.report_eval_details).
 
-`eval_details=True` (`report --eval-details`) adds a row to figure 1: pass@K, maj@K and
-greedy accuracy of each round's consensus (`eval_consensus.metrics`).
+`eval_details=True` (`report --eval-details`) adds rows to figure 1, one per metric family:
+pass@K, maj@K and greedy accuracy of each round's consensus (`eval_consensus.metrics`).
 
 Reads deduplicated rows (the `v_*` views) through `areal_metrics.sinks.query.connect`, like
 every reader, in the configured database (table names are unqualified: the
@@ -48,6 +51,7 @@ from areal_metrics.report_eval_details import (
     load_consensus_metrics,
     load_errors_by_round,
     load_flips,
+    load_runs_by_round,
     write_what_changed,
 )
 
@@ -339,7 +343,7 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
     if evals:
         details = load_consensus_metrics(store, where) if eval_details else None
         written.append(draw.plot_evals(evals, out_dir / FILES[0], details, load_lr_cuts(store, where),
-                                       load_lr_applied(store, where)))
+                                       info, grouped=grouped, lr_applied=load_lr_applied(store, where)))
     if raw:  # a run may log evaluations and other metrics without a reward (AReaL's names, say)
         written.append(draw.plot_rewards(raw, smooth, info, out_dir / FILES[1], grouped=grouped,
                                          tokens=load_generated_tokens(store, where)))
@@ -348,7 +352,8 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
         written.append(draw.plot_throughput(throughput, info, out_dir / FILES[2]))
     errors = load_errors(store, where)
     if errors:
-        written.append(draw.plot_errors(errors, out_dir / FILES[3], load_errors_by_round(store, where)))
+        written.append(draw.plot_errors(errors, out_dir / FILES[3], load_errors_by_round(store, where),
+                                        load_runs_by_round(store, where)))
     written.append(draw.plot_configs(info, out_dir / FILES[4]))
     if evals:
         written.append(write_what_changed(load_flips(store, where), out_dir / CHANGES_FILE))

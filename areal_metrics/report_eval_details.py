@@ -46,6 +46,17 @@ def load_errors_by_round(store: Any, where: str) -> dict[str, dict[int, dict[str
     return out
 
 
+def load_runs_by_round(store: Any, where: str) -> dict[str, dict[int, int]]:
+    """dataset -> step -> how many runs evaluated a full stage at that step (what each round of the trend pools)."""
+    out: dict[str, dict[int, int]] = defaultdict(dict)
+    for dataset, step, runs in store.query(f"""
+            SELECT dataset, step, uniqExact(run_id) FROM v_evals
+            WHERE {where} AND status = 'ok' AND stage = 'full'
+            GROUP BY dataset, step""").rows:
+        out[dataset][int(step)] = int(runs)
+    return out
+
+
 @dataclass(frozen=True)
 class Flip:
     run: str

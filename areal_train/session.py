@@ -49,6 +49,8 @@ log = logging.getLogger("areal_train")
 # Rounds whose weights a rollback may restore. The loop names the latest round shown good, which a
 # slide through rounds neither good nor cut puts 2-4 rounds back (tests/loop_simulation.py).
 KEPT_ROUNDS = 5
+# what this workload's reward is (episodes.py): the report's reward axis reads the run config's `reward_label`
+REWARD_LABEL = "reward (right answers, discounted per extra attempt)"
 
 
 def checkpoint_root(cfg: TrainConfig) -> Path:
@@ -209,6 +211,7 @@ class Session:
         """The config the run event carries: the settings, the strategy and what the trainer decided."""
         interval = self.eval_schedule.every_steps  # the stream worker's base interval (CONTRACT.md additions)
         return {**self.cfg.to_dict(), "strategy": self.cfg.strategy, "steps": steps, "total_steps": steps,
+                "reward_label": REWARD_LABEL,
                 "n_parameters": self.policy.n_parameters(),
                 **({"eval_interval_steps": interval} if interval else {}),
                 "resumed_from_step": self.start_step if self.attempt else None,

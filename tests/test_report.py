@@ -309,7 +309,7 @@ def test_the_scale_lr_the_trainers_applied_is_marked_at_its_step_on_figure_1(
     missing = SimpleNamespace(query=lambda sql, *a, **k: (_ for _ in ()).throw(RuntimeError("no v_command_acks")))
     assert load_lr_applied(missing, "1") == {}  # a store older than schema 8
     plot_evals(load_evals(store[0], "run_id = 'wl-mt4-s1'"), tmp_path / "f.png", None, None,
-               load_lr_applied(acks, "1"))
+               lr_applied=load_lr_applied(acks, "1"))
     figure = next(f for f in kept if f.axes and "full-stage accuracy" in f.axes[0].get_title())
     marks = [line for line in figure.axes[0].lines if line.get_marker() == "^"]
     assert len(marks) == 1 and list(marks[0].get_xdata()) == [12, 20]
