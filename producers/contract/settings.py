@@ -205,6 +205,12 @@ class Settings:
                                      default_doc="`$XDG_CACHE_HOME/areal-metrics/kafka-<version>`")
     grafana_clickhouse_url: str | None = setting("AREAL_GRAFANA_CLICKHOUSE_URL", None, "ClickHouse as Grafana "
                                                  "reaches it, for `grafana provision`", readers="stack")
+    grafana_alert_webhook: str | None = setting("AREAL_GRAFANA_ALERT_WEBHOOK", None, "the URL Grafana's alert "
+                                                "rules post to (a webhook contact point), for `grafana provision`",
+                                                readers="stack", secret=True)
+    grafana_stall_minutes: float = setting("AREAL_GRAFANA_STALL_MINUTES", 10.0, "Grafana's stall rule: a running "
+                                           "run without a step for this many minutes fires it, for `grafana "
+                                           "provision`", kind="float", ge=1, le=1440, readers="stack")
     cache_dir: str | None = setting("AREAL_CACHE_DIR", None, "the trainer's cache (warm starts)", kind="path",
                                     readers="trainer", default_doc="`~/.cache/areal-metrics`")
     bench_profile_dir: str | None = setting("AREAL_BENCH_PROFILE_DIR", None, "write the services' CPU profiles "
