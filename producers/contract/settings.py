@@ -37,6 +37,9 @@ READERS = ("client", "worker", "sink", "stack", "trainer", "benchmarks")
 # The SASL mechanisms the clients (kafka-python, aiokafka, librdkafka) and the local broker share;
 # lower case, as `kind="choice"` settings are read.
 SASL_MECHANISMS = ("plain", "scram-sha-256", "scram-sha-512")
+# Producer compression codecs Kafka knows; librdkafka (confluent-kafka) has them all built in,
+# kafka-python gzip from the standard library and the others from optional packages.
+KAFKA_COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
 def setting(env: str, default: Any, doc: str, *, kind: str = "str", ge: float | None = None,
@@ -107,6 +110,12 @@ class Settings:
     kafka_bootstrap: str = setting("AREAL_KAFKA_BOOTSTRAP", "", "Kafka bootstrap servers, comma-separated",
                                    readers="client worker sink stack trainer benchmarks",
                                    default_doc=f"the broker `areal-metrics up` recorded, else `{DEFAULT_BOOTSTRAP}`")
+    kafka_compression: str = setting("AREAL_KAFKA_COMPRESSION", "none", "compression of the batches the client "
+                                     "publishes (the broker stores them so). Every reader must decode it: gzip "
+                                     "needs no package anywhere; snappy, lz4 and zstd need cramjam in the stream "
+                                     "worker (aiokafka) and python-snappy, lz4 or zstandard in the sink and CLI "
+                                     "(kafka-python) and in a kafka-python publisher (confluent-kafka has them)", kind="choice",
+                                     choices=KAFKA_COMPRESSIONS, readers="client trainer benchmarks")
     clickhouse_url: str = setting("AREAL_CLICKHOUSE_URL", "", "the store: `chdb:///path` (embedded) or "
                                   "`http://user:pass@host:8123/db` (a server)", readers="sink stack",
                                   default_doc="the store `up` recorded, else `chdb://$AREAL_HOME/clickhouse`")
