@@ -203,10 +203,21 @@ def alerting_document(folder: str, folder_uid: str, stall_minutes: float = DEFAU
                     "rules": rule_docs}],
     }
     if webhook:
-        point = contact_point(webhook)
-        doc["contactPoints"] = [{
-            "orgId": ORG_ID,
-            "name": CONTACT_POINT_NAME,
-            "receivers": [{k: v for k, v in point.items() if k != "name"}],
-        }]
+        doc["contactPoints"] = _contact_points(webhook)
     return doc
+
+
+def _contact_points(webhook: str) -> list[dict[str, Any]]:
+    point = contact_point(webhook)
+    return [{"orgId": ORG_ID, "name": CONTACT_POINT_NAME, "receivers": [{k: v for k, v in point.items() if k != "name"}]}]
+
+
+def webhook_document(webhook: str) -> dict[str, Any]:
+    """A provisioning file for a Grafana of its own (the Helm chart's): the webhook contact point and
+    a notification policy tree that sends every alert to it (it replaces the tree of that Grafana)."""
+    return {
+        "apiVersion": 1,
+        "contactPoints": _contact_points(webhook),
+        "policies": [{"orgId": ORG_ID, "receiver": CONTACT_POINT_NAME,
+                      "group_by": ["grafana_folder", "alertname", "run_id"]}],
+    }
