@@ -16,6 +16,10 @@ One definition, two deliveries:
   provision --files DIR`); the datasource file then holds a password and is
   written with mode 0600.
 
+The alert rules (areal_metrics.grafana.alerting) go out the same two ways: the
+file provisioning/alerting/areal.yaml, and `push` PUTs the rule group (and, with a
+webhook, creates or updates the contact point the rules notify).
+
 `python -m areal_metrics.grafana` writes the files; a test keeps the
 committed ones equal to what this module renders.
 """
