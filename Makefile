@@ -19,6 +19,11 @@ PIP    := PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip
 # against the stack's); what their modules import comes with the `integrations`
 # extra. See docs/INTEGRATIONS.md.
 NO_DEPS := areal==1.0.4 verl==0.9.1 swanlab==0.10.3 trackio==0.43.0
+# helm, for tests/test_helm_chart.py: built from its Go module into the venv's bin, once per
+# version (Go from PATH or /usr/local/go; GOTOOLCHAIN=auto fetches a newer Go if the module needs one).
+HELM_VERSION ?= v4.3.2
+HELM_STAMP   := $(VENV)/.helm-$(HELM_VERSION)
+GO           ?= $(shell command -v go || echo /usr/local/go/bin/go)
 
 .PHONY: install demo test bench clean-state fault-soak
 
@@ -41,12 +46,17 @@ $(STAMP): $(DEMO_STAMP)
 	@$(VENV)/bin/pyright --version >/dev/null  # fetches pyright's own package once, at install rather than in a test
 	@touch $(STAMP)
 
+$(HELM_STAMP): | $(STAMP)  # order-only: a new package list does not rebuild helm
+	@test -x "$(GO)" || { echo "Go is needed to build helm for the chart's tests (https://go.dev/dl)"; exit 2; }
+	GOBIN=$(abspath $(VENV))/bin GOTOOLCHAIN=auto $(GO) install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)
+	touch $(HELM_STAMP)
+
 install: $(STAMP)
 
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/areal-metrics demo
 
-test: $(STAMP)
+test: $(STAMP) $(HELM_STAMP)
 	$(PY) -m pytest -q -rs
 
 # The fault tests, SOAK_N times in fresh pytest sessions (a new broker each time), to

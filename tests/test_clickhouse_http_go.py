@@ -284,3 +284,29 @@ def test_with_the_stack_running_the_status_dsn_reads_steps_and_cannot_create(chg
     finally:
         down = cli("down", env=env)
         assert down.returncode == 0, down.stderr
+
+
+def test_every_alert_rules_query_reads_the_same_through_clickhouse_go(chgo: Path, served: Served,
+                                                                       tmp_path: Path) -> None:
+    """Grafana's alert rules (areal_metrics.grafana.alerting) as the plugin's backend runs them for the
+    alerting engine: macros expanded over the recorded run's span, no dashboard variables."""
+    from areal_metrics.grafana import alerting
+    from areal_metrics.grafana.macros import expand_macros
+
+    start, end = fixture_span(fixture_events())
+    ctx = context_for(start - timedelta(minutes=5), end + timedelta(minutes=5))
+    queries = [{"name": rule.uid, "sql": expand_macros(rule.sql, ctx)} for rule in alerting.rules()]
+    assert all("$" not in q["sql"] for q in queries)
+    store = reader_store(served)
+    try:
+        expected = {q["name"]: store.query(q["sql"]) for q in queries}
+    finally:
+        store.close()
+    results = run_go(chgo, served.server.dsn(), queries, tmp_path)
+    problems = {q["name"]: found for q, go in zip(queries, results)
+                if (found := differences(go, expected[q["name"]].columns, expected[q["name"]].rows))}
+    assert not problems, problems
+    assert all(r["columns"][0] == "run_id" for r in results if r["rows"])
+    # the recorded run raised eval_below_threshold alerts: that rule reads them through the driver too
+    (evals,) = [r for q, r in zip(queries, results) if q["name"] == "areal-eval-below-threshold"]
+    assert evals["rows"]

@@ -44,8 +44,12 @@ def test_start_order_waits_for_health(compose: dict[str, Any]) -> None:
 
 def test_grafana_gets_the_plugin_provisioning_and_datasource_environment(compose: dict[str, Any]) -> None:
     grafana = compose["services"]["grafana"]
-    assert grafana["image"].startswith("grafana/grafana:11.")
-    assert grafana["environment"]["GF_INSTALL_PLUGINS"] == f"{PLUGIN_ID} {PLUGIN_VERSION}"
+    # the plugin is baked into our image at its pinned version: nothing is installed at start (air-gapped)
+    assert grafana["build"]["dockerfile"] == "docker/grafana/Dockerfile"
+    assert "GF_INSTALL_PLUGINS" not in grafana["environment"]
+    dockerfile = (ROOT / "docker" / "grafana" / "Dockerfile").read_text()
+    assert "ARG GRAFANA_VERSION=11." in dockerfile and f"ARG CLICKHOUSE_PLUGIN_VERSION={PLUGIN_VERSION}" in dockerfile
+    assert f"plugins install {PLUGIN_ID} " in dockerfile
     mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"] if v.startswith("./")}
     assert mounts["/etc/grafana/provisioning"] == "./grafana/provisioning"
     assert mounts[CONTAINER_DASHBOARDS] == "./grafana/dashboards"
@@ -117,3 +121,16 @@ def test_grafana_reads_clickhouse_as_a_read_only_user(compose: dict[str, Any]) -
     assert "SETTINGS readonly = 2" in init
     grants = [line for line in init.splitlines() if line.startswith("GRANT")]
     assert grants == ["GRANT SELECT ON ${CLICKHOUSE_DB}.* TO ${GRAFANA_CH_USER};"]
+
+
+def test_clickhouse_listens_on_this_host_only_with_passwords_from_the_environment(compose: dict[str, Any]) -> None:
+    clickhouse = compose["services"]["clickhouse"]
+    assert clickhouse["ports"] and all(p.startswith("127.0.0.1:") for p in clickhouse["ports"])
+    text = (ROOT / "compose.yaml").read_text()
+    # `${VAR:?message}`: compose refuses to start without the variable; no default password anywhere
+    assert clickhouse["environment"]["CLICKHOUSE_PASSWORD"].startswith("${AREAL_CH_PASSWORD:?")
+    assert clickhouse["environment"]["GRAFANA_CH_PASSWORD"].startswith("${GRAFANA_CH_PASSWORD:?")
+    assert compose["services"]["grafana"]["environment"]["CLICKHOUSE_PASSWORD"].startswith("${GRAFANA_CH_PASSWORD:?")
+    for name in ("streams", "sink"):
+        assert ":${AREAL_CH_PASSWORD:?" in compose["services"][name]["environment"]["AREAL_CLICKHOUSE_URL"]
+    assert "CH_PASSWORD:-" not in text and ":areal@" not in text

@@ -17,6 +17,7 @@ from areal_metrics.grafana.provision import (
     ENV,
     FOLDER_UID,
     ClickHouseServer,
+    alerting_file,
     datasource,
     datasource_file,
     provider_file,
@@ -117,6 +118,7 @@ def test_issue_requirements_are_in_the_dashboards() -> None:
 def test_provisioning_files_are_generated_and_committed() -> None:
     assert (PROVISIONING / "datasources" / "clickhouse.yaml").read_text() == datasource_file()
     assert (PROVISIONING / "dashboards" / "areal.yaml").read_text() == provider_file()
+    assert (PROVISIONING / "alerting" / "areal.yaml").read_text() == alerting_file()
 
 
 def test_provisioned_datasource_is_the_one_dashboards_reference() -> None:
@@ -170,6 +172,7 @@ class _RecordingGrafana:
                 return call
 
         self.datasource, self.folder, self.dashboard = Part("datasource"), Part("folder"), Part("dashboard")
+        self.alertingprovisioning = Part("alertingprovisioning")
 
 
 def test_push_creates_then_updates() -> None:

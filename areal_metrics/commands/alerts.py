@@ -10,14 +10,25 @@ again; none is skipped).
 With `--webhook URL` each alert the flags select is also POSTed to URL
 (`areal_metrics.commands.webhook`), and each alert's offset is committed as soon
 as the receiver accepted it, in a durable group (one per URL unless `--group`).
+
+SIGTERM (a service manager's stop, `kill`) ends the subscriber like Ctrl-C: it leaves its
+consumer group on the way out, so a subscriber started again at once with the same group is
+given the partitions at once instead of waiting for the old member's session to expire.
+`--timeout` bounds every wait of the loop (a poll, a commit during a rebalance, a webhook's
+retries); a commit that cannot finish in time is given up (those alerts may be printed or
+posted again after a restart, none is skipped).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from areal_metrics.producers.contract.events import ALERT_KINDS, SEVERITIES, AlertEvent, ValidationError, parse_event
@@ -73,27 +84,86 @@ def run(args: argparse.Namespace) -> int:
         poster = webhook.Poster(webhook.check_url(args.webhook))
         args.group = args.group or webhook.group_for(args.webhook)
     settings = Settings.from_env()
-    consumer = _connect(settings, args)
+    try:
+        with _sigterm_raises():
+            consumer = _connect(settings, args)
+            try:
+                return _follow(consumer, args, poster)
+            finally:
+                consumer.close(autocommit=False, timeout_ms=CLOSE_TIMEOUT_MS)  # leaves the group
+    except Terminated:
+        return 128 + signal.SIGTERM
+
+
+POLL_MS = 1000
+COMMIT_TIMEOUT_MS = 30_000  # without --timeout: a commit that waits longer is given up, the loop goes on
+COMMIT_GRACE_MS = 2000  # what a commit may take even at --timeout's deadline (the batch just printed)
+CLOSE_TIMEOUT_MS = 3000
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: unwind so that the consumer is closed and leaves its group."""
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """While in the block, SIGTERM raises Terminated (once: a second SIGTERM kills at once)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _left_ms(deadline: float | None, cap: int) -> int:
+    """Milliseconds a wait may take: `cap`, or less when --timeout's deadline is nearer."""
+    if deadline is None:
+        return cap
+    return max(0, min(cap, int((deadline - time.monotonic()) * 1000)))
+
+
+def _follow(consumer: Any, args: argparse.Namespace, poster: webhook.Poster | None) -> int:
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     idle_rounds = 0
+    while True:
+        batches = consumer.poll(timeout_ms=_left_ms(deadline, POLL_MS))
+        for message in (m for records in batches.values() for m in records):
+            alert = _print_if_wanted(message, args)
+            if poster is not None:
+                if alert is not None:
+                    poster.post(alert, deadline)
+                _commit(consumer, deadline, message)  # right after the receiver took it: never posted twice
+        if batches and args.group and poster is None:
+            _commit(consumer, deadline)  # after the batch is printed: a restart resumes after it
+        idle_rounds = 0 if batches else idle_rounds + 1
+        if deadline is not None and time.monotonic() >= deadline:
+            return 0
+        if not args.follow and idle_rounds >= 2:  # caught up with the log
+            return 0
+
+
+def _commit(consumer: Any, deadline: float | None, message: Any = None) -> None:
+    """Commit the consumed positions (or just past `message`), waiting no longer than --timeout allows."""
+    from kafka import TopicPartition
+    from kafka.errors import KafkaError
+    from kafka.structs import OffsetAndMetadata
+
+    offsets = None
+    if message is not None:
+        offsets = {TopicPartition(message.topic, message.partition): OffsetAndMetadata(message.offset + 1, "", -1)}
     try:
-        while True:
-            batches = consumer.poll(timeout_ms=1000)
-            for message in (m for records in batches.values() for m in records):
-                alert = _print_if_wanted(message, args)
-                if poster is not None:
-                    if alert is not None:
-                        poster.post(alert, deadline)
-                    _commit_one(consumer, message)  # right after the receiver took it: never posted twice
-            if batches and args.group:
-                consumer.commit()  # after the batch is printed: a restart resumes after it
-            idle_rounds = 0 if batches else idle_rounds + 1
-            if deadline is not None and time.monotonic() > deadline:
-                return 0
-            if not args.follow and idle_rounds >= 2:  # caught up with the log
-                return 0
-    finally:
-        consumer.close(autocommit=False)
+        consumer.commit(offsets, timeout_ms=max(COMMIT_GRACE_MS, _left_ms(deadline, COMMIT_TIMEOUT_MS)))
+    except KafkaError as exc:  # a rebalance took the partitions, or the coordinator is away: redelivered later
+        print(f"could not commit the group's position ({type(exc).__name__}): "
+              "a restart may print these alerts again", file=sys.stderr)
 
 
 def _print_if_wanted(message: Any, args: argparse.Namespace) -> AlertEvent | None:
@@ -108,13 +178,6 @@ def _print_if_wanted(message: Any, args: argparse.Namespace) -> AlertEvent | Non
         print(json.dumps(alert.to_dict()), flush=True)
         return alert
     return None
-
-
-def _commit_one(consumer: Any, message: Any) -> None:
-    from kafka import TopicPartition
-    from kafka.structs import OffsetAndMetadata
-
-    consumer.commit({TopicPartition(message.topic, message.partition): OffsetAndMetadata(message.offset + 1, "", -1)})
 
 
 def _connect(settings: Settings, args: argparse.Namespace) -> Any:

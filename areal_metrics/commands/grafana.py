@@ -1,7 +1,9 @@
 """`areal-metrics grafana ACTION`: the dashboards as code.
 
-- `provision --url URL --token TOKEN [--clickhouse-url URL]`: push the ClickHouse
-  datasource (uid areal-clickhouse) and every dashboard to a running Grafana;
+- `provision --url URL --token TOKEN [--clickhouse-url URL] [--webhook URL]`: push the ClickHouse
+  datasource (uid areal-clickhouse), every dashboard and the alert rules (NaN, stall, evaluation
+  below threshold, node divergence, poison messages; with --webhook, a webhook contact point they
+  notify) to a running Grafana;
   `provision --files DIR`: write them as a provisioning folder instead (for a
   Grafana on this machine: `GF_PATHS_PROVISIONING=DIR grafana server`).
   ClickHouse defaults to the configured server, or, for the embedded store, the
@@ -49,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
         f"(default: ${CLICKHOUSE_URL_ENV}, else AREAL_CLICKHOUSE_URL when it is a server, else the running "
         "sink's endpoint of the embedded store)",
     )
+    provision.add_argument("--webhook", default=None, metavar="URL",
+                           help="the URL the alert rules notify (a webhook contact point; default: "
+                           "$AREAL_GRAFANA_ALERT_WEBHOOK, else Grafana's default notification policy)")
+    provision.add_argument("--stall-minutes", type=float, default=None, metavar="N",
+                           help="the stall rule fires for a running run without a step for N minutes "
+                           "(default: $AREAL_GRAFANA_STALL_MINUTES, else 10)")
     provision.add_argument("--timeout", type=float, default=10.0, help="seconds per HTTP request (default: 10)")
 
     generate = actions.add_parser("generate", help="write the dashboards' JSON and the provisioning files")
@@ -102,14 +110,20 @@ def _provision(args: argparse.Namespace) -> int:
         server = ClickHouseServer.parse(_clickhouse_for_grafana(args.clickhouse_url))
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    webhook = args.webhook if args.webhook is not None else read_setting("grafana_alert_webhook")
+    if webhook and not webhook.startswith(("http://", "https://")):
+        raise UserError(f"--webhook {mask_url(webhook)!r}: expected http(s)://host/path")
+    stall = args.stall_minutes if args.stall_minutes is not None else read_setting("grafana_stall_minutes")
+    if not 1 <= stall <= 1440:
+        raise UserError(f"--stall-minutes {stall:g}: expected a number of minutes from 1 to 1440")
     if args.files is not None:
-        return _provision_files(args.files, server)
+        return _provision_files(args.files, server, webhook, stall)
     if not args.url.startswith(("http://", "https://")):
         raise UserError(f"--url {args.url!r}: expected http(s)://host:port")
     api = GrafanaApi.from_url(args.url, credential=args.token or None, timeout=args.timeout)
     where = mask_url(args.url)
     try:
-        pushed = push(api, server)
+        pushed = push(api, server, webhook=webhook or None, stall_minutes=stall)
     except GrafanaException as exc:
         said = f"{exc.status_code} {' '.join(str(exc.message).split())[:300]}"
         if exc.status_code is not None and exc.status_code >= 500:  # Grafana is there but failing: a service error
@@ -118,16 +132,20 @@ def _provision(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - connection refused, DNS, TLS: unreachable, exit 1
         raise ServiceUnavailable(f"cannot reach Grafana at {where}: {' '.join(str(exc).split())[:300]}") from None
     print(f"datasource {pushed.datasource} (uid areal-clickhouse -> {server.protocol}://{server.host}:{server.port}); "
-          f"folder {pushed.folder}; dashboards: {', '.join(pushed.dashboards)}")
+          f"folder {pushed.folder}; dashboards: {', '.join(pushed.dashboards)}; alert rules: "
+          f"{', '.join(pushed.alert_rules)}; "
+          + (f"webhook contact point {pushed.contact_point}" if pushed.contact_point
+             else "no webhook (--webhook URL): rules notify Grafana's default policy"))
     return 0
 
 
-def _provision_files(directory: Path, server: ClickHouseServer) -> int:
+def _provision_files(directory: Path, server: ClickHouseServer, webhook: str | None, stall: float) -> int:
     from areal_metrics.grafana.catalog import write_all
     from areal_metrics.grafana.provision import write_provisioning
 
     dashboards = (directory / "dashboards" / "areal").absolute()
-    written = write_all(dashboards) + write_provisioning(directory, server, str(dashboards))
+    written = write_all(dashboards) + write_provisioning(directory, server, str(dashboards), webhook=webhook or None,
+                                                         stall_minutes=stall)
     for path in written:
         print(path)
     print(f"datasource uid areal-clickhouse -> {server.protocol}://{server.host}:{server.port}; "

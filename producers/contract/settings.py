@@ -40,6 +40,9 @@ READERS = ("client", "worker", "sink", "stack", "trainer", "benchmarks")
 # The SASL mechanisms the clients (kafka-python, aiokafka, librdkafka) and the local broker share;
 # lower case, as `kind="choice"` settings are read.
 SASL_MECHANISMS = ("plain", "scram-sha-256", "scram-sha-512")
+# Producer compression codecs Kafka knows; librdkafka (confluent-kafka) has them all built in,
+# kafka-python gzip from the standard library and the others from optional packages.
+KAFKA_COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
 def setting(env: str, default: Any, doc: str, *, kind: str = "str", ge: float | None = None,
@@ -157,6 +160,12 @@ class Settings:
     kafka_bootstrap: str = setting("AREAL_KAFKA_BOOTSTRAP", "", "Kafka bootstrap servers: host:port, "
                                    "comma-separated (no scheme)", kind="hostports", readers="client worker sink stack trainer benchmarks",
                                    default_doc=f"the broker `areal-metrics up` recorded, else `{DEFAULT_BOOTSTRAP}`")
+    kafka_compression: str = setting("AREAL_KAFKA_COMPRESSION", "none", "compression of the batches the client "
+                                     "publishes (the broker stores them so). Every reader must decode it: gzip "
+                                     "needs no package anywhere; snappy, lz4 and zstd need cramjam in the stream "
+                                     "worker (aiokafka) and python-snappy, lz4 or zstandard in the sink and CLI "
+                                     "(kafka-python) and in a kafka-python publisher (confluent-kafka has them)", kind="choice",
+                                     choices=KAFKA_COMPRESSIONS, readers="client trainer benchmarks")
     clickhouse_url: str = setting("AREAL_CLICKHOUSE_URL", "", "the store: `chdb:///path` (embedded) or "
                                   "`http://user:pass@host:8123/db` (a server)", readers="sink stack",
                                   default_doc="the store `up` recorded, else `chdb://$AREAL_HOME/clickhouse`")
@@ -282,6 +291,12 @@ class Settings:
                                      default_doc="`$XDG_CACHE_HOME/areal-metrics/kafka-<version>`")
     grafana_clickhouse_url: str | None = setting("AREAL_GRAFANA_CLICKHOUSE_URL", None, "ClickHouse as Grafana "
                                                  "reaches it, for `grafana provision`", readers="stack")
+    grafana_alert_webhook: str | None = setting("AREAL_GRAFANA_ALERT_WEBHOOK", None, "the URL Grafana's alert "
+                                                "rules post to (a webhook contact point), for `grafana provision`",
+                                                readers="stack", secret=True)
+    grafana_stall_minutes: float = setting("AREAL_GRAFANA_STALL_MINUTES", 10.0, "Grafana's stall rule: a running "
+                                           "run without a step for this many minutes fires it, for `grafana "
+                                           "provision`", kind="float", ge=1, le=1440, readers="stack")
     cache_dir: str | None = setting("AREAL_CACHE_DIR", None, "the trainer's cache (warm starts)", kind="path",
                                     readers="trainer", default_doc="`~/.cache/areal-metrics`")
     bench_profile_dir: str | None = setting("AREAL_BENCH_PROFILE_DIR", None, "write the services' CPU profiles "

@@ -92,7 +92,27 @@ _RD_NAMES = {
     "linger_ms": "linger.ms",
     "acks": "acks",
     "enable_idempotence": "enable.idempotence",
+    "compression_type": "compression.type",
 }
+
+# kafka-python's codec -> (its availability check in kafka.codec, the package that brings it)
+_KAFKA_PYTHON_CODECS = {"gzip": ("has_gzip", "none: the standard library"), "snappy": ("has_snappy", "python-snappy"),
+                        "lz4": ("has_lz4", "lz4"), "zstd": ("has_zstd", "zstandard")}
+
+
+def compression_problem(codec: str | None, client: str = "auto") -> str | None:
+    """Why the producer `client` would pick cannot compress with `codec` here; None when it can."""
+    if codec is None or codec == "none":
+        return None
+    if client != "kafka-python" and _confluent_available():
+        return None  # librdkafka: every codec built in
+    import kafka.codec
+
+    check, package = _KAFKA_PYTHON_CODECS[codec]
+    if getattr(kafka.codec, check)():
+        return None
+    return (f"kafka-python cannot compress with {codec} without the {package} package: "
+            f"pip install {package}, or confluent-kafka (pip install 'areal-metrics[fast]'), or choose gzip")
 
 
 def librdkafka_config(config: dict[str, Any]) -> dict[str, Any] | None:

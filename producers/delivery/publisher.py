@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 from areal_metrics.producers.delivery import backends as delivery
 from areal_metrics.producers.runtime.backoff import Backoff
+from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.producers.contract.events import Event
 from areal_metrics.producers.delivery.journal import Journal, open_journal
 from areal_metrics.producers.contract.settings import Settings, state_dir, read_setting
@@ -103,6 +104,10 @@ class Publisher:
         self._delivery_timeout_s = delivery_timeout_s
         self._stall_s = stall_s  # oldest message unacknowledged this long: the broker is away
         self._kafka_config = {"bootstrap_servers": bootstrap.split(","), **(kafka_config or {})}
+        codec = self._kafka_config.get("compression_type")
+        problem = delivery.compression_problem(codec, kafka_client)
+        if problem is not None:  # before anything is opened: a misconfiguration stops here, in one line
+            raise ConfigError(f"AREAL_KAFKA_COMPRESSION={codec}: {problem}")
         self._journal = open_journal(Path(journal_dir or state_dir() / "journal" / "default"), fsync=fsync_journal)
         self._queue: collections.deque[Event | Outgoing] = collections.deque()
         self._in_flight: collections.deque[_InFlight] = collections.deque()
@@ -138,6 +143,8 @@ class Publisher:
         config = settings.kafka_python_config()
         bootstrap = ",".join(config.pop("bootstrap_servers"))  # type: ignore[arg-type]
         kw.setdefault("kafka_client", settings.kafka_client)
+        if settings.kafka_compression != "none":  # a producer's setting: kafka_python_config serves consumers too
+            config["compression_type"] = settings.kafka_compression
         return cls(bootstrap, settings.topics, journal_dir, kafka_config=config, **kw)
 
     # ------------------------------------------------------------ caller side
