@@ -127,3 +127,31 @@ def test_the_limits_are_settings_with_documented_defaults(monkeypatch: pytest.Mo
     monkeypatch.setenv("AREAL_HTTP_QUERY_MEMORY_BYTES", "0")
     with pytest.raises(ConfigError, match="AREAL_HTTP_QUERY_MEMORY_BYTES='0'"):
         Settings.from_env()
+
+
+def test_a_live_clients_query_is_never_killed_when_its_socket_is_past_descriptor_1023(tmp_path: Path) -> None:
+    """A sink holds many files of its store open: the connection of a query got a descriptor
+    past 1023, which `select` cannot take; its ValueError was read as "the client went away" and
+    the statement was killed in pending state (QUERY_WAS_CANCELLED), on a loaded machine in the
+    full suite. Only a client that closed its socket, or the query's own bound, stops a query."""
+    import os
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip(f"needs 1200 open files (limit {soft})")
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100 - len(os.listdir("/proc/self/fd")))]
+    try:
+        for s in serve(tmp_path, QueryLimits(timeout_s=600)):
+            sql = "SELECT sum(sleepEachRow(0.1)) FROM numbers(10)"  # a second or more, in blocks of one row
+            r = s.http({"query": sql, "max_block_size": "1"})
+            assert r.status == 200 and r.data == b"0\n", r.data
+            assert s.server.stats["killed"] == 0
+            sock = _send_held(s, HEAVY)  # and a client that leaves is still seen to leave
+            wait_for(lambda: running(s, HEAVY) == 1, 60, "the heavy query to start")
+            sock.close()
+            wait_for(lambda: running(s, HEAVY) == 0, 60, "the abandoned query to stop")
+            assert s.server.stats["killed"] == 1
+    finally:
+        for fd in filler:
+            os.close(fd)

@@ -99,16 +99,32 @@ _WATCH_S = 0.2  # how often a running statement's client socket is checked
 
 
 def peer_closed(sock: socket.socket) -> bool:
-    """Has the other end of `sock` closed it (or reset it)? Never blocks, never consumes data."""
+    """Has the other end of `sock` closed it (or reset it)? Never blocks, never consumes data.
+
+    Only an end of stream or a reset says so: any other error (a socket this side cannot
+    poll) says nothing about the client, and a live client's statement is never killed for it.
+    `poll`, not `select`: `select` cannot take a descriptor past 1023, which a long-lived sink
+    holding a store's many open parts reaches (it raised ValueError, taken for a gone client:
+    a legitimate query was killed in pending state, QUERY_WAS_CANCELLED)."""
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        if not readable:
-            return False
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:
+        poller = select.poll()
+        poller.register(sock, select.POLLIN | select.POLLRDHUP if hasattr(select, "POLLRDHUP") else select.POLLIN)
+        events = poller.poll(0)
+    except (OSError, ValueError):
         return False
-    except (OSError, ValueError):  # reset, or closed here
+    if not events:
+        return False
+    _, mask = events[0]
+    if mask & (select.POLLHUP | select.POLLERR):
         return True
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError, TimeoutError):
+        return False
+    except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def generated_users() -> dict[str, StoreUser]:
