@@ -62,13 +62,14 @@ def wait_for(check, timeout: float, what: str) -> None:
 def test_a_readers_query_stops_at_its_time_limit_even_when_the_url_asks_for_none(served: Served) -> None:
     r = served.http({"query": HEAVY, "max_execution_time": "0"})
     assert r.status == 408 and code(r) == 159, r.data  # TIMEOUT_EXCEEDED
-    assert b"maximum: 2" in r.data
+    assert b"maximum: 2" in r.data and b"(the reader's time bound: AREAL_HTTP_QUERY_TIMEOUT_S=2 s)" in r.data
     assert served.http({"query": "SELECT 1"}).data == b"1\n"
 
 
 def test_the_url_may_ask_a_reader_for_a_tighter_time_limit(served: Served) -> None:
     r = served.http({"query": HEAVY, "max_execution_time": "0.5"})
     assert code(r) == 159 and b"maximum: 500" in r.data, r.data
+    assert b"(the reader's time bound: max_execution_time=0.5 s from the URL)" in r.data
 
 
 def test_a_readers_query_that_would_hold_gigabytes_fails_with_the_memory_limit_and_the_server_stays_up(
