@@ -25,7 +25,7 @@ HELM_VERSION ?= v4.3.2
 HELM_STAMP   := $(VENV)/.helm-$(HELM_VERSION)
 GO           ?= $(shell command -v go || echo /usr/local/go/bin/go)
 
-.PHONY: install demo test bench clean-state fault-soak
+.PHONY: install demo test test-loaded bench clean-state fault-soak
 
 $(DEMO_STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed"'
@@ -68,7 +68,8 @@ SOAK_TESTS ?= tests/test_faults.py tests/test_cluster_faults.py \
 	tests/test_streams_e2e.py::test_worker_killed_and_restarted_mid_scenario_gives_the_same_events \
 	tests/test_fuzz_strings.py tests/test_sink_poison.py tests/test_clickhouse_http_bounds.py \
 	tests/test_sink_broker.py::test_sigkill_mid_batch_repeatedly_loses_and_duplicates_nothing \
-	tests/test_structure_fuzz.py tests/test_client_hostile_values.py
+	tests/test_structure_fuzz.py tests/test_client_hostile_values.py \
+	tests/test_supervision.py
 
 fault-soak: $(STAMP)
 	@mkdir -p $(SOAK_DIR); failed=0; \
@@ -82,6 +83,18 @@ fault-soak: $(STAMP)
 	done; \
 	echo "fault-soak: $$failed of $(SOAK_N) runs failed ($(SOAK_TESTS))"; \
 	test $$failed -eq 0
+
+# The tests of the store's query bounds beside a CPU hog: HOG_N busy processes (more than the
+# cores of a CI machine) for at most HOG_S seconds, stopped when the tests end. A legitimate
+# query must wait or finish on a loaded machine; only its own time bound or a gone client stops it.
+HOG_N ?= 4
+HOG_S ?= 900
+HOG_TESTS ?= tests/test_clickhouse_http_go.py::test_every_dashboard_query_reads_the_same_through_clickhouse_go \
+	tests/test_sink_broker.py::test_replay_rebuilds_identical_tables tests/test_clickhouse_http_bounds.py
+
+test-loaded: $(STAMP)
+	@hogs=""; for i in $$(seq 1 $(HOG_N)); do timeout $(HOG_S) sh -c 'while :; do :; done' & hogs="$$hogs $$!"; done; \
+	$(PY) -m pytest -q -rs -p no:cacheprovider $(HOG_TESTS); rc=$$?; kill $$hogs 2>/dev/null; exit $$rc
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

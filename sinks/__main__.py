@@ -8,21 +8,37 @@ AREAL_SINK_INSTANCE_ID (default <group>@<host>): the static member id
 of this sink in its consumer group (give each sink of one group its own);
 AREAL_SINK_STOP_MERGES=1 (audits, tests): no background merges, so the raw
 row count shows every stored block; AREAL_SINK_HTTP_PORT (default 0: a free
-port): the loopback port of the ClickHouse HTTP interface of an embedded store.
+port): the loopback port of the ClickHouse HTTP interface of an embedded store;
+AREAL_POISON_CRASHES (default 2): a message in flight in that many crashes is
+dead-lettered and skipped ($AREAL_HOME/sink/<member id>/).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import signal
+import socket
 import sys
 
 from areal_metrics.producers.contract.errors import ArealError, one_line
+from areal_metrics.producers.runtime.poison import CrashGuard, crash_marker
 from areal_metrics.producers.runtime.service_gc import settle_gc
 from areal_metrics.producers.contract.settings import Settings
 
 from areal_metrics.sinks.batching import BatchPolicy
 from areal_metrics.sinks.sink import Sink
+
+
+def _crash_guard(settings: Settings) -> CrashGuard:
+    """The positions in flight and the suspects of this sink (one folder per static member id)."""
+    from areal_metrics.sinks.sink import consumer_group
+
+    member = settings.sink_instance_id or f"{consumer_group(settings)}@{socket.gethostname()}"
+    guard = CrashGuard(settings.state_dir / "sink" / re.sub(r"[^A-Za-z0-9._@-]", "_", member), settings.poison_crashes,
+                       "sink")
+    guard.start()
+    return guard
 
 
 def main() -> int:
@@ -40,7 +56,8 @@ def main() -> int:
         idle_s=settings.sink_idle_ms / 1000,
     )
     try:
-        sink = Sink(settings, policy=policy, stop_merges=settings.sink_stop_merges, http_port=settings.sink_http_port)
+        sink = Sink(settings, policy=policy, stop_merges=settings.sink_stop_merges, http_port=settings.sink_http_port,
+                    guard=_crash_guard(settings), crash_marker=crash_marker("sink", settings.test_crash_on))
     except ArealError as exc:  # a setting that cannot work (e.g. a cluster on the embedded engine): one line
         print(f"areal-sink: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code

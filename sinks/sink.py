@@ -30,7 +30,8 @@ from areal_metrics.sinks.batching import (
     TopicPartition,
     dedup_token,
 )
-from areal_metrics.sinks.decode import dead_letter, decode
+from areal_metrics.producers.runtime.poison import OK, POISON, CrashGuard, crash_now, poison_events, spans
+from areal_metrics.sinks.decode import SINK_NODE, Decoded, dead_letter, decode
 from areal_metrics.sinks.isolate import DataError, is_data_error, isolate
 from areal_metrics.sinks.migrations import apply_schema
 from areal_metrics.sinks.query import Target, open_client
@@ -64,6 +65,8 @@ class Sink:
         http_port: int = 0,
         schema: SchemaOptions | None = None,
         stop_merges: bool = False,
+        guard: CrashGuard | None = None,
+        crash_marker: bytes | None = None,
     ) -> None:
         self.settings = settings
         self.topics = settings.topics
@@ -79,13 +82,17 @@ class Sink:
         # audits and tests: keep every inserted block unmerged, so a block stored
         # twice would show in the raw (non-FINAL) counts
         self.stop_merges = stop_merges
+        # a crash never loops (producers/runtime/poison.py): the positions in flight, the suspects;
+        # `crash_marker`: its test hook (AREAL_TEST_CRASH_ON)
+        self.guard = guard
+        self.crash_marker = crash_marker
         self.stop_event = threading.Event()
         self.batcher: Batcher[Any] = Batcher(policy)
         self.revoked: set[TopicPartition] = set()  # by a rebalance under way: dropped unless assigned again
         self.uncommitted: dict[Any, Any] = {}  # stored offsets a rebalance kept us from committing yet
         self.plans: dict[TopicPartition, Plan] = {}
         self.stats = {"rows": 0, "chunks": 0, "dead_letters": 0, "retries": 0, "commits": 0, "replanned": 0,
-                      "unstorable": 0, "restored": 0}
+                      "unstorable": 0, "restored": 0, "poison": 0}
         self.client: Any = None
         self.consumer: Any = None
         self.producer: Any = None
@@ -224,12 +231,74 @@ class Sink:
             if (tp.topic, tp.partition) in self.plans:
                 positions[(tp.topic, tp.partition)] = self.consumer.position(tp)
         chunks = self.batcher.take(time.monotonic(), self.plans, positions)
-        if chunks:
+        if not chunks:
+            return
+        if self.guard is None or not self.guard.suspects:
             self.write_chunks(chunks)
+            return
+        for c in chunks:  # a message in flight in a crash goes in a chunk of its own; in log order
+            for piece, _ in self._split(c):
+                self.write_chunks([piece])
+
+    def _split(self, c: Chunk[Any]) -> list[tuple[Chunk[Any], str]]:
+        """The chunk in log order: runs of usual messages, and each suspect alone, with their verdicts."""
+        assert self.guard is not None
+        out: list[tuple[Chunk[Any], str]] = []
+        run: list[Any] = []
+
+        def cut(items: list[Any], verdict: str) -> None:
+            if items:
+                out.append((Chunk(c.topic, c.partition, items[0].offset, items[-1].offset, tuple(items)), verdict))
+
+        for m in c.items:
+            verdict = self.guard.verdict(c.topic, c.partition, m.offset)
+            if verdict == OK:
+                run.append(m)
+                continue
+            cut(run, OK)
+            run = []
+            cut([m], verdict)
+        cut(run, OK)
+        return out
+
+    def _decode_all(self, chunks: list[Chunk[Any]], alerts: list[Any]) -> list[tuple[Chunk[Any], Decoded]]:
+        """Each chunk's rows and dead letters. The work a message does in the sink is its decoding
+        (after it, the chunk is one block, whose insert fails as the store's, retried, not the
+        message's): its positions are recorded while it runs, so a message that crashes the
+        sink there twice is dead-lettered and skipped (producers/runtime/poison.py). A crash
+        after it keeps the chunk's plan, so the retried insert stays exactly once."""
+        if self.guard is None:
+            return [(c, self._decode(c, alerts)) for c in chunks]
+        self.guard.begin(spans((c.topic, c.partition, o) for c in chunks for o in (c.first, c.last)))
+        out = [(c, self._decode(c, alerts)) for c in chunks]
+        self.guard.end()
+        return out
+
+    def _decode(self, c: Chunk[Any], alerts: list[Any]) -> Decoded:
+        """The chunk's rows and dead letters; a poison message's dead letter (and its alert, into `alerts`)."""
+        guard = self.guard
+        if guard is not None and len(c.items) == 1 and guard.verdict(c.topic, c.partition, c.first) == POISON:
+            m = c.items[0]
+            n = guard.crashes(c.topic, c.partition, c.first)
+            log.error("%s[%d]@%d crashed the sink %d times; dead-lettered and skipped", c.topic, c.partition,
+                      c.first, n)
+            self.stats["poison"] += 1
+            dead, alert = poison_events(m.value, m.key, c.topic, c.partition, c.first, n, service="sink",
+                                        node=SINK_NODE, ts=max(0, m.timestamp or 0) / 1000.0)
+            alerts.append(alert)
+            if c.topic == self.topics.deadletter:  # stored as itself, never published again
+                return Decoded(rows=[Located(dead, c.topic, c.partition, c.first)])
+            return Decoded(dead_letters=[dead])
+        if self.crash_marker is not None and c.topic != self.topics.deadletter:  # a poison's letter holds its text
+            for m in c.items:
+                if m.value is not None and self.crash_marker in m.value:
+                    crash_now("sink", (c.topic, c.partition, m.offset))
+        return decode(c.items, self.topics)
 
     def write_chunks(self, chunks: list[Chunk[Any]]) -> None:
         db = self.schema.database
-        decoded = [(c, decode(c.items, self.topics)) for c in chunks]
+        alerts: list[Any] = []
+        decoded = self._decode_all(chunks, alerts)
         plans = {(c.topic, c.partition): Plan(c.first, c.last) for c in chunks}
         redone = [tp for tp, p in plans.items() if self.plans.get(tp) == p]
         if redone:  # a crash interrupted these batches: the same blocks again, same tokens
@@ -251,7 +320,11 @@ class Sink:
         if dead:
             self._retry("publishing dead letters", lambda: self._publish(dead))
             self.stats["dead_letters"] += len(dead)
+        if alerts:
+            self._retry("publishing alerts", lambda: self._publish(alerts, self.topics.alerts))
         self._commit(chunks)
+        if self.guard is not None and self.guard.suspects:  # those wholly processed are forgotten
+            self.guard.end([(c.topic, c.partition, c.first, c.last) for c in chunks])
         log.debug("committed %d chunks: %s", len(chunks), ", ".join(f"{c.topic}[{c.partition}]@{c.next_offset}" for c in chunks))
 
     def _insert(self, c: Chunk[Any], rows: Any, token: str) -> int:
@@ -298,8 +371,9 @@ class Sink:
                       c.topic, c.partition, loc.offset, exc)
         return []
 
-    def _publish(self, events: list[Any]) -> None:
-        futures = [self.producer.send(self.topics.deadletter, key=e.run_id.encode(), value=e.to_json()) for e in events]
+    def _publish(self, events: list[Any], topic: str | None = None) -> None:
+        topic = topic or self.topics.deadletter
+        futures = [self.producer.send(topic, key=e.run_id.encode(), value=e.to_json()) for e in events]
         self.producer.flush(timeout=30)
         for f in futures:
             f.get(timeout=0)  # raises the send error, if any

@@ -6,7 +6,8 @@ the worker creates: inputs on a fresh broker, its ticks, its state changelog), A
 directory is $AREAL_HOME/streams/), AREAL_STREAMS_CONFIG (optional JSON, see
 areal_metrics.streams.core.config), AREAL_STREAMS_LOGLEVEL (default warning).
 Tuning for tests and benchmarks: AREAL_STREAMS_COMMIT_INTERVAL (s, default 0.5),
-AREAL_STREAMS_SESSION_TIMEOUT (s, default 10).
+AREAL_STREAMS_SESSION_TIMEOUT (s, default 10). AREAL_POISON_CRASHES (default 2): a message
+in flight in that many crashes is dead-lettered and skipped ($AREAL_HOME/streams/crash/).
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ def main() -> int:
             "going on", app_id_for(topics.prefix))
     datadir = state_dir() / "streams"
     datadir.mkdir(parents=True, exist_ok=True)
+    from areal_metrics.producers.runtime.poison import CrashGuard, crash_marker
+
+    guard = CrashGuard(datadir / "crash", settings.poison_crashes, "stream worker")
+    guard.start()  # a batch the last process died on: its messages go alone, or (twice) to the dead letters
     worker = build_worker(
         bootstrap=settings.kafka_bootstrap,
         topics=topics,
@@ -95,6 +100,8 @@ def main() -> int:
         credentials=broker_credentials(settings),
         replication_factor=settings.kafka_replication_factor,
         min_insync_replicas=settings.kafka_min_insync_replicas,
+        guard=guard,
+        crash_marker=crash_marker("worker", settings.test_crash_on),
     )
     made = worker.app.tables["runs"].changelog_topic.get_topic_name()
     assert made == changelog, f"the worker made changelog {changelog}, Faust uses {made}"

@@ -65,7 +65,7 @@ def test_the_sink_reads_every_topic_in_its_group_and_writes_dead_letters() -> No
 
     t, sink = Topics("x."), table("x.")["sink"]
     assert allowed(sink, access.TOPIC, access.READ) == set(t.all())
-    assert allowed(sink, access.TOPIC, access.WRITE) == {t.deadletter}
+    assert allowed(sink, access.TOPIC, access.WRITE) == {t.alerts, t.deadletter}  # alerts: poison_message
     group = Sink(Settings(topic_prefix="x.", clickhouse_url="chdb:///tmp/unused")).group
     assert allowed(sink, access.GROUP, access.READ) == {group}
     assert any("INSERT" in g for g in sink.clickhouse)

@@ -70,6 +70,16 @@ def test_our_services_share_one_dockerfile_and_the_settings(compose: dict[str, A
     assert (ROOT / "docker" / "Dockerfile").exists() and (ROOT / "docker" / "healthcheck.py").exists()
 
 
+def test_the_worker_and_the_sink_are_restarted_and_keep_their_state_dir_on_a_volume(compose: dict[str, Any]) -> None:
+    """A crash never loops there either: the restart is Docker's, the poison skip is the service's,
+    which needs its in-flight record (producers/runtime/poison.py) to outlive the container."""
+    s = compose["services"]
+    for name in ("streams", "sink"):
+        assert s[name]["restart"] in ("unless-stopped", "always", "on-failure")
+        home = s[name]["environment"]["AREAL_HOME"]
+        assert any(v.split(":")[1] == home and v.split(":")[0] in compose["volumes"] for v in s[name]["volumes"])
+
+
 def test_mounted_configs_are_valid(compose: dict[str, Any]) -> None:
     from areal_metrics.areal_train.config import load
     from areal_metrics.streams.core.config import StreamsConfig

@@ -105,5 +105,5 @@ def test_status_shows_a_service_that_stopped_as_failed_with_the_last_line_of_its
     assert status.returncode == 1
     assert f"sink pid {gone.pid} DOWN (failed: areal-sink: cannot start: No module named 'chdb' (...))" in status.stdout
     sink = json.loads(cli("status", "--json", env=env).stdout)["processes"]["sink"]
-    assert sink == {"pid": gone.pid, "alive": False, "state": "failed",
+    assert sink == {"pid": gone.pid, "alive": False, "state": "failed", "restarts": 0,
                     "reason": "areal-sink: cannot start: No module named 'chdb' (...)"}

@@ -43,3 +43,42 @@ def test_a_fetch_goes_through_in_order_with_ticks_in_place_and_is_acked_once_pro
     calls, acks = asyncio.run(go())
     assert calls == [("batch", [0, 1, 2]), ("tick", 0), ("batch", [3])]
     assert acks == [["m0", "m1", "m2", "t0", "m3"]]  # one call per batch, in arrival order
+
+
+def test_after_a_crash_the_batch_in_flight_goes_one_by_one_and_a_poison_message_is_not_processed(tmp_path) -> None:
+    """The worker's crash guard (producers/runtime/poison.py) in the batcher: the positions of a
+    batch are recorded while it is processed; after a crash on offsets 1-3 each goes alone, and
+    offset 2, in flight in two crashes, goes to `on_poison` instead of the core's rules."""
+    from areal_metrics.producers.runtime.poison import CrashGuard
+
+    class GuardedCore(FakeCore):
+        async def on_batch(self, messages: list[Input]) -> None:
+            assert (tmp_path / "inflight.json").read_bytes()  # recorded while processed
+            await super().on_batch(messages)
+
+        async def on_poison(self, m: Input, crashes: int) -> None:
+            self.calls.append(("poison", (m.offset, crashes)))
+
+    crashed = CrashGuard(tmp_path)
+    crashed.start()
+    crashed.begin([("steps", 0, 1, 3)])  # the first process died here
+    again = CrashGuard(tmp_path)
+    again.start()
+    again.begin([("steps", 0, 2, 2)])  # the second, on offset 2 alone
+
+    async def go() -> list[tuple[str, Any]]:
+        core = GuardedCore()
+        guard = CrashGuard(tmp_path, limit=2)
+        guard.start()
+
+        async def ack(tokens: list[Any]) -> None:
+            pass
+
+        batcher = Batcher(core, ack, max_batch=100, linger_s=0.01, guard=guard)  # type: ignore[arg-type]
+        await batcher.add_many([(Input("steps", 0, o, b"r", b"{}"), o) for o in range(6)])
+        await batcher.settled()
+        assert (tmp_path / "inflight.json").read_bytes() == b"" and guard.suspects == ()  # all processed: forgotten
+        return core.calls
+
+    assert asyncio.run(go()) == [("batch", [0]), ("batch", [1]), ("poison", (2, 2)), ("batch", [3]),
+                                 ("batch", [4, 5])]

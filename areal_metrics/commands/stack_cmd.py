@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
                 kafka_bootstrap=info.kafka_bootstrap, kafka_version=info.kafka_version, brokers=info.brokers,
                 topic_prefix=info.topic_prefix, clickhouse_url=mask_url(info.clickhouse_url), home=info.home,
                 processes={name: {"pid": pid, "alive": alive, **({"address": addr} if addr else {}),
+                                  **({"restarts": stack.restarts(info.home, name)} if name in stack.SERVICES else {}),
                                   **({} if alive else {"state": "failed", "reason": _reason(info, name)})}
                            for name, pid, alive, addr in _processes(info)},
                 clickhouse_http=_clickhouse_http(info.clickhouse_url),
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         print("not running (no stack here)")
     else:
         parts = [f"{name} pid {pid} {'up' if alive else 'DOWN'}" + (f" at {addr}" if addr else "")
+                 + (f" (restarts {n})" if name in stack.SERVICES and (n := stack.restarts(info.home, name)) else "")
                  + ("" if alive or name not in stack.SERVICES else f" (failed: {_reason(info, name) or 'no output'})")
                  for name, pid, alive, addr in _processes(info)]
         print(f"{'running' if running else 'not running'}: kafka at {info.kafka_bootstrap}; "

@@ -17,7 +17,8 @@ Derived from the code of each component:
   own topics (ticks, the table's changelog, Faust's assignor topic) are named after the app id
   (`streams.shell.app.app_id_for`), and it creates the own topics that are missing.
 - sink (`python -m areal_metrics.sinks`): reads every topic of the prefix in its group
-  (`sinks.sink.consumer_group`), writes dead letters.
+  (`sinks.sink.consumer_group`), writes dead letters, and a `poison_message` alert when a
+  message crashed it twice.
 - `alerts --follow`: reads `alerts`; with `--group NAME` (or `--webhook`, whose group is
   `areal-alerts-webhook-<hash>`), commits in that group.
 - people's `publish`: writes commands (`control`), and dead letters for lines it refuses.
@@ -113,7 +114,8 @@ def components(topics: Topics, *, worker: str, sink: str, alerts_group: str | No
                   + (KafkaGrant(TOPIC, f"{worker}-", (READ, WRITE, CREATE), prefixed=True),
                      KafkaGrant(GROUP, worker, (READ,)))),
         Component("sink", "the ClickHouse sink (`python -m areal_metrics.sinks`)",
-                  _topics(t.all(), READ) + _topics([t.deadletter], WRITE) + (KafkaGrant(GROUP, sink, (READ,)),),
+                  # alerts: poison_message, when a message crashed the sink twice (producers/runtime/poison.py)
+                  _topics(t.all(), READ) + _topics([t.alerts, t.deadletter], WRITE) + (KafkaGrant(GROUP, sink, (READ,)),),
                   ch["writer"]),
         Component("alerts", "`areal-metrics alerts --follow` (and `--webhook`)", alerts_grants),
         Component("publish", "people's `areal-metrics publish` (commands)", _topics([t.control, t.deadletter], WRITE)),

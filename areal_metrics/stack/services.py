@@ -30,10 +30,11 @@ from areal_metrics.errors import UserError
 from areal_metrics.extras import importable
 from areal_metrics.stack.kafka_broker import KafkaBroker, create_topics, kafka_version, pid_alive, port_open, stop_pid
 from areal_metrics.stack.kafka_cluster import KafkaCluster
+from areal_metrics.stack.supervisor import MODULES, read_record
 from areal_metrics.producers.contract.settings import is_set, read_setting
 
 SERVICES = ("worker", "sink")  # started after the broker, stopped before it
-SERVICE_MODULES = {"worker": "areal_metrics.streams", "sink": "areal_metrics.sinks"}
+SERVICE_MODULES = MODULES  # each run by its supervisor (stack/supervisor.py)
 # What each service imports from the `stack` extra (chdb only for the embedded store)
 SERVICE_NEEDS = {"worker": ("faust",), "sink": ("clickhouse_connect", "chdb")}
 INSTALL_HINT = "pip install 'areal-metrics[stack]'"
@@ -49,6 +50,12 @@ def missing_modules(services: tuple[str, ...], clickhouse_url: str) -> list[str]
             if module not in out and not importable(module):
                 out.append(module)
     return out
+
+
+def restarts(home: str | Path, name: str) -> int:
+    """How often the service's supervisor restarted it since `up` (0 when unknown)."""
+    n = read_record(home, name).get("restarts")
+    return n if isinstance(n, int) else 0
 
 
 def failure_reason(home: str | Path, name: str) -> str:
@@ -111,10 +118,12 @@ def write_info(info: StackInfo) -> None:
 
 
 def _start_service(name: str, env: dict[str, str], logs: Path) -> int:
+    """The service under its supervisor (areal_metrics/stack/supervisor.py: restarts with back-off);
+    the pid returned, recorded as the service's, is the supervisor's."""
     logs.mkdir(parents=True, exist_ok=True)
     with open(logs / f"{name}.log", "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", SERVICE_MODULES[name]],
+            [sys.executable, "-m", "areal_metrics.stack.supervisor", name],
             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,  # outlives `areal-metrics up`
         )
@@ -246,8 +255,11 @@ def down(info: StackInfo | None = None) -> list[str]:
     for name in SERVICES:
         pid = info.pids.get(name)
         if pid and pid_alive(pid):
-            stop_pid(pid, timeout=30)
+            stop_pid(pid, timeout=30)  # the supervisor passes the signal on to the service
             stopped.append(name)
+        child = read_record(info.home, name).get("pid")
+        if isinstance(child, int) and child != pid and pid_alive(child):  # a supervisor killed before its service
+            stop_pid(child, timeout=10)
     # every broker at once: stopped one by one, the last would wait for a quorum that is gone
     brokers = {name: pid for name, pid in info.pids.items() if name.startswith("kafka") and pid_alive(pid)}
     for pid in brokers.values():

@@ -72,10 +72,11 @@ EvalStatus = Literal["ok", "failed", "skipped"]
 RunStatus = Literal["running", "finished", "failed", "killed"]
 Command = Literal["evaluate_now", "set_eval_interval", "scale_lr", "stop"]
 Severity = Literal["info", "warning", "critical"]
+# what the stream worker raises (and, for poison_message, a service that a message crashed twice)
 AlertKind = Literal["reward_below_threshold", "eval_failed", "node_divergence", "throughput_drop", "stalled",
                     "invalid_event", "non_finite", "no_improvement", "eval_below_threshold", "vote_no_majority",
                     "run_failed", "run_killed", "invalid_config",
-                    "command_not_applied", "command_ignored"]  # what the stream worker raises
+                    "command_not_applied", "command_ignored", "poison_message"]
 AckStatus = Literal["applied", "ignored"]
 
 EVAL_STATUSES: tuple[str, ...] = get_args(EvalStatus)

@@ -271,6 +271,19 @@ class Settings:
     sink_http_port: int = setting("AREAL_SINK_HTTP_PORT", 0, "port of the embedded store's HTTP endpoint (0: a "
                                   "free one, recorded in the store's owner.json)", kind="int", ge=0, le=65535,
                                   readers="sink")
+    # -- a crash never loops (producers/runtime/poison.py, areal_metrics/stack/supervisor.py)
+    poison_crashes: int = setting("AREAL_POISON_CRASHES", 2, "crashes of a service while one message was being "
+                                  "processed after which that message is dead-lettered and skipped, with a "
+                                  "`poison_message` alert", kind="int", ge=1, le=100, readers="worker sink")
+    test_crash_on: str | None = setting("AREAL_TEST_CRASH_ON", None, "tests only: `<worker|sink>:<text>`: that "
+                                        "service dies (exit 70) while it processes a message holding the text (not on the dead-letter topic)",
+                                        readers="worker sink")
+    restart_max: int = setting("AREAL_RESTART_MAX", 10, "restarts in a row of a service `up` supervises (each "
+                               "after a run shorter than a minute) before its supervisor gives up", kind="int",
+                               ge=0, le=1_000_000, readers="stack")
+    restart_backoff_s: float = setting("AREAL_RESTART_BACKOFF_S", 1.0, "the first wait before a service is "
+                                       "restarted, seconds; doubled per restart in a row, at most 30 s",
+                                       kind="float", ge=0, le=3600, readers="stack")
     # -- the sink's ClickHouse HTTP endpoint (the embedded store): bounds of one `reader` query, so
     # that a heavy panel or a typo cannot take the CPU or memory of the process that ingests
     http_query_timeout_s: float = setting("AREAL_HTTP_QUERY_TIMEOUT_S", 30.0, "a reader query's time limit, "

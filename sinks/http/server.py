@@ -97,19 +97,36 @@ class QueryLimits:
 
 
 _WATCH_S = 0.2  # how often a running statement's client socket is checked
+_TIMEOUT_EXCEEDED, _QUERY_WAS_CANCELLED = 159, 394
 
 
 def peer_closed(sock: socket.socket) -> bool:
-    """Has the other end of `sock` closed it (or reset it)? Never blocks, never consumes data."""
+    """Has the other end of `sock` closed it (or reset it)? Never blocks, never consumes data.
+
+    Only an end of stream or a reset says so: any other error (a socket this side cannot
+    poll) says nothing about the client, and a live client's statement is never killed for it.
+    `poll`, not `select`: `select` cannot take a descriptor past 1023, which a long-lived sink
+    holding a store's many open parts reaches (it raised ValueError, taken for a gone client:
+    a legitimate query was killed in pending state, QUERY_WAS_CANCELLED)."""
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        if not readable:
-            return False
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:
+        poller = select.poll()
+        poller.register(sock, select.POLLIN | select.POLLRDHUP if hasattr(select, "POLLRDHUP") else select.POLLIN)
+        events = poller.poll(0)
+    except (OSError, ValueError):
         return False
-    except (OSError, ValueError):  # reset, or closed here
+    if not events:
+        return False
+    _, mask = events[0]
+    if mask & (select.POLLHUP | select.POLLERR):
         return True
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError, TimeoutError):
+        return False
+    except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def generated_users() -> dict[str, StoreUser]:
@@ -163,6 +180,7 @@ class ClickHouseHTTPServer:
         self.limits = limits
         self._readers = threading.BoundedSemaphore(limits.max_reader_queries)
         self.stats = {"killed": 0, "refused": 0}  # statements cancelled for a gone client; readers refused a slot
+        self._killed: set[str] = set()  # the tags of statements killed because their client went away
         self.version, self.timezone, self.display_name = self._hello()
         self._server = self._bind(port or (kept.port if kept else 0), fall_back=port == 0)
         self._server.daemon_threads = True
@@ -241,8 +259,9 @@ class ClickHouseHTTPServer:
             except ClickHouseError:
                 raise
             except Exception as exc:  # noqa: BLE001 - chdb's errors carry ClickHouse's code and text
-                raise ClickHouseError.from_engine(exc, user.name) from None
+                raise self._which_bound(ClickHouseError.from_engine(exc, user.name), user, req, tag) from None
             finally:
+                self._killed.discard(tag)
                 conn.close()
         if out_fmt == "Native" and req.revision > 0:
             try:
@@ -252,6 +271,21 @@ class ClickHouseHTTPServer:
         summary = {"read_rows": str(result.rows_read()), "read_bytes": str(result.bytes_read()),
                    "written_rows": "0", "written_bytes": "0", "elapsed_ns": str(int(elapsed * 1e9))}
         return Answer(body, out_fmt if proto.returns_rows(canonical) else None, summary)
+
+    def _which_bound(self, err: ClickHouseError, user: StoreUser, req: Request, tag: str) -> ClickHouseError:
+        """The engine's error, saying which bound stopped the statement: the reader's time limit, or
+        its client leaving (a statement is cancelled for nothing else)."""
+        if err.code == _TIMEOUT_EXCEEDED and user.readonly:
+            try:
+                asked = float(req.settings.get("max_execution_time", ""))
+            except ValueError:
+                asked = 0.0
+            bound = (f"max_execution_time={asked:g} s from the URL" if 0 < asked < self.limits.timeout_s
+                     else f"AREAL_HTTP_QUERY_TIMEOUT_S={self.limits.timeout_s:g} s")
+            return ClickHouseError(err.code, f"{err.message} (the reader's time bound: {bound})", err.name)
+        if err.code == _QUERY_WAS_CANCELLED and tag in self._killed:
+            return ClickHouseError(err.code, f"{err.message} (its client went away)", err.name)
+        return err
 
     @contextmanager
     def _watching(self, tag: str, client_gone: Callable[[], bool] | None) -> Iterator[None]:
@@ -265,6 +299,7 @@ class ClickHouseHTTPServer:
             while not done.wait(_WATCH_S):
                 if client_gone():
                     self.stats["killed"] += 1
+                    self._killed.add(tag)
                     self._kill(tag)
                     return
 

@@ -36,6 +36,7 @@ from typing import Any
 import faust
 
 from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.producers.runtime.poison import CrashGuard
 from areal_metrics.streams.shell.batch import Input, SendFn, StreamCore
 from areal_metrics.streams.shell.faust_internals import BatchApp, transport_producer
 from areal_metrics.streams.shell.batcher import Batcher, Tick
@@ -146,6 +147,8 @@ def build_worker(
     min_insync_replicas: int = 1,
     max_batch: int = 2000,
     linger_s: float | None = None,
+    guard: CrashGuard | None = None,
+    crash_marker: bytes | None = None,
 ) -> StreamWorker:
     """A Faust app for this prefix. `send` replaces the Kafka producer (agent tests).
 
@@ -153,6 +156,8 @@ def build_worker(
     kafka_min_insync_replicas) apply to the topics Faust creates: the table's changelog
     (the worker's durable state) and its ticks topic. A batch is at most `max_batch`
     messages and waits at most `linger_s` for more (AREAL_STREAMS_LINGER_MS, default 5 ms).
+    `guard` records the positions in flight and skips a message that crashed the worker
+    (producers/runtime/poison.py); `crash_marker` is its test hook (AREAL_TEST_CRASH_ON).
     """
     config = config or StreamsConfig()
     durability = {"min.insync.replicas": str(min_insync_replicas)}
@@ -210,7 +215,8 @@ def build_worker(
         linger_s = read_setting("streams_linger_ms") / 1000.0
     batcher = feed.batcher = Batcher(core, ack, max_batch=max_batch, linger_s=max(0.0, linger_s),
                                      backlog=feed.backlog if real_consumer else None,
-                                     on_crash=crash if real_consumer else None)
+                                     on_crash=crash if real_consumer else None, guard=guard,
+                                     crash_marker=crash_marker)
 
     @app.agent(ticks, name="ticks")
     async def ticks_agent(stream: Any) -> None:

@@ -38,6 +38,7 @@ from areal_metrics.producers.contract.events import (
     parse_event,
 )
 from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.producers.runtime.poison import poison_events
 from areal_metrics.streams.core.config import StreamsConfig
 from areal_metrics.streams.core.processor import (
     WORKER_NODE,
@@ -195,6 +196,17 @@ class StreamCore:
                 await self._save(state, by_run.get(run_id, []))
         await self.dead_letter_bad_states(messages[0].partition if messages else 0)
         await self.send_changelog()
+
+    async def on_poison(self, m: Input, crashes: int) -> None:
+        """A message that crashed the worker `crashes` times: not processed again; its dead letter
+        and a `poison_message` alert go out (ids from its position: the same after another crash)."""
+        self.stats["poison"] = self.stats.get("poison", 0) + 1
+        log.error("streams: %s/%s/%s crashed the worker %d times; dead-lettered and skipped", m.topic, m.partition,
+                  m.offset, crashes)
+        ts = m.timestamp if m.timestamp is not None and m.timestamp >= 0 else self.clock()
+        dead, alert = poison_events(m.value, m.key, m.topic, m.partition, m.offset, crashes,
+                                    service="stream worker", node=WORKER_NODE, ts=ts)
+        await self.emit([Output(dead), Output(alert)])
 
     def input_type(self, topic: str) -> type[Event]:
         """The event type an input topic carries (anything but steps, runs and acks is read as evals)."""

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_metrics.producers.runtime.poison import OK, POISON, CrashGuard, crash_now, spans
 from areal_metrics.streams.shell.batch import Input, StreamCore
 
 log = logging.getLogger("streams")
@@ -43,6 +44,9 @@ class Batcher:
     max_linger_s: float = 0.1
     backlog: Callable[[], bool] | None = None  # True: more input waits in Kafka
     on_crash: Callable[[BaseException], Any] | None = None
+    # a crash never loops (producers/runtime/poison.py): the positions in flight, the suspects
+    guard: CrashGuard | None = None
+    crash_marker: bytes | None = None  # the test hook (AREAL_TEST_CRASH_ON)
     stats: dict[str, int] = field(default_factory=lambda: {"batches": 0, "messages": 0, "largest": 0})
 
     def __post_init__(self) -> None:
@@ -138,15 +142,46 @@ class Batcher:
         self.stats["batches"] += 1
         self.stats["messages"] += len(batch)
         self.stats["largest"] = max(self.stats["largest"], len(batch))
+        guard = self.guard
         run: list[Input] = []
         for item, _ in batch:
             if isinstance(item, Input):
+                if guard is not None and guard.suspects:
+                    verdict = guard.verdict(item.topic, item.partition, item.offset)
+                    if verdict != OK:  # in flight in a crash: alone, or (poison) not at all
+                        await self._inputs(run)
+                        run = []
+                        if verdict == POISON:
+                            await self.core.on_poison(item, guard.crashes(item.topic, item.partition, item.offset))
+                        else:
+                            await self._inputs([item])
+                        continue
                 run.append(item)
                 continue
-            if run:
-                await self.core.on_batch(run)
-                run = []
+            await self._inputs(run)
+            run = []
             await self.core.on_tick(item.partition)
-        if run:
-            await self.core.on_batch(run)
+        await self._inputs(run)
         await self.ack([token for _, token in batch])
+        if guard is not None and guard.suspects:
+            guard.end(spans((m.topic, m.partition, m.offset) for m, _ in batch if isinstance(m, Input)))
+
+    async def _inputs(self, run: list[Input]) -> None:
+        """Input messages through the core, their positions recorded while they are processed."""
+        if not run:
+            return
+        guard = self.guard
+        if guard is None:
+            await self.core.on_batch(run)
+            return
+        guard.begin(spans((m.topic, m.partition, m.offset) for m in run))
+        if self.crash_marker is not None:
+            for m in run:
+                if m.value is not None and self.crash_marker in m.value:
+                    crash_now("stream worker", (m.topic, m.partition, m.offset))
+        try:
+            await self.core.on_batch(run)
+        except asyncio.CancelledError:  # stopped, not crashed
+            guard.end()
+            raise
+        guard.end()
