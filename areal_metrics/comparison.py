@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_metrics import stats
+from areal_metrics.producers.contract import statistics as stats
 from areal_metrics.errors import UserError
 
 TEST_NAME = "exact sign test on per-sample accuracy differences"
@@ -58,6 +58,14 @@ class GroupSummary:
 
 
 # ------------------------------------------------------------------ reading
+
+
+def window_ids(length: int, offset: int | None = None, total: int | None = None) -> list[int]:
+    """The sample ids of `length` verdicts: a cyclic window from `offset` of `total` (the layout older
+    trainers put in `metrics`), else 0..length-1."""
+    if offset is None or total is None or total < 1:
+        return list(range(length))
+    return [(offset + i) % total for i in range(length)]
 
 
 def _rows(store: Any, sql: str) -> list[tuple[Any, ...]]:
@@ -117,9 +125,9 @@ def node_verdicts(store: Any, rounds: Sequence[tuple[str, str]]) -> dict[tuple[s
         if sample_ids and len(sample_ids) == len(verdicts):
             where = [int(s) for s in sample_ids]
         elif has_window:
-            where = stats.window_ids(len(verdicts), int(offset), int(total))
+            where = window_ids(len(verdicts), int(offset), int(total))
         else:
-            where = stats.window_ids(len(verdicts))
+            where = window_ids(len(verdicts))
         out[(run, eval_id)][node] = dict(zip(where, (int(v) for v in verdicts)))
     return out
 

@@ -85,7 +85,7 @@ def moving_average(values: Sequence[float], n: int) -> list[float]:
 def band(series: Sequence[Sequence[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
     """(steps, mean, low, high) over the series that have each step: the 95 % t-interval over them
     (runs, i.e. seeds), the mean alone where only one series has the step."""
-    from areal_metrics.stats import t_interval
+    from areal_metrics.producers.contract.statistics import t_interval
 
     by_step: dict[int, list[float]] = defaultdict(list)
     for one in series:

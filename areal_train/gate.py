@@ -16,18 +16,10 @@ The full stage also runs when forced (first round, last round) or overdue
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-
-def binomial_two_sided(k: int, n: int) -> float:
-    """P(a count as far from n/2 as k) under Binomial(n, 1/2): the exact sign test's p-value."""
-    if n == 0:
-        return 1.0
-    low = min(k, n - k)
-    tail = sum(math.comb(n, i) for i in range(low + 1)) / 2.0 ** n
-    return min(1.0, 2 * tail)
+from areal_metrics.producers.contract.statistics import binomial_two_sided
 
 
 def prompt_changes(before: Sequence[int], now: Sequence[int], k: int) -> list[int]:

@@ -16,7 +16,7 @@ from areal_metrics.producers.contract.events import EvalEvent, RunEvent, parse_e
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.eval_loop import EvalLoopState, on_consensus
 from areal_metrics.streams.core.processor import RunState, on_eval, on_run
-from areal_metrics.streams.core.stats import wilson
+from areal_metrics.producers.contract.statistics import wilson
 from areal_metrics.streams.core.voting import Consensus, RoundKey
 
 CFG = RunConfig(lr_eval_threshold=0.5, lr_min_factor=0.25, no_improvement_rounds=3,

@@ -16,7 +16,7 @@ from areal_metrics.producers.contract.events import EvalEvent, RunEvent, parse_e
 from areal_metrics.producers.contract.field_rules import ValidationError
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.processor import RunState, on_eval, on_run, on_tick
-from areal_metrics.streams.core.stats import effective_n, wilson
+from areal_metrics.producers.contract.statistics import effective_n, wilson
 from areal_metrics.streams.core.voting import NodeResult, RoundKey, VoteState, add_result, combine
 
 CFG = RunConfig()

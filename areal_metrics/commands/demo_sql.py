@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from areal_metrics import stats
+from areal_metrics.producers.contract import statistics as stats
 from areal_metrics.areal_train.learning import ols_slope_t
 from areal_metrics.comparison import node_verdicts
 

@@ -10,7 +10,7 @@ Rules (thresholds in areal_metrics.streams.core.config; the loop may send comman
 `eval_loop_enabled` and `lr_eval_threshold` is set). A run's decisions keep their
 false-alarm rate at or below `lr_alpha` over all its rounds: each rule spends half of it,
 its k-th test at level look_alpha(alpha / 2, k) = alpha/2 * 6 / (pi^2 k^2)
-(areal_metrics.streams.core.stats), whose sum over any number of tests is alpha / 2.
+(areal_metrics.producers.contract.statistics), whose sum over any number of tests is alpha / 2.
 - The watched dataset is `lr_eval_dataset`, else the first dataset whose consensus of the
   stage the run reports (kept in the state, so the loop follows one dataset).
 - Threshold: out of a breach, every round is a look: the upper end of the one-sided
@@ -47,7 +47,7 @@ from msgspec.structs import replace
 from areal_metrics.streams.core.alerts import AlertDecision
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.stored import Stored
-from areal_metrics.streams.core.stats import look_alpha, proportion_variance, slope_bound, wilson, z_one_sided
+from areal_metrics.producers.contract.statistics import look_alpha, proportion_variance, slope_bound, wilson, z_one_sided
 from areal_metrics.streams.core.triggers import CommandDecision
 from areal_metrics.streams.core.voting import Consensus
 

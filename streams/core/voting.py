@@ -15,7 +15,7 @@ The vote (CONTRACT.md, "Evaluation you can trust"), when every ok result has ver
 - `dissenters` are the nodes a decided sample's majority outvoted; a node in a tie is never
   named. `node_divergence`: a node's share of its samples where it was outvoted.
 - `n_samples` (decided samples), `ci_low`/`ci_high`: the Wilson 95 % interval of the
-  accuracy on the effective sample size (areal_metrics.streams.core.stats.effective_n:
+  accuracy on the effective sample size (areal_metrics.producers.contract.statistics.effective_n:
   samples of one prompt, `sample_id // samples_per_prompt`, are clustered).
 Without verdicts the value rule: accuracies within `vote_tolerance` agree; the interval is
 Wilson on the results' `n_samples` (none given: [0, 1]).
@@ -63,7 +63,7 @@ from msgspec.structs import astuple, replace
 from areal_metrics.streams.core.alerts import AlertDecision
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.stored import NO_PAIRS, Pairs, Stored, hold_pairs
-from areal_metrics.streams.core.stats import effective_n, wilson
+from areal_metrics.producers.contract.statistics import effective_n, majority, quorum, wilson
 
 CLOSED_ROUNDS_KEPT = 2048  # per run: remembered to refuse late results without re-voting
 CONSENSUS_METRIC = re.compile(r"(pass|maj)@[1-9][0-9]{0,5}|greedy_accuracy")  # an eval's metrics the consensus carries
@@ -193,10 +193,6 @@ class Shape:
         return self.nodes - self.replicas + quorum(self.replicas)
 
 
-def quorum(replicas: int) -> int:
-    return replicas // 2 + 1
-
-
 def shape(rnd: RoundState, registered: int | None) -> Shape:
     nodes = max(rnd.shard_nodes, rnd.replicas)
     answered = len({r.node for r in rnd.results})
@@ -227,7 +223,6 @@ def combine(results: Iterable[NodeResult], replicas: int, cfg: RunConfig, nodes:
 
 
 def _combine_verdicts(ok: list[NodeResult], shape: Shape) -> Combination:
-    need = quorum(shape.replicas)
     votes: dict[int, list[tuple[str, int]]] = {}
     for r in ok:
         for sample, v in zip(r.samples(), r.verdicts or ()):
@@ -237,8 +232,9 @@ def _combine_verdicts(ok: list[NodeResult], shape: Shape) -> Combination:
     for sample, cast in votes.items():
         ones = sum(v for _, v in cast)
         zeros = len(cast) - ones
-        if max(ones, zeros) >= need and ones != zeros:
-            decided[sample] = 1 if ones > zeros else 0
+        side = majority(ones, zeros, shape.replicas)
+        if side is not None:
+            decided[sample] = side
             on_side += max(ones, zeros)
     outvoted = {r.node: 0 for r in ok}
     for sample, agreed in decided.items():
