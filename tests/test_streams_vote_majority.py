@@ -16,7 +16,7 @@ from areal_metrics.producers.contract.events import EvalEvent, RunEvent, parse_e
 from areal_metrics.producers.contract.field_rules import ValidationError
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.processor import RunState, on_eval, on_run, on_tick
-from areal_metrics.producers.contract.statistics import effective_n, wilson
+from areal_metrics.producers.contract.statistics import bounded_interval, clusters_of, proportion_interval, wilson
 from areal_metrics.streams.core.voting import NodeResult, RoundKey, VoteState, add_result, combine
 
 CFG = RunConfig()
@@ -41,8 +41,28 @@ def test_two_replicas_disagreeing_leave_those_samples_undecided_and_name_nobody(
     flaky = tuple(0 if i < 24 else v for i, v in enumerate(truth))  # 24 of the 60 correct marked wrong
     c, alerts = vote([honest, NodeResult("flaky", True, 0.36, 10.0, flaky)], 2)
     assert c is not None and (c.n_samples, c.n_undecided) == (76, 24)
-    assert c.accuracy == pytest.approx(36 / 76)  # the samples the replicas agree on (the old rule said 0.36)
-    assert c.dissenters == () and not alerts  # who is right cannot be told at two replicas
+    # `accuracy` is the mean over the decided samples (biased: 0.474 against a truth of 0.60), so no
+    # decision reads it alone: the interval bounds the accuracy over all 100, undecided both ways
+    assert c.accuracy == pytest.approx(36 / 76)
+    assert c.ci_low <= 36 / 100 and c.ci_high >= 60 / 100  # the truth 0.60 is inside, and so is 0.36
+    assert (c.ci_low, c.ci_high) == pytest.approx(
+        bounded_interval({s: [v] for s, v in enumerate(truth) if s >= 24}, {s: 1 for s in range(24)}))
+    assert c.dissenters == ()  # who is right cannot be told at two replicas
+    [alert] = alerts
+    assert (alert.kind, alert.severity, alert.value) == ("vote_undecided", "warning", pytest.approx(0.24))
+    assert "flaky and honest disagree on 24 of 100" in alert.message
+    assert "two replicas cannot tell which one is wrong" in alert.message and "third replica" in alert.message
+
+
+def test_an_undecided_share_at_or_below_the_setting_raises_no_alert() -> None:
+    truth = [1] * 60 + [0] * 40
+    flaky = tuple(0 if i < 5 else v for i, v in enumerate(truth))  # 5 % undecided: not above 0.05
+    c, alerts = vote([NodeResult("a", True, None, None, tuple(truth)), NodeResult("b", True, None, None, flaky)], 2)
+    assert c is not None and c.n_undecided == 5 and alerts == []
+    cfg = RunConfig(vote_undecided_alert=0.04)
+    _, outcome = add_result(VoteState(), KEY, 10, 2, NodeResult("a", True, None, None, tuple(truth)), 0.0, cfg)
+    _, outcome = add_result(_, KEY, 10, 2, NodeResult("b", True, None, None, flaky), 0.0, cfg)
+    assert [a.kind for a in outcome.alerts] == ["vote_undecided"]
 
 
 def faulty_round(world: int, redundancy: int, n: int, faulty: int, rnd: random.Random):
@@ -182,7 +202,7 @@ def test_the_interval_covers_the_accuracy_when_samples_cluster_by_prompt() -> No
         p = np.clip(mean + rng.normal(0, 0.2, 32), 0, 1)
         v = (rng.random((32, 4)) < p[:, None]).astype(int)
         acc = v.mean()
-        low, high = wilson(acc, effective_n({i: list(v[i]) for i in range(32)}))
+        low, high = proportion_interval({i: list(v[i]) for i in range(32)})
         hit_robust += low <= mean <= high
         low, high = wilson(acc, 128)
         hit_plain += low <= mean <= high
@@ -197,8 +217,10 @@ def test_the_interval_on_the_consensus_event() -> None:
                    verdicts=verdicts, replicas=1, metrics={"samples_per_prompt": 4.0}, ts=2.0, event_id="x")
     _, out = on_eval(state, ev, 1.0, CFG)
     c = out[0].event
-    # every prompt 2 of 4: no spread between prompts, the interval is Wilson on 128
-    assert (c.n_samples, c.n_undecided) == (128, 0) and (c.ci_low, c.ci_high) == pytest.approx(wilson(0.5, 128))
+    # every prompt 2 of 4: no spread between prompts, effective size 128 (Clopper-Pearson on the prompts' df)
+    assert (c.n_samples, c.n_undecided) == (128, 0)
+    assert (c.ci_low, c.ci_high) == pytest.approx(proportion_interval(clusters_of(verdicts, 4)))
+    assert c.ci_high - c.ci_low >= wilson(0.5, 128)[1] - wilson(0.5, 128)[0]
     clustered = tuple([1, 1, 1, 1, 0, 0, 0, 0] * 16)  # prompts all right or all wrong: 32 prompts' worth
     _, out = on_eval(state, ev.replace(verdicts=clustered, event_id="y"), 1.0, CFG)
     c = out[0].event

@@ -66,7 +66,7 @@ Command = Literal["evaluate_now", "set_eval_interval", "scale_lr", "stop"]
 Severity = Literal["info", "warning", "critical"]
 AlertKind = Literal["reward_below_threshold", "eval_failed", "node_divergence", "throughput_drop", "stalled",
                     "invalid_event", "non_finite", "no_improvement", "eval_below_threshold", "vote_no_majority",
-                    "run_failed", "run_killed", "invalid_config"]  # what the stream worker raises
+                    "run_failed", "run_killed", "invalid_config", "vote_undecided"]  # what the stream worker raises
 
 EVAL_STATUSES: tuple[str, ...] = get_args(EvalStatus)
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)

@@ -164,6 +164,10 @@ class Settings:
                                                "timeout, seconds", kind="float", ge=1, le=3600, readers="worker")
     streams_linger_ms: float = setting("AREAL_STREAMS_LINGER_MS", 5.0, "how long a batch waits for more input, "
                                        "ms", kind="float", ge=0, le=10_000, readers="worker")
+    vote_undecided_alert: float = setting("AREAL_VOTE_UNDECIDED_ALERT", 0.05, "`vote_undecided` when a round's "
+                                          "share of undecided samples exceeds this (the streams config's "
+                                          "`vote_undecided_alert` wins)", kind="float", ge=0, le=1,
+                                          readers="worker")
     # -- the sink
     log_level: str = setting("AREAL_LOG_LEVEL", "info", "the sink's log level", kind="choice", choices=LOG_LEVELS,
                              readers="sink")

@@ -59,6 +59,8 @@ Cross-node vote
   vote_tolerance = 0.02        values (accuracy) within this distance agree
   divergence_threshold = 0.05  `node_divergence` when a node's share of samples off the consensus
                                (or its accuracy's distance from it) exceeds this
+  vote_undecided_alert = 0.05  `vote_undecided` when a round's share of undecided samples exceeds
+                               this (default from AREAL_VOTE_UNDECIDED_ALERT)
 
 The file named by AREAL_STREAMS_CONFIG (JSON) may change them:
 
@@ -82,7 +84,7 @@ from typing import Any
 
 from areal_metrics.producers.contract.config_fields import typed_fields
 from areal_metrics.producers.contract.errors import ConfigError
-from areal_metrics.producers.contract.settings import read_setting
+from areal_metrics.producers.contract.settings import is_set, read_setting
 
 CONFIG_ENV = "AREAL_STREAMS_CONFIG"
 _OPTIONAL = frozenset({"reward_threshold", "lr_eval_threshold", "lr_eval_dataset"})  # None: off / any
@@ -145,6 +147,7 @@ class RunConfig:
     vote_timeout_s: float = 120.0
     vote_tolerance: float = 0.02
     divergence_threshold: float = 0.05
+    vote_undecided_alert: float = 0.05
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -192,6 +195,9 @@ class RunConfig:
                      "throughput_window", "throughput_min_samples"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"streams config {name}: must be >= 0")
+        if not 0 <= self.vote_undecided_alert <= 1:
+            raise ConfigError(f"streams config vote_undecided_alert: must be a share in [0, 1] "
+                              f"(got {self.vote_undecided_alert})")
         for name in ("stall_seconds", "invalid_alert_interval_s", "vote_timeout_s", "vote_tolerance",
                      "divergence_threshold", "evaluate_delta", "reward_recover_margin", "step_wait_s",
                      "learning_slope_t"):
@@ -289,12 +295,15 @@ class StreamsConfig:
     def load(cls, path: str | Path | None = None) -> StreamsConfig:
         """The config from `path`, else from $AREAL_STREAMS_CONFIG, else the defaults."""
         path = path or read_setting("streams_config")
+        env = {"vote_undecided_alert": read_setting("vote_undecided_alert")} if is_set("vote_undecided_alert") else {}
         if not path:
-            return cls()
+            return cls(defaults=RunConfig().with_overrides(env))
         try:
             data = json.loads(Path(path).read_text())
         except OSError as exc:
             raise ConfigError(f"streams config {path}: cannot read ({exc.strerror})") from None
         except ValueError as exc:
             raise ConfigError(f"streams config {path}: not valid JSON ({exc})") from None
+        if env and isinstance(data, dict) and isinstance(data.get("defaults", {}), dict):
+            data = {**data, "defaults": {**env, **data.get("defaults", {})}}  # the file's value wins
         return cls.from_dict(data)

@@ -15,7 +15,7 @@ its k-th test at level look_alpha(alpha / 2, k) = alpha/2 * 6 / (pi^2 k^2)
   stage the run reports (kept in the state, so the loop follows one dataset).
 - Threshold: out of a breach, every round is a look: the upper end of the one-sided
   interval of the accuracy at the look's level (Wilson on the consensus's effective sample
-  size) below `lr_eval_threshold` -> `scale_lr` by `lr_factor` and an `eval_below_threshold`
+  size, on its optimistic side: undecided samples counted right, `optimistic`) below `lr_eval_threshold` -> `scale_lr` by `lr_factor` and an `eval_below_threshold`
   alert. A look after another looks twice, at half the level each: the round alone, and the
   two rounds pooled (a lasting drop is found on twice the samples). The breach lasts until the round's 95 % interval lies at or above threshold +
   `lr_restore_margin`; its end restores: `scale_lr` by `lr_restore_factor`, capped so the
@@ -122,6 +122,16 @@ def _drop(state: EvalLoopState, c: Consensus, why: str, cfg: RunConfig,
     return replace(state, factor=lowered), _command(c, cfg.lr_factor, lowered, why, cfg, rollback)
 
 
+def optimistic(c: Consensus) -> tuple[float, float]:
+    """(accuracy, effective samples) over every sample of the round with each undecided sample
+    counted right: the side a below-threshold test reads, so undecided samples never make a cut.
+    The effective size is the decided samples' scaled to the round's size."""
+    total = c.n_samples + c.n_undecided
+    if not c.n_undecided or not c.n_samples:
+        return c.accuracy, c.n_effective
+    return (c.accuracy * c.n_samples + c.n_undecided) / total, c.n_effective * total / c.n_samples
+
+
 def shown_good(c: Consensus, threshold: float) -> bool:
     """The round's 95 % interval lies at or above the threshold: weights a rollback may restore."""
     return c.ci_low >= threshold
@@ -146,11 +156,12 @@ def below_threshold(c: Consensus, threshold: float, alpha: float, look: int,
     between the two tests."""
     level = look_alpha(alpha / 2, look) / (2 if previous is not None else 1)
     z = z_one_sided(level)
-    upper = wilson(c.accuracy, c.n_effective, z)[1]
-    what = "its"
+    accuracy, n_effective = optimistic(c)
+    upper = wilson(accuracy, n_effective, z)[1]
+    what = "its" if not c.n_undecided else f"its ({c.n_undecided} undecided counted right)"
     if upper >= threshold and previous is not None:
-        n = c.n_effective + previous[1]
-        pooled = (c.accuracy * c.n_effective + previous[0] * previous[1]) / n if n > 0 else c.accuracy
+        n = n_effective + previous[1]
+        pooled = (accuracy * n_effective + previous[0] * previous[1]) / n if n > 0 else accuracy
         pooled_upper = wilson(pooled, n, z)[1]
         if pooled_upper < threshold:
             upper, what = pooled_upper, f"with the round before ({previous[0]:.4g}), pooled {pooled:.4g} on {n:.4g} " \
@@ -177,7 +188,7 @@ def _threshold_rule(
         command = _command(c, raised / state.factor, raised, why, cfg)
         return replace(state, factor=raised), [], [command]
     previous = state.previous
-    state = replace(state, looks=state.looks + 1, previous=(c.accuracy, c.n_effective))
+    state = replace(state, looks=state.looks + 1, previous=optimistic(c))
     below, why = below_threshold(c, threshold, cfg.lr_alpha, state.looks, previous)
     if not below:
         if shown_good(c, threshold):
