@@ -161,6 +161,29 @@ def test_rank_zero_only_logging_gets_its_consensus_and_no_eval_failed() -> None:
     assert kinds == [("eval_consensus", None)] and (out[0].event.replicas, out[0].event.partial) == (1, False)
 
 
+def test_a_round_every_registered_rank_answered_closes_at_the_tick_that_trusts_the_count() -> None:
+    """Issue 40, item 12: rank 0 alone logs a 2-rank run and evaluates right at the start (the first
+    evaluation of the run): the round closes at the first tick once the count of registered ranks
+    has held for step_wait_s, not at vote_timeout_s."""
+    from areal_metrics.streams.core.processor import has_clock_work
+
+    cfg = RunConfig(vote_timeout_s=120, step_wait_s=3)
+    state, _ = on_run(RunState("run-v"), run_event(0, 2), 10.0, cfg)
+    state, out = on_eval(state, eval_event("host-0", 0, replicas=2), 10.5, cfg)
+    assert out == []  # one registered rank, but that count is 0.5 s old: rank 1's `running` may be on its way
+    assert not has_clock_work(state, 12.0, cfg)
+    state, out = on_tick(state, 12.0, cfg)
+    assert out == []
+    assert has_clock_work(state, 13.0, cfg)  # the count has held for step_wait_s: the tick re-checks the round
+    state, out = on_tick(state, 13.0, cfg)
+    [c] = [o.event for o in out if o.event.type == "eval_consensus"]
+    assert (c.votes, c.replicas, c.accuracy, c.partial) == (1, 1, 0.75, False)
+    assert [o for o in out if o.event.type == "alert"] == [] and not state.votes.open_rounds
+    assert not has_clock_work(state, 200.0, cfg)
+    state, out = on_tick(state, 200.0, cfg)  # the timeout finds nothing left to close or fail
+    assert out == []
+
+
 def test_a_registered_rank_that_does_not_answer_is_still_waited_for() -> None:
     cfg = RunConfig(vote_timeout_s=30)
     state = RunState("run-v")

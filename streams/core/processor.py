@@ -74,8 +74,10 @@ from areal_metrics.streams.core.voting import (
     VoteOutcome,
     VoteState,
     add_result,
+    answered_all,
     consensus_metric,
     expire,
+    recheck,
 )
 
 WORKER_NODE = "areal-streams"  # the `node` of every event the worker derives
@@ -413,7 +415,9 @@ def on_tick(state: RunState, now: float, cfg: RunConfig) -> tuple[RunState, list
     state, outputs = _smooth_all(replace(state, ranks=ranks), ready, cfg, None)
     stall, alerts = check_stalled(state.stall, now, cfg, ended=state.lifecycle.ended)
     outputs.extend(Output(alert_event(state.run_id, a, now, state.stall.last_attempt)) for a in alerts)
-    votes, outcomes = expire(state.votes, now, cfg, registered(state))
+    votes, outcomes = recheck(state.votes, cfg, registered(state, now, cfg))
+    votes, expired = expire(votes, now, cfg, registered(state))
+    outcomes += expired
     state = replace(state, stall=stall, votes=votes)
     for outcome in outcomes:
         state, out = _vote_outputs(state, outcome, now, cfg)
@@ -428,6 +432,10 @@ def has_clock_work(state: RunState, now: float, cfg: RunConfig) -> bool:
         return True
     if any(now - r.opened_at >= cfg.vote_timeout_s for r in state.votes.open_rounds.values()):
         return True
+    if state.votes.open_rounds:  # a round every registered rank answered, once that count is trusted
+        trusted = registered(state, now, cfg)
+        if trusted is not None and any(answered_all(r, trusted) for r in state.votes.open_rounds.values()):
+            return True
     s = state.stall
     return bool(cfg.stall_seconds > 0 and not s.stalled and not state.lifecycle.ended
                 and s.last_step_at is not None and now - s.last_step_at >= cfg.stall_seconds)

@@ -521,6 +521,26 @@ def _settle(state: VoteState, rnd: RoundState, cfg: RunConfig,
     return VoteState({**state.open_rounds, key: rnd}, state.closed, state.last_good), VoteOutcome()
 
 
+def answered_all(rnd: RoundState, registered: int | None) -> bool:
+    """Cheap: has every node the round expects at `registered` ranks answered? (None: unknown.)"""
+    return registered is not None and len({r.node for r in rnd.results}) >= shape(rnd, registered).nodes
+
+
+def recheck(state: VoteState, cfg: RunConfig, registered: int | None) -> tuple[VoteState, list[VoteOutcome]]:
+    """Settle again the open rounds that every expected node has answered, now that the count of
+    registered ranks is trusted (a round that opened while it was too new to trust, e.g. at a
+    run's first evaluation, closes at the next tick instead of at vote_timeout_s)."""
+    outcomes: list[VoteOutcome] = []
+    if registered is None:
+        return state, outcomes
+    for key, rnd in sorted(state.open_rounds.items(), key=lambda kv: (kv[1].opened_at, astuple(kv[0]))):
+        if answered_all(rnd, registered):
+            state, outcome = _settle(state, rnd, cfg, registered)
+            if outcome.consensus is not None or outcome.alerts:
+                outcomes.append(outcome)
+    return state, outcomes
+
+
 def expire(state: VoteState, now: float, cfg: RunConfig,
            registered: int | None = None) -> tuple[VoteState, list[VoteOutcome]]:
     """Close the rounds open longer than vote_timeout_s: partial consensus, or failed."""
