@@ -38,8 +38,9 @@ def test_each_event_reads_back_and_is_written_byte_for_byte(line: bytes) -> None
 
 # Fields a stored record gained since the golden files were recorded, as a record written now
 # holds them at their default: an old record reads back with the default and is written as
-# before plus these (EvalLoopState.good_round: the rollback's latest good round).
-ADDED_SINCE = (b',"good_round":null',)
+# before plus these (EvalLoopState.good_round: the rollback's latest good round; TriggerState.baseline_from:
+# what an evaluate_now's "since" names).
+ADDED_SINCE = (b',"good_round":null', b',"baseline_from":"start"')
 
 
 def as_recorded(written: bytes) -> bytes:
