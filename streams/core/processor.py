@@ -302,11 +302,22 @@ def _step_reward(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> 
         return state, []
     ranks = supersede(state.ranks, ev.attempt, ev.step) if ev.attempt else state.ranks
     report = RankReport(rank=ev.rank, reward=ev.reward, n_samples=ev.n_samples)
-    ranks, ready = add_rank(ranks, (ev.attempt, ev.step), ev.world_size, report, ev.ts, ev.event_id, now,
-                            cfg.max_pending_steps)
+    ranks, ready = add_rank(ranks, (ev.attempt, ev.step), expected_ranks(state, ev, now, cfg), report, ev.ts,
+                            ev.event_id, now, cfg.max_pending_steps)
     if ranks is not state.ranks:  # (a one-rank step leaves them as they were)
         state = replace(state, ranks=ranks)
     return _smooth_all(state, ready, cfg, ev.event_id)
+
+
+def expected_ranks(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> int | None:
+    """The ranks a step waits for: its `world_size`, but no more than the ranks that registered the
+    current attempt once that count is trusted (`registered`): a run logged from rank 0 alone under
+    WORLD_SIZE > 1 needs nothing declared, its steps stop waiting for ranks that never log."""
+    world = ev.world_size
+    if world is None or world <= 1 or ev.attempt != state.lifecycle.attempt:
+        return world
+    trusted = registered(state, now, cfg)
+    return world if trusted is None else min(world, max(trusted, 1))
 
 
 def on_step(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
