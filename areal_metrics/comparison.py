@@ -5,7 +5,7 @@ the dataset (a stale repeat of an earlier round is not a result): the mean over
 the runs and its 95 % t-interval over runs (seeds). Then a paired test per
 sample: each run's per-sample verdicts come from its nodes' stored `verdicts`
 (table `evals`, the round of that consensus), voted per sample as the worker
-votes (strict majority, ties undecided); a group's score of a sample is the
+votes (statistics.majority at the consensus's replicas, ties undecided); a group's score of a sample is the
 mean over its runs that decided it; the exact sign test runs over the samples
 both groups decided, on the differences of those scores (with one run per
 group: McNemar's exact test). Samples are matched by their index in the
@@ -160,13 +160,26 @@ def attach_turn_metrics(store: Any, rounds: Mapping[str, RunRound]) -> None:
         rounds[run].turn_metrics[key] = float(value)
 
 
+def consensus_replicas(store: Any, rounds: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """(run, eval_id) -> the replicas the worker's vote used for that round (its consensus's `replicas`)."""
+    if not rounds:
+        return {}
+    keys = ", ".join(f"({literal(run)}, {literal(eval_id)})" for run, eval_id in rounds)
+    return {(run, eval_id): int(replicas) for run, eval_id, replicas in _rows(store, f"""
+        SELECT run_id, eval_id, argMax(replicas, ts) FROM v_eval_consensus
+        WHERE (run_id, eval_id) IN ({keys}) AND NOT stale GROUP BY run_id, eval_id""")}
+
+
 def attach_verdicts(store: Any, rounds: Mapping[str, RunRound]) -> None:
-    """Fill each round's per-sample verdicts (the nodes' majority) and fingerprints from `evals`."""
+    """Fill each round's per-sample verdicts and fingerprints from `evals`: the worker's majority rule
+    (statistics.majority) at the replicas its consensus used, so compare decides what the worker decided."""
     keys = [(r.run_id, r.eval_id) for r in rounds.values()]
     voted = node_verdicts(store, keys)
     prints = fingerprints(store, keys)
+    replicas = consensus_replicas(store, keys)
     for r in rounds.values():
-        r.verdicts = stats.node_majority(voted.get((r.run_id, r.eval_id), {}).values())
+        r.verdicts = stats.node_majority(voted.get((r.run_id, r.eval_id), {}).values(),
+                                         replicas.get((r.run_id, r.eval_id)))
         r.fingerprints = prints.get((r.run_id, r.eval_id), set())
 
 

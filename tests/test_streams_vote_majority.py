@@ -248,3 +248,21 @@ def test_the_interval_on_the_consensus_event() -> None:
     _, out = on_eval(state, ev.replace(verdicts=clustered, event_id="y"), 1.0, CFG)
     c = out[0].event
     assert c.ci_high - c.ci_low > 1.5 * (wilson(0.5, 128)[1] - wilson(0.5, 128)[0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4), st.lists(st.lists(st.sampled_from([0, 1, None]), min_size=8, max_size=8),
+                                   min_size=1, max_size=5))
+def test_compare_decides_exactly_the_samples_the_worker_decides(replicas: int, matrix: list[list[int | None]]) -> None:
+    """One majority rule (issue 43, item 1): compare's per-sample verdicts (statistics.node_majority at
+    the consensus's replicas, what areal_metrics.comparison reads) are the worker's vote's, including
+    samples with fewer votes than replicas (None: the node did not evaluate the sample)."""
+    from areal_metrics.producers.contract.statistics import node_majority
+
+    nodes = [{s: v for s, v in enumerate(row) if v is not None} for row in matrix]
+    results = [NodeResult(f"n{i}", True, None, None, tuple(d.values()), sample_ids=tuple(d)) for i, d in enumerate(nodes)]
+    results = [r for r in results if r.verdicts]
+    if not results:
+        return
+    worker = combine(results, replicas, CFG, max(len(results), replicas)).verdicts
+    assert node_majority(nodes, replicas) == dict(worker)
