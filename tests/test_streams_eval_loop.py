@@ -296,3 +296,18 @@ def test_any_eval_loop_a_run_sends_is_taken_or_named_never_a_crash(loop) -> None
         assert len(taken) + len(named) == len(loop)  # every key either taken or named
     # and the state round-trips through the worker's codec
     assert codec.loads(RunState, codec.dumps(state)).loop_overrides == state.loop_overrides
+
+
+def test_undecided_samples_never_make_a_cut() -> None:
+    """Issue 40, item 1: a stuck grader at two replicas leaves every sample the honest node got right
+    undecided; the decided ones read 0.0. The threshold test reads the optimistic side (undecided
+    counted right: 0.28 of 128 here, over a threshold of 0.2), so no cut; the same round with those
+    samples decided wrong is cut."""
+    cfg = RunConfig(lr_eval_threshold=0.2)
+    from msgspec.structs import replace
+
+    stuck = replace(cons(40, 0.0, n=92), n_undecided=36)
+    _, alerts, commands = on_consensus(EvalLoopState(), stuck, cfg)
+    assert alerts == [] and commands == []
+    _, alerts, commands = on_consensus(EvalLoopState(), cons(40, 0.0, n=128), cfg)
+    assert [c.command for c in commands] == ["scale_lr"]
