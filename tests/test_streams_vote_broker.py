@@ -3,7 +3,8 @@
 - run-k: a sharded round of 12 samples over 4 nodes at redundancy 3 (`sample_ids`,
   `shard_nodes`), node n3 faulty and first: the consensus is the honest accuracy, n3 alone
   is named (had it come last, the three honest nodes would have decided every sample first).
-- run-t: two replicas that disagree on 3 samples: those are undecided, nobody is named.
+- run-t: two replicas that disagree on 3 samples: those are undecided, nobody is blamed, and a
+  `vote_undecided` alert names both (two replicas cannot tell which one is wrong).
 - run-0: a 2-rank run where only rank 0 registered and logs (rank-0-only logging): its round
   gets a consensus of its one node, and no `eval_failed` for the rank that never registered.
 
@@ -98,9 +99,11 @@ def test_rounds_published_as_raw_json_vote_per_sample(kafka_bootstrap: str, topi
     z = consensus["run-0"]
     assert (z["votes"], z["replicas"], z["accuracy"], z["n_samples"], z["partial"]) == (1, 1, 0.5, 4, False)
 
-    alerts = sorted((a["run_id"], a["kind"], a["message"].split(":")[0]) for a in got[topics.alerts].values())
-    assert [(run, kind) for run, kind, _ in alerts] == [("run-k", "node_divergence")]
-    assert "node n3 " in alerts[0][2]
+    alerts = sorted((a["run_id"], a["kind"], a["message"]) for a in got[topics.alerts].values())
+    # run-t: 3 of 12 undecided (25 % > 5 %): the two replicas are named, neither blamed
+    assert [(run, kind) for run, kind, _ in alerts] == [("run-k", "node_divergence"), ("run-t", "vote_undecided")]
+    assert "node n3 " in alerts[0][2].split(":")[0]
+    assert "nodes a and b disagree on 3 of 12 samples" in alerts[1][2]
 
 
 RANK_ZERO_SCRIPT = """
