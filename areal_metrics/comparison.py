@@ -7,13 +7,13 @@ both groups has a (non-stale) consensus, or the `--step` the user gives (never "
 run's last round was": two groups identical at equal steps but of different lengths do not
 differ). Per group: the mean over its runs and its 95 % t-interval. The headline,
 `difference`: mean(B) - mean(A) with Welch's 95 % interval and two-sided p-value over runs
-(areal_metrics.stats.welch; unequal variances; None with fewer than 2 runs in a group).
+(statistics.welch; unequal variances; None with fewer than 2 runs in a group).
 
 Then `paired`, a test of these particular models (the runs compared, not the strategies),
 with the prompt as its unit: each run's per-sample verdicts come from its nodes' stored
 `verdicts` (table `evals`, the round of that consensus), voted per sample as the worker
-votes (strict majority, ties undecided); a run's score of a prompt is the mean of its
-decided samples of it (`samples_per_prompt` consecutive samples a prompt); a group's score
+votes (statistics.majority at the consensus's replicas, ties undecided); a run's score of a
+prompt is the mean of its decided samples of it (`samples_per_prompt` consecutive samples a prompt); a group's score
 the mean over its runs that decided it; the exact sign test runs over the prompts both
 groups decided, on the differences of those scores (with one run per group and one sample
 a prompt: McNemar's exact test). Samples are matched by their index in the
@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_metrics import stats
+from areal_metrics.producers.contract import statistics as stats
 from areal_metrics.errors import UserError
 
 TEST_NAME = "exact sign test on per-prompt accuracy differences"
@@ -68,6 +68,14 @@ class GroupSummary:
 
 
 # ------------------------------------------------------------------ reading
+
+
+def window_ids(length: int, offset: int | None = None, total: int | None = None) -> list[int]:
+    """The sample ids of `length` verdicts: a cyclic window from `offset` of `total` (the layout older
+    trainers put in `metrics`), else 0..length-1."""
+    if offset is None or total is None or total < 1:
+        return list(range(length))
+    return [(offset + i) % total for i in range(length)]
 
 
 def _rows(store: Any, sql: str) -> list[tuple[Any, ...]]:
@@ -140,9 +148,9 @@ def node_verdicts(store: Any, rounds: Sequence[tuple[str, str]]) -> dict[tuple[s
         if sample_ids and len(sample_ids) == len(verdicts):
             where = [int(s) for s in sample_ids]
         elif has_window:
-            where = stats.window_ids(len(verdicts), int(offset), int(total))
+            where = window_ids(len(verdicts), int(offset), int(total))
         else:
-            where = stats.window_ids(len(verdicts))
+            where = window_ids(len(verdicts))
         out[(run, eval_id)][node] = dict(zip(where, (int(v) for v in verdicts)))
     return out
 
@@ -185,15 +193,28 @@ def samples_per_prompt(store: Any, rounds: Sequence[tuple[str, str]]) -> dict[tu
             GROUP BY run_id, eval_id""")}
 
 
+def consensus_replicas(store: Any, rounds: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """(run, eval_id) -> the replicas the worker's vote used for that round (its consensus's `replicas`)."""
+    if not rounds:
+        return {}
+    keys = ", ".join(f"({literal(run)}, {literal(eval_id)})" for run, eval_id in rounds)
+    return {(run, eval_id): int(replicas) for run, eval_id, replicas in _rows(store, f"""
+        SELECT run_id, eval_id, argMax(replicas, ts) FROM v_eval_consensus
+        WHERE (run_id, eval_id) IN ({keys}) AND NOT stale GROUP BY run_id, eval_id""")}
+
+
 def attach_verdicts(store: Any, rounds: Mapping[str, RunRound]) -> None:
-    """Fill each round's per-sample verdicts (the nodes' majority), fingerprints and samples a
-    prompt from `evals`."""
+    """Fill each round's per-sample verdicts, fingerprints and samples a prompt from `evals`: the
+    worker's majority rule (statistics.majority) at the replicas its consensus used, so compare
+    decides what the worker decided."""
     keys = [(r.run_id, r.eval_id) for r in rounds.values()]
     voted = node_verdicts(store, keys)
     prints = fingerprints(store, keys)
     per_prompt = samples_per_prompt(store, keys)
+    replicas = consensus_replicas(store, keys)
     for r in rounds.values():
-        r.verdicts = stats.node_majority(voted.get((r.run_id, r.eval_id), {}).values())
+        r.verdicts = stats.node_majority(voted.get((r.run_id, r.eval_id), {}).values(),
+                                         replicas.get((r.run_id, r.eval_id)))
         r.fingerprints = prints.get((r.run_id, r.eval_id), set())
         r.per_prompt = per_prompt.get((r.run_id, r.eval_id), 1)
 

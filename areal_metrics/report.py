@@ -137,12 +137,12 @@ def eval_interval(accuracy: float, ci_low: float | None, ci_high: float | None,
                   n_samples: int | None) -> tuple[float | None, float | None]:
     """A round's 95 % interval: the consensus's own when it carries one, else Wilson from its sample
     count, else none."""
-    from areal_metrics.stats import wilson
+    from areal_metrics.producers.contract.statistics import wilson
 
     if ci_low is not None and ci_high is not None:
         return ci_low, ci_high
     if n_samples:
-        return wilson(accuracy * n_samples, n_samples)
+        return wilson(accuracy, n_samples)
     return None, None
 
 

@@ -97,7 +97,7 @@ def moving_average(values: Sequence[float], n: int) -> list[float]:
 def band(series: Sequence[Sequence[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
     """(steps, mean, low, high) over the series that have each step: the 95 % t-interval over them
     (runs, i.e. seeds), the mean alone where only one series has the step."""
-    from areal_metrics.stats import t_interval
+    from areal_metrics.producers.contract.statistics import t_interval
 
     by_step: dict[int, list[float]] = defaultdict(list)
     for one in series:
@@ -487,7 +487,7 @@ def scaling_rows(series: dict[tuple[str, str], list[tuple[int, float]]], info: d
 
     Runs tagged `scaling` (the demo's one-at-a-time runs) are compared alone when there are any:
     runs that shared the cores with others would not compare."""
-    from areal_metrics.stats import t_interval
+    from areal_metrics.producers.contract.statistics import t_interval
 
     scaling = {run for run in info if tagged(info, run, "scaling")}
     totals: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))

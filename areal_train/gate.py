@@ -28,16 +28,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from statistics import NormalDist
 
-
-def binomial_two_sided(k: int, n: int) -> float:
-    """P(a count as far from n/2 as k) under Binomial(n, 1/2): the exact sign test's p-value."""
-    if n == 0:
-        return 1.0
-    low = min(k, n - k)
-    tail = sum(math.comb(n, i) for i in range(low + 1)) / 2.0 ** n
-    return min(1.0, 2 * tail)
+from areal_metrics.producers.contract.statistics import binomial_two_sided, t_quantile
 
 
 def prompt_changes(before: Sequence[int], now: Sequence[int], k: int) -> list[int]:
@@ -51,15 +43,6 @@ def prompt_changes(before: Sequence[int], now: Sequence[int], k: int) -> list[in
 MIN_PROMPTS = 11  # a skip needs at least this many quick prompts (10 degrees of freedom)
 
 
-def t_one_sided(df: int, alpha: float) -> float:
-    """Student's t quantile with `alpha` above it (Cornish-Fisher from the normal one: within 0.01 of the
-    exact value for df >= 10 at alpha >= 0.01, tests/test_train_two_stage.py; the gate uses it only
-    there. The one statistics module's t_quantile replaces it at the merge)."""
-    z = NormalDist().inv_cdf(1 - alpha)
-    d = max(df, 1)
-    return z + (z ** 3 + z) / (4 * d) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * d * d)
-
-
 def drop_bound(changes: Sequence[int], k: int, alpha: float) -> float:
     """The lower one-sided `1 - alpha` bound of the mean per-prompt change in the share of right answers."""
     shares = [c / max(k, 1) for c in changes]
@@ -68,7 +51,7 @@ def drop_bound(changes: Sequence[int], k: int, alpha: float) -> float:
         return -1.0  # too few prompts to show a change small: the full stage runs
     mean = sum(shares) / g
     sd = math.sqrt(sum((x - mean) ** 2 for x in shares) / (g - 1))
-    return mean - t_one_sided(g - 1, alpha) * sd / math.sqrt(g)
+    return mean - t_quantile(g - 1, 1 - alpha) * sd / math.sqrt(g)
 
 
 @dataclass(frozen=True)

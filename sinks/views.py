@@ -23,7 +23,8 @@ def final_view(db: str, table: str, ttl: str | None = None) -> str:
 # states the same rule in Python, for `watch`):
 # - a rank's status in an attempt: its terminal event if it sent one, else `running`;
 # - an attempt's status: failed if a rank failed, else killed if a rank was killed, else
-#   running while a rank is running or fewer ranks than world_size reported, else finished;
+#   running while a rank that reported is running, else finished (the ranks that registered: a run
+#   logged from rank 0 alone under WORLD_SIZE > 1 ends when rank 0 does);
 # - the run: its latest attempt (config, tags, group from its lowest rank), started at its
 #   first event of any attempt, ended when its latest attempt ended.
 # argMax skips NULLs: `argMax(tuple(x), a).1` takes the latest attempt's value, NULL included.
@@ -51,7 +52,7 @@ FROM
         run_id,
         attempt AS a_attempt,
         multiIf(countIf(r_status = 'failed') > 0, 'failed', countIf(r_status = 'killed') > 0, 'killed',
-                countIf(r_status = 'running') > 0 OR count() < max(r_world_size), 'running', 'finished') AS a_status,
+                countIf(r_status = 'running') > 0, 'running', 'finished') AS a_status,
         argMin(r_config, rank) AS a_config,
         argMin(r_tags, rank) AS a_tags,
         argMin(r_group, rank) AS a_group,

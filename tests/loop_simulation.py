@@ -37,7 +37,7 @@ from areal_metrics.producers.contract.events import EvalEvent
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.eval_loop import EvalLoopState, on_consensus
 from areal_metrics.streams.core.processor import RunState, on_eval
-from areal_metrics.streams.core.stats import effective_n, wilson
+from areal_metrics.producers.contract.statistics import effective_n, proportion_interval
 from areal_metrics.streams.core.voting import Consensus, RoundKey
 
 PROMPTS, PER_PROMPT = 128, 4  # 512 samples a round
@@ -143,12 +143,13 @@ class Evaluation:
 
 def one_node_consensus(r: int, table: np.ndarray) -> Consensus:
     """The consensus the vote gives one node's round (prompt x sample verdicts): the accuracy, its
-    effective size over the prompts' clusters and the Wilson interval on it."""
+    effective size over the prompts' clusters and the vote's interval on them (statistics.proportion_interval)."""
     verdicts = table.ravel()
     n = len(verdicts)
     accuracy = float(verdicts.sum()) / n
-    n_eff = effective_n({i: row.tolist() for i, row in enumerate(table)})
-    low, high = wilson(accuracy, n_eff)
+    clusters = {i: row.tolist() for i, row in enumerate(table)}
+    n_eff = effective_n(clusters)
+    low, high = proportion_interval(clusters)
     return Consensus(key=RoundKey("sim", f"e{r}", "math500", "full", 0), step=INTERVAL * r, accuracy=accuracy,
                      response_length=None, votes=1, replicas=1, agreement=1.0, dissenters=(), n_samples=n,
                      ci_low=low, ci_high=high, n_effective=n_eff)

@@ -149,7 +149,7 @@ def test_rank_counts_are_compared_only_with_enough_runs_and_steps_and_with_inter
 
     from areal_metrics.report import RunInfo
     from areal_metrics.report_figures import SCALING_MIN_STEPS, plot_throughput, scaling_rows
-    from areal_metrics.stats import t_interval
+    from areal_metrics.producers.contract.statistics import t_interval
 
     demo = {"t1": (1, 4), "t2": (2, 4), "t4": (4, 4)}  # the demo's: one 4-step run per rank count
     info = {r: RunInfo("throughput", w, {"tags": ["scaling"]}) for r, (w, _) in demo.items()}

@@ -177,6 +177,22 @@ def test_a_runs_display_name_is_kept_beside_its_id(client) -> None:
         ("exp-lr-1e-6-0a1b2c3d", "proj/exp lr=1e-6 · 实验", "finished")]
 
 
+def test_a_run_logged_from_rank_zero_alone_finishes_when_rank_zero_does(client) -> None:
+    """Issue 40, item 12: RANK=0 WORLD_SIZE=2 and only rank 0 calls init: the run ends when its
+    registered ranks finished; a second rank that registered keeps it running until it ends."""
+    from areal_metrics.producers.contract.events import RunEvent
+    from areal_metrics.producers.contract.run_status import fold
+
+    alone = [RunEvent(run_id="r0-alone", rank=0, world_size=2, status=s, ts=t, event_id=f"a{t}")
+             for s, t in (("running", 1.0), ("finished", 2.0))]
+    both = [*(e.replace(run_id="r0-both", event_id="b" + e.event_id) for e in alone),
+            RunEvent(run_id="r0-both", rank=1, world_size=2, status="running", ts=1.5, event_id="b1")]
+    insert_rows(client, "areal", located([*alone, *both], "areal.runs"), "ranks")
+    rows = client.query("SELECT run_id, status FROM areal.v_runs ORDER BY run_id").result_rows
+    assert rows == [("r0-alone", "finished"), ("r0-both", "running")]
+    assert {k: s.status for k, s in fold([*alone, *both]).items()} == dict(rows)
+
+
 def test_direct_store_is_read_only_unless_write(client, url: str) -> None:
     insert_rows(client, "areal", located(steps(3)), "t")
     client.close()

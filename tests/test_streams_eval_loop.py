@@ -17,7 +17,7 @@ from areal_metrics.producers.contract.events import EvalEvent, RunEvent, parse_e
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.eval_loop import EvalLoopState, on_consensus
 from areal_metrics.streams.core.processor import RunState, on_eval, on_run
-from areal_metrics.streams.core.stats import wilson
+from areal_metrics.producers.contract.statistics import wilson
 from areal_metrics.streams.core.voting import Consensus, RoundKey
 
 CFG = RunConfig(lr_eval_threshold=0.5, lr_min_factor=0.25, no_improvement_rounds=3,
@@ -373,3 +373,18 @@ def test_a_longer_horizon_keeps_the_false_alarm_rate_with_a_higher_limit() -> No
 
     (k, h50), (_, h200), (_, h2000) = (cusum_design(0.05, n) for n in (50, 200, 2000))
     assert k == pytest.approx(1.959964, abs=1e-6) and h50 < h200 < h2000
+
+
+def test_undecided_samples_never_make_a_cut() -> None:
+    """Issue 40, item 1: a stuck grader at two replicas leaves every sample the honest node got right
+    undecided; the decided ones read 0.0. The threshold test reads the optimistic side (undecided
+    counted right: 0.28 of 128 here, over a threshold of 0.2), so no cut; the same round with those
+    samples decided wrong is cut."""
+    cfg = RunConfig(lr_eval_threshold=0.2)
+    from msgspec.structs import replace
+
+    stuck = replace(cons(40, 0.0, n=92), n_undecided=36)
+    _, alerts, commands = on_consensus(EvalLoopState(), stuck, cfg)
+    assert alerts == [] and commands == []
+    _, alerts, commands = on_consensus(EvalLoopState(), cons(40, 0.0, n=128), cfg)
+    assert [c.command for c in commands] == ["scale_lr"]

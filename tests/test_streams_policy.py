@@ -318,3 +318,38 @@ def test_derived_ids_are_the_uuid5_earlier_versions_gave(parts: list[object]) ->
     expected = uuid.uuid5(_ID_NAMESPACE, "|".join(_id_part(p) for p in parts)).hex
     assert derived_id(*parts) == expected
 
+
+
+def test_an_evaluate_now_never_names_an_evaluation_that_did_not_happen() -> None:
+    """Issue 40, item 13: a plain loop that evaluates at steps 0, 10, 20, 30 while its reward climbs was
+    told "since the last evaluation at step 19" (the worker's own request). The baseline is the worker's
+    (decisions replay from the step stream alone), so the reason says so: its last evaluate_now, or the
+    first full window."""
+    from areal_metrics.streams.core.processor import RunState as Run
+
+    cfg = RunConfig(window=5, evaluate_delta=0.05)
+    state, commands = Run("plain"), []
+    for step in range(40):
+        if step % 10 == 0:
+            ev = EvalEvent(run_id="plain", node="n0", eval_id=f"e{step}", step=step, dataset="d", accuracy=0.5,
+                           verdicts=(1, 0), ts=float(step), event_id=f"e{step}")
+            state, _ = on_eval(state, ev, float(step), cfg)
+        ev = StepEvent(run_id="plain", step=step, epoch=0, reward=0.01 * step, ts=float(step), event_id=f"s{step}")
+        state, out = on_step(state, ev, float(step), cfg)
+        commands += [(step, o.event) for o in out if o.event.type == "command" and o.event.command == "evaluate_now"]
+    assert len(commands) >= 3, "the climb should ask for evaluations"
+    assert not any("last evaluation" in c.reason for _, c in commands), [c.reason for _, c in commands]
+    assert "since step 4 (the first full window)" in commands[0][1].reason
+    for (sent, _), (_, c) in zip(commands, commands[1:]):  # each names the request before it, at its true step
+        assert f"since the evaluate_now sent at step {sent} " in c.reason, c.reason
+
+
+def test_before_any_request_the_reason_names_the_first_full_window() -> None:
+    state, ds = TriggerState(), []
+    for step, avg in enumerate([0.1, 0.1, 0.3]):
+        state, more = decide(state, pt(step + 5, avg, 0.0), CFG)
+        ds += more
+    [d] = ds
+    assert "since step 5 (the first full window)" in d.reason
+    state, [d] = decide(state, pt(9, 0.5, 0.0), CFG)
+    assert "since the evaluate_now sent at step 7 " in d.reason

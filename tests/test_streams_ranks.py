@@ -182,3 +182,26 @@ def test_the_step_evicted_is_the_one_reported_first(reports, cap) -> None:
         assert [(r.attempt, r.step) for r in ready if r.source_id == ""] == expected
         assert list(state.pending) == list(waiting)
         assert [len(p.reports) for p in state.pending.values()] == [len(r) for r in waiting.values()]
+
+
+def test_a_run_logged_from_rank_zero_alone_stops_waiting_once_its_one_registered_rank_is_trusted() -> None:
+    """Issue 40, item 12: RANK=0 WORLD_SIZE=2, and rank 1 never logs. Until the count of registered
+    ranks has held for step_wait_s a step waits for rank 1 (its `running` could be on its way); after
+    that, rank 0's step is complete as it arrives. A second registered rank is waited for again."""
+    from areal_metrics.producers.contract.events import RunEvent
+    from areal_metrics.streams.core.processor import on_run
+
+    def running(rank: int) -> RunEvent:
+        return RunEvent(run_id="r", node=f"h{rank}", rank=rank, status="running", world_size=2, ts=0.0,
+                        event_id=f"run-{rank}")
+
+    state, _ = on_run(RunState("r"), running(0), 0.0, CFG)
+    state, out = on_step(state, step_ev(1, 0, 0.5), 1.0, CFG)
+    assert smoothed(out) == [] and state.ranks.pending  # 1 s after the only `running`: rank 1 may still come
+    state, out = on_step(state, step_ev(2, 0, 0.6), 11.0, CFG)
+    assert [p.step for p in smoothed(out)] == [2] and list(state.ranks.pending) == [(0, 1)]
+    state, _ = on_run(state, running(1), 12.0, CFG)
+    state, out = on_step(state, step_ev(3, 0, 0.7), 30.0, CFG)
+    assert smoothed(out) == []  # two registered ranks: rank 1 is waited for
+    state, out = on_step(state, step_ev(3, 1, 0.9), 31.0, CFG)
+    assert [p.step for p in smoothed(out)] == [3]

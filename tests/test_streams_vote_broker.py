@@ -3,7 +3,8 @@
 - run-k: a sharded round of 12 samples over 4 nodes at redundancy 3 (`sample_ids`,
   `shard_nodes`), node n3 faulty and first: the consensus is the honest accuracy, n3 alone
   is named (had it come last, the three honest nodes would have decided every sample first).
-- run-t: two replicas that disagree on 3 samples: those are undecided, nobody is named.
+- run-t: two replicas that disagree on 3 samples: those are undecided, nobody is blamed, and a
+  `vote_undecided` alert names both (two replicas cannot tell which one is wrong).
 - run-0: a 2-rank run where only rank 0 registered and logs (rank-0-only logging): its round
   gets a consensus of its one node, and no `eval_failed` for the rank that never registered.
 
@@ -98,9 +99,11 @@ def test_rounds_published_as_raw_json_vote_per_sample(kafka_bootstrap: str, topi
     z = consensus["run-0"]
     assert (z["votes"], z["replicas"], z["accuracy"], z["n_samples"], z["partial"]) == (1, 1, 0.5, 4, False)
 
-    alerts = sorted((a["run_id"], a["kind"], a["message"].split(":")[0]) for a in got[topics.alerts].values())
-    assert [(run, kind) for run, kind, _ in alerts] == [("run-k", "node_divergence")]
-    assert "node n3 " in alerts[0][2]
+    alerts = sorted((a["run_id"], a["kind"], a["message"]) for a in got[topics.alerts].values())
+    # run-t: 3 of 12 undecided (25 % > 5 %): the two replicas are named, neither blamed
+    assert [(run, kind) for run, kind, _ in alerts] == [("run-k", "node_divergence"), ("run-t", "vote_undecided")]
+    assert "node n3 " in alerts[0][2].split(":")[0]
+    assert "nodes a and b disagree on 3 of 12 samples" in alerts[1][2]
 
 
 RANK_ZERO_SCRIPT = """
@@ -193,3 +196,66 @@ def test_a_drop_below_the_threshold_sends_the_trainer_the_weights_of_the_last_go
         assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
     finally:
         stop_process(worker)
+
+
+def stuck_grader_rounds(topics: Topics, run: str, rounds: int) -> tuple[list[Msg], list[float]]:
+    """Two ranks at two replicas; rank 1's grader returns 0 for everything. Each round: 32 prompts x 4
+    samples whose solve rates spread by prompt, rank 0 grading them honestly (about 0.28 right)."""
+    import random
+
+    rnd = random.Random(40)
+    msgs = [Msg(topics.runs, run.encode(), line(type="run", event_id=f"{run}-r{r}", run_id=run, node=f"host-{r}",
+                                                rank=r, status="running", world_size=2, config={}))
+            for r in (0, 1)]
+    honest = []
+    for i in range(rounds):
+        rates = [min(1.0, max(0.0, rnd.gauss(0.28, 0.2))) for _ in range(32)]
+        truth = [int(rnd.random() < p) for p in rates for _ in range(4)]
+        honest.append(sum(truth) / len(truth))
+        for r, verdicts in ((0, truth), (1, [0] * len(truth))):
+            msgs.append(Msg(topics.evals, run.encode(), line(
+                type="eval", event_id=f"{run}-{i}-{r}", run_id=run, node=f"host-{r}", rank=r, eval_id=f"s{i}",
+                step=10 * (i + 1), dataset="math500", stage="full", status="ok",
+                accuracy=sum(verdicts) / len(verdicts), verdicts=verdicts, replicas=2,
+                metrics={"samples_per_prompt": 4})))
+    return msgs, honest
+
+
+def test_a_stuck_grader_at_two_replicas_is_named_and_never_cuts_the_lr(
+    kafka_bootstrap: str, topics: Topics, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 40's case: rank 1's grader says 0 for everything, the honest accuracy is about 0.28, the
+    loop watches a threshold of 0.2. Every sample rank 0 got right is a tie: undecided. The consensus
+    interval covers the honest accuracy, no `scale_lr` is sent, and `vote_undecided` names both nodes."""
+    cfg = tmp_path / "streams.json"
+    loop = {"lr_eval_threshold": 0.2, "lr_rollback": True, "lr_factor": 0.1, "lr_min_factor": 0.01}
+    cfg.write_text(json.dumps({**CONFIG, "defaults": {**CONFIG["defaults"], **loop}}))
+    env = {**stack_env, "AREAL_STREAMS_CONFIG": str(cfg), "AREAL_STREAMS_SESSION_TIMEOUT": "6"}
+    msgs, honest = stuck_grader_rounds(topics, "run-stuck", 3)
+    produce(kafka_bootstrap, msgs)
+    worker = Worker(env, tmp_path / "worker.log")
+    reader = OutputReader(kafka_bootstrap, topics)
+    worker.start()
+    try:
+        reader.wait_for({topics.consensus: 3, topics.alerts: 3}, timeout=90)
+        reader.settle(4.0)  # anything the loop would send for the last round is out by now
+    finally:
+        rc = worker.stop()
+        reader.close()
+    assert rc == 0, (tmp_path / "worker.log").read_text()[-3000:]
+    got = reader.distinct()
+    rounds = sorted((c for c in got[topics.consensus].values() if c["run_id"] == "run-stuck"),
+                    key=lambda c: c["step"])
+    assert [c["step"] for c in rounds] == [10, 20, 30]
+    for c, truth in zip(rounds, honest):
+        assert 0.2 < truth < 0.36
+        assert c["accuracy"] == 0.0 and c["n_undecided"] == round(truth * 128)  # the ties: rank 0 right, rank 1 not
+        assert c["ci_low"] <= truth <= c["ci_high"], (c, truth)
+        assert c["dissenters"] == [] and not c["partial"]
+    commands = [e for e in got[topics.control].values() if e["run_id"] == "run-stuck"]
+    assert [e["command"] for e in commands if e["command"] == "scale_lr"] == [], commands
+    alerts = [a for a in got[topics.alerts].values() if a["run_id"] == "run-stuck"]
+    assert sorted(a["kind"] for a in alerts) == ["vote_undecided"] * 3, alerts
+    for a in alerts:
+        assert a["severity"] == "warning" and "nodes host-0 and host-1 disagree" in a["message"]
+        assert "two replicas cannot tell which one is wrong" in a["message"] and "third replica" in a["message"]

@@ -16,7 +16,7 @@ from areal_metrics.producers.contract.events import EvalEvent, RunEvent, parse_e
 from areal_metrics.producers.contract.field_rules import ValidationError
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.processor import RunState, on_eval, on_run, on_tick
-from areal_metrics.streams.core.stats import effective_n, wilson
+from areal_metrics.producers.contract.statistics import bounded_interval, clusters_of, proportion_interval, wilson
 from areal_metrics.streams.core.voting import NodeResult, RoundKey, VoteState, add_result, combine
 
 CFG = RunConfig()
@@ -41,8 +41,28 @@ def test_two_replicas_disagreeing_leave_those_samples_undecided_and_name_nobody(
     flaky = tuple(0 if i < 24 else v for i, v in enumerate(truth))  # 24 of the 60 correct marked wrong
     c, alerts = vote([honest, NodeResult("flaky", True, 0.36, 10.0, flaky)], 2)
     assert c is not None and (c.n_samples, c.n_undecided) == (76, 24)
-    assert c.accuracy == pytest.approx(36 / 76)  # the samples the replicas agree on (the old rule said 0.36)
-    assert c.dissenters == () and not alerts  # who is right cannot be told at two replicas
+    # `accuracy` is the mean over the decided samples (biased: 0.474 against a truth of 0.60), so no
+    # decision reads it alone: the interval bounds the accuracy over all 100, undecided both ways
+    assert c.accuracy == pytest.approx(36 / 76)
+    assert c.ci_low <= 36 / 100 and c.ci_high >= 60 / 100  # the truth 0.60 is inside, and so is 0.36
+    assert (c.ci_low, c.ci_high) == pytest.approx(
+        bounded_interval({s: [v] for s, v in enumerate(truth) if s >= 24}, {s: 1 for s in range(24)}))
+    assert c.dissenters == ()  # who is right cannot be told at two replicas
+    [alert] = alerts
+    assert (alert.kind, alert.severity, alert.value) == ("vote_undecided", "warning", pytest.approx(0.24))
+    assert "flaky and honest disagree on 24 of 100" in alert.message
+    assert "two replicas cannot tell which one is wrong" in alert.message and "third replica" in alert.message
+
+
+def test_an_undecided_share_at_or_below_the_setting_raises_no_alert() -> None:
+    truth = [1] * 60 + [0] * 40
+    flaky = tuple(0 if i < 5 else v for i, v in enumerate(truth))  # 5 % undecided: not above 0.05
+    c, alerts = vote([NodeResult("a", True, None, None, tuple(truth)), NodeResult("b", True, None, None, flaky)], 2)
+    assert c is not None and c.n_undecided == 5 and alerts == []
+    cfg = RunConfig(vote_undecided_alert=0.04)
+    _, outcome = add_result(VoteState(), KEY, 10, 2, NodeResult("a", True, None, None, tuple(truth)), 0.0, cfg)
+    _, outcome = add_result(_, KEY, 10, 2, NodeResult("b", True, None, None, flaky), 0.0, cfg)
+    assert [a.kind for a in outcome.alerts] == ["vote_undecided"]
 
 
 def faulty_round(world: int, redundancy: int, n: int, faulty: int, rnd: random.Random):
@@ -141,6 +161,29 @@ def test_rank_zero_only_logging_gets_its_consensus_and_no_eval_failed() -> None:
     assert kinds == [("eval_consensus", None)] and (out[0].event.replicas, out[0].event.partial) == (1, False)
 
 
+def test_a_round_every_registered_rank_answered_closes_at_the_tick_that_trusts_the_count() -> None:
+    """Issue 40, item 12: rank 0 alone logs a 2-rank run and evaluates right at the start (the first
+    evaluation of the run): the round closes at the first tick once the count of registered ranks
+    has held for step_wait_s, not at vote_timeout_s."""
+    from areal_metrics.streams.core.processor import has_clock_work
+
+    cfg = RunConfig(vote_timeout_s=120, step_wait_s=3)
+    state, _ = on_run(RunState("run-v"), run_event(0, 2), 10.0, cfg)
+    state, out = on_eval(state, eval_event("host-0", 0, replicas=2), 10.5, cfg)
+    assert out == []  # one registered rank, but that count is 0.5 s old: rank 1's `running` may be on its way
+    assert not has_clock_work(state, 12.0, cfg)
+    state, out = on_tick(state, 12.0, cfg)
+    assert out == []
+    assert has_clock_work(state, 13.0, cfg)  # the count has held for step_wait_s: the tick re-checks the round
+    state, out = on_tick(state, 13.0, cfg)
+    [c] = [o.event for o in out if o.event.type == "eval_consensus"]
+    assert (c.votes, c.replicas, c.accuracy, c.partial) == (1, 1, 0.75, False)
+    assert [o for o in out if o.event.type == "alert"] == [] and not state.votes.open_rounds
+    assert not has_clock_work(state, 200.0, cfg)
+    state, out = on_tick(state, 200.0, cfg)  # the timeout finds nothing left to close or fail
+    assert out == []
+
+
 def test_a_registered_rank_that_does_not_answer_is_still_waited_for() -> None:
     cfg = RunConfig(vote_timeout_s=30)
     state = RunState("run-v")
@@ -182,7 +225,7 @@ def test_the_interval_covers_the_accuracy_when_samples_cluster_by_prompt() -> No
         p = np.clip(mean + rng.normal(0, 0.2, 32), 0, 1)
         v = (rng.random((32, 4)) < p[:, None]).astype(int)
         acc = v.mean()
-        low, high = wilson(acc, effective_n({i: list(v[i]) for i in range(32)}))
+        low, high = proportion_interval({i: list(v[i]) for i in range(32)})
         hit_robust += low <= mean <= high
         low, high = wilson(acc, 128)
         hit_plain += low <= mean <= high
@@ -197,9 +240,29 @@ def test_the_interval_on_the_consensus_event() -> None:
                    verdicts=verdicts, replicas=1, metrics={"samples_per_prompt": 4.0}, ts=2.0, event_id="x")
     _, out = on_eval(state, ev, 1.0, CFG)
     c = out[0].event
-    # every prompt 2 of 4: no spread between prompts, the interval is Wilson on 128
-    assert (c.n_samples, c.n_undecided) == (128, 0) and (c.ci_low, c.ci_high) == pytest.approx(wilson(0.5, 128))
+    # every prompt 2 of 4: no spread between prompts, effective size 128 (Clopper-Pearson on the prompts' df)
+    assert (c.n_samples, c.n_undecided) == (128, 0)
+    assert (c.ci_low, c.ci_high) == pytest.approx(proportion_interval(clusters_of(verdicts, 4)))
+    assert c.ci_high - c.ci_low >= wilson(0.5, 128)[1] - wilson(0.5, 128)[0]
     clustered = tuple([1, 1, 1, 1, 0, 0, 0, 0] * 16)  # prompts all right or all wrong: 32 prompts' worth
     _, out = on_eval(state, ev.replace(verdicts=clustered, event_id="y"), 1.0, CFG)
     c = out[0].event
     assert c.ci_high - c.ci_low > 1.5 * (wilson(0.5, 128)[1] - wilson(0.5, 128)[0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4), st.lists(st.lists(st.sampled_from([0, 1, None]), min_size=8, max_size=8),
+                                   min_size=1, max_size=5))
+def test_compare_decides_exactly_the_samples_the_worker_decides(replicas: int, matrix: list[list[int | None]]) -> None:
+    """One majority rule (issue 43, item 1): compare's per-sample verdicts (statistics.node_majority at
+    the consensus's replicas, what areal_metrics.comparison reads) are the worker's vote's, including
+    samples with fewer votes than replicas (None: the node did not evaluate the sample)."""
+    from areal_metrics.producers.contract.statistics import node_majority
+
+    nodes = [{s: v for s, v in enumerate(row) if v is not None} for row in matrix]
+    results = [NodeResult(f"n{i}", True, None, None, tuple(d.values()), sample_ids=tuple(d)) for i, d in enumerate(nodes)]
+    results = [r for r in results if r.verdicts]
+    if not results:
+        return
+    worker = combine(results, replicas, CFG, max(len(results), replicas)).verdicts
+    assert node_majority(nodes, replicas) == dict(worker)

@@ -248,7 +248,7 @@ def _published_round(tmp_path, world: int, redundancy: int | None, dissent_rank:
 def _vote(events: list) -> tuple[dict[int, int], dict[str, int]]:
     """The contract's per-sample vote over the events' (sample_ids, verdicts): the decided verdicts, and
     per node how many of its verdicts a strict majority outvoted."""
-    from areal_metrics.stats import node_majority
+    from areal_metrics.producers.contract.statistics import node_majority
 
     decided = node_majority([dict(zip(e.sample_ids, e.verdicts)) for e in events])
     outvoted = {e.node: sum(decided.get(s, v) != v for s, v in zip(e.sample_ids, e.verdicts)) for e in events}

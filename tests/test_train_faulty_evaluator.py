@@ -13,7 +13,7 @@ import pytest
 from areal_metrics.areal_train.config import TrainConfig
 from areal_metrics.areal_train.launch import launch
 from areal_metrics.producers.contract.events import EvalEvent, parse_event
-from areal_metrics.stats import node_majority
+from areal_metrics.producers.contract.statistics import node_majority
 from tests.test_train_distributed import TINY
 
 

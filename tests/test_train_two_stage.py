@@ -73,17 +73,14 @@ def test_a_drop_reaches_the_full_stage_and_the_loop_within_one_round() -> None:
 
 def test_the_drop_bound_is_the_paired_t_bound() -> None:
     scipy_stats = __import__("pytest").importorskip("scipy.stats")
-    from areal_metrics.areal_train.gate import drop_bound, t_one_sided
+    from areal_metrics.areal_train.gate import drop_bound
 
-    for df in (10, 15, 30, 100):
-        for alpha in (0.01, 0.05, 0.1):
-            assert abs(t_one_sided(df, alpha) - scipy_stats.t.ppf(1 - alpha, df)) < 0.01
     rng = random.Random(4)
     changes = [rng.randint(-4, 4) for _ in range(16)]
     shares = [c / 4 for c in changes]
     mean = sum(shares) / 16
     se = scipy_stats.sem(shares)
-    assert abs(drop_bound(changes, 4, 0.05) - (mean - scipy_stats.t.ppf(0.95, 15) * se)) < 0.01 * se
+    assert abs(drop_bound(changes, 4, 0.05) - (mean - scipy_stats.t.ppf(0.95, 15) * se)) < 1e-6 * se
 
 
 def _rollouts(ran_full: bool, rank: int) -> int:

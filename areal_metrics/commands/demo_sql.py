@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from areal_metrics import stats
+from areal_metrics.producers.contract import statistics as stats
 from areal_metrics.areal_train.learning import ols_slope_t
 from areal_metrics.comparison import node_verdicts
 
@@ -110,7 +110,7 @@ ORDER BY run, what, kind
 """
 
 ROUNDS_SQL = """
-SELECT run_id, eval_id, dataset, step, argMax(accuracy, ts), argMax(dissenters, ts)
+SELECT run_id, eval_id, dataset, step, argMax(accuracy, ts), argMax(dissenters, ts), argMax(replicas, ts)
 FROM v_eval_consensus
 WHERE run_id IN {runs:Array(String)} AND stage = 'full' AND NOT stale AND NOT partial
 GROUP BY run_id, eval_id, dataset, step ORDER BY run_id, dataset, step
@@ -150,10 +150,10 @@ def scale_lr_evidence(reason: str) -> tuple[bool, str]:
 
 
 def vote_check(accuracy: float, dissenters: list[str], nodes: dict[str, dict[int, int]],
-               faulty: str | None) -> tuple[bool, str]:
+               faulty: str | None, replicas: int | None = None) -> tuple[bool, str]:
     """A round's consensus against the per-sample vote of its nodes' verdicts (and the honest nodes' accuracy
     when one node is known to be faulty)."""
-    decided = stats.node_majority(nodes.values())
+    decided = stats.node_majority(nodes.values(), replicas)
     if not decided:
         return True, "no sample decided"
     voted = sum(decided.values()) / len(decided)
@@ -191,10 +191,10 @@ def vote_checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
     faulty = _faulty_nodes(store, params)
     out = []
     by_run: dict[str, list[tuple[bool, str]]] = {}
-    for run, eval_id, dataset, step, accuracy, dissenters in rounds:
+    for run, eval_id, dataset, step, accuracy, dissenters, replicas in rounds:
         nodes = verdicts.get((run, eval_id), {})
         bad = next((n for n in nodes if run in faulty and n.endswith(f"-r{faulty[run]}")), None)
-        passed, what = vote_check(float(accuracy), list(dissenters), nodes, bad)
+        passed, what = vote_check(float(accuracy), list(dissenters), nodes, bad, int(replicas))
         by_run.setdefault(run, []).append((passed, f"{dataset} step {step}: {what}"))
     for run, results in by_run.items():
         failed = [w for ok, w in results if not ok]

@@ -76,7 +76,7 @@ Severity = Literal["info", "warning", "critical"]
 AlertKind = Literal["reward_below_threshold", "eval_failed", "node_divergence", "throughput_drop", "stalled",
                     "invalid_event", "non_finite", "no_improvement", "eval_below_threshold", "vote_no_majority",
                     "run_failed", "run_killed", "invalid_config",
-                    "command_not_applied", "command_ignored", "poison_message"]
+                    "command_not_applied", "command_ignored", "poison_message", "vote_undecided"]
 AckStatus = Literal["applied", "ignored"]
 
 EVAL_STATUSES: tuple[str, ...] = get_args(EvalStatus)

@@ -2,7 +2,8 @@
 
 - a rank's status in an attempt: its terminal event if it sent one, else `running`;
 - an attempt's: `failed` if a rank failed, else `killed` if a rank was killed, else
-  `running` while a rank runs or fewer ranks than `world_size` reported, else `finished`;
+  `running` while a rank that reported runs, else `finished` (the ranks that registered: a run
+  logged from rank 0 alone under `WORLD_SIZE` > 1 ends when rank 0 does);
 - the run's: its latest attempt's.
 """
 
@@ -26,13 +27,14 @@ class RunState:
     ended: float | None  # when the latest attempt ended (None while running)
 
 
-def attempt_status(rank_statuses: Iterable[str], world_size: int) -> str:
+def attempt_status(rank_statuses: Iterable[str], world_size: int = 1) -> str:
+    """`world_size` is no longer part of the rule (ranks that never register are not waited for)."""
     statuses = list(rank_statuses)
     if "failed" in statuses:
         return "failed"
     if "killed" in statuses:
         return "killed"
-    if "running" in statuses or len(statuses) < world_size:
+    if "running" in statuses:
         return "running"
     return "finished"
 

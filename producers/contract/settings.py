@@ -255,6 +255,10 @@ class Settings:
     command_ack_steps: int = setting("AREAL_COMMAND_ACK_STEPS", 10, "command_not_applied when a node of a running "
                                      "run has not acknowledged a scale_lr this many steps after its from_step",
                                      kind="int", ge=0, le=1_000_000, readers="worker")
+    vote_undecided_alert: float = setting("AREAL_VOTE_UNDECIDED_ALERT", 0.05, "`vote_undecided` when a round's "
+                                          "share of undecided samples exceeds this (the streams config's "
+                                          "`vote_undecided_alert` wins)", kind="float", ge=0, le=1,
+                                          readers="worker")
     # -- the sink
     log_level: str = setting("AREAL_LOG_LEVEL", "info", "the sink's log level", kind="choice", choices=LOG_LEVELS,
                              readers="sink")

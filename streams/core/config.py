@@ -65,6 +65,8 @@ Cross-node vote
   vote_tolerance = 0.02        values (accuracy) within this distance agree
   divergence_threshold = 0.05  `node_divergence` when a node's share of samples off the consensus
                                (or its accuracy's distance from it) exceeds this
+  vote_undecided_alert = 0.05  `vote_undecided` when a round's share of undecided samples exceeds
+                               this (default from AREAL_VOTE_UNDECIDED_ALERT)
 Commands acknowledged (areal_metrics.streams.core.acks)
   command_ack_steps = 10       `command_not_applied` when a node publishes a step this many steps past
                                a `scale_lr`'s from_step without acknowledging it (AREAL_COMMAND_ACK_STEPS
@@ -92,7 +94,7 @@ from typing import Any
 
 from areal_metrics.producers.contract.config_fields import typed_fields
 from areal_metrics.producers.contract.errors import ConfigError
-from areal_metrics.producers.contract.settings import read_setting
+from areal_metrics.producers.contract.settings import is_set, read_setting
 
 CONFIG_ENV = "AREAL_STREAMS_CONFIG"
 _OPTIONAL = frozenset({"reward_threshold", "lr_eval_threshold", "lr_eval_dataset"})  # None: off / any
@@ -160,6 +162,7 @@ class RunConfig:
     vote_tolerance: float = 0.02
     divergence_threshold: float = 0.05
     command_ack_steps: int = 10
+    vote_undecided_alert: float = 0.05
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -207,6 +210,9 @@ class RunConfig:
                      "throughput_window", "throughput_min_samples"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"streams config {name}: must be >= 0")
+        if not 0 <= self.vote_undecided_alert <= 1:
+            raise ConfigError(f"streams config vote_undecided_alert: must be a share in [0, 1] "
+                              f"(got {self.vote_undecided_alert})")
         for name in ("stall_seconds", "invalid_alert_interval_s", "vote_timeout_s", "vote_tolerance",
                      "divergence_threshold", "evaluate_delta", "reward_recover_margin", "step_wait_s",
                      "learning_slope_t"):
@@ -263,6 +269,10 @@ def eval_loop_overrides(raw: Any, cfg: RunConfig) -> tuple[dict[str, Any], list[
     return good, errors
 
 
+# Knobs whose default an environment variable may set (AREAL_<NAME>); a config file's value wins.
+ENV_DEFAULTS = ("command_ack_steps", "vote_undecided_alert")
+
+
 @dataclass(frozen=True, slots=True)
 class StreamsConfig:
     """Defaults for every run plus per-run (or per-pattern) overrides."""
@@ -308,24 +318,15 @@ class StreamsConfig:
     def load(cls, path: str | Path | None = None) -> StreamsConfig:
         """The config from `path`, else from $AREAL_STREAMS_CONFIG, else the defaults."""
         path = path or read_setting("streams_config")
+        env = {name: read_setting(name) for name in ENV_DEFAULTS if is_set(name)}
         if not path:
-            return cls()._with_env()
+            return cls(defaults=RunConfig().with_overrides(env))
         try:
             data = json.loads(Path(path).read_text())
         except OSError as exc:
             raise ConfigError(f"streams config {path}: cannot read ({exc.strerror})") from None
         except ValueError as exc:
             raise ConfigError(f"streams config {path}: not valid JSON ({exc})") from None
-        return cls.from_dict(data)._with_env()
-
-    def _with_env(self) -> StreamsConfig:
-        """AREAL_COMMAND_ACK_STEPS, when set, is the default of `command_ack_steps` (a file's value wins)."""
-        from areal_metrics.producers.contract.settings import is_set
-
-        if not is_set("command_ack_steps"):
-            return self
-        steps = read_setting("command_ack_steps")
-        defaults = self.defaults
-        if defaults.command_ack_steps == RunConfig().command_ack_steps:
-            defaults = defaults.with_overrides({"command_ack_steps": steps}, " (AREAL_COMMAND_ACK_STEPS)")
-        return dataclasses.replace(self, defaults=defaults)
+        if env and isinstance(data, dict) and isinstance(data.get("defaults", {}), dict):
+            data = {**data, "defaults": {**env, **data.get("defaults", {})}}  # the file's value wins
+        return cls.from_dict(data)

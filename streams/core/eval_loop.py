@@ -69,8 +69,8 @@ from msgspec.structs import replace
 from areal_metrics.streams.core.alerts import AlertDecision
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.stored import Stored
-from areal_metrics.streams.core.stats import (cusum_limit, proportion_variance, slope_bound, t_quantile,
-                                              z_one_sided)
+from areal_metrics.producers.contract.statistics import (cusum_limit, proportion_variance, slope_bound,
+                                                         t_quantile, z_one_sided)
 from areal_metrics.streams.core.triggers import CommandDecision
 from areal_metrics.streams.core.voting import Consensus
 
@@ -172,7 +172,9 @@ def rollback_step(good_round: tuple[int, int] | None, c: Consensus, threshold: f
 
 
 def optimistic(c: Consensus) -> tuple[float, float]:
-    """(accuracy, effective size) of the round with every undecided sample counted right."""
+    """(accuracy, effective samples) over every sample of the round with each undecided sample
+    counted right: the side a below-threshold test reads, so undecided samples never make a cut.
+    The effective size is the decided samples' scaled to the round's size."""
     n, u = c.n_samples, max(c.n_undecided, 0)
     if n + u <= 0:
         return c.accuracy, 0.0

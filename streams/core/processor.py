@@ -77,8 +77,10 @@ from areal_metrics.streams.core.voting import (
     VoteOutcome,
     VoteState,
     add_result,
+    answered_all,
     consensus_metric,
     expire,
+    recheck,
 )
 
 WORKER_NODE = "areal-streams"  # the `node` of every event the worker derives
@@ -317,11 +319,22 @@ def _step_reward(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> 
         return state, []
     ranks = supersede(state.ranks, ev.attempt, ev.step) if ev.attempt else state.ranks
     report = RankReport(rank=ev.rank, reward=ev.reward, n_samples=ev.n_samples)
-    ranks, ready = add_rank(ranks, (ev.attempt, ev.step), ev.world_size, report, ev.ts, ev.event_id, now,
-                            cfg.max_pending_steps)
+    ranks, ready = add_rank(ranks, (ev.attempt, ev.step), expected_ranks(state, ev, now, cfg), report, ev.ts,
+                            ev.event_id, now, cfg.max_pending_steps)
     if ranks is not state.ranks:  # (a one-rank step leaves them as they were)
         state = replace(state, ranks=ranks)
     return _smooth_all(state, ready, cfg, ev.event_id)
+
+
+def expected_ranks(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> int | None:
+    """The ranks a step waits for: its `world_size`, but no more than the ranks that registered the
+    current attempt once that count is trusted (`registered`): a run logged from rank 0 alone under
+    WORLD_SIZE > 1 needs nothing declared, its steps stop waiting for ranks that never log."""
+    world = ev.world_size
+    if world is None or world <= 1 or ev.attempt != state.lifecycle.attempt:
+        return world
+    trusted = registered(state, now, cfg)
+    return world if trusted is None else min(world, max(trusted, 1))
 
 
 def on_step(state: RunState, ev: StepEvent, now: float, cfg: RunConfig) -> tuple[RunState, list[Output]]:
@@ -461,7 +474,9 @@ def on_tick(state: RunState, now: float, cfg: RunConfig) -> tuple[RunState, list
     state, outputs = _smooth_all(replace(state, ranks=ranks), ready, cfg, None)
     stall, alerts = check_stalled(state.stall, now, cfg, ended=state.lifecycle.ended)
     outputs.extend(Output(alert_event(state.run_id, a, now, state.stall.last_attempt)) for a in alerts)
-    votes, outcomes = expire(state.votes, now, cfg, registered(state))
+    votes, outcomes = recheck(state.votes, cfg, registered(state, now, cfg))
+    votes, expired = expire(votes, now, cfg, registered(state))
+    outcomes += expired
     state = replace(state, stall=stall, votes=votes)
     for outcome in outcomes:
         state, out = _vote_outputs(state, outcome, now, cfg)
@@ -476,6 +491,10 @@ def has_clock_work(state: RunState, now: float, cfg: RunConfig) -> bool:
         return True
     if any(now - r.opened_at >= cfg.vote_timeout_s for r in state.votes.open_rounds.values()):
         return True
+    if state.votes.open_rounds:  # a round every registered rank answered, once that count is trusted
+        trusted = registered(state, now, cfg)
+        if trusted is not None and any(answered_all(r, trusted) for r in state.votes.open_rounds.values()):
+            return True
     s = state.stall
     return bool(cfg.stall_seconds > 0 and not s.stalled and not state.lifecycle.ended
                 and s.last_step_at is not None and now - s.last_step_at >= cfg.stall_seconds)

@@ -24,7 +24,10 @@ Policy (thresholds in areal_metrics.streams.core.config):
   slope of a noisy reward crosses any band now and then); each change is one
   `set_eval_interval` command.
 - `evaluate_now` when the sliding average has moved by more than evaluate_delta since the
-  last evaluation the worker asked for (the first full window sets the baseline).
+  baseline: the worker's last evaluate_now, else the first full window. The baseline moves only
+  with the worker's own commands (the decisions depend on the step stream alone and replay
+  identically), so the reason names what the baseline is ("since the evaluate_now sent at step
+  N", "since step N, the first full window"), never an evaluation the worker did not see.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from areal_metrics.streams.core.stored import Stored
 from areal_metrics.streams.core.smoothing import SmoothedPoint
 
 Mode = Literal["normal", "fast", "plateau"]
+Baseline = Literal["start", "request"]  # the first full window, the worker's last evaluate_now
 # Config keys of the `run` event that give the trainer's evaluation interval (steps), in order.
 INTERVAL_KEYS = ("eval_interval_steps", "eval_every_steps")
 
@@ -48,8 +52,9 @@ class TriggerState(Stored):
     mode: Mode = "normal"
     interval: int | None = None  # None: the run still uses cfg.eval_interval
     last_change_step: int | None = None
-    baseline: float | None = None  # sliding average at the last evaluation asked for
+    baseline: float | None = None  # sliding average at the last evaluate_now (else the first full window)
     baseline_step: int | None = None
+    baseline_from: Baseline = "start"  # what baseline_step names (an evaluate_now's reason says it truly)
     base_interval: int | None = None  # published by the trainer (run event); None: cfg.eval_interval
     learning: bool = False  # the slope once stood out of the noise (see module docstring)
 
@@ -86,6 +91,15 @@ def rewind(state: TriggerState, step: int) -> TriggerState:
     marks = {name: step for name in ("last_change_step", "baseline_step")
              if (getattr(state, name) or 0) > step}
     return replace(state, **marks) if marks else state
+
+
+def _since(state: TriggerState) -> str:
+    """What the baseline is, truly (the worker does not follow the run's evaluations here)."""
+    if state.baseline_step is None:
+        return "the start"
+    if state.baseline_from == "request":
+        return f"the evaluate_now sent at step {state.baseline_step}"
+    return f"step {state.baseline_step} (the first full window)"
 
 
 def next_mode(mode: Mode, abs_slope: float, cfg: RunConfig) -> Mode:
@@ -136,21 +150,20 @@ def decide(
         state = replace(state, learning=True)
 
     if state.baseline is None:
-        state = replace(state, baseline=point.sliding_avg, baseline_step=point.step)
+        state = replace(state, baseline=point.sliding_avg, baseline_step=point.step, baseline_from="start")
     elif abs(point.sliding_avg - state.baseline) > cfg.evaluate_delta:
         moved = point.sliding_avg - state.baseline
-        since = f"step {state.baseline_step}" if state.baseline_step is not None else "the start"
         decisions.append(
             CommandDecision(
                 "evaluate_now",
                 {},
-                f"smoothed reward moved {moved:+.4g} since the last evaluation at {since} "
+                f"smoothed reward moved {moved:+.4g} since {_since(state)} "
                 f"({state.baseline:.4g} -> {point.sliding_avg:.4g}; limit {cfg.evaluate_delta:g})",
                 point.step,
                 attempt=point.attempt,
             )
         )
-        state = replace(state, baseline=point.sliding_avg, baseline_step=point.step)
+        state = replace(state, baseline=point.sliding_avg, baseline_step=point.step, baseline_from="request")
 
     if not (cfg.adaptive_interval if adaptive is None else adaptive):
         return state, decisions

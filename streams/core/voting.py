@@ -14,9 +14,14 @@ The vote (CONTRACT.md, "Evaluation you can trust"), when every ok result has ver
   adjudicating third node at 2 replicas): the same rule decides it.
 - `dissenters` are the nodes a decided sample's majority outvoted; a node in a tie is never
   named. `node_divergence`: a node's share of its samples where it was outvoted.
-- `n_samples` (decided samples), `ci_low`/`ci_high`: the Wilson 95 % interval of the
-  accuracy on the effective sample size (areal_metrics.streams.core.stats.effective_n:
-  samples of one prompt, `sample_id // samples_per_prompt`, are clustered).
+- `n_samples` (decided samples), `ci_low`/`ci_high`: the 95 % interval of the accuracy over
+  ALL the round's samples, so undecided samples never bias it: each undecided sample counted
+  wrong for `ci_low` and right for `ci_high`, each end with its sampling interval
+  (areal_metrics.producers.contract.statistics.bounded_interval: Clopper-Pearson on the
+  effective size of samples clustered by prompt, `sample_id // samples_per_prompt`, on the
+  prompts' degrees of freedom). `accuracy` stays the mean over the decided samples.
+- `vote_undecided` (warning) when the undecided share exceeds `vote_undecided_alert`; at two
+  replicas it names both disagreeing nodes (two replicas cannot tell which one is wrong).
 Without verdicts the value rule: accuracies within `vote_tolerance` agree; the interval is
 Wilson on the results' `n_samples` (none given: [0, 1]).
 
@@ -63,7 +68,7 @@ from msgspec.structs import astuple, replace
 from areal_metrics.streams.core.alerts import AlertDecision
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.stored import NO_PAIRS, Pairs, Stored, hold_pairs
-from areal_metrics.streams.core.stats import effective_n, wilson
+from areal_metrics.producers.contract.statistics import bounded_interval, effective_n, majority, quorum, wilson
 
 CLOSED_ROUNDS_KEPT = 2048  # per run: remembered to refuse late results without re-voting
 CONSENSUS_METRIC = re.compile(r"(pass|maj)@[1-9][0-9]{0,5}|greedy_accuracy")  # an eval's metrics the consensus carries
@@ -169,10 +174,18 @@ class Combination:
     n_effective: float = 0.0
     verdicts: Mapping[int, int] | None = None  # sample id -> the decided verdict
     metrics: Mapping[str, float] = field(default_factory=dict)
+    clusters: Mapping[int, tuple[int, ...]] | None = None  # prompt -> its decided verdicts
+    undecided: Mapping[int, int] = field(default_factory=dict)  # prompt -> its undecided samples
+    disputed_by: tuple[str, ...] = ()  # nodes on both sides of an undecided sample (a tie)
 
     @property
     def interval(self) -> tuple[float, float]:
-        return wilson(self.accuracy, self.n_effective)
+        """The 95 % interval of the accuracy over every sample of the round: undecided samples counted
+        wrong for the low end, right for the high end (statistics.bounded_interval); the value rule:
+        Wilson on the results' sample count."""
+        if self.clusters is None:
+            return wilson(self.accuracy, self.n_effective)
+        return bounded_interval(self.clusters, self.undecided)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,10 +204,6 @@ class Shape:
     def to_close(self) -> int:
         """ok results after which every sample can have a quorum of its replicas."""
         return self.nodes - self.replicas + quorum(self.replicas)
-
-
-def quorum(replicas: int) -> int:
-    return replicas // 2 + 1
 
 
 def shape(rnd: RoundState, registered: int | None) -> Shape:
@@ -227,19 +236,25 @@ def combine(results: Iterable[NodeResult], replicas: int, cfg: RunConfig, nodes:
 
 
 def _combine_verdicts(ok: list[NodeResult], shape: Shape) -> Combination:
-    need = quorum(shape.replicas)
     votes: dict[int, list[tuple[str, int]]] = {}
     for r in ok:
         for sample, v in zip(r.samples(), r.verdicts or ()):
             votes.setdefault(sample, []).append((r.node, v))
     decided: dict[int, int] = {}
+    undecided: list[int] = []
+    disputed_by: set[str] = set()
     on_side = 0
     for sample, cast in votes.items():
         ones = sum(v for _, v in cast)
         zeros = len(cast) - ones
-        if max(ones, zeros) >= need and ones != zeros:
-            decided[sample] = 1 if ones > zeros else 0
+        side = majority(ones, zeros, shape.replicas)
+        if side is not None:
+            decided[sample] = side
             on_side += max(ones, zeros)
+        else:
+            undecided.append(sample)
+            if ones and zeros:
+                disputed_by.update(node for node, _ in cast)
     outvoted = {r.node: 0 for r in ok}
     for sample, agreed in decided.items():
         for node, v in votes[sample]:
@@ -249,6 +264,9 @@ def _combine_verdicts(ok: list[NodeResult], shape: Shape) -> Combination:
     clusters: dict[int, list[int]] = {}
     for sample, v in decided.items():
         clusters.setdefault(sample // k, []).append(v)
+    open_by_prompt: dict[int, int] = {}
+    for sample in undecided:
+        open_by_prompt[sample // k] = open_by_prompt.get(sample // k, 0) + 1
     honest = [r for r in ok if outvoted[r.node] == 0] or ok
     metrics = consensus_metrics(honest, decided, k)
     sized = [(r.response_length, len(r.verdicts or ())) for r in honest if r.response_length is not None]
@@ -266,6 +284,9 @@ def _combine_verdicts(ok: list[NodeResult], shape: Shape) -> Combination:
         n_effective=effective_n(clusters),
         verdicts=decided,
         metrics=metrics,
+        clusters={prompt: tuple(vs) for prompt, vs in clusters.items()},
+        undecided=open_by_prompt,
+        disputed_by=tuple(sorted(disputed_by)),
     )
 
 
@@ -368,6 +389,36 @@ def _divergence_alerts(rnd: RoundState, comb: Combination, cfg: RunConfig) -> li
     return alerts
 
 
+def _undecided_alerts(rnd: RoundState, comb: Combination, cfg: RunConfig, replicas: int) -> list[AlertDecision]:
+    """`vote_undecided` when the round's share of undecided samples exceeds `vote_undecided_alert`."""
+    total = comb.n_samples + comb.n_undecided
+    share = comb.n_undecided / total if total else 0.0
+    if not comb.n_undecided or share <= cfg.vote_undecided_alert:
+        return []
+    where = f"eval {rnd.key.eval_id} ({rnd.key.dataset}/{rnd.key.stage}) at step {rnd.step}"
+    nodes = comb.disputed_by
+    if replicas == 2 and len(nodes) == 2:
+        who = (f"nodes {nodes[0]} and {nodes[1]} disagree on {comb.n_undecided} of {total} samples; two "
+               f"replicas cannot tell which one is wrong: add a third replica (eval_redundancy 3) or an "
+               f"adjudicating rank (3+ ranks at 2 replicas)")
+    elif nodes:
+        who = (f"nodes {', '.join(nodes)} split evenly on some of them; a third replica or an adjudicating "
+               f"rank decides such samples")
+    else:
+        who = "too few of their replicas answered"
+    return [AlertDecision(
+        kind="vote_undecided",
+        severity="warning",
+        message=(f"{where}: {comb.n_undecided} of {total} samples undecided ({share:.1%} > "
+                 f"{cfg.vote_undecided_alert:g}); accuracy {comb.accuracy:.4g} is over the decided ones, the "
+                 f"interval counts the undecided both ways; {who}"),
+        about=round_about("vote_undecided", rnd.key),
+        step=rnd.step,
+        value=share,
+        threshold=cfg.vote_undecided_alert,
+    )]
+
+
 def _decide(rnd: RoundState, comb: Combination, partial: bool, cfg: RunConfig,
             replicas: int) -> tuple[Consensus, list[AlertDecision]]:
     low, high = comb.interval
@@ -389,6 +440,7 @@ def _decide(rnd: RoundState, comb: Combination, partial: bool, cfg: RunConfig,
         metrics=comb.metrics,
     )
     alerts = _divergence_alerts(rnd, comb, cfg)
+    alerts += _undecided_alerts(rnd, comb, cfg, replicas)
     if not comb.has_majority:
         alerts.append(
             AlertDecision(
@@ -467,6 +519,26 @@ def _settle(state: VoteState, rnd: RoundState, cfg: RunConfig,
             consensus, alerts = _decide(rnd, comb, partial=False, cfg=cfg, replicas=sh.replicas)
             return _close(state, key, consensus), VoteOutcome(consensus, tuple(alerts))
     return VoteState({**state.open_rounds, key: rnd}, state.closed, state.last_good), VoteOutcome()
+
+
+def answered_all(rnd: RoundState, registered: int | None) -> bool:
+    """Cheap: has every node the round expects at `registered` ranks answered? (None: unknown.)"""
+    return registered is not None and len({r.node for r in rnd.results}) >= shape(rnd, registered).nodes
+
+
+def recheck(state: VoteState, cfg: RunConfig, registered: int | None) -> tuple[VoteState, list[VoteOutcome]]:
+    """Settle again the open rounds that every expected node has answered, now that the count of
+    registered ranks is trusted (a round that opened while it was too new to trust, e.g. at a
+    run's first evaluation, closes at the next tick instead of at vote_timeout_s)."""
+    outcomes: list[VoteOutcome] = []
+    if registered is None:
+        return state, outcomes
+    for key, rnd in sorted(state.open_rounds.items(), key=lambda kv: (kv[1].opened_at, astuple(kv[0]))):
+        if answered_all(rnd, registered):
+            state, outcome = _settle(state, rnd, cfg, registered)
+            if outcome.consensus is not None or outcome.alerts:
+                outcomes.append(outcome)
+    return state, outcomes
 
 
 def expire(state: VoteState, now: float, cfg: RunConfig,
