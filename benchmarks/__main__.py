@@ -46,8 +46,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer events and samples (a minute or two)")
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--scale", action="store_true",
+                        help="the scale mode instead (benchmarks/bench_scale.py): panels on 100M step rows from 1,000 "
+                             "ranks, the worker with 1 and 1,000 live runs")
+    parser.add_argument("--scale-rows", type=int, default=100_000_000, help="step rows of the scale mode's store")
+    parser.add_argument("--scale-sizes", default="",
+                        help="comma-separated smaller stores for the figure's sweep (e.g. 1000000,10000000)")
+    parser.add_argument("--scale-worker-events", type=int, default=200_000, help="events per worker measurement")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    if args.scale:
+        return _scale(args)
     # pipeline phases long enough that the sink's 500 ms flush wait is a small part of each
     n_pub, n_pipe, samples = (20_000, 16_000, 10) if args.quick else (50_000, 48_000, 30)
     n_client = 5_000 if args.quick else 20_000
@@ -123,6 +132,21 @@ def main() -> int:
         "queries": queries,
         "load_average": list(load),
     }
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+        print(f"\nfigures written to {args.json}")
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from benchmarks import bench_scale
+
+    print(f"machine: {machine()}")
+    sizes = [int(x) for x in args.scale_sizes.split(",") if x]
+    command = f"python -m benchmarks --scale --scale-rows {args.scale_rows} --scale-sizes '{args.scale_sizes}'"
+    figures = {"machine": machine(), "command": command,
+               **bench_scale.run(args.scale_rows, 5, sizes, args.scale_worker_events)}
+    bench_scale.report(figures)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
         print(f"\nfigures written to {args.json}")
