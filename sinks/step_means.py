@@ -14,7 +14,9 @@ Objects (created by migration 8, rebuilt by `replay`):
 The rule (the stream worker's, `streams/core/ranks.py` `mean_reward`, applied to every typed
 column): over the ranks whose value is not null, the mean weighted by `n_samples` when every
 one of them gave `n_samples` and they sum to more than 0, else the plain mean. Min and max are
-over the same ranks; `ranks` is how many distinct ranks reported the step.
+over the same ranks; `ranks` is how many distinct ranks reported the step. The free-form
+`metrics` map is kept too: `metrics` holds each key's plain mean over the ranks that logged it
+(`metric_counts` of them), `metrics_min` and `metrics_max` its extremes.
 
 Exactly once. Sums add, so a row that reaches the view twice would count twice. The sink's
 retried batch carries the same deduplication token, and ClickHouse skips the materialized
@@ -46,7 +48,7 @@ NOT_AVERAGED = frozenset({"n_samples", "world_size"})
 MEAN_COLUMNS: tuple[str, ...] = tuple(
     c.name for c in TABLES_BY_NAME["steps"].columns
     if c.type in ("Nullable(Float64)", "Nullable(UInt64)", "Nullable(UInt32)") and c.name not in NOT_AVERAGED
-)
+) + ("epoch",)
 
 
 def _parts(c: str) -> list[tuple[str, str, str]]:
@@ -66,6 +68,10 @@ def _parts(c: str) -> list[tuple[str, str, str]]:
 
 _RANK_BITS = (f"map(toUInt32(intDiv(s.rank, {RANK_WORD_BITS})), "
               f"bitShiftLeft(toUInt64(1), toUInt64(s.rank % {RANK_WORD_BITS})))")
+_METRIC_COUNTS = "sumMap(mapApply((k, v) -> (k, toUInt64(1)), {m}))"
+# a key's mean over the ranks that logged it (plain: `metrics` carry no weight of their own)
+_METRIC_MEANS = ("mapFromArrays(mapKeys(metric_counts), arrayMap(k -> metric_sums[k] / metric_counts[k], "
+                 "mapKeys(metric_counts))) AS metrics")
 # (column, type, expression over a block) besides the per-column parts
 _COMMON: list[tuple[str, str, str]] = [
     ("rows", "SimpleAggregateFunction(sum, UInt64)", "count()"),
@@ -74,6 +80,11 @@ _COMMON: list[tuple[str, str, str]] = [
     ("first_ts", "SimpleAggregateFunction(min, DateTime64(3, 'UTC'))", "min(s.ts)"),
     ("world_size", "SimpleAggregateFunction(max, Nullable(UInt32))", "max(s.world_size)"),
     ("n_samples", "SimpleAggregateFunction(sum, UInt64)", "sum(ifNull(s.n_samples, 0))"),
+    # the free-form `metrics`: per key, the sum, the ranks that logged it, min and max
+    ("metrics_sum", "SimpleAggregateFunction(sumMap, Map(String, Float64))", "sumMap(s.metrics)"),
+    ("metrics_count", "SimpleAggregateFunction(sumMap, Map(String, UInt64))", _METRIC_COUNTS.format(m="s.metrics")),
+    ("metrics_min", "SimpleAggregateFunction(minMap, Map(String, Float64))", "minMap(s.metrics)"),
+    ("metrics_max", "SimpleAggregateFunction(maxMap, Map(String, Float64))", "maxMap(s.metrics)"),
 ]
 
 
@@ -118,6 +129,8 @@ def _merged() -> str:
         sums = {k: f"sum(a.`{c}__{k}`)" for k in ("n", "sum", "unweighted", "w", "wsum")}
         cols += [_mean(c, sums["n"], sums["sum"], sums["unweighted"], sums["w"], sums["wsum"]),
                  f"min(a.`{c}__min`) AS `{c}_min`", f"max(a.`{c}__max`) AS `{c}_max`", f"{sums['sum']} AS `{c}_sum`"]
+    cols += ["sumMap(a.metrics_sum) AS metric_sums", "sumMap(a.metrics_count) AS metric_counts", _METRIC_MEANS,
+             "minMap(a.metrics_min) AS metrics_min", "maxMap(a.metrics_max) AS metrics_max"]
     return ",\n        ".join(cols)
 
 
@@ -131,6 +144,8 @@ def _from_raw(db: str) -> str:
         cols += [_mean(c, f"count({v})", f"sum(ifNull({x}, 0))", f"countIf({v} IS NOT NULL AND {w} IS NULL)",
                        f"sum(if({v} IS NULL, 0, ifNull({w}, 0)))", f"sum(ifNull({x} * {w}, 0))"),
                  f"min({x}) AS `{c}_min`", f"max({x}) AS `{c}_max`", f"sum(ifNull({x}, 0)) AS `{c}_sum`"]
+    cols += ["sumMap(s.metrics) AS metric_sums", f"{_METRIC_COUNTS.format(m='s.metrics')} AS metric_counts",
+             _METRIC_MEANS, "minMap(s.metrics) AS metrics_min", "maxMap(s.metrics) AS metrics_max"]
     return ",\n        ".join(cols)
 
 
@@ -139,7 +154,7 @@ def output_columns() -> tuple[str, ...]:
     out = ["run_id", "attempt", "step", "ts", "first_ts", "ranks", "world_size", "n_samples"]
     for c in MEAN_COLUMNS:
         out += [c, f"{c}_min", f"{c}_max", f"{c}_sum"]
-    return tuple(out)
+    return (*out, "metrics", "metrics_min", "metrics_max", "metric_counts")
 
 
 def step_means_view_sql(o: SchemaOptions) -> str:
@@ -157,14 +172,17 @@ FROM
     )
     WHERE rows = ranks
     UNION ALL
-    SELECT
+    SELECT {names} FROM
+    (
+        SELECT
         {_from_raw(db)}
-    FROM {db}.{steps_view} AS s
-    WHERE (s.run_id, s.attempt, s.step) IN (
-        SELECT run_id, attempt, step FROM {db}.{AGGREGATES} GROUP BY run_id, attempt, step
-        HAVING sum(rows) != arraySum(arrayMap(x -> bitCount(x), mapValues(groupBitOrMapMerge(rank_bits))))
+        FROM {db}.{steps_view} AS s
+        WHERE (s.run_id, s.attempt, s.step) IN (
+            SELECT run_id, attempt, step FROM {db}.{AGGREGATES} GROUP BY run_id, attempt, step
+            HAVING sum(rows) != arraySum(arrayMap(x -> bitCount(x), mapValues(groupBitOrMapMerge(rank_bits))))
+        )
+        GROUP BY s.run_id, s.attempt, s.step
     )
-    GROUP BY s.run_id, s.attempt, s.step
 )
 WHERE (run_id, step, attempt) IN (SELECT run_id, step, max(attempt) FROM {db}.{AGGREGATES} GROUP BY run_id, step)"""
     return f"CREATE OR REPLACE VIEW {db}.{STEP_MEANS_VIEW}{o.on_cluster} AS {query}"

@@ -13,7 +13,7 @@ undecided, intervals on the consensus, set_eval_interval only for adaptive runs)
 (the evaluation details: consensus metrics, the generations filters; it was already behind the report's
 intervals before); and on the scale branch (per-step curves read v_step_means: the rank mean
 weighted by n_samples, one time per step (its newest rank's), over all nodes; the reward-by-step
-trend downsampled to one point per time bucket; latency per run as the ranks' mean and slowest
+and the explorer's trends downsampled to one point per time bucket (the explorer's last value a step's rank mean); latency per run as the ranks' mean and slowest
 rank). This test runs the same queries of the current code on
 the current schema and compares column names and every value (floats to 12
 significant digits: a sum may be added up in another order; rows as a

@@ -82,9 +82,31 @@ def view_means(client: Any, column: str) -> dict[tuple[str, int, int], float | N
     return {(r, a, s): v for r, a, s, v in rows}
 
 
+def metric_means(client: Any, source: str) -> dict[tuple[str, int, int], dict[str, float]]:
+    """(run, attempt, step) -> the `metrics` keys' plain means over ranks: from the raw rows (`v_steps`,
+    in Python) or from `v_step_means`."""
+    if source == "view":
+        rows = client.query("SELECT run_id, attempt, step, metrics FROM areal.v_step_means").result_rows
+        return {(r, a, st): dict(m) for r, a, st, m in rows if m}
+    raw = client.query("SELECT run_id, attempt, step, metrics FROM areal.v_steps").result_rows
+    latest: dict[tuple[str, int], int] = {}
+    for run, attempt, step, _ in raw:
+        latest[(run, step)] = max(attempt, latest.get((run, step), -1))
+    values: dict[tuple[str, int, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for run, attempt, step, metrics in raw:
+        if attempt == latest[(run, step)]:
+            for key, value in metrics.items():
+                values[(run, attempt, step)][key].append(value)
+    return {k: {key: sum(v) / len(v) for key, v in keys.items()} for k, keys in values.items() if keys}
+
+
 def assert_view_is_the_raw_rule(client: Any, columns: tuple[str, ...] = MEAN_COLUMNS) -> None:
     one_row_each = client.query("SELECT count(), uniqExact(run_id, attempt, step) FROM areal.v_step_means").result_rows
     assert one_row_each[0][0] == one_row_each[0][1]
+    want_metrics, got_metrics = metric_means(client, "raw"), metric_means(client, "view")
+    assert set(got_metrics) == set(want_metrics)
+    for key, means in want_metrics.items():
+        assert got_metrics[key] == pytest.approx(means, rel=1e-12), key
     for column in columns:
         want, got = worker_mean(client, column), view_means(client, column)
         assert set(got) == set(want), column
@@ -133,7 +155,8 @@ def test_every_way_a_row_arrives_twice_counts_once(client: Any) -> None:
                     run_id=run, step=step, epoch=step / 10, rank=rank, world_size=8, ts=TS + step,
                     reward=None if rng.random() < 0.1 else rng.random(), kl=rng.random() / 10,
                     n_samples=None if rng.random() < 0.05 else rng.randrange(1, 64),
-                    tokens=rng.randrange(1000), latency_ms=rng.uniform(10, 100)))
+                    tokens=rng.randrange(1000), latency_ms=rng.uniform(10, 100),
+                    metrics={f"k{j}": rng.uniform(-1, 1) for j in range(rng.randrange(3))}))
     rng.shuffle(events)
     blocks = [events[i:i + 97] for i in range(0, len(events), 97)]
     for i, block in enumerate(blocks):
@@ -210,19 +233,11 @@ def test_the_scan_finds_a_panel_that_averages_raw_rank_rows() -> None:
     assert not raw_step_reads("SELECT avg(step) AS step, avg(reward) FROM areal.v_step_means GROUP BY run_id")
 
 
-# Panels that read raw step rows on purpose, with the reason: each is drawn per rank (a line per
-# node and rank), or reads the free-form `metrics` map, which the aggregates do not hold.
-RAW_ON_PURPOSE = {
-    "explorer": {"panel '$metric by step' target A", "panel 'Chosen keys per run' target A"},
-}
-
-
-def test_no_dashboard_panel_aggregates_raw_rank_rows() -> None:
+def test_no_dashboard_query_aggregates_raw_rank_rows() -> None:
+    """Panels, variables and annotations: a query over raw steps keeps the ranks apart (a line per rank)."""
     offenders = []
     for name in BUILDERS:
         for q in dashboard_queries(build(name)):
-            if q.kind != "panel" or q.where in RAW_ON_PURPOSE.get(name, set()):
-                continue
             if raw_step_reads(q.sql):
                 offenders.append(f"{name}: {q.where}")
     assert not offenders, offenders
