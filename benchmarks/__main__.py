@@ -59,6 +59,7 @@ def main() -> int:
     parser.add_argument("--scale-sizes", default="",
                         help="comma-separated smaller stores for the figure's sweep (e.g. 1000000,10000000)")
     parser.add_argument("--scale-worker-events", type=int, default=200_000, help="events per worker measurement")
+    parser.add_argument("--scale-repetitions", type=int, default=5, help="timed runs of each panel query")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     if args.scale:
@@ -152,9 +153,16 @@ def _scale(args: argparse.Namespace) -> int:
 
     print(f"machine: {machine()}")
     sizes = [int(x) for x in args.scale_sizes.split(",") if x]
-    command = f"python -m benchmarks --scale --scale-rows {args.scale_rows} --scale-sizes '{args.scale_sizes}'"
-    figures = {"machine": machine(), "command": command,
-               **bench_scale.run(args.scale_rows, 5, sizes, args.scale_worker_events)}
+    command = (f"python -m benchmarks --scale --scale-rows {args.scale_rows} --scale-sizes '{args.scale_sizes}' "
+               f"--scale-worker-events {args.scale_worker_events} --scale-repetitions {args.scale_repetitions}")
+    head = {"machine": machine(), "command": command}
+
+    def save(partial: dict) -> None:
+        if args.json:
+            args.json.write_text(json.dumps({**head, **partial}, indent=2))
+
+    figures = {**head, **bench_scale.run(args.scale_rows, args.scale_repetitions, sizes, args.scale_worker_events,
+                                         save)}
     bench_scale.report(figures)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
