@@ -54,6 +54,7 @@ from areal_metrics.report_eval_details import (
     load_runs_by_round,
     write_what_changed,
 )
+from areal_metrics.sinks.step_means import MEAN_COLUMNS
 
 RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # the contract's run_id rule: safe inside a SQL literal
 FILES = ("accuracy_response_length.png", "reward.png", "throughput.png", "errors.png", "config.png")
@@ -177,11 +178,11 @@ def sample_count(store: Any, where: str) -> dict[tuple[str, str, int], int]:
 
 def load_rewards(store: Any, where: str) -> tuple[dict[str, list[tuple[int, float]]],
                                                   dict[str, list[tuple[int, float, float, int]]]]:
-    """(run -> [(step, reward: mean over ranks weighted by n_samples)], run -> [(step, sliding avg, ema, window)])."""
+    """(run -> [(step, reward: the rank mean of v_step_means)], run -> [(step, sliding avg, ema, window)])."""
     raw: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for run, step, reward in _rows(store, f"""
-            SELECT run_id, step, sum(reward * ifNull(n_samples, 1)) / sum(ifNull(n_samples, 1))
-            FROM v_steps WHERE {where} AND reward IS NOT NULL GROUP BY run_id, step ORDER BY run_id, step"""):
+            SELECT run_id, step, reward FROM v_step_means WHERE {where} AND reward IS NOT NULL
+            ORDER BY run_id, step"""):
         raw[run].append((int(step), float(reward)))
     smooth: dict[str, list[tuple[int, float, float, int]]] = defaultdict(list)
     for run, step, avg, ema, window in _rows(store, f"""
@@ -229,8 +230,8 @@ def load_generated_tokens(store: Any, where: str) -> dict[str, list[tuple[int, f
     compute behind a step, which differs between strategies (mt4 writes more per episode)."""
     out: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for run, step, tokens in _rows(store, f"""
-            SELECT run_id, step, sum(tokens) FROM v_steps WHERE {where} AND tokens IS NOT NULL
-            GROUP BY run_id, step ORDER BY run_id, step"""):
+            SELECT run_id, step, tokens_sum FROM v_step_means WHERE {where} AND tokens IS NOT NULL
+            ORDER BY run_id, step"""):
         total = (out[run][-1][1] if out[run] else 0.0) + float(tokens)
         out[run].append((int(step), total))
     return out
@@ -263,7 +264,8 @@ def load_runs(store: Any, where: str) -> dict[str, RunInfo]:
     """run -> group, rank count and config: its latest attempt in `v_runs`, else what the steps say."""
     info: dict[str, RunInfo] = {}
     for run, world in _rows(store, f"""
-            SELECT run_id, max(ifNull(world_size, 1)) FROM v_steps WHERE {where} GROUP BY run_id"""):
+            SELECT run_id, max(greatest(ifNull(world_size, 1), ranks)) FROM v_step_means WHERE {where}
+            GROUP BY run_id"""):
         info[run] = RunInfo(group=run, world_size=int(world))
     for run, group, world, config in _rows(store, f"""
             SELECT run_id, `group`, world_size, config FROM v_runs WHERE {where}"""):
@@ -277,20 +279,23 @@ def load_runs(store: Any, where: str) -> dict[str, RunInfo]:
     return info
 
 
-STEP_COLUMNS = ("reward", "reward_std", "entropy", "advantage_mean", "advantage_std", "kl", "clip_ratio", "loss", "lr",
-                "grad_norm", "response_length", "tokens", "throughput", "latency_ms", "gpu_mem_bytes", "epoch")
+STEP_COLUMNS = MEAN_COLUMNS  # the typed columns v_step_means averages over ranks (sinks/step_means.py)
 
 
 def load_metric(store: Any, where: str, key: str) -> dict[str, list[tuple[int, float]]]:
-    """run -> [(step, the key's mean over ranks)]: a typed column of the steps, else the key in their `metrics`."""
+    """run -> [(step, the key's mean over ranks)]: a typed column's rank mean (v_step_means, the one
+    rule), else the key in the steps' `metrics` (plain mean over the ranks that logged it)."""
     if key in STEP_COLUMNS:
-        value, present, parameters = f"toFloat64({key})", f"{key} IS NOT NULL", None
+        sql, parameters = f"""
+            SELECT run_id, step, {key} FROM v_step_means WHERE {where} AND {key} IS NOT NULL
+            ORDER BY run_id, step""", None
     else:
-        value, present, parameters = "metrics[{key:String}]", "mapContains(metrics, {key:String})", {"key": key}
+        sql, parameters = f"""
+            SELECT run_id, step, avg(metrics[{{key:String}}]) FROM v_steps
+            WHERE {where} AND mapContains(metrics, {{key:String}})
+            GROUP BY run_id, step ORDER BY run_id, step""", {"key": key}
     out: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for run, step, mean in store.query(f"""
-            SELECT run_id, step, avg({value}) FROM v_steps WHERE {where} AND {present}
-            GROUP BY run_id, step ORDER BY run_id, step""", parameters).rows:
+    for run, step, mean in store.query(sql, parameters).rows:
         out[run].append((int(step), float(mean)))
     return out
 

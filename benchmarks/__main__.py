@@ -18,7 +18,11 @@ here unless AREAL_KAFKA_BOOTSTRAP is set):
   ClickHouse rows, beside the raw produce-then-consume rate on the same broker (best of 3);
 - latency: publish() to alert, publish() to row visible to `sql`;
 - memory: peak RSS of the stream worker and the sink; CPU per step event of each;
-- scale: 1, 8 and 64 simulated ranks publishing at once (64: 8 runs of 8 ranks);
+- scale: 1, 8 and 64 simulated ranks publishing at once (64: 8 runs of 8 ranks); these
+  phases run `--repeats` times (default 3): `pipeline_events_per_s` (the best phase of a
+  repeat), `pipeline_to_raw`, `worker_cpu_us_per_event` and `sink_cpu_us_per_event` are the
+  medians over the repeats, each with `<key>_spread` ((max - min) / median) and `<key>_runs`;
+- `--scale`: the scale mode instead (benchmarks/bench_scale.py);
 - queries: every dashboard query (macros expanded) on 10 million generated step
   rows in an embedded store, p50/p95 per query (`panel_ms_p95_max`: the slowest
   query's p95 in the dashboards' default view; `--quick` times each query 5
@@ -46,10 +50,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer events and samples (a minute or two)")
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="the pipeline's phases run this many times; its keys are medians with a `_spread`")
+    parser.add_argument("--scale", action="store_true",
+                        help="the scale mode instead (benchmarks/bench_scale.py): panels on 100M step rows from 1,000 "
+                             "ranks, the worker with 1 and 1,000 live runs")
+    parser.add_argument("--scale-rows", type=int, default=100_000_000, help="step rows of the scale mode's store")
+    parser.add_argument("--scale-sizes", default="",
+                        help="comma-separated smaller stores for the figure's sweep (e.g. 1000000,10000000)")
+    parser.add_argument("--scale-worker-events", type=int, default=200_000, help="events per worker measurement")
+    parser.add_argument("--scale-repetitions", type=int, default=5, help="timed runs of each panel query")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    if args.scale:
+        return _scale(args)
     # pipeline phases long enough that the sink's 500 ms flush wait is a small part of each
-    n_pub, n_pipe, samples = (20_000, 16_000, 10) if args.quick else (50_000, 48_000, 30)
+    n_pub, n_pipe, samples = (20_000, 32_000, 10) if args.quick else (50_000, 48_000, 30)
     n_client = 5_000 if args.quick else 20_000
     step_rounds, n_delivery = (8, 1_000) if args.quick else (24, 3_000)
     print(f"machine: {machine()}")
@@ -58,7 +74,7 @@ def main() -> int:
         client = bench_client.run(bootstrap, n_client)
         step = bench_step.run(bootstrap, step_rounds)
         delivery = bench_delivery.run(bootstrap, n_delivery)
-        pipe = pipeline.run(bootstrap, n_pipe, samples, scales=(1, 8, 64))
+        pipe = pipeline.run(bootstrap, n_pipe, samples, scales=(1, 8, 64), repeats=args.repeats)
     queries = bench_queries.run(5 if args.quick else 20)  # no broker needed: after the others, not beside them
     bench_publisher.report(pub)
     bench_client.report(client)
@@ -110,6 +126,9 @@ def main() -> int:
         "raw_events_per_s_kafka_python": pipe["raw_events_per_s_kafka_python"],
         "raw_events_per_s_kafka_python_runs": pipe["raw_events_per_s_kafka_python_runs"],
         "pipeline_to_raw": pipe["pipeline_events_per_s"] / raw,
+        **{k: pipe[k] for k in pipe if k.endswith(("_spread", "_runs")) and k not in (
+            "raw_events_per_s_runs", "raw_events_per_s_kafka_python_runs")},
+        "scale_repeats": pipe["scale_repeats"],
         "worker_cpu_us_per_event": pipe["worker_cpu_us_per_event"],
         "sink_cpu_us_per_event": pipe["sink_cpu_us_per_event"],
         "alert_latency_ms_p50": pipe["alert_latency_ms_p50"],
@@ -123,6 +142,28 @@ def main() -> int:
         "queries": queries,
         "load_average": list(load),
     }
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+        print(f"\nfigures written to {args.json}")
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from benchmarks import bench_scale
+
+    print(f"machine: {machine()}")
+    sizes = [int(x) for x in args.scale_sizes.split(",") if x]
+    command = (f"python -m benchmarks --scale --scale-rows {args.scale_rows} --scale-sizes '{args.scale_sizes}' "
+               f"--scale-worker-events {args.scale_worker_events} --scale-repetitions {args.scale_repetitions}")
+    head = {"machine": machine(), "command": command}
+
+    def save(partial: dict) -> None:
+        if args.json:
+            args.json.write_text(json.dumps({**head, **partial}, indent=2))
+
+    figures = {**head, **bench_scale.run(args.scale_rows, args.scale_repetitions, sizes, args.scale_worker_events,
+                                         save)}
+    bench_scale.report(figures)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
         print(f"\nfigures written to {args.json}")

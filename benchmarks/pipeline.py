@@ -369,7 +369,17 @@ def alert_latency(services: Services, samples: int, timeout: float = 60.0) -> li
     return out
 
 
-def run(bootstrap: str, n: int, samples: int, scales: tuple[int, ...]) -> dict[str, Any]:
+def median_spread(values: list[float]) -> tuple[float, float]:
+    """(median, spread): the spread is (max - min) / median, the share by which repeats disagree."""
+    import statistics
+
+    middle = statistics.median(values)
+    return middle, (max(values) - min(values)) / middle if middle else 0.0
+
+
+def run(bootstrap: str, n: int, samples: int, scales: tuple[int, ...], repeats: int = 1) -> dict[str, Any]:
+    """`repeats`: the phases (every scale) run that many times over; the pipeline's rate and the
+    services' CPU per event are then medians over the repeats, each with its `_spread`."""
     home = Path(tempfile.mkdtemp(prefix="areal-bench-pipeline-"))
     services = Services(bootstrap, home)
     # The baseline is the raw rate of the library the publishers deliver with; kafka-python's
@@ -386,14 +396,23 @@ def run(bootstrap: str, n: int, samples: int, scales: tuple[int, ...]) -> dict[s
     services.start()
     try:
         wait_ready(services)
-        scale = {}
-        for ranks in scales:
-            scale[ranks] = pipeline_rate(services, ranks, n)
-        out["scale"] = scale
-        out["pipeline_events_per_s"] = max(s["events_per_s"] for s in scale.values())
-        for name in ("worker", "sink"):  # over every phase: CPU time / step events
-            cpu = sum(s[f"{name}_cpu_us_per_event"] * s["events"] for s in scale.values())
-            out[f"{name}_cpu_us_per_event"] = cpu / sum(s["events"] for s in scale.values())
+        repeated: list[dict[int, dict[str, float]]] = []
+        for _ in range(max(1, repeats)):
+            repeated.append({ranks: pipeline_rate(services, ranks, n) for ranks in scales})
+        per_repeat: dict[str, list[float]] = {"pipeline_events_per_s": [], "worker_cpu_us_per_event": [],
+                                              "sink_cpu_us_per_event": []}
+        for scale in repeated:
+            per_repeat["pipeline_events_per_s"].append(max(s["events_per_s"] for s in scale.values()))
+            for name in ("worker", "sink"):  # over every phase of the repeat: CPU time / step events
+                cpu = sum(s[f"{name}_cpu_us_per_event"] * s["events"] for s in scale.values())
+                per_repeat[f"{name}_cpu_us_per_event"].append(cpu / sum(s["events"] for s in scale.values()))
+        out["scale"] = repeated[-1]
+        out["scale_repeats"] = [{str(k): v for k, v in scale.items()} for scale in repeated]
+        for key, values in per_repeat.items():
+            out[key], out[f"{key}_spread"] = median_spread(values)
+            out[f"{key}_runs"] = values
+        out["pipeline_to_raw_runs"] = [v / out["raw_events_per_s"] for v in per_repeat["pipeline_events_per_s"]]
+        out["pipeline_to_raw_spread"] = median_spread(out["pipeline_to_raw_runs"])[1]
         # publish() -> row visible: the sink benchmark's measurement, on this stack's store
         v = bench_latency(services.settings, samples)
         a = summary(alert_latency(services, samples))

@@ -31,18 +31,19 @@ ORDER BY time""",
     )
 
 
+# From the per-step aggregates (v_step_means): each step's rank mean and slowest rank, per time bucket.
 LATENCY_QUANTILES = SQL(
     f"""SELECT
     $__timeInterval(ts) AS time,
     run_id,
-    quantile(0.5)(latency_ms) AS p50,
-    quantile(0.95)(latency_ms) AS p95,
-    max(latency_ms) AS max
-FROM {view('steps')}
-WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER} AND latency_ms IS NOT NULL
+    avg(latency_ms) AS mean,
+    quantile(0.95)(latency_ms_max) AS `p95 slowest rank`,
+    max(latency_ms_max) AS max
+FROM {view('step_means')}
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND latency_ms IS NOT NULL
 GROUP BY time, run_id
 ORDER BY time""",
-    expects=("time", "run_id", "p50", "p95", "max"),
+    expects=("time", "run_id", "mean", "p95 slowest rank", "max"),
     format=TS,
 )
 
@@ -90,9 +91,9 @@ def build() -> dash_b.Dashboard:
             "Tokens per second of all ranks of a run together (tokens summed per time bucket).",
             [
                 SQL(
-                    f"""SELECT $__timeInterval(ts) AS time, run_id, sum(tokens) / $__interval_s AS `tokens/s`
-FROM {view('steps')}
-WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
+                    f"""SELECT $__timeInterval(ts) AS time, run_id, sum(tokens_sum) / $__interval_s AS `tokens/s`
+FROM {view('step_means')}
+WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY time, run_id
 ORDER BY time""",
                     expects=("time", "run_id", "tokens/s"),
@@ -112,8 +113,9 @@ ORDER BY time""",
             axis_label="latency",
         ).display_name(per_worker),
         timeseries(
-            "Step latency quantiles per run",
-            "Median, 95th percentile and maximum step latency over all ranks of a run.",
+            "Step latency per run",
+            "Per time bucket: the mean over steps of the ranks' mean step latency, the 95th percentile of the "
+            "slowest rank's latency, and the slowest rank's maximum.",
             [LATENCY_QUANTILES],
             unit="ms",
             axis_label="latency",

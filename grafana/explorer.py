@@ -3,8 +3,8 @@
 What a trainer logs beyond the typed columns (TRL's `rewards/<func>/mean`, verl's ~80
 `actor/*`, `perf/*`, `timing_s/*`...) lands in the steps' `metrics` map. The `metric`
 variable offers the keys the selected runs logged in the time range; one panel is drawn per
-chosen key (the mean over a step's ranks), and a table gives each key's last, min and max
-value per run.
+chosen key (the mean over a step's ranks, from the per-step aggregates `v_step_means`), and a
+table gives each key's last step mean, min and max value per run.
 """
 
 from __future__ import annotations
@@ -12,24 +12,27 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash_b
 
 from areal_metrics.grafana.clickhouse import SQL, view
-from areal_metrics.grafana.panels import NODE_FILTER, RUN_FILTER, base, table, trend
+from areal_metrics.grafana.panels import RUN_FILTER, base, table, trend
 from areal_metrics.grafana.panels import variable as query_variable
 
 UID = "areal-explorer"
 
-METRIC_KEYS = f"""SELECT DISTINCT arrayJoin(mapKeys(metrics)) AS metric
-FROM {view('steps')}
+# Everything here reads the per-step aggregates (v_step_means: each key's mean over the step's
+# ranks, its min, max and how many ranks logged it), never the raw rank rows.
+METRIC_KEYS = f"""SELECT DISTINCT arrayJoin(mapKeys(metric_counts)) AS metric
+FROM {view('step_means')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 ORDER BY metric"""
 
+# downsampled to the panel's width: a point per run and time bucket, at the bucket's mean step
 BY_STEP = SQL(
     f"""SELECT
-    step,
+    avg(step) AS step,
     run_id,
     avg(metrics[${{metric:singlequote}}]) AS value
-FROM {view('steps')}
-WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER} AND mapContains(metrics, ${{metric:singlequote}})
-GROUP BY step, run_id
+FROM {view('step_means')}
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND mapContains(metrics, ${{metric:singlequote}})
+GROUP BY $__timeInterval(ts), run_id
 ORDER BY step""",
     expects=("step", "run_id", "value"),
 )
@@ -39,12 +42,12 @@ SUMMARY = SQL(
     key AS metric,
     run_id,
     argMax(metrics[key], step) AS last,
-    min(metrics[key]) AS min,
-    max(metrics[key]) AS max,
-    count() AS points
-FROM {view('steps')}
-ARRAY JOIN mapKeys(metrics) AS key
-WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER} AND key IN (${{metric:singlequote}})
+    min(metrics_min[key]) AS min,
+    max(metrics_max[key]) AS max,
+    sum(metric_counts[key]) AS points
+FROM {view('step_means')}
+ARRAY JOIN mapKeys(metric_counts) AS key
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND key IN (${{metric:singlequote}})
 GROUP BY key, run_id
 ORDER BY key, run_id""",
     expects=("metric", "run_id", "last", "min", "max", "points"),

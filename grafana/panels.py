@@ -42,13 +42,25 @@ RUN_PICKER = f"""SELECT run_id FROM
     WHERE $__conditionalAll(`group` IN (${{group:singlequote}}), $group)
       AND $__conditionalAll(hasAny(tags, [${{tag:singlequote}}]), $tag)
     UNION ALL
-    SELECT run_id, min(ts) AS since FROM {stored('steps')}
+    SELECT run_id, min(first_ts) AS since FROM {stored('step_aggregates')}
     WHERE run_id NOT IN (SELECT run_id FROM {stored('runs')})
       AND $__conditionalAll(1 = 0, $group) AND $__conditionalAll(1 = 0, $tag)
     GROUP BY run_id
 )
 GROUP BY run_id
 ORDER BY max(since) DESC"""
+
+
+# The nodes of the chosen runs: from their run events (every rank sends one at start), and, for
+# a run that sent none, from its steps; never a scan of every step row of the runs.
+NODE_PICKER = f"""SELECT DISTINCT node FROM
+(
+    SELECT node FROM {stored('runs')} WHERE {RUN_FILTER}
+    UNION ALL
+    SELECT node FROM {stored('steps')}
+    WHERE run_id IN (SELECT arrayJoin([${{run:singlequote}}]) AS r WHERE r NOT IN (SELECT run_id FROM {stored('runs')}))
+)
+ORDER BY node"""
 
 
 def variables() -> list[dash_b.QueryVariable]:
@@ -78,7 +90,7 @@ def variables() -> list[dash_b.QueryVariable]:
         variable(
             "node",
             "Node",
-            f"SELECT DISTINCT node FROM {view('steps')} WHERE {RUN_FILTER} ORDER BY node",
+            NODE_PICKER,
             include_all=True,
             description="Nodes of the chosen runs.",
         ),

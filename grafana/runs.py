@@ -12,16 +12,18 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import dashboard
 
-from areal_metrics.grafana.clickhouse import SQL, Format, view
+from areal_metrics.grafana.clickhouse import SQL, Format, stored, view
 from areal_metrics.grafana.panels import DATASET_FILTER, RUN_FILTER, base, table, timeseries, trend
 
 UID = "areal-runs"
 
+# The step's rank mean (v_step_means), downsampled to the panel's width: one point per run and
+# time bucket, at the bucket's mean step (a run's steps rise with time).
 RAW_BY_STEP = SQL(
-    f"""SELECT step, run_id, avg(reward) AS reward
-FROM {view('steps')}
+    f"""SELECT avg(step) AS step, run_id, avg(reward) AS reward
+FROM {view('step_means')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
-GROUP BY step, run_id
+GROUP BY $__timeInterval(ts), run_id
 ORDER BY step""",
     expects=("step", "run_id", "reward"),
 )
@@ -45,8 +47,8 @@ ORDER BY step""",
 )
 
 THROUGHPUT = SQL(
-    f"""SELECT $__timeInterval(ts) AS time, run_id, sum(tokens) / $__interval_s AS `tokens/s`
-FROM {view('steps')}
+    f"""SELECT $__timeInterval(ts) AS time, run_id, sum(tokens_sum) / $__interval_s AS `tokens/s`
+FROM {view('step_means')}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY time, run_id
 ORDER BY time""",
@@ -57,7 +59,7 @@ ORDER BY time""",
 SUMMARY = SQL(
     f"""SELECT
     s.run_id AS run_id,
-    s.nodes AS nodes,
+    h.nodes AS nodes,
     s.ranks AS ranks,
     s.last_step AS `last step`,
     s.started AS started,
@@ -68,13 +70,17 @@ SUMMARY = SQL(
     e.last_accuracy AS `last accuracy`
 FROM
 (
-    SELECT run_id, uniqExact(node) AS nodes, uniqExact(node, rank) AS ranks, max(step) AS last_step,
-           min(ts) AS started, dateDiff('second', min(ts), max(ts)) AS duration_s,
+    SELECT run_id, max(ranks) AS ranks, max(step) AS last_step,
+           min(first_ts) AS started, dateDiff('second', min(first_ts), max(ts)) AS duration_s,
            avg(throughput) AS mean_throughput
-    FROM {view('steps')}
+    FROM {view('step_means')}
     WHERE $__timeFilter(ts) AND {RUN_FILTER}
     GROUP BY run_id
 ) AS s
+LEFT JOIN
+(
+    SELECT run_id, uniqExact(node) AS nodes FROM {stored('runs')} WHERE {RUN_FILTER} GROUP BY run_id
+) AS h ON h.run_id = s.run_id
 LEFT JOIN
 (
     SELECT run_id, argMax(ema, step) AS last_ema, max(sliding_avg) AS best_avg

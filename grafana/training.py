@@ -13,7 +13,6 @@ from areal_metrics.grafana.clickhouse import SQL, Format, view
 from areal_metrics.grafana.panels import (
     ALERT_MARKERS_SQL,
     COMMAND_MARKERS_SQL,
-    NODE_FILTER,
     RUN_FILTER,
     annotation,
     base,
@@ -25,16 +24,22 @@ UID = "areal-training"
 TS = Format.TIME_SERIES
 
 
+# Per-step curves read the rank means kept at insert time (v_step_means: one row per run and
+# step, the sink's rule), never the raw rank rows: a panel's cost grows with steps, not ranks x
+# steps; a long range is downsampled to the panel's width by $__timeInterval.
+STEP_MEANS = view("step_means")
+
+
 def _step_metric(*columns: str) -> SQL:
-    """Per run and time bucket, the mean over ranks of step metrics: `expr AS name` pairs."""
+    """Per run and time bucket, the mean over the bucket's steps of step metrics' rank means: `expr AS name` pairs."""
     select = ",\n    ".join(columns)
     names = tuple(c.rsplit(" AS ", 1)[1].strip("`") for c in columns)
     sql = f"""SELECT
     $__timeInterval(ts) AS time,
     run_id,
     {select}
-FROM {view('steps')}
-WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
+FROM {STEP_MEANS}
+WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY time, run_id
 ORDER BY time"""
     return SQL(sql, expects=("time", "run_id", *names), format=TS)
@@ -57,8 +62,8 @@ ORDER BY time""",
 
 LATEST_STEP = SQL(
     f"""SELECT $__timeInterval(ts) AS time, run_id, max(step) AS step
-FROM {view('steps')}
-WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
+FROM {STEP_MEANS}
+WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY time, run_id
 ORDER BY time""",
     expects=("time", "run_id", "step"),
@@ -76,9 +81,9 @@ ORDER BY time""",
 )
 
 RUN_THROUGHPUT = SQL(
-    f"""SELECT $__timeInterval(ts) AS time, run_id, sum(tokens) / $__interval_s AS `tokens/s`
-FROM {view('steps')}
-WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
+    f"""SELECT $__timeInterval(ts) AS time, run_id, sum(tokens_sum) / $__interval_s AS `tokens/s`
+FROM {STEP_MEANS}
+WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY time, run_id
 ORDER BY time""",
     expects=("time", "run_id", "tokens/s"),
@@ -103,7 +108,7 @@ def build() -> dash_b.Dashboard:
     board = base(
         UID,
         "AReaL · Training",
-        "PPO/GRPO training metrics per run, averaged over nodes and ranks; markers show the commands the stream worker issued.",
+        "PPO/GRPO training metrics per run, the rank mean of each step (weighted by n_samples); markers show the commands the stream worker issued.",
         ["training"],
     )
     board = board.annotation(annotation("Commands", "#5794F2", COMMAND_MARKERS_SQL))

@@ -25,6 +25,9 @@ from areal_metrics.sinks.schema import (
     drop_table_sql,
     plans_sql,
 )
+from areal_metrics.sinks.step_means import backfill_sql
+from areal_metrics.sinks.step_means import create_statements as step_means_statements
+from areal_metrics.sinks.step_means import drop_statements as step_means_drops
 
 
 def _migrations_sql(o: SchemaOptions) -> str:
@@ -140,6 +143,11 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
     # v8: trainers' acknowledgements of commands (topic `acks`), and per command who applied it
     v8: list[Statement] = [create_table_sql(TABLES_BY_NAME["command_acks"], o),
                            create_view_sql(TABLES_BY_NAME["command_acks"], o), command_status_view_sql(o)]
+    # v9: per-step aggregates kept at insert time (sinks/step_means.py): the table, the
+    # materialized view that fills it from every insert into steps, the steps already
+    # stored, and v_step_means. A row added twice (a backfill racing live inserts) is
+    # recomputed from v_steps by the view, so the backfill needs no pause.
+    v9: list[Statement] = [*step_means_statements(o)[:2], backfill_sql(o), step_means_statements(o)[2]]
     return [
         (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
         (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
@@ -150,6 +158,7 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
             "ci_high", v6),
         (7, "evaluation details: generations.gold, error_type; eval_consensus.metrics", v7),
         (8, "command_acks: what each trainer node did with each command; v_command_status", v8),
+        (9, "per-step aggregates at insert time: step_aggregates, step_aggregates_mv, v_step_means", v9),
     ]
 
 
@@ -228,6 +237,9 @@ def _ttl_sql(o: SchemaOptions) -> str:
 
 def drop_tables(client: CommandClient, options: SchemaOptions = SchemaOptions(), names: Sequence[str] | None = None) -> None:
     """Drop the tables (for `replay`); the views are recreated by `recreate_tables`."""
+    if names is None or "steps" in names:  # the per-step aggregates are made from the steps
+        for stmt in step_means_drops(options):
+            client.command(stmt)
     for t in TABLES:
         if names is None or t.name in names:
             client.command(drop_table_sql(t, options))
@@ -239,3 +251,5 @@ def recreate_tables(client: CommandClient, options: SchemaOptions = SchemaOption
         client.command(create_table_sql(t, options))
     for t in TABLES:
         client.command(create_view_sql(t, options))
+    for stmt in step_means_statements(options):  # before any row: the materialized view sees every insert
+        client.command(stmt)

@@ -14,6 +14,9 @@ from areal_metrics.sinks.schema import BATCH_PLANS, Table
 BASE_INSERT_SETTINGS: dict[str, Any] = {
     "async_insert": 0,  # synchronous: when insert() returns, the rows are stored
     "insert_deduplicate": 1,  # honour insert_deduplication_token
+    # and in the tables a materialized view fills (step_aggregates): without it a block the
+    # steps table drops as a duplicate is still added to the per-step sums
+    "deduplicate_blocks_in_dependent_materialized_views": 1,
     "deduplicate_blocks_in_dependent_materialized_views": 1,
     "max_insert_block_size": 1_048_576,  # one chunk (<= max_rows rows) stays one block: one token
     "min_insert_block_size_rows": 0,

@@ -165,6 +165,8 @@ def test_a_command_nobody_applies_raises_command_not_applied_and_an_applied_one_
 
 def test_migration_8_adds_the_acks_table_and_the_status_view_to_an_older_store(tmp_path: Path) -> None:
     from areal_metrics.producers.contract.events import CommandEvent
+    from areal_metrics.sinks.schema import SCHEMA_VERSION, SchemaOptions
+    from areal_metrics.sinks.step_means import drop_statements
     from areal_metrics.sinks.migrations import applied_version, apply_schema
     from areal_metrics.sinks.query import Target, open_client
     from areal_metrics.sinks.rows import Located
@@ -176,9 +178,11 @@ def test_migration_8_adds_the_acks_table_and_the_status_view_to_an_older_store(t
         client.command("DROP VIEW areal.v_command_status")
         client.command("DROP VIEW areal.v_command_acks")
         client.command("DROP TABLE areal.command_acks SYNC")
+        for stmt in drop_statements(SchemaOptions()):  # and migration 9's objects: a store of schema 7
+            client.command(stmt)
         client.command("ALTER TABLE areal.schema_migrations DELETE WHERE version >= 8 SETTINGS mutations_sync = 1")
         assert applied_version(client) == 7
-        assert apply_schema(client) == 8 and apply_schema(client) == 8
+        assert apply_schema(client) == SCHEMA_VERSION and apply_schema(client) == SCHEMA_VERSION
         sent = CommandEvent(run_id="r1", node="worker", command="scale_lr", args={"factor": 0.5, "from_step": 4})
         insert_rows(client, "areal", [Located(sent, "areal.control", 0, 0)], "t1")
         acks = [CommandAckEvent(run_id="r1", node=n, command_id=sent.event_id, command="scale_lr", status=s, step=4,

@@ -103,7 +103,7 @@ def test_issue_requirements_are_in_the_dashboards() -> None:
     assert runs["Config side by side"]["transformations"][0]["id"] == "groupingToMatrix"
     assert "v_runs" in boards["runs"]["templating"]["list"][2]["query"]["rawSql"]  # the run picker
     explorer = boards["explorer"]
-    assert "mapKeys(metrics)" in explorer["templating"]["list"][5]["query"]["rawSql"]
+    assert "mapKeys(metric_counts)" in explorer["templating"]["list"][5]["query"]["rawSql"]  # the keys logged, per step
     assert explorer["panels"][0]["type"] == "trend" and explorer["panels"][0]["repeat"] == "metric"
     assert any(p["title"] == "Generations" and "areal.v_generations" in p["targets"][0]["rawSql"]
                for p in evaluation["panels"])

@@ -13,7 +13,11 @@ undecided, intervals on the consensus, set_eval_interval only for adaptive runs)
 (the evaluation details: consensus metrics, the generations filters; it was already behind the report's
 intervals before); and on the trainers branch (issue 41: the fixture's trainers acknowledge the worker's
 `scale_lr`, the evaluation board's 'Commands applied' annotation; the dead letters' raw step now spells
-its epoch 16.0, as today's StepEvent writes it). This test runs the same queries of the current code on
+its epoch 16.0, as today's StepEvent writes it); and on the scale branch (per-step curves read
+v_step_means: the rank mean weighted by n_samples, one time per step (its newest rank's), over all
+nodes; the reward-by-step and the explorer's trends downsampled to one point per time bucket (the
+explorer's last value a step's rank mean); latency per run as the ranks' mean and slowest rank).
+This test runs the same queries of the current code on
 the current schema and compares column names and every value (floats to 12
 significant digits: a sum may be added up in another order; rows as a
 multiset, since ties in an ORDER BY may come in either order).

@@ -33,6 +33,7 @@ from areal_metrics.sinks.replay import fingerprints, replay_into
 from areal_metrics.sinks.schema import TABLES
 from areal_metrics.sinks.sink import Sink
 from tests.support import wait_for
+from tests.test_step_means import assert_view_is_the_raw_rule
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 
@@ -41,7 +42,9 @@ def make_events(n_steps: int, run: str = "r1") -> list[Event]:
     """A mix over every topic a producer writes (the sink stores all seven)."""
     out: list[Event] = []
     for i in range(n_steps):
-        out.append(StepEvent(run_id=f"{run}-{i % 3}", step=i, epoch=0, reward=i / 7, metrics={"m": float(i)}))
+        # four ranks per step, unequal samples (one rank without): the per-step aggregates are weighted
+        out.append(StepEvent(run_id=f"{run}-{i % 3}", step=i // 4, rank=i % 4, world_size=4, epoch=0, reward=i / 7,
+                             n_samples=None if i % 29 == 0 else 10 * (i % 4 + 1), metrics={"m": float(i)}))
         if i % 10 == 0:
             out.append(EvalEvent(run_id=run, eval_id=f"e{i}", step=i, dataset="math500", accuracy=0.5,
                                  verdicts=[1, 0, 1], n_samples=3, replicas=3,
@@ -163,6 +166,7 @@ def test_resent_events_and_bad_input_give_exact_rows(running_sink: Sink, kafka_b
     no_duplicate_positions(client)
     views = {t.name: int(client.command(f"SELECT count() FROM areal.{t.view}")) for t in TABLES}
     assert views == want
+    assert_view_is_the_raw_rule(client)
     reasons = dict(client.query("SELECT source_topic, reason FROM areal.v_deadletter").result_rows)
     assert reasons[topics.steps] == "steps.event_id: missing"  # the envelope first
     assert reasons[topics.evals].startswith("event: not UTF-8")
@@ -199,6 +203,7 @@ def test_replay_rebuilds_identical_tables(running_sink: Sink, settings: Settings
         client.command("TRUNCATE TABLE areal.steps")  # damage: replay must repair it
         assert replay_into(client, settings) == want
         assert fingerprints(client) == before
+        assert_view_is_the_raw_rule(client)  # replay made the per-step aggregates again
     finally:
         client.close()
 
@@ -275,6 +280,7 @@ def test_sigkill_mid_batch_repeatedly_loses_and_duplicates_nothing(stack_env: di
         # no loss, no double count; when not, which batches were retried after a kill
         assert got == want, (got, counts(client, final=False), retried)
         no_duplicate_positions(client)  # and no block stored twice, in spite of the kills
+        assert_view_is_the_raw_rule(client)  # the per-step aggregates: each step's ranks counted once
     finally:
         client.close()
     assert kills == 4

@@ -1,0 +1,83 @@
+"""What the per-step aggregates cost the sink: CPU per step row inserted, with and without the
+materialized view that fills `step_aggregates`.
+
+    python -m benchmarks.bench_aggregates_cost [--rows 100000] [--repeats 3] [--json FILE]
+
+Each measurement in a fresh process and a fresh embedded store: the sink's own insert path
+(`sinks.writer.insert_rows`, blocks of 5,000 rows with their tokens: building the columns in
+Python and the engine's insert, the materialized view included when present), 4 runs of 8 ranks,
+12 typed columns and 2 metrics per row. Reported: the median of `--repeats` runs of each, CPU
+(user + system of the process) per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = '''
+import json, resource, sys
+from areal_metrics.producers.contract.events import StepEvent
+from areal_metrics.sinks.migrations import apply_schema
+from areal_metrics.sinks.query import Target, open_client
+from areal_metrics.sinks.rows import Located
+from areal_metrics.sinks.schema import SchemaOptions
+from areal_metrics.sinks.step_means import drop_statements
+from areal_metrics.sinks.writer import insert_rows
+path, with_view, n = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+c = open_client(Target.parse(f"chdb://{path}"), readonly=False, use_database=False)
+apply_schema(c)
+if not with_view:
+    c.command(drop_statements(SchemaOptions())[0])  # the materialized view only: inserts no longer reach the table
+ev = [StepEvent(run_id=f"r{i % 4}", step=i // 32, rank=i % 8, world_size=8, epoch=0, reward=0.5, kl=0.01, entropy=1.0,
+                loss=0.3, lr=1e-6, grad_norm=1.0, tokens=1000, throughput=1e3, latency_ms=10.0, n_samples=16,
+                metrics={"a": 1.0, "b": 2.0}, ts=1.8e9 + i) for i in range(n)]
+rows = [Located(e, "areal.steps", 0, i) for i, e in enumerate(ev)]
+def cpu():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+start = cpu()
+for i in range(0, n, 5000):
+    insert_rows(c, "areal", rows[i:i + 5000], f"t{i}")
+print(json.dumps((cpu() - start) / n * 1e6))
+'''
+
+
+def once(with_view: bool, rows: int) -> float:
+    with tempfile.TemporaryDirectory(prefix="areal-bench-agg-") as d:
+        out = subprocess.run([sys.executable, "-c", CHILD, str(Path(d) / "ch"), "1" if with_view else "0", str(rows)],
+                             capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run(rows: int = 100_000, repeats: int = 3) -> dict[str, float]:
+    with_view, without = [], []
+    for _ in range(repeats):  # alternated: a change of the machine's load falls on both
+        without.append(once(False, rows))
+        with_view.append(once(True, rows))
+    return {"sink_insert_cpu_us_per_row_with_aggregates": statistics.median(with_view),
+            "sink_insert_cpu_us_per_row_without_aggregates": statistics.median(without),
+            "sink_insert_cpu_us_per_row_with_aggregates_runs": with_view,
+            "sink_insert_cpu_us_per_row_without_aggregates_runs": without}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_aggregates_cost", description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    figures = run(args.rows, args.repeats)
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,243 @@
+"""v_step_means: one rank mean per step, kept at insert time, the worker's rule, exactly once.
+
+The per-step aggregates (sinks/step_means.py) are checked against the deduplicated raw rows
+(`v_steps`) with the worker's own rule (`streams.core.ranks.mean_reward`), after every way a
+row can reach the store twice: a retried batch (same token), the same event in another block
+(a client's re-send), a step logged again by one rank, a resumed attempt, and a backfill that
+races live inserts. The dashboards must read them: no panel averages raw rank rows.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from areal_metrics.grafana.catalog import BUILDERS, build
+from areal_metrics.grafana.queries import dashboard_queries
+from areal_metrics.producers.contract.events import StepEvent
+from areal_metrics.report import load_metric, load_rewards
+from areal_metrics.sinks.migrations import apply_schema
+from areal_metrics.sinks.query import Target, open_client
+from areal_metrics.sinks.rows import Located
+from areal_metrics.sinks.schema import MIGRATIONS_TABLE, SchemaOptions
+from areal_metrics.sinks.step_means import AGGREGATES, MEAN_COLUMNS, drop_statements
+from areal_metrics.sinks.writer import insert_rows
+from areal_metrics.streams.core.ranks import RankReport, RankState, add_rank, mean_reward
+
+TS = 1_800_000_000.0
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[Any]:
+    c = open_client(Target.parse(f"chdb://{tmp_path / 'ch'}"), readonly=False, use_database=False)
+    apply_schema(c)
+    yield c
+    c.close()
+
+
+class ClientStore:
+    """What `report`'s loaders need of a store (`.query(sql, parameters).rows`), over a client."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
+        result = self.client.query(re.sub(r"\bFROM v_", "FROM areal.v_", sql), parameters=parameters)
+
+        class R:
+            rows = result.result_rows
+        return R
+
+
+_offsets = iter(range(10**9))
+
+
+def put(client: Any, events: list[StepEvent], token: str | None = None) -> None:
+    """One insert block, as the sink writes it (every row a new log position unless `token` repeats a batch)."""
+    rows = [Located(e, "areal.steps", 0, next(_offsets)) for e in events]
+    insert_rows(client, "areal", rows, token or f"t{rows[0].offset}")
+
+
+def worker_mean(client: Any, column: str) -> dict[tuple[str, int, int], float | None]:
+    """(run, attempt, step) -> the worker's rule over the deduplicated raw rows of the step's latest attempt."""
+    raw = client.query(f"SELECT run_id, attempt, step, rank, toFloat64({column}), n_samples FROM areal.v_steps").result_rows
+    latest: dict[tuple[str, int], int] = {}
+    for run, attempt, step, *_ in raw:
+        latest[(run, step)] = max(attempt, latest.get((run, step), -1))
+    reports: dict[tuple[str, int, int], list[RankReport]] = defaultdict(list)
+    for run, attempt, step, rank, value, n in raw:
+        if attempt == latest[(run, step)]:
+            reports[(run, attempt, step)].append(RankReport(rank=rank, reward=value, n_samples=n))
+    return {k: mean_reward(tuple(v)) for k, v in reports.items()}
+
+
+def view_means(client: Any, column: str) -> dict[tuple[str, int, int], float | None]:
+    rows = client.query(f"SELECT run_id, attempt, step, `{column}` FROM areal.v_step_means").result_rows
+    return {(r, a, s): v for r, a, s, v in rows}
+
+
+def metric_means(client: Any, source: str) -> dict[tuple[str, int, int], dict[str, float]]:
+    """(run, attempt, step) -> the `metrics` keys' plain means over ranks: from the raw rows (`v_steps`,
+    in Python) or from `v_step_means`."""
+    if source == "view":
+        rows = client.query("SELECT run_id, attempt, step, metrics FROM areal.v_step_means").result_rows
+        return {(r, a, st): dict(m) for r, a, st, m in rows if m}
+    raw = client.query("SELECT run_id, attempt, step, metrics FROM areal.v_steps").result_rows
+    latest: dict[tuple[str, int], int] = {}
+    for run, attempt, step, _ in raw:
+        latest[(run, step)] = max(attempt, latest.get((run, step), -1))
+    values: dict[tuple[str, int, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for run, attempt, step, metrics in raw:
+        if attempt == latest[(run, step)]:
+            for key, value in metrics.items():
+                values[(run, attempt, step)][key].append(value)
+    return {k: {key: sum(v) / len(v) for key, v in keys.items()} for k, keys in values.items() if keys}
+
+
+def assert_view_is_the_raw_rule(client: Any, columns: tuple[str, ...] = MEAN_COLUMNS) -> None:
+    one_row_each = client.query("SELECT count(), uniqExact(run_id, attempt, step) FROM areal.v_step_means").result_rows
+    assert one_row_each[0][0] == one_row_each[0][1]
+    want_metrics, got_metrics = metric_means(client, "raw"), metric_means(client, "view")
+    assert set(got_metrics) == set(want_metrics)
+    for key, means in want_metrics.items():
+        assert got_metrics[key] == pytest.approx(means, rel=1e-12), key
+    for column in columns:
+        want, got = worker_mean(client, column), view_means(client, column)
+        assert set(got) == set(want), column
+        for key, value in want.items():
+            assert got[key] == (None if value is None else pytest.approx(value, rel=1e-12)), (column, key)
+
+
+def test_unequal_n_samples_the_worker_the_view_and_the_report_agree(client: Any) -> None:
+    """Two ranks with 10 and 30 samples at rewards 0.2 and 0.8: 0.65 everywhere (not 0.5)."""
+    ranks = [StepEvent(run_id="r", step=3, epoch=0, rank=0, reward=0.2, n_samples=10, world_size=2, ts=TS),
+             StepEvent(run_id="r", step=3, epoch=0, rank=1, reward=0.8, n_samples=30, world_size=2, ts=TS + 1)]
+    state, ready = RankState(), []
+    for e in ranks:  # the stream worker's core, as it meets the two reports
+        state, out = add_rank(state, (e.attempt, e.step), e.world_size,
+                              RankReport(rank=e.rank, reward=e.reward, n_samples=e.n_samples), e.ts, e.event_id, now=0.0)
+        ready += out
+    assert [r.reward for r in ready] == [pytest.approx(0.65)]
+    put(client, ranks)
+    assert view_means(client, "reward") == {("r", 0, 3): pytest.approx(0.65)}
+    raw, _ = load_rewards(ClientStore(client), "run_id = 'r'")
+    assert raw == {"r": [(3, pytest.approx(0.65))]}
+    assert load_metric(ClientStore(client), "run_id = 'r'", "reward") == {"r": [(3, pytest.approx(0.65))]}
+    row = client.query("SELECT ranks, world_size, n_samples, reward_min, reward_max FROM areal.v_step_means").result_rows
+    assert row == [(2, 2, 40, 0.2, 0.8)]
+
+
+def test_a_rank_without_n_samples_makes_the_step_unweighted_as_in_the_worker(client: Any) -> None:
+    put(client, [StepEvent(run_id="r", step=1, epoch=0, rank=0, reward=0.2, n_samples=10, ts=TS),
+                 StepEvent(run_id="r", step=1, epoch=0, rank=1, reward=0.8, ts=TS),
+                 StepEvent(run_id="r", step=1, epoch=0, rank=2, n_samples=50, ts=TS),  # no reward: not counted
+                 StepEvent(run_id="r", step=2, epoch=0, rank=0, reward=0.4, n_samples=0, ts=TS),
+                 StepEvent(run_id="r", step=2, epoch=0, rank=1, reward=0.6, n_samples=0, ts=TS),  # weights sum to 0
+                 StepEvent(run_id="r", step=3, epoch=0, rank=0, kl=0.1, ts=TS)])  # no rank has a reward
+    assert view_means(client, "reward") == {("r", 0, 1): pytest.approx(0.5), ("r", 0, 2): pytest.approx(0.5),
+                                            ("r", 0, 3): None}
+    assert_view_is_the_raw_rule(client)
+
+
+def test_every_way_a_row_arrives_twice_counts_once(client: Any) -> None:
+    rng = random.Random(42)
+    events: list[StepEvent] = []
+    for run in ("a", "b"):
+        for step in range(30):
+            for rank in range(rng.choice([1, 3, 8, 70])):  # 70 ranks: the rank set spans two words
+                events.append(StepEvent(
+                    run_id=run, step=step, epoch=step / 10, rank=rank, world_size=70, ts=TS + step,
+                    reward=None if rng.random() < 0.1 else rng.random(), kl=rng.random() / 10,
+                    n_samples=None if rng.random() < 0.05 else rng.randrange(1, 64),
+                    tokens=rng.randrange(1000), latency_ms=rng.uniform(10, 100),
+                    metrics={f"k{j}": rng.uniform(-1, 1) for j in range(rng.randrange(3))}))
+    rng.shuffle(events)
+    blocks = [events[i:i + 97] for i in range(0, len(events), 97)]
+    for i, block in enumerate(blocks):
+        put(client, block, token=f"batch-{i}")
+    for i, block in enumerate(blocks[:5]):  # a sink retrying its planned batches: the same tokens
+        put(client, block, token=f"batch-{i}")
+    assert int(client.command(f"SELECT sum(rows) FROM areal.{AGGREGATES}")) == len(events)  # dropped in both tables
+    assert_view_is_the_raw_rule(client)
+
+    put(client, rng.sample(events, 40))  # a client re-sending events it was unsure of: new positions, new block
+    again = [e for e in events if e.run_id == "a" and e.step == 4]
+    put(client, [StepEvent(**{**{f: getattr(e, f) for f in e.__struct_fields__ if f != "event_id"},
+                              "reward": 0.99}) for e in again[:1]])  # a rank logs step 4 again: the later one wins
+    resumed = [StepEvent(run_id="b", step=s, epoch=0, rank=r, attempt=1, reward=0.5 + r / 10, n_samples=r + 1,
+                         ts=TS + 100 + s) for s in (10, 11) for r in range(2)]
+    put(client, resumed)  # attempt 1 replaces attempt 0's steps 10 and 11
+    assert int(client.command(f"SELECT sum(rows) FROM areal.{AGGREGATES}")) > len(events)  # the sums did see them
+    assert_view_is_the_raw_rule(client)
+    got = client.query("SELECT attempt, step, reward FROM areal.v_step_means WHERE run_id = 'b' AND step IN (10, 11) "
+                       "ORDER BY step").result_rows
+    assert got == [(1, 10, pytest.approx((0.5 * 1 + 0.6 * 2) / 3)), (1, 11, pytest.approx((0.5 * 1 + 0.6 * 2) / 3))]
+
+
+def test_an_older_store_is_backfilled_by_the_migration(client: Any) -> None:
+    events = [StepEvent(run_id="old", step=s, epoch=0, rank=r, reward=r / 4, n_samples=r + 1, ts=TS + s)
+              for s in range(20) for r in range(4)]
+    for stmt in drop_statements(SchemaOptions()):  # a store of schema 8: no aggregates
+        client.command(stmt)
+    client.command(f"ALTER TABLE areal.{MIGRATIONS_TABLE} DELETE WHERE version = 9 SETTINGS mutations_sync = 1")
+    put(client, events[:50])
+    assert apply_schema(client) == 9
+    put(client, events[50:])
+    assert int(client.command("SELECT count() FROM areal.v_step_means")) == 20
+    assert_view_is_the_raw_rule(client)
+
+
+# ------------------------------------------------------------------ the dashboards read the aggregates
+
+
+RAW_STEPS = re.compile(r"\bFROM\s+\S*\b(v_steps|steps)\b(\s+FINAL)?", re.IGNORECASE)
+
+
+def raw_step_reads(sql: str) -> list[str]:
+    """The SELECTs of `sql` (a panel's query) that read raw step rows and aggregate them over ranks:
+    an aggregate function or GROUP BY, over raw steps, whose groups do not keep the rank apart."""
+    found = []
+    for match in RAW_STEPS.finditer(sql):
+        # the SELECT this FROM belongs to: back to its SELECT, on to the end of its level
+        start = sql.rfind("SELECT", 0, match.start())
+        depth, end = 0, len(sql)
+        for i in range(match.end(), len(sql)):
+            depth += {"(": 1, ")": -1}.get(sql[i], 0)
+            if depth < 0:
+                end = i
+                break
+        select = sql[start:end]
+        group = re.search(r"GROUP BY (.*?)(ORDER BY|LIMIT|$)", select, re.S)
+        per_rank = group is not None and re.search(r"\brank\b", group.group(1))
+        aggregates = group is not None or re.search(r"\b(avg|sum|quantile\w*|median|count)\(", select)
+        if aggregates and not per_rank:
+            found.append(select)
+    return found
+
+
+def test_the_scan_finds_a_panel_that_averages_raw_rank_rows() -> None:
+    """The check itself: the queries the dashboards had before v_step_means are caught."""
+    before = ("SELECT $__timeInterval(ts) AS time, run_id, avg(entropy) AS entropy\nFROM areal.v_steps\n"
+              "WHERE $__timeFilter(ts)\nGROUP BY time, run_id\nORDER BY time")
+    assert raw_step_reads(before)
+    assert raw_step_reads("SELECT step, run_id, avg(reward) AS reward FROM areal.steps FINAL GROUP BY step, run_id")
+    per_rank = ("SELECT $__timeInterval(ts) AS time, run_id, node, rank, avg(throughput) AS t FROM areal.v_steps "
+                "GROUP BY time, run_id, node, rank")
+    assert not raw_step_reads(per_rank)
+    assert not raw_step_reads("SELECT avg(step) AS step, avg(reward) FROM areal.v_step_means GROUP BY run_id")
+
+
+def test_no_dashboard_query_aggregates_raw_rank_rows() -> None:
+    """Panels, variables and annotations: a query over raw steps keeps the ranks apart (a line per rank)."""
+    offenders = []
+    for name in BUILDERS:
+        for q in dashboard_queries(build(name)):
+            if raw_step_reads(q.sql):
+                offenders.append(f"{name}: {q.where}")
+    assert not offenders, offenders
