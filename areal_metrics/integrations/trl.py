@@ -363,7 +363,8 @@ def restore_checkpoint(args: Any, model: Any, optimizer: Any, step: int) -> int 
         if unexpected:
             return f"{folder.name}/model.safetensors does not match the model ({unexpected[:3]})"
     elif (folder / "adapter_model.safetensors").exists():
-        from peft import set_peft_model_state_dict
+        # optional: a LoRA run has peft installed
+        from peft import set_peft_model_state_dict  # pyright: ignore[reportMissingImports]
         from safetensors.torch import load_file
 
         set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))

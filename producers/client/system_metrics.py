@@ -90,7 +90,7 @@ class _Gpus:
         self._nvml: Any = None
         self._handles: list[Any] = []
         try:
-            import pynvml
+            import pynvml  # pyright: ignore[reportMissingImports]  (optional: nvidia-ml-py, where a GPU is)
 
             pynvml.nvmlInit()
             self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
