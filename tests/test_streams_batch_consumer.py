@@ -32,7 +32,7 @@ def test_a_fetch_is_handed_over_tracked_and_timed_and_a_stale_one_dropped(tmp_pa
     worker.app.finalize()
     consumer = worker.app.consumer
     assert isinstance(consumer, BatchConsumer)
-    assert set(worker.app.batch_inputs[0]) == {TOPICS.steps, TOPICS.evals, TOPICS.runs}
+    assert set(worker.app.batch_inputs[0]) == {TOPICS.steps, TOPICS.evals, TOPICS.runs, TOPICS.acks}
     steps, evals = TP(TOPICS.steps, 1), TP(TOPICS.evals, 2)
     delivered: list[list[Message]] = []
 

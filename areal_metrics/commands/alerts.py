@@ -35,7 +35,7 @@ from areal_metrics.producers.contract.events import ALERT_KINDS, SEVERITIES, Ale
 from areal_metrics.producers.contract.settings import Settings
 
 from areal_metrics.commands import webhook
-from areal_metrics.errors import ServiceUnavailable, UserError
+from areal_metrics.errors import ArealError, ServiceUnavailable, UserError
 
 
 # Every kind the stream worker raises (CONTRACT.md's list and the ones it added); a test holds it to streams/.
@@ -91,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
                 return _follow(consumer, args, poster)
             finally:
                 consumer.close(autocommit=False, timeout_ms=CLOSE_TIMEOUT_MS)  # leaves the group
-    except Terminated:
-        return 128 + signal.SIGTERM
+    except Terminated as exc:
+        return exc.exit_code
 
 
 POLL_MS = 1000
@@ -101,8 +101,10 @@ COMMIT_GRACE_MS = 2000  # what a commit may take even at --timeout's deadline (t
 CLOSE_TIMEOUT_MS = 3000
 
 
-class Terminated(Exception):
-    """SIGTERM arrived: unwind so that the consumer is closed and leaves its group."""
+class Terminated(ArealError):
+    """SIGTERM arrived: unwind so that the consumer is closed and leaves its group (then exit 143)."""
+
+    exit_code = 128 + signal.SIGTERM
 
 
 @contextmanager

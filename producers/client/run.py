@@ -603,6 +603,10 @@ class DisabledRun:
     def commands(self) -> list[CommandEvent]:
         return []
 
+    def acknowledge(self, command: CommandEvent, status: str, *, step: int | None = None,
+                    lr_factor: float | None = None, detail: str | None = None) -> None:
+        return None
+
     def finish(self, status: str | None = None, exit_code: int | None = None) -> None:
         if status is not None and status not in TERMINAL_STATUSES:
             raise ValueError(f"finish(): status must be one of {', '.join(TERMINAL_STATUSES)} (got {status!r})")
