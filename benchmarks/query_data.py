@@ -14,7 +14,7 @@ measured on an old and a new layout:
   offset, in parts of their own: what `FINAL` has to collapse).
 - per run: smoothed rewards (one per step), evaluation rounds every 50 steps
   on two datasets (a quick stage each round, a full stage every fourth) from
-  8 nodes, their samples (4 per result), their consensus, alerts, commands,
+  8 nodes, their samples (4 per result), their consensus, alerts, commands (and the trainers' acks),
   and the run events of every rank; a few dead letters.
 
 History is inserted in large blocks and merged (`OPTIMIZE ... FINAL`), as
@@ -212,6 +212,12 @@ def generate_derived(client: Any, db: str, shape: Shape) -> None:
         toDateTime64(t + 3, 3, 'UTC'), 1, ['scale_lr', 'set_eval_interval', 'evaluate'][1 + step % 3], NULL,
         ['{{"factor":0.5}}', '{{"steps":25}}', '{{}}'][1 + step % 3], concat('alert ', run, ':', toString(step), ':reward'),
         'areal.control', 0, number FROM ({alerts})""")
+    # the trainers' acknowledgements of each scale_lr (rank 0 for the run; applied at the next step)
+    c(f"""INSERT INTO {db}.command_acks (event_id, run_id, node, rank, ts, schema, command_id, command, status, step,
+        lr_factor, detail, attempt, _topic, _partition, _offset)
+        SELECT lower(hex(MD5(concat(run, ':', toString(step), ':ack')))), run, 'node-0', 0,
+        toDateTime64(t + 4, 3, 'UTC'), 1, lower(hex(MD5(concat(run, ':', toString(step), ':command')))), 'scale_lr',
+        'applied', step + 1, 0.5, '', 0, 'areal.acks', 0, number FROM ({alerts}) WHERE step % 3 = 0""")
     _runs(client, db, shape)
     c(f"""INSERT INTO {db}.deadletter (event_id, run_id, node, rank, ts, schema, reason, source_topic, raw,
         _topic, _partition, _offset)
