@@ -83,7 +83,8 @@ def test_fixture_is_a_real_two_run_training_with_derived_events() -> None:
     kinds = defaultdict(int)
     for e in events:
         kinds[e.type] += 1
-    assert set(kinds) == {"step", "eval", "eval_consensus", "reward_smoothed", "command", "alert", "rejected", "run"}
+    assert set(kinds) == {"step", "eval", "eval_consensus", "reward_smoothed", "command", "alert", "rejected", "run",
+                          "command_ack"}  # the trainers acknowledge the worker's scale_lr
     steps = [e for e in events if e.type == "step"]
     assert {e.run_id for e in steps} == set(RUNS)
     for run in RUNS:

@@ -86,7 +86,7 @@ def test_eval_results_replace_per_node_and_generations_have_one_row_per_sample(c
 def _run_events() -> st.SearchStrategy[list[RunEvent]]:
     one = st.builds(
         lambda run, attempt, rank, status, ts, ws: RunEvent(
-            run_id=run, node=f"h:{rank}", rank=rank, status=status, attempt=attempt, world_size=ws, ts=ts,
+            run_id=run, node=f"h:{rank}", rank=rank, status=status, attempt=attempt, world_size=max(ws, rank + 1), ts=ts,
             config={"lr": 0.1}, tags=("t",), group="g"),
         st.sampled_from(["ra", "rb"]), st.integers(0, 2), st.integers(0, 2),
         st.sampled_from(["running", "finished", "failed", "killed"]),

@@ -98,16 +98,21 @@ def test_error_counts_cover_every_wrong_sample() -> None:
 
 def test_the_quick_stage_calls_for_the_full_one_only_when_it_moved() -> None:
     rule = TwoStage(alpha=0.05, max_skipped=2)
-    before = (0, 0, 0, 0) * 8  # 8 prompts, k = 4
+    before = (0, 0, 0, 0) * 12  # 12 prompts (a skip needs gate.MIN_PROMPTS = 11), k = 4
     assert rule.decide(StageMemory(), before, 4, None) == (True, "first full stage")
     memory = StageMemory(verdicts_at_full=before)
-    five_up = (1, 0, 0, 0) * 5 + (0, 0, 0, 0) * 3  # 5 prompts up, none down: p = 2/32 = 0.0625
+    five_up = (1, 0, 0, 0) * 5 + (0, 0, 0, 0) * 7  # 5 prompts up, none down: p = 2/32 = 0.0625
     run, why = rule.decide(memory, five_up, 4, None)
     assert not run and "5 up, 0 down, p = 0.062" in why
-    six_up = (1, 1, 0, 0) * 6 + (0, 0, 0, 0) * 2  # p = 2/64 = 0.031
+    six_up = (1, 1, 0, 0) * 6 + (0, 0, 0, 0) * 6  # p = 2/64 = 0.031
     assert rule.decide(memory, six_up, 4, None)[0]
-    mixed = (1, 0, 0, 0) * 4 + (0, 0, 0, 0) * 4  # the same prompts moving both ways would not count twice
-    assert not rule.decide(StageMemory(mixed), (0, 0, 0, 0) * 2 + (1, 0, 0, 0) * 2 + (0, 0, 0, 0) * 4, 4, None)[0]
+    mixed = (1, 0, 0, 0) * 4 + (0, 0, 0, 0) * 8  # the same prompts moving both ways would not count twice
+    assert not rule.decide(StageMemory(mixed), (0, 0, 0, 0) * 2 + (1, 0, 0, 0) * 2 + (0, 0, 0, 0) * 8, 4, None)[0]
+    # a drop the sign test misses (5 down, p = 0.0625) is not shown small: the full stage runs
+    half = (1, 1, 0, 0) * 12
+    run, why = rule.decide(StageMemory(half), (1, 0, 0, 0) * 5 + (1, 1, 0, 0) * 7, 4, None)
+    assert run and "not shown to have dropped less than 0.15" in why
+    assert rule.decide(StageMemory(before), (0, 0, 0, 0) * 10, 4, None) == (True, "first full stage")  # another size
     assert rule.decide(StageMemory(before, skipped=2), before, 4, None) == (
         True, "full stage overdue (2 skipped in a row)")
     assert rule.decide(memory, before, 4, "end of training") == (True, "end of training")
@@ -124,7 +129,7 @@ def round_outcomes(job: RoundJob, memory: dict | None = None, policy: Policy | N
 
 
 def test_a_round_skips_the_full_stage_with_the_reason_and_runs_it_when_overdue() -> None:
-    job = RoundJob(step=5, round_no=1, rank=0, world_size=2, quick_size=4)
+    job = RoundJob(step=5, round_no=1, rank=0, world_size=2, quick_size=12)  # a skip needs 11 quick prompts
     first, memory = round_outcomes(job)
     assert [(o.dataset, o.stage, o.status) for o in first] == [
         ("math_id", "quick", "ok"), ("math_id", "full", "ok"), ("math_hard", "quick", "ok"), ("math_hard", "full", "ok")]
