@@ -163,6 +163,10 @@ def test_init_and_log_with_hostile_values_never_raise_and_the_runs_events_arrive
     from areal_metrics.producers.client.run import init
     from tests.kafka_reading import read_to_end
 
+    client_log = logging.getLogger("areal_metrics.client")
+    # a logging configuration an earlier test of the session applied in this process (dictConfig's
+    # disable_existing_loggers) may have switched the client's logger off: this test reads its warnings
+    client_log.disabled, client_log.propagate = False, True
     caplog.set_level(logging.WARNING, logger="areal_metrics.client")
     settings = dict(kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix, git=False, rank=0, world_size=1,
                     journal_dir=str(Path(stack_env["AREAL_HOME"]) / "j"), node="me:0")

@@ -301,7 +301,8 @@ def test_the_trainer_cannot_write_commands_nor_read_alerts_unless_granted(secure
         finally:
             admin.close()
 
-    assert described("trainer") == TopicAuthorizationFailedError.errno
+    # the trainer may write alerts (run.alert), and Kafka's WRITE implies DESCRIBE; READ stays refused
+    assert described("trainer") == 0
     assert read_alerts("trainer", wait_s=3) == []  # the consumer logs the refusal and gets nothing
     assert described("granted") == 0
     assert [a.alert_id for a in read_alerts("granted")] == [alert.alert_id]
