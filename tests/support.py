@@ -3,10 +3,12 @@ project's services as processes, a child's environment. One copy of each."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +55,24 @@ def stop_process(proc: subprocess.Popen[Any]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def client_warnings() -> Iterator[list[logging.LogRecord]]:
+    """The client's warnings while in the block, from a handler on its own logger: whatever logging
+    configuration an earlier test of the session left on the root logger or its parents (caplog reads
+    from the root, and in a full session the client's records did not reach it)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    log = logging.getLogger("areal_metrics.client")
+    level, disabled = log.level, log.disabled
+    log.addHandler(handler)
+    log.setLevel(logging.WARNING)
+    log.disabled = False
+    try:
+        yield records
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.disabled = disabled

@@ -10,7 +10,6 @@ client sends is one every reader accepts. The client's readers (its control feed
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from areal_metrics.producers.client import coerce
 from areal_metrics.producers.contract.events import AlertEvent, CommandEvent, RejectedEvent, RunEvent, StepEvent, parse_event
 from areal_metrics.producers.contract.limits import default_limits
 from areal_metrics.producers.contract.topics import Topics
-from tests.support import cli, wait_for
+from tests.support import cli, client_warnings, wait_for
 
 
 def deep(n: int, kind: str = "dict") -> Any:
@@ -157,41 +156,37 @@ def test_values_too_big_too_many_too_deep_or_unreadable_give_a_valid_step_and_on
 @pytest.mark.broker
 @pytest.mark.timeout(300)
 def test_init_and_log_with_hostile_values_never_raise_and_the_runs_events_arrive(
-        stack_env: dict[str, str], topics: Topics, kafka_bootstrap: str, caplog: pytest.LogCaptureFixture) -> None:
+        stack_env: dict[str, str], topics: Topics, kafka_bootstrap: str) -> None:
     from kafka import KafkaProducer
 
     from areal_metrics.producers.client.run import init
     from tests.kafka_reading import read_to_end
 
-    client_log = logging.getLogger("areal_metrics.client")
-    # a logging configuration an earlier test of the session applied in this process (dictConfig's
-    # disable_existing_loggers) may have switched the client's logger off: this test reads its warnings
-    client_log.disabled, client_log.propagate = False, True
-    caplog.set_level(logging.WARNING, logger="areal_metrics.client")
     settings = dict(kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix, git=False, rank=0, world_size=1,
                     journal_dir=str(Path(stack_env["AREAL_HOME"]) / "j"), node="me:0")
     config = {"deep": deep(3000), "wide": {f"k{i}": i for i in range(default_limits().max_keys + 1)},
               "bad": Unprintable(), "lr": 0.1}
-    run = init(run_id="hostile-values", config=config, **settings)
-    try:
-        assert run.commands() == []
-        wait_for(lambda: run._feed is not None and run._feed.ready.is_set(), 60, "the control consumer")
-        for step in range(5):
-            run.log({"reward": 0.1 * step, "loss": 1e300, "deep": deep(3000), "odd": Unprintable(),
-                     "x": BrokenInt(1) if step == 2 else 1}, step=step)
-        # the control feed: a 5,000-deep message, then a command for this run
-        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
-        producer.send(topics.control, key=b"hostile-values", value=b"[" * 5000 + b"1" + b"]" * 5000)
-        good = CommandEvent(run_id="hostile-values", command="evaluate_now", reason="after a deep one")
-        producer.send(topics.control, key=b"hostile-values", value=good.to_json())
-        producer.flush(30)
-        producer.close()
-        got: list[CommandEvent] = []
-        wait_for(lambda: got.extend(run.commands()) or got, 60, "the command after the deep message")
-        assert [c.event_id for c in got] == [good.event_id]
-        assert run._feed is not None and run._feed._thread.is_alive()
-    finally:
-        run.finish()
+    with client_warnings() as logged:
+        run = init(run_id="hostile-values", config=config, **settings)
+        try:
+            assert run.commands() == []
+            wait_for(lambda: run._feed is not None and run._feed.ready.is_set(), 60, "the control consumer")
+            for step in range(5):
+                run.log({"reward": 0.1 * step, "loss": 1e300, "deep": deep(3000), "odd": Unprintable(),
+                         "x": BrokenInt(1) if step == 2 else 1}, step=step)
+            # the control feed: a 5,000-deep message, then a command for this run
+            producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+            producer.send(topics.control, key=b"hostile-values", value=b"[" * 5000 + b"1" + b"]" * 5000)
+            good = CommandEvent(run_id="hostile-values", command="evaluate_now", reason="after a deep one")
+            producer.send(topics.control, key=b"hostile-values", value=good.to_json())
+            producer.flush(30)
+            producer.close()
+            got: list[CommandEvent] = []
+            wait_for(lambda: got.extend(run.commands()) or got, 60, "the command after the deep message")
+            assert [c.event_id for c in got] == [good.event_id]
+            assert run._feed is not None and run._feed._thread.is_alive()
+        finally:
+            run.finish()
     assert run.stats().sent == 1 + 5 + 1 and run.stats().failed == 0  # running, 5 steps (one a dead letter), finished
 
     records = read_to_end(kafka_bootstrap, topics.runs, topics.steps, topics.deadletter)
@@ -207,7 +202,7 @@ def test_init_and_log_with_hostile_values_never_raise_and_the_runs_events_arrive
     assert all(e.loss is None and "loss" in e.non_finite for e in steps)
     [letter] = by_topic[topics.deadletter]
     assert "step 2 could not be encoded" in letter.reason
-    warnings = [r.getMessage() for r in caplog.records if r.name == "areal_metrics.client"]
+    warnings = [r.getMessage() for r in logged]
     for words in ("config: nested deeper", "config: an object with more names", "beyond +-1e+100",
                   "step 2 could not be encoded"):
         assert sum(words in w for w in warnings) == 1, (words, warnings)

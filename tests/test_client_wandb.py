@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
 import threading
@@ -25,7 +24,7 @@ from areal_metrics.producers.contract.events import parse_event
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.stack.kafka_broker import free_port
 from tests.kafka_reading import read_to_end
-from tests.support import ROOT
+from tests.support import ROOT, client_warnings
 
 WANDB_SCRIPT = """
 import areal_metrics as wandb
@@ -133,21 +132,21 @@ def test_the_disabled_run_has_every_public_call_of_a_run() -> None:
     assert public - set(dir(DisabledRun)) == set()
 
 
-def test_past_the_key_cap_log_warns_once_and_counts_what_it_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_past_the_key_cap_log_warns_once_and_counts_what_it_dropped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from areal_metrics.producers.client.run import init
 
     monkeypatch.setenv("AREAL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("AREAL_MAX_METRICS", "10")
-    caplog.set_level(logging.WARNING, logger="areal_metrics.client")
-    run = init(run_id="capped", kafka_bootstrap=f"127.0.0.1:{free_port()}", journal_dir=str(tmp_path / "j"),
-               git=False, rank=0, world_size=1, exit_timeout_s=0.5)
-    for step in range(3):
-        run.log({"reward": 0.5, **{f"k{i:02d}": float(i) for i in range(25)}}, step=step)
-    run.log({"reward": 0.5, "ok": 1.0}, step=3)
-    run.finish()
+    with client_warnings() as logged:
+        run = init(run_id="capped", kafka_bootstrap=f"127.0.0.1:{free_port()}", journal_dir=str(tmp_path / "j"),
+                   git=False, rank=0, world_size=1, exit_timeout_s=0.5)
+        for step in range(3):
+            run.log({"reward": 0.5, **{f"k{i:02d}": float(i) for i in range(25)}}, step=step)
+        run.log({"reward": 0.5, "ok": 1.0}, step=3)
+        run.finish()
     assert run.stats().skipped == 3 * 15
-    told = [r.getMessage() for r in caplog.records if "AREAL_MAX_METRICS" in r.getMessage()]
+    told = [r.getMessage() for r in logged if "AREAL_MAX_METRICS" in r.getMessage()]
     assert len(told) == 1 and "more than 10 metrics names" in told[0], told
     kept = [json.loads(line) for line in _journal_lines(tmp_path / "j") if b'"type":"step"' in line]
     assert [sorted(s["metrics"]) for s in kept[:3]] == [[f"k{i:02d}" for i in range(10)]] * 3  # the first logged
