@@ -21,6 +21,20 @@ class TopicCreationError(ConfigError):
     """The broker refused a topic as specified (e.g. a replication factor above the broker count)."""
 
 
+def _create(admin: Any, new: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """admin.create_topics, tried again until `timeout` while the cluster cannot take it yet (a new
+    cluster's controller still settling raised from kafka-python); a topic made by an earlier try
+    answers TOPIC_ALREADY_EXISTS, which the caller accepts."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return admin.create_topics(new, timeout_ms=int(timeout * 1000), raise_errors=False)
+        except Exception:  # noqa: BLE001 - retried until the deadline, then raised as it was
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def create_missing_topics(admin: Any, specs: Sequence[TopicSpec], partitions: int, *,
                           timeout: float = 30.0) -> list[str]:
     """Create the topics of `specs` that do not exist (existing ones are left as they are).
@@ -33,7 +47,7 @@ def create_missing_topics(admin: Any, specs: Sequence[TopicSpec], partitions: in
                     "configs": dict(s.config)}
            for s in specs if s.name not in existing}
     if new:
-        response = admin.create_topics(new, timeout_ms=int(timeout * 1000), raise_errors=False)
+        response = _create(admin, new, timeout)
         refused = [t for t in response.get("topics", ()) if t.get("error_code") not in (0, _ALREADY_EXISTS)]
         if refused:
             t = refused[0]
