@@ -10,6 +10,7 @@ setuptools warnings").
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -24,8 +25,11 @@ from tests.support import ROOT
 def make_dry_run(target: str, tmp_path: Path) -> list[str]:
     if shutil.which("make") is None:
         pytest.fail("make is needed (the README's two set-up commands are make targets)")
-    out = subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
+    # Under `make test` this runs as a sub-make: MAKELEVEL/MAKEFLAGS would make it print
+    # "make[1]: Entering directory" lines around the commands, so they are left out.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
+    out = subprocess.run(["make", "--no-print-directory", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
 
