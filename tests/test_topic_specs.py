@@ -72,3 +72,27 @@ def test_the_workers_changelog_is_compacted_and_replicated_like_derived_topics()
     assert changelog_spec("x.changelog", settings) == TopicSpec(
         "x.changelog", 3, {"min.insync.replicas": "2", "cleanup.policy": "compact"})  # compacted: no retention
     assert changelog_spec("x.changelog", None) == TopicSpec("x.changelog", -1, {"cleanup.policy": "compact"})
+
+
+class _SettlingAdmin:
+    """kafka-python's admin while a new cluster's controller settles: create_topics raises `fails` times."""
+
+    def __init__(self, fails: int) -> None:
+        self.fails, self.calls = fails, 0
+
+    def create_topics(self, new: dict, timeout_ms: int, raise_errors: bool) -> dict:
+        self.calls += 1
+        if self.calls <= self.fails:
+            raise AssertionError("kafka-python: unexpected response while the controller moves")
+        return {"topics": [{"name": n, "error_code": 0} for n in new]}
+
+
+def test_topic_creation_is_tried_again_while_the_cluster_settles_then_fails_in_one_line() -> None:
+    from areal_metrics.producers.contract.errors import ServiceUnavailable
+    from areal_metrics.producers.runtime.topic_admin import _create
+
+    settling = _SettlingAdmin(fails=2)
+    assert _create(settling, {"t.steps": {}}, timeout=5.0)["topics"][0]["name"] == "t.steps"
+    assert settling.calls == 3
+    with pytest.raises(ServiceUnavailable, match=r"did not create topics t.steps within 1 s \(AssertionError: "):
+        _create(_SettlingAdmin(fails=10**6), {"t.steps": {}}, timeout=1.0)

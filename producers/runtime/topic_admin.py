@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from areal_metrics.producers.contract.errors import ConfigError
+from areal_metrics.producers.contract.errors import ConfigError, ServiceUnavailable
 from areal_metrics.producers.contract.topics import TopicSpec
 
 _ALREADY_EXISTS = 36  # Kafka's TOPIC_ALREADY_EXISTS: another process created it first, which is fine
@@ -24,14 +24,17 @@ class TopicCreationError(ConfigError):
 def _create(admin: Any, new: dict[str, Any], timeout: float) -> dict[str, Any]:
     """admin.create_topics, tried again until `timeout` while the cluster cannot take it yet (a new
     cluster's controller still settling raised from kafka-python); a topic made by an earlier try
-    answers TOPIC_ALREADY_EXISTS, which the caller accepts."""
+    answers TOPIC_ALREADY_EXISTS, which the caller accepts. Past the deadline: ServiceUnavailable,
+    one line naming kafka-python's error (the CLI prints it and exits 1, no traceback)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             return admin.create_topics(new, timeout_ms=int(timeout * 1000), raise_errors=False)
-        except Exception:  # noqa: BLE001 - retried until the deadline, then raised as it was
+        except Exception as exc:  # noqa: BLE001 - retried until the deadline
             if time.monotonic() > deadline:
-                raise
+                raise ServiceUnavailable(f"Kafka did not create topics {', '.join(sorted(new)[:3])}"
+                                         f"{' …' if len(new) > 3 else ''} within {timeout:.0f} s "
+                                         f"({type(exc).__name__}: {exc})") from exc
             time.sleep(0.5)
 
 
