@@ -336,7 +336,11 @@ def stop_pid(pid: int, timeout: float = 30.0) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
+        return
+    # until the kernel has torn it down: its ports are free only then (a restart reuses them)
+    deadline = time.monotonic() + 10.0
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def create_topics(bootstrap: str, topics: Sequence[str | TopicSpec], partitions: int = 3,

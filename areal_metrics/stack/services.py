@@ -242,8 +242,16 @@ def _start_brokers(home: Path, brokers: int, partitions: int, previous: StackInf
                      brokers=brokers, kafka_ports=[[p, c] for p, c in cluster.ports], **common)
 
 
-def _reuse_port(port: int) -> int:
-    return port if port and not port_open("127.0.0.1", port) else 0
+def _reuse_port(port: int, wait_s: float = 5.0) -> int:
+    """`port` when nothing listens on it (waiting up to `wait_s` for a process just stopped to let go), else 0."""
+    if not port:
+        return 0
+    deadline = time.monotonic() + wait_s
+    while port_open("127.0.0.1", port):
+        if time.monotonic() > deadline:
+            return 0
+        time.sleep(0.1)
+    return port
 
 
 def down(info: StackInfo | None = None) -> list[str]:
