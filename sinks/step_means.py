@@ -35,6 +35,7 @@ per (run_id, step), the highest attempt that has the step.
 
 from __future__ import annotations
 
+from areal_metrics.producers.contract.events import TYPED_STEP_COLUMNS
 from areal_metrics.sinks.schema import PARTITION_BY, TABLES_BY_NAME, SchemaOptions
 
 AGGREGATES = "step_aggregates"
@@ -42,13 +43,9 @@ AGGREGATES_MV = "step_aggregates_mv"
 STEP_MEANS_VIEW = "v_step_means"
 RANK_WORD_BITS = 64  # ranks per word of the rank set
 
-# The typed columns averaged over ranks: every optional number of a step but the weight
-# (n_samples) and the rank count (world_size).
-NOT_AVERAGED = frozenset({"n_samples", "world_size"})
-MEAN_COLUMNS: tuple[str, ...] = tuple(
-    c.name for c in TABLES_BY_NAME["steps"].columns
-    if c.type in ("Nullable(Float64)", "Nullable(UInt64)", "Nullable(UInt32)") and c.name not in NOT_AVERAGED
-) + ("epoch",)
+# The columns averaged over ranks: every typed step column but the weight (n_samples), and the epoch.
+NOT_AVERAGED = frozenset({"n_samples"})
+MEAN_COLUMNS: tuple[str, ...] = tuple(c for c in TYPED_STEP_COLUMNS if c not in NOT_AVERAGED) + ("epoch",)
 
 
 def _parts(c: str) -> list[tuple[str, str, str]]:

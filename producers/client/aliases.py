@@ -1,4 +1,5 @@
-"""Metric names of the common RL frameworks -> the typed columns of a step (data, no logic).
+"""Metric names of the common RL frameworks -> the typed columns of a step (data; the columns, their
+integers and bounds derive from `StepEvent`).
 
 `run.log({...})` stores a key listed here in its typed column (scaled to the
 column's unit), every other key in `metrics` under its own name. The names
@@ -20,30 +21,36 @@ are the ones the frameworks log:
   ppo_actor/update/lr.
 
 When a step has both the column's own name and an alias, the own name wins
-and the alias stays in `metrics`.
+and the alias stays in `metrics`. Every typed column (`TYPED_STEP_COLUMNS`) is
+filled by its own name; the frameworks' names are listed here.
 """
 
 from __future__ import annotations
 
+import msgspec
+
+from areal_metrics.producers.contract.events import TYPED_STEP_COLUMNS, StepEvent
+
+# column -> the frameworks' names for it, with the factor to the column's unit
+FRAMEWORK_NAMES: dict[str, tuple[tuple[str, float], ...]] = {
+    "reward": (("critic/score/mean", 1.0), ("ppo_actor/task_reward/avg", 1.0)),
+    "entropy": (("actor/entropy", 1.0), ("ppo_actor/update/entropy/avg", 1.0)),
+    "advantage_mean": (("critic/advantages/mean", 1.0), ("ppo_actor/advantages/avg", 1.0)),
+    "kl": (("actor/ppo_kl", 1.0), ("ppo_actor/update/approx_kl/avg", 1.0)),
+    "clip_ratio": (("clip_ratio/region_mean", 1.0), ("actor/pg_clipfrac", 1.0), ("ppo_actor/update/clip_ratio/avg", 1.0)),
+    "loss": (("actor/pg_loss", 1.0), ("ppo_actor/update/actor_loss/avg", 1.0)),
+    "lr": (("learning_rate", 1.0), ("actor/lr", 1.0), ("ppo_actor/update/lr", 1.0)),
+    "grad_norm": (("actor/grad_norm", 1.0), ("ppo_actor/update/grad_norm", 1.0)),
+    "response_length": (("completions/mean_length", 1.0), ("response_length/mean", 1.0)),
+    "tokens": (("perf/total_num_tokens", 1.0),),
+    "throughput": (("perf/throughput", 1.0),),
+    "latency_ms": (("step_time", 1000.0), ("timing_s/step", 1000.0)),
+    "gpu_mem_bytes": (("perf/max_memory_allocated_gb", float(1 << 30)),),
+}
+
 # column -> (name, factor to the column's unit), the column's own name first
 COLUMN_ALIASES: dict[str, tuple[tuple[str, float], ...]] = {
-    "reward": (("reward", 1.0), ("critic/score/mean", 1.0), ("ppo_actor/task_reward/avg", 1.0)),
-    "reward_std": (("reward_std", 1.0),),
-    "entropy": (("entropy", 1.0), ("actor/entropy", 1.0), ("ppo_actor/update/entropy/avg", 1.0)),
-    "advantage_mean": (("advantage_mean", 1.0), ("critic/advantages/mean", 1.0), ("ppo_actor/advantages/avg", 1.0)),
-    "advantage_std": (("advantage_std", 1.0),),
-    "kl": (("kl", 1.0), ("actor/ppo_kl", 1.0), ("ppo_actor/update/approx_kl/avg", 1.0)),
-    "clip_ratio": (("clip_ratio", 1.0), ("clip_ratio/region_mean", 1.0), ("actor/pg_clipfrac", 1.0),
-                   ("ppo_actor/update/clip_ratio/avg", 1.0)),
-    "loss": (("loss", 1.0), ("actor/pg_loss", 1.0), ("ppo_actor/update/actor_loss/avg", 1.0)),
-    "lr": (("lr", 1.0), ("learning_rate", 1.0), ("actor/lr", 1.0), ("ppo_actor/update/lr", 1.0)),
-    "grad_norm": (("grad_norm", 1.0), ("actor/grad_norm", 1.0), ("ppo_actor/update/grad_norm", 1.0)),
-    "response_length": (("response_length", 1.0), ("completions/mean_length", 1.0), ("response_length/mean", 1.0)),
-    "tokens": (("tokens", 1.0), ("perf/total_num_tokens", 1.0)),
-    "throughput": (("throughput", 1.0), ("perf/throughput", 1.0)),
-    "latency_ms": (("latency_ms", 1.0), ("step_time", 1000.0), ("timing_s/step", 1000.0)),
-    "gpu_mem_bytes": (("gpu_mem_bytes", 1.0), ("perf/max_memory_allocated_gb", float(1 << 30))),
-    "n_samples": (("n_samples", 1.0),),
+    column: ((column, 1.0), *FRAMEWORK_NAMES.get(column, ())) for column in TYPED_STEP_COLUMNS
 }
 
 # name -> (column, factor, priority: 0 for the column's own name)
@@ -53,20 +60,22 @@ ALIASES: dict[str, tuple[str, float, int]] = {
     for priority, (name, factor) in enumerate(names)
 }
 
+_FIELD_TYPES = {f.name: next(t for t in f.type.types if not isinstance(t, msgspec.inspect.NoneType))
+                for f in msgspec.inspect.type_info(StepEvent).fields  # type: ignore[union-attr]
+                if f.name in TYPED_STEP_COLUMNS}
+
 # Columns that hold integers: a float value is rounded when it is within this of an integer.
-INT_COLUMNS = frozenset({"tokens", "gpu_mem_bytes", "n_samples"})
+INT_COLUMNS = frozenset(c for c, t in _FIELD_TYPES.items() if isinstance(t, msgspec.inspect.IntType))
+
+
+def _bound(x: float | None) -> float | None:
+    """A field type's bound as the column's rule; None for the number range itself (|x| of 2**63 - 1
+    or more: NUMBER_MAX and the int64 range are checked apart, in `coerce`)."""
+    return None if x is None or abs(x) >= 2**63 - 1 else float(x)
+
 
 # Bounds of the typed columns (StepEvent's rules); a value a hair outside is clamped.
 BOUNDS: dict[str, tuple[float | None, float | None]] = {
-    "reward_std": (0.0, None),
-    "advantage_std": (0.0, None),
-    "clip_ratio": (0.0, 1.0),
-    "lr": (0.0, None),
-    "grad_norm": (0.0, None),
-    "response_length": (0.0, None),
-    "tokens": (0.0, None),
-    "throughput": (0.0, None),
-    "latency_ms": (0.0, None),
-    "gpu_mem_bytes": (0.0, None),
-    "n_samples": (0.0, None),
+    c: b for c, t in _FIELD_TYPES.items()
+    if (b := (_bound(t.ge), _bound(t.le))) != (None, None)  # type: ignore[union-attr]
 }

@@ -191,6 +191,17 @@ class StepEvent(Event, frozen=True, kw_only=True, gc=False):
             raise ValidationError("steps.rank", f"{self.rank} is not below world_size {self.world_size}")
 
 
+# The typed step columns: a step's optional numbers that `run.log` fills by name, each a column of
+# `steps` (any other name goes into `metrics`). The one list: the client's names and bounds
+# (producers/client/aliases.py) and the rank means of `v_step_means` (sinks/step_means.py) derive
+# from it; tests/test_typed_columns.py holds the schema, the migrations and the docs to it
+# (ARCHITECTURE.md, "Add a typed step column").
+_STEP_UNTYPED = frozenset({"step", "epoch", "metrics", "world_size", "attempt", "non_finite"})
+TYPED_STEP_COLUMNS: tuple[str, ...] = tuple(
+    f for f in StepEvent.__struct_fields__ if f not in Event.__struct_fields__ and f not in _STEP_UNTYPED
+)
+
+
 class EvalEvent(Event, frozen=True, kw_only=True, gc=False):
     type: ClassVar[str] = "eval"
     table: ClassVar[str] = "evals"
