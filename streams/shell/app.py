@@ -155,7 +155,7 @@ def build_worker(
     `replication_factor` and `min_insync_replicas` (Settings.kafka_replication_factor,
     kafka_min_insync_replicas) apply to the topics Faust creates: the table's changelog
     (the worker's durable state) and its ticks topic. A batch is at most `max_batch`
-    messages and waits at most `linger_s` for more (AREAL_STREAMS_LINGER_MS, default 5 ms).
+    messages and waits at most `linger_s` for more (the entry point passes AREAL_STREAMS_LINGER_MS; default 5 ms).
     `guard` records the positions in flight and skips a message that crashed the worker
     (producers/runtime/poison.py); `crash_marker` is its test hook (AREAL_TEST_CRASH_ON).
     """
@@ -211,8 +211,8 @@ def build_worker(
     def crash(exc: BaseException) -> None:
         app.loop.create_task(app.crash(exc))
 
-    if linger_s is None:
-        linger_s = read_setting("streams_linger_ms") / 1000.0
+    if linger_s is None:  # the setting's default; the entry point passes the environment's value
+        linger_s = read_setting("streams_linger_ms", {}) / 1000.0
     batcher = feed.batcher = Batcher(core, ack, max_batch=max_batch, linger_s=max(0.0, linger_s),
                                      backlog=feed.backlog if real_consumer else None,
                                      on_crash=crash if real_consumer else None, guard=guard,
