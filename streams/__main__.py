@@ -14,13 +14,29 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from areal_metrics.streams.core.config import StreamsConfig
+
+
+def load_config(environ: Mapping[str, str] | None = None) -> StreamsConfig:
+    """The worker's StreamsConfig from the environment: the file $AREAL_STREAMS_CONFIG names, and the
+    knobs whose defaults a variable may set (ENV_DEFAULTS: AREAL_COMMAND_ACK_STEPS, ...); the one place
+    they are read (the pure core takes them as arguments)."""
+    from areal_metrics.producers.contract.settings import is_set, read_setting
+    from areal_metrics.streams.core.config import ENV_DEFAULTS, StreamsConfig
+
+    env = {name: read_setting(name, environ) for name in ENV_DEFAULTS if is_set(name, environ)}
+    return StreamsConfig.load(read_setting("streams_config", environ), env)
 
 
 def main() -> int:
     from areal_metrics.producers.contract.errors import ArealError
     from areal_metrics.producers.runtime.service_gc import settle_gc
     from areal_metrics.producers.contract.settings import Settings, state_dir
-    from areal_metrics.streams.core.config import ConfigError, StreamsConfig
+    from areal_metrics.streams.core.config import ConfigError
     from areal_metrics.streams.shell.kafka_admin import (
         TopicLayoutError,
         ensure_committed_offsets,
@@ -37,7 +53,7 @@ def main() -> int:
         for name in ("mode.timers", "faust.transport.producer"):
             logging.getLogger(name).setLevel(logging.ERROR)
     try:
-        config = StreamsConfig.load()
+        config = load_config()
         commit_interval = settings.streams_commit_interval_s
         session_timeout = settings.streams_session_timeout_s
     except (ConfigError, ValueError) as exc:
@@ -100,6 +116,7 @@ def main() -> int:
         credentials=broker_credentials(settings),
         replication_factor=settings.kafka_replication_factor,
         min_insync_replicas=settings.kafka_min_insync_replicas,
+        linger_s=settings.streams_linger_ms / 1000.0,
         guard=guard,
         crash_marker=crash_marker("worker", settings.test_crash_on),
     )

@@ -1,5 +1,6 @@
 """Input messages for a worker built without a broker: the same hand-over the consumer makes.
 
+`RecordingTransport(send)` is the transport of such a worker (`build_worker(transport=...)`).
 `inputs(worker, topic)` gives an object whose `put(value, key=, headers=)` turns each value
 into a Faust `Message` (offsets counting up per topic) and hands it to the worker's
 InputFeed, as areal_metrics.streams.shell.faust_internals does with a fetch. `worker.settled()` then waits for
@@ -17,6 +18,30 @@ from typing import Any
 from faust.types import TP, Message
 
 from areal_metrics.streams.shell.app import StreamWorker
+from areal_metrics.streams.shell.batch import SendFn
+from areal_metrics.streams.shell.input_feed import InputFeed
+from areal_metrics.streams.shell.resync import InputGuard
+
+
+class RecordingTransport:
+    """A worker's transport without a broker (streams.shell.app.Transport): every output goes through
+    `send` one message at a time (a test's recorder); there is no consumer, so no input guard, no
+    offsets to commit, no backlog to ask and no worker to stop on a crash."""
+
+    def __init__(self, send: SendFn) -> None:
+        self.send = send
+
+    def outputs(self, app: Any, runs: Any) -> dict[str, Any]:
+        return {"send": self.send}
+
+    def input_guard(self) -> InputGuard | None:
+        return None
+
+    def ack_inputs(self, app: Any, inputs: list[Any]) -> None:
+        pass
+
+    def batcher_hooks(self, app: Any, feed: InputFeed) -> dict[str, Any]:
+        return {}
 
 
 class FeedInput:

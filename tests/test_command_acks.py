@@ -19,6 +19,7 @@ from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.streams.core.acks import AckState, on_sent
 from areal_metrics.streams.core.config import RunConfig, StreamsConfig
 from areal_metrics.streams.core.processor import RunState, on_command_ack, on_step
+from areal_metrics.streams.__main__ import load_config
 from tests import test_client_broker
 from tests.support import start_service, stop_process, wait_for
 
@@ -76,10 +77,11 @@ def test_a_targeted_command_waits_for_its_node_and_an_older_attempt_does_not_cou
 
 def test_the_ack_steps_come_from_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AREAL_COMMAND_ACK_STEPS", "7")
-    assert StreamsConfig.load().defaults.command_ack_steps == 7
+    assert load_config().defaults.command_ack_steps == 7
+    assert StreamsConfig.load().defaults.command_ack_steps == RunConfig().command_ack_steps  # the core reads no environment
     monkeypatch.setenv("AREAL_COMMAND_ACK_STEPS", "-1")
     with pytest.raises(Exception, match="AREAL_COMMAND_ACK_STEPS"):
-        StreamsConfig.load()
+        load_config()
 
 
 # ---------------------------------------------------------------- the real broker, worker and sink

@@ -147,7 +147,7 @@ def test_a_record_enqueued_as_close_began_is_journaled_not_dropped(topics, tmp_p
 
     def shutdown_then_a_late_append(self):
         shutdown(self)
-        self._queue.append(late)
+        self._core.queue.append(late)
 
     monkeypatch.setattr(Publisher, "_shutdown", shutdown_then_a_late_append)
     publisher = Publisher(f"127.0.0.1:{free_port()}", topics, tmp_path / "journal")

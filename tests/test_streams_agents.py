@@ -24,7 +24,7 @@ from areal_metrics.streams.shell.app import StreamWorker, app_id_for, build_work
 from areal_metrics.streams.core.config import RunConfig, StreamsConfig
 from areal_metrics.streams.core.processor import derived_id
 from areal_metrics.streams.state.state_store import stored_state
-from tests.feed_support import inputs
+from tests.feed_support import RecordingTransport, inputs
 
 TOPICS = Topics("agent.")
 
@@ -56,7 +56,8 @@ class Clock:
 def make(tmp_path: Path, cfg: RunConfig | None = None) -> tuple[StreamWorker, Recorder, Clock]:
     rec, clock = Recorder(), Clock()
     worker = build_worker(bootstrap="127.0.0.1:9", topics=TOPICS, datadir=tmp_path,
-                          config=StreamsConfig(defaults=cfg or RunConfig()), send=rec.send, clock=clock)
+                          config=StreamsConfig(defaults=cfg or RunConfig()), transport=RecordingTransport(rec.send),
+                          clock=clock)
     worker.app.finalize()
     worker.app.flow_control.resume()
     return worker, rec, clock
@@ -268,7 +269,8 @@ def test_broker_credentials_follow_the_settings() -> None:
 
 
 def test_topics_faust_creates_take_replication_and_min_insync_from_settings(tmp_path: Path) -> None:
-    worker = build_worker(bootstrap="127.0.0.1:9", topics=TOPICS, datadir=tmp_path, send=Recorder().send,
+    worker = build_worker(bootstrap="127.0.0.1:9", topics=TOPICS, datadir=tmp_path,
+                          transport=RecordingTransport(Recorder().send),
                           replication_factor=3, min_insync_replicas=2)
     worker.app.finalize()
     changelog = worker.core.table.changelog_topic

@@ -32,7 +32,7 @@ from areal_metrics.streams.shell.app import StreamCore
 from areal_metrics.streams.core.config import RunConfig, StreamsConfig
 from areal_metrics.streams.core.processor import RunState
 from areal_metrics.streams.state.state_store import stored_state
-from tests.feed_support import inputs
+from tests.feed_support import RecordingTransport, inputs
 from areal_metrics.streams.core.voting import NodeResult, RoundKey, VoteState, add_result
 
 TOPICS = Topics("hostile.")
@@ -259,7 +259,8 @@ def test_bad_input_through_the_faust_agent_with_hostile_keys_and_headers(tmp_pat
 
     rec = Recorder()
     worker = build_worker(bootstrap="127.0.0.1:9", topics=TOPICS, datadir=tmp_path,
-                          config=StreamsConfig(defaults=CFG), send=rec.send, clock=lambda: 1000.0)
+                          config=StreamsConfig(defaults=CFG), transport=RecordingTransport(rec.send),
+                          clock=lambda: 1000.0)
     worker.app.finalize()
     worker.app.flow_control.resume()
     keys = [None, "ключ".encode(), "café".encode(), b"\x00\x07", b"k" * 10_240, b"\xff\xfe"]

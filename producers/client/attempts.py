@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from areal_metrics.producers.contract.events import RunEvent, ValidationError, parse_event
-from areal_metrics.producers.contract.settings import Settings, state_dir
+from areal_metrics.producers.contract.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def state_path(run_id: str, rank: int) -> Path:
-    return state_dir() / "runs" / run_id / f"rank-{rank}.json"
+def state_path(home: Path, run_id: str, rank: int) -> Path:
+    """Where this rank's last attempt is recorded under the state folder `home` (AREAL_HOME: init reads it)."""
+    return home / "runs" / run_id / f"rank-{rank}.json"
 
 
 def read_local(path: Path) -> int | None:

@@ -155,9 +155,10 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
                                notes=clean_notes)
         return _current  # type: ignore[return-value]
     origin = "init(kafka_bootstrap=...)" if "kafka_bootstrap" in overrides else bootstrap_origin()
-    attempt = _attempt(settings_obj, run_id, identity.rank, resume, options)
+    home = state_dir()  # AREAL_HOME, read here at the client's entry: journals and attempt records go under it
+    attempt = _attempt(settings_obj, home, run_id, identity.rank, resume, options)
     run = Run(run_id, identity, settings_obj, options, config=config, tags=clean_tags, group=group, attempt=attempt,
-              name=display_name, bootstrap_from=origin, notes=clean_notes)
+              name=display_name, bootstrap_from=origin, notes=clean_notes, home=home)
     _current = run
     if generated and identity.rank == 0:
         print(f"areal-metrics: run {run_id}", file=sys.stderr)
@@ -167,8 +168,8 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
     return run
 
 
-def _attempt(settings: Settings, run_id: str, rank: int, resume: bool, options: Options) -> int:
-    path = attempts.state_path(run_id, rank)
+def _attempt(settings: Settings, home: Path, run_id: str, rank: int, resume: bool, options: Options) -> int:
+    path = attempts.state_path(home, run_id, rank)
     if options.attempt is not None:
         attempt = options.attempt
     elif not resume:
@@ -185,7 +186,7 @@ class Run:
 
     def __init__(self, run_id: str, identity: Identity, settings: Settings, options: Options, *,
                  config: Any, tags: tuple[str, ...], group: str | None, attempt: int, name: str | None = None,
-                 bootstrap_from: str | None = None, notes: str | None = None) -> None:
+                 bootstrap_from: str | None = None, notes: str | None = None, home: Path) -> None:
         self.run_id = run_id
         self.name = name
         self.notes = notes
@@ -205,7 +206,7 @@ class Run:
         self._settings = settings
         self._key = run_id.encode()
         self._exit_timeout_s = settings.exit_timeout_s
-        journal = Path(options.journal_dir) if options.journal_dir else state_dir() / "journal" / run_id / f"rank-{self.rank}"
+        journal = Path(options.journal_dir) if options.journal_dir else home / "journal" / run_id / f"rank-{self.rank}"
         self._publisher = Publisher.from_settings(settings, journal_dir=journal, close_at_exit=False,
                                                   exit_timeout_s=self._exit_timeout_s,
                                                   fsync_journal=options.fsync_journal,

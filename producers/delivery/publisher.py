@@ -27,8 +27,6 @@ on the sender thread (the client's steps: the caller only enqueues a dict).
 from __future__ import annotations
 
 import atexit
-import collections
-import itertools
 import logging
 import os
 import socket
@@ -41,18 +39,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from areal_metrics.producers.delivery import backends as delivery
-from areal_metrics.producers.runtime.backoff import Backoff
 from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.producers.contract.events import Event
 from areal_metrics.producers.delivery.journal import Journal, open_journal
+from areal_metrics.producers.delivery.publisher_core import Message, PublisherCore
 from areal_metrics.producers.contract.settings import Settings, state_dir, read_setting
 from areal_metrics.producers.contract.topics import Topics
 
 log = logging.getLogger(__name__)
 
-RETRY = Backoff(initial_s=0.5, max_s=5.0)  # reconnecting to a broker that is away
 _IDLE_WAIT_S = 0.02  # how long the sender sleeps when idle: rare wake-ups leave the GIL to training
-_RESEND_CHUNK = 2000  # journal records re-sent per acknowledged chunk
 
 
 class Outgoing(Protocol):
@@ -71,16 +67,9 @@ class PublisherStats:
     pending: int  # in memory or journal, not yet acknowledged
 
 
-@dataclass(slots=True)
-class _InFlight:
-    future: Any
-    topic: str
-    key: bytes
-    value: bytes
-    sent_at: float
-
-
 class Publisher:
+    """The shell around `PublisherCore`: the sender thread, the Kafka client, the journal file."""
+
     def __init__(
         self,
         bootstrap: str,
@@ -99,32 +88,23 @@ class Publisher:
         bootstrap_origin: str | None = None,
     ) -> None:
         self.topics = topics or Topics(read_setting("topic_prefix"))
-        self.max_queue = max_queue
-        self._max_in_flight = max_in_flight
         self._delivery_timeout_s = delivery_timeout_s
-        self._stall_s = stall_s  # oldest message unacknowledged this long: the broker is away
         self._kafka_config = {"bootstrap_servers": bootstrap.split(","), **(kafka_config or {})}
         codec = self._kafka_config.get("compression_type")
         problem = delivery.compression_problem(codec, kafka_client)
         if problem is not None:  # before anything is opened: a misconfiguration stops here, in one line
             raise ConfigError(f"AREAL_KAFKA_COMPRESSION={codec}: {problem}")
-        self._journal = open_journal(Path(journal_dir or state_dir() / "journal" / "default"), fsync=fsync_journal)
-        self._queue: collections.deque[Event | Outgoing] = collections.deque()
-        self._in_flight: collections.deque[_InFlight] = collections.deque()
-        self._queued = itertools.count()  # next() is atomic under the GIL
-        self._n_queued = 0
-        self._sent = self._spilled = self._resent = self._failed = 0
         if kafka_client not in delivery.CLIENTS:
             raise ValueError(f"kafka_client {kafka_client!r}: expected one of {', '.join(delivery.CLIENTS)}")
+        self._journal = open_journal(Path(journal_dir or state_dir() / "journal" / "default"), fsync=fsync_journal)
         self._client = kafka_client
         # Set: the first event that goes to the journal says so once on stderr (the client's users see it).
         self._origin = bootstrap_origin
         self._told = False
         self._producer: delivery.Producer | None = None
-        self._backoff_until = 0.0
-        self._failures = 0  # in a row: the wait before the next try grows (RETRY)
-        self._resending: tuple[list[Any], list[Any]] | None = None
         self._order_lock = threading.Lock()  # the journal is appended in publish order
+        self._core: PublisherCore[Event | Outgoing] = PublisherCore(
+            _Port(self), max_queue=max_queue, max_in_flight=max_in_flight, stall_s=stall_s, order=self._order_lock)
         self._wake = threading.Event()
         self._closing = False
         self._close_lock = threading.Lock()
@@ -147,21 +127,22 @@ class Publisher:
             config["compression_type"] = settings.kafka_compression
         return cls(bootstrap, settings.topics, journal_dir, kafka_config=config, **kw)
 
+    @property
+    def max_queue(self) -> int:
+        return self._core.max_queue
+
     # ------------------------------------------------------------ caller side
 
     def publish(self, event: Event | Outgoing) -> None:
         """Enqueue and return at once. Never raises a transport error."""
         if self._closing:
             raise RuntimeError("publish() after close()")
-        self._n_queued = next(self._queued) + 1
-        if len(self._queue) < self.max_queue:
-            self._queue.append(event)
+        if self._core.enqueue(event):
             return
         # Memory is full (the sender is stuck): move the queue and this event to
         # the journal, oldest first, so the order per run holds.
         with self._order_lock:
-            self._queue_to_journal()
-            self._spill(*self._encode(event))
+            self._core.journal_queue(event)
 
     def flush(self, timeout: float = 30.0, *, journaled_ok: bool = False) -> bool:
         """Wait until everything published so far is acknowledged; False on timeout.
@@ -171,8 +152,8 @@ class Publisher:
         """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not self._queue and not self._in_flight and self._resending is None and (
-                    not self._journal.has_pending() or (journaled_ok and self._producer is None)):
+            if self._core.idle(connected=self._producer is not None, journal_pending=self._journal.has_pending(),
+                               journaled_ok=journaled_ok):
                 return True
             if self._stopped.is_set():
                 return False
@@ -196,21 +177,21 @@ class Publisher:
             # failing): journal what is queued from here, and let the thread go.
             with self._order_lock:
                 self._abandoned = True
-                self._queue_to_journal()
+                self._core.journal_queue()
         else:
             with self._order_lock:  # a publish() that passed its check as close began, after the sender's last drain
-                self._queue_to_journal()
+                self._core.journal_queue()
         self._journal.close()
 
     def stats(self) -> PublisherStats:
-        pending = len(self._queue) + len(self._in_flight)
+        core = self._core
         return PublisherStats(
-            queued=self._n_queued,
-            sent=self._sent,
-            spilled=self._spilled,
-            resent=self._resent,
-            failed=self._failed,
-            pending=pending + (1 if self._journal.has_pending() else 0),
+            queued=core.queued,
+            sent=core.sent,
+            spilled=core.spilled,
+            resent=core.resent,
+            failed=core.failed,
+            pending=core.pending + (1 if self._journal.has_pending() else 0),
         )
 
     @property
@@ -225,9 +206,8 @@ class Publisher:
 
     # ------------------------------------------------------------ sender side
 
-    def _spill(self, topic: str, key: bytes, value: bytes) -> None:
-        self._journal.append(topic, key, value)
-        self._spilled += 1
+    def _spill(self, message: Message) -> None:
+        self._journal.append(*message)
         if not self._told:
             self._tell_undelivered()
 
@@ -259,148 +239,49 @@ class Publisher:
             self._stopped.set()
 
     def _step(self) -> bool:
-        """One round of work; True when something was done.
-
-        Order of delivery is: in flight (inside the Kafka client, which retries in
-        order), then the journal, then the queue. While the broker is away
-        (no producer, a stalled or full pipeline, a journal to re-send), new
-        events go to the end of the journal instead of into the client.
-        """
+        """One round of work (`PublisherCore.step`); True when something was done."""
         if self._producer is not None:
             self._producer.poll()
-        worked = self._reap_in_flight() | self._reap_resend()
-        has_work = bool(self._queue) or self._journal.has_pending()
-        if has_work and self._producer is None and time.monotonic() >= self._backoff_until:
-            self._ensure_producer()
-        if self._blocked():
-            with self._order_lock:
-                worked |= self._queue_to_journal()
-            if (self._producer is not None and not self._in_flight and self._resending is None
-                    and self._journal.has_pending() and time.monotonic() >= self._backoff_until):
-                worked |= self._start_resend()
-            return worked
-        while self._queue and len(self._in_flight) < self._max_in_flight:
-            with self._order_lock:
-                if not self._queue:
-                    break
-                # popped only once it is in flight or journaled: flush() never sees it nowhere
-                self._send(*self._encode(self._queue[0]))
-                self._queue.popleft()
-            worked = True
-            if self._journal.has_pending():
-                break
-        return worked
+        return self._core.step()
 
-    def _blocked(self) -> bool:
-        """The broker is away (or the journal goes first): new events go to the journal."""
-        if self._producer is None or self._resending is not None or self._journal.has_pending():
-            return True
-        # A full pipeline alone is back-pressure, not an outage: the queue holds the rest.
-        return bool(self._in_flight) and time.monotonic() - self._in_flight[0].sent_at > self._stall_s
-
-    def _queue_to_journal(self) -> bool:
-        """Caller holds _order_lock."""
-        moved = False
-        while self._queue:
-            self._spill(*self._encode(self._queue[0]))  # journaled, then popped (see _step)
-            self._queue.popleft()
-            moved = True
-        return moved
-
-    def _encode(self, item: Event | Outgoing) -> tuple[str, bytes, bytes]:
+    def _encode(self, item: Event | Outgoing) -> Message:
         if isinstance(item, Event):
             return self.topics.for_event(item), item.run_id.encode(), item.to_json()
         return item.encode(self.topics)
 
-    def _ensure_producer(self) -> bool:
-        if self._producer is not None:
-            return True
+    def _connect(self) -> bool:
         if not self._bootstrap_reachable():
-            self._back_off()
             return False
         try:
             self._producer = delivery.create(self._kafka_config, self._client,
                                              delivery_timeout_s=self._delivery_timeout_s)
         except delivery.SendError as exc:
             log.warning("publisher: broker not available (%s); journaling", exc)
-            self._back_off()
             return False
         except Exception:  # a bad setting: say so, keep journaling, never kill the sender
             log.exception("publisher: cannot create the Kafka producer; journaling")
-            self._back_off()
             return False
         return True
 
     def _bootstrap_reachable(self) -> bool:
         return bootstrap_reachable(self._kafka_config["bootstrap_servers"])
 
-    def _back_off(self) -> None:
-        self._failures += 1
-        self._backoff_until = time.monotonic() + RETRY.delay(self._failures)
-
-    def _send(self, topic: str, key: bytes, value: bytes) -> None:
+    def _send(self, message: Message, *, resend: bool) -> delivery.Delivery | None:
+        """The client's delivery of one message; None when it refused it (the core journals it)."""
+        assert self._producer is not None
         try:
-            future = self._producer.send(topic, key, value)
+            return self._producer.send(*message)
         except delivery.SendError as exc:  # metadata or buffer timeout: the broker is away
-            log.warning("publisher: send failed (%s); journaling", exc)
-            self._failed += 1
-            self._spill(topic, key, value)
-            return
-        self._in_flight.append(_InFlight(future, topic, key, value, time.monotonic()))
-
-    def _reap_in_flight(self) -> bool:
-        """Count acknowledged messages; failed ones (delivery timeout) go to the journal."""
-        worked = False
-        while self._in_flight and self._in_flight[0].future.is_done:
-            item = self._in_flight[0]
-            worked = True
-            if item.future.succeeded():
-                self._sent += 1
+            if resend:
+                log.warning("publisher: re-send from journal failed (%s); retrying later", exc)
             else:
-                self._failed += 1
-                self._spill(item.topic, item.key, item.value)  # journaled before it leaves in_flight
-            self._in_flight.popleft()
-        return worked
+                log.warning("publisher: send failed (%s); journaling", exc)
+            return None
 
-    def _start_resend(self) -> bool:
-        """Hand the oldest journal chunk to the Kafka client; `_reap_resend` moves the cursor."""
-        probing = self._failures > 0  # after a failure, one record before a whole chunk
-        records = self._journal.read(1 if probing else _RESEND_CHUNK)
-        if not records:
-            return False
-        futures = []
-        try:
-            for r in records:
-                futures.append(self._producer.send(r.topic, r.key, r.value))
-        except delivery.SendError as exc:
-            log.warning("publisher: re-send from journal failed (%s); retrying later", exc)
-            self._failed += 1
-            self._back_off()
-        self._resending = (records, futures)
-        return True
-
-    def _reap_resend(self) -> bool:
-        if self._resending is None:
-            return False
-        records, futures = self._resending
-        if not all(f.is_done for f in futures):
-            return False
-        acked = 0
-        for f in futures:
-            if not f.succeeded():
-                break
-            acked += 1
-        if acked:
-            self._journal.advance(records[acked - 1].end)
-            self._resent += acked
-        if acked < len(records):
-            if acked < len(futures):  # a delivery failed (a failed send() was counted already)
-                self._failed += 1
-            self._back_off()
-        else:
-            self._failures = 0
-        self._resending = None
-        return True
+    def _prepend(self, messages: list[Message]) -> None:
+        self._journal.prepend(messages)
+        if not self._told:
+            self._tell_undelivered()
 
     def _shutdown(self) -> None:
         """Keep everything not acknowledged on disk, oldest first, for the next start."""
@@ -414,26 +295,30 @@ class Publisher:
                 self._producer.poll()
             except Exception:  # noqa: BLE001 - a dead broker on exit is expected
                 pass
-            self._reap_in_flight()
-            self._reap_resend()  # journal records stay there until acknowledged
-        older = []
-        for item in self._in_flight:
-            if item.future.succeeded():
-                self._sent += 1
-            else:
-                older.append((item.topic, item.key, item.value))
-        self._journal.prepend(older)
-        self._in_flight.clear()
-        self._spilled += len(older)
-        if older and not self._told:
-            self._tell_undelivered()
-        with self._order_lock:
-            self._queue_to_journal()
+        self._core.close()
         if self._producer is not None:
             try:
                 self._producer.close(timeout=1.0)
             except Exception:  # noqa: BLE001
                 pass
+
+
+class _Port:
+    """The Publisher's I/O as its core asks for it (`publisher_core.Port`)."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self._p = publisher
+        self.encode = publisher._encode
+        self.append = publisher._spill
+        self.prepend = publisher._prepend
+        self.connect = publisher._connect
+        self.send = publisher._send
+        self.journal_pending = publisher._journal.has_pending
+        self.read = publisher._journal.read
+        self.advance = publisher._journal.advance
+
+    def connected(self) -> bool:
+        return self._p._producer is not None
 
 
 def bootstrap_reachable(servers: list[str], timeout: float = 1.0) -> bool:

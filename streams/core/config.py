@@ -94,7 +94,6 @@ from typing import Any
 
 from areal_metrics.producers.contract.config_fields import typed_fields
 from areal_metrics.producers.contract.errors import ConfigError
-from areal_metrics.producers.contract.settings import is_set, read_setting
 
 CONFIG_ENV = "AREAL_STREAMS_CONFIG"
 _OPTIONAL = frozenset({"reward_threshold", "lr_eval_threshold", "lr_eval_dataset"})  # None: off / any
@@ -315,10 +314,10 @@ class StreamsConfig:
         return cls(defaults=base, runs=tuple(pairs), tick_interval_s=float(tick))
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> StreamsConfig:
-        """The config from `path`, else from $AREAL_STREAMS_CONFIG, else the defaults."""
-        path = path or read_setting("streams_config")
-        env = {name: read_setting(name) for name in ENV_DEFAULTS if is_set(name)}
+    def load(cls, path: str | Path | None = None, env: Mapping[str, Any] | None = None) -> StreamsConfig:
+        """The config from `path`, else the defaults; `env`: the knobs of ENV_DEFAULTS the environment set
+        (under the file's values). The entry point reads both (`areal_metrics.streams.__main__.load_config`)."""
+        env = dict(env or {})
         if not path:
             return cls(defaults=RunConfig().with_overrides(env))
         try:

@@ -31,7 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import faust
 
@@ -46,7 +46,8 @@ from areal_metrics.streams.shell.record_batches import Message, send_in_batches
 from areal_metrics.streams.shell.resync import InputGuard
 from areal_metrics.producers.contract.settings import read_setting
 
-__all__ = ["Input", "SendFn", "StreamCore", "StreamWorker", "app_id_for", "build_worker", "ticks_topic_for"]
+__all__ = ["Input", "KafkaTransport", "SendFn", "StreamCore", "StreamWorker", "Transport", "app_id_for", "build_worker",
+           "ticks_topic_for"]
 
 log = logging.getLogger("streams")
 
@@ -131,6 +132,49 @@ def _faust_app(prefix: str, bootstrap: str, credentials: Any, datadir: Path, par
     )
 
 
+class Transport(Protocol):
+    """How the worker's records leave and its inputs are acknowledged: build_worker's one seam.
+
+    `KafkaTransport` is the worker's; a test passes a fake that records the outputs and has no
+    consumer to acknowledge to (tests/feed_support.py: `RecordingTransport`)."""
+
+    def outputs(self, app: faust.App, runs: Any) -> dict[str, Any]:
+        """StreamCore's output arguments: `send_many` and `changelog`, or `send`."""
+
+    def input_guard(self) -> InputGuard | None:
+        """The consumer's skipped-input guard (areal_metrics.streams.shell.resync); None without a consumer."""
+
+    def ack_inputs(self, app: faust.App, inputs: list[Any]) -> None:
+        """The input messages of a processed batch: their offsets may be committed."""
+
+    def batcher_hooks(self, app: faust.App, feed: InputFeed) -> dict[str, Any]:
+        """The Batcher's `backlog` and `on_crash`, where there is a consumer to ask and a worker to stop."""
+
+
+class KafkaTransport:
+    """Outputs and the table's changelog straight to the transport producer, as record batches (our values
+    are bytes already, and Faust's Topic.send or Table.send_changelog bookkeeping costs about as much as
+    the rest of a step's work); the commit flushes the producer before it commits the inputs' offsets."""
+
+    def outputs(self, app: faust.App, runs: Any) -> dict[str, Any]:
+        async def send_many(messages: Sequence[Message]) -> list[Awaitable[Any]]:
+            return await send_in_batches(transport_producer(app), messages)
+
+        async def changelog(records: list[tuple[int, bytes, bytes | None]]) -> None:
+            await send_many([(runs.changelog_topic_name, partition, key, value) for partition, key, value in records])
+
+        return {"send_many": send_many, "changelog": changelog}
+
+    def input_guard(self) -> InputGuard | None:
+        return InputGuard()
+
+    def ack_inputs(self, app: faust.App, inputs: list[Any]) -> None:
+        app.consumer.ack_all(inputs)
+
+    def batcher_hooks(self, app: faust.App, feed: InputFeed) -> dict[str, Any]:
+        return {"backlog": feed.backlog, "on_crash": lambda exc: app.loop.create_task(app.crash(exc))}
+
+
 def build_worker(
     *,
     bootstrap: str,
@@ -141,7 +185,7 @@ def build_worker(
     clock: Callable[[], float] = time.time,
     commit_interval: float = 0.5,
     session_timeout: float = 10.0,
-    send: SendFn | None = None,
+    transport: Transport | None = None,
     credentials: Any = None,
     replication_factor: int = 1,
     min_insync_replicas: int = 1,
@@ -150,73 +194,49 @@ def build_worker(
     guard: CrashGuard | None = None,
     crash_marker: bytes | None = None,
 ) -> StreamWorker:
-    """A Faust app for this prefix. `send` replaces the Kafka producer (agent tests).
+    """A Faust app for this prefix. `transport` (KafkaTransport by default) is where records go.
 
-    `replication_factor` and `min_insync_replicas` (Settings.kafka_replication_factor,
-    kafka_min_insync_replicas) apply to the topics Faust creates: the table's changelog
-    (the worker's durable state) and its ticks topic. A batch is at most `max_batch`
-    messages and waits at most `linger_s` for more (AREAL_STREAMS_LINGER_MS, default 5 ms).
-    `guard` records the positions in flight and skips a message that crashed the worker
-    (producers/runtime/poison.py); `crash_marker` is its test hook (AREAL_TEST_CRASH_ON).
+    `replication_factor` and `min_insync_replicas` apply to the topics Faust creates: the table's
+    changelog (the worker's durable state) and its ticks topic. A batch is at most `max_batch`
+    messages and waits at most `linger_s` for more (the entry point passes AREAL_STREAMS_LINGER_MS).
+    `guard` skips a message that crashed the worker (producers/runtime/poison.py); `crash_marker`
+    is its test hook (AREAL_TEST_CRASH_ON).
     """
-    config = config or StreamsConfig()
-    durability = {"min.insync.replicas": str(min_insync_replicas)}
+    config, transport = config or StreamsConfig(), transport or KafkaTransport()
     app = _faust_app(topics.prefix, bootstrap, credentials, datadir, partitions, replication_factor,
                      commit_interval, session_timeout)
-    steps = app.topic(topics.steps, key_type=bytes, value_type=bytes)
-    evals = app.topic(topics.evals, key_type=bytes, value_type=bytes)
-    run_events = app.topic(topics.runs, key_type=bytes, value_type=bytes)
-    acks = app.topic(topics.acks, key_type=bytes, value_type=bytes)  # trainers' command_ack events
+    durability = {"min.insync.replicas": str(min_insync_replicas)}
+    inputs = (topics.steps, topics.evals, topics.runs, topics.acks)
+    input_topics = [app.topic(name, key_type=bytes, value_type=bytes) for name in inputs]
     ticks = app.topic(ticks_topic_for(topics.prefix), key_type=bytes, value_type=bytes, partitions=partitions,
                       replicas=replication_factor, config=durability)
     runs = app.Table("runs", partitions=partitions, key_type=bytes, value_type=bytes, default=None,
                      extra_topic_configs=durability,
                      help="per-run state of the stream worker (areal_metrics.streams.state.state_store records)")
-
-    async def kafka_send(messages: Sequence[Message]) -> list[Awaitable[Any]]:
-        # Straight to the transport producer, as record batches: our values are bytes
-        # already, and Faust's Topic.send bookkeeping (or aiokafka's per-message send) costs
-        # about as much as the rest of a step's work.
-        return await send_in_batches(transport_producer(app), messages)
-
-    async def changelog_send(records: list[tuple[int, bytes, bytes | None]]) -> None:
-        # The table's records straight to the transport producer too (Table.send_changelog
-        # queues each in Faust's buffer for a task to send); the commit flushes the producer
-        # before it commits the inputs' offsets, as for the table's own records.
-        await kafka_send([(runs.changelog_topic_name, partition, key, value) for partition, key, value in records])
-
-    real_consumer = send is None
-    if real_consumer:
-        core = StreamCore(topics=topics, config=config, table=runs, send_many=kafka_send, clock=clock,
-                          changelog=changelog_send)
-    else:
-        core = StreamCore(topics=topics, config=config, table=runs, send=send, clock=clock)
-    feed = InputFeed(app, InputGuard() if real_consumer else None,
-                     (topics.steps, topics.evals, topics.runs, topics.acks))
-    for topic in (steps, evals, run_events, acks):
+    core = StreamCore(topics=topics, config=config, table=runs, clock=clock, **transport.outputs(app, runs))
+    feed = InputFeed(app, transport.input_guard(), inputs)
+    for topic in input_topics:
         app.topics.add(topic)  # subscribed (and so co-partitioned with the table), read by the feed
     app.batch_inputs = (frozenset(feed.inputs), feed.deliver)
 
     async def ack(tokens: list[Any]) -> None:
-        inputs = []
         for token in tokens:
             if isinstance(token, tuple):  # a tick, through its agent's stream
-                stream, event = token
-                await stream.ack(event)
-            else:
-                inputs.append(token)
-        if real_consumer:  # the input messages: their offsets may be committed now
-            app.consumer.ack_all(inputs)
+                await token[0].ack(token[1])
+        transport.ack_inputs(app, [token for token in tokens if not isinstance(token, tuple)])
 
-    def crash(exc: BaseException) -> None:
-        app.loop.create_task(app.crash(exc))
+    if linger_s is None:  # the setting's default
+        linger_s = read_setting("streams_linger_ms", {}) / 1000.0
+    batcher = feed.batcher = Batcher(core, ack, max_batch=max_batch, linger_s=max(0.0, linger_s), guard=guard,
+                                     crash_marker=crash_marker, **transport.batcher_hooks(app, feed))
+    ticks_agent = _schedule(app, ticks, core, batcher, feed, clock, partitions, config.tick_interval_s)
+    return StreamWorker(app=app, core=core, batcher=batcher, feed=feed, ticks_agent=ticks_agent,
+                        partitions=partitions)
 
-    if linger_s is None:
-        linger_s = read_setting("streams_linger_ms") / 1000.0
-    batcher = feed.batcher = Batcher(core, ack, max_batch=max_batch, linger_s=max(0.0, linger_s),
-                                     backlog=feed.backlog if real_consumer else None,
-                                     on_crash=crash if real_consumer else None, guard=guard,
-                                     crash_marker=crash_marker)
+
+def _schedule(app: faust.App, ticks: Any, core: StreamCore, batcher: Batcher, feed: InputFeed,
+              clock: Callable[[], float], partitions: int, tick_interval_s: float) -> Any:
+    """The worker's agent (ticks), its timers and its rebalance hook; the ticks agent."""
 
     @app.agent(ticks, name="ticks")
     async def ticks_agent(stream: Any) -> None:
@@ -224,7 +244,7 @@ def build_worker(
         async for event in stream.events():
             await batcher.add(Tick(event.message.partition), (stream, event))
 
-    @app.timer(interval=config.tick_interval_s)
+    @app.timer(interval=tick_interval_s)
     async def clock_tick() -> None:
         body = json.dumps({"now": clock()}).encode()
         for p in range(partitions):
@@ -243,6 +263,4 @@ def build_worker(
     # Table writes queue changelog records in Faust's producer buffer; the default of 100
     # makes the stream stop and drain (with a warning) every 100 records under load.
     app.producer.buffer.max_messages = 2000
-
-    return StreamWorker(app=app, core=core, batcher=batcher, feed=feed, ticks_agent=ticks_agent,
-                        partitions=partitions)
+    return ticks_agent

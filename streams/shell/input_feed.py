@@ -4,7 +4,7 @@ The consumer (areal_metrics.streams.shell.faust_internals) hands over each fetch
 list (`deliver`). A real consumer's messages pass `areal_metrics.streams.shell.resync.InputGuard` on
 arrival: a partition that jumped past offsets it never delivered, or that fetched
 messages but stopped delivering them, is sought back and read again (what a batch
-takes does not matter to the guard). Tests that replace the producer have no
+takes does not matter to the guard). A worker built with a test's transport has no
 consumer: `InputFeed(app, guard=None, ...)` then only forwards.
 """
 
