@@ -21,7 +21,8 @@
   and run, and per evaluation round over all runs (the trend over training; each round
   says how many runs it pools);
 - `config.png`: the compared runs' configs side by side (the settings that
-  differ, and the strategy, seed and rank count), from the `runs` table;
+  differ, and the strategy, seed and rank count), from the `runs` table, then each
+  run's `run.summary` keys (`summary.<key>`) and its `notes`;
 - `metric-<key>.png` for each `metrics=` key (`report --metric KEY`): any value a
   run logged, a typed column of the steps or a key of their `metrics`, per run.
 - `what_changed.md` (when runs evaluated): the shown prompts whose verdict flipped between
@@ -77,6 +78,8 @@ class RunInfo:
     group: str  # the strategy the run belongs to (its own id when it has none)
     world_size: int
     config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)  # run.summary (W&B's), as v_runs folds it
+    notes: str | None = None  # init(notes=...)
 
 
 def _runs_filter(runs: Sequence[str] | None) -> str:
@@ -261,22 +264,27 @@ def load_errors(store: Any, where: str) -> dict[str, dict[str, dict[str, float]]
 
 
 def load_runs(store: Any, where: str) -> dict[str, RunInfo]:
-    """run -> group, rank count and config: its latest attempt in `v_runs`, else what the steps say."""
+    """run -> group, rank count, config, summary and notes: its latest attempt in `v_runs`, else what the steps say."""
     info: dict[str, RunInfo] = {}
     for run, world in _rows(store, f"""
             SELECT run_id, max(greatest(ifNull(world_size, 1), ranks)) FROM v_step_means WHERE {where}
             GROUP BY run_id"""):
         info[run] = RunInfo(group=run, world_size=int(world))
-    for run, group, world, config in _rows(store, f"""
-            SELECT run_id, `group`, world_size, config FROM v_runs WHERE {where}"""):
-        try:
-            parsed = json.loads(config) if config else {}
-        except ValueError:
-            parsed = {}
+    for run, group, world, config, summary, notes in _rows(store, f"""
+            SELECT run_id, `group`, world_size, config, summary, notes FROM v_runs WHERE {where}"""):
         known = info.get(run)
         info[run] = RunInfo(group=group or run, world_size=max(int(world), known.world_size if known else 1),
-                            config=parsed if isinstance(parsed, dict) else {})
+                            config=_json_object(config), summary=_json_object(summary), notes=notes or None)
     return info
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
+    """A stored JSON object column (`config`, `summary`); {} when empty, NULL or not an object."""
+    try:
+        parsed = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
 
 
 STEP_COLUMNS = MEAN_COLUMNS  # the typed columns v_step_means averages over ranks (sinks/step_means.py)

@@ -613,13 +613,22 @@ def _stacked_shares(ax: Any, groups: Sequence[dict[str, float]], kinds: Sequence
 
 
 def config_table(info: dict[str, Any]) -> tuple[list[str], list[str], list[list[str]]]:
-    """(keys, runs, cells): the keys that differ between the runs, and the always-shown ones."""
+    """(keys, runs, cells): the config keys that differ between the runs and the always-shown ones, then
+    every `summary.<key>` of the runs' `run.summary` (their results: shown equal or not) and `notes`."""
     runs = sorted(info)
     configs = {r: {**info[r].config, "world_size": info[r].world_size} for r in runs}
     keys = sorted({k for c in configs.values() for k, v in c.items() if not isinstance(v, (dict, list))})
     differing = [k for k in keys if len({repr(configs[r].get(k)) for r in runs}) > 1]
     shown = [k for k in CONFIG_KEYS if k in keys] + [k for k in differing if k not in CONFIG_KEYS]
     cells = [[_cell(configs[r].get(k)) for r in runs] for k in shown]
+    summaries = {r: getattr(info[r], "summary", None) or {} for r in runs}  # RunInfo, or alike
+    summary_keys = sorted({k for s in summaries.values() for k, v in s.items() if not isinstance(v, (dict, list))})
+    cells += [[_cell(summaries[r].get(k)) for r in runs] for k in summary_keys]
+    shown += [f"summary.{k}" for k in summary_keys]
+    notes = {r: getattr(info[r], "notes", None) for r in runs}
+    if any(notes.values()):
+        shown.append("notes")
+        cells.append([_cell(notes[r]) for r in runs])
     return shown, runs, cells
 
 
@@ -649,8 +658,8 @@ def plot_configs(info: dict[str, Any], path: Path) -> Path:
     else:
         ax.text(0.5, 0.5, "no run configs stored", ha="center")
     left_out = [f"{n} more {what}" for n, what in ((hidden_keys, "keys"), (hidden_runs, "runs")) if n]
-    note = f" ({', '.join(left_out)} not shown: see `areal-metrics sql 'SELECT run_id, config FROM v_runs'`)" if left_out else ""
-    return _save(fig, path, "Compared runs: config side by side (settings that differ, and the main ones)" + note)
+    note = f" ({', '.join(left_out)} not shown: see `areal-metrics sql 'SELECT run_id, config, summary, notes FROM v_runs'`)" if left_out else ""
+    return _save(fig, path, "Compared runs: config side by side (settings that differ, and the main ones), then run.summary and notes" + note)
 
 
 def _short(text: str) -> str:

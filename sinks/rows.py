@@ -83,6 +83,11 @@ def _ticks(seconds: float) -> int:
     return round(round(seconds, 3) * 1000)
 
 
+def _json_text(value: Any) -> str:
+    """A free-form JSON object as canonical text (sorted keys, no spaces): one value, one text, on every retry."""
+    return json.dumps(dict(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
 def _column(name: str, rows: Sequence[Located]) -> list[Any]:
     """One column's values, in row order (a comprehension per column: the hot path of the sink)."""
     if name == "_topic":
@@ -95,7 +100,9 @@ def _column(name: str, rows: Sequence[Located]) -> list[Any]:
     if name == "ts":
         return [_ticks(v) for v in values]
     if name in ("args", "config"):  # free-form object: stored as canonical JSON text
-        return [json.dumps(dict(v), sort_keys=True, separators=(",", ":"), allow_nan=False) for v in values]
+        return [_json_text(v) for v in values]
+    if name == "summary":  # run.summary: the same text, NULL when the event carries none
+        return [None if v is None else _json_text(v) for v in values]
     if name == "metrics":
         return [dict(v) for v in values]
     if name in ("verdicts", "dissenters", "tags", "non_finite", "sample_ids"):

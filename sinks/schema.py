@@ -47,7 +47,7 @@ from typing import Any, Protocol
 from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.sinks.views import COMMAND_STATUS_VIEW, RUNS_VIEW, final_view
 
-SCHEMA_VERSION = 9  # the newest migration
+SCHEMA_VERSION = 10  # the newest migration
 DEFAULT_DATABASE = "areal"
 DEDUP_WINDOW = 10_000  # insert blocks remembered per table for token deduplication
 
@@ -205,7 +205,7 @@ TABLES: tuple[Table, ...] = (
         "run",
         f"status {LC}, config String, tags Array(String), group Nullable(String), world_size UInt32, "
         f"host Nullable(String), attempt UInt32, framework Nullable(String), git_commit Nullable(String), "
-        "exit_code Nullable(Int32), name Nullable(String)",
+        "exit_code Nullable(Int32), name Nullable(String), notes Nullable(String), summary Nullable(String)",
         "run_id, event_id",
     ),
     # trainers' acknowledgements of commands (topic `acks`): which node applied which command, when
@@ -230,7 +230,6 @@ TABLES: tuple[Table, ...] = (
 # Fields of an event that its table does not hold as a column: stored elsewhere.
 NOT_COLUMNS: dict[str, frozenset[str]] = {
     "evals": frozenset({"samples"}),  # samples: the generations table
-    "runs": frozenset({"notes", "summary"}),  # on the wire (CONTRACT.md, 'W&B habits'); no column yet
 }
 TABLES_BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
 TABLES_BY_EVENT_TYPE: dict[str, Table] = {t.event_type: t for t in TABLES if not t.projected}

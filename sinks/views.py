@@ -26,7 +26,9 @@ def final_view(db: str, table: str, ttl: str | None = None) -> str:
 #   running while a rank that reported is running, else finished (the ranks that registered: a run
 #   logged from rank 0 alone under WORLD_SIZE > 1 ends when rank 0 does);
 # - the run: its latest attempt (config, tags, group from its lowest rank), started at its
-#   first event of any attempt, ended when its latest attempt ended.
+#   first event of any attempt, ended when its latest attempt ended; its `summary` (run.summary, sent
+#   with a rank's end) from the lowest rank that sent one, of the latest attempt that has one, so a
+#   resumed attempt still running shows the summary its predecessor ended with (as W&B keeps it).
 # argMax skips NULLs: `argMax(tuple(x), a).1` takes the latest attempt's value, NULL included.
 RUNS_VIEW = """SELECT
     run_id,
@@ -43,6 +45,8 @@ RUNS_VIEW = """SELECT
     argMax(tuple(a_git_commit), a_attempt).1 AS git_commit,
     argMax(tuple(a_exit_code), a_attempt).1 AS exit_code,
     argMax(tuple(a_name), a_attempt).1 AS name,
+    argMax(tuple(a_notes), a_attempt).1 AS notes,
+    argMax(a_summary, a_attempt) AS summary,
     min(a_started) AS started,
     argMax(tuple(a_ended), a_attempt).1 AS ended,
     max(a_ts) AS ts
@@ -63,6 +67,8 @@ FROM
         argMin(r_git_commit, rank) AS a_git_commit,
         argMax(r_exit_code, (ifNull(r_exit_code, 0) != 0, r_ts)) AS a_exit_code,
         argMin(r_name, rank) AS a_name,
+        argMin(r_notes, rank) AS a_notes,
+        argMin(r_summary, rank) AS a_summary,
         min(r_started) AS a_started,
         if(a_status = 'running', NULL, max(r_ended)) AS a_ended,
         max(r_ts) AS a_ts
@@ -82,6 +88,8 @@ FROM
             argMax(git_commit, ts) AS r_git_commit,
             argMaxIf(exit_code, ts, status != 'running') AS r_exit_code,
             argMax(name, ts) AS r_name,
+            argMax(notes, ts) AS r_notes,
+            argMax(summary, ts) AS r_summary,
             min(ts) AS r_started,
             if(countIf(status != 'running') > 0, maxIf(ts, status != 'running'), NULL) AS r_ended,
             max(ts) AS r_ts

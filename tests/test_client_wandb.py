@@ -16,7 +16,9 @@ import json
 import subprocess
 import sys
 import threading
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +26,7 @@ from areal_metrics.producers.contract.events import parse_event
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.stack.kafka_broker import free_port
 from tests.kafka_reading import read_to_end
-from tests.support import ROOT, client_warnings
+from tests.support import ROOT, client_warnings, wait_for
 
 WANDB_SCRIPT = """
 import areal_metrics as wandb
@@ -208,3 +210,134 @@ def test_the_real_sources_give_wandbs_names() -> None:
     assert {"system/cpu", "system/memory", "system/proc.memory.rssMB"} <= set(got)
     assert all(name.startswith("system/") and isinstance(v, float) for name, v in got.items())
     assert not [n for n in got if n.startswith("system/gpu.")] or "pynvml" in sys.modules
+
+
+# ------------------------------------------------------------ GPUs through NVML (a stand-in for pynvml)
+
+GIB = 2**30
+
+
+class _NVMLError(Exception):
+    """pynvml's exception class (its text is NVML's: "Driver Not Loaded", "GPU is lost", ...)."""
+
+
+def stand_in_pynvml(gpus: list[tuple[int, int, int, int]] | None, fail: str | None = None) -> Any:
+    """A module with pynvml's (nvidia-ml-py's) names: nvmlInit, nvmlDeviceGetCount, nvmlDeviceGetHandleByIndex,
+    nvmlDeviceGetUtilizationRates (`.gpu`, `.memory`, in %), nvmlDeviceGetMemoryInfo (`.total`, `.free`,
+    `.used`, bytes), nvmlShutdown, NVMLError. `gpus`: (util.gpu, util.memory, used, total) per device;
+    `fail`: the call that raises NVMLError ("init": no driver; "device": every device call, a lost GPU)."""
+    module = types.ModuleType("pynvml")
+    module.calls = []  # type: ignore[attr-defined]
+
+    def call(name: str) -> None:
+        module.calls.append(name)  # type: ignore[attr-defined]
+        if fail == "init" and name == "nvmlInit" or fail == "device" and name.startswith("nvmlDeviceGet") \
+                and name not in ("nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex"):
+            raise _NVMLError("Driver Not Loaded" if fail == "init" else "GPU is lost")
+
+    def handle(i: int) -> tuple[str, int]:
+        call("nvmlDeviceGetHandleByIndex")
+        return ("handle", i)
+
+    def utilization(h: tuple[str, int]) -> Any:
+        call("nvmlDeviceGetUtilizationRates")
+        gpu, memory, _, _ = (gpus or [])[h[1]]
+        return types.SimpleNamespace(gpu=gpu, memory=memory)
+
+    def memory_info(h: tuple[str, int]) -> Any:
+        call("nvmlDeviceGetMemoryInfo")
+        _, _, used, total = (gpus or [])[h[1]]
+        return types.SimpleNamespace(total=total, free=total - used, used=used)
+
+    module.NVMLError = _NVMLError  # type: ignore[attr-defined]
+    module.nvmlInit = lambda: call("nvmlInit")  # type: ignore[attr-defined]
+    module.nvmlShutdown = lambda: call("nvmlShutdown")  # type: ignore[attr-defined]
+    module.nvmlDeviceGetCount = lambda: call("nvmlDeviceGetCount") or len(gpus or [])  # type: ignore[attr-defined]
+    module.nvmlDeviceGetHandleByIndex = handle  # type: ignore[attr-defined]
+    module.nvmlDeviceGetUtilizationRates = utilization  # type: ignore[attr-defined]
+    module.nvmlDeviceGetMemoryInfo = memory_info  # type: ignore[attr-defined]
+    return module
+
+
+TWO_GPUS = [(87, 40, 30 * GIB, 80 * GIB), (3, 1, GIB, 80 * GIB)]
+GPU_METRICS = {"system/gpu.0.gpu": 87.0, "system/gpu.0.memory": 40.0, "system/gpu.0.memoryAllocated": 37.5,
+               "system/gpu.0.memoryAllocatedBytes": float(30 * GIB),
+               "system/gpu.1.gpu": 3.0, "system/gpu.1.memory": 1.0, "system/gpu.1.memoryAllocated": 1.25,
+               "system/gpu.1.memoryAllocatedBytes": float(GIB)}
+CPU_AND_MEMORY = {"system/cpu", "system/memory", "system/proc.memory.rssMB"}
+NO_DRIVER = "system metrics: no GPU metrics: NVML did not start (_NVMLError: Driver Not Loaded); CPU and memory only"
+
+
+def test_each_gpu_is_sampled_through_nvml_under_wandbs_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from areal_metrics.producers.client.system_metrics import Sampler
+
+    nvml = stand_in_pynvml(TWO_GPUS)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with client_warnings() as warned:
+        sampler = Sampler(3600)  # its sources, called here
+        try:
+            first, second = sampler._sample(), sampler._sample()
+        finally:
+            sampler.close()
+    assert not sampler.alive and not warned
+    for got in (first, second):
+        assert {k: v for k, v in got.items() if k.startswith("system/gpu.")} == GPU_METRICS
+        assert set(got) == CPU_AND_MEMORY | set(GPU_METRICS)
+    assert nvml.calls[:4] == ["nvmlInit", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
+                              "nvmlDeviceGetHandleByIndex"]  # the handles once, at start
+    assert nvml.calls[4:] == ["nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo"] * 4 + ["nvmlShutdown"]
+
+
+@pytest.mark.parametrize("fail", ["init", "device"])
+def test_nvml_failing_leaves_cpu_and_memory_with_one_warning(fail: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No driver (nvmlInit raises NVMLError) or a GPU lost mid-run (its calls raise): the samples go on
+    with CPU and memory, one warning says why, nothing reaches the caller however often it samples."""
+    from areal_metrics.producers.client.system_metrics import Sampler
+
+    monkeypatch.setitem(sys.modules, "pynvml", stand_in_pynvml(TWO_GPUS, fail=fail))
+    with client_warnings() as warned:
+        sampler = Sampler(3600)
+        try:
+            samples = [sampler._sample() for _ in range(3)]
+        finally:
+            sampler.close()
+    assert all(set(s) == CPU_AND_MEMORY for s in samples)
+    assert [r.getMessage() for r in warned] == [NO_DRIVER if fail == "init" else
+                                                "system metrics: GPU 0 did not answer NVML (_NVMLError: GPU is lost); "
+                                                "left out of the samples while it does not"]
+
+
+@pytest.mark.broker
+@pytest.mark.timeout(300)
+def test_gpu_samples_reach_the_steps_metrics_and_no_driver_only_warns(kafka_bootstrap: str, topics: Topics,
+                                                                     tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a training loop: with NVML the logged steps carry each GPU's numbers; with NVML raising (no
+    driver) the same loop runs, its steps carry CPU and memory, and one warning was logged."""
+    from areal_metrics.producers.client.run import init
+
+    logged: dict[str, list[dict[str, float]]] = {}
+    for run_id, fail in (("nvml-gpus", None), ("nvml-no-driver", "init")):
+        monkeypatch.setitem(sys.modules, "pynvml", stand_in_pynvml(TWO_GPUS, fail=fail))
+        with client_warnings() as warned:
+            run = init(run_id=run_id, kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix,
+                       journal_dir=str(tmp_path / run_id), git=False, rank=0, world_size=1, system_metrics_s=0.01)
+            for step in range(3):
+                wait_for(lambda: run._sampler._latest is not None, 30, "a system sample")
+                run.log({"reward": 0.5}, step=step)
+            run.finish()
+        assert [r.getMessage() for r in warned] == ([] if fail is None else [NO_DRIVER])
+        assert run.stats().failed == 0
+    for m in read_to_end(kafka_bootstrap, topics.steps):
+        step = parse_event(m.value)
+        logged.setdefault(step.run_id, []).append(step.metrics)
+    assert len(logged["nvml-gpus"]) == len(logged["nvml-no-driver"]) == 3
+    # step 0 surely carries a sample (one was there before it was logged, and nothing took it); a later
+    # step may find the newest sample taken by the step before it, and then carries none
+    sampled = {run_id: [m for m in steps if "system/cpu" in m] for run_id, steps in logged.items()}
+    assert sampled["nvml-gpus"][0] is logged["nvml-gpus"][0] and sampled["nvml-no-driver"][0] is logged["nvml-no-driver"][0]
+    for metrics in sampled["nvml-gpus"]:
+        assert {k: v for k, v in metrics.items() if k.startswith("system/")} == {
+            **GPU_METRICS, **{k: metrics[k] for k in CPU_AND_MEMORY}}
+    for metrics in sampled["nvml-no-driver"]:
+        assert {k for k in metrics if k.startswith("system/")} == CPU_AND_MEMORY

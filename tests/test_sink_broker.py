@@ -481,3 +481,36 @@ def test_sink_waits_for_a_store_held_by_another_process(stack_env: dict[str, str
     finally:
         sink.send_signal(signal.SIGTERM)
         assert sink.wait(30) == 0, log.read_text()[-2000:]
+
+
+def test_a_wandb_users_summary_and_notes_are_found_with_sql_once(running_sink: Sink, kafka_bootstrap: str,
+                                                                topics: Topics, tmp_path: Path) -> None:
+    """Issue 44, item 6: `init(notes=...)` and `run.summary[...] = v` from the client, through Kafka, into
+    `runs` and `v_runs`; every run event delivered a second time (a producer's retry) is stored once."""
+    from areal_metrics.producers.client.run import init
+    from areal_metrics.producers.contract.events import parse_event
+    from tests.kafka_reading import read_to_end
+
+    run = init(run_id="wb-summary", config={"lr": 1e-5}, notes="trying a smaller lr", kafka_bootstrap=kafka_bootstrap,
+               topic_prefix=topics.prefix, journal_dir=str(tmp_path / "journal"), git=False, rank=0, world_size=1)
+    run.log({"reward": 0.25}, step=0)
+    run.summary["best_acc"] = 0.4
+    run.summary["eval"] = {"math500": 0.5}
+    run.finish()
+    sent = [parse_event(m.value) for m in read_to_end(kafka_bootstrap, topics.runs)]
+    assert [e.status for e in sent] == ["running", "finished"]
+    producer = Producer(kafka_bootstrap, topics)
+    for e in sent:
+        producer.send(e)  # the same events again: same event_id, same content, later offsets
+    producer.close()
+
+    client = running_sink.client
+    wait_for(lambda: lag(kafka_bootstrap, topics, running_sink.group) == 0, 60, "the sink to commit everything")
+    assert counts(client)["runs"] == 2 and int(client.command("SELECT count() FROM areal.runs")) == 4
+    no_duplicate_positions(client)
+    assert client.query("SELECT status, notes, summary FROM areal.runs FINAL ORDER BY ts").result_rows == [
+        ("running", "trying a smaller lr", None),
+        ("finished", "trying a smaller lr", '{"best_acc":0.4,"eval":{"math500":0.5}}')]
+    assert client.query("SELECT run_id, status, notes, JSONExtractFloat(summary, 'best_acc'), "
+                        "JSONExtractFloat(summary, 'eval', 'math500') FROM areal.v_runs").result_rows == [
+        ("wb-summary", "finished", "trying a smaller lr", 0.4, 0.5)]

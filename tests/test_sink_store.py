@@ -286,3 +286,48 @@ def test_bad_url_is_one_line() -> None:
         Target.parse("mysql://x")
     r = cli("sql", "SELECT 1", url="chdb://memory")
     assert r.returncode == 2 and "give a data directory" in r.stderr
+
+
+def test_a_runs_notes_and_summary_are_stored_and_v_runs_shows_them(client) -> None:
+    """Issue 44, item 6: `init(notes=...)` and `run.summary` are columns of `runs` (canonical JSON text for the
+    summary) and of `v_runs`: rank 0's summary of the latest attempt that has one, and that attempt's notes."""
+    from areal_metrics.producers.contract.events import RunEvent
+
+    def run(rank: int, attempt: int, status: str, ts: float, **fields) -> RunEvent:
+        return RunEvent(run_id="wb", rank=rank, world_size=2, attempt=attempt, status=status, ts=ts,
+                        event_id=f"{rank}-{attempt}-{status}", **fields)
+
+    events = [run(r, 0, "running", 1.0 + r, notes="first try") for r in (0, 1)] + [
+        run(1, 0, "finished", 5.0, notes="first try", summary={"best_acc": 0.3, "rank": 1}),
+        run(0, 0, "finished", 6.0, notes="first try", summary={"best_acc": 0.4, "z": [1, 2], "a": {"b": None}})]
+    insert_rows(client, "areal", located(events, "areal.runs"), "runs-1")
+    insert_rows(client, "areal", located(events[2:], "areal.runs", 1, 40), "runs-again")  # redelivered
+    assert client.command("SELECT count() FROM areal.runs FINAL") == 4
+    stored = client.query("SELECT rank, status, notes, summary FROM areal.runs FINAL ORDER BY ts").result_rows
+    assert stored == [(0, "running", "first try", None), (1, "running", "first try", None),
+                      (1, "finished", "first try", '{"best_acc":0.3,"rank":1}'),
+                      (0, "finished", "first try", '{"a":{"b":null},"best_acc":0.4,"z":[1,2]}')]
+    view = "SELECT status, notes, summary, JSONExtractFloat(summary, 'best_acc') FROM areal.v_runs"
+    assert client.query(view).result_rows == [
+        ("finished", "first try", '{"a":{"b":null},"best_acc":0.4,"z":[1,2]}', 0.4)]
+    # a resumed attempt, still running, with other notes: its notes, and the summary the last attempt ended with
+    insert_rows(client, "areal", located([run(0, 1, "running", 9.0, notes="resumed")], "areal.runs", 0, 50), "runs-2")
+    assert client.query(view).result_rows == [
+        ("running", "resumed", '{"a":{"b":null},"best_acc":0.4,"z":[1,2]}', 0.4)]
+
+
+def test_migration_10_adds_notes_and_summary_to_an_older_store_and_keeps_its_runs(client) -> None:
+    from areal_metrics.producers.contract.events import RunEvent
+
+    old = RunEvent(run_id="before", status="finished", name="kept", ts=1.0)
+    insert_rows(client, "areal", located([old], "areal.runs"), "old")
+    client.command("DROP VIEW areal.v_runs")  # a store of schema 9: runs without the two columns
+    client.command("ALTER TABLE areal.runs DROP COLUMN notes")
+    client.command("ALTER TABLE areal.runs DROP COLUMN summary")
+    client.command("ALTER TABLE areal.schema_migrations DELETE WHERE version >= 10 SETTINGS mutations_sync = 1")
+    assert applied_version(client) == 9
+    assert apply_schema(client) == SCHEMA_VERSION and apply_schema(client) == SCHEMA_VERSION
+    new = RunEvent(run_id="after", status="finished", notes="n", summary={"best_acc": 0.4}, ts=2.0)
+    insert_rows(client, "areal", located([new], "areal.runs", 0, 1), "new")
+    assert client.query("SELECT run_id, name, notes, summary FROM areal.v_runs ORDER BY run_id").result_rows == [
+        ("after", None, "n", '{"best_acc":0.4}'), ("before", "kept", None, None)]

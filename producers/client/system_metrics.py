@@ -7,7 +7,8 @@ The names are W&B's (`system/cpu`, `system/memory`, `system/proc.memory.rssMB`,
 none), on the sender thread; the training loop pays nothing.
 
 CPU and memory come from psutil when it is installed, else from Linux's /proc; what neither
-gives is left out. Nothing here raises: a source that fails is dropped from the samples.
+gives is left out. Nothing here raises: a source that fails is dropped from the samples (NVML
+failing, e.g. without a driver, leaves CPU and memory, with one warning).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import os
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from areal_metrics.producers.client.coerce import text_of
 
 log = logging.getLogger("areal_metrics.client")
 
@@ -84,19 +87,39 @@ def _memory() -> Sample:
 
 
 class _Gpus:
-    """Each GPU's utilisation (%) and memory through NVML, when `pynvml` (nvidia-ml-py) imports and a driver answers."""
+    """Each GPU's utilisation (%) and memory through NVML, when `pynvml` (nvidia-ml-py) imports and a driver answers.
+
+    Without pynvml there are no GPU metrics, silently (a machine without GPUs). With pynvml but NVML failing
+    (no driver, no permission: `nvmlInit` and the device calls raise `NVMLError`) the samples hold CPU and
+    memory only, after one warning; a GPU that stops answering later is left out of the samples, after one
+    warning too."""
 
     def __init__(self) -> None:
         self._nvml: Any = None
         self._handles: list[Any] = []
+        self._warned = False
         try:
             import pynvml  # pyright: ignore[reportMissingImports]  (optional: nvidia-ml-py, where a GPU is)
-
+        except Exception:  # noqa: BLE001 - not installed: no GPU metrics, nothing to say
+            return
+        try:
             pynvml.nvmlInit()
+        except Exception as exc:  # noqa: BLE001 - no driver: CPU and memory only
+            self._warn(f"no GPU metrics: NVML did not start ({_reason(exc)}); CPU and memory only")
+            return
+        try:
             self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-            self._nvml = pynvml
-        except Exception:  # noqa: BLE001 - no pynvml, no driver, no GPU: no GPU metrics
+        except Exception as exc:  # noqa: BLE001 - NVML started but lists no device it can open
+            self._warn(f"no GPU metrics: NVML could not list the GPUs ({_reason(exc)}); CPU and memory only")
             self._handles = []
+        self._nvml = pynvml
+        if not self._handles:
+            self.close()
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("system metrics: %s", message)
 
     def sample(self) -> Sample:
         out: Sample = {}
@@ -104,7 +127,8 @@ class _Gpus:
             try:
                 util = self._nvml.nvmlDeviceGetUtilizationRates(handle)
                 mem = self._nvml.nvmlDeviceGetMemoryInfo(handle)
-            except Exception:  # noqa: BLE001 - a GPU that stopped answering: left out of this sample
+            except Exception as exc:  # noqa: BLE001 - a GPU that stopped answering: left out of this sample
+                self._warn(f"GPU {i} did not answer NVML ({_reason(exc)}); left out of the samples while it does not")
                 continue
             out[f"system/gpu.{i}.gpu"] = float(util.gpu)
             out[f"system/gpu.{i}.memory"] = float(util.memory)
@@ -119,6 +143,11 @@ class _Gpus:
             except Exception:  # noqa: BLE001
                 pass
             self._nvml = None
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception in a few words for a warning (NVMLError's text is NVML's own, e.g. "Driver Not Loaded")."""
+    return f"{type(exc).__name__}: {text_of(exc, 200)}"
 
 
 class Sampler:
