@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_metrics.commands.demo_sql import checks, scale_lr_evidence, vote_check, vote_checks
+from areal_metrics.commands.demo_sql import checks, holds_check, scale_lr_evidence, vote_check, vote_checks
 from areal_metrics.producers.contract.events import Event
 from areal_metrics.sinks.query import DirectStore
 from tests.test_compare import _event
@@ -70,6 +70,32 @@ def test_scale_lr_on_evidence_fails_with_no_command_and_when_the_regression_run_
     [scale] = [(passed, what) for passed, what in checks(store, ["vote-right", "demo-x-lr-high"])
                if what.startswith("scale_lr on evidence")]
     assert not scale[0] and "0 of 0" in scale[1] and "the regression run demo-x-lr-high got no scale_lr" in scale[1]
+
+
+def test_the_regression_run_holds_unless_its_last_round_is_significantly_below_the_first_after_the_restore() -> None:
+    import random
+
+    from scipy.stats import binomtest
+
+    rng = random.Random(7)
+    first = {s: int(rng.random() < 0.3) for s in range(512)}
+    same = holds_check("math", (16, first), (40, dict(first)))
+    assert same[0] and "0 lost, 0 gained" in same[1]
+    # 40 prompts lost and 10 gained: the paired test (scipy's exact binomial, two-sided) says it fell
+    right = [s for s in first if first[s]][:40]
+    wrong = [s for s in first if not first[s]][:10]
+    fell = {**first, **{s: 0 for s in right}, **{s: 1 for s in wrong}}
+    passed, what = holds_check("math", (16, first), (40, fell))
+    assert not passed and "40 lost, 10 gained" in what and "NOT: significantly below" in what
+    assert binomtest(10, 50).pvalue < 0.05
+    # a few lost, about as many gained: noise of the same size holds
+    assert holds_check("math", (16, first), (40, {**first, **{s: 0 for s in right[:6]}, **{s: 1 for s in wrong[:4]}}))[0]
+    assert not holds_check("math", (16, {0: 1}), (40, {1: 1}))[0]  # nothing to compare is not a pass
+
+
+def test_a_regression_run_without_a_rollback_does_not_hold_by_default(store: DirectStore) -> None:
+    [held] = [(passed, what) for passed, what in checks(store, ["vote-right", "demo-x-lr-high"]) if "holds" in what]
+    assert not held[0] and "no scale_lr restored weights" in held[1]
 
 
 def test_a_vote_check_fails_on_a_tie_counted_as_wrong_and_on_a_blamed_honest_node() -> None:

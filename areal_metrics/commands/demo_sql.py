@@ -10,6 +10,10 @@ Checks (each printed as passed or NOT passed, never hidden); each can fail:
   nodes' stored verdicts (ties undecided); in a run with a faulty evaluator
   (`dissent_rank`) it equals the honest replicas' accuracy over the decided
   samples and names no node but the faulty one;
+- the regression run holds after its rollback: per dataset, its last full round is not
+  significantly below its first full round after the restore (the same prompts every round,
+  so paired over the prompts both rounds decided: an exact sign test, two-sided 5 %); fewer
+  than two rounds after the restore, or no rollback at all, is not a pass;
 - per dataset, every compared run evaluated the same set (one dataset fingerprint).
 """
 
@@ -204,6 +208,57 @@ def vote_checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
     return out
 
 
+def holds_check(dataset: str, first: tuple[int, dict[int, int]], last: tuple[int, dict[int, int]]
+                ) -> tuple[bool, str]:
+    """(passed, what): the last round (step, sample -> consensus verdict) is not significantly below the
+    first, paired over the samples both decided (exact two-sided sign test at 5 %)."""
+    (step0, before), (step1, after) = first, last
+    shared = sorted(set(before) & set(after))
+    if not shared:
+        return False, f"{dataset}: no prompt decided in both step {step0} and step {step1}"
+    test = stats.sign_test(after[s] - before[s] for s in shared)
+    acc0 = sum(before[s] for s in shared) / len(shared)
+    acc1 = sum(after[s] for s in shared) / len(shared)
+    fell = test.negative > test.positive and test.p_value < 0.05
+    return not fell, (f"{dataset} {acc0:.3f} at step {step0} -> {acc1:.3f} at step {step1} over {len(shared)} "
+                      f"prompts ({test.negative} lost, {test.positive} gained, sign test {stats.format_p(test.p_value)})"
+                      + ("; NOT: significantly below" if fell else ""))
+
+
+def regression_checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
+    """The regression run holds after its rollback (`holds_check` per dataset, from the latest
+    scale_lr that restored weights)."""
+    out: list[tuple[bool, str]] = []
+    for run in (r for r in runs if r.endswith(REGRESSION_SUFFIX)):
+        restores = []
+        for _run, args, _reason in store.query(SCALE_LR_SQL, {"runs": [run]}).rows:
+            try:
+                parsed = json.loads(args or "{}")
+            except ValueError:
+                continue
+            if isinstance(parsed, dict) and parsed.get("restore_step") is not None:
+                restores.append(int(parsed.get("from_step") or 0))
+        if not restores:
+            out.append((False, f"{run} holds after its rollback: NOT: no scale_lr restored weights"))
+            continue
+        since = restores[-1]
+        after: dict[str, list[tuple[int, str]]] = {}
+        for _run, eval_id, dataset, step, *_ in store.query(ROUNDS_SQL, {"runs": [run]}).rows:
+            if int(step) >= since:
+                after.setdefault(dataset, []).append((int(step), eval_id))
+        if not after or any(len(rounds) < 2 for rounds in after.values()):
+            out.append((False, f"{run} holds after its rollback: NOT: fewer than two full rounds from step {since}"))
+            continue
+        ends = {d: (min(r), max(r)) for d, r in after.items()}
+        verdicts = node_verdicts(store, [(run, e) for pair in ends.values() for _, e in pair])
+        parts = [holds_check(d, *((step, stats.node_majority(verdicts.get((run, e), {}).values()))
+                                  for step, e in pair)) for d, pair in sorted(ends.items())]
+        out.append((all(ok for ok, _ in parts),
+                    f"{run} holds after its rollback (restored, lr cut from step {since}): "
+                    + "; ".join(what for _, what in parts)))
+    return out
+
+
 def checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
     """(passed, what) of each check the demo stands for."""
     params = {"runs": runs}
@@ -220,6 +275,7 @@ def checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
                    f" (e.g. {read[0][0]}: {read[0][3]})" if read else "")
                 + (f"; NOT: the regression run {unanswered[0]} got no scale_lr" if unanswered else "")
                 + ("; NOT: no command at all" if not read else "")))
+    out.extend(regression_checks(store, runs))
     out.extend(vote_checks(store, runs))
     for dataset, fingerprints, n in store.query(FINGERPRINT_SQL, params).rows:
         out.append((len(fingerprints) == 1 and n == len(runs),
