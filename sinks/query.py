@@ -43,7 +43,7 @@ from urllib.parse import unquote, urlparse
 from areal_metrics.producers.contract.settings import Settings
 
 from areal_metrics.sinks.schema import DEFAULT_DATABASE
-from areal_metrics.producers.contract.errors import UserError
+from areal_metrics.producers.contract.errors import UserError, one_line
 
 OWNER_FILE = "owner.json"
 READONLY = {"readonly": 2}  # 2, not 1: clients may still pass per-query format settings
@@ -93,14 +93,14 @@ _DRIVER_PREFIX = re.compile(r"^.*?server response: ")
 _DRIVER_TRAILERS = re.compile(r"( \(version [^)]*\))?( \(for url [^)]*\))?$")
 
 
-def one_line(exc: BaseException) -> str:
-    """ClickHouse's message on one line, without the driver's wrapping and trailers."""
+def store_message(exc: BaseException) -> str:
+    """ClickHouse's message without the driver's wrapping and trailers, on one line (`one_line`)."""
     text = " ".join(str(exc).split())
     if "server response: Code:" in text:
         text = _DRIVER_TRAILERS.sub("", _DRIVER_PREFIX.sub("", text, count=1))
     for junk in (" FORMAT Native", " FORMAT TabSeparatedWithNames"):
         text = text.replace(junk, "")
-    return text
+    return one_line(text)
 
 
 # ------------------------------------------------------------- direct clients
@@ -142,7 +142,7 @@ class DirectStore:
         try:
             r = self.client.query(sql, parameters=parameters)
         except Exception as exc:  # noqa: BLE001 - every driver error becomes one line
-            raise StoreError(one_line(exc)) from None
+            raise StoreError(store_message(exc)) from None
         types = [t.name for t in r.column_types]
         return QueryResult(list(r.column_names), [tuple(row) for row in r.result_rows], types)
 
@@ -150,7 +150,7 @@ class DirectStore:
         try:
             return self.client.command(sql, parameters=parameters)
         except Exception as exc:  # noqa: BLE001
-            raise StoreError(one_line(exc)) from None
+            raise StoreError(store_message(exc)) from None
 
     def close(self) -> None:
         self.client.close()
@@ -257,7 +257,7 @@ def connect(settings: Settings | None = None, *, write: bool = False, wait_s: fl
         except ImportError:  # the driver is not installed: not a store that does not answer (the CLI names the extra)
             raise
         except Exception as exc:  # noqa: BLE001
-            raise StoreError(f"cannot reach ClickHouse at {target.url.split('@')[-1]}: {one_line(exc)}") from None
+            raise StoreError(f"cannot reach ClickHouse at {target.url.split('@')[-1]}: {store_message(exc)}") from None
     assert target.path is not None
     deadline = time.monotonic() + wait_s
     while True:
@@ -269,12 +269,12 @@ def connect(settings: Settings | None = None, *, write: bool = False, wait_s: fl
                 raise
             except Exception as exc:  # noqa: BLE001
                 raise StoreError(f"the sink holding {target.path} (pid {owner.pid}) did not answer on "
-                                 f"127.0.0.1:{owner.port}: {one_line(exc)}") from None
+                                 f"127.0.0.1:{owner.port}: {store_message(exc)}") from None
         try:
             return DirectStore(target, open_client(target, readonly=not write), write=write)
         except ImportError:  # the driver is not installed: not a store that does not answer (the CLI names the extra)
             raise
         except Exception as exc:  # noqa: BLE001 - locked by a process that has not published its endpoint yet
             if time.monotonic() > deadline:
-                raise StoreError(f"cannot open the ClickHouse store {target.path}: {one_line(exc)}") from None
+                raise StoreError(f"cannot open the ClickHouse store {target.path}: {store_message(exc)}") from None
             time.sleep(0.2)
