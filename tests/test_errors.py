@@ -50,9 +50,11 @@ def test_every_exception_class_is_an_areal_error(module: str, name: str) -> None
 
 def test_exit_codes_follow_the_kind_of_error() -> None:
     from areal_metrics.producers.delivery.backends import SendError
-    from areal_metrics.sinks.query import StoreError
+    from areal_metrics.sinks.query import QueryError, StoreError, StoreUnavailable
 
-    assert UserError.exit_code == 2 and StoreError.exit_code == 2
+    assert UserError.exit_code == 2 and QueryError.exit_code == 2 and issubclass(QueryError, UserError)
+    assert StoreUnavailable.exit_code == 1 and issubclass(StoreUnavailable, ServiceUnavailable)
+    assert issubclass(QueryError, StoreError) and issubclass(StoreUnavailable, StoreError)  # one to catch both
     assert ServiceUnavailable.exit_code == 1 and SendError.exit_code == 1
 
 
