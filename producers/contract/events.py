@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Annotated, Any, ClassVar, Literal, Self, get_args
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar, get_args, overload
 
 import msgspec
 
@@ -418,8 +418,15 @@ def _record_class(type_name: Any, schema: Any, present: tuple[bool, bool, bool],
     return cls
 
 
+_E = TypeVar("_E", bound=Event)
+
+
+@overload
+def event_from_dict(data: Any, expected: type[_E]) -> _E: ...
+@overload
+def event_from_dict(data: Any, expected: None = None) -> Event: ...
 def event_from_dict(data: Any, expected: type[Event] | None = None) -> Event:
-    """Build a record from a decoded JSON object; raises ValidationError."""
+    """Build a record from a decoded JSON object (of class `expected`, when given); raises ValidationError."""
     if not isinstance(data, dict):
         raise ValidationError("event", f"not a JSON object ({type(data).__name__})")
     cls = _record_class(data.get("type"), data.get("schema"),
