@@ -25,6 +25,9 @@ and the alias stays in `metrics`.
 
 from __future__ import annotations
 
+from areal_metrics.producers.contract.events import StepEvent
+from areal_metrics.producers.contract.field_rules import number_bounds
+
 # column -> (name, factor to the column's unit), the column's own name first
 COLUMN_ALIASES: dict[str, tuple[tuple[str, float], ...]] = {
     "reward": (("reward", 1.0), ("critic/score/mean", 1.0), ("ppo_actor/task_reward/avg", 1.0)),
@@ -56,17 +59,6 @@ ALIASES: dict[str, tuple[str, float, int]] = {
 # Columns that hold integers: a float value is rounded when it is within this of an integer.
 INT_COLUMNS = frozenset({"tokens", "gpu_mem_bytes", "n_samples"})
 
-# Bounds of the typed columns (StepEvent's rules); a value a hair outside is clamped.
-BOUNDS: dict[str, tuple[float | None, float | None]] = {
-    "reward_std": (0.0, None),
-    "advantage_std": (0.0, None),
-    "clip_ratio": (0.0, 1.0),
-    "lr": (0.0, None),
-    "grad_norm": (0.0, None),
-    "response_length": (0.0, None),
-    "tokens": (0.0, None),
-    "throughput": (0.0, None),
-    "latency_ms": (0.0, None),
-    "gpu_mem_bytes": (0.0, None),
-    "n_samples": (0.0, None),
-}
+# Bounds of the typed columns, read from StepEvent's field types; a value a hair outside is clamped.
+BOUNDS: dict[str, tuple[float, float]] = {
+    column: bounds for column, bounds in number_bounds(StepEvent).items() if column in COLUMN_ALIASES}
