@@ -12,6 +12,7 @@ event); 1 a service that cannot be reached or an event that was not delivered
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from types import ModuleType
@@ -95,6 +96,8 @@ def use_local_stack_bootstrap() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # the ClickHouse driver logs each failed connection attempt; the verb says it once, on one line
+    logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)
     try:
         use_local_stack_bootstrap()
         extras.check_verb(args.verb, getattr(args, "action", None))  # the thin install: name the extra

@@ -343,7 +343,7 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
     if store is None:
         from areal_metrics.sinks.query import connect
 
-        with connect() as opened:  # StoreError is a UserError: the CLI says it in one line
+        with connect() as opened:  # its StoreError says the exit code (1 unreachable, 2 refused) in one line
             return write_report(out_dir, runs, opened, metrics=metrics, grouped=grouped, eval_details=eval_details)
     raw, smooth = load_rewards(store, where)
     evals = load_evals(store, where)

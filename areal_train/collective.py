@@ -7,10 +7,12 @@ evaluation checks, checkpoints).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 class Collective:
@@ -18,8 +20,8 @@ class Collective:
         self.world_size = world_size
         self.active = world_size > 1
 
-    def broadcast_object(self, obj: Any) -> Any:
-        """Rank 0's `obj` on every rank."""
+    def broadcast_object(self, obj: T) -> T:
+        """Rank 0's `obj` on every rank (pickled: every rank passes one of the same type)."""
         if not self.active:
             return obj
         holder = [obj]

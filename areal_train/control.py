@@ -2,8 +2,9 @@
 
 Rank 0 takes what arrived from `Run.commands()` (the public client's control
 feed, which reads `areal.control` in a thread and keeps the commands for this
-run and its node), the trainer broadcasts them, and every rank applies the
-same commands after the same step (`apply_commands`).
+run and its node), the trainer broadcasts them in a `Control` (the records
+themselves: a `CommandEvent` pickles, and is checked again as it is unpickled),
+and every rank applies the same commands after the same step (`apply_commands`).
 
 A `scale_lr` with `args.from_step` (the stream worker's closed loop) waits for
 that step boundary: `due(pending, step)` holds it back until the step is
@@ -34,10 +35,21 @@ class Applied:
     restore_step: int | None = None  # the weights to restore first (the last such command's)
 
 
+@dataclass(frozen=True)
+class Control:
+    """Rank 0's control of one step, broadcast to every rank: the commands that arrived and
+    whether the time triggers (evaluation, checkpoint) are due at rank 0's clock `now`."""
+
+    commands: tuple[CommandEvent, ...] = ()
+    time_due: bool = False
+    checkpoint_due: bool = False
+    now: float = 0.0
+
+
 # When a command is due is the public client's rule (`CommandApplier` uses it too); the trainer
 # calls `due(pending, step)` after update `step`, so a command from step s changes the lr of
 # update s + 1 on.
-__all__ = ["Applied", "apply_commands", "due", "from_step"]
+__all__ = ["Applied", "Control", "apply_commands", "due", "from_step"]
 
 
 def apply_commands(commands: Iterable[CommandEvent], scheduler: Any) -> Applied:

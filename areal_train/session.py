@@ -23,6 +23,7 @@ import torch
 from areal_metrics.areal_train import checkpoint, warmstart
 from areal_metrics.areal_train.collective import Collective
 from areal_metrics.areal_train.config import TrainConfig
+from areal_metrics.areal_train.control import Control
 from areal_metrics.areal_train.data import TrainData
 from areal_metrics.areal_train.eval_process import Standby
 from areal_metrics.areal_train.evalsets import EvalSet
@@ -93,7 +94,7 @@ class Session:
     commands_applied: int = 0
     rollbacks: int = 0  # rounds' weights restored by a scale_lr's restore_step
     rounds: int = 0
-    control: dict[str, Any] = field(default_factory=dict)  # this step's broadcast payload
+    control: Control = field(default_factory=Control)  # this step's broadcast from rank 0
     waiting: list[CommandEvent] = field(default_factory=list)  # scale_lr commands for a later step boundary
     kept: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # step -> weights of a recent round
     evaluator: Evaluator = field(init=False)
@@ -199,7 +200,7 @@ class Session:
         self.checkpoint_schedule.load_state_dict(shared["checkpoint_schedule"], now)
         self._eval_memory = dict(shared["eval_memory"])
         self.lr_scale, self.commands_applied, self.rounds = shared["lr_scale"], shared["commands_applied"], shared["rounds"]
-        self.waiting = [event_from_dict(c, CommandEvent) for c in shared["waiting"]]  # type: ignore[misc]
+        self.waiting = [event_from_dict(c, CommandEvent) for c in shared["waiting"]]
         self.sampler.set_state(own["sampler"])
         torch.set_rng_state(own["torch"])
         random.setstate(own["python"])

@@ -23,7 +23,7 @@ import torch
 from areal_metrics.areal_train import ppo
 from areal_metrics.areal_train.collective import Collective
 from areal_metrics.areal_train.config import TrainConfig
-from areal_metrics.areal_train.control import Applied, apply_commands, due
+from areal_metrics.areal_train.control import Applied, Control, apply_commands, due
 from areal_metrics.areal_train.episodes import Episodes, rollout
 from areal_metrics.areal_train.eval_process import Standby
 from areal_metrics.areal_train.evaluation import Outcome, RoundJob
@@ -31,7 +31,7 @@ from areal_metrics.areal_train.metrics import choose_device, memory_bytes, rss_b
 from areal_metrics.areal_train.reporting import NullRun, Reporter, RunLike, RunSpec
 from areal_metrics.areal_train.session import Session
 from areal_metrics.areal_train.task import EOS
-from areal_metrics.producers.contract.events import CommandEvent, event_from_dict
+from areal_metrics.producers.contract.events import CommandEvent
 
 log = logging.getLogger("areal_train")
 
@@ -120,12 +120,12 @@ def _loop(cfg: TrainConfig, session: Session, reporter: Reporter, summary: Summa
         session.step = step
         applied = _sync_commands(session, comm, run, clock, step)
         last = step == steps or applied.stop
-        reasons = session.eval_schedule.after_step(step, session.data.epoch, session.control["time_due"],
-                                                   session.control["now"])
+        reasons = session.eval_schedule.after_step(step, session.data.epoch, session.control.time_due,
+                                                   session.control.now)
         if reasons or (last and cfg.eval_at_end and (not summary.eval_steps or summary.eval_steps[-1] != step)):
             _evaluate(session, comm, step, force="end of training" if last else None, summary=summary)
-        if session.checkpoint_schedule.fire(step, session.data.epoch, session.control["checkpoint_due"],
-                                            session.control["now"]) or last:
+        if session.checkpoint_schedule.fire(step, session.data.epoch, session.control.checkpoint_due,
+                                            session.control.now) or last:
             session.save()
         session.evaluator.poll()
         if applied.stop:
@@ -188,13 +188,10 @@ def _sync_commands(session: Session, comm: Collective, run: RunLike, clock: Call
     """Rank 0 hands over the commands that arrived (`Run.commands()`, never blocking) and whether the
     time triggers are due; every rank applies the same ones after the same step."""
     now = clock()
-    payload = comm.broadcast_object({
-        "commands": [c.to_dict() for c in run.commands()] if session.rank == 0 else [],
-        "time_due": session.eval_schedule.time_due(now),
-        "checkpoint_due": session.checkpoint_schedule.time_due(now), "now": now})
-    session.control = payload
-    arrived = [event_from_dict(c, CommandEvent) for c in payload["commands"]]
-    commands, session.waiting = due([*session.waiting, *arrived], step)  # type: ignore[list-item]
+    session.control = comm.broadcast_object(Control(
+        tuple(run.commands()) if session.rank == 0 else (), session.eval_schedule.time_due(now),
+        session.checkpoint_schedule.time_due(now), now))
+    commands, session.waiting = due([*session.waiting, *session.control.commands], step)
     applied = apply_commands(commands, session.eval_schedule)
     restored = False
     if applied.restore_step is not None:

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from areal_metrics.producers.contract.errors import ArealError
+from areal_metrics.producers.contract.errors import ArealError, one_line
 from areal_metrics.sinks.rows import Located
 
 T = TypeVar("T")
@@ -44,12 +44,8 @@ class DataError(ArealError):
     """An insert failed for a reason that retrying the same rows cannot change."""
 
     def __init__(self, cause: BaseException) -> None:
-        super().__init__(one_line(cause))
+        super().__init__(one_line(f"{type(cause).__name__}: {cause}", limit=1000))
         self.cause = cause
-
-
-def one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:1000]
 
 
 def is_data_error(exc: BaseException) -> bool:

@@ -23,8 +23,11 @@
 
 Read-only unless `write=True` (ClickHouse's ``readonly``: no INSERT, ALTER or
 DDL). The default database is `areal` (or the one in the http URL's path), so
-table names may be written without it. Errors are `StoreError` with
-ClickHouse's message on one line.
+table names may be written without it. Errors are `StoreError`s with
+ClickHouse's message on one line, of one of two kinds (`store_error` picks it):
+`StoreUnavailable` (a ServiceUnavailable, exit 1) when the store did not answer,
+`QueryError` (a UserError, exit 2) when it answered and refused. An
+AREAL_CLICKHOUSE_URL that cannot work is a `ConfigError` (exit 2).
 """
 
 from __future__ import annotations
@@ -43,14 +46,22 @@ from urllib.parse import unquote, urlparse
 from areal_metrics.producers.contract.settings import Settings
 
 from areal_metrics.sinks.schema import DEFAULT_DATABASE
-from areal_metrics.producers.contract.errors import UserError
+from areal_metrics.producers.contract.errors import ArealError, ConfigError, ServiceUnavailable, UserError, one_line
 
 OWNER_FILE = "owner.json"
 READONLY = {"readonly": 2}  # 2, not 1: clients may still pass per-query format settings
 
 
-class StoreError(UserError):
-    """A query failed, or the store cannot be reached; str() is one line."""
+class StoreError(ArealError):
+    """The store failed; str() is one line. Each one raised is of a kind below, which sets the exit code."""
+
+
+class StoreUnavailable(StoreError, ServiceUnavailable):
+    """The store did not answer: not reachable, not opened in time, the connection lost (exit 1)."""
+
+
+class QueryError(StoreError, UserError):
+    """The store answered and refused: a query it cannot run, a user or database it does not know (exit 2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +79,12 @@ class Target:
         if parsed.scheme == "chdb":
             location = parsed.path if not parsed.netloc else parsed.netloc + parsed.path
             if not location or location in ("memory", ":memory:"):
-                raise StoreError(f"AREAL_CLICKHOUSE_URL {url!r}: give a data directory, e.g. chdb:///var/lib/areal")
+                raise ConfigError(f"AREAL_CLICKHOUSE_URL {url!r}: give a data directory, e.g. chdb:///var/lib/areal")
             return cls("chdb", url, DEFAULT_DATABASE, Path(location).absolute())
         if parsed.scheme in ("http", "https"):
             database = unquote(parsed.path.strip("/").split("/")[0]) or DEFAULT_DATABASE
             return cls("http", url, database)
-        raise StoreError(f"AREAL_CLICKHOUSE_URL {url!r}: expected chdb:///path or http://user:pass@host:8123/db")
+        raise ConfigError(f"AREAL_CLICKHOUSE_URL {url!r}: expected chdb:///path or http://user:pass@host:8123/db")
 
 
 @dataclass(slots=True)
@@ -93,14 +104,27 @@ _DRIVER_PREFIX = re.compile(r"^.*?server response: ")
 _DRIVER_TRAILERS = re.compile(r"( \(version [^)]*\))?( \(for url [^)]*\))?$")
 
 
-def one_line(exc: BaseException) -> str:
-    """ClickHouse's message on one line, without the driver's wrapping and trailers."""
+def store_message(exc: BaseException) -> str:
+    """ClickHouse's message without the driver's wrapping and trailers, on one line (`one_line`)."""
     text = " ".join(str(exc).split())
     if "server response: Code:" in text:
         text = _DRIVER_TRAILERS.sub("", _DRIVER_PREFIX.sub("", text, count=1))
     for junk in (" FORMAT Native", " FORMAT TabSeparatedWithNames"):
         text = text.replace(junk, "")
-    return text
+    return one_line(text)
+
+
+def unreachable(exc: BaseException) -> bool:
+    """True when `exc` says the store did not answer (no connection, a connection lost, retries spent),
+    not that it refused what it was asked: an OSError, or the driver's OperationalError."""
+    return isinstance(exc, OSError) or any(
+        c.__name__ == "OperationalError" and c.__module__.startswith("clickhouse_connect") for c in type(exc).__mro__)
+
+
+def store_error(exc: BaseException, context: str = "") -> StoreError:
+    """The StoreError of a driver's exception: StoreUnavailable when the store did not answer, else QueryError."""
+    message = f"{context}: {store_message(exc)}" if context else store_message(exc)
+    return StoreUnavailable(message) if unreachable(exc) else QueryError(message)
 
 
 # ------------------------------------------------------------- direct clients
@@ -142,7 +166,7 @@ class DirectStore:
         try:
             r = self.client.query(sql, parameters=parameters)
         except Exception as exc:  # noqa: BLE001 - every driver error becomes one line
-            raise StoreError(one_line(exc)) from None
+            raise store_error(exc) from None
         types = [t.name for t in r.column_types]
         return QueryResult(list(r.column_names), [tuple(row) for row in r.result_rows], types)
 
@@ -150,7 +174,7 @@ class DirectStore:
         try:
             return self.client.command(sql, parameters=parameters)
         except Exception as exc:  # noqa: BLE001
-            raise StoreError(one_line(exc)) from None
+            raise store_error(exc) from None
 
     def close(self) -> None:
         self.client.close()
@@ -248,7 +272,10 @@ Store = DirectStore
 
 
 def connect(settings: Settings | None = None, *, write: bool = False, wait_s: float = 10.0) -> Store:
-    """Open the configured store for queries (see the module docstring). Raises StoreError."""
+    """Open the configured store for queries (see the module docstring).
+
+    Raises ConfigError for a URL that cannot work, StoreUnavailable when the store does not answer,
+    QueryError when a server answers and refuses (a user or database it does not know)."""
     settings = settings or Settings.from_env()
     target = Target.parse(settings.clickhouse_url)
     if target.kind == "http":
@@ -257,7 +284,9 @@ def connect(settings: Settings | None = None, *, write: bool = False, wait_s: fl
         except ImportError:  # the driver is not installed: not a store that does not answer (the CLI names the extra)
             raise
         except Exception as exc:  # noqa: BLE001
-            raise StoreError(f"cannot reach ClickHouse at {target.url.split('@')[-1]}: {one_line(exc)}") from None
+            where = target.url.split("@")[-1]
+            raise store_error(exc, f"cannot reach ClickHouse at {where}" if unreachable(exc)
+                              else f"ClickHouse at {where} refused the session") from None
     assert target.path is not None
     deadline = time.monotonic() + wait_s
     while True:
@@ -268,13 +297,13 @@ def connect(settings: Settings | None = None, *, write: bool = False, wait_s: fl
             except ImportError:
                 raise
             except Exception as exc:  # noqa: BLE001
-                raise StoreError(f"the sink holding {target.path} (pid {owner.pid}) did not answer on "
-                                 f"127.0.0.1:{owner.port}: {one_line(exc)}") from None
+                raise StoreUnavailable(f"the sink holding {target.path} (pid {owner.pid}) did not answer on "
+                                 f"127.0.0.1:{owner.port}: {store_message(exc)}") from None
         try:
             return DirectStore(target, open_client(target, readonly=not write), write=write)
         except ImportError:  # the driver is not installed: not a store that does not answer (the CLI names the extra)
             raise
         except Exception as exc:  # noqa: BLE001 - locked by a process that has not published its endpoint yet
             if time.monotonic() > deadline:
-                raise StoreError(f"cannot open the ClickHouse store {target.path}: {one_line(exc)}") from None
+                raise StoreUnavailable(f"cannot open the ClickHouse store {target.path}: {store_message(exc)}") from None
             time.sleep(0.2)

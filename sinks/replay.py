@@ -28,7 +28,7 @@ from areal_metrics.sinks.decode import decode
 from areal_metrics.sinks.migrations import apply_schema, drop_tables, recreate_tables
 from areal_metrics.sinks.schema import TABLES, SchemaOptions
 from areal_metrics.sinks.writer import insert_rows
-from areal_metrics.producers.contract.errors import UserError
+from areal_metrics.producers.contract.errors import ServiceUnavailable, UserError
 
 log = logging.getLogger("areal.sink.replay")
 STALL_S = 60.0  # give up when the log stops yielding messages before the end offsets
@@ -130,7 +130,7 @@ def replay_into(client: Any, settings: Settings, schema: SchemaOptions | None = 
             if batcher.total:
                 write_all()
             if now - last_progress > STALL_S:
-                raise RuntimeError(f"replay stalled: no message for {STALL_S:.0f}s before the end offsets")
+                raise ServiceUnavailable(f"replay stalled: no message for {STALL_S:.0f}s before the end offsets")
         write_all()
     finally:
         consumer.close(autocommit=False)

@@ -157,6 +157,17 @@ def test_sql_against_an_unreachable_clickhouse_exits_1_and_a_bad_url_2(tmp_path)
     assert_one_line(cli("sql", "SELECT 1", env={**env, "AREAL_CLICKHOUSE_URL": "ftp://x"}), 2, "AREAL_CLICKHOUSE_URL")
 
 
+def test_the_store_verbs_exit_1_when_a_service_does_not_answer_and_2_when_it_refuses(tmp_path):
+    """One StoreError of each kind, no verb re-mapping it: unreachable 1, a bad URL or query 2 (README)."""
+    env = {**nowhere_env(tmp_path), "AREAL_CLICKHOUSE_URL": f"http://u:p@127.0.0.1:{free_port()}/areal"}
+    assert_one_line(cli("compare", "a", "b", env=env), 1, "cannot reach ClickHouse")
+    assert_one_line(cli("compare", "a", "b", env={**env, "AREAL_CLICKHOUSE_URL": "ftp://x"}), 2, "AREAL_CLICKHOUSE_URL")
+    assert_one_line(cli("replay", env=env), 1, "replay failed")  # the store does not answer
+    embedded = {**env, "AREAL_CLICKHOUSE_URL": f"chdb://{tmp_path / 'ch'}"}
+    assert_one_line(cli("replay", env=embedded), 1, "no broker answers")
+    assert_one_line(cli("sql", "SELEC 1", env=embedded), 2, "DB::Exception")
+
+
 def test_help_says_what_the_verbs_do_for_a_user():
     result = cli("--help")
     assert result.returncode == 0

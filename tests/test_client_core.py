@@ -117,6 +117,26 @@ def test_framework_aliases_fill_the_typed_columns() -> None:
     assert dict(areal.metrics) == {"ppo_actor/update/grad_norm__count": 4.0}
 
 
+def test_a_scaled_alias_that_breaks_its_column_stays_a_metric_and_the_step_is_sent() -> None:
+    """The columns' bounds are StepEvent's own: 1e99 s of `step_time` is beyond latency_ms's range
+    (NUMBER_MAX) once in milliseconds, so it stays in `metrics` instead of failing the whole step."""
+    event = encoded_step({"step_time": 1e99, "reward": 0.5})
+    assert event.latency_ms is None and dict(event.metrics) == {"step_time": 1e99} and event.reward == 0.5
+
+
+@pytest.mark.parametrize("column", sorted({column for column, _, _ in ALIASES.values()}))
+def test_each_aliased_columns_bounds_are_what_step_event_accepts(column: str) -> None:
+    from areal_metrics.producers.client.aliases import BOUNDS
+    from areal_metrics.producers.contract.field_rules import ValidationError
+
+    lo, hi = BOUNDS[column]
+    for edge in (lo, hi):
+        assert getattr(StepEvent(run_id="r", step=1, epoch=0, **{column: edge}), column) == edge
+    for beyond in (lo - max(1.0, abs(lo)), hi + max(1.0, abs(hi))):
+        with pytest.raises(ValidationError, match=f"steps.{column}"):
+            StepEvent(run_id="r", step=1, epoch=0, **{column: type(lo)(beyond)})
+
+
 def test_the_columns_own_name_wins_over_an_alias_whichever_comes_first() -> None:
     for values in ({"critic/score/mean": 0.1, "reward": 0.9}, {"reward": 0.9, "critic/score/mean": 0.1}):
         event = encoded_step(values)

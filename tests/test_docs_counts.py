@@ -41,3 +41,16 @@ def test_scaling_advises_no_layout_that_replay_refuses() -> None:
     replay = (ROOT / "sinks" / "replay.py").read_text()
     assert "shards > 1" in replay  # replay refuses a cluster of several shards (no Distributed tables)...
     assert not re.search(r"\b([2-9]|two|three|four) shards\b", scaling)  # ...so the sizing advises none
+
+
+def test_every_file_the_docs_name_is_there() -> None:
+    """A file named in backticks (`grafana/alerting.py`) or linked is at that path: no stale links after a move."""
+    top = "producers|streams|sinks|areal_train|grafana|areal_metrics|tests|tools|benchmarks|docs|deploy|docker|examples"
+    named = rf"`((?:{top})/[\w./-]+\.(?:py|md|yaml|yml|json|jsonl|sh|toml))`"
+    missing = []
+    for path in DOCS:
+        text = path.read_text()
+        missing += [f"{path.name}: {m}" for m in re.findall(named, text) if not (ROOT / m).exists()]
+        links = re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", text)
+        missing += [f"{path.name}: {m}" for m in links if "://" not in m and not (path.parent / m).exists()]
+    assert missing == []

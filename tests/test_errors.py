@@ -50,7 +50,29 @@ def test_every_exception_class_is_an_areal_error(module: str, name: str) -> None
 
 def test_exit_codes_follow_the_kind_of_error() -> None:
     from areal_metrics.producers.delivery.backends import SendError
-    from areal_metrics.sinks.query import StoreError
+    from areal_metrics.sinks.query import QueryError, StoreError, StoreUnavailable
 
-    assert UserError.exit_code == 2 and StoreError.exit_code == 2
+    assert UserError.exit_code == 2 and QueryError.exit_code == 2 and issubclass(QueryError, UserError)
+    assert StoreUnavailable.exit_code == 1 and issubclass(StoreUnavailable, ServiceUnavailable)
+    assert issubclass(QueryError, StoreError) and issubclass(StoreUnavailable, StoreError)  # one to catch both
     assert ServiceUnavailable.exit_code == 1 and SendError.exit_code == 1
+
+
+def test_one_line_is_written_once() -> None:
+    """One helper per concern: every room puts a message on one line with the contract's `one_line`."""
+    defined = [(path.relative_to(ROOT).as_posix(), node.name)
+               for top in ROOMS for path in sorted((ROOT / top).rglob("*.py"))
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.FunctionDef) and node.name == "one_line"]
+    assert defined == [("producers/contract/errors.py", "one_line")]
+
+
+def test_the_store_and_the_sink_escape_control_characters_as_the_cli_does() -> None:
+    from areal_metrics.sinks.isolate import DataError
+    from areal_metrics.sinks.query import store_message
+
+    cause = ValueError("bad\x00value\n  here\x1b")
+    assert str(DataError(cause)) == "ValueError: bad\\x00value here\\x1b"
+    driver = Exception("HTTPDriver for http://h:8123 received ClickHouse error code 62\n server response: "
+                       "Code: 62. DB::Exception: Syntax error\x07 FORMAT Native (version 24.1) (for url http://h)")
+    assert store_message(driver) == "Code: 62. DB::Exception: Syntax error\\x07"

@@ -359,3 +359,26 @@ def test_to_json_is_the_bytes_of_to_dict_with_or_without_none_fields(record, uns
     except ValidationError:
         return  # a rule across fields wants one of them
     assert record.to_json() == msgspec.json.encode(record.to_dict())
+
+
+def test_the_type_on_the_wire_is_msgspecs_tag() -> None:
+    """Each record's `type` is its msgspec tag: msgspec itself writes it first and refuses another on reading."""
+    from pathlib import Path
+
+    import msgspec
+
+    from areal_metrics.producers.contract.events import EVENT_TYPES, parse_event
+
+    for name, cls in EVENT_TYPES.items():
+        assert (cls.type, cls.__struct_config__.tag_field, cls.__struct_config__.tag) == (name, "type", name)
+    golden = Path(__file__).resolve().parent / "data" / "golden" / "events.jsonl"
+    whole = 0
+    for line in golden.read_bytes().splitlines():
+        event = parse_event(line)
+        if None not in msgspec.structs.astuple(event):  # every field set: the record as msgspec writes it
+            assert msgspec.json.encode(event) == line
+            whole += 1
+    assert whole >= 5
+    step = parse_event(golden.read_bytes().splitlines()[0])
+    with pytest.raises(msgspec.ValidationError, match=r"Invalid value 'eval' - at `\$.type`"):
+        msgspec.json.decode(step.to_json().replace(b'"type":"step"', b'"type":"eval"'), type=type(step))

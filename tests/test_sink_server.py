@@ -14,7 +14,7 @@ from areal_metrics.producers.contract.events import EvalEvent, StepEvent
 from areal_metrics.producers.contract.settings import Settings
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.sinks.migrations import apply_schema, schema_statements
-from areal_metrics.sinks.query import DirectStore, StoreError, Target, connect, open_client
+from areal_metrics.sinks.query import DirectStore, QueryError, Target, connect, open_client
 from areal_metrics.sinks.replay import fingerprints
 from areal_metrics.sinks.rows import Located
 from areal_metrics.sinks.schema import TABLES
@@ -99,7 +99,7 @@ def test_connect_over_http_is_read_only_by_default(server_url: str) -> None:
     with connect(settings) as store:
         assert isinstance(store, DirectStore)
         assert store.query("SELECT count() FROM v_steps").rows == [(20,)]
-        with pytest.raises(StoreError, match="readonly"):
+        with pytest.raises(QueryError, match="readonly"):
             store.query("TRUNCATE TABLE steps")
     with connect(settings, write=True) as store:
         store.command("SELECT 1")

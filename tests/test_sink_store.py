@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.producers.contract.events import EvalEvent, StepEvent
 from areal_metrics.producers.contract.settings import Settings
 from areal_metrics.sinks.http.server import ClickHouseHTTPServer
@@ -20,7 +21,7 @@ from areal_metrics.sinks.migrations import applied_version, apply_schema, migrat
 from areal_metrics.sinks.query import (
     OWNER_FILE,
     DirectStore,
-    StoreError,
+    QueryError,
     Target,
     connect,
     open_client,
@@ -201,9 +202,9 @@ def test_direct_store_is_read_only_unless_write(client, url: str) -> None:
         assert isinstance(store, DirectStore)
         columns, rows = store.query("SELECT count() AS n FROM steps FINAL")
         assert columns == ["n"] and rows == [(3,)]
-        with pytest.raises(StoreError, match="readonly"):
+        with pytest.raises(QueryError, match="readonly"):
             store.query("INSERT INTO steps (event_id, run_id) VALUES ('x', 'y')")
-        with pytest.raises(StoreError) as err:
+        with pytest.raises(QueryError) as err:
             store.query("SELEC 1")
         assert "\n" not in str(err.value) and "Syntax error" in str(err.value)
     with connect(settings, write=True) as store:
@@ -238,7 +239,7 @@ def test_sql_verb_through_the_http_endpoint_while_the_store_is_held(client, url:
         assert [row[0] for row in r.rows] == [0, 1] and r.rows[1][1].year == 2023 and r.rows[0][2] == {}
         assert r.types == ["UInt64", "DateTime64(3, 'UTC')", "Map(String, Float64)"]
         assert store.command("SELECT count() FROM v_steps WHERE run_id = {r:String}", {"r": "r1"}) == 4
-        with pytest.raises(StoreError, match="Code: 164.*readonly") as err:
+        with pytest.raises(QueryError, match="Code: 164.*readonly") as err:
             store.command("TRUNCATE TABLE steps")
         assert "\n" not in str(err.value) and "for url" not in str(err.value)
 
@@ -282,7 +283,7 @@ def test_a_stale_or_foreign_owner_file_is_ignored(client, url: str) -> None:
 
 
 def test_bad_url_is_one_line() -> None:
-    with pytest.raises(StoreError, match="expected chdb:///path or http"):
+    with pytest.raises(ConfigError, match="expected chdb:///path or http"):
         Target.parse("mysql://x")
     r = cli("sql", "SELECT 1", url="chdb://memory")
     assert r.returncode == 2 and "give a data directory" in r.stderr

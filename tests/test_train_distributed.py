@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
+from areal_metrics.areal_train.collective import Collective
 from areal_metrics.areal_train.config import TrainConfig
+from areal_metrics.areal_train.control import Control
 from areal_metrics.areal_train.launch import launch
+from areal_metrics.producers.contract.events import CommandEvent
 
 TINY = dict(publish=False, d_model=32, layers=2, heads=2, warmstart_steps=0, batch_prompts=4, eval_size=16,
             quick_size=4, eval_samples=2, max_response_len=8, checkpoint_every_steps=None)
@@ -59,3 +63,30 @@ def test_two_ranks_resume_from_the_checkpoint_with_the_next_attempt(tmp_path) ->
         assert (before["attempt"], before["steps"]) == (0, 6)
         assert (after["attempt"], after["start_step"], after["steps"]) == (1, 6, 10)
         assert after["eval_steps"] == [9, 10]  # the step trigger's baseline (6) came back with the checkpoint
+
+
+SENT = Control((CommandEvent(run_id="r", command="scale_lr", args={"factor": 0.5, "from_step": 3, "restore_step": 2},
+                             reason="reward fell", ts=1.0, event_id="c1"),
+                CommandEvent(run_id="r", command="stop", target_node="n2", ts=2.0, event_id="c2")),
+               time_due=True, checkpoint_due=False, now=12.5)
+
+
+def _broadcast_control(rank: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        got = Collective(2).broadcast_object(SENT if rank == 0 else Control())
+        Path(out, f"control{rank}.pkl").write_bytes(pickle.dumps(got))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rank_0s_commands_reach_every_rank_as_the_records_it_read(tmp_path) -> None:
+    """The step's control goes to every rank as a `Control` of `CommandEvent`s (they pickle), not as dicts."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_broadcast_control, args=(f"file://{tmp_path / 'rendezvous'}", str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        got = pickle.loads((tmp_path / f"control{rank}.pkl").read_bytes())
+        assert got == SENT and all(type(c) is CommandEvent for c in got.commands)

@@ -6,8 +6,6 @@ import argparse
 import json
 import sys
 
-from areal_metrics.errors import ServiceUnavailable
-
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("group_a", metavar="GROUP_A", help="a group of runs (the `group` given to areal_metrics.init)")
@@ -21,13 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from areal_metrics.comparison import compare, render
-    from areal_metrics.sinks.query import StoreError, connect
+    from areal_metrics.sinks.query import connect
 
-    try:
-        store = connect()
-    except StoreError as exc:
-        raise ServiceUnavailable(str(exc)) from None
-    with store:
+    with connect() as store:  # StoreUnavailable (exit 1) or a bad URL's ConfigError (exit 2), said by the CLI
         result = compare(store, args.group_a, args.group_b, args.dataset, args.stage, args.step)
     sys.stdout.write(json.dumps(result) + "\n" if args.json else render(result))
     return 0

@@ -87,7 +87,7 @@ def _clickhouse_for_grafana(explicit: str | None) -> str:
         return read_setting("grafana_clickhouse_url")
     from areal_metrics.producers.contract.settings import Settings
 
-    from areal_metrics.sinks.query import StoreError, http_dsn
+    from areal_metrics.sinks.query import http_dsn
 
     settings = Settings.from_env()
     dsn = http_dsn(settings)
@@ -180,7 +180,7 @@ def parse_since(text: str) -> timedelta:
 def _check(args: argparse.Namespace) -> int:
     from areal_metrics.grafana.catalog import all_models
     from areal_metrics.grafana.queries import QueryRunner, check_dashboard
-    from areal_metrics.sinks.query import StoreError, connect
+    from areal_metrics.sinks.query import QueryError, connect
 
     end = datetime.now(timezone.utc)
     start = end - parse_since(args.since)
@@ -197,8 +197,8 @@ def _check(args: argparse.Namespace) -> int:
         for name, model in all_models().items():
             try:
                 outcomes = check_dashboard(model, runner, start, end, choose)  # type: ignore[arg-type]
-            except StoreError as exc:
-                raise UserError(f"dashboard {name}: variable query failed: {exc}") from None
+            except QueryError as exc:  # the store refused it (exit 2); a store that went away stays StoreUnavailable
+                raise QueryError(f"dashboard {name}: variable query failed: {exc}") from None
             for o in outcomes:
                 total += 1
                 status = "ok" if o.problem is None else f"no data yet ({o.problem})" if o.empty else f"FAILED: {o.problem}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from areal_metrics.errors import UserError
+from areal_metrics.errors import ArealError, ServiceUnavailable
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
@@ -18,19 +18,19 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from areal_metrics.producers.contract.settings import Settings
-    from areal_metrics.sinks.query import StoreError
-    from areal_metrics.sinks.replay import ReplayRefused, run_replay
+    from areal_metrics.sinks.query import store_error
+    from areal_metrics.sinks.replay import run_replay
 
     settings = Settings.from_env()
     try:
         counts = run_replay(settings, force=args.force)
-    except (StoreError, ReplayRefused) as exc:
-        raise UserError(f"replay failed: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - Kafka or ClickHouse unreachable: one line
+    except ArealError:  # a refusal or a bad URL (exit 2), a store that does not answer (exit 1): said as raised
+        raise
+    except Exception as exc:  # noqa: BLE001 - Kafka or ClickHouse unreachable, or the store refused: one line
         if type(exc).__name__ in ("NoBrokersAvailable", "KafkaTimeoutError"):
-            raise UserError(f"replay reads the Kafka log, but no broker answers at {settings.kafka_bootstrap} "
-                            "(start it with `areal-metrics up`)") from None
-        raise UserError(f"replay failed: {' '.join(str(exc).split()) or type(exc).__name__}") from None
+            raise ServiceUnavailable(f"replay reads the Kafka log, but no broker answers at {settings.kafka_bootstrap} "
+                                     "(start it with `areal-metrics up`)") from None
+        raise store_error(exc, "replay failed") from None
     for table, n in counts.items():
         print(f"{table}\t{n}")
     return 0

@@ -6,11 +6,8 @@ import argparse
 import csv
 import io
 import json
-import logging
 import sys
 from typing import Any
-
-from areal_metrics.errors import ServiceUnavailable
 
 FORMATS = ("table", "tsv", "csv", "json")
 
@@ -63,17 +60,10 @@ def render(columns: list[str], rows: list[tuple[Any, ...]], fmt: str) -> str:
 def run(args: argparse.Namespace) -> int:
     """Exit 2 for a bad URL or query, 1 when the store cannot be reached (CONTRACT.md, 'Adoption')."""
     from areal_metrics.producers.contract.settings import Settings
-    from areal_metrics.sinks.query import StoreError, Target, connect
+    from areal_metrics.sinks.query import connect
 
-    # the driver logs each failed connection attempt; the verb says it once, on one line
-    logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)
-    settings = Settings.from_env()
-    Target.parse(settings.clickhouse_url)  # a URL that cannot work: StoreError, a UserError (exit 2)
-    try:
-        store = connect(settings, write=args.write)
-    except StoreError as exc:  # the store does not answer: exit 1
-        raise ServiceUnavailable(str(exc)) from None
-    with store:
-        result = store.query(args.query)  # a query it refuses: StoreError (exit 2)
+    # a URL that cannot work: ConfigError (exit 2); a store that does not answer: StoreUnavailable (exit 1)
+    with connect(Settings.from_env(), write=args.write) as store:
+        result = store.query(args.query)  # a query it refuses: QueryError (exit 2)
     sys.stdout.write(render(result.columns, result.rows, args.format))
     return 0

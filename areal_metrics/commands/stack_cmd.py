@@ -7,7 +7,7 @@ import json
 
 from areal_metrics.stack import services as stack
 from areal_metrics.producers.contract.settings import mask_url
-from areal_metrics.errors import ServiceUnavailable, UserError
+from areal_metrics.errors import ConfigError, ServiceUnavailable, UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
@@ -25,11 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 def _clickhouse_http(clickhouse_url: str) -> str | None:
     """The read-only DSN any ClickHouse client can use: the server's URL, or the sink's endpoint of the embedded store."""
     from areal_metrics.producers.contract.settings import Settings
-    from areal_metrics.sinks.query import StoreError, http_dsn
+    from areal_metrics.sinks.query import http_dsn
 
     try:
         return http_dsn(Settings(clickhouse_url=clickhouse_url))
-    except StoreError:
+    except ConfigError:  # a URL that cannot work: no DSN to show
         return None
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import msgspec
 
 from areal_metrics.producers.contract.events import TYPED_STEP_COLUMNS, StepEvent
+from areal_metrics.producers.contract.field_rules import number_bounds
 
 # column -> the frameworks' names for it, with the factor to the column's unit
 FRAMEWORK_NAMES: dict[str, tuple[tuple[str, float], ...]] = {
@@ -68,14 +69,6 @@ _FIELD_TYPES = {f.name: next(t for t in f.type.types if not isinstance(t, msgspe
 INT_COLUMNS = frozenset(c for c, t in _FIELD_TYPES.items() if isinstance(t, msgspec.inspect.IntType))
 
 
-def _bound(x: float | None) -> float | None:
-    """A field type's bound as the column's rule; None for the number range itself (|x| of 2**63 - 1
-    or more: NUMBER_MAX and the int64 range are checked apart, in `coerce`)."""
-    return None if x is None or abs(x) >= 2**63 - 1 else float(x)
-
-
-# Bounds of the typed columns (StepEvent's rules); a value a hair outside is clamped.
-BOUNDS: dict[str, tuple[float | None, float | None]] = {
-    c: b for c, t in _FIELD_TYPES.items()
-    if (b := (_bound(t.ge), _bound(t.le))) != (None, None)  # type: ignore[union-attr]
-}
+# Bounds of the typed columns, read from StepEvent's field types; a value a hair outside is clamped.
+BOUNDS: dict[str, tuple[float, float]] = {
+    column: bounds for column, bounds in number_bounds(StepEvent).items() if column in COLUMN_ALIASES}

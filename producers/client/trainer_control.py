@@ -222,7 +222,7 @@ class CommandApplier:
             self._remember(str(event_id))
         self.interval = state.get("interval")
         self.stopped = bool(state.get("stopped", False))
-        self.waiting = [event_from_dict(c, CommandEvent) for c in state.get("waiting", ())]  # type: ignore[misc]
+        self.waiting = [event_from_dict(c, CommandEvent) for c in state.get("waiting", ())]
 
     # ------------------------------------------------------------ inside
 
@@ -231,7 +231,7 @@ class CommandApplier:
         reads = self.run is not None and self._leads()  # only rank 0 reads the feed when ranks agree
         mine = [c.to_dict() for c in [*inbox, *(self.run.commands() if reads else ())]]
         shared = self._broadcast(mine)
-        return [c if isinstance(c, CommandEvent) else event_from_dict(c, CommandEvent) for c in shared]  # type: ignore[misc]
+        return [c if isinstance(c, CommandEvent) else event_from_dict(c, CommandEvent) for c in shared]
 
     def _leads(self) -> bool:
         """Whether this process's commands are the ones every rank applies (rank 0, or no distribution)."""

@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Annotated, Any, ClassVar, Literal, Self, get_args
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar, get_args, overload
 
 import msgspec
 
@@ -97,10 +97,13 @@ _checked = threading.local()
 _TYPES, _TEXT_SAFE = 1, 2
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """The envelope every event carries (see CONTRACT.md, 'Envelope')."""
+class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag_field="type"):
+    """The envelope every event carries (see CONTRACT.md, 'Envelope').
 
-    type: ClassVar[str] = ""
+    A record class names its type on the wire once, as msgspec's `tag`: msgspec writes it first
+    (`{"type":"step",...}`) and checks it where present on reading; `cls.type` is that tag."""
+
+    type: ClassVar[str] = ""  # the class's msgspec tag (set below, with EVENT_TYPES)
     table: ClassVar[str] = ""  # ClickHouse table, also the prefix of error messages
 
     run_id: RunId
@@ -149,18 +152,17 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     def to_json(self) -> bytes:
         """The JSON of `to_dict()`. A record with no None field is all its fields in order:
-        msgspec writes the record itself, after the type."""
+        msgspec writes the record itself, its tag first."""
         if None in msgspec.structs.astuple(self):
             return _encode(self.to_dict())
-        return _TYPE_HEADS[type(self)] + _encode(self)[1:]
+        return _encode(self)
 
     def replace(self, **changes: Any) -> Event:
         """A copy with some fields changed; the event_id is kept unless given."""
         return msgspec.structs.replace(self, **changes)
 
 
-class StepEvent(Event, frozen=True, kw_only=True, gc=False):
-    type: ClassVar[str] = "step"
+class StepEvent(Event, frozen=True, kw_only=True, gc=False, tag="step"):
     table: ClassVar[str] = "steps"
 
     step: Step
@@ -202,8 +204,7 @@ TYPED_STEP_COLUMNS: tuple[str, ...] = tuple(
 )
 
 
-class EvalEvent(Event, frozen=True, kw_only=True, gc=False):
-    type: ClassVar[str] = "eval"
+class EvalEvent(Event, frozen=True, kw_only=True, gc=False, tag="eval"):
     table: ClassVar[str] = "evals"
 
     eval_id: Text(256, nonempty=True)
@@ -249,8 +250,7 @@ class EvalEvent(Event, frozen=True, kw_only=True, gc=False):
                                   "a sample cannot have more replicas than the nodes sharing the round")
 
 
-class EvalConsensusEvent(Event, frozen=True, kw_only=True, gc=False):
-    type: ClassVar[str] = "eval_consensus"
+class EvalConsensusEvent(Event, frozen=True, kw_only=True, gc=False, tag="eval_consensus"):
     table: ClassVar[str] = "eval_consensus"
 
     eval_id: Text(256, nonempty=True)
@@ -279,8 +279,7 @@ class EvalConsensusEvent(Event, frozen=True, kw_only=True, gc=False):
             raise ValidationError("eval_consensus.ci_low", f"{self.ci_low} is above ci_high {self.ci_high}")
 
 
-class RewardSmoothedEvent(Event, frozen=True, kw_only=True, gc=False):
-    type: ClassVar[str] = "reward_smoothed"
+class RewardSmoothedEvent(Event, frozen=True, kw_only=True, gc=False, tag="reward_smoothed"):
     table: ClassVar[str] = "rewards_smoothed"
 
     step: Step
@@ -291,8 +290,7 @@ class RewardSmoothedEvent(Event, frozen=True, kw_only=True, gc=False):
     slope: Finite
 
 
-class CommandEvent(Event, frozen=True, kw_only=True, gc=False):
-    type: ClassVar[str] = "command"
+class CommandEvent(Event, frozen=True, kw_only=True, gc=False, tag="command"):
     table: ClassVar[str] = "commands"
 
     command: Command
@@ -315,12 +313,11 @@ class CommandEvent(Event, frozen=True, kw_only=True, gc=False):
                 raise ValidationError("commands.args.restore_step", f"must be an integer >= 0 (got {restore!r})")
 
 
-class CommandAckEvent(Event, frozen=True, kw_only=True, gc=False):
+class CommandAckEvent(Event, frozen=True, kw_only=True, gc=False, tag="command_ack"):
     """A trainer node's answer to one command: applied (at which step, the lr factor since) or ignored (why).
 
     Trainers write it on their own topic (`areal.acks`), never on the control topic."""
 
-    type: ClassVar[str] = "command_ack"
     table: ClassVar[str] = "command_acks"
 
     command_id: Name  # the command's event_id
@@ -332,8 +329,7 @@ class CommandAckEvent(Event, frozen=True, kw_only=True, gc=False):
     attempt: Attempt = 0
 
 
-class AlertEvent(Event, frozen=True, kw_only=True, gc=False):
-    type: ClassVar[str] = "alert"
+class AlertEvent(Event, frozen=True, kw_only=True, gc=False, tag="alert"):
     table: ClassVar[str] = "alerts"
 
     alert_id: Text(256, nonempty=True) = msgspec.field(default_factory=new_event_id)
@@ -345,8 +341,7 @@ class AlertEvent(Event, frozen=True, kw_only=True, gc=False):
     threshold: Finite | None = None
 
 
-class RejectedEvent(Event, frozen=True, kw_only=True, gc=False):
-    type: ClassVar[str] = "rejected"
+class RejectedEvent(Event, frozen=True, kw_only=True, gc=False, tag="rejected"):
     table: ClassVar[str] = "deadletter"
 
     reason: Text(nonempty=True)
@@ -354,10 +349,9 @@ class RejectedEvent(Event, frozen=True, kw_only=True, gc=False):
     raw: str
 
 
-class RunEvent(Event, frozen=True, kw_only=True, gc=False):
+class RunEvent(Event, frozen=True, kw_only=True, gc=False, tag="run"):
     """A run's lifecycle, from each rank: `running` at start, one terminal status at the end."""
 
-    type: ClassVar[str] = "run"
     table: ClassVar[str] = "runs"
 
     status: RunStatus
@@ -382,16 +376,15 @@ class RunEvent(Event, frozen=True, kw_only=True, gc=False):
             check_json(f"{self.table}.summary", self.summary)
 
 
-EVENT_TYPES: dict[str, type[Event]] = {
-    cls.type: cls
-    for cls in (
-        StepEvent, EvalEvent, EvalConsensusEvent, RewardSmoothedEvent, CommandEvent, AlertEvent, RejectedEvent, RunEvent,
-        CommandAckEvent,
-    )
-}
+_RECORDS: tuple[type[Event], ...] = (
+    StepEvent, EvalEvent, EvalConsensusEvent, RewardSmoothedEvent, CommandEvent, AlertEvent, RejectedEvent, RunEvent,
+    CommandAckEvent,
+)
+for _cls in _RECORDS:
+    _cls.type = str(_cls.__struct_config__.tag)
+EVENT_TYPES: dict[str, type[Event]] = {cls.type: cls for cls in _RECORDS}
 _DECODERS = {cls: msgspec.json.Decoder(cls) for cls in EVENT_TYPES.values()}
 _FIELD_NAMES = {cls: frozenset(cls.__struct_fields__) for cls in EVENT_TYPES.values()}
-_TYPE_HEADS = {cls: b'{"type":' + msgspec.json.encode(cls.type) + b"," for cls in EVENT_TYPES.values()}
 _encode = msgspec.json.Encoder().encode
 _TEXT_FIELDS = {cls: text_fields(cls) for cls in EVENT_TYPES.values()}
 _TEXT_GETTERS = {cls: operator.attrgetter(*names) for cls, names in _TEXT_FIELDS.items()}
@@ -429,8 +422,15 @@ def _record_class(type_name: Any, schema: Any, present: tuple[bool, bool, bool],
     return cls
 
 
+_E = TypeVar("_E", bound=Event)
+
+
+@overload
+def event_from_dict(data: Any, expected: type[_E]) -> _E: ...
+@overload
+def event_from_dict(data: Any, expected: None = None) -> Event: ...
 def event_from_dict(data: Any, expected: type[Event] | None = None) -> Event:
-    """Build a record from a decoded JSON object; raises ValidationError."""
+    """Build a record from a decoded JSON object (of class `expected`, when given); raises ValidationError."""
     if not isinstance(data, dict):
         raise ValidationError("event", f"not a JSON object ({type(data).__name__})")
     cls = _record_class(data.get("type"), data.get("schema"),

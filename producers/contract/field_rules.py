@@ -66,6 +66,18 @@ def Text(max_len: int | None = None, nonempty: bool = False, pattern: str | None
     return Annotated[str, Meta(min_length=1 if nonempty else None, max_length=max_len, pattern=pattern)]
 
 
+def number_bounds(cls: type[msgspec.Struct]) -> dict[str, tuple[float, float]]:
+    """(least, greatest) value of each number field of a record (an optional one's number), read
+    from its type: what a writer that fits values to the fields needs, stated once, in the types."""
+    out: dict[str, tuple[float, float]] = {}
+    for f in msgspec.inspect.type_info(cls).fields:
+        kinds = f.type.types if isinstance(f.type, msgspec.inspect.UnionType) else (f.type,)
+        numbers = [t for t in kinds if isinstance(t, (msgspec.inspect.IntType, msgspec.inspect.FloatType))]
+        if len(numbers) == 1 and numbers[0].ge is not None and numbers[0].le is not None:
+            out[f.name] = (numbers[0].ge, numbers[0].le)
+    return out
+
+
 MetricName = Text(METRIC_NAME_MAX, nonempty=True)
 Measured = Float(-NUMBER_MAX, NUMBER_MAX)  # a number a trainer sends
 Metrics = Annotated[dict[MetricName, Measured], Meta(max_length=METRICS_MAX)]  # named numbers within NUMBER_MAX
