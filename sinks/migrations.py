@@ -148,6 +148,9 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
     # stored, and v_step_means. A row added twice (a backfill racing live inserts) is
     # recomputed from v_steps by the view, so the backfill needs no pause.
     v9: list[Statement] = [*step_means_statements(o)[:2], backfill_sql(o), step_means_statements(o)[2]]
+    # v10: v_step_means again: its check for steps delivered twice joins instead of IN (subquery),
+    # so a query's run filter reaches it (it read every run's aggregates)
+    v10: list[Statement] = [step_means_statements(o)[2]]
     return [
         (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
         (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
@@ -159,6 +162,7 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
         (7, "evaluation details: generations.gold, error_type; eval_consensus.metrics", v7),
         (8, "command_acks: what each trainer node did with each command; v_command_status", v8),
         (9, "per-step aggregates at insert time: step_aggregates, step_aggregates_mv, v_step_means", v9),
+        (10, "v_step_means: the check for steps delivered twice reads only the queried runs", v10),
     ]
 
 

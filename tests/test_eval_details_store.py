@@ -102,6 +102,6 @@ def test_migration_7_adds_the_columns_to_an_older_store_and_keeps_its_rows(clien
     client.command("ALTER TABLE areal.eval_consensus DROP COLUMN metrics")
     client.command("ALTER TABLE areal.schema_migrations DELETE WHERE version >= 7 SETTINGS mutations_sync = 1")
     assert applied_version(client) == 6
-    assert apply_schema(client) == SCHEMA_VERSION == 9 and apply_schema(client) == 9  # idempotent (8: command_acks, 9: step aggregates)
+    assert apply_schema(client) == SCHEMA_VERSION == 10 and apply_schema(client) == 10  # idempotent (8: command_acks, 9: step aggregates, 10: v_step_means per run)
     assert client.query("SELECT prompt, gold, error_type FROM areal.v_generations").result_rows == [("1+1", "", "")]
     assert client.query("SELECT eval_id, metrics FROM areal.v_eval_consensus").result_rows == [("e1", {})]
