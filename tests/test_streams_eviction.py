@@ -180,3 +180,15 @@ def test_a_restarted_worker_counts_idleness_from_its_first_tick() -> None:
     clock.now += ENDED_IDLE
     tick(again)
     assert table == {} and again.stats["evicted"] == 1
+
+
+def test_a_bound_the_worker_cannot_use_stops_it_with_one_line() -> None:
+    import subprocess
+    import sys
+
+    for env, value in (("AREAL_WORKER_MAX_RUNS", "0"), ("AREAL_WORKER_RUN_IDLE_S", "soon"),
+                       ("AREAL_WORKER_ENDED_RUN_IDLE_S", "-5")):
+        done = subprocess.run([sys.executable, "-m", "areal_metrics.streams"], capture_output=True, text=True,
+                              timeout=120, env={"PATH": "/usr/bin:/bin", env: value})
+        assert done.returncode == 2 and done.stdout == "", (env, done.stderr)
+        assert done.stderr.startswith(f"areal-streams: {env}='{value}'") and len(done.stderr.splitlines()) == 1
