@@ -67,9 +67,9 @@ def status(run: str, what: str, attempt: int = 0) -> tuple[str, bytes]:
                                  event_id=f"{run}-{what}-{attempt}").to_json()
 
 
-def result(run: str, node: str) -> tuple[str, bytes]:
+def result(run: str, node: str, replicas: int = 3) -> tuple[str, bytes]:
     return TOPICS.evals, EvalEvent(run_id=run, node=node, eval_id="e1", step=1, dataset="math|500", stage="full",
-                                   accuracy=0.5, replicas=3, ts=2.0, event_id=f"{run}-e1-{node}").to_json()
+                                   accuracy=0.5, replicas=replicas, ts=2.0, event_id=f"{run}-e1-{node}").to_json()
 
 
 def feed(core: StreamCore, *messages: tuple[str, bytes]) -> None:
@@ -192,3 +192,48 @@ def test_a_bound_the_worker_cannot_use_stops_it_with_one_line() -> None:
                               timeout=120, env={"PATH": "/usr/bin:/bin", env: value})
         assert done.returncode == 2 and done.stdout == "", (env, done.stderr)
         assert done.stderr.startswith(f"areal-streams: {env}='{value}'") and len(done.stderr.splitlines()) == 1
+
+
+class FaustLikeTable:
+    """What the store uses of Faust's table: `data`, and `send_changelog` (unused: records go direct)."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+
+    def send_changelog(self, partition: int, key: bytes, value: bytes | None, **kw: Any) -> None:
+        raise AssertionError("the changelog records go through `changelog`")
+
+
+def test_a_run_that_leaves_is_tombstoned_on_its_changelog_partition_head_first() -> None:
+    table, sent, clock, rec = FaustLikeTable(), [], Clock(), Recorder()
+
+    async def changelog(records: list[tuple[int, bytes, bytes | None]]) -> None:
+        sent.extend(records)
+
+    core = StreamCore(topics=TOPICS, config=StreamsConfig(defaults=CFG), table=table, send=rec.send, clock=clock,
+                      changelog=changelog, run_idle_s=IDLE, ended_run_idle_s=ENDED_IDLE, max_runs=100)
+
+    async def go() -> None:
+        msgs = [step("r", 1, rank=0, world=2), step("r", 2, rank=0, world=2), step("r", 2, rank=1, world=2),
+                result("r", "a", replicas=2), result("r", "b", replicas=2),  # a closed round: a record of its own
+                status("r", "finished"), step("other", 1)]
+        await core.on_batch([Input(topic, 3, i, None, value, 1.0) for i, (topic, value) in enumerate(msgs)])
+        clock.now += CFG.step_wait_s  # step 1 goes out without its second rank
+        await core.on_tick(3)
+        written = len(sent)
+        clock.now += ENDED_IDLE
+        await core.on_tick(3)
+        tombstones = sent[written:]
+        assert tombstones and all(p == 3 and v is None for p, _, v in tombstones)
+        assert _parse_key(tombstones[0][1]) == ("r", ("run",)) and len(tombstones) == 2  # the head first
+        assert _parse_key(tombstones[1][1])[1][0] == "closed"
+        assert {_parse_key(k)[0] for _, k, _ in tombstones} == {"r"}
+
+    asyncio.run(go())
+    replayed: dict[bytes, bytes] = {}
+    for _, key, value in sent:  # what a worker recovering from the changelog reads
+        if value is None:
+            replayed.pop(key, None)
+        else:
+            replayed[key] = value
+    assert replayed == table.data and runs_in(replayed) == {"other"}
