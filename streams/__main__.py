@@ -43,7 +43,11 @@ def main() -> int:
         prepare_topics,
     )
 
-    settings = Settings.from_env()
+    try:
+        settings = Settings.from_env()
+    except ArealError as exc:  # a setting that cannot be used: one line naming it
+        print(f"areal-streams: {exc}", file=sys.stderr)
+        return 2
     topics = settings.topics
     loglevel = settings.streams_loglevel.upper()
     logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

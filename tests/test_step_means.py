@@ -193,6 +193,36 @@ def test_an_older_store_is_backfilled_by_the_migration(client: Any) -> None:
     assert_view_is_the_raw_rule(client)
 
 
+def one_run_query(run: str) -> str:
+    return f"SELECT step, reward, ranks FROM areal.v_step_means WHERE run_id = '{run}' ORDER BY step"
+
+
+def test_one_runs_steps_read_only_that_runs_aggregates_and_rows(client: Any) -> None:
+    """The check for steps delivered twice gets the query's run filter: with `force_primary_key`
+    ClickHouse refuses any read of a table without its key, and every read here has run_id.
+    (The IN (subquery) it replaced read every run's aggregates and was refused.)"""
+    events = [StepEvent(run_id=run, node=f"n{r}", step=s, epoch=0, rank=r, world_size=3, reward=s + r / 4,
+                        n_samples=r + 1, ts=TS + s) for run in ("a", "b", "c") for s in range(6) for r in range(3)]
+    put(client, events)
+    put(client, [e for e in events if e.step == 2])  # step 2 of every run delivered twice, in another block
+    for run in ("a", "b"):
+        expected = client.query(one_run_query(run)).result_rows
+        assert client.query(one_run_query(run) + " SETTINGS force_primary_key = 1").result_rows == expected
+        means = worker_mean(client, "reward")
+        assert [(s, pytest.approx(m)) for s, m, _ in expected] == [
+            (s, means[(run, 0, s)]) for s in range(6)] and {n for _, _, n in expected} == {3}
+    assert_view_is_the_raw_rule(client)
+
+
+def test_migration_11_puts_back_the_per_run_view(client: Any) -> None:
+    client.command("CREATE OR REPLACE VIEW areal.v_step_means AS SELECT 'a' AS run_id, 0 AS step, 0.0 AS reward, "
+                   "0 AS ranks")  # whatever a store of schema 9 had
+    client.command(f"ALTER TABLE areal.{MIGRATIONS_TABLE} DELETE WHERE version = 11 SETTINGS mutations_sync = 1")
+    put(client, [StepEvent(run_id="a", step=1, epoch=0, rank=0, reward=0.5, ts=TS)])
+    assert apply_schema(client) == SCHEMA_VERSION == 11
+    assert client.query(one_run_query("a") + " SETTINGS force_primary_key = 1").result_rows == [(1, 0.5, 1)]
+
+
 # ------------------------------------------------------------------ the dashboards read the aggregates
 
 

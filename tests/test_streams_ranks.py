@@ -205,3 +205,86 @@ def test_a_run_logged_from_rank_zero_alone_stops_waiting_once_its_one_registered
     assert smoothed(out) == []  # two registered ranks: rank 1 is waited for
     state, out = on_step(state, step_ev(3, 1, 0.9), 31.0, CFG)
     assert [p.step for p in smoothed(out)] == [3]
+
+
+# ---------------------------------------------------------------- the tally's cost: linear in ranks
+
+def _old_add_rank(pending: dict, key, world_size, report: RankReport, ts: float, source_id: str, now: float,
+                  cap: int) -> tuple[dict, list[tuple]]:
+    """The rule as it was written before `Reports` (a scan and a tuple copy per report), over
+    plain dicts and tuples: the reference the linear tally must agree with."""
+    world = max(1, world_size or 1)
+
+    def ready(k, w, reports, t, src):
+        return (k[0], k[1], mean_reward(reports), len(reports), w, src, t)
+
+    if world == 1 and key not in pending:
+        return pending, [ready(key, 1, (report,), ts, source_id)]
+    w, opened, t, reports = pending.get(key) or (world, now, ts, ())
+    if report.rank in [r.rank for r in reports]:
+        return pending, []
+    w, t, reports = max(w, world), max(t, ts), (*reports, report)
+    rest = dict(pending)
+    if len(reports) >= w:
+        rest.pop(key, None)
+        return rest, [ready(key, w, reports, t, source_id)]
+    rest[key] = (w, opened, t, reports)
+    out = []
+    while len(rest) > max(1, cap):
+        oldest = next(iter(rest))
+        ow, _, ot, orep = rest.pop(oldest)
+        out.append(ready(oldest, ow, orep, ot, ""))
+    return rest, out
+
+
+def _plain(state: RankState) -> dict:
+    return {k: (p.world_size, p.opened_at, p.ts, tuple(p.reports)) for k, p in state.pending.items()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 3), st.integers(0, 3), st.integers(0, 7),
+                          st.one_of(st.none(), st.floats(-2, 2)), st.one_of(st.none(), st.integers(0, 9)),
+                          st.integers(0, 10)), max_size=80),
+       st.integers(1, 4))
+def test_the_linear_tally_gives_what_the_old_rule_gave(ops, cap) -> None:
+    """Any reports, duplicates and worlds included, added to any earlier state (a state used
+    again after a later one was made takes the copying path): the same waiting steps, reports
+    and ready steps as the old rule, and the state survives the codec."""
+    history: list[tuple[RankState, dict]] = [(RankState(), {})]
+    for i, (back, step, world, rank, reward, n, now) in enumerate(ops):
+        state, model = history[max(0, len(history) - 1 - back)]
+        report = RankReport(rank, reward, n)
+        key = (step % 2, step)
+        state, ready = add_rank(state, key, world, report, float(i), f"e{i}", now=float(now), cap=cap)
+        model, expected = _old_add_rank(model, key, world, report, float(i), f"e{i}", float(now), cap)
+        assert [(r.attempt, r.step, r.reward, r.ranks, r.world_size, r.source_id, r.ts) for r in ready] == expected
+        assert _plain(state) == model
+        assert codec.loads(RankState, codec.dumps(state)) == state
+        history.append((state, model))
+    for state, model in history:  # appending in place never changed what an earlier state holds
+        assert _plain(state) == model
+
+
+def test_1024_ranks_are_tallied_in_place_and_give_the_weighted_mean() -> None:
+    np = pytest.importorskip("numpy")
+    rnd = random.Random(1024)
+    rewards = [rnd.uniform(-1, 1) for _ in range(1024)]
+    samples = [rnd.randint(1, 64) for _ in range(1024)]
+    order = list(range(1024)) + rnd.sample(range(1024), 200)  # every rank, then 200 redeliveries
+    rnd.shuffle(order)
+    state, got, seen = RankState(), [], set()
+    for i, rank in enumerate(order):
+        before = state.pending.get((0, 9))
+        state, ready = add_rank(state, (0, 9), 1024, RankReport(rank, rewards[rank], samples[rank]), float(i),
+                                f"e{i}", now=0.0)
+        got += ready
+        after = state.pending.get((0, 9))
+        if before is not None and after is not None and rank not in seen:
+            # the report went onto the buffer the step already had: no copy of the reports before it
+            assert after.reports._buf is before.reports._buf and len(after.reports) == len(before.reports) + 1
+        if before is not None and rank in seen:
+            assert ready == [] and after is before  # a redelivery adds nothing
+        seen.add(rank)
+    assert len(got) == 1 and state.pending == {}
+    assert got[0].ranks == 1024 and got[0].world_size == 1024
+    assert got[0].reward == pytest.approx(float(np.average(rewards, weights=samples)), rel=1e-12)

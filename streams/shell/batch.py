@@ -8,6 +8,13 @@ exist once (consensus, commands, alerts), and only then saves the run's state on
 is read again from the saved state and gives the same events with the same event_ids.
 `on_input` is a batch of one; `on_tick` is the clock for the runs of one partition.
 
+Live runs are bounded: a run leaves the state (memory, table and changelog) once it has had
+no input for `run_idle_s` (`ended_run_idle_s` when it has ended) and nothing of it waits on
+the clock (a step's missing ranks, an open vote round, a stall alert not yet raised), or at
+once when more than `max_runs` runs are live (the one whose last input is oldest first). A run
+that comes back after that starts over as a new run would (AREAL_WORKER_RUN_IDLE_S,
+AREAL_WORKER_ENDED_RUN_IDLE_S, AREAL_WORKER_MAX_RUNS; docs/STREAMS.md).
+
 Bad input never raises: it becomes a dead letter (with a rate-limited alert) in its run's
 turn. A bug while processing one message dead-letters that message; a state that cannot
 be saved makes its run's messages go through again one by one, so the failing one is
@@ -27,6 +34,7 @@ import msgspec
 from msgspec.structs import replace
 
 from areal_metrics.producers.contract.deadletter import letter_ts, rejected
+from areal_metrics.producers.contract.settings import read_setting
 from areal_metrics.producers.contract.events import (
     CommandAckEvent,
     EvalEvent,
@@ -103,7 +111,12 @@ class StreamCore:
     changelog: ChangelogFn | None = None
     send_many: SendManyFn | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"steps": 0, "evals": 0, "runs": 0, "rejected": 0,
-                                                            "ticks": 0, "outputs": 0, "errors": 0, "batches": 0})
+                                                            "ticks": 0, "outputs": 0, "errors": 0, "batches": 0,
+                                                            "evicted": 0, "evicted_over_cap": 0})
+    # The bound on live runs (None: the settings AREAL_WORKER_RUN_IDLE_S, _ENDED_RUN_IDLE_S, _MAX_RUNS)
+    run_idle_s: float | None = None
+    ended_run_idle_s: float | None = None
+    max_runs: int | None = None
 
     def __post_init__(self) -> None:
         if self.send_many is None and self.send is None:
@@ -111,6 +124,14 @@ class StreamCore:
         self._send_all: SendManyFn = self.send_many or self._one_by_one
         self.store = StateStore(self.table, direct_changelog=self.changelog is not None)
         self._bad_partition: dict[str, int] = {}
+        if self.run_idle_s is None:
+            self.run_idle_s = float(read_setting("worker_run_idle_s"))
+        if self.ended_run_idle_s is None:
+            self.ended_run_idle_s = float(read_setting("worker_ended_run_idle_s"))
+        if self.max_runs is None:
+            self.max_runs = int(read_setting("worker_max_runs"))
+        self._seen: dict[str, float] = {}  # live run -> worker clock of its last input, oldest first
+        self._ended: dict[str, float] = {}  # the ended ones among them, the same way
 
     # ---------------------------------------------------------------- state
 
@@ -135,6 +156,68 @@ class StreamCore:
 
     def forget_cache(self) -> None:
         self.store.forget()
+        self._seen.clear()  # the table's runs are seen again at the next tick
+        self._ended.clear()
+
+    # ---------------------------------------------------------------- the bound on live runs
+
+    @property
+    def live_runs(self) -> int:
+        return len(self._seen)
+
+    def _touch(self, run_id: str, seen: float, state: RunState) -> None:
+        """The run had input at `seen`: it goes to the end of the line."""
+        self._seen.pop(run_id, None)
+        self._seen[run_id] = seen
+        self._ended.pop(run_id, None)
+        if state.lifecycle.ended:
+            self._ended[run_id] = seen
+
+    def _waits(self, run_id: str, now: float) -> bool:
+        """Does something of the run wait on the clock (it must not leave before that is done)?"""
+        state = self.store.load(run_id)
+        if state is None:
+            return False
+        cfg = self.config.for_run(run_id)
+        stall = state.stall
+        stall_due = cfg.stall_seconds > 0 and not stall.stalled and not state.lifecycle.ended \
+            and stall.last_step_at is not None  # a `stalled` alert not raised yet
+        return bool(state.ranks.pending or state.votes.open_rounds or stall_due or has_clock_work(state, now, cfg))
+
+    def _evict(self, run_id: str) -> None:
+        state = self.store.load(run_id)
+        partition = state.partition if state is not None and state.partition is not None else \
+            self._bad_partition.get(run_id, 0)
+        self.store.evict(run_id, partition)
+        self._seen.pop(run_id, None)
+        self._ended.pop(run_id, None)
+        self.stats["evicted"] += 1
+
+    def evict_idle(self, now: float) -> None:
+        """Runs idle past their limit, with nothing waiting on the clock, leave the state."""
+        for line, limit in ((self._ended, self.ended_run_idle_s), (self._seen, self.run_idle_s)):
+            assert limit is not None
+            due = []
+            for run_id, seen in line.items():  # oldest first: stop at the first one not due
+                if now - seen < limit:
+                    break
+                due.append(run_id)
+            for run_id in due:
+                if run_id in self._seen and not self._waits(run_id, now):
+                    log.info("streams: run %r left the worker's state (no input for %.0f s)", run_id, now - line[run_id])
+                    self._evict(run_id)
+
+    def evict_over_cap(self) -> None:
+        """More than `max_runs` live runs: the ones whose last input is oldest leave, whatever waits in them."""
+        assert self.max_runs is not None
+        over = len(self._seen) - self.max_runs
+        if over <= 0:
+            return
+        log.warning("streams: %d live runs, more than AREAL_WORKER_MAX_RUNS=%d; the %d with the oldest input leave "
+                    "the worker's state", len(self._seen), self.max_runs, over)
+        for run_id in list(self._seen)[:over]:
+            self._evict(run_id)
+        self.stats["evicted_over_cap"] += over
 
     async def send_changelog(self) -> None:
         """The state records saved since the last call, to the table's changelog."""
@@ -194,7 +277,9 @@ class StreamCore:
             before = loaded[run_id]
             if state is not before and state != before:
                 await self._save(state, by_run.get(run_id, []))
+            self._touch(run_id, now, state)
         await self.dead_letter_bad_states(messages[0].partition if messages else 0)
+        self.evict_over_cap()
         await self.send_changelog()
 
     async def on_poison(self, m: Input, crashes: int) -> None:
@@ -308,6 +393,8 @@ class StreamCore:
         for run_id in self.store.run_ids():
             try:
                 state = self.load(run_id, partition)
+                if run_id not in self._seen:  # first seen since a start or a rebalance: its input counts from now
+                    self._touch(run_id, now, state)
                 cfg = self.config.for_run(run_id)
                 if state.partition != partition or not has_clock_work(state, now, cfg):
                     continue
@@ -326,6 +413,8 @@ class StreamCore:
                 self.store.states.pop(state.run_id, None)
                 log.exception("streams: state of run %r not saved after its tick", state.run_id)
         await self.dead_letter_bad_states(partition)
+        self.evict_idle(now)
+        self.evict_over_cap()
         await self.send_changelog()
 
     async def dead_letter_bad_states(self, partition: int) -> None:

@@ -8,7 +8,7 @@ joining strings (a structured key such as voting.RoundKey, or a tuple, stays str
 Encoding
 - Struct -> JSON object of its fields, in order (a field missing on decode takes its
   default, so state written by an older worker still loads; an unknown one is ignored);
-- tuple -> JSON array; a `Pairs` mapping -> a JSON array of [key, value] pairs (keys may be
+- tuple -> JSON array (so is a waiting step's `Reports`, areal_metrics.streams.core.ranks); a `Pairs` mapping -> a JSON array of [key, value] pairs (keys may be
   Structs or tuples: nothing is ever parsed out of a string);
 - str, int, float, bool, None -> themselves; `Any` -> the JSON value as is.
 
@@ -28,6 +28,7 @@ from typing import Any, TypeVar, get_args, get_origin
 import msgspec
 
 from areal_metrics.producers.contract.errors import ArealError
+from areal_metrics.streams.core.ranks import RankReport, Reports
 from areal_metrics.streams.core.stored import Pairs
 
 T = TypeVar("T")
@@ -40,6 +41,8 @@ class StateDecodeError(ArealError, ValueError):
 def _enc_hook(obj: Any) -> Any:
     if type(obj) is Pairs:
         return list(obj.items())
+    if type(obj) is Reports:
+        return list(obj)
     raise NotImplementedError(f"stream state: cannot encode {type(obj).__name__}")
 
 
@@ -50,6 +53,11 @@ def _dec_hook(tp: Any, obj: Any) -> Any:
             return Pairs(dict(msgspec.convert(obj, list[tuple[key, value]], dec_hook=_dec_hook)))
         except msgspec.ValidationError as exc:
             # msgspec adds the mapping's own path when a hook raises ValueError (see _one_path)
+            raise ValueError(str(exc)) from None
+    if tp is Reports:
+        try:
+            return Reports(msgspec.convert(obj, list[RankReport]))
+        except msgspec.ValidationError as exc:
             raise ValueError(str(exc)) from None
     raise NotImplementedError(f"stream state: no decoder for {tp!r}")
 

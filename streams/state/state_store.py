@@ -22,6 +22,9 @@ once more, which changes nothing (one report per rank, one result per node). A b
 steps writes its run's head and the waiting steps that got a report; closing a round
 adds one record, never the 2,048 before it.
 
+A run evicted (`evict`: the worker's bound on its live runs, areal_metrics.streams.shell.batch)
+leaves the table as tombstones, head first; if it comes back it has no state and starts over.
+
 A run whose records do not decode starts over from an empty state; each bad record is
 reported once (`bad`, for the shell to dead-letter) and the run's leftover records are
 deleted at its next save, as are records nothing refers to. A record written before this
@@ -186,6 +189,20 @@ class StateStore:
         self.states.clear()
         self._saved.clear()
         self._index = None
+
+    def evict(self, run_id: str, partition: int) -> int:
+        """The run leaves the table: a tombstone for each of its records (the head first, so a
+        crash part-way leaves records nothing refers to, which load as no state and go at the
+        run's next save or eviction), and its decoded state leaves the cache. Returns the
+        number of records deleted."""
+        keys = self._runs().pop(run_id, {})
+        order = sorted(keys, key=lambda k: keys[k] != (HEAD,))  # the head first
+        for key in order:
+            self.io.delete(partition, key)
+        self.writes += len(order)
+        self.states.pop(run_id, None)
+        self._saved.pop(run_id, None)
+        return len(order)
 
     # ---------------------------------------------------------------- load
 
