@@ -18,7 +18,7 @@ consensus is `one_node_consensus`, what the vote makes of one node's verdicts
 `World(fixed=False)` draws
 fresh prompts and noise every round (independent rounds: the old simulation's world).
 
-    .venv/bin/python -m tests.loop_simulation [RUNS] [all|rates|rollback|tradeoff]   # docs/STREAMS.md's tables
+    .venv/bin/python -m tests.loop_simulation [RUNS] [all|rates|rollback|tradeoff|issue|set]   # docs/STREAMS.md's tables
 """
 
 from __future__ import annotations
@@ -261,18 +261,24 @@ ROLLBACK = dataclasses.replace(CFG, lr_rollback=True, no_improvement_rounds=0)
 ONE_NODE = dataclasses.replace(PRODUCT, nodes=1, replicas=1)  # the product world, one honest node (no vote)
 
 
+def target_rows(world_name: str, world: World, runs: int, seed: int = 27) -> Iterator[tuple[str, tuple[float, float]]]:
+    """The issue's three targets in one world: at the threshold for 150 rounds; a drop after 5
+    and after 150 good rounds."""
+    steady = dataclasses.replace(world, jitter=0.0)  # "exactly at the threshold": no wobble
+    yield f"{world_name}: at 0.30 (threshold) for 150 rounds, cut", share(
+        simulate(runs, seed, at_threshold(), CFG, steady), any_cut)
+    yield f"{world_name}: 0.40 -> 0.23 after 5 rounds, cut within 2", share(
+        simulate(runs, seed + 1, drop_after(5), CFG, world), cut_within(5, 2))
+    yield f"{world_name}: 0.40 -> 0.23 after 150 rounds, cut within 2", share(
+        simulate(runs, seed + 2, drop_after(150), CFG, world), cut_within(150, 2))
+
+
 def rate_rows(runs: int, seed: int = 27) -> Iterator[tuple[str, tuple[float, float]]]:
     """Every rate docs/STREAMS.md's table shows: name -> (rate, Monte-Carlo SE). The rows through
     the vote (several nodes) run a fifth as many runs: the vote is most of a round's time."""
     few = max(runs // 5, 2)
-    for world_name, world in (("independent", INDEPENDENT), ("product, 1 node", ONE_NODE)):
-        steady = dataclasses.replace(world, jitter=0.0)  # "exactly at the threshold": no wobble
-        yield f"{world_name}: at 0.30 (threshold) for 150 rounds, cut", share(
-            simulate(runs, seed, at_threshold(), CFG, steady), any_cut)
-        yield f"{world_name}: 0.40 -> 0.23 after 5 rounds, cut within 2", share(
-            simulate(runs, seed + 1, drop_after(5), CFG, world), cut_within(5, 2))
-        yield f"{world_name}: 0.40 -> 0.23 after 150 rounds, cut within 2", share(
-            simulate(runs, seed + 2, drop_after(150), CFG, world), cut_within(150, 2))
+    yield from target_rows("independent", INDEPENDENT, runs, seed)
+    yield from target_rows("product, 1 node", ONE_NODE, runs, seed)
     fixed = dataclasses.replace(ONE_NODE, jitter=0.0)  # the drop's rounds repeat their data
     for within in (2, 4):
         yield f"product, 1 node, no jitter: 0.40 -> 0.23 after 5 rounds, cut within {within}", share(
@@ -322,6 +328,14 @@ def tradeoff_rows(runs: int, seed: int = 70) -> Iterator[tuple[str, tuple[float,
             simulate(runs, seed + 4, drop_after(5), cfg, ONE_NODE), cut_within(5, 2))
 
 
+def larger_set_rows(runs: int, seed: int = 80) -> Iterator[tuple[str, tuple[float, float]]]:
+    """The evidence a round holds: the product world's drop with twice the prompts."""
+    for prompts in (128, 256):
+        world = dataclasses.replace(ONE_NODE, prompts=prompts)
+        yield f"product, 1 node, {prompts} prompts x 4: 0.40 -> 0.23 after 5 rounds, cut within 2", share(
+            simulate(runs, seed, drop_after(5), CFG, world), cut_within(5, 2))
+
+
 def rates(runs: int, seed: int = 27) -> dict[str, tuple[float, float]]:
     return dict(rate_rows(runs, seed))
 
@@ -348,12 +362,14 @@ def rollback_rates(runs: int, seed: int = 60) -> dict[str, tuple[float, float]]:
 
 if __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
-    print(f"| condition (seeds: rates 27, rollback 60, tradeoff 70; {n} runs a row, {max(n // 5, 2)} through the "
+    print(f"| condition (seeds: rates 27, rollback 60, tradeoff 70, set 80; {n} runs a row, {max(n // 5, 2)} through the "
           "vote) | rate | MC error |\n"
           "|---|---|---|", flush=True)
     which = sys.argv[2] if len(sys.argv) > 2 else "all"
     rows = itertools.chain(rate_rows(n) if which in ("all", "rates") else (),
                            rollback_rates(n).items() if which in ("all", "rollback") else (),
-                           tradeoff_rows(n) if which in ("all", "tradeoff") else ())
+                           tradeoff_rows(n) if which in ("all", "tradeoff") else (),
+                           target_rows("independent", INDEPENDENT, n) if which == "issue" else (),
+                           larger_set_rows(n) if which == "set" else ())
     for name, (value, se) in rows:
         print(f"| {name} | {value:.3f} | {se:.3f} |", flush=True)
