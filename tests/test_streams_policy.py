@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +25,7 @@ from areal_metrics.streams.core.alerts import (
 )
 from areal_metrics.producers.contract.config_fields import knobs
 from areal_metrics.streams.core.config import (ENV_DEFAULTS, EVAL_LOOP_KEYS, ConfigError, RunConfig, StreamsConfig,
-                                               eval_loop_overrides)
+                                               eval_loop_overrides, markdown_table)
 from areal_metrics.streams.core.processor import RunState, derived_id, on_eval, on_rejected, on_step, on_tick
 from areal_metrics.streams.core.smoothing import SmoothedPoint
 from areal_metrics.streams.core.triggers import TriggerState, decide, next_mode
@@ -245,6 +246,12 @@ def test_each_knob_is_declared_once_with_its_text() -> None:
     assert all(k.description for k in knobs(RunConfig))
     assert EVAL_LOOP_KEYS["alpha"] == "lr_alpha" and EVAL_LOOP_KEYS["patience_rounds"] == "no_improvement_rounds"
     assert len(EVAL_LOOP_KEYS) == 12 and set(ENV_DEFAULTS) == {"command_ack_steps", "vote_undecided_alert"}
+
+
+def test_the_knob_table_in_streams_md_is_the_one_the_declarations_make() -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "STREAMS.md").read_text()
+    assert markdown_table() in page, "run `python -m areal_metrics.streams.core.config` into docs/STREAMS.md"
+    assert "| `lr_alpha` | 0.05 | in (0, 0.5] | " in markdown_table()  # the range comes from the field's Meta
 
 
 # ------------------------------------------------------------------ processor

@@ -236,3 +236,27 @@ class StreamsConfig:
             data = {**data, "defaults": {**env, **data.get("defaults", {})}}  # the file's value wins
         return cls.from_dict(data)
 
+
+def markdown_table() -> str:
+    """docs/STREAMS.md's table of knobs, from the declarations (RunConfig, then the file's own)."""
+    rows = ["| knob | default | allowed | what |", "|---|---|---|---|"]
+    for cls, first in ((RunConfig, None), (StreamsFile, "The file's top level")):
+        for k in knobs(cls):
+            if not k.description:
+                continue
+            section = k.extra.get("section", first if cls is StreamsFile else None)
+            if section:
+                rows.append(f"| **{section}** | | | |")
+                first = None
+            what = k.description
+            if "eval_loop" in k.extra:
+                what += f"; a run's `eval_loop.{k.extra['eval_loop']}`"
+            if "env" in k.extra:
+                what += f"; `{k.extra['env']}` sets the default"
+            cell = what.replace("|", "\\|")
+            rows.append(f"| `{k.name}` | {json.dumps(k.default)} | {k.rule or 'any'} | {cell} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")
