@@ -124,7 +124,10 @@ def rule(hint: Any) -> str:
             parts.append(f"{'<=' if m.le is not None else '<'} {_num(hi[1])}")
         if m.min_length is not None or m.max_length is not None:
             unit = "characters" if base is str else "items"
-            parts.append(f"{m.min_length or 0}..{m.max_length if m.max_length is not None else ''} {unit}")
+            if m.max_length is None:
+                parts.append("non-empty" if m.min_length == 1 else f"at least {m.min_length} {unit}")
+            else:
+                parts.append(f"{m.min_length or 0}..{m.max_length} {unit}")
     return ", ".join(parts)
 
 
@@ -187,10 +190,11 @@ def _explain(cls: type, message: str, data: Mapping[str, Any]) -> str:
     if not field:
         return msg
     value = data.get(field)
-    if _OUT_OF_RANGE.match(msg) and field == name:
-        allowed = rule(_hints(cls).get(field))
-        if allowed:
-            return f"{name}: must be {allowed} (got {show(value)})"
+    if field != name:  # inside the field's value: msgspec's path within it, as converting the value alone says
+        return f"{field}: {msg} - at `${name[len(field):]}` ({show(value)})"
+    allowed = rule(_hints(cls).get(field)) if _OUT_OF_RANGE.match(msg) else ""
+    if allowed:
+        return f"{name}: must be {allowed} (got {show(value)})"
     return f"{name}: {msg} ({show(value)})"
 
 
@@ -209,26 +213,3 @@ def _finite(value: Any) -> bool:
         return math.isfinite(value)
     return all(map(_finite, value)) if isinstance(value, tuple) else True
 
-
-# -- the trainer's dataclass (areal_train/config.py), until it is a Config too
-
-
-def typed_fields(cls: type, data: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """`data` checked against dataclass `cls`'s fields and converted to their annotated types.
-
-    Raises ConfigError naming `where` and the key; the result can be passed to `cls(**result)`.
-    """
-    hints = {f.name: _hints(cls)[f.name] for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted((k for k in data if k not in hints), key=str)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {', '.join(show(k) for k in unknown)} "
-                          f"(known: {', '.join(sorted(hints))})")
-    out = {}
-    for key, value in data.items():
-        try:
-            out[key] = msgspec.convert(_whole_floats_as_ints(value), hints[key])
-        except msgspec.ValidationError as exc:
-            raise ConfigError(f"{where}: {key}: {exc} ({show(value)})") from None
-        if not _finite(out[key]):
-            raise ConfigError(f"{where}: {key}: not finite (got {show(value)})")
-    return out
