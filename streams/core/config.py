@@ -182,10 +182,6 @@ def eval_loop_overrides(raw: Any, cfg: RunConfig) -> tuple[dict[str, Any], list[
     return good, errors
 
 
-# Knobs whose default an environment variable may set (AREAL_<NAME>); a config file's value wins.
-ENV_DEFAULTS = ("command_ack_steps", "vote_undecided_alert")
-
-
 class StreamsFile(Config, frozen=True):
     """The shape of the AREAL_STREAMS_CONFIG file."""
 
