@@ -255,7 +255,7 @@ def collapsing_trainer(collapse_at: float = 1.0, after: int = 2) -> Callable[[in
     return accuracy
 
 
-ROLLBACK = dataclasses.replace(CFG, lr_rollback=True, no_improvement_rounds=0)
+ROLLBACK = CFG.with_overrides({"lr_rollback": True, "no_improvement_rounds": 0})
 
 
 ONE_NODE = dataclasses.replace(PRODUCT, nodes=1, replicas=1)  # the product world, one honest node (no vote)
