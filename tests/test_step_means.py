@@ -21,7 +21,7 @@ import pytest
 from areal_metrics.grafana.catalog import BUILDERS, build
 from areal_metrics.grafana.queries import dashboard_queries
 from areal_metrics.producers.contract.events import StepEvent
-from areal_metrics.report import load_metric, load_rewards
+from areal_metrics.analysis.report import load_metric, load_rewards
 from areal_metrics.sinks.migrations import apply_schema
 from areal_metrics.sinks.query import Target, open_client
 from areal_metrics.sinks.rows import Located
