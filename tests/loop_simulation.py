@@ -317,7 +317,7 @@ def tradeoff_rows(runs: int, seed: int = 70) -> Iterator[tuple[str, tuple[float,
     """What `lr_alpha` trades: the threshold rule's false cuts against its power, per alpha."""
     steady = dataclasses.replace(ONE_NODE, jitter=0.0)
     for alpha in TRADE_ALPHAS:
-        cfg = dataclasses.replace(CFG, lr_alpha=alpha)
+        cfg = CFG.with_overrides({"lr_alpha": alpha})
         yield f"alpha {alpha:g}: independent, at 0.30 for 150 rounds, cut", share(
             simulate(runs, seed, at_threshold(), cfg, INDEPENDENT), any_cut)
         yield f"alpha {alpha:g}: independent, 0.40 -> 0.23 after 5 rounds, cut within 2", share(

@@ -151,7 +151,7 @@ def test_a_higher_alpha_buys_the_product_world_power_with_false_cuts() -> None:
     """What `lr_alpha` trades (docs/STREAMS.md, `python -m tests.loop_simulation 200 tradeoff`): at 0.3
     a drop in the product world is cut within two rounds in 77.5 % of runs (62.5 % at 0.05), and a run
     of independent rounds at the threshold in 9.5 % (2.5 %). Held within 3 combined MC SEs."""
-    cfg = dataclasses.replace(sim.CFG, lr_alpha=0.3)
+    cfg = sim.CFG.with_overrides({"lr_alpha": 0.3})
     logs = sim.simulate(150, 171, sim.drop_after(5), cfg, sim.ONE_NODE)
     assert held(rate(logs, sim.cut_within(5, 2)), 150, 0.775)
     logs = sim.simulate(150, 172, sim.at_threshold(), cfg, sim.INDEPENDENT)

@@ -302,13 +302,13 @@ class Settings:
     worker_run_idle_s: float = setting("AREAL_WORKER_RUN_IDLE_S", 86_400.0, "a run with no input for this long "
                                        "(worker clock, s) leaves the worker's state (memory and changelog) once no "
                                        "step, vote round or stall alert of it waits; one that comes back starts "
-                                       "over as a new run", kind="float", ge=1, le=31_536_000, readers="worker")
+                                       "over as a new run", ge=1, le=31_536_000, readers="worker")
     worker_ended_run_idle_s: float = setting("AREAL_WORKER_ENDED_RUN_IDLE_S", 900.0, "the same for a run that "
-                                             "ended (finished, failed, killed), s", kind="float", ge=1,
+                                             "ended (finished, failed, killed), s", ge=1,
                                              le=31_536_000, readers="worker")
     worker_max_runs: int = setting("AREAL_WORKER_MAX_RUNS", 10_000, "the most runs the worker keeps state for; "
                                    "past it the run whose last input is oldest leaves first, whatever waits in it "
-                                   "(docs/SCALING.md: the bytes a run costs)", kind="int", ge=1, le=10_000_000,
+                                   "(docs/SCALING.md: the bytes a run costs)", ge=1, le=10_000_000,
                                    readers="worker")
     # -- the sink
     log_level: str = setting("AREAL_LOG_LEVEL", "info", "the sink's log level", choices=LOG_LEVELS,
