@@ -508,7 +508,7 @@ def test_a_wandb_users_summary_and_notes_are_found_with_sql_once(running_sink: S
     wait_for(lambda: lag(kafka_bootstrap, topics, running_sink.group) == 0, 60, "the sink to commit everything")
     assert counts(client)["runs"] == 2 and int(client.command("SELECT count() FROM areal.runs")) == 4
     no_duplicate_positions(client)
-    assert client.query("SELECT status, notes, summary FROM areal.runs FINAL ORDER BY ts").result_rows == [
+    assert client.query("SELECT status, notes, summary FROM areal.runs FINAL ORDER BY status = 'finished', ts").result_rows == [
         ("running", "trying a smaller lr", None),
         ("finished", "trying a smaller lr", '{"best_acc":0.4,"eval":{"math500":0.5}}')]
     assert client.query("SELECT run_id, status, notes, JSONExtractFloat(summary, 'best_acc'), "
