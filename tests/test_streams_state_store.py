@@ -112,7 +112,8 @@ def test_a_saved_state_loads_back_the_same_in_a_new_store() -> None:
     assert state.invalid and state.trigger.base_interval == 7
     assert StateStore(table).load("r") == state
     kinds = sorted(json.loads(k)[1] for k in table)
-    assert kinds == ["closed", "pending", "pending", "round", "run"]  # head, 2 waiting steps, 2 rounds
+    # head, 2 waiting steps and their reports, 2 rounds
+    assert kinds == ["closed", "pending", "pending", "reports", "reports", "round", "run"]
 
 
 def test_a_batch_of_steps_rewrites_one_record_per_run() -> None:

@@ -89,6 +89,15 @@ class Reports(Sequence[RankReport]):
         at.setdefault(report.rank, len(buf) - 1)
         return Reports.of_buffer(buf, at, len(buf))
 
+    def added_since(self, older: Reports) -> list[RankReport] | None:
+        """The reports after `older`'s, when these begin with `older`'s (None when they do not):
+        what a save of the step adds. O(reports added) when these grew from `older` (one buffer)."""
+        if older.n > self.n:
+            return None
+        if older.buf is not self.buf and any(a != b for a, b in zip(older, self)):
+            return None
+        return self.buf[older.n:self.n]
+
     def __len__(self) -> int:
         return self.n
 

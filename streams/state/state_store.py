@@ -45,13 +45,13 @@ from msgspec.structs import FieldInfo, fields
 from areal_metrics.streams.state import codec
 from areal_metrics.streams.state.codec import StateDecodeError
 from areal_metrics.streams.core.processor import RunState
-from areal_metrics.streams.core.ranks import PendingStep, RankState, StepKey
+from areal_metrics.streams.core.ranks import PendingStep, RankReport, RankState, Reports, StepKey
 from areal_metrics.streams.core.stored import Stored
 from areal_metrics.streams.core.voting import RoundKey, RoundState, VoteState
 
 log = logging.getLogger("streams")
 
-HEAD, PENDING, ROUND, CLOSED = "run", "pending", "round", "closed"
+HEAD, PENDING, REPORTS, ROUND, CLOSED = "run", "pending", "reports", "round", "closed"
 # The parts kept in records of their own; every other part is in the head.
 SPLIT_RUN = ("run_id", "ranks", "votes")
 SPLIT_RANKS = ("pending",)
@@ -65,17 +65,44 @@ class BadRecord:
     why: str
 
 
+class PendingRecord(Stored, omit_defaults=True):
+    """A waiting step's record: its PendingStep less the reports, which are in the step's
+    `reports` records of generation `gen`, `count` of them in all. A record of the layout
+    before (every report in `reports`, here) reads as the same step."""
+
+    world_size: int
+    opened_at: float
+    ts: float
+    reports: tuple[RankReport, ...] = ()  # the layout before: read, never written
+    gen: int = 0
+    count: int = 0
+
+
+@dataclass(slots=True)
+class _Written:
+    """A waiting step's reports as the table holds them: records of generation `gen` at the
+    positions `starts` (in order), `count` reports in all; `inline`: the step's own record
+    holds its reports (the layout before), to be rewritten at the step's next change."""
+
+    gen: int
+    starts: list[int]
+    count: int
+    inline: bool = False
+
+
 @dataclass(slots=True)
 class _Saved:
-    """What the table holds for one run: the state and the numbers of its closed rounds."""
+    """What the table holds for one run: the state, the numbers of its closed rounds and
+    where its waiting steps' reports are."""
 
     state: RunState
     closed_no: dict[RoundKey, int]  # closed round -> its number
     next_no: int  # the number the next closed round gets
+    steps: dict[StepKey, _Written] = field(default_factory=dict)  # waiting step -> its reports' records
 
 
-def record_key(run_id: str, kind: str, part: Any = None) -> bytes:
-    return codec.dumps([run_id, kind] if part is None else [run_id, kind, part])
+def record_key(run_id: str, kind: str, *parts: Any) -> bytes:
+    return codec.dumps([run_id, kind, *parts])
 
 
 def _rest(cls: type[Stored], split: tuple[str, ...]) -> tuple[str, ...]:
@@ -249,13 +276,37 @@ class StateStore:
         low, next_no = head.votes.closed_range
         open_rounds = self._listed(run_id, ROUND, head.votes.open, RoundState, "$.votes.open_rounds", "round")
         closed_no = self._closed_rounds(keys, low, next_no)
-        pending = self._listed(run_id, PENDING, head.ranks.waiting, PendingStep, "$.ranks.pending", "step")
+        pending, written = self._pending(run_id, head.ranks.waiting)
         vote_state = VoteState(open_rounds=open_rounds, closed=tuple(closed_no),
                                **{name: getattr(head.votes, name) for name in VOTE_FIELDS})
         ranks = RankState(pending=pending, **{name: getattr(head.ranks, name) for name in RANK_FIELDS})
         state = RunState(run_id=run_id, ranks=ranks, votes=vote_state,
                          **{name: getattr(head, name) for name in HEAD_FIELDS})
-        return _Saved(state, closed_no, next_no)
+        return _Saved(state, closed_no, next_no, written)
+
+    def _pending(self, run_id: str, waiting: tuple[StepKey, ...]) -> tuple[dict[StepKey, PendingStep],
+                                                                            dict[StepKey, _Written]]:
+        """The waiting steps the head lists: each step's record, then its reports' records from
+        position 0 to its `count` (each record says how many reports it holds)."""
+        records = self._listed(run_id, PENDING, waiting, PendingRecord, "$.ranks.pending", "step")
+        pending, written = {}, {}
+        for i, (key, rec) in enumerate(records.items()):
+            where = f"$.ranks.pending[{i}].reports"
+            reports, starts, at = list(rec.reports), [], 0
+            while at < rec.count:
+                raw = self.io.get(record_key(run_id, REPORTS, key, rec.gen, at))
+                if raw is None:
+                    raise StateDecodeError(f"stream state {where}[{at}]: the reports' record is missing")
+                part = codec.loads(list[RankReport], raw, f"{where}[{at}]")
+                if not part or at + len(part) > rec.count:
+                    raise StateDecodeError(f"stream state {where}[{at}]: {len(part)} reports where "
+                                           f"{rec.count - at} are left of {rec.count}")
+                starts.append(at)
+                reports.extend(part)
+                at += len(part)
+            pending[key] = PendingStep(rec.world_size, rec.opened_at, rec.ts, Reports(reports))
+            written[key] = _Written(rec.gen, starts, rec.count, inline=bool(rec.reports))
+        return pending, written
 
     def _listed(self, run_id: str, kind: str, keys: tuple[Any, ...], cls: type, where: str,
                 what: str) -> dict[Any, Any]:
@@ -295,16 +346,17 @@ class StateStore:
         deletes: list[bytes] = []
         if old is None:
             saved = _Saved(state, {k: i for i, k in enumerate(state.votes.closed)}, len(state.votes.closed))
-            puts = [(record_key(run_id, PENDING, k), codec.dumps(p)) for k, p in state.ranks.pending.items()]
+            for k, p in state.ranks.pending.items():
+                saved.steps[k] = _put_step(run_id, k, p, 0, list(p.reports), puts)
             puts += [(record_key(run_id, ROUND, k), codec.dumps(r)) for k, r in state.votes.open_rounds.items()]
             puts += [(record_key(run_id, CLOSED, k), codec.dumps(n)) for k, n in saved.closed_no.items()]
             puts.append((record_key(run_id, HEAD), self._head(saved)))
             written = {k for k, _ in puts}
             deletes = [k for k in self._runs().get(run_id, {}) if k not in written]
         else:
-            saved = _Saved(state, old.closed_no, old.next_no)
-            head_changed = old.state.ranks.pending is not state.ranks.pending and _diff_records(
-                run_id, PENDING, old.state.ranks.pending, state.ranks.pending, puts, deletes)
+            saved = _Saved(state, old.closed_no, old.next_no, old.steps)
+            head_changed = old.state.ranks.pending is not state.ranks.pending and _diff_pending(
+                run_id, old.state.ranks.pending, state.ranks.pending, saved.steps, puts, deletes)
             head_changed = self._diff_rounds(old.state.votes, state.votes, saved, puts, deletes) or head_changed
             if head_changed or self._head_changed(old.state, state):
                 puts.append((record_key(run_id, HEAD), self._head(saved)))
@@ -358,6 +410,60 @@ class StateStore:
                 saved.next_no += 1
             changed = changed or bool(added or evicted)
         return changed
+
+
+def _put_step(run_id: str, key: StepKey, step: PendingStep, gen: int, reports: list[RankReport],
+              puts: list[tuple[bytes, bytes]], written: _Written | None = None) -> _Written:
+    """The records of a waiting step that `written` (None: nothing, or another generation)
+    does not hold yet: `reports`, the ones after those, as one record at the next position,
+    then the step's own record. Returns where its reports are now."""
+    if written is None:
+        written = _Written(gen, [], 0)
+    if reports:
+        puts.append((record_key(run_id, REPORTS, key, gen, written.count), codec.dumps(reports)))
+        written.starts.append(written.count)  # appended in place: a step's save costs its new reports only
+        written.count += len(reports)
+    puts.append((record_key(run_id, PENDING, key), codec.dumps(PendingRecord(
+        step.world_size, step.opened_at, step.ts, gen=gen, count=written.count))))
+    return written
+
+
+def _step_keys(run_id: str, key: StepKey, written: _Written | None) -> list[bytes]:
+    """The reports' records of a waiting step."""
+    if written is None:
+        return []
+    return [record_key(run_id, REPORTS, key, written.gen, at) for at in written.starts]
+
+
+def _diff_pending(run_id: str, old: Any, new: Any, steps: dict[StepKey, _Written],
+                  puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> bool:
+    """The records of the waiting steps that changed (`steps`: where their reports are, kept up
+    to date): a step that got reports writes them, and its own record; one whose reports do not
+    continue the saved ones (or were in its record: the layout before) writes them all anew as
+    the next generation, whose records replace the old ones only once the step's record names
+    it (a save cut short leaves the old ones readable); a step gone leaves with its reports.
+    True when the set of steps changed."""
+    added = False
+    for key, step in new.items():
+        before = old.get(key)
+        if before is step:  # most steps: the very object saved last time (the map is copied per change)
+            continue
+        written = steps.get(key) if before is not None else None
+        if written is not None and not written.inline:
+            more = step.reports.added_since(before.reports)
+            if more is not None:
+                if more or before != step:
+                    _put_step(run_id, key, step, written.gen, more, puts, written)
+                continue
+        deletes.extend(_step_keys(run_id, key, written))
+        steps[key] = _put_step(run_id, key, step, written.gen + 1 if written is not None else 0,
+                               list(step.reports), puts)
+        added = added or before is None
+    gone = [k for k in old if k not in new]
+    for key in gone:
+        deletes.append(record_key(run_id, PENDING, key))
+        deletes.extend(_step_keys(run_id, key, steps.pop(key, None)))
+    return added or bool(gone)
 
 
 def _diff_records(run_id: str, kind: str, old: Any, new: Any, puts: list[tuple[bytes, bytes]],
