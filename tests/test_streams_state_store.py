@@ -5,7 +5,10 @@
   remembered writes a handful, not 2,048;
 - a save cut short after any of its writes (a crash), then the batch read again, gives the
   same state and only copies of the events the batch gave;
-- processing messages in batches gives the outputs and states one-by-one processing gives.
+- processing messages in batches gives the outputs and states one-by-one processing gives;
+- a step of 1,024 ranks reporting one per batch writes each report to the changelog once
+  (linear, not 1+2+...+1,024), and a worker restarted from its changelog mid-step, the last
+  batches delivered again, ends with the state and events of the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +27,7 @@ from areal_metrics.streams.state import codec
 from areal_metrics.streams.shell.batch import Input, StreamCore
 from areal_metrics.streams.core.config import RunConfig, StreamsConfig
 from areal_metrics.streams.core.processor import RunState
+from areal_metrics.streams.core.ranks import PendingStep, RankReport, RankState
 from areal_metrics.streams.state.state_store import StateStore, record_key
 from areal_metrics.streams.core.voting import CLOSED_ROUNDS_KEPT, NodeResult, RoundKey, add_result
 from tests.support import replay_changelog
@@ -286,3 +291,118 @@ def test_changelog_records_sent_directly_are_the_tables_own_in_the_same_order() 
     assert direct.store.io.take() == []  # every record left at the end of its batch
     replayed = replay_changelog(sent)  # what a worker recovering from the changelog reads
     assert replayed == direct_table.data and StateStore(replayed).load("r") == direct.cache["r"]
+
+
+# ------------------------------------------------------------------ a step of many ranks, one report per batch
+
+RANKS = 1024
+
+
+def direct_core(table: FaustLikeTable, sent: list[tuple[int, bytes, bytes | None]]) -> tuple[StreamCore, Recorder]:
+    """A worker core whose changelog records go to `sent`, as in the worker (app.py)."""
+
+    async def changelog(records: list[tuple[int, bytes, bytes | None]]) -> None:
+        sent.extend(records)
+
+    rec = Recorder()
+    return StreamCore(topics=TOPICS, config=StreamsConfig(defaults=CFG), table=table, send=rec.send,
+                      clock=lambda: 1000.0, changelog=changelog), rec
+
+
+def ranked(n: int, rank: int, world: int = RANKS) -> tuple[str, bytes]:
+    return TOPICS.steps, step("r", n, rank=rank, world=world, reward=rank / world)
+
+
+def test_a_step_whose_ranks_report_one_per_batch_writes_each_report_to_the_changelog_once() -> None:
+    written = {}
+    for world in (RANKS // 4, RANKS):
+        sent: list[tuple[int, bytes, bytes | None]] = []
+        core, rec = direct_core(FaustLikeTable(), sent)
+        feed(core, [[ranked(7, rank, world)] for rank in range(world)])
+        points = [v for t, _, v in rec.sent if t == TOPICS.smoothed]
+        assert [p["step"] for p in points] == [7]
+        assert points[0]["reward"] == pytest.approx(sum(r / world for r in range(world)) / world)  # every rank's
+        assert not core.cache["r"].ranks.pending
+        values = [v for _, _, v in sent if v is not None]
+        # every report that waited is encoded into one changelog record, once (before: into every later
+        # batch's record too); the last completes the step, which leaves
+        copies = [sum(v.count(b'{"rank":%d,' % rank) for v in values) for rank in range(world)]
+        assert copies == [1] * (world - 1) + [0]
+        written[world] = sum(len(k) + len(v or b"") for _, k, v in sent)
+    # four times the ranks, four times the bytes (less what a step costs once: its point, the head)
+    assert written[RANKS] < 4 * written[RANKS // 4]
+    assert written[RANKS] < 300 * RANKS  # a record and the step's own per report, a tombstone each at the end
+
+
+def test_a_worker_restarted_from_its_changelog_mid_step_ends_as_the_uninterrupted_one() -> None:
+    batches = [[ranked(7, rank)] for rank in range(RANKS)] + [[ranked(8, 0, 2), ranked(8, 1, 2)]]
+    sent: list[tuple[int, bytes, bytes | None]] = []
+    whole, whole_rec = direct_core(FaustLikeTable(), sent)
+    at: dict[int, tuple[Any, int]] = {}  # batches fed -> (the state then, changelog records sent by then)
+    for i, batch in enumerate(batches):
+        feed(whole, [batch])
+        at[i + 1] = (whole.cache["r"], len(sent))
+    end = whole.cache["r"]
+    assert not end.ranks.pending and end.smoothing.max_step == 8
+    for cut in (1, 2, 333, RANKS - 1):
+        state, n_sent = at[cut]
+        replayed = replay_changelog(sent[:n_sent])  # the worker died after `cut` batches, committed
+        assert StateStore(replayed).load("r") == state, cut
+        table = FaustLikeTable()
+        table.data.update(replayed)
+        again, rec = direct_core(table, [])
+        redelivered = max(0, cut - 5)  # the last five batches were not committed: they come again
+        feed(again, batches[redelivered:])
+        assert again.cache["r"] == end, cut  # no report counted twice: the same mean, the same state
+        smoothed = [v for t, _, v in rec.sent if t == TOPICS.smoothed]
+        assert smoothed == [v for t, _, v in whole_rec.sent if t == TOPICS.smoothed], cut
+
+
+def test_a_waiting_step_of_the_layout_before_loads_and_its_next_report_rewrites_it() -> None:
+    table: dict[bytes, bytes] = {}
+    core, _ = make_core(table)
+    feed(core, [[ranked(7, rank, 4)] for rank in range(2)])
+    waiting = core.cache["r"].ranks.pending[(0, 7)]
+    # the step as the layout before wrote it: every report in the step's own record
+    key = record_key("r", "pending", [0, 7])
+    old_layout = {k: v for k, v in table.items() if json.loads(k)[1] != "reports"}
+    old_layout[key] = codec.dumps(waiting)
+    assert b'"rank":1' in old_layout[key]
+    again, _ = make_core(old_layout)
+    assert again.load("r", 0) == core.cache["r"]
+    feed(again, [[ranked(7, 2, 4)]])
+    feed(core, [[ranked(7, 2, 4)]])
+    assert again.cache["r"] == core.cache["r"] and len(again.cache["r"].ranks.pending[(0, 7)].reports) == 3
+    assert b"rank" not in old_layout[key]  # rewritten: the reports in a record of their own
+    assert StateStore(dict(old_layout)).load("r") == core.cache["r"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=4, unique=True),
+       st.lists(st.integers(0, 5), min_size=1, max_size=4, unique=True))
+def test_a_step_whose_reports_are_replaced_reads_back_as_before_or_after_wherever_the_save_stops(
+        first: list[int], then: list[int]) -> None:
+    """Reports that do not continue the saved ones (not the worker's path: a step's reports
+    only grow) are written anew as the next generation; a save cut short reads as either state."""
+    def with_reports(ranks: list[int], ts: float) -> RunState:
+        reports = tuple(RankReport(r, r / 10, None) for r in ranks)
+        return RunState("r", partition=0, ranks=RankState({(0, 7): PendingStep(8, 1.0, ts, reports)}))
+
+    table = LoggedTable()
+    store = StateStore(table)
+    store.save(with_reports(first, 1.0))
+    store.save(with_reports(first + [9], 1.5))  # continues: one record more
+    before, old = dict(table), with_reports(first + [9], 1.5)
+    table.log.clear()
+    new = with_reports(then, 2.0)
+    store.save(new)
+    assert StateStore(dict(table)).load("r") == new
+    for cut in range(len(table.log) + 1):
+        crashed = dict(before)
+        for op, key, value in table.log[:cut]:
+            if op == "put":
+                crashed[key] = value
+            else:
+                crashed.pop(key, None)
+        assert StateStore(crashed).load("r") in (old, new), cut
+    assert sorted(json.loads(k)[1] for k in table) == ["pending", "reports", "run"]  # the old generation's gone
