@@ -208,6 +208,23 @@ def test_a_run_whose_head_does_not_decode_starts_over_and_its_leftovers_go() -> 
     assert StateStore(table).load("r").smoothing.max_step == 0
 
 
+def test_a_waiting_steps_reports_that_are_missing_or_overrun_its_count_do_not_decode() -> None:
+    table: dict[bytes, bytes] = {}
+    core, _ = make_core(table)
+    feed(core, [[ranked(7, 0, 4)], [ranked(7, 1, 4), ranked(7, 2, 4)]])  # two records: 1 report, then 2
+    first, second = record_key("r", "reports", [0, 7], 0, 0), record_key("r", "reports", [0, 7], 0, 1)
+    assert StateStore(dict(table)).load("r") == core.cache["r"]
+    for change, why in (({first: None}, "$.ranks.pending[0].reports[0]: the reports' record is missing"),
+                        ({second: codec.dumps([])}, "$.ranks.pending[0].reports[1]: 0 reports where 2 are left"),
+                        ({second: codec.dumps([RankReport(r, 0.5, None) for r in (1, 2, 3)])},
+                         "$.ranks.pending[0].reports[1]: 3 reports where 2 are left"),
+                        ({second: b'[{"rank": "x"}]'}, "$.ranks.pending[0].reports[1]: Expected `int`")):
+        broken = {k: v for k, v in {**table, **change}.items() if v is not None}
+        store = StateStore(broken)
+        assert store.load("r") is None
+        assert len(store.bad) == 1 and why in store.bad[0].why
+
+
 def test_round_keys_with_separators_stay_apart_in_record_keys() -> None:
     cfg = RunConfig()
     votes, _ = add_result(RunState("r").votes, RoundKey("r", "a|b", "c", "full"), 1, 2, NodeResult("n", True, 0.5),

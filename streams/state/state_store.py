@@ -7,7 +7,11 @@ A run's RunState (areal_metrics.streams.core.processor) is kept as (keys are JSO
                               (the smoothing window, triggers, alert memory, eval loop, stall,
                               lifecycle, the last good consensus), the keys of the waiting steps
                               and open rounds, and the range of closed-round numbers
-  [run, "pending", [a, s]]    one step waiting for the rest of its ranks (PendingStep)
+  [run, "pending", [a, s]]    one step waiting for the rest of its ranks (PendingStep less its
+                              reports: PendingRecord, with their generation and count)
+  [run, "reports", [a, s], g, i]  the reports of that step that one save added, the ith on:
+                              each report is written once, so a step of 1,024 ranks reporting
+                              one per batch writes 1,024 reports, not 1+2+...+1,024
   [run, "round", RoundKey]    one open vote round (RoundState)
   [run, "closed", RoundKey]   one decided round: its number in closing order
 
@@ -19,8 +23,16 @@ steps and rounds it lists, the closed numbers in its range), so a half-written s
 back as the state before it, except that a waiting step or open round the save rewrote
 already holds the new report or result: the batch the worker reads again adds those
 once more, which changes nothing (one report per rank, one result per node). A batch of
-steps writes its run's head and the waiting steps that got a report; closing a round
-adds one record, never the 2,048 before it.
+steps writes its run's head and, for each waiting step that got reports, a record of those
+reports and the step's record; closing a round adds one record, never the 2,048 before it.
+
+A waiting step's record names how many reports it has (`count`); they are read from
+position 0, each record of them saying how many it holds, so reports a save wrote before
+a crash cut it short (beyond the count) are not read, and are written over when the batch
+comes again. Reports that do not continue the saved ones (a step's record of the layout
+before, which held its reports itself) are written anew as the next generation `g`, whose
+records replace the old generation's once the step's record names it; the old ones go
+with the tombstones.
 
 A run evicted (`evict`: the worker's bound on its live runs, areal_metrics.streams.shell.batch)
 leaves the table as tombstones, head first; if it comes back it has no state and starts over.
@@ -29,7 +41,8 @@ A run whose records do not decode starts over from an empty state; each bad reco
 reported once (`bad`, for the shell to dead-letter) and the run's leftover records are
 deleted at its next save, as are records nothing refers to. A record written before this
 layout (key = the run id, value = the whole state) loads the same way and is replaced at
-the next save.
+the next save; so does a waiting step's record that holds its reports (before issue 42),
+rewritten in the layout above at the step's next change.
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from msgspec.structs import FieldInfo, fields
@@ -75,7 +88,7 @@ class PendingRecord(Stored, omit_defaults=True):
     ts: float
     reports: tuple[RankReport, ...] = ()  # the layout before: read, never written
     gen: int = 0
-    count: int = 0
+    count: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 @dataclass(slots=True)
