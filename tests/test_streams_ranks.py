@@ -12,7 +12,7 @@ from areal_metrics.streams.state import codec
 from areal_metrics.producers.contract.events import StepEvent
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.processor import RunState, on_step, on_tick
-from areal_metrics.streams.core.ranks import RankReport, RankState, add_rank, expire, mean_reward, oldest_wait, supersede
+from areal_metrics.streams.core.ranks import RankReport, RankState, Reports, add_rank, expire, mean_reward, oldest_wait, supersede
 
 CFG = RunConfig(window=3, step_wait_s=10.0)
 
@@ -288,3 +288,15 @@ def test_1024_ranks_are_tallied_in_place_and_give_the_weighted_mean() -> None:
     assert len(got) == 1 and state.pending == {}
     assert got[0].ranks == 1024 and got[0].world_size == 1024
     assert got[0].reward == pytest.approx(float(np.average(rewards, weights=samples)), rel=1e-12)
+
+
+def test_reports_added_since_an_older_sequence_are_the_ones_after_it_or_none() -> None:
+    a, b, c = (RankReport(r, r / 10, None) for r in range(3))
+    one = Reports([a])
+    two = one.with_report(b)
+    three = two.with_report(c)  # one buffer: the reports after are a slice of it
+    assert three.added_since(one) == [b, c] and three.added_since(three) == [] and two.added_since(one) == [b]
+    other = one.with_report(c)  # appended to an older sequence: a buffer of its own, beginning with `one`'s
+    assert other.buf is not three.buf and other.added_since(one) == [c] and three.added_since(Reports([a, b])) == [c]
+    assert one.added_since(three) is None  # shorter
+    assert other.added_since(two) is None and Reports([b]).added_since(one) is None  # not beginning with them
