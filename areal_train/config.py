@@ -23,10 +23,8 @@ from areal_metrics.areal_train.task import DATASETS, EVAL_EXCLUDE_SIZE
 from areal_metrics.producers.contract.config_fields import Config, replaced
 from areal_metrics.producers.contract.config_fields import load as load_config
 from areal_metrics.producers.contract.errors import ConfigError
-
-# `run.config.eval_loop` keys the stream worker reads (CONTRACT.md, "Evaluation you can trust").
-EVAL_LOOP_KEYS = ("enabled", "dataset", "stage", "threshold", "alpha", "patience_rounds", "factor", "min_factor",
-                  "adaptive_interval", "rollback")
+from areal_metrics.producers.contract.eval_loop import EVAL_LOOP
+from areal_metrics.producers.contract.eval_loop import check as check_eval_loop
 
 
 def _k(description: str, **bounds: Any) -> Meta:
@@ -111,7 +109,7 @@ class TrainConfig(Config, frozen=True):
                              min_length=1, max_length=256)] | None = None
     tags: Annotated[tuple[str, ...], _k("the run's tags")] = ()
     eval_loop: Annotated[dict[str, Any], _k("the stream worker's closed loop for this run (run.config.eval_loop, "
-                                            "CONTRACT.md; keys: " + ", ".join(EVAL_LOOP_KEYS) +
+                                            "CONTRACT.md; keys: " + ", ".join(EVAL_LOOP) +
                                             "); null: the worker's settings")] | None = None
     # runtime
     device: Annotated[Literal["auto", "cpu", "cuda"], _k("where the model runs")] = "auto"
@@ -155,7 +153,10 @@ class TrainConfig(Config, frozen=True):
         need(all(d in DATASETS for d in self.eval_datasets) and len(set(self.eval_datasets)) == len(self.eval_datasets),
              "eval_datasets", f"must be a non-empty list of distinct names from {', '.join(DATASETS)}")
         need(self.quick_size <= self.eval_size, "quick_size", "must be <= eval_size")
-        _check_eval_loop(self.eval_loop)
+        # eval_loop: checked as the stream worker checks it (producers/contract/eval_loop.py), the first refusal named
+        refused = check_eval_loop(self.eval_loop)[1] if self.eval_loop is not None else []
+        if refused:
+            raise ConfigError(f"eval_loop.{refused[0][0]}: {refused[0][1]}")
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as JSON values; `eval_loop` only when set (the run event's config: absent, not null)."""
@@ -164,18 +165,6 @@ class TrainConfig(Config, frozen=True):
 
     def replace(self, **changes: Any) -> TrainConfig:
         return replaced(self, changes, "config")
-
-
-def _check_eval_loop(value: dict[str, Any] | None) -> None:
-    """The loop's settings pass through to the run event; the stream worker checks their values."""
-    if value is None:
-        return
-    unknown = sorted(str(k) for k in value if k not in EVAL_LOOP_KEYS)
-    if unknown:
-        raise ConfigError(f"eval_loop: unknown key {', '.join(unknown)} (known: {', '.join(EVAL_LOOP_KEYS)})")
-    bad = [k for k, v in value.items() if not isinstance(v, (bool, int, float, str))]
-    if bad:
-        raise ConfigError(f"eval_loop.{bad[0]}: must be a boolean, number or string")
 
 
 def from_mapping(data: dict[str, Any], where: str = "config") -> TrainConfig:

@@ -1,15 +1,19 @@
 """`CommandApplier` on real torch optimizers and schedulers (no broker): the lr of a command's steps is the
 factor times the same run's schedule without it, for every scheduler type; the bounds; rollback from kept
-weights; the flags; resume from its state; two gloo ranks applying a command at the same step."""
+weights; the flags; resume from its state; two gloo ranks applying a command at the same step (the records
+broadcast as they are); a `sync=` hook that carries the commands' JSON form."""
 
 from __future__ import annotations
 
 import copy
+import json
 import os
+import pickle
 import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,7 +21,8 @@ from torch.optim import lr_scheduler as sch
 
 import areal_metrics as am
 from areal_metrics.producers.client.trainer_control import CommandApplier, due, from_step
-from areal_metrics.producers.contract.events import CommandEvent
+from areal_metrics.producers.contract.events import CommandEvent, event_from_dict
+from areal_metrics.producers.contract.field_rules import ValidationError
 
 STEPS = 14
 
@@ -75,11 +80,11 @@ SCHEDULES: dict[str, Callable[[torch.optim.Optimizer], object]] = {
 
 
 def train(schedule: str, feed: Feed | None, steps: range = range(1, STEPS + 1), state: dict | None = None,
-          **applier_kwargs: object) -> tuple[dict[int, list[float]], CommandApplier, dict]:
+          **applier_kwargs: Any) -> tuple[dict[int, list[float]], CommandApplier, dict]:
     """A loop that logs at step s the lrs update s used; returns them, the applier and a checkpoint."""
     model, opt = model_and_optimizer()
     scheduler = SCHEDULES[schedule](opt)
-    control = CommandApplier(feed, opt, scheduler, model=model, **applier_kwargs)  # type: ignore[arg-type]
+    control = CommandApplier(feed, opt, scheduler, model=model, **applier_kwargs)
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -233,11 +238,17 @@ def test_the_applier_is_public_and_importing_the_client_imports_no_torch(tmp_pat
 
 
 def _rank(rank: int, port: int, out: str) -> None:
-    import json
-
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    received: list[list[Any]] = []
+    broadcast = dist.broadcast_object_list
+
+    def spy(holder: list[Any], src: int = 0, **kw: Any) -> None:  # what crosses between the ranks
+        broadcast(holder, src=src, **kw)
+        received.append(list(holder[0]))
+
+    setattr(dist, "broadcast_object_list", spy)  # in this process only (a spawned rank)
     model, opt = model_and_optimizer()
     scheduler = linear_warmup(opt)
     # the command reaches rank 0 at its 5th call; rank 1 has no run at all (as in HF callbacks)
@@ -250,12 +261,11 @@ def _rank(rank: int, port: int, out: str) -> None:
         opt.step()
         scheduler.step()
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    Path(out, f"received{rank}.pkl").write_bytes(pickle.dumps(received))
     dist.destroy_process_group()
 
 
 def test_two_gloo_ranks_apply_a_command_at_the_same_step(tmp_path: Path) -> None:
-    import json
-
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
@@ -267,3 +277,46 @@ def test_two_gloo_ranks_apply_a_command_at_the_same_step(tmp_path: Path) -> None
     assert zero == one
     assert [r[1] for r in zero] == [1.0] * 4 + [0.25] * 5  # applied before update 5 on both
     assert [r[0] for r in zero if r[2]] == [7]
+    # what rank 1 received is rank 0's records themselves (no dicts), equal field for field
+    sent, got = (pickle.loads((tmp_path / f"received{r}.pkl").read_bytes()) for r in range(2))
+    assert got == sent and len(got) == 9 and [len(g) for g in got] == [0, 0, 0, 0, 1, 0, 1, 0, 0]
+    assert all(type(c) is CommandEvent for g in got for c in g)
+    assert [c.command for g in got for c in g] == ["scale_lr", "evaluate_now"]
+
+
+def test_a_command_record_pickles_equal_and_is_checked_again_as_it_is_unpickled() -> None:
+    """What the applier's broadcast (and the reference trainer's `Control`) carries between ranks."""
+    records = [command("scale_lr", factor=0.5, from_step=7, restore_step=3), command("stop"),
+               CommandEvent(run_id="r1", node="worker", target_node="n0", command="set_eval_interval",
+                            args={"steps": 5}, reason="the reward moves fast")]
+    back = pickle.loads(pickle.dumps(records))
+    assert back == records and all(type(c) is CommandEvent for c in back)
+    rebuild, (cls, fields) = records[0].__reduce__()
+
+    class Tampered:  # a pickle whose record breaks the contract (a factor out of range)
+        def __reduce__(self) -> tuple[Any, ...]:
+            return rebuild, (cls, {**fields, "args": {"factor": 500}})
+
+    with pytest.raises(ValidationError, match=r"commands.args.factor: must be a number in \(0, 100\]"):
+        pickle.loads(pickle.dumps(Tampered()))
+
+
+def test_a_sync_hook_carries_the_commands_json_form_as_before() -> None:
+    """`sync=` (another transport than torch.distributed) gets rank 0's commands as `to_dict()` dicts and may
+    return dicts (e.g. through JSON) or the records; either way the same commands apply."""
+    sent: list[list[Any]] = []
+
+    def through_json(mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        sent.append(mine)
+        return json.loads(json.dumps(mine))
+
+    scale, stop = command("scale_lr", factor=0.5, from_step=2), command("stop")
+    _, opt = model_and_optimizer()
+    control = CommandApplier(Feed({0: [scale], 1: [stop]}), opt, sync=through_json)
+    first, second = control.at_step(1), control.at_step(2)
+    assert sent[0] == [scale.to_dict()] and all(type(c) is dict for m in sent for c in m)
+    assert first.applied == [] and second.applied == [scale, stop] and second.lr_factor == 0.5 and second.stop
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.5e-2)
+    as_records = CommandApplier(Feed({0: [scale]}), opt,
+                                sync=lambda mine: [event_from_dict(c, CommandEvent) for c in mine])
+    assert as_records.at_step(2).applied == [scale]

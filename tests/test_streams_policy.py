@@ -224,7 +224,7 @@ def test_every_path_that_makes_a_run_config_checks_it_with_the_same_words() -> N
         RunConfig(lr_alpha=0.9)
     with pytest.raises(ConfigError, match=re.escape(f"streams config defaults: {words}")):
         StreamsConfig.from_dict({"defaults": {"lr_alpha": 0.9}})
-    assert eval_loop_overrides({"alpha": 0.9}, RunConfig()) == ({}, ["run.config.eval_loop.alpha: must be in (0, 0.5] (got 0.9)"])
+    assert eval_loop_overrides({"alpha": 0.9}) == ({}, ["run.config.eval_loop.alpha: must be in (0, 0.5] (got 0.9)"])
     for kwargs, message in [(dict(window=0), "window: must be >= 1 (got 0)"),
                             (dict(lr_eval_stage="fast"), "lr_eval_stage: must be quick or full (got 'fast')"),
                             (dict(lr_eval_dataset=""), "lr_eval_dataset: must be 1..128 characters (got '')"),

@@ -4,6 +4,7 @@ run of their own, where a majority can outvote the faulty rank; a run whose lear
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -73,8 +74,12 @@ def test_eval_loop_reaches_the_run_config_only_when_set_and_unknown_keys_are_ref
     cfg = from_mapping({"eval_loop": {"enabled": True, "threshold": 0.1}})
     assert cfg.to_dict()["eval_loop"] == {"enabled": True, "threshold": 0.1}
     assert from_mapping(cfg.to_dict()) == cfg  # what launch passes to the ranks as JSON
-    with pytest.raises(ConfigError, match="eval_loop: unknown key thresh"):
+    with pytest.raises(ConfigError, match=r"config: eval_loop.thresh: unknown \(known: enabled, dataset, "):
         from_mapping({"eval_loop": {"thresh": 0.1}})
+    with pytest.raises(ConfigError, match=re.escape("config: eval_loop.alpha: must be in (0, 0.5] (got 0.9)")):
+        from_mapping({"eval_loop": {"alpha": 0.9}})
+    loop = {"horizon_rounds": 40, "raise_after_rounds": 0, "dataset": None}  # every key the worker takes
+    assert from_mapping({"eval_loop": loop}).to_dict()["eval_loop"] == loop
     with pytest.raises(ConfigError, match=r"eval_loop: Expected `object \| null`, got `float` \(0.1\)"):
         from_mapping({"eval_loop": 0.1})
 

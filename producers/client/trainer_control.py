@@ -32,9 +32,12 @@ What `at_step(step)` does, before the update numbered `step` (the step you log i
 - Every rank applies a command at the same step: with `torch.distributed` initialised and
   more than one process, rank 0 takes the commands (`run.commands()`; the other ranks do not
   read their feed: they pass their own run, to acknowledge what they apply, or `run=None`) and
-  broadcasts them at each `at_step` (one small object broadcast), so every rank must call
-  `at_step` at the same steps. `sync=` replaces that broadcast (rank 0's list of
-  command dicts -> that list on every rank).
+  broadcasts them at each `at_step` (one small object broadcast of the `CommandEvent` records
+  themselves: a record pickles, and is checked again as it is unpickled), so every rank must
+  call `at_step` at the same steps. `sync=` replaces that broadcast: it takes rank 0's commands
+  in their JSON form (a list of `CommandEvent.to_dict()` dicts, which any transport carries:
+  JSON over a store, MPI, a Ray actor) and returns that list on every rank (dicts, or the
+  records themselves); a hook written for dicts keeps working.
 - Each command applied or ignored is acknowledged on the run (`command_ack` events, CONTRACT.md:
   the step, the cumulative factor, or why not), so the stream worker sees what the loop did.
 - `state_dict()` / `load_state_dict()`: the cumulative factor, the ids of the commands applied,
@@ -50,7 +53,7 @@ that touch it: the client's thin install does not need it until an applier is bu
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,7 +109,8 @@ class CommandApplier:
     def __init__(self, run: Any, optimizer: Any = None, scheduler: Any = None, *, model: Any = None,
                  keep_rounds: int = 0, restore: Callable[[int], bool | int | str] | None = None,
                  lr_min_factor: float = LR_MIN_FACTOR, ignore: Mapping[str, str] | None = None,
-                 sync: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None) -> None:
+                 sync: Callable[[list[dict[str, Any]]], Sequence[dict[str, Any] | CommandEvent]] | None = None
+                 ) -> None:
         if not 0 < lr_min_factor <= 1:
             raise ValueError(f"CommandApplier: lr_min_factor must be in (0, 1] (got {lr_min_factor})")
         if keep_rounds < 0:
@@ -229,9 +233,7 @@ class CommandApplier:
     def _arrived(self) -> list[CommandEvent]:
         inbox, self._inbox = self._inbox, []
         reads = self.run is not None and self._leads()  # only rank 0 reads the feed when ranks agree
-        mine = [c.to_dict() for c in [*inbox, *(self.run.commands() if reads else ())]]
-        shared = self._broadcast(mine)
-        return [c if isinstance(c, CommandEvent) else event_from_dict(c, CommandEvent) for c in shared]
+        return self._broadcast([*inbox, *(self.run.commands() if reads else ())])
 
     def _leads(self) -> bool:
         """Whether this process's commands are the ones every rank applies (rank 0, or no distribution)."""
@@ -253,13 +255,16 @@ class CommandApplier:
             return None
         return dist
 
-    def _broadcast(self, mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _broadcast(self, mine: list[CommandEvent]) -> list[CommandEvent]:
+        """Rank 0's commands on every rank: the records, in one `broadcast_object_list`; or through
+        the user's `sync=`, which carries their JSON form (dicts, read back as records)."""
         if self._sync is not None:
-            return self._sync(mine)
+            shared = self._sync([c.to_dict() for c in mine])
+            return [c if isinstance(c, CommandEvent) else event_from_dict(c, CommandEvent) for c in shared]
         dist = self._dist()
         if dist is None:
             return mine
-        holder = [mine if dist.get_rank() == 0 else None]
+        holder: list[list[CommandEvent] | None] = [mine if dist.get_rank() == 0 else None]
         dist.broadcast_object_list(holder, src=0)
         return list(holder[0] or [])
 

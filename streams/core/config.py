@@ -14,7 +14,8 @@ The file named by AREAL_STREAMS_CONFIG (JSON) may change them:
 `runs` keys are run ids or shell-style patterns; matching entries apply in file order, so a
 later, more specific entry wins. Unknown names are refused with a message naming them.
 A run's `run.config.eval_loop` overrides the knobs that name an `eval_loop` key for that run
-(EVAL_LOOP_KEYS: the contract's names, CONTRACT.md "Evaluation you can trust").
+(EVAL_LOOP_KEYS: the contract's names, CONTRACT.md "Evaluation you can trust"; their types and ranges are
+the contract's, `producers/contract/eval_loop.py`).
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from msgspec import Meta
 
+from areal_metrics.producers.contract import eval_loop
 from areal_metrics.producers.contract.config_fields import Config, knobs, load, replaced
 from areal_metrics.producers.contract.errors import ConfigError
+from areal_metrics.producers.contract.eval_loop import (Alpha, Dataset, Factor, HorizonRounds, MinFactor,
+                                                        PatienceRounds, RaiseAfterRounds, Stage, Threshold)
 
 CONFIG_ENV = "AREAL_STREAMS_CONFIG"
 
@@ -75,17 +79,15 @@ class RunConfig(Config, frozen=True):
     eval_loop_enabled: Annotated[bool, _k("the loop may send `scale_lr` (also needs lr_eval_threshold)",
                                           section="Closed loop on evaluation (`streams/core/eval_loop.py`)",
                                           eval_loop="enabled")] = True
-    lr_eval_threshold: Annotated[float, _k("`scale_lr` by lr_factor when the interval says the accuracy is below "
-                                           "it (null: off)", eval_loop="threshold", ge=0, le=1)] | None = None
-    lr_eval_dataset: Annotated[str, _k("the dataset watched (null: the run's first dataset of that stage)",
-                                       eval_loop="dataset", min_length=1, max_length=128)] | None = None
-    lr_eval_stage: Annotated[Literal["quick", "full"], _k("the stage watched", eval_loop="stage")] = "full"
-    lr_alpha: Annotated[float, _k("the false-alarm rate the run's decisions keep over all its rounds",
-                                  eval_loop="alpha", gt=0, le=0.5)] = 0.05
-    lr_factor: Annotated[float, _k("the `factor` of a lowering `scale_lr`", eval_loop="factor", gt=0, lt=1)] = 0.5
-    # 0.01: a restore of the whole way back (1 / floor) must stay a valid factor (<= 100).
-    lr_min_factor: Annotated[float, _k("floor of the cumulative factor", eval_loop="min_factor",
-                                       ge=0.01, le=1)] = 0.125
+    lr_eval_threshold: Annotated[Threshold, _k("`scale_lr` by lr_factor when the interval says the accuracy is "
+                                               "below it (null: off)", eval_loop="threshold")] | None = None
+    lr_eval_dataset: Annotated[Dataset, _k("the dataset watched (null: the run's first dataset of that stage)",
+                                           eval_loop="dataset")] | None = None
+    lr_eval_stage: Annotated[Stage, _k("the stage watched", eval_loop="stage")] = "full"
+    lr_alpha: Annotated[Alpha, _k("the false-alarm rate the run's decisions keep over all its rounds",
+                                  eval_loop="alpha")] = 0.05
+    lr_factor: Annotated[Factor, _k("the `factor` of a lowering `scale_lr`", eval_loop="factor")] = 0.5
+    lr_min_factor: Annotated[MinFactor, _k("floor of the cumulative factor", eval_loop="min_factor")] = 0.125
     lr_rollback: Annotated[bool, _k("a threshold drop's `scale_lr` also names `restore_step`: the latest round "
                                     "whose 95 % interval lay at or above the threshold (the trainer restores the "
                                     "weights it had then)", eval_loop="rollback")] = False
@@ -95,16 +97,18 @@ class RunConfig(Config, frozen=True):
                                            "this, capped below the rate at which accuracy dropped (and at 1.0)",
                                            gt=1, le=100)] = 2.0
     lr_apply_delay_steps: Annotated[int, _k("`from_step` = the evaluated step + this", ge=0)] = 5
-    lr_horizon_rounds: Annotated[int, _k("the rounds over which the run's decisions keep their false-alarm rate "
-                                         "lr_alpha (else, when its run event publishes `total_steps` and "
-                                         "`eval_interval_steps`, their ratio)", eval_loop="horizon_rounds",
-                                         ge=1, le=1_000_000)] = 200
-    lr_raise_after_rounds: Annotated[int, _k("after a threshold cut, the lr is raised again only after this many "
-                                             "rounds at the lower rate, none read below the threshold",
-                                             eval_loop="raise_after_rounds", ge=0)] = 3
-    no_improvement_rounds: Annotated[int, _k("patience: every this many rounds, a test whether improvement "
-                                             "stopped; `no_improvement` (+ `scale_lr` when the loop is on) when "
-                                             "it did (0: off)", eval_loop="patience_rounds", ge=0)] = 5
+    lr_horizon_rounds: Annotated[HorizonRounds, _k("the rounds over which the run's decisions keep their "
+                                                   "false-alarm rate lr_alpha (else, when its run event publishes "
+                                                   "`total_steps` and `eval_interval_steps`, their ratio)",
+                                                   eval_loop="horizon_rounds")] = 200
+    lr_raise_after_rounds: Annotated[RaiseAfterRounds, _k("after a threshold cut, the lr is raised again only "
+                                                          "after this many rounds at the lower rate, none read "
+                                                          "below the threshold",
+                                                          eval_loop="raise_after_rounds")] = 3
+    no_improvement_rounds: Annotated[PatienceRounds, _k("patience: every this many rounds, a test whether "
+                                                        "improvement stopped; `no_improvement` (+ `scale_lr` when "
+                                                        "the loop is on) when it did (0: off)",
+                                                        eval_loop="patience_rounds")] = 5
     lr_improve_delta: Annotated[float, _k("improvement per round below which it counts as stopped", ge=0)] = 0.01
     # Alerts
     reward_threshold: Annotated[float | None, _k("`reward_below_threshold` when the sliding average drops below "
@@ -151,34 +155,26 @@ class RunConfig(Config, frozen=True):
         return replaced(self, overrides, f"streams config{where}")
 
 
-# `run.config.eval_loop` key (CONTRACT.md, "Evaluation you can trust") -> the RunConfig field it sets.
+# `run.config.eval_loop` key (CONTRACT.md, "Evaluation you can trust") -> the RunConfig field it sets. The
+# keys and their types are the contract's (producers/contract/eval_loop.py); a knob's annotation names the
+# contract's type, and tests/test_eval_loop_keys.py holds the two to the same keys and values.
 EVAL_LOOP_KEYS = {k.extra["eval_loop"]: k.name for k in knobs(RunConfig) if "eval_loop" in k.extra}
 # Knobs whose default an environment variable may set (AREAL_<NAME>, declared in settings.py); a config
 # file's value wins.
 ENV_DEFAULTS = tuple(k.name for k in knobs(RunConfig) if "env" in k.extra)
 
 
-def eval_loop_overrides(raw: Any, cfg: RunConfig) -> tuple[dict[str, Any], list[str]]:
-    """A run's `run.config.eval_loop` -> (RunConfig overrides that are valid on `cfg`, one
-    error per refused key, naming it). A refused key keeps the worker's setting."""
+def eval_loop_overrides(raw: Any) -> tuple[dict[str, Any], list[str]]:
+    """A run's `run.config.eval_loop` -> (the RunConfig overrides it sets validly, one
+    error per refused key, naming it). A refused key keeps the worker's setting. The keys' values
+    are checked by the contract (`eval_loop.check`), as the reference trainer checks its own."""
     if raw is None:
         return {}, []
     if not isinstance(raw, Mapping):
         return {}, [f"run.config.eval_loop: not an object ({type(raw).__name__})"]
-    good: dict[str, Any] = {}
-    errors = []
-    for key, value in raw.items():
-        name = EVAL_LOOP_KEYS.get(key)
-        if name is None:
-            errors.append(f"run.config.eval_loop.{str(key)[:64]}: unknown (known: {', '.join(EVAL_LOOP_KEYS)})")
-            continue
-        try:
-            cfg.with_overrides({**good, name: value})
-        except ConfigError as exc:
-            errors.append(f"run.config.eval_loop.{key}: {str(exc).rpartition(': ')[2] or exc}"[:300])
-            continue
-        good[name] = value
-    return good, errors
+    good, refused = eval_loop.check(raw)  # the knobs' types are the contract's: a RunConfig takes what it took
+    errors = [f"run.config.eval_loop.{key}: {why}"[:300] for key, why in refused]
+    return {EVAL_LOOP_KEYS[key]: value for key, value in good.items()}, errors
 
 
 class StreamsFile(Config, frozen=True):

@@ -423,7 +423,7 @@ def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[R
     if ev.status == "running" and ev.attempt >= state.lifecycle.attempt:
         trigger = with_base_interval(trigger, published_interval(ev.config))
         if "eval_loop" in ev.config:  # the run's own loop settings (the latest `running` that carries them)
-            changes["loop_overrides"], errors = eval_loop_overrides(ev.config.get("eval_loop"), cfg)
+            changes["loop_overrides"], errors = eval_loop_overrides(ev.config.get("eval_loop"))
             alerts = [*alerts, *(invalid_loop_alert(e) for e in errors)]
         horizon = published_horizon(ev.config)
         overrides = changes.get("loop_overrides", state.loop_overrides)
