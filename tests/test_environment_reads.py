@@ -36,6 +36,9 @@ ENTRY_CALLS = {
     ("sinks/query.py", "connect"),  # connect(): the store the environment names
     ("producers/client/run.py", "init"),  # areal_metrics.init: its Settings, the job's run id
     ("producers/client/run.py", "_identity"),  # init's: the launcher's RANK, WORLD_SIZE, ...
+    # the services' supervisor is a process of its own (`python -m areal_metrics.stack.supervisor`): its main
+    # reads StackSettings (AREAL_RESTART_*) and the state folder once and passes them down
+    ("areal_metrics/stack/supervisor.py", "main"),
 }
 
 # readers not moved up to their entry point yet: module -> why it still reads
@@ -50,9 +53,7 @@ KNOWN = {
     "areal_train/host.py": "sets RANK for the processes it starts",
     "areal_train/warmstart_cache.py": "AREAL_CACHE_DIR",
     "areal_metrics/integrations/areal.py": "the AReaL launcher's RANK",
-    "areal_metrics/stack/kafka_broker.py": "AREAL_KAFKA_HEAP and AREAL_KAFKA_JARS, XDG_CACHE_HOME",
     "areal_metrics/stack/services.py": "builds the services' environment; AREAL_CLICKHOUSE_URL",
-    "areal_metrics/stack/supervisor.py": "AREAL_RESTART_MAX, AREAL_RESTART_BACKOFF_S",
 }
 
 READERS = {"read_setting": 2, "is_set": 2, "from_env": 1, "state_dir": 1}  # name -> args when the environ is given

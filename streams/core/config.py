@@ -153,8 +153,8 @@ class RunConfig(Config, frozen=True):
 
 # `run.config.eval_loop` key (CONTRACT.md, "Evaluation you can trust") -> the RunConfig field it sets.
 EVAL_LOOP_KEYS = {k.extra["eval_loop"]: k.name for k in knobs(RunConfig) if "eval_loop" in k.extra}
-# Knobs whose default an environment variable may set (AREAL_<NAME>, declared in settings.py); a config
-# file's value wins.
+# Knobs whose default an environment variable may set (AREAL_<NAME>, declared in the worker's settings,
+# streams/shell/settings.py); a config file's value wins.
 ENV_DEFAULTS = tuple(k.name for k in knobs(RunConfig) if "env" in k.extra)
 
 
