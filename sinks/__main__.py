@@ -24,6 +24,7 @@ import sys
 from areal_metrics.producers.contract.errors import ArealError, one_line
 from areal_metrics.producers.runtime.poison import CrashGuard, crash_marker
 from areal_metrics.producers.runtime.service_gc import settle_gc
+from areal_metrics.producers.contract.limits import StructureLimits, install_limits
 from areal_metrics.producers.contract.settings import Settings
 from areal_metrics.sinks.settings import SinkSettings
 
@@ -49,6 +50,7 @@ def main() -> int:
     except ArealError as exc:  # a variable that cannot be used: one line
         print(f"areal-sink: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
+    install_limits(StructureLimits.from_settings(settings))  # every message's structure limits (AREAL_MAX_*)
     logging.basicConfig(level=own.log_level.upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("kafka").setLevel(logging.WARNING)

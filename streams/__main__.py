@@ -39,6 +39,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> StreamsConfig:
 
 def main() -> int:
     from areal_metrics.producers.contract.errors import ArealError
+    from areal_metrics.producers.contract.limits import StructureLimits, install_limits
     from areal_metrics.producers.runtime.service_gc import settle_gc
     from areal_metrics.producers.contract.settings import Settings, state_dir
     from areal_metrics.streams.core.config import ConfigError
@@ -55,6 +56,7 @@ def main() -> int:
     except ArealError as exc:  # a setting that cannot be used: one line naming it
         print(f"areal-streams: {exc}", file=sys.stderr)
         return 2
+    install_limits(StructureLimits.from_settings(settings))  # every message's structure limits (AREAL_MAX_*)
     topics = settings.topics
     loglevel = own.streams_loglevel.upper()
     logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -8,7 +8,7 @@ Everything below takes values as arguments, so a rule can be tested without sett
 A read is `os.environ` / `os.getenv` (or `environ` / `getenv` imported from os), and a call of
 the settings readers that read the process's environment: `read_setting(name)` and
 `is_set(name)` without an `environ` argument, `Settings.from_env()` without one, `state_dir()`.
-A call of a function that reads (e.g. `default_limits()`) is not followed: the reader itself is
+A call of a function that reads (e.g. `checkpoint_root()`) is not followed: the reader itself is
 listed here. KNOWN holds the readers not moved up yet, each with its reason; the test also fails
 when one of them no longer reads, so the list only shrinks.
 """
@@ -43,8 +43,6 @@ ENTRY_CALLS = {
 
 # readers not moved up to their entry point yet: module -> why it still reads
 KNOWN = {
-    "producers/contract/limits.py": "default_limits(): the structure limits (AREAL_MAX_*) of every parse_event, "
-                                    "read once per process; every reader would take them as an argument",
     "producers/client/run_info.py": "passes the environment on to `git` (a child process), reads no setting",
     "areal_train/session.py": "checkpoint_root(): the checkpoints' default folder under AREAL_HOME",
     "areal_train/worker.py": "a torchrun worker's RANK and WORLD_SIZE",
