@@ -234,7 +234,7 @@ class SettingGroup:
 
 @dataclass(frozen=True)
 class Settings(SettingGroup):
-    """Shared: the settings several processes read (the client, the worker, the sink, the stack)"""
+    """Shared: the settings several processes read, and the client's (`init(...)` takes each by its field name)"""
 
     # -- where things are
     kafka_bootstrap: Annotated[str, HOSTPORTS] = setting(
