@@ -23,7 +23,8 @@ from areal_metrics.producers.contract.errors import ArealError, one_line
 
 from areal_metrics.commands import (alerts, compare, demo, grafana, publish, replay, report, sql, stack_cmd, sync, train,
                                     watch)
-from areal_metrics.producers.contract.settings import is_set
+from areal_metrics.producers.contract.limits import StructureLimits, install_limits
+from areal_metrics.producers.contract.settings import is_set, read_setting
 
 # verb -> (module, one-line help); a module may serve several verbs
 VERBS: dict[str, tuple[ModuleType, str]] = {
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)
     try:
         use_local_stack_bootstrap()
+        # the structure limits (AREAL_MAX_*) of every message a verb reads, installed for the process
+        install_limits(StructureLimits(*(read_setting(name) for name in StructureLimits.SETTINGS)))
         extras.check_verb(args.verb, getattr(args, "action", None))  # the thin install: name the extra
         return int(args.run(args) or 0)
     except ArealError as exc:  # every error raised on purpose: one line, its exit code (2 bad input, 1 a service)

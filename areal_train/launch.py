@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from areal_metrics.areal_train.config import TrainConfig, load
+from areal_metrics.areal_train.settings import TrainerSettings
 
 
 @dataclass
@@ -109,8 +110,9 @@ def start(run_id: str, nproc: int, steps: int, config: TrainConfig | str | Path 
     if nproc < 1 or steps < 1:
         raise ValueError("nproc and steps must be >= 1")
     cfg = config if isinstance(config, TrainConfig) else load(config)
-    prepare(cfg)
     run_env = dict(os.environ if env is None else env)
+    # where the ranks will look for the warm start: their environment's AREAL_CACHE_DIR
+    prepare(cfg, TrainerSettings.from_env(run_env).warmstart_dir())
     run_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc),
                    OMP_NUM_THREADS=str(cfg.threads), PYTHONUNBUFFERED="1")
     worker = ["--run-id", run_id, "--steps", str(steps), "--config-json", json.dumps(cfg.to_dict())]
@@ -132,16 +134,17 @@ def start(run_id: str, nproc: int, steps: int, config: TrainConfig | str | Path 
     return run
 
 
-def prepare(cfg: TrainConfig) -> None:
-    """Build the cached warm start this config needs, if it is missing."""
+def prepare(cfg: TrainConfig, cache: Path) -> None:
+    """Build the cached warm start this config needs in the folder `cache`
+    (TrainerSettings.warmstart_dir()), if it is missing."""
     if cfg.warmstart_steps > 0:
         from areal_metrics.areal_train.warmstart_cache import path_for, spec_for
 
-        if path_for(spec_for(cfg)).exists():  # found without importing torch into the launcher
+        if path_for(spec_for(cfg), cache).exists():  # found without importing torch into the launcher
             return
         from areal_metrics.areal_train.warmstart import ensure
 
-        ensure(spec_for(cfg))
+        ensure(spec_for(cfg), cache=cache)
 
 
 def launch(run_id: str, nproc: int, steps: int, config: TrainConfig | str | Path | None = None, *,

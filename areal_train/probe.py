@@ -87,9 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--diagnose", type=int, default=256, help="prompts per set of the diagnostic (0: none)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
+    from areal_metrics.areal_train.settings import TrainerSettings
+
     policy = warmstart.load(WarmStartSpec(steps=a.ws_steps, scratch_share=a.ws_scratch_share,
                                          second_guess_share=a.ws_second_guess,
-                                         label_smoothing=a.ws_label_smoothing))
+                                         label_smoothing=a.ws_label_smoothing),
+                            cache=TrainerSettings.from_env().warmstart_dir())
     print(f"warm start {policy.n_parameters():,} parameters", flush=True)
     if a.diagnose:
         print(table(diagnose(policy, size=a.diagnose, k=8), 8), flush=True)

@@ -54,12 +54,14 @@ KEPT_ROUNDS = 5
 REWARD_LABEL = "reward (right answers, discounted per extra attempt)"
 
 
-def checkpoint_root(cfg: TrainConfig) -> Path:
+def checkpoint_root(cfg: TrainConfig, home: Path | None) -> Path:
+    """Where checkpoints go: the config's checkpoint_dir, else `checkpoints/` in the state folder `home`
+    (AREAL_HOME, which the process's entry point reads and passes in)."""
     if cfg.checkpoint_dir:
         return Path(cfg.checkpoint_dir)
-    from areal_metrics.producers.contract.settings import state_dir
-
-    return state_dir() / "checkpoints"
+    if home is None:
+        raise ValueError("checkpoint_dir: the config names no folder and no state folder (AREAL_HOME) was given")
+    return home / "checkpoints"
 
 
 def build_eval_sets(cfg: TrainConfig) -> dict[str, EvalSet]:
@@ -99,13 +101,16 @@ class Session:
     kept: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # step -> weights of a recent round
     evaluator: Evaluator = field(init=False)
     _eval_memory: dict[str, Any] = field(default_factory=dict)
+    home: Path | None = None  # the state folder (AREAL_HOME): checkpoints/ when the config names no checkpoint_dir
 
     # ------------------------------------------------------------ building
 
     @classmethod
     def open(cls, cfg: TrainConfig, run_id: str, rank: int, world_size: int, device: torch.device,
-             comm: Collective, clock: Callable[[], float], resume: bool) -> Session:
-        policy = _initial_policy(cfg, comm, rank, resume).to(device)
+             comm: Collective, clock: Callable[[], float], resume: bool, warmstarts: Path,
+             home: Path | None = None) -> Session:
+        """`warmstarts`: the warm starts' cache folder; `home`: the state folder (both from the entry point)."""
+        policy = _initial_policy(cfg, comm, rank, resume, warmstarts).to(device)
         now = clock()
         exclude = eval_prompts({name: EVAL_EXCLUDE_SIZE for name in DATASETS})
         session = cls(
@@ -120,9 +125,10 @@ class Session:
             reference=_frozen_copy(policy) if cfg.kl_coef > 0 else None,
             ppo=PPOSettings(clip_eps=cfg.clip_eps, entropy_coef=cfg.entropy_coef, kl_coef=cfg.kl_coef,
                             value_coef=cfg.value_coef, max_grad_norm=cfg.max_grad_norm, epochs=cfg.ppo_epochs,
-                            minibatches=cfg.ppo_minibatches, temperature=cfg.temperature))
+                            minibatches=cfg.ppo_minibatches, temperature=cfg.temperature),
+            home=home)
         if resume:
-            session._restore(checkpoint.load_latest(checkpoint_root(cfg), run_id, rank, world_size, device))
+            session._restore(checkpoint.load_latest(checkpoint_root(cfg, home), run_id, rank, world_size, device))
         return session
 
     def start_evaluator(self, on_outcome: Callable[[Outcome], None], standby: Standby | None = None) -> None:
@@ -184,7 +190,7 @@ class Session:
                "data": self.data.state_dict()}
         meta = {"run_id": self.run_id, "attempt": self.attempt, "world_size": self.world_size,
                 "config": self.cfg.to_dict()}
-        path = checkpoint.save(checkpoint_root(self.cfg), self.run_id, self.step, self.rank, shared=shared, own=own,
+        path = checkpoint.save(checkpoint_root(self.cfg, self.home), self.run_id, self.step, self.rank, shared=shared, own=own,
                                meta=meta, barrier=self.comm.barrier)
         if self.rank == 0:
             log.info("%s: checkpoint at step %d in %s", self.run_id, self.step, path)
@@ -232,14 +238,14 @@ def rl_parameters(policy: torch.nn.Module, pattern: str) -> list[torch.nn.Parame
     return trained
 
 
-def _initial_policy(cfg: TrainConfig, comm: Collective, rank: int, resume: bool) -> Policy:
+def _initial_policy(cfg: TrainConfig, comm: Collective, rank: int, resume: bool, warmstarts: Path) -> Policy:
     torch.manual_seed(cfg.seed)
     if cfg.warmstart_steps > 0 and not resume:
         spec = warmstart.spec_for(cfg)
         if rank == 0:
-            warmstart.ensure(spec)  # built once, cached; the other ranks wait at the barrier
+            warmstart.ensure(spec, cache=warmstarts)  # built once, cached; the other ranks wait at the barrier
         comm.barrier()
-        policy = warmstart.load(spec)
+        policy = warmstart.load(spec, cache=warmstarts)
     else:
         policy = Policy(cfg.d_model, cfg.layers, cfg.heads)  # a resumed run's weights come from the checkpoint
     comm.broadcast_module_(policy)  # rank 0's weights, to be sure

@@ -17,6 +17,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -30,6 +31,7 @@ from areal_metrics.areal_train.evaluation import Outcome, RoundJob
 from areal_metrics.areal_train.metrics import choose_device, memory_bytes, rss_bytes
 from areal_metrics.areal_train.reporting import NullRun, Reporter, RunLike, RunSpec
 from areal_metrics.areal_train.session import Session
+from areal_metrics.areal_train.settings import TrainerSettings
 from areal_metrics.areal_train.task import EOS
 from areal_metrics.producers.contract.events import CommandEvent
 
@@ -62,18 +64,24 @@ def node_name(rank: int) -> str:
 
 def train(cfg: TrainConfig, run_id: str, steps: int, rank: int = 0, world_size: int = 1,
           open_run: RunFactory | None = None, clock: Callable[[], float] = time.time,
-          resume: bool = False, eval_standby: Standby | None = None) -> Summary:
+          resume: bool = False, eval_standby: Standby | None = None, warmstarts: Path | None = None,
+          home: Path | None = None) -> Summary:
     """Train `steps` steps (from the last checkpoint with `resume`), reporting through `open_run`'s run.
 
     `eval_standby`: an evaluation process forked by the entry point before any thread started, for
-    `async` evaluation (without one, the evaluator spawns its process)."""
+    `async` evaluation (without one, the evaluator spawns its process). `warmstarts`: the warm starts'
+    cache folder (None: the default, ~/.cache/areal-metrics/warmstart); `home`: the state folder whose
+    checkpoints/ take the checkpoints when the config names no checkpoint_dir. The entry point reads both
+    (TrainerSettings, AREAL_HOME); nothing here reads the environment."""
     started = time.perf_counter()
     torch.set_num_threads(cfg.threads)
     if cfg.device != "cpu" and torch.cuda.is_available():
         torch.cuda.set_device(rank % torch.cuda.device_count())
     device = choose_device(cfg.device)
     comm = Collective(world_size)
-    session = Session.open(cfg, run_id, rank, world_size, device, comm, clock, resume)
+    if warmstarts is None:
+        warmstarts = TrainerSettings().warmstart_dir()
+    session = Session.open(cfg, run_id, rank, world_size, device, comm, clock, resume, warmstarts, home)
     spec = RunSpec(run_id, rank, world_size, session.attempt, node_name(rank), session.run_config(steps),
                    tuple(cfg.tags), cfg.group or cfg.strategy)
     run = open_run(spec) if open_run is not None else NullRun()  # sends the `running` run event

@@ -11,7 +11,7 @@ what feedback means. The recipe (`WarmStartSpec`) is short on purpose: the
 first run on a fresh machine builds it in about a minute of one core, and
 what it leaves to learn is RL's (`areal-metrics train --diagnose` shows it).
 
-The result is cached under `warmstart_cache.cache_dir()` by a key of everything it depends
+The result is cached under `TrainerSettings.warmstart_dir()` (the entry point's) by a key of everything it depends
 on; `ensure(spec)` builds it once (a file lock keeps concurrent processes
 from building it twice) and returns the path.
 
@@ -158,9 +158,9 @@ def build(spec: WarmStartSpec, log: bool = True) -> tuple[Policy, dict[str, floa
                     "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started}
 
 
-def ensure(spec: WarmStartSpec, log: bool = True) -> Path:
-    """The cached warm start for `spec`, built first if missing (once, under a file lock)."""
-    path = path_for(spec)
+def ensure(spec: WarmStartSpec, log: bool = True, *, cache: Path) -> Path:
+    """The cached warm start for `spec` in the folder `cache`, built first if missing (once, under a file lock)."""
+    path = path_for(spec, cache)
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,10 +181,10 @@ def ensure(spec: WarmStartSpec, log: bool = True) -> Path:
     return path
 
 
-def load(spec: WarmStartSpec, device: torch.device | str = "cpu") -> Policy:
-    """The cached warm start of `spec` (built first if missing); a file of another recipe is refused."""
+def load(spec: WarmStartSpec, device: torch.device | str = "cpu", *, cache: Path) -> Policy:
+    """The cached warm start of `spec` in `cache` (built first if missing); a file of another recipe is refused."""
     policy = Policy(spec.d_model, spec.layers, spec.heads)
-    path = ensure(spec)
+    path = ensure(spec, cache=cache)
     saved = torch.load(path, map_location="cpu", weights_only=True)
     found = saved.get("key")
     if found != spec.key():
@@ -198,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m areal_metrics.areal_train.warmstart")
     parser.add_argument("--steps", type=int, default=WarmStartSpec.steps)
     args = parser.parse_args(argv)
-    print(ensure(WarmStartSpec(steps=args.steps)))
+    from areal_metrics.areal_train.settings import TrainerSettings
+
+    print(ensure(WarmStartSpec(steps=args.steps), cache=TrainerSettings.from_env().warmstart_dir()))
     return 0
 
 

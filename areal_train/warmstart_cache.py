@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from areal_metrics.areal_train.task import VOCAB
-from areal_metrics.producers.contract.settings import read_setting
 
 FORMAT_VERSION = 5  # bump when the task, the vocabulary or the code of the recipe (warmstart.py) changes
 
@@ -49,9 +48,6 @@ def spec_for(cfg: Any) -> WarmStartSpec:
     return WarmStartSpec(d_model=cfg.d_model, layers=cfg.layers, heads=cfg.heads, steps=cfg.warmstart_steps)
 
 
-def cache_dir() -> Path:
-    return Path(read_setting("cache_dir") or Path.home() / ".cache" / "areal-metrics") / "warmstart"
-
-
-def path_for(spec: WarmStartSpec) -> Path:
-    return cache_dir() / f"policy-{spec.key()}.pt"
+def path_for(spec: WarmStartSpec, cache: Path) -> Path:
+    """The file of `spec`'s warm start in the folder `cache` (TrainerSettings.warmstart_dir())."""
+    return cache / f"policy-{spec.key()}.pt"

@@ -25,7 +25,9 @@ import torch.distributed as dist
 from areal_metrics.areal_train.config import from_mapping
 from areal_metrics.areal_train.eval_process import fork_standby
 from areal_metrics.areal_train.reporting import open_client_run
+from areal_metrics.areal_train.settings import TrainerSettings
 from areal_metrics.areal_train.trainer import train
+from areal_metrics.producers.contract.settings import state_dir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     if world_size > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(minutes=5))
     signal.signal(signal.SIGTERM, _interrupt)  # the launcher stops a run with SIGTERM: the run ends `killed`
+    # this process's entry: the warm starts' folder (AREAL_CACHE_DIR) and the state folder (AREAL_HOME)
     summary = train(cfg, args.run_id, args.steps, rank, world_size,
-                    open_run=open_client_run if cfg.publish else None, resume=args.resume, eval_standby=standby)
+                    open_run=open_client_run if cfg.publish else None, resume=args.resume, eval_standby=standby,
+                    warmstarts=TrainerSettings.from_env().warmstart_dir(), home=state_dir())
     if args.summary_dir:
         path = Path(args.summary_dir) / f"rank{rank}.json"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -257,8 +257,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-streams-"))
     if not bootstrap:
         from areal_metrics.stack.kafka_broker import KafkaBroker
+        from areal_metrics.stack.settings import StackSettings
 
-        broker = KafkaBroker(work / "kafka")
+        broker = KafkaBroker(work / "kafka", stack=StackSettings.from_env())
         broker.start(timeout=120)
         bootstrap = broker.bootstrap
     from areal_metrics.stack.kafka_broker import create_topics

@@ -35,7 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from areal_metrics.areal_train.reporting import NullRun, RecordedRun, RunLike, RunSpec
+from areal_metrics.areal_train.settings import TrainerSettings
 from benchmarks.common import broker, machine, print_table
+
+WARMSTARTS = TrainerSettings.from_env().warmstart_dir()  # the warm starts' cache (AREAL_CACHE_DIR), read once
 
 
 def quiet_config(**changes: object):
@@ -92,7 +95,7 @@ def timed_run(steps: int, open_inner: Callable[[RunSpec], RunLike] | None = None
         return opened[-1]
 
     cpu = time.process_time()
-    train(quiet_config(**changes), f"bench-{uuid.uuid4().hex[:6]}", steps, open_run=open_run)
+    train(quiet_config(**changes), f"bench-{uuid.uuid4().hex[:6]}", steps, open_run=open_run, warmstarts=WARMSTARTS)
     cpu = time.process_time() - cpu
     stamps = [s.at for s in opened[0].steps]
     intervals = [(b - a) * 1000 for a, b in zip(stamps, stamps[1:])]
@@ -102,7 +105,7 @@ def timed_run(steps: int, open_inner: Callable[[RunSpec], RunLike] | None = None
 def step_cost(steps: int) -> int:
     from areal_metrics.areal_train.launch import prepare
 
-    prepare(quiet_config())
+    prepare(quiet_config(), WARMSTARTS)
     print(f"machine: {machine()}")
     rows = []
     for turns in (1, 2, 4):
@@ -128,9 +131,9 @@ def eval_sharding(ranks: int) -> int:
     from areal_metrics.areal_train.warmstart import load, spec_for
 
     cfg = quiet_config()
-    prepare(cfg)
+    prepare(cfg, WARMSTARTS)
     torch.set_num_threads(1)
-    policy = load(spec_for(cfg)).eval()
+    policy = load(spec_for(cfg), cache=WARMSTARTS).eval()
     sets = build_eval_sets(cfg)
     print(f"machine: {machine()}")
     rows = []
@@ -162,7 +165,7 @@ def publishing(steps: int, repeats: int, switch_interval: float | None) -> int:
     from areal_metrics.areal_train.launch import prepare
     from areal_metrics.areal_train.reporting import open_client_run
 
-    prepare(quiet_config())
+    prepare(quiet_config(), WARMSTARTS)
     print(f"machine: {machine()}; GIL switch interval {sys.getswitchinterval() * 1000:g} ms")
     times: dict[str, list[float]] = {"off": [], "kafka": [], "tensorboard": []}
     clients: list[Any] = []
@@ -213,7 +216,7 @@ def two_runs(steps: int) -> int:
                    AREAL_HOME=str(Path(tmp) / "home"))
         configs = {"mt4": quiet_config(max_turns=4, publish=True, eval_every_steps=10),
                    "mt2": quiet_config(max_turns=2, publish=True, eval_every_steps=10)}
-        prepare(configs["mt4"])
+        prepare(configs["mt4"], WARMSTARTS)
         started = time.perf_counter()
         runs = [start(name, 2, steps, cfg, env=env, log_dir=Path(tmp) / "logs", summary_dir=Path(tmp) / name)
                 for name, cfg in configs.items()]

@@ -25,9 +25,10 @@ def broker() -> Iterator[str]:
         yield read_setting("kafka_bootstrap")
         return
     from areal_metrics.stack.kafka_broker import KafkaBroker
+    from areal_metrics.stack.settings import StackSettings
 
     data = Path(tempfile.mkdtemp(prefix="areal-bench-kafka-"))
-    b = KafkaBroker(data)
+    b = KafkaBroker(data, stack=StackSettings.from_env())
     b.start(timeout=120)
     try:
         yield b.bootstrap

@@ -24,17 +24,19 @@ import sys
 from areal_metrics.producers.contract.errors import ArealError, one_line
 from areal_metrics.producers.runtime.poison import CrashGuard, crash_marker
 from areal_metrics.producers.runtime.service_gc import settle_gc
+from areal_metrics.producers.contract.limits import StructureLimits, install_limits
 from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.sinks.settings import SinkSettings
 
 from areal_metrics.sinks.batching import BatchPolicy
 from areal_metrics.sinks.sink import Sink
 
 
-def _crash_guard(settings: Settings) -> CrashGuard:
+def _crash_guard(settings: Settings, own: SinkSettings) -> CrashGuard:
     """The positions in flight and the suspects of this sink (one folder per static member id)."""
     from areal_metrics.sinks.sink import consumer_group
 
-    member = settings.sink_instance_id or f"{consumer_group(settings)}@{socket.gethostname()}"
+    member = own.sink_instance_id or f"{consumer_group(settings)}@{socket.gethostname()}"
     guard = CrashGuard(settings.state_dir / "sink" / re.sub(r"[^A-Za-z0-9._@-]", "_", member), settings.poison_crashes,
                        "sink")
     guard.start()
@@ -44,20 +46,25 @@ def _crash_guard(settings: Settings) -> CrashGuard:
 def main() -> int:
     try:
         settings = Settings.from_env()
+        own = SinkSettings.from_env()  # the sink's own (AREAL_LOG_LEVEL, AREAL_SINK_*, AREAL_HTTP_*)
     except ArealError as exc:  # a variable that cannot be used: one line
         print(f"areal-sink: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
-    logging.basicConfig(level=settings.log_level.upper(),
+    install_limits(StructureLimits.from_settings(settings))  # every message's structure limits (AREAL_MAX_*)
+    logging.basicConfig(level=own.log_level.upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("kafka").setLevel(logging.WARNING)
     policy = BatchPolicy(
-        max_rows=settings.sink_max_rows,
-        max_wait_s=settings.sink_max_wait_ms / 1000,
-        idle_s=settings.sink_idle_ms / 1000,
+        max_rows=own.sink_max_rows,
+        max_wait_s=own.sink_max_wait_ms / 1000,
+        idle_s=own.sink_idle_ms / 1000,
     )
     try:
-        sink = Sink(settings, policy=policy, stop_merges=settings.sink_stop_merges, http_port=settings.sink_http_port,
-                    guard=_crash_guard(settings), crash_marker=crash_marker("sink", settings.test_crash_on))
+        from areal_metrics.sinks.http.server import QueryLimits
+
+        sink = Sink(settings, policy=policy, stop_merges=own.sink_stop_merges, http_port=own.sink_http_port,
+                    guard=_crash_guard(settings, own), crash_marker=crash_marker("sink", settings.test_crash_on),
+                    instance_id=own.sink_instance_id, query_limits=QueryLimits.from_settings(own))
     except ArealError as exc:  # a setting that cannot work (e.g. a cluster on the embedded engine): one line
         print(f"areal-sink: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code

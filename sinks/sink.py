@@ -32,6 +32,7 @@ from areal_metrics.sinks.batching import (
 )
 from areal_metrics.producers.runtime.poison import OK, POISON, CrashGuard, crash_now, poison_events, spans
 from areal_metrics.sinks.decode import SINK_NODE, Decoded, dead_letter, decode
+from areal_metrics.sinks.http.server import QueryLimits
 from areal_metrics.sinks.isolate import DataError, is_data_error, isolate
 from areal_metrics.sinks.migrations import apply_schema
 from areal_metrics.sinks.query import Target, open_client
@@ -67,6 +68,8 @@ class Sink:
         stop_merges: bool = False,
         guard: CrashGuard | None = None,
         crash_marker: bytes | None = None,
+        instance_id: str | None = None,
+        query_limits: QueryLimits | None = None,
     ) -> None:
         self.settings = settings
         self.topics = settings.topics
@@ -76,7 +79,9 @@ class Sink:
         self.policy = policy
         self.backoff = backoff
         self.group = group or consumer_group(settings)
-        self.instance_id = settings.sink_instance_id or f"{self.group}@{socket.gethostname()}"
+        # the static member id (AREAL_SINK_INSTANCE_ID), else one per group and host
+        self.instance_id = instance_id or f"{self.group}@{socket.gethostname()}"
+        self.query_limits = query_limits or QueryLimits()  # the endpoint's bounds of a reader query (AREAL_HTTP_*)
         self.serve_queries = serve_queries  # the embedded store: serve it over ClickHouse's HTTP interface
         self.http_port = http_port  # 0: a free port (recorded in <store>/owner.json)
         # audits and tests: keep every inserted block unmerged, so a block stored
@@ -134,11 +139,11 @@ class Sink:
 
         self.client = self._retry("opening the store", open_and_migrate)
         if self.target.kind == "chdb" and self.serve_queries:
-            from areal_metrics.sinks.http.server import ClickHouseHTTPServer, QueryLimits
+            from areal_metrics.sinks.http.server import ClickHouseHTTPServer
 
             assert self.target.path is not None
             self.endpoint = ClickHouseHTTPServer(self.target.path, self.schema.database, port=self.http_port,
-                                                 limits=QueryLimits.from_settings(self.settings))
+                                                 limits=self.query_limits)
             self.endpoint.publish()
         self.plans = self._retry("loading batch plans", lambda: load_plans(self.client, self.schema.database, self.group))
 

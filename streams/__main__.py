@@ -25,15 +25,21 @@ def load_config(environ: Mapping[str, str] | None = None) -> StreamsConfig:
     """The worker's StreamsConfig from the environment: the file $AREAL_STREAMS_CONFIG names, and the
     knobs whose defaults a variable may set (ENV_DEFAULTS: AREAL_COMMAND_ACK_STEPS, ...); the one place
     they are read (the pure core takes them as arguments)."""
-    from areal_metrics.producers.contract.settings import is_set, read_setting
-    from areal_metrics.streams.core.config import ENV_DEFAULTS, StreamsConfig
+    import os
 
-    env = {name: read_setting(name, environ) for name in ENV_DEFAULTS if is_set(name, environ)}
-    return StreamsConfig.load(read_setting("streams_config", environ), env)
+    from areal_metrics.streams.core.config import ENV_DEFAULTS, StreamsConfig
+    from areal_metrics.streams.shell.settings import WorkerSettings
+
+    environ = os.environ if environ is None else environ
+    own = WorkerSettings.from_env(environ)
+    chosen = own.chosen(environ)
+    env = {name: getattr(own, name) for name in ENV_DEFAULTS if name in chosen}
+    return StreamsConfig.load(own.streams_config, env)
 
 
 def main() -> int:
     from areal_metrics.producers.contract.errors import ArealError
+    from areal_metrics.producers.contract.limits import StructureLimits, install_limits
     from areal_metrics.producers.runtime.service_gc import settle_gc
     from areal_metrics.producers.contract.settings import Settings, state_dir
     from areal_metrics.streams.core.config import ConfigError
@@ -42,14 +48,17 @@ def main() -> int:
         ensure_committed_offsets,
         prepare_topics,
     )
+    from areal_metrics.streams.shell.settings import WorkerSettings
 
     try:
         settings = Settings.from_env()
+        own = WorkerSettings.from_env()  # the worker's own (AREAL_STREAMS_*, AREAL_WORKER_*)
     except ArealError as exc:  # a setting that cannot be used: one line naming it
         print(f"areal-streams: {exc}", file=sys.stderr)
         return 2
+    install_limits(StructureLimits.from_settings(settings))  # every message's structure limits (AREAL_MAX_*)
     topics = settings.topics
-    loglevel = settings.streams_loglevel.upper()
+    loglevel = own.streams_loglevel.upper()
     logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if loglevel not in ("DEBUG", "INFO"):
         # Faust's notes about timer overlap and producer back-pressure under load are
@@ -58,8 +67,8 @@ def main() -> int:
             logging.getLogger(name).setLevel(logging.ERROR)
     try:
         config = load_config()
-        commit_interval = settings.streams_commit_interval_s
-        session_timeout = settings.streams_session_timeout_s
+        commit_interval = own.streams_commit_interval_s
+        session_timeout = own.streams_session_timeout_s
     except (ConfigError, ValueError) as exc:
         print(f"areal-streams: {exc}", file=sys.stderr)
         return 2
@@ -120,10 +129,10 @@ def main() -> int:
         credentials=broker_credentials(settings),
         replication_factor=settings.kafka_replication_factor,
         min_insync_replicas=settings.kafka_min_insync_replicas,
-        linger_s=settings.streams_linger_ms / 1000.0,
+        linger_s=own.streams_linger_ms / 1000.0,
         guard=guard,
         crash_marker=crash_marker("worker", settings.test_crash_on),
-        run_limits=(settings.worker_run_idle_s, settings.worker_ended_run_idle_s, settings.worker_max_runs),
+        run_limits=(own.worker_run_idle_s, own.worker_ended_run_idle_s, own.worker_max_runs),
     )
     made = worker.app.tables["runs"].changelog_topic.get_topic_name()
     assert made == changelog, f"the worker made changelog {changelog}, Faust uses {made}"

@@ -23,6 +23,7 @@ import pytest
 
 from areal_metrics.stack.kafka_broker import KafkaBroker, create_topics
 from areal_metrics.stack.kafka_cluster import KafkaCluster
+from areal_metrics.stack.settings import StackSettings
 from areal_metrics.producers.contract.settings import Settings
 from areal_metrics.producers.contract.topics import Topics
 
@@ -50,7 +51,8 @@ def _session_kafka(request: pytest.FixtureRequest, prefix: str, make, timeout: f
 def kafka_broker(request: pytest.FixtureRequest):
     # a SASL/PLAIN listener beside the plain one, for the security-settings tests
     yield from _session_kafka(request, "areal-test-kafka-",
-                              lambda d: KafkaBroker(d, sasl_users={"areal": "areal-secret"}), 120, "broker.log")
+                              lambda d: KafkaBroker(d, sasl_users={"areal": "areal-secret"}, stack=StackSettings.from_env()),
+                              120, "broker.log")
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +83,8 @@ def stack_env(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> dict[str,
 
 @pytest.fixture(scope="session")
 def kafka_cluster(request: pytest.FixtureRequest):
-    yield from _session_kafka(request, "areal-test-kafka-cluster-", lambda d: KafkaCluster(d, size=3), 180,
+    yield from _session_kafka(request, "areal-test-kafka-cluster-",
+                              lambda d: KafkaCluster(d, size=3, stack=StackSettings.from_env()), 180,
                               "node-*/broker.log")
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from areal_metrics.producers.contract.errors import ConfigError
-from areal_metrics.producers.contract.settings import Settings
 from areal_metrics.sinks.http.server import ClickHouseHTTPServer, QueryLimits
+from areal_metrics.sinks.settings import SinkSettings
 from tests.test_clickhouse_http import Served
 
 HEAVY = "SELECT count() FROM numbers(100000000000) WHERE number % 7 = 3"  # minutes of a core, no memory
@@ -118,16 +118,16 @@ def test_a_reader_query_past_the_bound_fails_with_a_clear_error(tmp_path: Path) 
 
 
 def test_the_limits_are_settings_with_documented_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    defaults = Settings.from_env()
+    defaults = SinkSettings.from_env()
     assert (defaults.http_query_timeout_s, defaults.http_query_memory_bytes, defaults.http_max_reader_queries,
             defaults.http_reader_queue_s) == (30.0, 1 << 30, 8, 10.0)
     assert QueryLimits.from_settings(defaults) == QueryLimits()
     monkeypatch.setenv("AREAL_HTTP_QUERY_TIMEOUT_S", "5")
     monkeypatch.setenv("AREAL_HTTP_MAX_READER_QUERIES", "2")
-    assert QueryLimits.from_settings(Settings.from_env()) == QueryLimits(timeout_s=5.0, max_reader_queries=2)
+    assert QueryLimits.from_settings(SinkSettings.from_env()) == QueryLimits(timeout_s=5.0, max_reader_queries=2)
     monkeypatch.setenv("AREAL_HTTP_QUERY_MEMORY_BYTES", "0")
     with pytest.raises(ConfigError, match="AREAL_HTTP_QUERY_MEMORY_BYTES='0'"):
-        Settings.from_env()
+        SinkSettings.from_env()
 
 
 def test_a_live_clients_query_is_never_killed_when_its_socket_is_past_descriptor_1023(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ Everything below takes values as arguments, so a rule can be tested without sett
 A read is `os.environ` / `os.getenv` (or `environ` / `getenv` imported from os), and a call of
 the settings readers that read the process's environment: `read_setting(name)` and
 `is_set(name)` without an `environ` argument, `Settings.from_env()` without one, `state_dir()`.
-A call of a function that reads (e.g. `default_limits()`) is not followed: the reader itself is
-listed here. KNOWN holds the readers not moved up yet, each with its reason; the test also fails
+A call of a function that reads is not followed: the reader itself is
+listed here. KNOWN holds the readers that stay, each with its reason; the test also fails
 when one of them no longer reads, so the list only shrinks.
 """
 
@@ -36,23 +36,26 @@ ENTRY_CALLS = {
     ("sinks/query.py", "connect"),  # connect(): the store the environment names
     ("producers/client/run.py", "init"),  # areal_metrics.init: its Settings, the job's run id
     ("producers/client/run.py", "_identity"),  # init's: the launcher's RANK, WORLD_SIZE, ...
+    # the services' supervisor is a process of its own (`python -m areal_metrics.stack.supervisor`): its main
+    # reads StackSettings (AREAL_RESTART_*) and the state folder once and passes them down
+    ("areal_metrics/stack/supervisor.py", "main"),
+    # the reference trainer's processes: a torchrun rank (`python -m areal_metrics.areal_train.worker`: the
+    # launcher's RANK and WORLD_SIZE, the warm starts' folder, the state folder), the warm start's builder and
+    # the probe; each main reads them once and passes them down (train(), warmstart.load())
+    ("areal_train/worker.py", "main"),
+    ("areal_train/warmstart.py", "main"),
+    ("areal_train/probe.py", "main"),
 }
 
-# readers not moved up to their entry point yet: module -> why it still reads
+# library modules that read the environment, each with its reason: a launcher's variable a process must read
+# where the launcher put it, or the environment of a child process being built (module -> why)
 KNOWN = {
-    "producers/contract/limits.py": "default_limits(): the structure limits (AREAL_MAX_*) of every parse_event, "
-                                    "read once per process; every reader would take them as an argument",
     "producers/client/run_info.py": "passes the environment on to `git` (a child process), reads no setting",
-    "areal_train/session.py": "checkpoint_root(): the checkpoints' default folder under AREAL_HOME",
-    "areal_train/worker.py": "a torchrun worker's RANK and WORLD_SIZE",
     "areal_train/board.py": "MASTER_ADDR/MASTER_PORT of the torch launcher",
     "areal_train/launch.py": "builds the environment of the processes it launches",
     "areal_train/host.py": "sets RANK for the processes it starts",
-    "areal_train/warmstart_cache.py": "AREAL_CACHE_DIR",
     "areal_metrics/integrations/areal.py": "the AReaL launcher's RANK",
-    "areal_metrics/stack/kafka_broker.py": "AREAL_KAFKA_HEAP and AREAL_KAFKA_JARS, XDG_CACHE_HOME",
     "areal_metrics/stack/services.py": "builds the services' environment; AREAL_CLICKHOUSE_URL",
-    "areal_metrics/stack/supervisor.py": "AREAL_RESTART_MAX, AREAL_RESTART_BACKOFF_S",
 }
 
 READERS = {"read_setting": 2, "is_set": 2, "from_env": 1, "state_dir": 1}  # name -> args when the environ is given

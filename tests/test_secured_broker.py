@@ -34,6 +34,7 @@ from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.stack import access
 from areal_metrics.stack.kafka_broker import KafkaBroker, create_topics, kafka_version
 from areal_metrics.stack.services import StackInfo, write_info
+from areal_metrics.stack.settings import StackSettings
 from tests.support import CLI, ROOT, cli, start_service, stop_process, wait_for
 
 pytestmark = pytest.mark.broker
@@ -75,7 +76,7 @@ class Secured:
 @pytest.fixture(scope="module")
 def secured(request: pytest.FixtureRequest) -> Iterator[Secured]:
     data_dir = Path(tempfile.mkdtemp(prefix="areal-test-kafka-secured-"))
-    broker = KafkaBroker(data_dir, scram_users=USERS, super_user="admin")
+    broker = KafkaBroker(data_dir, scram_users=USERS, super_user="admin", stack=StackSettings.from_env())
     broker.start(timeout=120)
     try:
         topics = Topics(f"s{uuid.uuid4().hex[:10]}.")

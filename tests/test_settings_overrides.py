@@ -110,13 +110,17 @@ def test_how_a_setting_is_read_comes_from_its_annotation() -> None:
     `Annotated` form, a choice from its `choices`; the declarations and the reader cannot disagree."""
     from dataclasses import fields
 
-    from areal_metrics.producers.contract.settings import _kinds
+    from areal_metrics.producers.contract.settings import _kind, settings_fields
+    from areal_metrics.stack.settings import StackSettings
+    from areal_metrics.streams.shell.settings import WorkerSettings
 
     assert all("kind" not in f.metadata for f in fields(Settings))
-    kinds = _kinds()
+    kinds = {f.name: _kind(f) for g in (Settings, WorkerSettings, StackSettings) for f in settings_fields(g)}
     assert (kinds["kafka_bootstrap"], kinds["kafka_ssl_cafile"], kinds["home"]) == ("hostports", "path", "path")
     assert (kinds["max_metrics"], kinds["exit_timeout_s"], kinds["clickhouse_replicated"]) == ("int", "float", "bool")
     assert (kinds["kafka_compression"], kinds["run_id"]) == ("choice", "str")
+    # a process's own settings are read by the same rules (issue 43)
+    assert (kinds["kafka_jars"], kinds["worker_max_runs"], kinds["streams_loglevel"]) == ("path", "int", "choice")
     base = Settings.from_env({}, reader="client")
     assert base.replace(kafka_ssl_cafile=Path("ca.pem")).kafka_ssl_cafile == "ca.pem"  # a path takes a PathLike
     with pytest.raises(ConfigError, match="expected a string"):

@@ -25,7 +25,7 @@ from areal_metrics.streams.core.alerts import (
     saw_step,
 )
 from areal_metrics.producers.contract.config_fields import knobs
-from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.streams.shell.settings import WorkerSettings
 from areal_metrics.streams.core.config import (ENV_DEFAULTS, EVAL_LOOP_KEYS, ConfigError, RunConfig, StreamsConfig,
                                                eval_loop_overrides, markdown_table)
 from areal_metrics.streams.core.processor import RunState, derived_id, on_eval, on_rejected, on_step, on_tick
@@ -248,7 +248,7 @@ def test_each_knob_is_declared_once_with_its_text() -> None:
     assert all(k.description for k in knobs(RunConfig))
     assert EVAL_LOOP_KEYS["alpha"] == "lr_alpha" and EVAL_LOOP_KEYS["patience_rounds"] == "no_improvement_rounds"
     assert len(EVAL_LOOP_KEYS) == 12 and set(ENV_DEFAULTS) == {"command_ack_steps", "vote_undecided_alert"}
-    variables = {f.name: f.metadata["env"] for f in dataclasses.fields(Settings)}
+    variables = {f.name: f.metadata["env"] for f in dataclasses.fields(WorkerSettings)}  # the worker's own
     assert all(variables[k.name] == k.extra["env"] for k in knobs(RunConfig) if "env" in k.extra)  # the same variable
 
 

@@ -202,6 +202,27 @@ def test_each_structure_limit_has_its_reason_and_follows_its_setting() -> None:
 
     s = Settings.from_env(env)
     assert (s.max_json_depth, s.max_object_keys, s.max_array_items, s.max_message_bytes) == (9, 100, 200, 5000)
+    assert StructureLimits.from_settings(s) == StructureLimits(max_bytes=5000, max_depth=9, max_keys=100, max_items=200)
+
+
+def test_the_entry_point_installs_the_limits_every_reader_uses(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Nothing below the entry points reads AREAL_MAX_* (issue 43): `init` (as the worker's and the sink's
+    mains and the CLI do) reads them with its Settings and installs them for parse_event."""
+    from areal_metrics.producers.client.run import init
+    from areal_metrics.producers.contract.limits import default_limits, install_limits
+
+    deep = json.dumps(base("run"))[:-1].encode() + b', "config": ' + nested(9, "object").encode() + b"}"
+    assert parse_event(deep).type == "run"  # within the defaults
+    monkeypatch.setenv("AREAL_HOME", str(tmp_path))
+    monkeypatch.setenv("AREAL_MAX_JSON_DEPTH", "9")
+    assert default_limits() == DEFAULT  # set, but not read until an entry point reads it
+    try:
+        init(run_id="limits", mode="disabled", git=False)
+        assert default_limits() == StructureLimits(max_depth=9)
+        with pytest.raises(ValidationError, match=r"nested too deeply \(more than 9 levels\)"):
+            parse_event(deep)
+    finally:
+        install_limits(DEFAULT)
 
 
 def test_structure_characters_inside_strings_are_not_structure() -> None:

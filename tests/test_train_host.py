@@ -96,12 +96,14 @@ def test_the_launcher_finds_a_cached_warm_start_without_importing_torch(tmp_path
 import sys
 from areal_metrics.areal_train.config import TrainConfig
 from areal_metrics.areal_train.launch import prepare
+from areal_metrics.areal_train.settings import TrainerSettings
 from areal_metrics.areal_train.warmstart_cache import path_for, spec_for
 cfg = TrainConfig()
-path = path_for(spec_for(cfg))
+cache = TrainerSettings.from_env().warmstart_dir()
+path = path_for(spec_for(cfg), cache)
 path.parent.mkdir(parents=True, exist_ok=True)
 path.write_bytes(b"cached")
-prepare(cfg)
+prepare(cfg, cache)
 assert "torch" not in sys.modules, "prepare imported torch"
 print("no torch")
 """

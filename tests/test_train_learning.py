@@ -16,6 +16,7 @@ from areal_metrics.areal_train.evalsets import layout
 from areal_metrics.areal_train.evaluation import evaluate_shard
 from areal_metrics.areal_train.metrics import choose_device
 from areal_metrics.areal_train.session import build_eval_sets
+from areal_metrics.areal_train.settings import TrainerSettings
 from areal_metrics.areal_train.trainer import train
 from areal_metrics.areal_train.warmstart import load, spec_for
 from areal_metrics.areal_train.reporting import RecordedRun
@@ -105,7 +106,8 @@ def test_the_first_evaluation_sees_the_warm_start(tmp_path) -> None:
     device = choose_device()
     evalset = build_eval_sets(cfg)["math_id"]
     shard = layout(len(evalset.problems), evalset.k, 1, 2, 0)
-    expected = evaluate_shard(load(spec_for(cfg), device).eval(), evalset, shard, device).verdicts
+    warmstarts = TrainerSettings().warmstart_dir()  # train()'s default folder, as no entry point passed one
+    expected = evaluate_shard(load(spec_for(cfg), device, cache=warmstarts).eval(), evalset, shard, device).verdicts
     full = {e.step: e for e in events if isinstance(e, EvalEvent) and e.dataset == "math_id"}
     assert full[0].verdicts == expected and full[0].dataset_fingerprint == evalset.fingerprint()
     assert full[8].samples != full[0].samples  # a large lr moved the weights by step 8

@@ -9,6 +9,7 @@ import torch
 
 from areal_metrics.areal_train import warmstart
 from areal_metrics.areal_train.task import DATASETS, EVAL_EXCLUDE_SIZE, SKILLS, eval_prompts
+from areal_metrics.areal_train.settings import TrainerSettings
 from areal_metrics.areal_train.warmstart_cache import WarmStartSpec, path_for
 
 TINY = WarmStartSpec(d_model=32, layers=1, heads=2, steps=10, batch=8)
@@ -42,14 +43,16 @@ def test_the_thread_count_is_not() -> None:
 
 def test_load_refuses_a_file_of_another_recipe(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("AREAL_CACHE_DIR", str(tmp_path))
-    policy = warmstart.load(TINY)
+    cache = TrainerSettings.from_env().warmstart_dir()  # as an entry point reads it
+    assert cache == tmp_path / "warmstart"
+    policy = warmstart.load(TINY, cache=cache)
     assert policy.n_parameters() > 0
-    saved = torch.load(path_for(TINY), weights_only=True)
+    saved = torch.load(path_for(TINY, cache), weights_only=True)
     assert saved["key"] == TINY.key() and saved["spec"]["scratch_share"] == TINY.scratch_share
     saved["key"] = "0123456789abcdef"  # e.g. a file copied from another recipe under this name
-    torch.save(saved, path_for(TINY))
+    torch.save(saved, path_for(TINY, cache))
     with pytest.raises(RuntimeError, match="a warm start of recipe 0123456789abcdef where"):
-        warmstart.load(TINY)
+        warmstart.load(TINY, cache=cache)
 
 
 def test_a_second_guess_follows_the_answer_in_its_share_of_examples_and_share_0_changes_nothing() -> None:

@@ -138,12 +138,14 @@ def run(args: argparse.Namespace) -> int:
 
     from areal_metrics.stack import services as stack
     from areal_metrics.areal_train.launch import prepare, start
+    from areal_metrics.areal_train.settings import TrainerSettings
     from areal_metrics.producers.contract.settings import Settings, state_dir
 
     started = time.monotonic()
     stamp = time.strftime("%H%M%S")
     runs = run_configs(args, stamp)
-    prepare(next(iter(runs.values()))[1])  # the warm start, built once and cached
+    # the warm start, built once and cached where the ranks look (AREAL_CACHE_DIR)
+    prepare(next(iter(runs.values()))[1], TrainerSettings.from_env().warmstart_dir())
     streams_config = state_dir() / "demo-streams.json"
     streams_config.parent.mkdir(parents=True, exist_ok=True)
     streams_config.write_text(json.dumps(STREAMS, indent=2))

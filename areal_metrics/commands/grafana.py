@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from areal_metrics.errors import ServiceUnavailable, UserError
-from areal_metrics.producers.contract.settings import read_setting
+from areal_metrics.grafana.settings import GrafanaSettings
 
 if TYPE_CHECKING:
     from areal_metrics.grafana.provision import ClickHouseServer
@@ -80,11 +80,11 @@ def run(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ provision
 
 
-def _clickhouse_for_grafana(explicit: str | None) -> str:
+def _clickhouse_for_grafana(explicit: str | None, own: GrafanaSettings) -> str:
     if explicit:
         return explicit
-    if read_setting("grafana_clickhouse_url"):
-        return read_setting("grafana_clickhouse_url")
+    if own.grafana_clickhouse_url:
+        return own.grafana_clickhouse_url
     from areal_metrics.producers.contract.settings import Settings
 
     from areal_metrics.sinks.query import http_dsn
@@ -106,14 +106,15 @@ def _provision(args: argparse.Namespace) -> int:
     from areal_metrics.grafana.provision import ClickHouseServer, push
     from areal_metrics.producers.contract.settings import mask_url
 
+    own = GrafanaSettings.from_env()  # AREAL_GRAFANA_*
     try:
-        server = ClickHouseServer.parse(_clickhouse_for_grafana(args.clickhouse_url))
+        server = ClickHouseServer.parse(_clickhouse_for_grafana(args.clickhouse_url, own))
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    webhook = args.webhook if args.webhook is not None else read_setting("grafana_alert_webhook")
+    webhook = args.webhook if args.webhook is not None else own.grafana_alert_webhook
     if webhook and not webhook.startswith(("http://", "https://")):
         raise UserError(f"--webhook {mask_url(webhook)!r}: expected http(s)://host/path")
-    stall = args.stall_minutes if args.stall_minutes is not None else read_setting("grafana_stall_minutes")
+    stall = args.stall_minutes if args.stall_minutes is not None else own.grafana_stall_minutes
     if not 1 <= stall <= 1440:
         raise UserError(f"--stall-minutes {stall:g}: expected a number of minutes from 1 to 1440")
     if args.files is not None:

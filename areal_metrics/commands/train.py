@@ -103,7 +103,9 @@ def _diagnose(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(cfg.threads)
     spec = warmstart.spec_for(cfg)
-    policy = warmstart.load(spec)
+    from areal_metrics.areal_train.settings import TrainerSettings
+
+    policy = warmstart.load(spec, cache=TrainerSettings.from_env().warmstart_dir())
     rows = diagnose(policy, size=args.diagnose_size, k=args.diagnose_k, attempt_len=cfg.max_response_len)
     print(f"warm start {spec.key()} ({policy.n_parameters():,} parameters; {spec}); held-out evaluation prompts, "
           f"greedy once and {args.diagnose_k} samples at temperature 1 each")
@@ -115,8 +117,9 @@ def _check_resumable(cfg: object, args: argparse.Namespace) -> None:
     """A one-line error before any rank starts: no checkpoint, other rank count, nothing left to train."""
     from areal_metrics.areal_train.checkpoint import latest_meta
     from areal_metrics.areal_train.session import checkpoint_root
+    from areal_metrics.producers.contract.settings import state_dir
 
-    root = checkpoint_root(cfg)  # type: ignore[arg-type]
+    root = checkpoint_root(cfg, state_dir())  # type: ignore[arg-type]
     meta = latest_meta(root, args.run_id)
     if meta is None:
         raise UserError(f"--resume: no checkpoint of run {args.run_id} in {root}")

@@ -29,10 +29,9 @@ from pathlib import Path
 
 from areal_metrics.errors import UserError
 from areal_metrics.producers.contract.topics import TopicSpec
-from areal_metrics.producers.contract.settings import read_setting
+from areal_metrics.stack.settings import StackSettings
 
 POM = Path(__file__).with_name("kafka") / "pom.xml"
-JVM_HEAP = read_setting("kafka_heap")
 
 
 def kafka_version() -> str:
@@ -41,17 +40,10 @@ def kafka_version() -> str:
     return match.group(1)
 
 
-def jars_dir() -> Path:
-    override = read_setting("kafka_jars")
-    if override:
-        return Path(override)
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return cache / "areal-metrics" / f"kafka-{kafka_version()}"
-
-
-def ensure_jars() -> Path:
-    """The folder of broker jars, fetched by Maven on first use (idempotent)."""
-    target = jars_dir()
+def ensure_jars(stack: StackSettings) -> Path:
+    """The folder of broker jars (`stack`: AREAL_KAFKA_JARS, XDG_CACHE_HOME), fetched by Maven on
+    first use (idempotent)."""
+    target = stack.kafka_jars_dir(kafka_version())
     if any(target.glob("kafka_2.13-*.jar")):
         return target
     if shutil.which("java") is None:
@@ -111,6 +103,9 @@ class KafkaBroker:
     # Secured: SCRAM users (name -> password) and the super user among them; see the module doc.
     scram_users: dict[str, str] = field(default_factory=dict, repr=False)
     super_user: str = ""
+    # the JVM's heap and the jars' folder (AREAL_KAFKA_HEAP, AREAL_KAFKA_JARS): the caller reads them
+    # (`StackSettings.from_env()`); the defaults otherwise
+    stack: StackSettings = field(default_factory=StackSettings, repr=False)
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -223,7 +218,7 @@ class KafkaBroker:
 
     def _java(self, jars: Path, main: str, *args: str) -> list[str]:
         return [
-            "java", *JVM_HEAP.split(), "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            "java", *self.stack.kafka_heap.split(), "-XX:+UseG1GC", "-Djava.awt.headless=true",
             f"-Dlog4j.configuration=file:{self.data_dir / 'log4j.properties'}",
             "-cp", f"{jars}/*", main, *args,
         ]
@@ -251,7 +246,7 @@ class KafkaBroker:
 
     def launch(self, detach: bool = False) -> None:
         """Format (first time) and start the process; does not wait (a cluster starts all nodes first)."""
-        jars = ensure_jars()
+        jars = ensure_jars(self.stack)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self._write_config()
         self._format(jars, config)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_metrics.stack.kafka_broker import KafkaBroker, free_port, stop_pid
+from areal_metrics.stack.settings import StackSettings
 
 
 def _formatted_cluster_id(node_dir: Path) -> str | None:
@@ -50,6 +51,7 @@ class KafkaCluster:
     partitions: int = 3
     ports: list[tuple[int, int]] = field(default_factory=list)
     nodes: list[KafkaBroker] = field(default_factory=list, repr=False)
+    stack: StackSettings = field(default_factory=StackSettings, repr=False)  # each node's JVM heap and jars
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -64,7 +66,7 @@ class KafkaCluster:
         cluster_id = next(filter(None, map(_formatted_cluster_id, dirs)), None) or uuid.uuid4().hex[:22]
         self.nodes = [
             KafkaBroker(d, port=p, controller_port=c, partitions=self.partitions, node_id=i + 1, voters=voters,
-                        cluster_id=cluster_id, replicas=self.size)
+                        cluster_id=cluster_id, replicas=self.size, stack=self.stack)
             for i, (d, (p, c)) in enumerate(zip(dirs, ports))
         ]
 

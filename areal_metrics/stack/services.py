@@ -30,6 +30,7 @@ from areal_metrics.errors import UserError
 from areal_metrics.extras import importable
 from areal_metrics.stack.kafka_broker import KafkaBroker, create_topics, kafka_version, pid_alive, port_open, stop_pid
 from areal_metrics.stack.kafka_cluster import KafkaCluster
+from areal_metrics.stack.settings import StackSettings
 from areal_metrics.stack.supervisor import MODULES, read_record
 from areal_metrics.producers.contract.settings import is_set, read_setting
 
@@ -192,7 +193,8 @@ def up(partitions: int = 3, services: tuple[str, ...] = SERVICES, timeout: float
         down(previous)
     settings = cluster_settings(Settings.from_env(), brokers)
     specs = settings.topics.specs(settings)  # a setting Kafka would refuse fails here, before any start
-    info = _start_brokers(home, brokers, partitions, previous, timeout, settings)
+    stack = StackSettings.from_env()  # the brokers' JVM heap and jars
+    info = _start_brokers(home, brokers, partitions, previous, timeout, settings, stack)
     write_info(info)  # now `down` can stop the brokers even if what follows fails
     try:
         os.environ.setdefault("AREAL_KAFKA_BOOTSTRAP", info.kafka_bootstrap)  # for this process's later verbs
@@ -214,7 +216,7 @@ def up(partitions: int = 3, services: tuple[str, ...] = SERVICES, timeout: float
 
 
 def _start_brokers(home: Path, brokers: int, partitions: int, previous: StackInfo | None,
-                   timeout: float, settings: Settings) -> StackInfo:
+                   timeout: float, settings: Settings, stack: StackSettings) -> StackInfo:
     """Start one broker or a cluster on the ports of the previous start where free; its StackInfo."""
     common = dict(kafka_version=kafka_version(), topic_prefix=settings.topic_prefix, home=str(home),
                   started_at=time.time(), replication_factor=settings.kafka_replication_factor,
@@ -226,6 +228,7 @@ def _start_brokers(home: Path, brokers: int, partitions: int, previous: StackInf
             port=_reuse_port(previous.kafka_port if previous else 0),
             controller_port=_reuse_port(previous.controller_port if previous else 0),
             partitions=partitions,
+            stack=stack,
         )
         broker.start(timeout=timeout, detach=True)
         assert broker.process is not None
@@ -233,7 +236,7 @@ def _start_brokers(home: Path, brokers: int, partitions: int, previous: StackInf
                          controller_port=broker.controller_port, pids={"kafka": broker.process.pid}, **common)
     old = previous.kafka_ports if previous else []
     cluster = KafkaCluster(broker_dir(home, brokers), size=brokers, partitions=partitions,
-                           ports=[(_reuse_port(p), _reuse_port(c)) for p, c in old])
+                           ports=[(_reuse_port(p), _reuse_port(c)) for p, c in old], stack=stack)
     cluster.start(timeout=timeout, detach=True)
     first = cluster.nodes[0]
     return StackInfo(kafka_bootstrap=cluster.bootstrap, kafka_port=first.port, controller_port=first.controller_port,

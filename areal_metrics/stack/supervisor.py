@@ -29,8 +29,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from areal_metrics.producers.contract.settings import read_setting, state_dir
+from areal_metrics.producers.contract.errors import ConfigError
+from areal_metrics.producers.contract.settings import state_dir
 from areal_metrics.producers.runtime.backoff import Backoff
+from areal_metrics.stack.settings import StackSettings
 
 MODULES = {"worker": "areal_metrics.streams", "sink": "areal_metrics.sinks"}
 FINAL_EXITS = (0, 2)  # stopped, or a configuration error: a restart cannot pass it
@@ -44,8 +46,9 @@ class RestartPolicy:
     healthy_s: float = HEALTHY_S
 
     @classmethod
-    def from_settings(cls) -> RestartPolicy:
-        return cls(read_setting("restart_max"), Backoff(read_setting("restart_backoff_s"), 2.0, 30.0))
+    def from_settings(cls, stack: StackSettings) -> RestartPolicy:
+        """The policy AREAL_RESTART_MAX and AREAL_RESTART_BACKOFF_S make."""
+        return cls(stack.restart_max, Backoff(stack.restart_backoff_s, 2.0, 30.0))
 
 
 def next_step(policy: RestartPolicy, exit_code: int, ran_s: float, in_a_row: int) -> tuple[bool, float, int]:
@@ -124,7 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1 or args[0] not in MODULES:
         print(f"usage: python -m areal_metrics.stack.supervisor {{{','.join(MODULES)}}}", file=sys.stderr)
         return 2
-    return supervise(args[0], RestartPolicy.from_settings(), state_dir())
+    try:
+        stack = StackSettings.from_env()  # this process's entry: the one read of its settings
+    except ConfigError as exc:  # a variable that cannot be used: one line, and no restart
+        print(f"supervisor: {exc}", file=sys.stderr)
+        return 2
+    return supervise(args[0], RestartPolicy.from_settings(stack), state_dir())
 
 
 if __name__ == "__main__":

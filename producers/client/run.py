@@ -56,6 +56,7 @@ from areal_metrics.producers.contract.events import (
 )
 from areal_metrics.producers.contract.field_rules import NUMBER_MAX
 from areal_metrics.producers.contract.ids import RUN_ID_RULE, is_valid_run_id
+from areal_metrics.producers.contract.limits import StructureLimits, install_limits
 from areal_metrics.producers.client.launcher_env import Identity, identity_from_env, job_run_id
 from areal_metrics.producers.delivery.publisher import Publisher
 from areal_metrics.producers.contract.settings import Settings, bootstrap_origin, state_dir
@@ -141,6 +142,8 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
     overrides, options = _split_settings(settings)
     base = Settings.from_env(reader="client")
     settings_obj = base.replace(**overrides) if overrides else base
+    # the structure limits (AREAL_MAX_*) of what this process reads and logs: the client's entry installs them
+    install_limits(StructureLimits.from_settings(settings_obj))
     identity = _identity(options)
     generated = False
     if run_id is None:

@@ -463,7 +463,7 @@ def parse_event(raw: bytes | str, expected: type[Event] | None = None,
     (`check_structure`, on the bytes, before any parser builds the message), then the record's
     rules; any other exception while reading this one message (a bug, a recursion, memory) is
     the message's problem too, in a ValidationError that names it, so a reader dead-letters
-    the message and goes on. `limits`: the environment's (AREAL_MAX_*) when None."""
+    the message and goes on. `limits`: those the process's entry point installed (AREAL_MAX_*) when None."""
     where = expected.table if expected is not None else "event"
     lim = limits or default_limits()  # outside the guard: a bad setting is not a bad message
     try:

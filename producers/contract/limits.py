@@ -6,40 +6,51 @@ object of more than `max_keys` names or an array of more than `max_items` entrie
 parser builds it: no message can exhaust a reader's stack (a 5,000-deep JSON made every
 recursive decoder raise RecursionError) or its memory. The decision is made in C (counts,
 `bytes.translate`, regular expressions); only a refused message is walked again in Python,
-to name the field at fault. Each limit is a setting (settings.py, docs/SETTINGS.md).
+to name the field at fault. Each limit is a setting (settings.py, docs/SETTINGS.md): the entry
+point of a process (the worker's and the sink's mains, the CLI, `init`) reads them with its
+Settings and installs them (`install_limits`); nothing here reads the environment.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cache
 from itertools import accumulate
+from typing import Any, ClassVar
 
 from areal_metrics.producers.contract.field_rules import ValidationError
 
 
 @dataclass(frozen=True, slots=True)
 class StructureLimits:
-    """The four limits; `from_env()` reads them from their settings (AREAL_MAX_*)."""
+    """The four limits; `from_settings()` takes them from their settings (AREAL_MAX_*)."""
 
     max_bytes: int = 1 << 20
     max_depth: int = 64
     max_keys: int = 10_000
     max_items: int = 100_000
+    # the Settings fields (AREAL_MAX_MESSAGE_BYTES, _JSON_DEPTH, _OBJECT_KEYS, _ARRAY_ITEMS) of the four, in order
+    SETTINGS: ClassVar[tuple[str, ...]] = ("max_message_bytes", "max_json_depth", "max_object_keys", "max_array_items")
 
     @classmethod
-    def from_env(cls) -> StructureLimits:
-        from areal_metrics.producers.contract.settings import read_setting  # settings imports the events
-
-        return cls(read_setting("max_message_bytes"), read_setting("max_json_depth"),
-                   read_setting("max_object_keys"), read_setting("max_array_items"))
+    def from_settings(cls, settings: Any) -> StructureLimits:
+        """From a `Settings` (settings.py imports the events, so it is not named here)."""
+        return cls(*(getattr(settings, name) for name in cls.SETTINGS))
 
 
-@cache
+_installed = StructureLimits()
+
+
+def install_limits(limits: StructureLimits) -> None:
+    """The limits every reader of this process uses from now on where it is given none: an entry
+    point's, from the Settings it read (`StructureLimits.from_settings`)."""
+    global _installed
+    _installed = limits
+
+
 def default_limits() -> StructureLimits:
-    """The limits of this process's environment, read once."""
-    return StructureLimits.from_env()
+    """The limits the process's entry point installed (AREAL_MAX_*), else the defaults."""
+    return _installed
 
 
 # A JSON string (escapes included); structure characters inside strings are not structure.

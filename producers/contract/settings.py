@@ -1,7 +1,12 @@
 """Settings from the environment (CONTRACT.md, 'Settings' and 'Adoption'): every AREAL_*
-variable the project reads is a field of `Settings`, declared with its variable, default, range
-and readers; docs/SETTINGS.md is generated from these declarations (`python -m
-areal_metrics.producers.contract.settings`), and tests/test_settings.py holds it to them.
+variable the project reads is a field of a settings class, declared with its variable, default,
+range and readers, and parsed here, by one parser. `Settings` holds those several processes read
+(the broker, the topics, the store, security, limits, the client's); a setting one process alone
+reads lives beside that process in a `SettingGroup` (the stream worker's in
+streams/shell/settings.py, the sink's in sinks/settings.py, the stack's in
+areal_metrics/stack/settings.py, Grafana's in grafana/settings.py, the trainer's in
+areal_train/settings.py). docs/SETTINGS.md is generated from the declarations of them all
+(`python -m areal_metrics.all_settings`), and tests/test_settings.py holds it to them.
 
 What the environment leaves unset of the broker, the topic prefix and the store comes from the
 stack `areal-metrics up` recorded in the state folder (`AREAL_HOME`, default ~/.areal).
@@ -23,7 +28,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
 from pathlib import Path
 from types import NoneType, UnionType
-from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Self, Union, get_args, get_origin, get_type_hints
 
 from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.producers.contract.field_rules import METRICS_MAX
@@ -77,14 +82,22 @@ def _shown(default: Any) -> str:
 
 def _kind(f: Any) -> str:
     """How field `f` is read, from its annotation: int, float, bool, str, choice, path or hostports."""
-    return _kinds()[f.name]
+    return _KINDS[f]
+
+
+# field -> its kind, for the fields of every settings class (`settings_fields` fills it)
+_KINDS: dict[Any, str] = {}
 
 
 @cache
-def _kinds() -> dict[str, str]:
-    hints = get_type_hints(Settings, include_extras=True)
-    kinds = {}
-    for f in fields(Settings):
+def settings_fields(cls: type) -> tuple[Any, ...]:
+    """The fields of a settings class (`Settings`, or a process's own, a `SettingGroup`), each
+    annotation checked to be a setting's type: int, float, bool or str, a str with `choices`, or
+    a str `Form`, each `| None` when it may be unset."""
+    hints = get_type_hints(cls, include_extras=True)
+    out = tuple(fields(cls))
+    for f in out:
+        assert "env" in f.metadata, f"{cls.__name__}.{f.name}: declare it with setting()"
         hint, forms = hints[f.name], []
         if get_origin(hint) in (Union, UnionType) and NoneType in get_args(hint):  # `X | None`: may be unset
             (hint,) = [a for a in get_args(hint) if a is not NoneType]
@@ -92,10 +105,10 @@ def _kinds() -> dict[str, str]:
             hint, *extras = get_args(hint)
             forms = [e.name for e in extras if isinstance(e, Form)]
         plain = {int: "int", float: "float", bool: "bool", str: "str"}.get(hint)
-        assert plain is not None, f"Settings.{f.name}: {hint} is not a setting's type"
-        assert not (forms or f.metadata["choices"]) or plain == "str", f"Settings.{f.name}: a form of str"
-        kinds[f.name] = forms[0] if forms else "choice" if f.metadata["choices"] else plain
-    return kinds
+        assert plain is not None, f"{cls.__name__}.{f.name}: {hint} is not a setting's type"
+        assert not (forms or f.metadata["choices"]) or plain == "str", f"{cls.__name__}.{f.name}: a form of str"
+        _KINDS[f] = forms[0] if forms else "choice" if f.metadata["choices"] else plain
+    return out
 
 
 def _parse(f: Any, raw: str, label: str | None = None) -> Any:
@@ -189,9 +202,39 @@ def _from_env(f: Any, environ: Mapping[str, str]) -> Any:
     return _parse(f, raw)
 
 
+class SettingGroup:
+    """The settings one process alone reads, beside that process (the stream worker's in
+    streams/shell/settings.py, the sink's in sinks/settings.py, ...): a frozen dataclass of
+    `setting()` fields, read by the parser `Settings` uses, so a variable, its error and an
+    override given in Python follow one rule wherever the class lives. docs/SETTINGS.md lists
+    every class (`areal_metrics.all_settings`)."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
+        """These settings from the environment (the process's own when `environ` is None); ConfigError
+        names a variable that cannot be used."""
+        environ = os.environ if environ is None else environ
+        return cls(**{f.name: v for f in settings_fields(cls) if (v := _from_env(f, environ)) is not MISSING})
+
+    def replace(self, **overrides: Any) -> Self:
+        """These settings with `overrides` (field name -> value), each checked by the rule its variable
+        follows (`init(exit_timeout_s=-1)` is refused as `AREAL_EXIT_TIMEOUT_S=-1` is)."""
+        by_name = {f.name: f for f in settings_fields(type(self))}
+        unknown = sorted(set(overrides) - set(by_name))
+        if unknown:
+            raise TypeError(f"unknown setting(s) {', '.join(unknown)}")
+        return dataclasses.replace(self, **{k: _override(by_name[k], v)  # type: ignore[type-var]
+                                            for k, v in overrides.items()})
+
+    @classmethod
+    def chosen(cls, environ: Mapping[str, str]) -> set[str]:
+        """The fields whose variable `environ` sets (non-empty)."""
+        return {f.name for f in settings_fields(cls) if environ.get(f.metadata["env"], "").strip()}
+
+
 @dataclass(frozen=True)
-class Settings:
-    """Every AREAL_* environment variable the project reads, in one place (docs/SETTINGS.md)."""
+class Settings(SettingGroup):
+    """Shared: the settings several processes read, and the client's (`init(...)` takes each by its field name)"""
 
     # -- where things are
     kafka_bootstrap: Annotated[str, HOSTPORTS] = setting(
@@ -279,53 +322,6 @@ class Settings:
                                 choices=("auto", "confluent-kafka", "kafka-python"), readers="client")
     run_id: str | None = setting("AREAL_RUN_ID", None, "the run id every rank of a launch shares (before "
                                  "torchrun's and SLURM's ids)", readers="client trainer")
-    # -- the stream worker
-    streams_config: Annotated[str, PATH] | None = setting(
-        "AREAL_STREAMS_CONFIG", None, "JSON file of the worker's thresholds, "
-        "per run (docs/STREAMS.md)", readers="worker")
-    streams_loglevel: str = setting("AREAL_STREAMS_LOGLEVEL", "warning", "the worker's log level",
-                                    choices=LOG_LEVELS, readers="worker")
-    streams_commit_interval_s: float = setting("AREAL_STREAMS_COMMIT_INTERVAL", 0.5, "seconds between the "
-                                               "worker's offset commits", ge=0.01, le=3600,
-                                               readers="worker")
-    streams_session_timeout_s: float = setting("AREAL_STREAMS_SESSION_TIMEOUT", 10.0, "consumer group session "
-                                               "timeout, seconds", ge=1, le=3600, readers="worker")
-    streams_linger_ms: float = setting("AREAL_STREAMS_LINGER_MS", 5.0, "how long a batch waits for more input, "
-                                       "ms", ge=0, le=10_000, readers="worker")
-    command_ack_steps: int = setting("AREAL_COMMAND_ACK_STEPS", 10, "command_not_applied when a node of a running "
-                                     "run has not acknowledged a scale_lr this many steps after its from_step",
-                                     ge=0, le=1_000_000, readers="worker")
-    vote_undecided_alert: float = setting("AREAL_VOTE_UNDECIDED_ALERT", 0.05, "`vote_undecided` when a round's "
-                                          "share of undecided samples exceeds this (the streams config's "
-                                          "`vote_undecided_alert` wins)", ge=0, le=1,
-                                          readers="worker")
-    worker_run_idle_s: float = setting("AREAL_WORKER_RUN_IDLE_S", 86_400.0, "a run with no input for this long "
-                                       "(worker clock, s) leaves the worker's state (memory and changelog) once no "
-                                       "step, vote round or stall alert of it waits; one that comes back starts "
-                                       "over as a new run", ge=1, le=31_536_000, readers="worker")
-    worker_ended_run_idle_s: float = setting("AREAL_WORKER_ENDED_RUN_IDLE_S", 900.0, "the same for a run that "
-                                             "ended (finished, failed, killed), s", ge=1,
-                                             le=31_536_000, readers="worker")
-    worker_max_runs: int = setting("AREAL_WORKER_MAX_RUNS", 10_000, "the most runs the worker keeps state for; "
-                                   "past it the run whose last input is oldest leaves first, whatever waits in it "
-                                   "(docs/SCALING.md: the bytes a run costs)", ge=1, le=10_000_000,
-                                   readers="worker")
-    # -- the sink
-    log_level: str = setting("AREAL_LOG_LEVEL", "info", "the sink's log level", choices=LOG_LEVELS,
-                             readers="sink")
-    sink_max_rows: int = setting("AREAL_SINK_MAX_ROWS", 5000, "rows per insert at most", ge=1,
-                                 le=10_000_000, readers="sink")
-    sink_max_wait_ms: int = setting("AREAL_SINK_MAX_WAIT_MS", 500, "the longest a row waits in the buffer, ms",
-                                    ge=0, le=3_600_000, readers="sink")
-    sink_idle_ms: int = setting("AREAL_SINK_IDLE_MS", 50, "flush once a poll this long brought nothing, ms",
-                                ge=0, le=3_600_000, readers="sink")
-    sink_instance_id: str | None = setting("AREAL_SINK_INSTANCE_ID", None, "the sink's static group member id",
-                                           readers="sink", default_doc="`<group>@<hostname>`")
-    sink_stop_merges: bool = setting("AREAL_SINK_STOP_MERGES", False, "keep inserted blocks unmerged (audits, "
-                                     "tests)", readers="sink")
-    sink_http_port: int = setting("AREAL_SINK_HTTP_PORT", 0, "port of the embedded store's HTTP endpoint (0: a "
-                                  "free one, recorded in the store's owner.json)", ge=0, le=65535,
-                                  readers="sink")
     # -- a crash never loops (producers/runtime/poison.py, areal_metrics/stack/supervisor.py)
     poison_crashes: int = setting("AREAL_POISON_CRASHES", 2, "crashes of a service while one message was being "
                                   "processed after which that message is dead-lettered and skipped, with a "
@@ -333,42 +329,6 @@ class Settings:
     test_crash_on: str | None = setting("AREAL_TEST_CRASH_ON", None, "tests only: `<worker|sink>:<text>`: that "
                                         "service dies (exit 70) while it processes a message holding the text (not on the dead-letter topic)",
                                         readers="worker sink")
-    restart_max: int = setting("AREAL_RESTART_MAX", 10, "restarts in a row of a service `up` supervises (each "
-                               "after a run shorter than a minute) before its supervisor gives up",
-                               ge=0, le=1_000_000, readers="stack")
-    restart_backoff_s: float = setting("AREAL_RESTART_BACKOFF_S", 1.0, "the first wait before a service is "
-                                       "restarted, seconds; doubled per restart in a row, at most 30 s",
-                                       ge=0, le=3600, readers="stack")
-    # -- the sink's ClickHouse HTTP endpoint (the embedded store): bounds of one `reader` query, so
-    # that a heavy panel or a typo cannot take the CPU or memory of the process that ingests
-    http_query_timeout_s: float = setting("AREAL_HTTP_QUERY_TIMEOUT_S", 30.0, "a reader query's time limit, "
-                                          "seconds (max_execution_time)", ge=0.001, le=86_400,
-                                          readers="sink")
-    http_query_memory_bytes: int = setting("AREAL_HTTP_QUERY_MEMORY_BYTES", 1 << 30, "a reader query's memory "
-                                           "limit, bytes (max_memory_usage)", ge=1, readers="sink")
-    http_max_reader_queries: int = setting("AREAL_HTTP_MAX_READER_QUERIES", 8, "reader queries that run at once; "
-                                           "past it one waits AREAL_HTTP_READER_QUEUE_S, then fails with "
-                                           "TOO_MANY_SIMULTANEOUS_QUERIES", ge=1, le=1024, readers="sink")
-    http_reader_queue_s: float = setting("AREAL_HTTP_READER_QUEUE_S", 10.0, "how long a reader query waits for a "
-                                         "free place, seconds", ge=0, le=3600, readers="sink")
-    # -- the local stack, the CLI and the trainer
-    kafka_heap: str = setting("AREAL_KAFKA_HEAP", "-Xmx512m -Xms128m", "JVM heap flags of the local broker",
-                              readers="stack")
-    kafka_jars: Annotated[str, PATH] | None = setting(
-        "AREAL_KAFKA_JARS", None, "a folder of Kafka broker jars to use instead of "
-        "fetching them", readers="stack",
-        default_doc="`$XDG_CACHE_HOME/areal-metrics/kafka-<version>`")
-    grafana_clickhouse_url: str | None = setting("AREAL_GRAFANA_CLICKHOUSE_URL", None, "ClickHouse as Grafana "
-                                                 "reaches it, for `grafana provision`", readers="stack")
-    grafana_alert_webhook: str | None = setting("AREAL_GRAFANA_ALERT_WEBHOOK", None, "the URL Grafana's alert "
-                                                "rules post to (a webhook contact point), for `grafana provision`",
-                                                readers="stack", secret=True)
-    grafana_stall_minutes: float = setting("AREAL_GRAFANA_STALL_MINUTES", 10.0, "Grafana's stall rule: a running "
-                                           "run without a step for this many minutes fires it, for `grafana "
-                                           "provision`", ge=1, le=1440, readers="stack")
-    cache_dir: Annotated[str, PATH] | None = setting(
-        "AREAL_CACHE_DIR", None, "the trainer's cache (warm starts)",
-        readers="trainer", default_doc="`~/.cache/areal-metrics`")
     bench_profile_dir: Annotated[str, PATH] | None = setting(
         "AREAL_BENCH_PROFILE_DIR", None, "write the services' CPU profiles "
         "here during the pipeline benchmark", readers="benchmarks")
@@ -379,7 +339,7 @@ class Settings:
         With `reader` (e.g. "client"), only the variables that reader uses are read: a trainer
         is never stopped by a sink's setting."""
         environ = os.environ if environ is None else environ
-        chosen = [f for f in fields(cls) if reader is None or reader in f.metadata["readers"]]
+        chosen = [f for f in settings_fields(cls) if reader is None or reader in f.metadata["readers"]]
         values = {f.name: v for f in chosen if (v := _from_env(f, environ)) is not MISSING}
         home = _home(values.get("home"))
         values["home"] = str(home)
@@ -390,14 +350,6 @@ class Settings:
         values.setdefault("clickhouse_replicated", bool(values.get("clickhouse_cluster")))
         values["clickhouse_steps_ttl_days"] = values.get("clickhouse_steps_ttl_days") or None
         return cls(**values)
-
-    def replace(self, **overrides: Any) -> Settings:
-        """These settings with `overrides` (field name -> value), each checked by the rule its variable
-        follows (`init(exit_timeout_s=-1)` is refused as `AREAL_EXIT_TIMEOUT_S=-1` is)."""
-        unknown = sorted(set(overrides) - set(_FIELDS))
-        if unknown:
-            raise TypeError(f"unknown setting(s) {', '.join(unknown)}")
-        return dataclasses.replace(self, **{k: _override(_FIELDS[k], v) for k, v in overrides.items()})
 
     @property
     def topics(self) -> Topics:
@@ -436,7 +388,7 @@ class Settings:
         return out
 
 
-_kinds()  # every declaration's annotation is a setting's type, or the import fails
+settings_fields(Settings)  # every declaration's annotation is a setting's type, or the import fails
 
 
 # kafka-python and aiokafka log the bytes of a SASL handshake, password included, at
@@ -509,20 +461,23 @@ _FIELDS = {f.name: f for f in fields(Settings)}
 VARIABLES = {f.metadata["env"]: f.name for f in fields(Settings)}  # variable -> field name
 
 
-def markdown_table() -> str:
-    """docs/SETTINGS.md's table, from the declarations."""
-    rows = ["| variable | default | read by | what |", "|---|---|---|---|"]
-    for f in fields(Settings):
-        m = f.metadata
-        what = m["doc"]
-        if _kind(f) in ("int", "float") and (m["ge"] is not None or m["le"] is not None):
-            bounds = [f">= {m['ge']:g}" if m["ge"] is not None else "", f"<= {m['le']:g}" if m["le"] is not None else ""]
-            what += f" ({' and '.join(filter(None, bounds))})"
-        if _kind(f) == "choice":
-            what += f" ({' / '.join(m['choices'])})"
-        rows.append(f"| `{m['env']}` | {m['default_doc']} | {', '.join(m['readers'])} | {what} |")
-    return "\n".join(rows) + "\n"
+def markdown_table(groups: tuple[type, ...] = (Settings,)) -> str:
+    """docs/SETTINGS.md's tables, from the declarations: one per settings class, under the first
+    line of its docstring (`areal_metrics.all_settings` passes every class)."""
+    out = []
+    for group in groups:
+        rows = [f"### {(group.__doc__ or group.__name__).strip().splitlines()[0]}", "",
+                "| variable | default | read by | what |", "|---|---|---|---|"]
+        for f in settings_fields(group):
+            m = f.metadata
+            what = m["doc"]
+            if _kind(f) in ("int", "float") and (m["ge"] is not None or m["le"] is not None):
+                bounds = [f">= {m['ge']:g}" if m["ge"] is not None else "",
+                          f"<= {m['le']:g}" if m["le"] is not None else ""]
+                what += f" ({' and '.join(filter(None, bounds))})"
+            if _kind(f) == "choice":
+                what += f" ({' / '.join(m['choices'])})"
+            rows.append(f"| `{m['env']}` | {m['default_doc']} | {', '.join(m['readers'])} | {what} |")
+        out.append("\n".join(rows) + "\n")
+    return "\n".join(out)
 
-
-if __name__ == "__main__":
-    print(markdown_table(), end="")

@@ -80,6 +80,7 @@ class QueryLimits:
 
     @classmethod
     def from_settings(cls, settings: Any) -> QueryLimits:
+        """From the sink's settings (sinks/settings.py: SinkSettings)."""
         return cls(settings.http_query_timeout_s, settings.http_query_memory_bytes,
                    settings.http_max_reader_queries, settings.http_reader_queue_s)
 

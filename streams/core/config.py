@@ -159,8 +159,8 @@ class RunConfig(Config, frozen=True):
 # keys and their types are the contract's (producers/contract/eval_loop.py); a knob's annotation names the
 # contract's type, and tests/test_eval_loop_keys.py holds the two to the same keys and values.
 EVAL_LOOP_KEYS = {k.extra["eval_loop"]: k.name for k in knobs(RunConfig) if "eval_loop" in k.extra}
-# Knobs whose default an environment variable may set (AREAL_<NAME>, declared in settings.py); a config
-# file's value wins.
+# Knobs whose default an environment variable may set (AREAL_<NAME>, declared in the worker's settings,
+# streams/shell/settings.py); a config file's value wins.
 ENV_DEFAULTS = tuple(k.name for k in knobs(RunConfig) if "env" in k.extra)
 
 

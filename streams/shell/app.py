@@ -44,7 +44,7 @@ from areal_metrics.streams.core.config import StreamsConfig
 from areal_metrics.streams.shell.input_feed import InputFeed
 from areal_metrics.streams.shell.record_batches import Message, send_in_batches
 from areal_metrics.streams.shell.resync import InputGuard
-from areal_metrics.producers.contract.settings import read_setting
+from areal_metrics.streams.shell.settings import WorkerSettings
 
 __all__ = ["Input", "KafkaTransport", "SendFn", "StreamCore", "StreamWorker", "Transport", "app_id_for", "build_worker",
            "ticks_topic_for"]
@@ -230,7 +230,7 @@ def build_worker(
         transport.ack_inputs(app, [token for token in tokens if not isinstance(token, tuple)])
 
     if linger_s is None:  # the setting's default
-        linger_s = read_setting("streams_linger_ms", {}) / 1000.0
+        linger_s = WorkerSettings().streams_linger_ms / 1000.0
     batcher = feed.batcher = Batcher(core, ack, max_batch=max_batch, linger_s=max(0.0, linger_s), guard=guard,
                                      crash_marker=crash_marker, **transport.batcher_hooks(app, feed))
     ticks_agent = _schedule(app, ticks, core, batcher, feed, clock, partitions, config.tick_interval_s)

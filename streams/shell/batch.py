@@ -34,7 +34,6 @@ import msgspec
 from msgspec.structs import replace
 
 from areal_metrics.producers.contract.deadletter import letter_ts, rejected
-from areal_metrics.producers.contract.settings import read_setting
 from areal_metrics.producers.contract.events import (
     CommandAckEvent,
     EvalEvent,
@@ -62,6 +61,7 @@ from areal_metrics.streams.core.processor import (
     on_tick,
 )
 from areal_metrics.streams.shell.record_batches import Message
+from areal_metrics.streams.shell.settings import WorkerSettings
 from areal_metrics.streams.state.state_store import StateStore
 
 log = logging.getLogger("streams")
@@ -126,11 +126,11 @@ class StreamCore:
         self._bad_partition: dict[str, int] = {}
         # None: the settings' defaults (the entry point passes the environment's values)
         if self.run_idle_s is None:
-            self.run_idle_s = float(read_setting("worker_run_idle_s", {}))
+            self.run_idle_s = WorkerSettings().worker_run_idle_s
         if self.ended_run_idle_s is None:
-            self.ended_run_idle_s = float(read_setting("worker_ended_run_idle_s", {}))
+            self.ended_run_idle_s = WorkerSettings().worker_ended_run_idle_s
         if self.max_runs is None:
-            self.max_runs = int(read_setting("worker_max_runs", {}))
+            self.max_runs = WorkerSettings().worker_max_runs
         self._seen: dict[str, float] = {}  # live run -> worker clock of its last input, oldest first
         self._ended: dict[str, float] = {}  # the ended ones among them, the same way
 

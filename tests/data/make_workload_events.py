@@ -58,6 +58,7 @@ def rank_main(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from areal_metrics.areal_train.config import from_mapping
+    from areal_metrics.areal_train.settings import TrainerSettings
     from areal_metrics.areal_train.trainer import train
     from tests.train_capture import ClientCapture
 
@@ -66,7 +67,8 @@ def rank_main(args: argparse.Namespace) -> int:
         dist.init_process_group("gloo", rank=rank, world_size=world)
     cfg = from_mapping(json.loads(args.config_json))
     capture = ClientCapture(Path(args.out).with_suffix(".journals"))
-    train(cfg, args.run_id, args.steps, rank, world, open_run=capture.open_run)
+    train(cfg, args.run_id, args.steps, rank, world, open_run=capture.open_run,
+          warmstarts=TrainerSettings.from_env().warmstart_dir())
     with open(args.out, "w") as sink:
         for event in capture.events():
             sink.write(event.to_json().decode() + "\n")
@@ -79,9 +81,10 @@ def rank_main(args: argparse.Namespace) -> int:
 def run_training(run_id: str, ranks: int, overrides: dict[str, object], steps: int, workdir: Path) -> list[Path]:
     from areal_metrics.areal_train.config import TrainConfig
     from areal_metrics.areal_train.launch import free_port, prepare
+    from areal_metrics.areal_train.settings import TrainerSettings
 
     cfg = TrainConfig().replace(**{**COMMON, "checkpoint_dir": str(workdir / "ckpt"), **overrides})
-    prepare(cfg)
+    prepare(cfg, TrainerSettings.from_env().warmstart_dir())
     port = free_port()
     outs, procs = [], []
     for rank in range(ranks):
