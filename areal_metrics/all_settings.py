@@ -12,12 +12,13 @@ from dataclasses import fields
 
 from areal_metrics.areal_train.settings import TrainerSettings
 from areal_metrics.grafana.settings import GrafanaSettings
+from areal_metrics.producers.client.settings import ClientSettings
 from areal_metrics.producers.contract.settings import Settings, markdown_table, settings_fields
 from areal_metrics.sinks.settings import SinkSettings
 from areal_metrics.stack.settings import StackSettings
 from areal_metrics.streams.shell.settings import WorkerSettings
 
-GROUPS: tuple[type, ...] = (Settings, WorkerSettings, SinkSettings, StackSettings, GrafanaSettings, TrainerSettings)
+GROUPS: tuple[type, ...] = (Settings, ClientSettings, WorkerSettings, SinkSettings, StackSettings, GrafanaSettings, TrainerSettings)
 # variable -> (settings class, field name), for every variable of every class
 VARIABLES = {f.metadata["env"]: (group, f.name) for group in GROUPS for f in settings_fields(group)}
 assert len(VARIABLES) == sum(len(fields(g)) for g in GROUPS), "a variable is declared twice"

@@ -168,9 +168,9 @@ def _journal_lines(folder: Path) -> list[bytes]:
 def test_the_default_cap_is_what_readers_accept() -> None:
     from areal_metrics.producers.client.coerce import split_step
     from areal_metrics.producers.contract.field_rules import METRICS_MAX
-    from areal_metrics.producers.contract.settings import Settings
+    from areal_metrics.producers.client.settings import ClientSettings
 
-    assert Settings.from_env({}, reader="client").max_metrics == METRICS_MAX
+    assert ClientSettings.from_env({}).max_metrics == METRICS_MAX
     parts = split_step({f"m{i}": 1.0 for i in range(METRICS_MAX + 7)})
     assert len(parts.metrics) == METRICS_MAX and parts.dropped == 7
     assert split_step({f"m{i}": 1.0 for i in range(5)}, max_metrics=2).dropped == 3

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -45,10 +46,13 @@ def rule(message: str) -> str:
     ("kafka_bootstrap", "localhost:notaport", "AREAL_KAFKA_BOOTSTRAP", "localhost:notaport"),
 ])
 def test_an_override_is_refused_as_its_variable_is(field: str, value: object, variable: str, text: str) -> None:
+    from areal_metrics.producers.client.settings import ClientSettings
+
+    group = ClientSettings if field in {f.name for f in fields(ClientSettings)} else Settings
     with pytest.raises(ConfigError) as from_env:
-        Settings.from_env({variable: text}, reader="client")
+        group.from_env({variable: text})
     with pytest.raises(ConfigError) as overridden:
-        Settings.from_env({}, reader="client").replace(**{field: value})
+        group.from_env({}).replace(**{field: value})
     assert rule(str(overridden.value)).startswith(rule(str(from_env.value))), (overridden.value, from_env.value)
     assert field in str(overridden.value) and variable in str(overridden.value)
 
@@ -64,9 +68,12 @@ def test_init_refuses_what_the_environment_refuses(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_valid_override_is_taken_with_its_type() -> None:
+    from areal_metrics.producers.client.settings import ClientSettings
+
     base = Settings.from_env({}, reader="client")
-    s = base.replace(exit_timeout_s=3, max_metrics="12", kafka_bootstrap="a:1, b:2", kafka_client="Kafka-Python")
-    assert (s.exit_timeout_s, s.max_metrics, s.kafka_bootstrap, s.kafka_client) == (3.0, 12, "a:1,b:2", "kafka-python")
+    s = base.replace(exit_timeout_s=3, kafka_bootstrap="a:1, b:2", kafka_client="Kafka-Python")
+    assert (s.exit_timeout_s, s.kafka_bootstrap, s.kafka_client) == (3.0, "a:1,b:2", "kafka-python")
+    assert ClientSettings.from_env({}).replace(max_metrics="12").max_metrics == 12
     assert type(s.exit_timeout_s) is float and s.run_id is None
     assert base.replace(run_id=None).run_id is None
     with pytest.raises(ConfigError, match=r"exit_timeout_s=True \(AREAL_EXIT_TIMEOUT_S\): expected a number, got bool"):
@@ -108,14 +115,13 @@ def test_init_with_a_malformed_bootstrap_stops_with_one_line_naming_the_variable
 def test_how_a_setting_is_read_comes_from_its_annotation() -> None:
     """No `kind=` strings: int/float/bool/str from the annotation, a path or host:port list from its
     `Annotated` form, a choice from its `choices`; the declarations and the reader cannot disagree."""
-    from dataclasses import fields
-
+    from areal_metrics.producers.client.settings import ClientSettings
     from areal_metrics.producers.contract.settings import _kind, settings_fields
     from areal_metrics.stack.settings import StackSettings
     from areal_metrics.streams.shell.settings import WorkerSettings
 
     assert all("kind" not in f.metadata for f in fields(Settings))
-    kinds = {f.name: _kind(f) for g in (Settings, WorkerSettings, StackSettings) for f in settings_fields(g)}
+    kinds = {f.name: _kind(f) for g in (Settings, ClientSettings, WorkerSettings, StackSettings) for f in settings_fields(g)}
     assert (kinds["kafka_bootstrap"], kinds["kafka_ssl_cafile"], kinds["home"]) == ("hostports", "path", "path")
     assert (kinds["max_metrics"], kinds["exit_timeout_s"], kinds["clickhouse_replicated"]) == ("int", "float", "bool")
     assert (kinds["kafka_compression"], kinds["run_id"]) == ("choice", "str")

@@ -60,16 +60,19 @@ from areal_metrics.producers.contract.limits import StructureLimits, install_lim
 from areal_metrics.producers.client.launcher_env import Identity, identity_from_env, job_run_id
 from areal_metrics.producers.delivery.publisher import Publisher
 from areal_metrics.producers.contract.settings import Settings, bootstrap_origin, state_dir
+from areal_metrics.producers.client.settings import ClientSettings
 from areal_metrics.producers.contract.topics import Topics
 
 _log = logging.getLogger("areal_metrics.client")
 
 SETTINGS_FIELDS = frozenset(f.name for f in dataclasses.fields(Settings))
+CLIENT_FIELDS = frozenset(f.name for f in dataclasses.fields(ClientSettings))
 
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    """`init(**settings)` keywords that are the client's own (the rest are `Settings` fields)."""
+    """`init(**settings)` keywords that are the client's own options (the rest are `Settings` and
+    `ClientSettings` fields)."""
 
     rank: int | None = None
     world_size: int | None = None  # ranks that log each step (1 when only rank 0 logs)
@@ -96,14 +99,16 @@ class RunStats:
     pending: int
 
 
-def _split_settings(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Options]:
+def _split_settings(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], Options]:
+    """`init`'s keywords as (shared `Settings` overrides, `ClientSettings` overrides, `Options`)."""
     option_names = {f.name for f in dataclasses.fields(Options)}
-    unknown = sorted(set(kwargs) - SETTINGS_FIELDS - option_names)
+    unknown = sorted(set(kwargs) - SETTINGS_FIELDS - CLIENT_FIELDS - option_names)
     if unknown:
         hint = " (areal-metrics has no projects: group= and tags= group runs)" if "project" in unknown else ""
         raise TypeError(f"init() got unknown setting(s) {', '.join(unknown)}{hint}")
     options = Options(**{k: v for k, v in kwargs.items() if k in option_names})
-    return {k: v for k, v in kwargs.items() if k in SETTINGS_FIELDS}, options
+    return ({k: v for k, v in kwargs.items() if k in SETTINGS_FIELDS},
+            {k: v for k, v in kwargs.items() if k in CLIENT_FIELDS}, options)
 
 
 def _identity(options: Options) -> Identity:
@@ -126,7 +131,8 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
 
     `name`: a free-form display name (any Unicode, <= 256 chars), kept in `runs.name` beside the run id.
     `notes`: free text about the run (<= 4,096 chars), on its `run` events.
-    `**settings`: any `Settings` field (checked by the rule its AREAL_* variable follows) and the `Options`.
+    `**settings`: any `Settings` or `ClientSettings` field (checked by the rule its AREAL_* variable
+    follows) and the `Options`.
     With `mode="disabled"` (or AREAL_MODE=disabled) the run's calls do nothing.
     """
     global _current
@@ -139,9 +145,10 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
     clean_tags = run_info.clean_tags(tags)
     display_name = run_info.clean_name(name)
     clean_notes = run_info.clean_notes(notes)
-    overrides, options = _split_settings(settings)
+    overrides, client_overrides, options = _split_settings(settings)
     base = Settings.from_env(reader="client")
     settings_obj = base.replace(**overrides) if overrides else base
+    client = ClientSettings.from_env().replace(**client_overrides)
     # the structure limits (AREAL_MAX_*) of what this process reads and logs: the client's entry installs them
     install_limits(StructureLimits.from_settings(settings_obj))
     identity = _identity(options)
@@ -153,14 +160,15 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
     if not is_valid_run_id(run_id):
         raise ValueError(f"run_id {run_id[:60]!r}: must be {RUN_ID_RULE}; a free-form name goes in "
                          f"init(name=...), e.g. init(run_id={run_info.run_id_for(run_id)!r}, name={run_id[:60]!r})")
-    if settings_obj.mode == "disabled":
+    if client.mode == "disabled":
         _current = DisabledRun(run_id, identity, config=config, tags=clean_tags, group=group, name=display_name,
                                notes=clean_notes)
         return _current  # type: ignore[return-value]
     origin = "init(kafka_bootstrap=...)" if "kafka_bootstrap" in overrides else bootstrap_origin()
     home = state_dir()  # AREAL_HOME, read here at the client's entry: journals and attempt records go under it
     attempt = _attempt(settings_obj, home, run_id, identity.rank, resume, options)
-    run = Run(run_id, identity, settings_obj, options, config=config, tags=clean_tags, group=group, attempt=attempt,
+    run = Run(run_id, identity, settings_obj, client, options, config=config, tags=clean_tags, group=group,
+              attempt=attempt,
               name=display_name, bootstrap_from=origin, notes=clean_notes, home=home)
     _current = run
     if generated and identity.rank == 0:
@@ -187,7 +195,7 @@ def _attempt(settings: Settings, home: Path, run_id: str, rank: int, resume: boo
 class Run:
     """One process's part of a run. Use `init()` to get one."""
 
-    def __init__(self, run_id: str, identity: Identity, settings: Settings, options: Options, *,
+    def __init__(self, run_id: str, identity: Identity, settings: Settings, client: ClientSettings, options: Options, *,
                  config: Any, tags: tuple[str, ...], group: str | None, attempt: int, name: str | None = None,
                  bootstrap_from: str | None = None, notes: str | None = None, home: Path) -> None:
         self.run_id = run_id
@@ -221,7 +229,7 @@ class Run:
         self._open_values: dict[Any, int | float] = {}
         self._steps = self._evals = self._skipped = 0
         self._warned: set[Any] = set()
-        self._max_metrics = settings.max_metrics
+        self._max_metrics = client.max_metrics
         self._alerted: dict[str, float] = {}  # alert title -> when it was last sent
         for kind in config_notes:  # what the config could not be sent as: once per kind
             self._warn_once(("config", kind), f"init(): config: {coerce.CONFIG_NOTES[kind]}")
@@ -232,7 +240,7 @@ class Run:
         self._feed_lock = threading.Lock()
         self._publish_run("running")
         exit_hooks.register(self)
-        self._sampler = system_metrics.started(settings.system_metrics_s)
+        self._sampler = system_metrics.started(client.system_metrics_s)
 
     # ------------------------------------------------------------ logging
 

@@ -31,7 +31,6 @@ from types import NoneType, UnionType
 from typing import Annotated, Any, Self, Union, get_args, get_origin, get_type_hints
 
 from areal_metrics.producers.contract.errors import ConfigError
-from areal_metrics.producers.contract.field_rules import METRICS_MAX
 from areal_metrics.producers.contract.topics import DEFAULT_PREFIX, Topics
 
 DEFAULT_STATE_DIR = ".areal"  # under the user's home directory: one folder per user, whatever the working directory
@@ -234,7 +233,7 @@ class SettingGroup:
 
 @dataclass(frozen=True)
 class Settings(SettingGroup):
-    """Shared: the settings several processes read, and the client's (`init(...)` takes each by its field name)"""
+    """Shared: the settings several processes read (`init(...)` takes each by its field name)"""
 
     # -- where things are
     kafka_bootstrap: Annotated[str, HOSTPORTS] = setting(
@@ -307,16 +306,6 @@ class Settings(SettingGroup):
     exit_timeout_s: float = setting("AREAL_EXIT_TIMEOUT_S", 10.0, "how long exit and finish() wait for the "
                                     "broker's acknowledgement before leaving the rest in the journal",
                                     ge=0, readers="client")
-    mode: str = setting("AREAL_MODE", "online", "online: send to Kafka (a journal on disk while it is away); "
-                        "disabled: init() gives a run whose calls do nothing (no thread, no journal, nothing sent)",
-                        choices=("online", "disabled"), readers="client")
-    max_metrics: int = setting("AREAL_MAX_METRICS", METRICS_MAX, "names one step's `metrics` keeps (the first "
-                               "logged); past it log() warns once and counts the rest in stats().skipped",
-                               ge=1, le=METRICS_MAX, readers="client")
-    system_metrics_s: float = setting("AREAL_SYSTEM_METRICS_S", 0.0, "sample CPU, memory and (with pynvml) GPU "
-                                      "utilisation and memory every this many seconds into the next step's "
-                                      "`metrics` under `system/` (0: off)", ge=0, le=3600,
-                                      readers="client")
     kafka_client: str = setting("AREAL_KAFKA_CLIENT", "auto", "the Kafka client that delivers the trainer's "
                                 "events: auto (confluent-kafka when installed), confluent-kafka or kafka-python",
                                 choices=("auto", "confluent-kafka", "kafka-python"), readers="client")
