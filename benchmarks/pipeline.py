@@ -29,6 +29,7 @@ from typing import Any
 
 from benchmarks.bench_sink import bench_latency
 from benchmarks.common import summary
+from benchmarks.settings import BenchSettings
 from areal_metrics.producers.contract.events import StepEvent, parse_event
 from areal_metrics.producers.delivery.publisher import Publisher
 from areal_metrics.producers.contract.settings import Settings, read_setting
@@ -70,7 +71,7 @@ class Services:
         (self.home / "streams.json").write_text(json.dumps(
             {"runs": {"lat-*": {"window": 1, "reward_threshold": 0.5, "reward_cooldown_steps": 1}}}))
         create_topics(self.bootstrap, self.topics.all(), partitions=3)
-        profiles = read_setting("bench_profile_dir")  # CPU-time profiles of both services
+        profiles = BenchSettings.from_env().bench_profile_dir  # CPU-time profiles of both services
         for name, module in (("worker", "streams"), ("sink", "sinks")):
             log = open(self.home / f"{name}.log", "wb")
             command = [sys.executable, "-m", module]

@@ -15,12 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from areal_metrics.all_settings import GROUPS, VARIABLES, table
+from areal_metrics.all_settings import GROUPS, table
+from areal_metrics.all_settings import VARIABLES as INSTALLED_VARIABLES
+from areal_metrics.producers.client.settings import ClientSettings
 from areal_metrics.producers.contract.errors import ConfigError
-from areal_metrics.producers.contract.settings import SettingGroup, Settings, is_set, read_setting, settings_fields
+from areal_metrics.producers.contract.settings import (SettingGroup, Settings, is_set, markdown_table, read_setting,
+                                                     settings_fields)
 from areal_metrics.sinks.settings import SinkSettings
 from areal_metrics.stack.settings import StackSettings
 from areal_metrics.streams.shell.settings import WorkerSettings
+from benchmarks.settings import BenchSettings
+
+# the benchmarks' own settings too (not installed, so not in areal_metrics.all_settings)
+VARIABLES = {**INSTALLED_VARIABLES, **{f.metadata["env"]: (BenchSettings, f.name) for f in settings_fields(BenchSettings)}}
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("producers", "streams", "sinks", "areal_train", "grafana", "areal_metrics", "benchmarks")
@@ -36,6 +43,7 @@ def python_files() -> list[Path]:
 
 def test_every_areal_variable_in_the_source_is_a_declared_setting() -> None:
     secrets = {f.metadata["env"] + "_FILE" for g in GROUPS for f in fields(g) if f.metadata["secret"]}
+    assert not INSTALLED_VARIABLES.keys() & {f.metadata["env"] for f in settings_fields(BenchSettings)}
     named = {(m, p.relative_to(ROOT)) for p in python_files() for m in re.findall(r"\bAREAL_[A-Z0-9_]*[A-Z0-9]\b", p.read_text())}
     unknown = sorted(f"{name} in {path}" for name, path in named if name not in VARIABLES and name not in secrets)
     assert unknown == []
@@ -56,21 +64,27 @@ def test_the_read_pattern_sees_reads_and_not_writes() -> None:
 def test_docs_settings_table_is_the_declared_one() -> None:
     page = (ROOT / "docs" / "SETTINGS.md").read_text()
     assert table() in page, "run `python -m areal_metrics.all_settings` into docs/SETTINGS.md's tables"
+    assert markdown_table((BenchSettings,)) in page, "the benchmarks' table: markdown_table((BenchSettings,))"
     assert all(f"| `{variable}` |" in page for variable in VARIABLES)
 
 
 def test_a_setting_one_process_reads_lives_beside_it_not_in_the_contract() -> None:
     """Issue 43: the worker's, the sink's, the stack's, Grafana's and the trainer's own settings are
     each in a class beside that process; the contract keeps those several read (or the client's)."""
-    own = {f.metadata["env"]: group for group in GROUPS[1:] for f in settings_fields(group)}
+    own = {f.metadata["env"]: group for group in (*GROUPS[1:], BenchSettings) for f in settings_fields(group)}
     assert {"AREAL_WORKER_RUN_IDLE_S", "AREAL_WORKER_ENDED_RUN_IDLE_S", "AREAL_WORKER_MAX_RUNS",
             "AREAL_STREAMS_LINGER_MS"} <= {v for v, g in own.items() if g is WorkerSettings}
     assert {"AREAL_SINK_MAX_ROWS", "AREAL_HTTP_QUERY_TIMEOUT_S", "AREAL_LOG_LEVEL"} <= {
         v for v, g in own.items() if g is SinkSettings}
     assert {"AREAL_RESTART_MAX", "AREAL_RESTART_BACKOFF_S", "AREAL_KAFKA_HEAP", "AREAL_KAFKA_JARS"} <= {
         v for v, g in own.items() if g is StackSettings}
+    assert {"AREAL_EXIT_TIMEOUT_S", "AREAL_MODE", "AREAL_MAX_METRICS", "AREAL_SYSTEM_METRICS_S"} <= {
+        v for v, g in own.items() if g is ClientSettings}
+    assert "AREAL_BENCH_PROFILE_DIR" in own
     assert not own.keys() & {f.metadata["env"] for f in settings_fields(Settings)}
-    for group in GROUPS[1:]:
+    # what stays in the contract is read by several processes
+    assert [f.name for f in settings_fields(Settings) if len(f.metadata["readers"]) < 2] == []
+    for group in (*GROUPS[1:], BenchSettings):
         assert issubclass(group, SettingGroup)  # read by the contract's one parser
         readers = {r for f in settings_fields(group) for r in f.metadata["readers"]}
         assert len(readers) == 1, (group, readers)  # one process reads them
@@ -122,7 +136,7 @@ def test_a_secret_comes_from_its_file_and_is_never_printed(tmp_path: Path) -> No
 def test_a_reader_reads_only_its_own_variables() -> None:
     """A trainer is never stopped by a variable meant for the sink."""
     env = {"AREAL_CLICKHOUSE_STEPS_TTL_DAYS": "lots", "AREAL_SINK_MAX_ROWS": "lots", "AREAL_EXIT_TIMEOUT_S": "3"}
-    assert Settings.from_env(env, reader="client").exit_timeout_s == 3.0
+    assert ClientSettings.from_env(env).exit_timeout_s == 3.0
     with pytest.raises(ConfigError, match="AREAL_CLICKHOUSE_STEPS_TTL_DAYS"):
         Settings.from_env(env, reader="sink")
     with pytest.raises(ConfigError, match="AREAL_SINK_MAX_ROWS"):

@@ -71,13 +71,13 @@ def test_a_valid_override_is_taken_with_its_type() -> None:
     from areal_metrics.producers.client.settings import ClientSettings
 
     base = Settings.from_env({}, reader="client")
-    s = base.replace(exit_timeout_s=3, kafka_bootstrap="a:1, b:2", kafka_client="Kafka-Python")
-    assert (s.exit_timeout_s, s.kafka_bootstrap, s.kafka_client) == (3.0, "a:1,b:2", "kafka-python")
-    assert ClientSettings.from_env({}).replace(max_metrics="12").max_metrics == 12
-    assert type(s.exit_timeout_s) is float and s.run_id is None
-    assert base.replace(run_id=None).run_id is None
+    s = base.replace(kafka_bootstrap="a:1, b:2", kafka_client="Kafka-Python")
+    assert (s.kafka_bootstrap, s.kafka_client) == ("a:1,b:2", "kafka-python")
+    client = ClientSettings.from_env({}).replace(exit_timeout_s=3, max_metrics="12")
+    assert (client.exit_timeout_s, client.max_metrics) == (3.0, 12) and type(client.exit_timeout_s) is float
+    assert s.run_id is None and base.replace(run_id=None).run_id is None
     with pytest.raises(ConfigError, match=r"exit_timeout_s=True \(AREAL_EXIT_TIMEOUT_S\): expected a number, got bool"):
-        base.replace(exit_timeout_s=True)
+        client.replace(exit_timeout_s=True)
     with pytest.raises(TypeError, match="unknown setting"):
         base.replace(no_such_setting=1)
     with pytest.raises(ConfigError) as secret:

@@ -216,7 +216,7 @@ class Run:
         self.topics: Topics = settings.topics
         self._settings = settings
         self._key = run_id.encode()
-        self._exit_timeout_s = settings.exit_timeout_s
+        self._exit_timeout_s = client.exit_timeout_s
         journal = Path(options.journal_dir) if options.journal_dir else home / "journal" / run_id / f"rank-{self.rank}"
         self._publisher = Publisher.from_settings(settings, journal_dir=journal, close_at_exit=False,
                                                   exit_timeout_s=self._exit_timeout_s,

@@ -1,4 +1,4 @@
-"""The client's own settings (AREAL_MODE, AREAL_MAX_METRICS, AREAL_SYSTEM_METRICS_S): read by
+"""The client's own settings (AREAL_EXIT_TIMEOUT_S, AREAL_MODE, AREAL_MAX_METRICS, AREAL_SYSTEM_METRICS_S): read by
 `areal_metrics.init` alone, in the trainer's processes, by the contract's one parser
 (docs/SETTINGS.md). `init(**settings)` takes each by its field name, as it takes the shared
 `Settings`' fields."""
@@ -15,6 +15,9 @@ from areal_metrics.producers.contract.settings import SettingGroup, setting
 class ClientSettings(SettingGroup):
     """The client (`areal_metrics.init`)"""
 
+    exit_timeout_s: float = setting("AREAL_EXIT_TIMEOUT_S", 10.0, "how long exit and finish() wait for the "
+                                    "broker's acknowledgement before leaving the rest in the journal",
+                                    ge=0, readers="client")
     mode: str = setting("AREAL_MODE", "online", "online: send to Kafka (a journal on disk while it is away); "
                         "disabled: init() gives a run whose calls do nothing (no thread, no journal, nothing sent)",
                         choices=("online", "disabled"), readers="client")

@@ -303,12 +303,9 @@ class Settings(SettingGroup):
                                    "message may have (verdicts, sample_ids, ...)", ge=64,
                                    le=100_000_000, readers="client worker sink stack")
     # -- the client (areal_metrics.init)
-    exit_timeout_s: float = setting("AREAL_EXIT_TIMEOUT_S", 10.0, "how long exit and finish() wait for the "
-                                    "broker's acknowledgement before leaving the rest in the journal",
-                                    ge=0, readers="client")
     kafka_client: str = setting("AREAL_KAFKA_CLIENT", "auto", "the Kafka client that delivers the trainer's "
                                 "events: auto (confluent-kafka when installed), confluent-kafka or kafka-python",
-                                choices=("auto", "confluent-kafka", "kafka-python"), readers="client")
+                                choices=("auto", "confluent-kafka", "kafka-python"), readers="client stack")
     run_id: str | None = setting("AREAL_RUN_ID", None, "the run id every rank of a launch shares (before "
                                  "torchrun's and SLURM's ids)", readers="client trainer")
     # -- a crash never loops (producers/runtime/poison.py, areal_metrics/stack/supervisor.py)
@@ -318,9 +315,6 @@ class Settings(SettingGroup):
     test_crash_on: str | None = setting("AREAL_TEST_CRASH_ON", None, "tests only: `<worker|sink>:<text>`: that "
                                         "service dies (exit 70) while it processes a message holding the text (not on the dead-letter topic)",
                                         readers="worker sink")
-    bench_profile_dir: Annotated[str, PATH] | None = setting(
-        "AREAL_BENCH_PROFILE_DIR", None, "write the services' CPU profiles "
-        "here during the pipeline benchmark", readers="benchmarks")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, reader: str | None = None) -> Settings:
