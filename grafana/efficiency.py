@@ -11,19 +11,26 @@ from areal_metrics.grafana.panels import NODE_FILTER, RUN_FILTER, base, table, t
 UID = "areal-efficiency"
 TS = Format.TIME_SERIES
 WORKER = "concat(run_id, ' · ', node, ' · rank ', toString(rank))"
-# accelerator memory; on a CPU-only host the trainer reports the process RSS in metrics['mem_bytes']
-MEMORY = "ifNull(toFloat64(gpu_mem_bytes), metrics['mem_bytes'])"
+# Per-rank panels read the per-rank aggregates kept at insert time (v_rank_buckets: one row per run,
+# node, rank and 64 steps, exactly the deduplicated raw rows' sums): a point is placed at its
+# bucket's last step, and the time range keeps the buckets whose last step falls in it.
+RANK_BUCKETS = view("rank_buckets")
 
 
-def _per_worker(value: str, name: str, extra_filter: str = "") -> SQL:
+def _ratio(column: str) -> str:
+    """The mean of a summed column over the steps that have it."""
+    return f"if(sum({column}_n) = 0, NULL, sum({column}_sum) / sum({column}_n))"
+
+
+def _per_worker(value: str, name: str) -> SQL:
     # grouped by the columns the label is made of: the label is built once per group, not per row
     return SQL(
         f"""SELECT
     $__timeInterval(ts) AS time,
     {WORKER} AS worker,
     {value} AS `{name}`
-FROM {view('steps')}
-WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}{extra_filter}
+FROM {RANK_BUCKETS}
+WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
 GROUP BY time, run_id, node, rank
 ORDER BY time""",
         expects=("time", "worker", name),
@@ -52,12 +59,12 @@ WORKERS = SQL(
     run_id,
     node,
     rank,
-    count() AS steps,
-    avg(throughput) AS `mean tokens/s`,
-    quantile(0.95)(latency_ms) AS `p95 step latency`,
-    max({MEMORY}) AS `peak memory`,
+    sum(steps) AS steps,
+    {_ratio('throughput')} AS `mean tokens/s`,
+    quantileMerge(0.95)(latency_q) AS `p95 step latency`,
+    max(memory) AS `peak memory`,
     max(ts) AS `last seen`
-FROM {view('steps')}
+FROM {RANK_BUCKETS}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
 GROUP BY run_id, node, rank
 ORDER BY run_id, node, rank""",
@@ -81,7 +88,7 @@ def build() -> dash_b.Dashboard:
         timeseries(
             "Throughput per node and rank",
             "Tokens per second each rank reported for its steps.",
-            [_per_worker("avg(throughput)", "tokens/s")],
+            [_per_worker(_ratio("throughput"), "tokens/s")],
             unit="suffix: tok/s",
             calcs=["mean", "lastNotNull"],
             axis_label="tokens/s",
@@ -107,7 +114,7 @@ ORDER BY time""",
         timeseries(
             "Step latency per node and rank",
             "Wall time of one training step on each rank.",
-            [_per_worker("avg(latency_ms)", "step latency")],
+            [_per_worker(_ratio("latency_ms"), "step latency")],
             unit="ms",
             calcs=["mean", "max"],
             axis_label="latency",
@@ -123,7 +130,7 @@ ORDER BY time""",
         timeseries(
             "Memory per node and rank",
             "Accelerator memory in use at the end of each step; on a host without a GPU, the process's resident memory.",
-            [_per_worker(f"max({MEMORY})", "memory")],
+            [_per_worker("max(memory)", "memory")],
             unit="bytes",
             calcs=["max", "lastNotNull"],
             axis_label="memory",
@@ -131,7 +138,7 @@ ORDER BY time""",
         timeseries(
             "Tokens per step per node and rank",
             "Tokens each rank processed in one step (prompt and response).",
-            [_per_worker("avg(tokens)", "tokens per step")],
+            [_per_worker(_ratio("tokens"), "tokens per step")],
             unit="none",
             axis_label="tokens per step",
         ).display_name(per_worker),

@@ -1,0 +1,135 @@
+"""Per-rank aggregates kept at insert time, and `v_rank_buckets`: each rank's steps in buckets of 64.
+
+The efficiency dashboard draws one line per node and rank (throughput, step latency, memory,
+tokens per step) and a table with one line per rank. Read from the raw rows their cost grows
+with every row in the time range; here each rank's steps are summed as rows arrive, 64 steps to
+a row (`BUCKET_STEPS`), so a panel reads 1/64 of the rows (measured in docs/PERFORMANCE.md).
+
+Objects (created by migration 12, rebuilt by `replay`):
+- `rank_aggregates`: an AggregatingMergeTree keyed by (run_id, rank, bucket, attempt, node),
+  `bucket = intDiv(step, 64)`, whose columns are counts, sums, the maximum memory, a
+  quantile state of the step latency, and the set of steps seen (one UInt64, a bit per step);
+- `rank_aggregates_mv`: the materialized view that adds every block inserted into `steps`;
+- `v_rank_buckets`: one row per (run_id, node, rank, bucket) of exactly the rows `v_steps`
+  shows (a later attempt's step replaces an earlier one's).
+
+Exactly once, as `step_aggregates` (sinks/step_means.py): the sink's retried block carries its
+deduplication token and is dropped here too; a row that still arrives twice (in another block)
+makes its bucket's `rows` exceed the number of distinct steps in `step_bits`. A bucket is taken
+from the sums when its latest attempt saw each of its steps once, on one node, and no earlier
+attempt has a step the latest lacks (a resume inside the bucket leaves earlier steps in
+`v_steps`); any other bucket is computed again from the deduplicated raw rows, read through the
+primary key (run_id, step) for those 64 steps alone.
+"""
+
+from __future__ import annotations
+
+from areal_metrics.sinks.schema import PARTITION_BY, TABLES_BY_NAME, SchemaOptions
+
+RANK_AGGREGATES = "rank_aggregates"
+RANK_AGGREGATES_MV = "rank_aggregates_mv"
+RANK_BUCKETS_VIEW = "v_rank_buckets"
+BUCKET_STEPS = 64  # steps per bucket: one bit each in `step_bits`
+# accelerator memory; on a CPU-only host the trainer reports the process RSS in metrics['mem_bytes']
+MEMORY = "ifNull(toFloat64(s.gpu_mem_bytes), s.metrics['mem_bytes'])"
+# the columns averaged in the panels: a count and a sum each
+SUMMED = ("throughput", "latency_ms", "tokens")
+LATENCY_Q = "quantile(0.95)"
+
+
+def _block_columns() -> list[tuple[str, str, str]]:
+    """(state column, its type, the expression over one block of raw rows `s`)."""
+    cols = [
+        ("rows", "SimpleAggregateFunction(sum, UInt64)", "count()"),
+        ("step_bits", "SimpleAggregateFunction(groupBitOr, UInt64)",
+         f"groupBitOr(bitShiftLeft(toUInt64(1), toUInt64(s.step % {BUCKET_STEPS})))"),
+        ("ts", "SimpleAggregateFunction(max, DateTime64(3, 'UTC'))", "max(s.ts)"),
+        ("first_ts", "SimpleAggregateFunction(min, DateTime64(3, 'UTC'))", "min(s.ts)"),
+        ("memory", "SimpleAggregateFunction(max, Nullable(Float64))", f"max({MEMORY})"),
+        ("latency_q", f"AggregateFunction({LATENCY_Q}, Nullable(Float64))", f"{LATENCY_Q.replace('(', 'State(', 1)}(toFloat64(s.latency_ms))"),
+    ]
+    for c in SUMMED:
+        cols += [(f"{c}_n", "SimpleAggregateFunction(sum, UInt64)", f"count(s.{c})"),
+                 (f"{c}_sum", "SimpleAggregateFunction(sum, Float64)", f"sum(ifNull(toFloat64(s.{c}), 0))")]
+    return cols
+
+
+def table_sql(o: SchemaOptions) -> str:
+    cols = ",\n    ".join(["run_id LowCardinality(String)", "node LowCardinality(String)", "rank UInt32",
+                           "attempt UInt32", "bucket UInt64"] + [f"`{n}` {t}" for n, t, _ in _block_columns()])
+    return (
+        f"CREATE TABLE IF NOT EXISTS {o.database}.{RANK_AGGREGATES}{o.on_cluster} (\n    {cols}\n)\n"
+        f"ENGINE = {o.engine(RANK_AGGREGATES, kind='AggregatingMergeTree')}\n"
+        f"PARTITION BY {PARTITION_BY}\n"
+        f"ORDER BY (run_id, rank, bucket, attempt, node)\n"
+        f"SETTINGS {o.dedup_settings()}"  # a retried block's token drops it here too (see sinks/writer.py)
+    )
+
+
+def _select_from_steps(o: SchemaOptions) -> str:
+    select = ",\n    ".join(["s.run_id AS run_id", "s.node AS node", "s.rank AS rank", "s.attempt AS attempt",
+                              f"intDiv(s.step, {BUCKET_STEPS}) AS bucket"]
+                             + [f"{e} AS `{n}`" for n, _, e in _block_columns()])
+    return (f"SELECT\n    {select}\nFROM {o.database}.steps AS s\n"
+            f"GROUP BY s.run_id, s.node, s.rank, s.attempt, bucket")
+
+
+def mv_sql(o: SchemaOptions) -> str:
+    return (f"CREATE MATERIALIZED VIEW IF NOT EXISTS {o.database}.{RANK_AGGREGATES_MV}{o.on_cluster} "
+            f"TO {o.database}.{RANK_AGGREGATES} AS\n{_select_from_steps(o)}")
+
+
+def backfill_sql(o: SchemaOptions) -> str:
+    """Fill the aggregates from the steps already stored (a store made before migration 12)."""
+    return f"INSERT INTO {o.database}.{RANK_AGGREGATES} {_select_from_steps(o)}"
+
+
+OUTPUT = ("run_id", "node", "rank", "bucket", "ts", "first_ts", "steps", "memory", "latency_q",
+          *(f"{c}_{k}" for c in SUMMED for k in ("n", "sum")))
+# a bucket the sums give exactly: its latest attempt saw each step once, on one node, and holds every step seen
+_EXACT = ("sumArgMax(a.rows, a.attempt) = bitCount(groupBitOrArgMax(a.step_bits, a.attempt)) "
+          "AND groupBitOr(a.step_bits) = groupBitOrArgMax(a.step_bits, a.attempt) "
+          "AND minArgMax(a.node, a.attempt) = maxArgMax(a.node, a.attempt)")
+
+
+def view_sql(o: SchemaOptions) -> str:
+    """The exact buckets from the sums, UNION ALL the others from the deduplicated raw rows."""
+    db, steps_view = o.database, TABLES_BY_NAME["steps"].view
+    from_sums = ["a.run_id AS run_id", "anyArgMax(a.node, a.attempt) AS node", "a.rank AS rank", "a.bucket AS bucket",
+                 "maxArgMax(a.ts, a.attempt) AS ts", "minArgMax(a.first_ts, a.attempt) AS first_ts",
+                 "sumArgMax(a.rows, a.attempt) AS steps", "maxArgMax(a.memory, a.attempt) AS memory",
+                 f"{LATENCY_Q.replace('(', 'MergeStateArgMax(', 1)}(a.latency_q, a.attempt) AS latency_q"]
+    from_sums += [f"sumArgMax(a.`{c}_{k}`, a.attempt) AS `{c}_{k}`" for c in SUMMED for k in ("n", "sum")]
+    from_raw = ["s.run_id AS run_id", "s.node AS node", "s.rank AS rank", f"intDiv(s.step, {BUCKET_STEPS}) AS bucket",
+                "max(s.ts) AS ts", "min(s.ts) AS first_ts", "count() AS steps", f"max({MEMORY}) AS memory",
+                f"{LATENCY_Q.replace('(', 'State(', 1)}(toFloat64(s.latency_ms)) AS latency_q"]
+    from_raw += [e for c in SUMMED for e in (f"count(s.{c}) AS `{c}_n`", f"sum(ifNull(toFloat64(s.{c}), 0)) AS `{c}_sum`")]
+    sep = ",\n    "
+    query = f"""SELECT
+    {sep.join(from_sums)}
+FROM {db}.{RANK_AGGREGATES} AS a
+GROUP BY a.run_id, a.rank, a.bucket
+HAVING {_EXACT}
+UNION ALL
+SELECT
+    {sep.join(from_raw)}
+FROM {db}.{steps_view} AS s
+WHERE (s.run_id, s.step, s.rank) IN (
+    SELECT a.run_id, arrayJoin(range(a.bucket * {BUCKET_STEPS}, (a.bucket + 1) * {BUCKET_STEPS})), a.rank
+    FROM {db}.{RANK_AGGREGATES} AS a
+    GROUP BY a.run_id, a.rank, a.bucket
+    HAVING NOT ({_EXACT})
+)
+GROUP BY s.run_id, s.node, s.rank, bucket"""
+    return f"CREATE OR REPLACE VIEW {db}.{RANK_BUCKETS_VIEW}{o.on_cluster} AS {query}"
+
+
+def create_statements(o: SchemaOptions) -> list[str]:
+    """The table, its materialized view, the view (in that order: the view reads the table)."""
+    return [table_sql(o), mv_sql(o), view_sql(o)]
+
+
+def drop_statements(o: SchemaOptions) -> list[str]:
+    """For `replay`: the materialized view first (it writes into the table), then the table."""
+    return [f"DROP VIEW IF EXISTS {o.database}.{RANK_AGGREGATES_MV}{o.on_cluster} SYNC",
+            f"DROP TABLE IF EXISTS {o.database}.{RANK_AGGREGATES}{o.on_cluster} SYNC"]

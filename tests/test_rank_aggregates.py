@@ -1,0 +1,140 @@
+"""The per-rank aggregates kept at insert time (sinks/rank_aggregates.py, migration 12) are exactly the
+deduplicated raw rows' sums, per run, node, rank and 64 steps, whatever arrived twice: a sink's retried
+batch, a client re-sending events, a rank logging a step again, a resume inside a bucket, a rank on a
+new node after a resume. The efficiency board's 'Nodes and ranks' table (read from them) equals the raw
+rows' rule computed here in Python (numpy's p95)."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import pytest
+
+from areal_metrics.grafana import efficiency
+from areal_metrics.producers.contract.events import StepEvent
+from areal_metrics.sinks.migrations import apply_schema
+from areal_metrics.sinks.rank_aggregates import BUCKET_STEPS, RANK_AGGREGATES, drop_statements
+from areal_metrics.sinks.schema import MIGRATIONS_TABLE, SCHEMA_VERSION, SchemaOptions
+from tests.test_step_means import TS, client, put  # noqa: F401  (the fixture)
+
+Key = tuple[str, str, int, int]  # run_id, node, rank, bucket
+
+
+def raw_buckets(c: Any) -> dict[Key, dict[str, Any]]:
+    """The rule over the deduplicated raw rows (`v_steps`), in Python."""
+    rows = c.query("SELECT run_id, node, rank, step, ts, toFloat64(throughput), toFloat64(latency_ms), "
+                   "toFloat64(tokens), ifNull(toFloat64(gpu_mem_bytes), metrics['mem_bytes']) FROM areal.v_steps"
+                   ).result_rows
+    out: dict[Key, dict[str, Any]] = defaultdict(lambda: {"steps": 0, "ts": None, "memory": None, "latency": [],
+                                                         "throughput": [], "tokens": []})
+    for run, node, rank, step, ts, throughput, latency, tokens, memory in rows:
+        b = out[(run, node, rank, step // BUCKET_STEPS)]
+        b["steps"] += 1
+        b["ts"] = ts if b["ts"] is None else max(b["ts"], ts)
+        b["memory"] = memory if b["memory"] is None else max(b["memory"], memory)
+        for name, value in (("latency", latency), ("throughput", throughput), ("tokens", tokens)):
+            if value is not None:
+                b[name].append(value)
+    return out
+
+
+def view_buckets(c: Any) -> dict[Key, tuple[Any, ...]]:
+    rows = c.query("SELECT run_id, node, rank, bucket, steps, ts, memory, latency_ms_n, latency_ms_sum, throughput_n, "
+                   "throughput_sum, tokens_n, tokens_sum FROM areal.v_rank_buckets").result_rows
+    assert len(rows) == len({tuple(r[:4]) for r in rows})  # one row per run, node, rank and bucket
+    return {tuple(r[:4]): tuple(r[4:]) for r in rows}  # type: ignore[misc]
+
+
+def assert_view_is_the_raw_rule(c: Any) -> None:
+    want, got = raw_buckets(c), view_buckets(c)
+    assert set(got) == set(want)
+    for key, b in want.items():
+        steps, ts, memory, lat_n, lat_sum, thr_n, thr_sum, tok_n, tok_sum = got[key]
+        assert (steps, ts, memory) == (b["steps"], b["ts"], b["memory"]), key
+        for n, s, name in ((lat_n, lat_sum, "latency"), (thr_n, thr_sum, "throughput"), (tok_n, tok_sum, "tokens")):
+            assert n == len(b[name]) and s == pytest.approx(sum(b[name]), rel=1e-12), (key, name)
+
+
+def nodes_and_ranks(c: Any) -> dict[tuple[str, str, int], tuple[Any, ...]]:
+    """The efficiency board's 'Nodes and ranks' query, over every run and node and all time."""
+    sql = (efficiency.WORKERS.build().raw_sql.replace("$__timeFilter(ts)", "1")
+           .replace("run_id IN (${run:singlequote})", "1")
+           .replace("$__conditionalAll(node IN (${node:singlequote}), $node)", "1"))
+    return {tuple(r[:3]): tuple(r[3:]) for r in c.query(sql).result_rows}  # type: ignore[misc]
+
+
+def assert_table_is_the_raw_rule(c: Any) -> None:
+    per_rank: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for (run, node, rank, _), b in raw_buckets(c).items():
+        per_rank[(run, node, rank)].append(b)
+    got = nodes_and_ranks(c)
+    assert set(got) == set(per_rank)
+    for key, buckets in per_rank.items():
+        steps, throughput, p95, memory, last = got[key]
+        latencies = [x for b in buckets for x in b["latency"]]
+        throughputs = [x for b in buckets for x in b["throughput"]]
+        assert steps == sum(b["steps"] for b in buckets), key
+        assert throughput == pytest.approx(sum(throughputs) / len(throughputs), rel=1e-12), key
+        assert p95 == pytest.approx(float(np.quantile(latencies, 0.95)), rel=1e-12), key  # < 8192 values: exact
+        assert memory == max(b["memory"] for b in buckets) and last == max(b["ts"] for b in buckets), key
+
+
+def step(run: str, s: int, rank: int, rng: random.Random, **kw: Any) -> StepEvent:
+    fields: dict[str, Any] = {"run_id": run, "node": f"n{rank // 4}", "step": s, "epoch": 0, "rank": rank,
+                              "world_size": 8, "ts": TS + s, "latency_ms": rng.uniform(10, 100),
+                              "throughput": None if rng.random() < 0.1 else rng.uniform(100, 1000),
+                              "tokens": rng.randrange(1000), "gpu_mem_bytes": rng.randrange(1 << 30)}
+    return StepEvent(**{**fields, **kw})
+
+
+def test_every_way_a_row_arrives_twice_counts_once(client: Any) -> None:  # noqa: F811
+    rng = random.Random(7)
+    events = [step(run, s, r, rng) for run in ("a", "b") for s in range(150) for r in range(8)]
+    rng.shuffle(events)
+    blocks = [events[i:i + 211] for i in range(0, len(events), 211)]
+    for i, block in enumerate(blocks):
+        put(client, block, token=f"batch-{i}")
+    for i, block in enumerate(blocks[:3]):  # a sink retrying its planned batches: the same tokens
+        put(client, block, token=f"batch-{i}")
+    assert int(client.command(f"SELECT sum(rows) FROM areal.{RANK_AGGREGATES}")) == len(events)  # dropped here too
+    assert_view_is_the_raw_rule(client)
+    assert_table_is_the_raw_rule(client)
+
+    put(client, rng.sample(events, 30))  # a client re-sending events it was unsure of: new positions, new block
+    again = next(e for e in events if e.run_id == "a" and e.step == 70 and e.rank == 3)
+    put(client, [StepEvent(**{**{f: getattr(again, f) for f in again.__struct_fields__ if f != "event_id"},
+                              "latency_ms": 5000.0})])  # rank 3 logs step 70 again: the later one wins
+    # run b resumed at step 100 (inside the bucket of steps 64-127) by attempt 1, rank 7 now on node n9;
+    # attempt 1 stops at step 140, so attempt 0's steps 141-149 stay
+    resumed = [step("b", s, r, rng, attempt=1, ts=TS + 1000 + s, node="n9" if r == 7 else f"n{r // 4}")
+               for s in range(100, 141) for r in range(8)]
+    put(client, resumed)
+    assert int(client.command(f"SELECT sum(rows) FROM areal.{RANK_AGGREGATES}")) > len(events)  # the sums saw them
+    assert_view_is_the_raw_rule(client)
+    assert_table_is_the_raw_rule(client)
+    latency = client.query("SELECT latency_ms_sum FROM areal.v_rank_buckets WHERE run_id = 'a' AND rank = 3 "
+                           "AND bucket = 1").result_rows
+    raw = client.query("SELECT sum(latency_ms) FROM areal.v_steps WHERE run_id = 'a' AND rank = 3 "
+                       "AND intDiv(step, 64) = 1").result_rows
+    assert latency == [(pytest.approx(raw[0][0]),)] and raw[0][0] > 5000
+    nodes = client.query("SELECT node, sum(steps) FROM areal.v_rank_buckets WHERE run_id = 'b' AND rank = 7 "
+                         "GROUP BY node ORDER BY node").result_rows
+    assert nodes == [("n1", 150 - 41), ("n9", 41)]
+
+
+def test_an_older_store_is_backfilled_by_migration_12(client: Any) -> None:  # noqa: F811
+    rng = random.Random(3)
+    events = [step("old", s, r, rng) for s in range(100) for r in range(4)]
+    for stmt in drop_statements(SchemaOptions()):  # a store of schema 11: no per-rank aggregates
+        client.command(stmt)
+    client.command("DROP VIEW areal.v_rank_buckets")
+    client.command(f"ALTER TABLE areal.{MIGRATIONS_TABLE} DELETE WHERE version >= 12 SETTINGS mutations_sync = 1")
+    put(client, events[:250])
+    assert apply_schema(client) == SCHEMA_VERSION == 12
+    put(client, events[250:])
+    assert int(client.command("SELECT sum(steps) FROM areal.v_rank_buckets")) == 400
+    assert_view_is_the_raw_rule(client)
+    assert_table_is_the_raw_rule(client)
