@@ -61,14 +61,16 @@ WORKERS = SQL(
     rank,
     sum(steps) AS steps,
     {_ratio('throughput')} AS `mean tokens/s`,
-    quantileMerge(0.95)(latency_q) AS `p95 step latency`,
+    {_ratio('latency_ms')} AS `mean step latency`,
+    max(latency_max) AS `max step latency`,
     max(memory) AS `peak memory`,
     max(ts) AS `last seen`
 FROM {RANK_BUCKETS}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND {NODE_FILTER}
 GROUP BY run_id, node, rank
 ORDER BY run_id, node, rank""",
-    expects=("run_id", "node", "rank", "steps", "mean tokens/s", "p95 step latency", "peak memory", "last seen"),
+    expects=("run_id", "node", "rank", "steps", "mean tokens/s", "mean step latency", "max step latency", "peak memory",
+             "last seen"),
 )
 
 
@@ -145,10 +147,11 @@ ORDER BY time""",
     ]
     for panel in panels:
         board = board.with_panel(panel)
-    workers = table("Nodes and ranks", "One line per rank: steps, mean throughput, p95 latency, peak memory.", WORKERS, height=8)
+    workers = table("Nodes and ranks", "One line per rank: steps, mean throughput, mean and slowest step latency, peak memory.", WORKERS, height=8)
     for name, unit in (
         ("mean tokens/s", "suffix: tok/s"),
-        ("p95 step latency", "ms"),
+        ("mean step latency", "ms"),
+        ("max step latency", "ms"),
         ("peak memory", "bytes"),
         ("last seen", "dateTimeAsIso"),
     ):

@@ -7,8 +7,10 @@ a row (`BUCKET_STEPS`), so a panel reads 1/64 of the rows (measured in docs/PERF
 
 Objects (created by migration 12, rebuilt by `replay`):
 - `rank_aggregates`: an AggregatingMergeTree keyed by (run_id, rank, bucket, attempt, node),
-  `bucket = intDiv(step, 64)`, whose columns are counts, sums, the maximum memory, a
-  quantile state of the step latency, and the set of steps seen (one UInt64, a bit per step);
+  `bucket = intDiv(step, 64)`, whose columns are counts, sums, the maximum memory and step
+  latency, and the set of steps seen (one UInt64, a bit per step). No quantile state: one holds
+  every value (measured: merging them cost more than reading the raw rows), so the rank table
+  shows the mean and the maximum step latency, both exact from the sums;
 - `rank_aggregates_mv`: the materialized view that adds every block inserted into `steps`;
 - `v_rank_buckets`: one row per (run_id, node, rank, bucket) of exactly the rows `v_steps`
   shows (a later attempt's step replaces an earlier one's).
@@ -34,7 +36,6 @@ BUCKET_STEPS = 64  # steps per bucket: one bit each in `step_bits`
 MEMORY = "ifNull(toFloat64(s.gpu_mem_bytes), s.metrics['mem_bytes'])"
 # the columns averaged in the panels: a count and a sum each
 SUMMED = ("throughput", "latency_ms", "tokens")
-LATENCY_Q = "quantile(0.95)"
 
 
 def _block_columns() -> list[tuple[str, str, str]]:
@@ -46,7 +47,7 @@ def _block_columns() -> list[tuple[str, str, str]]:
         ("ts", "SimpleAggregateFunction(max, DateTime64(3, 'UTC'))", "max(s.ts)"),
         ("first_ts", "SimpleAggregateFunction(min, DateTime64(3, 'UTC'))", "min(s.ts)"),
         ("memory", "SimpleAggregateFunction(max, Nullable(Float64))", f"max({MEMORY})"),
-        ("latency_q", f"AggregateFunction({LATENCY_Q}, Nullable(Float64))", f"{LATENCY_Q.replace('(', 'State(', 1)}(toFloat64(s.latency_ms))"),
+        ("latency_max", "SimpleAggregateFunction(max, Nullable(Float64))", "max(toFloat64(s.latency_ms))"),
     ]
     for c in SUMMED:
         cols += [(f"{c}_n", "SimpleAggregateFunction(sum, UInt64)", f"count(s.{c})"),
@@ -84,7 +85,7 @@ def backfill_sql(o: SchemaOptions) -> str:
     return f"INSERT INTO {o.database}.{RANK_AGGREGATES} {_select_from_steps(o)}"
 
 
-OUTPUT = ("run_id", "node", "rank", "bucket", "ts", "first_ts", "steps", "memory", "latency_q",
+OUTPUT = ("run_id", "node", "rank", "bucket", "ts", "first_ts", "steps", "memory", "latency_max",
           *(f"{c}_{k}" for c in SUMMED for k in ("n", "sum")))
 # a bucket the sums give exactly: its latest attempt saw each step once, on one node, and holds every step seen
 _EXACT = ("sumArgMax(a.rows, a.attempt) = bitCount(groupBitOrArgMax(a.step_bits, a.attempt)) "
@@ -98,11 +99,11 @@ def view_sql(o: SchemaOptions) -> str:
     from_sums = ["a.run_id AS run_id", "anyArgMax(a.node, a.attempt) AS node", "a.rank AS rank", "a.bucket AS bucket",
                  "maxArgMax(a.ts, a.attempt) AS ts", "minArgMax(a.first_ts, a.attempt) AS first_ts",
                  "sumArgMax(a.rows, a.attempt) AS steps", "maxArgMax(a.memory, a.attempt) AS memory",
-                 f"{LATENCY_Q.replace('(', 'MergeStateArgMax(', 1)}(a.latency_q, a.attempt) AS latency_q"]
+                 "maxArgMax(a.latency_max, a.attempt) AS latency_max"]
     from_sums += [f"sumArgMax(a.`{c}_{k}`, a.attempt) AS `{c}_{k}`" for c in SUMMED for k in ("n", "sum")]
     from_raw = ["s.run_id AS run_id", "s.node AS node", "s.rank AS rank", f"intDiv(s.step, {BUCKET_STEPS}) AS bucket",
                 "max(s.ts) AS ts", "min(s.ts) AS first_ts", "count() AS steps", f"max({MEMORY}) AS memory",
-                f"{LATENCY_Q.replace('(', 'State(', 1)}(toFloat64(s.latency_ms)) AS latency_q"]
+                "max(toFloat64(s.latency_ms)) AS latency_max"]
     from_raw += [e for c in SUMMED for e in (f"count(s.{c}) AS `{c}_n`", f"sum(ifNull(toFloat64(s.{c}), 0)) AS `{c}_sum`")]
     sep = ",\n    "
     query = f"""SELECT
