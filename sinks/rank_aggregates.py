@@ -18,10 +18,9 @@ Objects (created by migration 12, rebuilt by `replay`):
 Exactly once, as `step_aggregates` (sinks/step_means.py): the sink's retried block carries its
 deduplication token and is dropped here too; a row that still arrives twice (in another block)
 makes its bucket's `rows` exceed the number of distinct steps in `step_bits`. A bucket is taken
-from the sums when its latest attempt saw each of its steps once, on one node, and no earlier
-attempt has a step the latest lacks (a resume inside the bucket leaves earlier steps in
-`v_steps`); any other bucket is computed again from the deduplicated raw rows, read through the
-primary key (run_id, step) for those 64 steps alone.
+from the sums when it has one attempt, one node, and each of its steps once; any other bucket
+(a row twice, a resume inside or over the bucket, a rank on a new node) is computed again
+from the deduplicated raw rows, read through the primary key for those 64 steps alone.
 """
 
 from __future__ import annotations
@@ -87,20 +86,19 @@ def backfill_sql(o: SchemaOptions) -> str:
 
 OUTPUT = ("run_id", "node", "rank", "bucket", "ts", "first_ts", "steps", "memory", "latency_max",
           *(f"{c}_{k}" for c in SUMMED for k in ("n", "sum")))
-# a bucket the sums give exactly: its latest attempt saw each step once, on one node, and holds every step seen
-_EXACT = ("sumArgMax(a.rows, a.attempt) = bitCount(groupBitOrArgMax(a.step_bits, a.attempt)) "
-          "AND groupBitOr(a.step_bits) = groupBitOrArgMax(a.step_bits, a.attempt) "
-          "AND minArgMax(a.node, a.attempt) = maxArgMax(a.node, a.attempt)")
+# a bucket the sums give exactly: one attempt, one node, each step once (plain sums: -ArgMax by attempt
+# measured 35 ms against 12 for the grouping of a 2M-row store's aggregates; a resumed bucket is rare)
+_EXACT = ("min(a.attempt) = max(a.attempt) AND min(a.node) = max(a.node) "
+          "AND sum(a.rows) = bitCount(groupBitOr(a.step_bits))")
 
 
 def view_sql(o: SchemaOptions) -> str:
     """The exact buckets from the sums, UNION ALL the others from the deduplicated raw rows."""
     db, steps_view = o.database, TABLES_BY_NAME["steps"].view
-    from_sums = ["a.run_id AS run_id", "anyArgMax(a.node, a.attempt) AS node", "a.rank AS rank", "a.bucket AS bucket",
-                 "maxArgMax(a.ts, a.attempt) AS ts", "minArgMax(a.first_ts, a.attempt) AS first_ts",
-                 "sumArgMax(a.rows, a.attempt) AS steps", "maxArgMax(a.memory, a.attempt) AS memory",
-                 "maxArgMax(a.latency_max, a.attempt) AS latency_max"]
-    from_sums += [f"sumArgMax(a.`{c}_{k}`, a.attempt) AS `{c}_{k}`" for c in SUMMED for k in ("n", "sum")]
+    from_sums = ["a.run_id AS run_id", "any(a.node) AS node", "a.rank AS rank", "a.bucket AS bucket",
+                 "max(a.ts) AS ts", "min(a.first_ts) AS first_ts", "sum(a.rows) AS steps",
+                 "max(a.memory) AS memory", "max(a.latency_max) AS latency_max"]
+    from_sums += [f"sum(a.`{c}_{k}`) AS `{c}_{k}`" for c in SUMMED for k in ("n", "sum")]
     from_raw = ["s.run_id AS run_id", "s.node AS node", "s.rank AS rank", f"intDiv(s.step, {BUCKET_STEPS}) AS bucket",
                 "max(s.ts) AS ts", "min(s.ts) AS first_ts", "count() AS steps", f"max({MEMORY}) AS memory",
                 "max(toFloat64(s.latency_ms)) AS latency_max"]
