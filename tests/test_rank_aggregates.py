@@ -112,6 +112,8 @@ def test_every_way_a_row_arrives_twice_counts_once(client: Any) -> None:  # noqa
     resumed = [step("b", s, r, rng, attempt=1, ts=TS + 1000 + s, node="n9" if r == 7 else f"n{r // 4}")
                for s in range(100, 141) for r in range(8)]
     put(client, resumed)
+    # run c: rank 0 resumed on node n5 at step 10 with no step again (attempt 0 stopped at 9)
+    put(client, [step("c", s, 0, rng, attempt=int(s >= 10), node="n5" if s >= 10 else "n0") for s in range(20)])
     assert int(client.command(f"SELECT sum(rows) FROM areal.{RANK_AGGREGATES}")) > len(events)  # the sums saw them
     assert_view_is_the_raw_rule(client)
     assert_table_is_the_raw_rule(client)
@@ -123,6 +125,8 @@ def test_every_way_a_row_arrives_twice_counts_once(client: Any) -> None:  # noqa
     nodes = client.query("SELECT node, sum(steps) FROM areal.v_rank_buckets WHERE run_id = 'b' AND rank = 7 "
                          "GROUP BY node ORDER BY node").result_rows
     assert nodes == [("n1", 150 - 41), ("n9", 41)]
+    assert client.query("SELECT node, steps FROM areal.v_rank_buckets WHERE run_id = 'c' ORDER BY node").result_rows == [
+        ("n0", 10), ("n5", 10)]
 
 
 def test_an_older_store_is_backfilled_by_migration_12(client: Any) -> None:  # noqa: F811
