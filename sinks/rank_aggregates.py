@@ -84,8 +84,6 @@ def backfill_sql(o: SchemaOptions) -> str:
     return f"INSERT INTO {o.database}.{RANK_AGGREGATES} {_select_from_steps(o)}"
 
 
-OUTPUT = ("run_id", "node", "rank", "bucket", "ts", "first_ts", "steps", "memory", "latency_max",
-          *(f"{c}_{k}" for c in SUMMED for k in ("n", "sum")))
 # a bucket the sums give exactly: one node, each step once. `v_steps` keeps one row per (run, step, rank),
 # the latest attempt's, so a bucket whose steps each came once holds exactly its rows, whatever the
 # attempts; a step a later attempt replaced came twice. (Plain sums: -ArgMax by attempt cost 35 ms
