@@ -24,13 +24,7 @@ import time
 import tracemalloc
 from typing import Any
 
-
-def _rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+from benchmarks.common import rss_mib
 
 
 def measure(runs: int, ranks: int, steps: int) -> dict[str, Any]:
@@ -68,13 +62,13 @@ def measure(runs: int, ranks: int, steps: int) -> dict[str, Any]:
         await core.on_tick(0)
         gc.collect()
         tracemalloc.start()
-        base, rss0 = tracemalloc.get_traced_memory()[0], _rss_mib()
+        base, rss0 = tracemalloc.get_traced_memory()[0], rss_mib()
         await feed([f"run-{r:05d}" for r in range(runs)])
         gc.collect()
         live = tracemalloc.get_traced_memory()[0]
         table_bytes = sum(len(k) + len(v) for k, v in table.items())
         records = len(table)
-        rss_live = _rss_mib()
+        rss_live = rss_mib()
         clock[0] += core.run_idle_s + 1  # type: ignore[operator]
         await core.on_tick(0)
         gc.collect()
@@ -90,7 +84,7 @@ def measure(runs: int, ranks: int, steps: int) -> dict[str, Any]:
                 "bytes_per_run_after_eviction": (after - base) / runs,
                 "bytes_per_run_after_a_second_wave": (second - base) / runs, "live_runs_after": core.live_runs,
                 "evicted": core.stats["evicted"], "rss_mib_live": rss_live, "rss_mib_before": rss0,
-                "rss_mib_after_eviction": _rss_mib()}
+                "rss_mib_after_eviction": rss_mib()}
 
     return asyncio.run(go())
 

@@ -29,6 +29,7 @@ import sys
 import time
 from typing import Any
 
+from benchmarks.common import rss_mib
 from benchmarks.query_data import Shape
 
 RANKS = 1_000
@@ -98,17 +99,9 @@ def _worker_child(live_runs: int, ranks: int, steps: int, batch: int = 500) -> d
         cpu = time.process_time() - cpu
         del timed, warm
         return {"events": live_runs * ranks * steps, "cpu_us_per_event": cpu / (live_runs * ranks * steps) * 1e6,
-                "rss_mib": _rss_mib(), "state_keys": len(core.table) if hasattr(core, "table") else -1}
+                "rss_mib": rss_mib(), "state_keys": len(core.table) if hasattr(core, "table") else -1}
 
     return asyncio.run(go())
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def worker(live_runs: int, ranks: int = 8, events: int = 200_000) -> dict[str, float]:

@@ -103,3 +103,12 @@ def print_load() -> list[float]:
     load = os.getloadavg()
     print(f"\nload average at the end: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min)")
     return list(load)
+
+
+def rss_mib() -> float:
+    """This process's resident set (VmRSS), MiB; NaN where /proc does not say."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")

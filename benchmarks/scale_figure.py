@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def is_per_rank(query: str) -> bool:
-    """Efficiency's panels drawn per node and rank (and its rank table): raw rows before migration 12, v_rank_buckets
+    """Efficiency's panels drawn per node and rank (and its rank table): raw rows before migration 11, v_rank_buckets
     since; the rest read v_step_means."""
     return query.startswith("efficiency") and "per run" not in query
 

@@ -5,7 +5,7 @@ tokens per step) and a table with one line per rank. Read from the raw rows thei
 with every row in the time range; here each rank's steps are summed as rows arrive, 64 steps to
 a row (`BUCKET_STEPS`), so a panel reads 1/64 of the rows (measured in docs/PERFORMANCE.md).
 
-Objects (created by migration 12, rebuilt by `replay`):
+Objects (created by migration 11, rebuilt by `replay`):
 - `rank_aggregates`: an AggregatingMergeTree keyed by (run_id, rank, bucket, attempt, node),
   `bucket = intDiv(step, 64)`, whose columns are counts, sums, the maximum memory and step
   latency, and the set of steps seen (one UInt64, a bit per step). No quantile state: one holds
@@ -80,7 +80,7 @@ def mv_sql(o: SchemaOptions) -> str:
 
 
 def backfill_sql(o: SchemaOptions) -> str:
-    """Fill the aggregates from the steps already stored (a store made before migration 12)."""
+    """Fill the aggregates from the steps already stored (a store made before migration 11)."""
     return f"INSERT INTO {o.database}.{RANK_AGGREGATES} {_select_from_steps(o)}"
 
 

@@ -164,11 +164,7 @@ def step_means_view_sql(o: SchemaOptions) -> str:
     """The merged aggregates, with the steps that had rows twice taken from the raw rows instead.
 
     A LEFT JOIN, not a UNION: ClickHouse reads through a join only the columns a query asks for
-    (a panel asks for one or two of ~80), and through a UNION ALL all of them (measured: 4x the CPU).
-    The steps that had rows twice are found by an INNER JOIN, not `IN (subquery)`: a query's
-    filter on run_id reaches both sides of a join (the optimizer's equivalent keys) but not an
-    IN set, which read every run's aggregates (migration 10; tests/test_step_means.py reads one
-    run with `force_primary_key`)."""
+    (a panel asks for one or two of ~80), and through a UNION ALL all of them (measured: 4x the CPU)."""
     db, steps_view = o.database, TABLES_BY_NAME["steps"].view
     keys = ("run_id", "attempt", "step")
     picked = ",\n    ".join([f"m.{k} AS {k}" for k in keys] + [
@@ -190,13 +186,11 @@ LEFT JOIN
         SELECT
         {_from_raw(db)}
         FROM {db}.{steps_view} AS s
-        INNER JOIN
-        (
-            SELECT a.run_id AS run_id, max(a.attempt) AS attempt, a.step AS step
-            FROM {db}.{AGGREGATES} AS a GROUP BY a.run_id, a.step
+        WHERE (s.run_id, s.attempt, s.step) IN (
+            SELECT a.run_id, max(a.attempt), a.step FROM {db}.{AGGREGATES} AS a GROUP BY a.run_id, a.step
             HAVING sumArgMax(a.rows, a.attempt) != arraySum(arrayMap(x -> bitCount(x),
                    mapValues(groupBitOrMapMergeArgMax(a.rank_bits, a.attempt))))
-        ) AS d ON d.run_id = s.run_id AND d.attempt = s.attempt AND d.step = s.step
+        )
         GROUP BY s.run_id, s.attempt, s.step
     )
 ) AS f ON f.run_id = m.run_id AND f.attempt = m.attempt AND f.step = m.step"""

@@ -123,6 +123,7 @@ def main() -> int:
         linger_s=settings.streams_linger_ms / 1000.0,
         guard=guard,
         crash_marker=crash_marker("worker", settings.test_crash_on),
+        run_limits=(settings.worker_run_idle_s, settings.worker_ended_run_idle_s, settings.worker_max_runs),
     )
     made = worker.app.tables["runs"].changelog_topic.get_topic_name()
     assert made == changelog, f"the worker made changelog {changelog}, Faust uses {made}"

@@ -18,7 +18,7 @@ consensus is `one_node_consensus`, what the vote makes of one node's verdicts
 `World(fixed=False)` draws
 fresh prompts and noise every round (independent rounds: the old simulation's world).
 
-    .venv/bin/python -m tests.loop_simulation [RUNS]   # the table docs/STREAMS.md quotes
+    .venv/bin/python -m tests.loop_simulation [RUNS] [all|rates|rollback|tradeoff|issue|set]   # docs/STREAMS.md's tables
 """
 
 from __future__ import annotations
@@ -141,15 +141,21 @@ class Evaluation:
         return out
 
 
+@lru_cache(maxsize=65536)
+def _interval(per_prompt: int, sums: tuple[int, ...]) -> tuple[float, float, float]:
+    """(effective size, 95 % interval) of a round from its prompts' numbers right: both depend on
+    those alone (not on which sample is which, nor on the prompts' order), so repeated rounds are
+    computed once (a run whose weights do not change repeats its round)."""
+    clusters = {i: [1] * ones + [0] * (per_prompt - ones) for i, ones in enumerate(sums)}
+    return (effective_n(clusters), *proportion_interval(clusters))
+
+
 def one_node_consensus(r: int, table: np.ndarray) -> Consensus:
     """The consensus the vote gives one node's round (prompt x sample verdicts): the accuracy, its
     effective size over the prompts' clusters and the vote's interval on them (statistics.proportion_interval)."""
-    verdicts = table.ravel()
-    n = len(verdicts)
-    accuracy = float(verdicts.sum()) / n
-    clusters = {i: row.tolist() for i, row in enumerate(table)}
-    n_eff = effective_n(clusters)
-    low, high = proportion_interval(clusters)
+    n = table.size
+    accuracy = float(table.sum()) / n
+    n_eff, low, high = _interval(table.shape[1], tuple(sorted(table.sum(axis=1).tolist())))
     return Consensus(key=RoundKey("sim", f"e{r}", "math500", "full", 0), step=INTERVAL * r, accuracy=accuracy,
                      response_length=None, votes=1, replicas=1, agreement=1.0, dissenters=(), n_samples=n,
                      ci_low=low, ci_high=high, n_effective=n_eff)
@@ -249,24 +255,34 @@ def collapsing_trainer(collapse_at: float = 1.0, after: int = 2) -> Callable[[in
     return accuracy
 
 
-ROLLBACK = dataclasses.replace(CFG, lr_rollback=True, no_improvement_rounds=0)
+ROLLBACK = CFG.with_overrides({"lr_rollback": True, "no_improvement_rounds": 0})
 
 
 ONE_NODE = dataclasses.replace(PRODUCT, nodes=1, replicas=1)  # the product world, one honest node (no vote)
+
+
+def target_rows(world_name: str, world: World, runs: int, seed: int = 27) -> Iterator[tuple[str, tuple[float, float]]]:
+    """The issue's three targets in one world: at the threshold for 150 rounds; a drop after 5
+    and after 150 good rounds."""
+    steady = dataclasses.replace(world, jitter=0.0)  # "exactly at the threshold": no wobble
+    yield f"{world_name}: at 0.30 (threshold) for 150 rounds, cut", share(
+        simulate(runs, seed, at_threshold(), CFG, steady), any_cut)
+    yield f"{world_name}: 0.40 -> 0.23 after 5 rounds, cut within 2", share(
+        simulate(runs, seed + 1, drop_after(5), CFG, world), cut_within(5, 2))
+    yield f"{world_name}: 0.40 -> 0.23 after 150 rounds, cut within 2", share(
+        simulate(runs, seed + 2, drop_after(150), CFG, world), cut_within(150, 2))
 
 
 def rate_rows(runs: int, seed: int = 27) -> Iterator[tuple[str, tuple[float, float]]]:
     """Every rate docs/STREAMS.md's table shows: name -> (rate, Monte-Carlo SE). The rows through
     the vote (several nodes) run a fifth as many runs: the vote is most of a round's time."""
     few = max(runs // 5, 2)
-    for world_name, world in (("independent", INDEPENDENT), ("product, 1 node", ONE_NODE)):
-        steady = dataclasses.replace(world, jitter=0.0)  # "exactly at the threshold": no wobble
-        yield f"{world_name}: at 0.30 (threshold) for 150 rounds, cut", share(
-            simulate(runs, seed, at_threshold(), CFG, steady), any_cut)
-        yield f"{world_name}: 0.40 -> 0.23 after 5 rounds, cut within 2", share(
-            simulate(runs, seed + 1, drop_after(5), CFG, world), cut_within(5, 2))
-        yield f"{world_name}: 0.40 -> 0.23 after 150 rounds, cut within 2", share(
-            simulate(runs, seed + 2, drop_after(150), CFG, world), cut_within(150, 2))
+    yield from target_rows("independent", INDEPENDENT, runs, seed)
+    yield from target_rows("product, 1 node", ONE_NODE, runs, seed)
+    fixed = dataclasses.replace(ONE_NODE, jitter=0.0)  # the drop's rounds repeat their data
+    for within in (2, 4):
+        yield f"product, 1 node, no jitter: 0.40 -> 0.23 after 5 rounds, cut within {within}", share(
+            simulate(runs, seed + 12, drop_after(5), CFG, fixed), cut_within(5, within))
     yield "product, 1 node: at 0.40 for 200 rounds, cut", share(
         simulate(runs, seed + 3, [GOOD] * 200, CFG, ONE_NODE), any_cut)
     yield "product, 1 node, jitter 0.02: at 0.30 for 150 rounds (half its rounds truly below), cut", share(
@@ -292,6 +308,32 @@ def rate_rows(runs: int, seed: int = 27) -> Iterator[tuple[str, tuple[float, flo
              for i in range(few)]
     yield "trainer collapsing above x0.5: at most 2 cuts and 1 raise in 20 rounds", share(
         harsh, lambda log: len(log.threshold_cuts) <= 2 and len(log.raises) <= 1)
+
+
+TRADE_ALPHAS = (0.05, 0.10, 0.20, 0.30)
+
+
+def tradeoff_rows(runs: int, seed: int = 70) -> Iterator[tuple[str, tuple[float, float]]]:
+    """What `lr_alpha` trades: the threshold rule's false cuts against its power, per alpha."""
+    steady = dataclasses.replace(ONE_NODE, jitter=0.0)
+    for alpha in TRADE_ALPHAS:
+        cfg = CFG.with_overrides({"lr_alpha": alpha})
+        yield f"alpha {alpha:g}: independent, at 0.30 for 150 rounds, cut", share(
+            simulate(runs, seed, at_threshold(), cfg, INDEPENDENT), any_cut)
+        yield f"alpha {alpha:g}: independent, 0.40 -> 0.23 after 5 rounds, cut within 2", share(
+            simulate(runs, seed + 1, drop_after(5), cfg, INDEPENDENT), cut_within(5, 2))
+        yield f"alpha {alpha:g}: product, 1 node, at 0.30 for 150 rounds, cut", share(
+            simulate(runs, seed + 2, at_threshold(), cfg, steady), any_cut)
+        yield f"alpha {alpha:g}: product, 1 node, 0.40 -> 0.23 after 5 rounds, cut within 2", share(
+            simulate(runs, seed + 4, drop_after(5), cfg, ONE_NODE), cut_within(5, 2))
+
+
+def larger_set_rows(runs: int, seed: int = 80) -> Iterator[tuple[str, tuple[float, float]]]:
+    """The evidence a round holds: the product world's drop with twice the prompts."""
+    for prompts in (128, 256):
+        world = dataclasses.replace(ONE_NODE, prompts=prompts)
+        yield f"product, 1 node, {prompts} prompts x 4: 0.40 -> 0.23 after 5 rounds, cut within 2", share(
+            simulate(runs, seed, drop_after(5), CFG, world), cut_within(5, 2))
 
 
 def rates(runs: int, seed: int = 27) -> dict[str, tuple[float, float]]:
@@ -320,10 +362,14 @@ def rollback_rates(runs: int, seed: int = 60) -> dict[str, tuple[float, float]]:
 
 if __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
-    print(f"| condition (seed 27; {n} runs a row, {max(n // 5, 2)} through the vote) | rate | MC error |\n"
+    print(f"| condition (seeds: rates 27, rollback 60, tradeoff 70, set 80; {n} runs a row, {max(n // 5, 2)} through the "
+          "vote) | rate | MC error |\n"
           "|---|---|---|", flush=True)
     which = sys.argv[2] if len(sys.argv) > 2 else "all"
     rows = itertools.chain(rate_rows(n) if which in ("all", "rates") else (),
-                           rollback_rates(n).items() if which in ("all", "rollback") else ())
+                           rollback_rates(n).items() if which in ("all", "rollback") else (),
+                           tradeoff_rows(n) if which in ("all", "tradeoff") else (),
+                           target_rows("independent", INDEPENDENT, n) if which == "issue" else (),
+                           larger_set_rows(n) if which == "set" else ())
     for name, (value, se) in rows:
         print(f"| {name} | {value:.3f} | {se:.3f} |", flush=True)

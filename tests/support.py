@@ -7,7 +7,7 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -76,3 +76,15 @@ def client_warnings() -> Iterator[list[logging.LogRecord]]:
         log.removeHandler(handler)
         log.setLevel(level)
         log.disabled = disabled
+
+
+def replay_changelog(sent: Iterable[tuple[Any, bytes, bytes | None]]) -> dict[bytes, bytes]:
+    """What a worker recovering from the changelog reads: (partition, key, value) records in order,
+    a None value a tombstone that deletes its key."""
+    replayed: dict[bytes, bytes] = {}
+    for _, key, value in sent:
+        if value is None:
+            replayed.pop(key, None)
+        else:
+            replayed[key] = value
+    return replayed

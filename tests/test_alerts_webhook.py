@@ -27,6 +27,7 @@ from areal_metrics.producers.contract.settings import Settings
 from areal_metrics.producers.contract.topics import Topics
 from tests import integration_support
 from tests.support import ROOT, child_env, wait_for
+from tests.test_sink_broker import lag
 
 stream_worker = integration_support.stream_worker
 
@@ -101,22 +102,6 @@ def test_a_refusal_that_cannot_pass_stops_with_one_line() -> None:
         wrong.server.shutdown()
 
 
-def caught_up(bootstrap: str, group: str, topic: str) -> bool:
-    """Whether the group's committed positions have reached the end of every partition of `topic`."""
-    from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
-    try:
-        done = {tp: meta.offset for tp, meta in admin.list_group_offsets({group: None})[group].items()}
-        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        ends = consumer.end_offsets(partitions)
-        return bool(partitions) and all(done.get(tp, 0) >= end for tp, end in ends.items())
-    finally:
-        consumer.close()
-        admin.close()
-
-
 def subscriber(env: dict[str, str], url: str, log: Path) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "areal_metrics", "alerts", "--follow", "--kind", "non_finite",
                              "--webhook", url],
@@ -145,8 +130,8 @@ def test_a_non_finite_alert_reaches_the_webhook_and_a_restart_neither_loses_nor_
         assert "non_finite" in got["text"] and "reward" in got["text"] and hook.requests == 2
         # The receiver records the body before it answers, and the subscriber commits once it has the answer:
         # a kill in between is at-least-once's window (the alert is posted again), so wait for the commit.
-        wait_for(lambda: caught_up(stack_env["AREAL_KAFKA_BOOTSTRAP"], group_for(hook.url), topics.alerts), 60,
-                 "the subscriber's commit of the delivered alert")
+        wait_for(lambda: lag(stack_env["AREAL_KAFKA_BOOTSTRAP"], topics, group_for(hook.url), [topics.alerts]) == 0,
+                 60, "the subscriber's commit of the delivered alert")
         first.kill()  # no goodbye: what it delivered is committed already
         first.wait()
 

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from areal_metrics.cli import main
-from areal_metrics.comparison import RunRound, compare, difference, paired
+from areal_metrics.analysis.comparison import RunRound, compare, difference, paired
 from areal_metrics.errors import UserError
 from areal_metrics.producers.contract.statistics import format_p
 from areal_metrics.producers.contract.events import Event, event_from_dict

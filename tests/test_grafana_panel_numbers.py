@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from areal_metrics.report import load_evals, load_rewards, load_throughput
+from areal_metrics.analysis.report import load_evals, load_rewards, load_throughput
 from areal_metrics.grafana.catalog import BUILDERS, build
 from areal_metrics.grafana.macros import expand
 from areal_metrics.grafana.queries import QueryRunner, context_for, dashboard_queries, expansions, resolve_variables

@@ -1,7 +1,10 @@
 """The import graph runs one way (docs/ARCHITECTURE.md, "Rooms"), checked on the source text.
 
 Every import counts: top-level, inside functions, under TYPE_CHECKING. A module's room is the
-longest room name that prefixes its dotted name; ROOMS says which rooms each may import.
+longest room name that prefixes its dotted name; ROOMS says which rooms each may import. Most
+rooms are folders at the repository root (setuptools' package-dir); those in INSIDE are folders
+of areal_metrics/ itself. No room may import the CLI (areal_metrics' other modules: `cli`,
+`commands/`, `stack/`, ...), which sits on top and may import every room.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ ROOMS: dict[str, set[str]] = {
     "sinks": {"producers.contract", "producers.runtime"},
     "areal_train": {"producers.contract", "producers.client"},
     "grafana": {"producers.contract"},
+    "analysis": {"producers.contract", "sinks"},  # report, figures, comparison: the CLI's verbs call them
 }
+# rooms whose folder is inside areal_metrics/ (areal_metrics/analysis/), not at the repository root
+INSIDE = {"analysis"}
 # third-party packages a pure room must not import
 PURE = {"streams.core": {"faust", "aiokafka", "kafka", "mode", "clickhouse_connect", "chdb"}}
 
@@ -69,11 +75,18 @@ def project_rooms(modules: set[str]) -> set[str]:
 
 
 def module_name(path: Path) -> str:
-    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    """A file's dotted name inside areal_metrics ("streams.core.voting", "analysis.report")."""
+    dotted = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    return dotted.removeprefix(PREFIX)
+
+
+def folder_of(room: str) -> Path:
+    parts = room.split(".")
+    return ROOT / "areal_metrics" / Path(*parts) if parts[0] in INSIDE else ROOT / Path(*parts)
 
 
 def violations(room: str) -> list[str]:
-    folder = ROOT / Path(*room.split("."))
+    folder = folder_of(room)
     out = []
     for path in sorted(folder.rglob("*.py")):
         if room_of(module_name(path)) != room:
@@ -87,14 +100,26 @@ def violations(room: str) -> list[str]:
 
 @pytest.mark.parametrize("room", sorted(ROOMS))
 def test_each_room_imports_only_the_rooms_below_it(room: str) -> None:
-    assert (ROOT / Path(*room.split(".")) / "__init__.py").exists()
+    assert (folder_of(room) / "__init__.py").exists()
     assert violations(room) == []
 
 
 def test_every_package_folder_is_a_room_or_inside_one() -> None:
-    for top in ("producers", "streams", "sinks", "grafana", "areal_train"):
+    for top in ("producers", "streams", "sinks", "grafana", "areal_train", *(f"areal_metrics/{r}" for r in INSIDE)):
         for init in (ROOT / top).rglob("__init__.py"):
             assert room_of(module_name(init.parent / "x.py").removesuffix(".x")) is not None, init
+
+
+def test_analysis_is_a_room_inside_the_package_and_the_cli_sits_on_it(tmp_path: Path) -> None:
+    """analysis/ lives in areal_metrics/, yet it is a room: importing the CLI from it is caught."""
+    src = tmp_path / "m.py"
+    src.write_text("from areal_metrics.analysis import figures\nfrom areal_metrics.errors import UserError\n"
+                   "from areal_metrics.commands.report import run\n")
+    assert project_rooms(imported_modules(src)) == {"analysis", "cli"}
+    assert room_of(module_name(ROOT / "areal_metrics" / "analysis" / "report.py")) == "analysis"
+    assert room_of(module_name(ROOT / "areal_metrics" / "commands" / "report.py")) is None  # the CLI
+    assert folder_of("analysis") == ROOT / "areal_metrics" / "analysis"
+    assert [room for room, allowed in ROOMS.items() if "analysis" in allowed] == []  # only the CLI
 
 
 def test_the_architecture_page_lists_the_same_rooms_and_imports() -> None:

@@ -1,4 +1,4 @@
-"""The per-rank aggregates kept at insert time (sinks/rank_aggregates.py, migration 12) are exactly the
+"""The per-rank aggregates kept at insert time (sinks/rank_aggregates.py, migration 11) are exactly the
 deduplicated raw rows' sums, per run, node, rank and 64 steps, whatever arrived twice: a sink's retried
 batch, a client re-sending events, a rank logging a step again, a resume inside a bucket, a rank on a
 new node after a resume. The efficiency board's 'Nodes and ranks' table (read from them) equals the raw
@@ -129,15 +129,15 @@ def test_every_way_a_row_arrives_twice_counts_once(client: Any) -> None:  # noqa
         ("n0", 10), ("n5", 10)]
 
 
-def test_an_older_store_is_backfilled_by_migration_12(client: Any) -> None:  # noqa: F811
+def test_an_older_store_is_backfilled_by_migration_11(client: Any) -> None:  # noqa: F811
     rng = random.Random(3)
     events = [step("old", s, r, rng) for s in range(100) for r in range(4)]
-    for stmt in drop_statements(SchemaOptions()):  # a store of schema 11: no per-rank aggregates
+    for stmt in drop_statements(SchemaOptions()):  # a store of schema 10: no per-rank aggregates
         client.command(stmt)
     client.command("DROP VIEW areal.v_rank_buckets")
-    client.command(f"ALTER TABLE areal.{MIGRATIONS_TABLE} DELETE WHERE version >= 12 SETTINGS mutations_sync = 1")
+    client.command(f"ALTER TABLE areal.{MIGRATIONS_TABLE} DELETE WHERE version >= 11 SETTINGS mutations_sync = 1")
     put(client, events[:250])
-    assert apply_schema(client) == SCHEMA_VERSION == 12
+    assert apply_schema(client) == SCHEMA_VERSION == 11
     put(client, events[250:])
     assert int(client.command("SELECT sum(steps) FROM areal.v_rank_buckets")) == 400
     assert_view_is_the_raw_rule(client)

@@ -15,7 +15,7 @@ import scipy.stats
 
 from areal_metrics.cli import main
 from areal_metrics.errors import UserError
-from areal_metrics.report import (
+from areal_metrics.analysis.report import (
     FILES,
     load_errors,
     load_evals,
@@ -25,8 +25,8 @@ from areal_metrics.report import (
     load_throughput,
     write_report,
 )
-from areal_metrics.report_eval_details import CHANGES_FILE
-from areal_metrics.report_figures import band, config_table, moving_average
+from areal_metrics.analysis.eval_details import CHANGES_FILE
+from areal_metrics.analysis.figures import band, config_table, moving_average
 from areal_metrics.producers.contract.events import Event, parse_event
 from areal_metrics.sinks.query import DirectStore
 from tests.test_grafana_data import loaded_store
@@ -167,7 +167,7 @@ def kept(monkeypatch: pytest.MonkeyPatch) -> list:
 
 
 def test_any_logged_key_is_drawn_per_run(store: tuple[DirectStore, Path], tmp_path: Path, kept: list) -> None:
-    from areal_metrics.report import load_metric, metric_file
+    from areal_metrics.analysis.report import load_metric, metric_file
 
     written = write_report(tmp_path, ["wl-mt2-s1", "wl-mt4-s1"], store[0], metrics=["kl", "first_attempt_accuracy"])
     assert [p.name for p in written[-2:]] == [metric_file("kl"), metric_file("first_attempt_accuracy")]
@@ -184,7 +184,7 @@ def test_any_logged_key_is_drawn_per_run(store: tuple[DirectStore, Path], tmp_pa
 
 def test_reward_is_one_line_per_run_unless_grouped(store: tuple[DirectStore, Path], tmp_path: Path,
                                                    kept: list) -> None:
-    from areal_metrics import report_figures as draw
+    from areal_metrics.analysis import figures as draw
 
     raw, smooth = load_rewards(store[0], "1")
     info = load_runs(store[0], "1")
@@ -197,8 +197,8 @@ def test_reward_is_one_line_per_run_unless_grouped(store: tuple[DirectStore, Pat
 
 def test_reward_against_generated_tokens_is_a_third_panel_of_cumulative_sums(
         store: tuple[DirectStore, Path], tmp_path: Path, kept: list) -> None:
-    from areal_metrics import report_figures as draw
-    from areal_metrics.report import load_generated_tokens
+    from areal_metrics.analysis import figures as draw
+    from areal_metrics.analysis.report import load_generated_tokens
 
     tokens = load_generated_tokens(store[0], "run_id = 'wl-mt4-s1'")
     rows = store[0].query("SELECT step, sum(tokens) FROM v_steps WHERE run_id = 'wl-mt4-s1' AND tokens IS NOT NULL "
@@ -219,7 +219,7 @@ def test_reward_against_generated_tokens_is_a_third_panel_of_cumulative_sums(
 def test_titles_are_whole_and_figures_bounded(store: tuple[DirectStore, Path], tmp_path: Path, kept: list) -> None:
     from types import SimpleNamespace
 
-    from areal_metrics import report_figures as draw
+    from areal_metrics.analysis import figures as draw
 
     write_report(tmp_path / "out", None, store[0])
     one = load_evals(store[0], "1")["math_id"]  # one dataset: the narrowest figure 1 (its title was clipped)
@@ -239,8 +239,8 @@ def test_titles_are_whole_and_figures_bounded(store: tuple[DirectStore, Path], t
 
 
 def test_the_model_size_panel_orders_runs_by_parameters_and_sums_a_runs_nodes(tmp_path) -> None:
-    from areal_metrics.report import RunInfo
-    from areal_metrics.report_figures import plot_throughput, size_points
+    from areal_metrics.analysis.report import RunInfo
+    from areal_metrics.analysis.figures import plot_throughput, size_points
 
     info = {f"size-{w}": RunInfo(group="throughput", world_size=1,
                                  config={"tags": ["demo", "model_size"], "n_parameters": params})
@@ -264,7 +264,7 @@ def test_the_model_size_panel_orders_runs_by_parameters_and_sums_a_runs_nodes(tm
 
 def test_the_loops_scale_lr_is_marked_on_figure_1_at_the_step_it_applies_from(
         store: tuple[DirectStore, Path], tmp_path: Path, kept: list) -> None:
-    from areal_metrics.report import load_lr_cuts
+    from areal_metrics.analysis.report import load_lr_cuts
 
     cuts = load_lr_cuts(store[0], "1")
     rows = store[0].query("SELECT run_id, args FROM v_commands WHERE command = 'scale_lr' ORDER BY run_id, ts").rows
@@ -281,8 +281,8 @@ def test_a_scale_lr_that_restores_weights_is_read_and_labelled_with_the_step(
         store: tuple[DirectStore, Path], tmp_path: Path, kept: list) -> None:
     from types import SimpleNamespace
 
-    from areal_metrics.report import load_evals, load_lr_cuts
-    from areal_metrics.report_figures import plot_evals
+    from areal_metrics.analysis.report import load_evals, load_lr_cuts
+    from areal_metrics.analysis.figures import plot_evals
 
     rows = [("r", '{"factor": 0.1, "from_step": 12, "restore_step": 8}'), ("r", '{"factor": 2.0, "from_step": 20}'),
             ("r", '{"factor": 0.5}')]  # the last, sent by hand without its step: not drawn
@@ -301,8 +301,8 @@ def test_the_scale_lr_the_trainers_applied_is_marked_at_its_step_on_figure_1(
     command at the foot of each accuracy panel; a store without the view gives no marks."""
     from types import SimpleNamespace
 
-    from areal_metrics.report import load_evals, load_lr_applied
-    from areal_metrics.report_figures import plot_evals
+    from areal_metrics.analysis.report import load_evals, load_lr_applied
+    from areal_metrics.analysis.figures import plot_evals
 
     rows = [("wl-mt4-s1", 12, 0.5), ("wl-mt4-s1", 20, 1.0)]
     acks = SimpleNamespace(query=lambda sql, *a, **k: SimpleNamespace(rows=rows))

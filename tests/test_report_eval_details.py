@@ -11,8 +11,8 @@ import pytest
 
 from areal_metrics.cli import main
 from areal_metrics.producers.contract.events import Event, EvalEvent
-from areal_metrics.report import FILES, write_report
-from areal_metrics.report_eval_details import CHANGES_FILE, load_consensus_metrics, load_flips, write_what_changed
+from areal_metrics.analysis.report import FILES, write_report
+from areal_metrics.analysis.eval_details import CHANGES_FILE, load_consensus_metrics, load_flips, write_what_changed
 from areal_metrics.sinks.query import DirectStore
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.processor import RunState, on_eval
@@ -55,7 +55,7 @@ def test_figure_1_draws_pass_maj_and_greedy_on_request(store: DirectStore, tmp_p
 
 
 def test_the_cli_flag_asks_for_the_details(store: DirectStore, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr("areal_metrics.report.write_report.__defaults__", (None, store))
+    monkeypatch.setattr("areal_metrics.analysis.report.write_report.__defaults__", (None, store))
     assert main(["report", "--out", str(tmp_path), "--eval-details"]) == 0
     assert (tmp_path / FILES[0]).exists() and (tmp_path / CHANGES_FILE).exists()
 
@@ -86,8 +86,8 @@ def test_what_changed_lists_the_prompts_whose_verdict_flipped(store: DirectStore
 
 
 def test_the_error_figure_has_a_row_per_round_that_adds_up_to_the_pooled_counts(store: DirectStore) -> None:
-    from areal_metrics.report import load_errors
-    from areal_metrics.report_eval_details import load_errors_by_round
+    from areal_metrics.analysis.report import load_errors
+    from areal_metrics.analysis.eval_details import load_errors_by_round
 
     pooled, by_round = load_errors(store, "1"), load_errors_by_round(store, "1")
     assert sorted(by_round["math_id"]) == [0, 15, 20]  # the full rounds (the failed one at 10 has no result)

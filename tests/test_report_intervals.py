@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import scipy.stats
 
-from areal_metrics.report import eval_interval, load_evals
-from areal_metrics.report_figures import band
+from areal_metrics.analysis.report import eval_interval, load_evals
+from areal_metrics.analysis.figures import band
 from areal_metrics.sinks.query import DirectStore
 from areal_metrics.producers.contract.statistics import wilson
 from tests.test_grafana_data import loaded_store

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from areal_metrics.report import load_runs, write_report
-from areal_metrics.report_figures import DEFAULT_REWARD_LABEL, reward_label
+from areal_metrics.analysis.report import load_runs, write_report
+from areal_metrics.analysis.figures import DEFAULT_REWARD_LABEL, reward_label
 from tests.report_runs import DEMO_LABEL, USER_RUN, demo_like, user_run
 from tests.test_grafana_data import loaded_store
 
@@ -66,7 +66,7 @@ def test_a_user_runs_reward_axis_reads_as_logged_the_workloads_its_own_label(dra
 
 
 def test_the_reward_label_is_the_runs_own_only_when_every_drawn_run_names_the_same() -> None:
-    from areal_metrics.report import RunInfo
+    from areal_metrics.analysis.report import RunInfo
 
     info = {"a": RunInfo("a", 1, {"reward_label": "pass rate"}), "b": RunInfo("b", 1, {"reward_label": "pass rate"}),
             "c": RunInfo("c", 1, {"reward_label": "score"}), "d": RunInfo("d", 1, {})}
@@ -125,8 +125,8 @@ def test_no_axes_is_empty(drawn: dict[str, list[Any]], name: str) -> None:
 
 def test_a_reward_outside_zero_one_keeps_its_band_and_no_worker_means_no_smoothed_panel(tmp_path: Path,
                                                                                         kept: list) -> None:
-    from areal_metrics.report import RunInfo
-    from areal_metrics.report_figures import plot_rewards
+    from areal_metrics.analysis.report import RunInfo
+    from areal_metrics.analysis.figures import plot_rewards
 
     raw = {"a": [(s, 2.0 + s) for s in range(6)], "b": [(s, 4.0 + s) for s in range(6)]}
     info = {r: RunInfo("g", 2, {}) for r in raw}
@@ -147,8 +147,8 @@ def test_rank_counts_are_compared_only_with_enough_runs_and_steps_and_with_inter
                                                                                    kept: list) -> None:
     import os
 
-    from areal_metrics.report import RunInfo
-    from areal_metrics.report_figures import SCALING_MIN_STEPS, plot_throughput, scaling_rows
+    from areal_metrics.analysis.report import RunInfo
+    from areal_metrics.analysis.figures import SCALING_MIN_STEPS, plot_throughput, scaling_rows
     from areal_metrics.producers.contract.statistics import t_interval
 
     demo = {"t1": (1, 4), "t2": (2, 4), "t4": (4, 4)}  # the demo's: one 4-step run per rank count

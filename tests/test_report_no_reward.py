@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from areal_metrics.producers.contract.events import Event
-from areal_metrics.report import FILES, write_report
+from areal_metrics.analysis.report import FILES, write_report
 from tests.test_grafana_data import loaded_store
 
 

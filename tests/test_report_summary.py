@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from areal_metrics.producers.contract.events import RunEvent
-from areal_metrics.report import load_runs
-from areal_metrics.report_figures import config_table
+from areal_metrics.analysis.report import load_runs
+from areal_metrics.analysis.figures import config_table
 from tests.test_grafana_data import loaded_store
 
 

@@ -103,3 +103,21 @@ def test_init_with_a_malformed_bootstrap_stops_with_one_line_naming_the_variable
     assert line.startswith("ConfigError | AREAL_KAFKA_BOOTSTRAP='http://127.0.0.1:9092': expected host:port"), line
     assert not (tmp_path / "journal").exists()
     assert issubclass(ConfigError, UserError)
+
+
+def test_how_a_setting_is_read_comes_from_its_annotation() -> None:
+    """No `kind=` strings: int/float/bool/str from the annotation, a path or host:port list from its
+    `Annotated` form, a choice from its `choices`; the declarations and the reader cannot disagree."""
+    from dataclasses import fields
+
+    from areal_metrics.producers.contract.settings import _kinds
+
+    assert all("kind" not in f.metadata for f in fields(Settings))
+    kinds = _kinds()
+    assert (kinds["kafka_bootstrap"], kinds["kafka_ssl_cafile"], kinds["home"]) == ("hostports", "path", "path")
+    assert (kinds["max_metrics"], kinds["exit_timeout_s"], kinds["clickhouse_replicated"]) == ("int", "float", "bool")
+    assert (kinds["kafka_compression"], kinds["run_id"]) == ("choice", "str")
+    base = Settings.from_env({}, reader="client")
+    assert base.replace(kafka_ssl_cafile=Path("ca.pem")).kafka_ssl_cafile == "ca.pem"  # a path takes a PathLike
+    with pytest.raises(ConfigError, match="expected a string"):
+        base.replace(run_id=Path("r"))  # ... a plain string does not

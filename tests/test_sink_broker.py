@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +85,8 @@ class Producer:
         self.producer.close(10)
 
 
-def lag(bootstrap: str, topics: Topics, group: str) -> int:
-    """Messages the sink's group has not committed yet (all topics).
+def lag(bootstrap: str, topics: Topics, group: str, names: Sequence[str] | None = None) -> int:
+    """Messages the group has not committed yet (all topics, or those `names`).
 
     The committed offsets are read before the log ends: the sink publishes a dead letter
     before it commits the bad message's offset, so an end read after a commit includes that
@@ -98,7 +98,7 @@ def lag(bootstrap: str, topics: Topics, group: str) -> int:
     # never subscribes, so it does not join (or disturb) the sink's group
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
     try:
-        tps = [TopicPartition(t, p) for t in topics.all() for p in range(3)]
+        tps = [TopicPartition(t, p) for t in (names or topics.all()) for p in range(3)]
         committed = {tp: consumer.committed(tp) or 0 for tp in tps}
         end = consumer.end_offsets(tps)
         return sum(end[tp] - committed[tp] for tp in tps)
@@ -508,7 +508,7 @@ def test_a_wandb_users_summary_and_notes_are_found_with_sql_once(running_sink: S
     wait_for(lambda: lag(kafka_bootstrap, topics, running_sink.group) == 0, 60, "the sink to commit everything")
     assert counts(client)["runs"] == 2 and int(client.command("SELECT count() FROM areal.runs")) == 4
     no_duplicate_positions(client)
-    assert client.query("SELECT status, notes, summary FROM areal.runs FINAL ORDER BY ts").result_rows == [
+    assert client.query("SELECT status, notes, summary FROM areal.runs FINAL ORDER BY status = 'finished', ts").result_rows == [
         ("running", "trying a smaller lr", None),
         ("finished", "trying a smaller lr", '{"best_acc":0.4,"eval":{"math500":0.5}}')]
     assert client.query("SELECT run_id, status, notes, JSONExtractFloat(summary, 'best_acc'), "

@@ -215,3 +215,54 @@ def test_wilson_covers_about_95_percent_on_independent_samples() -> None:
         low, high = S.wilson(k / n, n)
         hits += low <= p <= high
     assert 0.93 <= hits / trials <= 0.97
+
+
+def _cusum_passes(z: np.ndarray, k: float, h: float) -> np.ndarray:
+    """Per run (row): whether S = max(0, S + z - k) from 0 passes h within the row's rounds."""
+    s = np.zeros(z.shape[0])
+    passed = np.zeros(z.shape[0], dtype=bool)
+    for column in z.T:
+        s = np.maximum(0.0, s + column - k)
+        passed |= s > h
+    return passed
+
+
+@pytest.mark.parametrize(("k", "h", "rounds"), [(1.959964, 1.65, 200), (1.959964, 1.75, 150), (1.0, 2.5, 100),
+                                                (0.5, 3.0, 200), (1.644854, 0.0, 30)])
+def test_the_cusum_false_alarm_probability_is_the_monte_carlo_one(k: float, h: float, rounds: int) -> None:
+    """Seeded, 100,000 runs of N(0, 1) rounds each: within 4 Monte-Carlo standard errors."""
+    z = np.random.default_rng(int(k * 1000 + h * 10 + rounds)).standard_normal((100_000, rounds))
+    measured = _cusum_passes(z, k, h).mean()
+    exact = S.cusum_false_alarm(k, h, rounds)
+    assert abs(measured - exact) <= 4 * math.sqrt(exact * (1 - exact) / 100_000) + 1e-4
+    # one round: a cut when it alone passes k + h
+    assert S.cusum_false_alarm(k, h, 1) == pytest.approx(1 - scipy.stats.norm.cdf(k + h), abs=1e-9)
+
+
+def test_the_cusum_limit_spends_exactly_its_share_over_the_horizon() -> None:
+    # the eval loop's design at alpha 0.05: k = 1.96, cut within 200 independent rounds at the threshold
+    # in 2.5 % of runs. Siegmund's average-run-length approximation (ARL = 200 / 0.025 rounds, h = 1.65)
+    # spent 3.6 %: its false alarms come early (a geometric run length), not spread evenly.
+    h = S.cusum_horizon_limit(1.959964, 200, 0.025)
+    assert S.cusum_false_alarm(1.959964, h, 200) <= 0.025 < S.cusum_false_alarm(1.959964, h - 1e-3, 200)
+    assert S.cusum_false_alarm(1.959964, 1.65, 200) == pytest.approx(0.0356, abs=5e-4)
+    assert 1.70 < h < 1.80
+    # past the horizon the same limit goes on spending: about alpha/2 per further horizon
+    assert S.cusum_false_alarm(1.959964, h, 400) == pytest.approx(0.049, abs=1e-3)
+    # longer horizons ask for a higher limit, and a million rounds is computed (the geometric tail)
+    assert h < S.cusum_horizon_limit(1.959964, 2000, 0.025) < S.cusum_horizon_limit(1.959964, 1_000_000, 0.025)
+    with pytest.raises(ValueError):
+        S.cusum_horizon_limit(1.959964, 0, 0.025)
+
+
+def test_a_rule_over_windows_of_one_or_two_rounds_needs_the_cusums_limit() -> None:
+    """Why the threshold CUSUM's power within two rounds is what it is (docs/STREAMS.md): a rule that
+    cuts when the last round, or the last two, pass k = 1.96 by more than h, and remembers nothing
+    older, needs the same limit as the CUSUM (1.75) to spend 2.5 % over 200 N(0, 1) rounds: the
+    CUSUM's longer memory costs it no power against a drop found within two rounds. Seeded, 100,000
+    runs (MC SE 0.05 points)."""
+    k, h = 1.959964, S.cusum_horizon_limit(1.959964, 200, 0.025)
+    excess = np.random.default_rng(5).standard_normal((100_000, 200)) - k
+    two = np.maximum(excess[:, 1:], excess[:, 1:] + excess[:, :-1])
+    spent = lambda limit: float(((excess[:, 0] > limit) | (two > limit).any(axis=1)).mean())  # noqa: E731
+    assert spent(h - 0.05) > 0.025 + 3 * 0.0005 and spent(h + 0.05) < 0.025 - 3 * 0.0005

@@ -21,7 +21,7 @@ import pytest
 from areal_metrics.grafana.catalog import BUILDERS, build
 from areal_metrics.grafana.queries import dashboard_queries
 from areal_metrics.producers.contract.events import StepEvent
-from areal_metrics.report import load_metric, load_rewards
+from areal_metrics.analysis.report import load_metric, load_rewards
 from areal_metrics.sinks.migrations import apply_schema
 from areal_metrics.sinks.query import Target, open_client
 from areal_metrics.sinks.rows import Located
@@ -193,34 +193,25 @@ def test_an_older_store_is_backfilled_by_the_migration(client: Any) -> None:
     assert_view_is_the_raw_rule(client)
 
 
-def one_run_query(run: str) -> str:
-    return f"SELECT step, reward, ranks FROM areal.v_step_means WHERE run_id = '{run}' ORDER BY step"
-
-
-def test_one_runs_steps_read_only_that_runs_aggregates_and_rows(client: Any) -> None:
-    """The check for steps delivered twice gets the query's run filter: with `force_primary_key`
-    ClickHouse refuses any read of a table without its key, and every read here has run_id.
-    (The IN (subquery) it replaced read every run's aggregates and was refused.)"""
-    events = [StepEvent(run_id=run, node=f"n{r}", step=s, epoch=0, rank=r, world_size=3, reward=s + r / 4,
-                        n_samples=r + 1, ts=TS + s) for run in ("a", "b", "c") for s in range(6) for r in range(3)]
-    put(client, events)
-    put(client, [e for e in events if e.step == 2])  # step 2 of every run delivered twice, in another block
-    for run in ("a", "b"):
-        expected = client.query(one_run_query(run)).result_rows
-        assert client.query(one_run_query(run) + " SETTINGS force_primary_key = 1").result_rows == expected
-        means = worker_mean(client, "reward")
-        assert [(s, pytest.approx(m)) for s, m, _ in expected] == [
-            (s, means[(run, 0, s)]) for s in range(6)] and {n for _, _, n in expected} == {3}
-    assert_view_is_the_raw_rule(client)
-
-
-def test_migration_11_puts_back_the_per_run_view(client: Any) -> None:
-    client.command("CREATE OR REPLACE VIEW areal.v_step_means AS SELECT 'a' AS run_id, 0 AS step, 0.0 AS reward, "
-                   "0 AS ranks")  # whatever a store of schema 9 had
-    client.command(f"ALTER TABLE areal.{MIGRATIONS_TABLE} DELETE WHERE version >= 11 SETTINGS mutations_sync = 1")
-    put(client, [StepEvent(run_id="a", step=1, epoch=0, rank=0, reward=0.5, ts=TS)])
-    assert apply_schema(client) == SCHEMA_VERSION
-    assert client.query(one_run_query("a") + " SETTINGS force_primary_key = 1").result_rows == [(1, 0.5, 1)]
+def test_a_step_delivered_twice_costs_its_own_raw_rows_not_the_runs(client: Any) -> None:
+    """The check for steps delivered twice is an IN (subquery) on the raw table's key, so one run's
+    query reads the raw rows of the repeated step's granules, never all of the run's raw rows.
+    (An INNER JOIN on that check, tried for migration 11, let the run filter reach the aggregates
+    but read every raw row of the run once any step of it was delivered twice: at 1,000 ranks a
+    thousand times the aggregates.)"""
+    ranks, steps = 16, 4000
+    for run in ("a", "b", "c"):
+        for s0 in range(0, steps, 500):
+            put(client, [StepEvent(run_id=run, step=s, epoch=0, rank=r, world_size=ranks, reward=s + r / 4,
+                                   ts=TS + s) for s in range(s0, s0 + 500) for r in range(ranks)])
+    put(client, [StepEvent(run_id="a", step=5, epoch=0, rank=r, world_size=ranks, reward=5 + r / 4, ts=TS + 5)
+                 for r in range(ranks)])  # step 5 of run a delivered twice, in another block
+    query = "SELECT step, reward FROM areal.v_step_means WHERE run_id = 'a' ORDER BY step"
+    expected = client.query(query).result_rows
+    assert len(expected) == steps and expected[5] == (5, pytest.approx(5 + (ranks - 1) / 8))
+    raw_rows_of_the_run = ranks * steps
+    bounded = client.query(query + f" SETTINGS max_rows_to_read = {raw_rows_of_the_run - 1}").result_rows
+    assert bounded == expected
 
 
 # ------------------------------------------------------------------ the dashboards read the aggregates
@@ -253,7 +244,7 @@ def raw_step_reads(sql: str) -> list[str]:
 
 def test_the_scan_finds_a_panel_that_averages_raw_rank_rows() -> None:
     """The check itself: the queries the dashboards had before v_step_means, and the per-rank ones they
-    had before v_rank_buckets (migration 12), are caught."""
+    had before v_rank_buckets (migration 11), are caught."""
     before = ("SELECT $__timeInterval(ts) AS time, run_id, avg(entropy) AS entropy\nFROM areal.v_steps\n"
               "WHERE $__timeFilter(ts)\nGROUP BY time, run_id\nORDER BY time")
     assert raw_step_reads(before)

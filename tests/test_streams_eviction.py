@@ -23,6 +23,7 @@ from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.streams.core.config import RunConfig, StreamsConfig
 from areal_metrics.streams.shell.batch import Input, StreamCore
 from areal_metrics.streams.state.state_store import _parse_key
+from tests.support import replay_changelog
 
 TOPICS = Topics("evict.")
 CFG = RunConfig(window=3, vote_timeout_s=50.0, stall_seconds=300.0, step_wait_s=30.0)
@@ -230,10 +231,5 @@ def test_a_run_that_leaves_is_tombstoned_on_its_changelog_partition_head_first()
         assert {_parse_key(k)[0] for _, k, _ in tombstones} == {"r"}
 
     asyncio.run(go())
-    replayed: dict[bytes, bytes] = {}
-    for _, key, value in sent:  # what a worker recovering from the changelog reads
-        if value is None:
-            replayed.pop(key, None)
-        else:
-            replayed[key] = value
+    replayed = replay_changelog(sent)  # what a worker recovering from the changelog reads
     assert replayed == table.data and runs_in(replayed) == {"other"}

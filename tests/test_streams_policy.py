@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +24,10 @@ from areal_metrics.streams.core.alerts import (
     check_throughput,
     saw_step,
 )
-from areal_metrics.streams.core.config import ConfigError, RunConfig, StreamsConfig
+from areal_metrics.producers.contract.config_fields import knobs
+from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.streams.core.config import (ENV_DEFAULTS, EVAL_LOOP_KEYS, ConfigError, RunConfig, StreamsConfig,
+                                               eval_loop_overrides, markdown_table)
 from areal_metrics.streams.core.processor import RunState, derived_id, on_eval, on_rejected, on_step, on_tick
 from areal_metrics.streams.core.smoothing import SmoothedPoint
 from areal_metrics.streams.core.triggers import TriggerState, decide, next_mode
@@ -209,6 +214,48 @@ def test_config_values_take_their_fields_types() -> None:
     assert type(cfg.window) is int and type(cfg.ema_alpha) is float and type(cfg.reward_threshold) is float
     with pytest.raises(ConfigError, match="stall_seconds: not finite"):
         StreamsConfig.from_dict({"defaults": {"stall_seconds": float("inf")}})
+
+
+def test_every_path_that_makes_a_run_config_checks_it_with_the_same_words() -> None:
+    """Code, the config file and a run's eval_loop go through one declaration (type, Meta range):
+    the same refusal, naming the knob, whichever path the value came by."""
+    words = "lr_alpha: must be in (0, 0.5] (got 0.9)"
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        RunConfig(lr_alpha=0.9)
+    with pytest.raises(ConfigError, match=re.escape(f"streams config defaults: {words}")):
+        StreamsConfig.from_dict({"defaults": {"lr_alpha": 0.9}})
+    assert eval_loop_overrides({"alpha": 0.9}, RunConfig()) == ({}, ["run.config.eval_loop.alpha: must be in (0, 0.5] (got 0.9)"])
+    for kwargs, message in [(dict(window=0), "window: must be >= 1 (got 0)"),
+                            (dict(lr_eval_stage="fast"), "lr_eval_stage: must be quick or full (got 'fast')"),
+                            (dict(lr_eval_dataset=""), "lr_eval_dataset: must be 1..128 characters (got '')"),
+                            (dict(window=True), "window: Expected `int`, got `bool`"),
+                            (dict(fast_slope=float("nan")), "fast_slope: not finite"),
+                            (dict(max_pending_steps=10**30), "max_pending_steps: too large"),
+                            (dict(min_eval_interval=30), "eval_interval: need 1 <= min_eval_interval")]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            RunConfig(**kwargs)
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            RunConfig().with_overrides(kwargs)
+    with pytest.raises(ConfigError, match=re.escape("streams config: tick_interval_s: must be in (0, 3600] (got 0)")):
+        StreamsConfig.from_dict({"tick_interval_s": 0})
+    with pytest.raises(ConfigError, match=re.escape("streams config: runs: Expected `object`, got `array`")):
+        StreamsConfig.from_dict({"runs": []})
+
+
+def test_each_knob_is_declared_once_with_its_text() -> None:
+    """Every knob carries its description on its field; the eval_loop keys and the knobs a
+    variable sets are read off the same declarations."""
+    assert all(k.description for k in knobs(RunConfig))
+    assert EVAL_LOOP_KEYS["alpha"] == "lr_alpha" and EVAL_LOOP_KEYS["patience_rounds"] == "no_improvement_rounds"
+    assert len(EVAL_LOOP_KEYS) == 12 and set(ENV_DEFAULTS) == {"command_ack_steps", "vote_undecided_alert"}
+    variables = {f.name: f.metadata["env"] for f in dataclasses.fields(Settings)}
+    assert all(variables[k.name] == k.extra["env"] for k in knobs(RunConfig) if "env" in k.extra)  # the same variable
+
+
+def test_the_knob_table_in_streams_md_is_the_one_the_declarations_make() -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "STREAMS.md").read_text()
+    assert markdown_table() in page, "run `python -m areal_metrics.streams.core.config` into docs/STREAMS.md"
+    assert "| `lr_alpha` | 0.05 | in (0, 0.5] | " in markdown_table()  # the range comes from the field's Meta
 
 
 # ------------------------------------------------------------------ processor

@@ -281,7 +281,7 @@ def test_1024_ranks_are_tallied_in_place_and_give_the_weighted_mean() -> None:
         after = state.pending.get((0, 9))
         if before is not None and after is not None and rank not in seen:
             # the report went onto the buffer the step already had: no copy of the reports before it
-            assert after.reports._buf is before.reports._buf and len(after.reports) == len(before.reports) + 1
+            assert after.reports.buf is before.reports.buf and len(after.reports) == len(before.reports) + 1
         if before is not None and rank in seen:
             assert ready == [] and after is before  # a redelivery adds nothing
         seen.add(rank)

@@ -25,6 +25,7 @@ from areal_metrics.streams.core.config import RunConfig, StreamsConfig
 from areal_metrics.streams.core.processor import RunState
 from areal_metrics.streams.state.state_store import StateStore, record_key
 from areal_metrics.streams.core.voting import CLOSED_ROUNDS_KEPT, NodeResult, RoundKey, add_result
+from tests.support import replay_changelog
 
 TOPICS = Topics("store.")
 CFG = RunConfig(window=3, vote_timeout_s=5.0, stall_seconds=0, step_wait_s=3.0, lr_eval_threshold=0.5)
@@ -282,10 +283,5 @@ def test_changelog_records_sent_directly_are_the_tables_own_in_the_same_order() 
     assert direct_table.changelog == []  # none through the table's buffer
     assert sent == via_table.changelog and any(v is None for _, _, v in sent)  # tombstones too
     assert direct.store.io.take() == []  # every record left at the end of its batch
-    replayed: dict[bytes, bytes] = {}
-    for _, key, value in sent:  # what a worker recovering from the changelog reads
-        if value is None:
-            replayed.pop(key, None)
-        else:
-            replayed[key] = value
+    replayed = replay_changelog(sent)  # what a worker recovering from the changelog reads
     assert replayed == direct_table.data and StateStore(replayed).load("r") == direct.cache["r"]

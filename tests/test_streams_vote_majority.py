@@ -255,7 +255,7 @@ def test_the_interval_on_the_consensus_event() -> None:
                                    min_size=1, max_size=5))
 def test_compare_decides_exactly_the_samples_the_worker_decides(replicas: int, matrix: list[list[int | None]]) -> None:
     """One majority rule (issue 43, item 1): compare's per-sample verdicts (statistics.node_majority at
-    the consensus's replicas, what areal_metrics.comparison reads) are the worker's vote's, including
+    the consensus's replicas, what areal_metrics.analysis.comparison reads) are the worker's vote's, including
     samples with fewer votes than replicas (None: the node did not evaluate the sample)."""
     from areal_metrics.producers.contract.statistics import node_majority
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import random
 
 import pytest
@@ -206,7 +207,10 @@ def test_config_file_overrides_defaults_json_and_toml(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("content, message", [
-    ('{"lr": -1}', "lr: must be a finite number > 0"),
+    ('{"lr": -1}', "lr: must be > 0 (got -1)"),
+    ('{"lr": 1e400}', "lr: not finite"),
+    ('{"eval_datasets": []}', "eval_datasets: must be non-empty"),
+    ('{"fail_eval_rounds": [1, 0]}', "fail_eval_rounds: Expected `int` >= 1 - at `$[1]`"),
     ('{"group_size": 1}', "group_size: must be >= 2"),
     ('{"eval_mode": "later"}', "eval_mode: must be sync or async"),
     ('{"lrr": 0.1}', "unknown key 'lrr'"),
@@ -231,3 +235,13 @@ def test_bad_config_values_name_the_key_and_the_file(tmp_path, content: str, mes
 def test_missing_config_file_is_a_config_error(tmp_path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load(tmp_path / "nope.json")
+
+
+def test_a_config_built_in_code_or_replaced_is_checked_as_a_file_is() -> None:
+    """One declaration per setting (type, Meta range): code, a file and `replace` refuse the same way."""
+    for make in (lambda: TrainConfig(lr=-1), lambda: TrainConfig().replace(lr=-1)):
+        with pytest.raises(ConfigError, match=re.escape("lr: must be > 0 (got -1)")):
+            make()
+    with pytest.raises(ConfigError, match="eval_mode: must be sync or async"):
+        TrainConfig().replace(eval_mode="later")
+    assert TrainConfig().replace(lr=1).lr == 1.0 and type(TrainConfig().replace(seed=2.0).seed) is int

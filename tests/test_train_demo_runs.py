@@ -75,7 +75,7 @@ def test_eval_loop_reaches_the_run_config_only_when_set_and_unknown_keys_are_ref
     assert from_mapping(cfg.to_dict()) == cfg  # what launch passes to the ranks as JSON
     with pytest.raises(ConfigError, match="eval_loop: unknown key thresh"):
         from_mapping({"eval_loop": {"thresh": 0.1}})
-    with pytest.raises(ConfigError, match="eval_loop: must be an object"):
+    with pytest.raises(ConfigError, match=r"eval_loop: Expected `object \| null`, got `float` \(0.1\)"):
         from_mapping({"eval_loop": 0.1})
 
 

@@ -21,7 +21,7 @@ import pytest
 from areal_metrics.producers.client.aliases import BOUNDS, COLUMN_ALIASES, FRAMEWORK_NAMES, INT_COLUMNS
 from areal_metrics.producers.client.coerce import split_step
 from areal_metrics.producers.contract.events import TYPED_STEP_COLUMNS, StepEvent
-from areal_metrics.report import STEP_COLUMNS
+from areal_metrics.analysis.report import STEP_COLUMNS
 from areal_metrics.sinks.migrations import migrations
 from areal_metrics.sinks.schema import TABLES_BY_NAME, SchemaOptions
 from areal_metrics.sinks.step_means import MEAN_COLUMNS, backfill_sql, output_columns

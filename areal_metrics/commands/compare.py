@@ -1,4 +1,4 @@
-"""`areal-metrics compare GROUP_A GROUP_B [--dataset D] [--stage full] [--step S] [--json]` (areal_metrics.comparison)."""
+"""`areal-metrics compare GROUP_A GROUP_B [--dataset D] [--stage full] [--step S] [--json]` (areal_metrics.analysis.comparison)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from areal_metrics.comparison import compare, render
+    from areal_metrics.analysis.comparison import compare, render
     from areal_metrics.sinks.query import connect
 
     with connect() as store:  # StoreUnavailable (exit 1) or a bad URL's ConfigError (exit 2), said by the CLI

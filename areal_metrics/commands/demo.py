@@ -249,7 +249,7 @@ def _wait_for_sink(settings: object, runs: list[str], expected: int, timeout: fl
 
 
 def _write_report(out: Path, runs: list[str]) -> list[Path]:
-    from areal_metrics.report import write_report
+    from areal_metrics.analysis.report import write_report
 
     # the strategies over their seeds with a 95 % t-interval; figure 1 with pass@k, maj@k and greedy accuracy
     paths = write_report(out, runs, grouped=True, eval_details=True)

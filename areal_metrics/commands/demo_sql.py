@@ -25,7 +25,7 @@ from typing import Any
 
 from areal_metrics.producers.contract import statistics as stats
 from areal_metrics.areal_train.learning import ols_slope_t
-from areal_metrics.comparison import node_verdicts
+from areal_metrics.analysis.comparison import node_verdicts
 
 REGRESSION_SUFFIX = "-lr-high"  # the demo's regression run (areal_metrics.commands.demo.run_configs)
 NUMBER = r"([-+]?\d*\.?\d+(?:e[-+]?\d+)?)"

@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from areal_metrics.report import write_report
+    from areal_metrics.analysis.report import write_report
 
     for path in write_report(args.out, args.runs, metrics=args.metrics, grouped=args.group,
                              eval_details=args.eval_details):

@@ -20,8 +20,10 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
+from functools import cache
 from pathlib import Path
-from typing import Any
+from types import NoneType, UnionType
+from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
 from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.producers.contract.field_rules import METRICS_MAX
@@ -38,20 +40,32 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # sink, the local stack and CLI, the reference trainer, the benchmarks.
 READERS = ("client", "worker", "sink", "stack", "trainer", "benchmarks")
 # The SASL mechanisms the clients (kafka-python, aiokafka, librdkafka) and the local broker share;
-# lower case, as `kind="choice"` settings are read.
+# lower case, as settings with `choices` are read.
 SASL_MECHANISMS = ("plain", "scram-sha-256", "scram-sha-512")
 # Producer compression codecs Kafka knows; librdkafka (confluent-kafka) has them all built in,
 # kafka-python gzip from the standard library and the others from optional packages.
 KAFKA_COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
-def setting(env: str, default: Any, doc: str, *, kind: str = "str", ge: float | None = None,
+@dataclass(frozen=True)
+class Form:
+    """How a text setting is read beyond its type, in its annotation: `Annotated[str, PATH] | None`."""
+
+    name: str
+
+
+PATH = Form("path")  # a file or folder; `init()` takes an os.PathLike too
+HOSTPORTS = Form("hostports")  # host:port[,host:port...], no scheme
+
+
+def setting(env: str, default: Any, doc: str, *, ge: float | None = None,
             le: float | None = None, choices: tuple[str, ...] = (), readers: str = "client worker sink",
             secret: bool = False, default_doc: str | None = None) -> Any:
     """A Settings field read from the environment variable `env` (docs/SETTINGS.md is made
-    from these declarations). kind: str, int, float, bool, choice, path, hostports (`host:port[,host:port]`)."""
+    from these declarations). The field's annotation is its type: int, float, bool or str, a str
+    with `choices`, or a str `Form` (PATH, HOSTPORTS); `| None` when it may be unset."""
     assert set(readers.split()) <= set(READERS), readers
-    meta = {"env": env, "doc": doc, "kind": kind, "ge": ge, "le": le, "choices": choices,
+    meta = {"env": env, "doc": doc, "ge": ge, "le": le, "choices": choices,
             "readers": tuple(readers.split()), "secret": secret,
             "default_doc": default_doc if default_doc is not None else _shown(default)}
     return field(default=default, metadata=meta, repr=not secret)
@@ -61,10 +75,33 @@ def _shown(default: Any) -> str:
     return "unset" if default is None or default == "" else f"`{default}`"
 
 
+def _kind(f: Any) -> str:
+    """How field `f` is read, from its annotation: int, float, bool, str, choice, path or hostports."""
+    return _kinds()[f.name]
+
+
+@cache
+def _kinds() -> dict[str, str]:
+    hints = get_type_hints(Settings, include_extras=True)
+    kinds = {}
+    for f in fields(Settings):
+        hint, forms = hints[f.name], []
+        if get_origin(hint) in (Union, UnionType) and NoneType in get_args(hint):  # `X | None`: may be unset
+            (hint,) = [a for a in get_args(hint) if a is not NoneType]
+        if get_origin(hint) is Annotated:
+            hint, *extras = get_args(hint)
+            forms = [e.name for e in extras if isinstance(e, Form)]
+        plain = {int: "int", float: "float", bool: "bool", str: "str"}.get(hint)
+        assert plain is not None, f"Settings.{f.name}: {hint} is not a setting's type"
+        assert not (forms or f.metadata["choices"]) or plain == "str", f"Settings.{f.name}: a form of str"
+        kinds[f.name] = forms[0] if forms else "choice" if f.metadata["choices"] else plain
+    return kinds
+
+
 def _parse(f: Any, raw: str, label: str | None = None) -> Any:
     """One variable's text -> its value; ConfigError naming the variable otherwise."""
     m = f.metadata
-    kind, text = m["kind"], raw.strip()
+    kind, text = _kind(f), raw.strip()
     name = label or f"{m['env']}={text[:40]!r}"
     if kind in ("str", "path"):
         return text
@@ -89,7 +126,7 @@ def _parse(f: Any, raw: str, label: str | None = None) -> Any:
 
 def _in_range(f: Any, name: str, value: float) -> float:
     m = f.metadata
-    if m["kind"] == "float" and not math.isfinite(value):
+    if _kind(f) == "float" and not math.isfinite(value):
         raise ConfigError(f"{name}: expected a finite number")
     if (m["ge"] is not None and value < m["ge"]) or (m["le"] is not None and value > m["le"]):
         low = "" if m["ge"] is None else f">= {m['ge']:g}"
@@ -122,11 +159,11 @@ def _override(f: Any, value: Any) -> Any:
         if f.default is None:
             return None
         raise ConfigError(f"{label}: expected a value (None is not one)")
-    if isinstance(value, os.PathLike) and m["kind"] == "path":
+    if isinstance(value, os.PathLike) and _kind(f) == "path":
         value = os.fspath(value)
     if isinstance(value, str):
         return _parse(f, value, label)
-    kind = m["kind"]
+    kind = _kind(f)
     if kind == "bool" and isinstance(value, bool):
         return value
     if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
@@ -157,14 +194,15 @@ class Settings:
     """Every AREAL_* environment variable the project reads, in one place (docs/SETTINGS.md)."""
 
     # -- where things are
-    kafka_bootstrap: str = setting("AREAL_KAFKA_BOOTSTRAP", "", "Kafka bootstrap servers: host:port, "
-                                   "comma-separated (no scheme)", kind="hostports", readers="client worker sink stack trainer benchmarks",
-                                   default_doc=f"the broker `areal-metrics up` recorded, else `{DEFAULT_BOOTSTRAP}`")
+    kafka_bootstrap: Annotated[str, HOSTPORTS] = setting(
+        "AREAL_KAFKA_BOOTSTRAP", "", "Kafka bootstrap servers: host:port, "
+        "comma-separated (no scheme)", readers="client worker sink stack trainer benchmarks",
+        default_doc=f"the broker `areal-metrics up` recorded, else `{DEFAULT_BOOTSTRAP}`")
     kafka_compression: str = setting("AREAL_KAFKA_COMPRESSION", "none", "compression of the batches the client "
                                      "publishes (the broker stores them so). Every reader must decode it: gzip "
                                      "needs no package anywhere; snappy, lz4 and zstd need cramjam in the stream "
                                      "worker (aiokafka) and python-snappy, lz4 or zstandard in the sink and CLI "
-                                     "(kafka-python) and in a kafka-python publisher (confluent-kafka has them)", kind="choice",
+                                     "(kafka-python) and in a kafka-python publisher (confluent-kafka has them)",
                                      choices=KAFKA_COMPRESSIONS, readers="client trainer benchmarks")
     clickhouse_url: str = setting("AREAL_CLICKHOUSE_URL", "", "the store: `chdb:///path` (embedded) or "
                                   "`http://user:pass@host:8123/db` (a server)", readers="sink stack",
@@ -172,151 +210,154 @@ class Settings:
     topic_prefix: str = setting("AREAL_TOPIC_PREFIX", DEFAULT_PREFIX, "prefix of every topic name",
                                 readers="client worker sink stack trainer benchmarks",
                                 default_doc=f"the prefix `up` recorded, else `{DEFAULT_PREFIX}`")
-    home: str = setting("AREAL_HOME", "", "the local stack's state: broker data, store, pids, journals, "
-                        "attempt records (a relative path is made absolute)", kind="path",
-                        readers="client worker sink stack trainer", default_doc="`~/.areal`")
+    home: Annotated[str, PATH] = setting(
+        "AREAL_HOME", "", "the local stack's state: broker data, store, pids, journals, "
+        "attempt records (a relative path is made absolute)",
+        readers="client worker sink stack trainer", default_doc="`~/.areal`")
     # -- Kafka security (all optional; PLAINTEXT when unset)
     kafka_security_protocol: str = setting("AREAL_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT",
                                            "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL")
     kafka_sasl_mechanism: str | None = setting("AREAL_KAFKA_SASL_MECHANISM", None, "the SASL mechanism, in any case "
-                                               "(docs/SECURITY.md)", kind="choice",
+                                               "(docs/SECURITY.md)",
                                                choices=SASL_MECHANISMS)
     kafka_sasl_username: str | None = setting("AREAL_KAFKA_SASL_USERNAME", None, "SASL user")
     kafka_sasl_password: str | None = setting("AREAL_KAFKA_SASL_PASSWORD", None, "SASL password (or a file named "
                                               "by AREAL_KAFKA_SASL_PASSWORD_FILE); never printed", secret=True)
-    kafka_ssl_cafile: str | None = setting("AREAL_KAFKA_SSL_CAFILE", None, "CA bundle for TLS", kind="path")
-    kafka_ssl_certfile: str | None = setting("AREAL_KAFKA_SSL_CERTFILE", None, "client certificate", kind="path")
-    kafka_ssl_keyfile: str | None = setting("AREAL_KAFKA_SSL_KEYFILE", None, "client key", kind="path")
+    kafka_ssl_cafile: Annotated[str, PATH] | None = setting("AREAL_KAFKA_SSL_CAFILE", None, "CA bundle for TLS")
+    kafka_ssl_certfile: Annotated[str, PATH] | None = setting("AREAL_KAFKA_SSL_CERTFILE", None, "client certificate")
+    kafka_ssl_keyfile: Annotated[str, PATH] | None = setting("AREAL_KAFKA_SSL_KEYFILE", None, "client key")
     # -- topic durability for every topic the project creates (Faust's too); 3 and 2 on a cluster
     kafka_replication_factor: int = setting("AREAL_KAFKA_REPLICATION_FACTOR", 1, "replication factor of new topics",
-                                            kind="int", readers="worker sink stack")
+                                            readers="worker sink stack")
     kafka_min_insync_replicas: int = setting("AREAL_KAFKA_MIN_INSYNC_REPLICAS", 1, "min.insync.replicas of new "
-                                             "topics", kind="int", readers="worker sink stack")
+                                             "topics", readers="worker sink stack")
     # Retention in ms (-1 = keep forever). Raw topics are the source of truth that `replay`
     # rebuilds from, so they are kept by default; derived topics likewise unless configured.
     raw_retention_ms: int = setting("AREAL_RAW_RETENTION_MS", -1, "retention of steps, evals, runs (ms; -1 keeps "
-                                    "them: replay rebuilds from them)", kind="int", readers="worker sink stack")
+                                    "them: replay rebuilds from them)", readers="worker sink stack")
     derived_retention_ms: int = setting("AREAL_DERIVED_RETENTION_MS", -1, "retention of the derived topics (ms; "
-                                        "-1 keeps them)", kind="int", readers="worker sink stack")
+                                        "-1 keeps them)", readers="worker sink stack")
     # -- ClickHouse on a cluster: DDL ON CLUSTER; Replicated* engines when replicated
     clickhouse_cluster: str | None = setting("AREAL_CLICKHOUSE_CLUSTER", None, "run DDL ON CLUSTER this cluster "
                                              "(a server only)", readers="sink stack")
     clickhouse_replicated: bool = setting("AREAL_CLICKHOUSE_REPLICATED", False, "Replicated* table engines "
-                                          "(Keeper)", kind="bool", readers="sink stack",
+                                          "(Keeper)", readers="sink stack",
                                           default_doc="on when AREAL_CLICKHOUSE_CLUSTER is set")
     clickhouse_steps_ttl_days: int | None = setting("AREAL_CLICKHOUSE_STEPS_TTL_DAYS", None, "delete raw steps "
-                                                    "older than this many days (0 or unset: keep)", kind="int",
+                                                    "older than this many days (0 or unset: keep)",
                                                     ge=0, readers="sink stack")
     # -- what every reader refuses before decoding a message (producers/contract/limits.py; CONTRACT.md,
     # 'No input stops the pipeline'): a refused message is dead-lettered with its reason
     max_message_bytes: int = setting("AREAL_MAX_MESSAGE_BYTES", 1 << 20, "the largest message a reader "
-                                     "decodes, bytes", kind="int", ge=1024, le=1 << 30,
+                                     "decodes, bytes", ge=1024, le=1 << 30,
                                      readers="client worker sink stack")
     max_json_depth: int = setting("AREAL_MAX_JSON_DEPTH", 64, "the deepest nesting of objects and arrays a "
-                                  "reader decodes (the message itself is level 1)", kind="int", ge=8, le=512,
+                                  "reader decodes (the message itself is level 1)", ge=8, le=512,
                                   readers="client worker sink stack")
     max_object_keys: int = setting("AREAL_MAX_OBJECT_KEYS", 10_000, "the most names one JSON object of a "
-                                   "message may have", kind="int", ge=64, le=10_000_000,
+                                   "message may have", ge=64, le=10_000_000,
                                    readers="client worker sink stack")
     max_array_items: int = setting("AREAL_MAX_ARRAY_ITEMS", 100_000, "the most entries one JSON array of a "
-                                   "message may have (verdicts, sample_ids, ...)", kind="int", ge=64,
+                                   "message may have (verdicts, sample_ids, ...)", ge=64,
                                    le=100_000_000, readers="client worker sink stack")
     # -- the client (areal_metrics.init)
     exit_timeout_s: float = setting("AREAL_EXIT_TIMEOUT_S", 10.0, "how long exit and finish() wait for the "
                                     "broker's acknowledgement before leaving the rest in the journal",
-                                    kind="float", ge=0, readers="client")
+                                    ge=0, readers="client")
     mode: str = setting("AREAL_MODE", "online", "online: send to Kafka (a journal on disk while it is away); "
                         "disabled: init() gives a run whose calls do nothing (no thread, no journal, nothing sent)",
-                        kind="choice", choices=("online", "disabled"), readers="client")
+                        choices=("online", "disabled"), readers="client")
     max_metrics: int = setting("AREAL_MAX_METRICS", METRICS_MAX, "names one step's `metrics` keeps (the first "
                                "logged); past it log() warns once and counts the rest in stats().skipped",
-                               kind="int", ge=1, le=METRICS_MAX, readers="client")
+                               ge=1, le=METRICS_MAX, readers="client")
     system_metrics_s: float = setting("AREAL_SYSTEM_METRICS_S", 0.0, "sample CPU, memory and (with pynvml) GPU "
                                       "utilisation and memory every this many seconds into the next step's "
-                                      "`metrics` under `system/` (0: off)", kind="float", ge=0, le=3600,
+                                      "`metrics` under `system/` (0: off)", ge=0, le=3600,
                                       readers="client")
     kafka_client: str = setting("AREAL_KAFKA_CLIENT", "auto", "the Kafka client that delivers the trainer's "
                                 "events: auto (confluent-kafka when installed), confluent-kafka or kafka-python",
-                                kind="choice", choices=("auto", "confluent-kafka", "kafka-python"), readers="client")
+                                choices=("auto", "confluent-kafka", "kafka-python"), readers="client")
     run_id: str | None = setting("AREAL_RUN_ID", None, "the run id every rank of a launch shares (before "
                                  "torchrun's and SLURM's ids)", readers="client trainer")
     # -- the stream worker
-    streams_config: str | None = setting("AREAL_STREAMS_CONFIG", None, "JSON file of the worker's thresholds, "
-                                         "per run (docs/STREAMS.md)", kind="path", readers="worker")
-    streams_loglevel: str = setting("AREAL_STREAMS_LOGLEVEL", "warning", "the worker's log level", kind="choice",
+    streams_config: Annotated[str, PATH] | None = setting(
+        "AREAL_STREAMS_CONFIG", None, "JSON file of the worker's thresholds, "
+        "per run (docs/STREAMS.md)", readers="worker")
+    streams_loglevel: str = setting("AREAL_STREAMS_LOGLEVEL", "warning", "the worker's log level",
                                     choices=LOG_LEVELS, readers="worker")
     streams_commit_interval_s: float = setting("AREAL_STREAMS_COMMIT_INTERVAL", 0.5, "seconds between the "
-                                               "worker's offset commits", kind="float", ge=0.01, le=3600,
+                                               "worker's offset commits", ge=0.01, le=3600,
                                                readers="worker")
     streams_session_timeout_s: float = setting("AREAL_STREAMS_SESSION_TIMEOUT", 10.0, "consumer group session "
-                                               "timeout, seconds", kind="float", ge=1, le=3600, readers="worker")
+                                               "timeout, seconds", ge=1, le=3600, readers="worker")
     streams_linger_ms: float = setting("AREAL_STREAMS_LINGER_MS", 5.0, "how long a batch waits for more input, "
-                                       "ms", kind="float", ge=0, le=10_000, readers="worker")
+                                       "ms", ge=0, le=10_000, readers="worker")
     command_ack_steps: int = setting("AREAL_COMMAND_ACK_STEPS", 10, "command_not_applied when a node of a running "
                                      "run has not acknowledged a scale_lr this many steps after its from_step",
-                                     kind="int", ge=0, le=1_000_000, readers="worker")
+                                     ge=0, le=1_000_000, readers="worker")
     vote_undecided_alert: float = setting("AREAL_VOTE_UNDECIDED_ALERT", 0.05, "`vote_undecided` when a round's "
                                           "share of undecided samples exceeds this (the streams config's "
-                                          "`vote_undecided_alert` wins)", kind="float", ge=0, le=1,
+                                          "`vote_undecided_alert` wins)", ge=0, le=1,
                                           readers="worker")
     worker_run_idle_s: float = setting("AREAL_WORKER_RUN_IDLE_S", 86_400.0, "a run with no input for this long "
                                        "(worker clock, s) leaves the worker's state (memory and changelog) once no "
                                        "step, vote round or stall alert of it waits; one that comes back starts "
-                                       "over as a new run", kind="float", ge=1, le=31_536_000, readers="worker")
+                                       "over as a new run", ge=1, le=31_536_000, readers="worker")
     worker_ended_run_idle_s: float = setting("AREAL_WORKER_ENDED_RUN_IDLE_S", 900.0, "the same for a run that "
-                                             "ended (finished, failed, killed), s", kind="float", ge=1,
+                                             "ended (finished, failed, killed), s", ge=1,
                                              le=31_536_000, readers="worker")
     worker_max_runs: int = setting("AREAL_WORKER_MAX_RUNS", 10_000, "the most runs the worker keeps state for; "
                                    "past it the run whose last input is oldest leaves first, whatever waits in it "
-                                   "(docs/SCALING.md: the bytes a run costs)", kind="int", ge=1, le=10_000_000,
+                                   "(docs/SCALING.md: the bytes a run costs)", ge=1, le=10_000_000,
                                    readers="worker")
     # -- the sink
-    log_level: str = setting("AREAL_LOG_LEVEL", "info", "the sink's log level", kind="choice", choices=LOG_LEVELS,
+    log_level: str = setting("AREAL_LOG_LEVEL", "info", "the sink's log level", choices=LOG_LEVELS,
                              readers="sink")
-    sink_max_rows: int = setting("AREAL_SINK_MAX_ROWS", 5000, "rows per insert at most", kind="int", ge=1,
+    sink_max_rows: int = setting("AREAL_SINK_MAX_ROWS", 5000, "rows per insert at most", ge=1,
                                  le=10_000_000, readers="sink")
     sink_max_wait_ms: int = setting("AREAL_SINK_MAX_WAIT_MS", 500, "the longest a row waits in the buffer, ms",
-                                    kind="int", ge=0, le=3_600_000, readers="sink")
+                                    ge=0, le=3_600_000, readers="sink")
     sink_idle_ms: int = setting("AREAL_SINK_IDLE_MS", 50, "flush once a poll this long brought nothing, ms",
-                                kind="int", ge=0, le=3_600_000, readers="sink")
+                                ge=0, le=3_600_000, readers="sink")
     sink_instance_id: str | None = setting("AREAL_SINK_INSTANCE_ID", None, "the sink's static group member id",
                                            readers="sink", default_doc="`<group>@<hostname>`")
     sink_stop_merges: bool = setting("AREAL_SINK_STOP_MERGES", False, "keep inserted blocks unmerged (audits, "
-                                     "tests)", kind="bool", readers="sink")
+                                     "tests)", readers="sink")
     sink_http_port: int = setting("AREAL_SINK_HTTP_PORT", 0, "port of the embedded store's HTTP endpoint (0: a "
-                                  "free one, recorded in the store's owner.json)", kind="int", ge=0, le=65535,
+                                  "free one, recorded in the store's owner.json)", ge=0, le=65535,
                                   readers="sink")
     # -- a crash never loops (producers/runtime/poison.py, areal_metrics/stack/supervisor.py)
     poison_crashes: int = setting("AREAL_POISON_CRASHES", 2, "crashes of a service while one message was being "
                                   "processed after which that message is dead-lettered and skipped, with a "
-                                  "`poison_message` alert", kind="int", ge=1, le=100, readers="worker sink")
+                                  "`poison_message` alert", ge=1, le=100, readers="worker sink")
     test_crash_on: str | None = setting("AREAL_TEST_CRASH_ON", None, "tests only: `<worker|sink>:<text>`: that "
                                         "service dies (exit 70) while it processes a message holding the text (not on the dead-letter topic)",
                                         readers="worker sink")
     restart_max: int = setting("AREAL_RESTART_MAX", 10, "restarts in a row of a service `up` supervises (each "
-                               "after a run shorter than a minute) before its supervisor gives up", kind="int",
+                               "after a run shorter than a minute) before its supervisor gives up",
                                ge=0, le=1_000_000, readers="stack")
     restart_backoff_s: float = setting("AREAL_RESTART_BACKOFF_S", 1.0, "the first wait before a service is "
                                        "restarted, seconds; doubled per restart in a row, at most 30 s",
-                                       kind="float", ge=0, le=3600, readers="stack")
+                                       ge=0, le=3600, readers="stack")
     # -- the sink's ClickHouse HTTP endpoint (the embedded store): bounds of one `reader` query, so
     # that a heavy panel or a typo cannot take the CPU or memory of the process that ingests
     http_query_timeout_s: float = setting("AREAL_HTTP_QUERY_TIMEOUT_S", 30.0, "a reader query's time limit, "
-                                          "seconds (max_execution_time)", kind="float", ge=0.001, le=86_400,
+                                          "seconds (max_execution_time)", ge=0.001, le=86_400,
                                           readers="sink")
     http_query_memory_bytes: int = setting("AREAL_HTTP_QUERY_MEMORY_BYTES", 1 << 30, "a reader query's memory "
-                                           "limit, bytes (max_memory_usage)", kind="int", ge=1, readers="sink")
+                                           "limit, bytes (max_memory_usage)", ge=1, readers="sink")
     http_max_reader_queries: int = setting("AREAL_HTTP_MAX_READER_QUERIES", 8, "reader queries that run at once; "
                                            "past it one waits AREAL_HTTP_READER_QUEUE_S, then fails with "
-                                           "TOO_MANY_SIMULTANEOUS_QUERIES", kind="int", ge=1, le=1024, readers="sink")
+                                           "TOO_MANY_SIMULTANEOUS_QUERIES", ge=1, le=1024, readers="sink")
     http_reader_queue_s: float = setting("AREAL_HTTP_READER_QUEUE_S", 10.0, "how long a reader query waits for a "
-                                         "free place, seconds", kind="float", ge=0, le=3600, readers="sink")
+                                         "free place, seconds", ge=0, le=3600, readers="sink")
     # -- the local stack, the CLI and the trainer
     kafka_heap: str = setting("AREAL_KAFKA_HEAP", "-Xmx512m -Xms128m", "JVM heap flags of the local broker",
                               readers="stack")
-    kafka_jars: str | None = setting("AREAL_KAFKA_JARS", None, "a folder of Kafka broker jars to use instead of "
-                                     "fetching them", kind="path", readers="stack",
-                                     default_doc="`$XDG_CACHE_HOME/areal-metrics/kafka-<version>`")
+    kafka_jars: Annotated[str, PATH] | None = setting(
+        "AREAL_KAFKA_JARS", None, "a folder of Kafka broker jars to use instead of "
+        "fetching them", readers="stack",
+        default_doc="`$XDG_CACHE_HOME/areal-metrics/kafka-<version>`")
     grafana_clickhouse_url: str | None = setting("AREAL_GRAFANA_CLICKHOUSE_URL", None, "ClickHouse as Grafana "
                                                  "reaches it, for `grafana provision`", readers="stack")
     grafana_alert_webhook: str | None = setting("AREAL_GRAFANA_ALERT_WEBHOOK", None, "the URL Grafana's alert "
@@ -324,11 +365,13 @@ class Settings:
                                                 readers="stack", secret=True)
     grafana_stall_minutes: float = setting("AREAL_GRAFANA_STALL_MINUTES", 10.0, "Grafana's stall rule: a running "
                                            "run without a step for this many minutes fires it, for `grafana "
-                                           "provision`", kind="float", ge=1, le=1440, readers="stack")
-    cache_dir: str | None = setting("AREAL_CACHE_DIR", None, "the trainer's cache (warm starts)", kind="path",
-                                    readers="trainer", default_doc="`~/.cache/areal-metrics`")
-    bench_profile_dir: str | None = setting("AREAL_BENCH_PROFILE_DIR", None, "write the services' CPU profiles "
-                                            "here during the pipeline benchmark", kind="path", readers="benchmarks")
+                                           "provision`", ge=1, le=1440, readers="stack")
+    cache_dir: Annotated[str, PATH] | None = setting(
+        "AREAL_CACHE_DIR", None, "the trainer's cache (warm starts)",
+        readers="trainer", default_doc="`~/.cache/areal-metrics`")
+    bench_profile_dir: Annotated[str, PATH] | None = setting(
+        "AREAL_BENCH_PROFILE_DIR", None, "write the services' CPU profiles "
+        "here during the pipeline benchmark", readers="benchmarks")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, reader: str | None = None) -> Settings:
@@ -391,6 +434,9 @@ class Settings:
             out[f.name] = value
         out["clickhouse_url"] = mask_url(self.clickhouse_url)
         return out
+
+
+_kinds()  # every declaration's annotation is a setting's type, or the import fails
 
 
 # kafka-python and aiokafka log the bytes of a SASL handshake, password included, at
@@ -469,10 +515,10 @@ def markdown_table() -> str:
     for f in fields(Settings):
         m = f.metadata
         what = m["doc"]
-        if m["kind"] in ("int", "float") and (m["ge"] is not None or m["le"] is not None):
+        if _kind(f) in ("int", "float") and (m["ge"] is not None or m["le"] is not None):
             bounds = [f">= {m['ge']:g}" if m["ge"] is not None else "", f"<= {m['le']:g}" if m["le"] is not None else ""]
             what += f" ({' and '.join(filter(None, bounds))})"
-        if m["kind"] == "choice":
+        if _kind(f) == "choice":
             what += f" ({' / '.join(m['choices'])})"
         rows.append(f"| `{m['env']}` | {m['default_doc']} | {', '.join(m['readers'])} | {what} |")
     return "\n".join(rows) + "\n"

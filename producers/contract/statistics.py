@@ -41,9 +41,12 @@ Means and tests
   (scipy.stats.binomtest(k, n).pvalue); `sign_test(differences)`: the exact sign test.
 - `z_one_sided(alpha)`, `look_alpha(alpha, k)`, `slope_bound(points, z)`,
   `proportion_variance(p, n_eff)`: the closed loop's helpers (areal_metrics.streams.core.eval_loop);
-  `cusum_limit(k, arl)`: the limit h of a one-sided CUSUM of unit-variance normal increments with
-  reference k whose in-control average run length is `arl` rounds (Siegmund's approximation,
-  ARL = (exp(2kb) - 2kb - 1) / (2k^2), b = h + 1.166).
+  `cusum_false_alarm(k, h, rounds)`: P(a one-sided CUSUM of independent N(0, 1) increments with
+  reference k passes its limit h within `rounds` rounds), from its run-length distribution
+  (the integral equation at 32 Gauss-Legendre nodes; checked against Monte Carlo);
+  `cusum_horizon_limit(k, rounds, alpha)`: the smallest h with that probability <= alpha. (It
+  replaced Siegmund's average-run-length approximation with ARL = rounds / alpha, which spent
+  3.6 % where 2.5 % was asked at k 1.96 over 200 rounds: tests/test_statistics.py.)
 """
 
 from __future__ import annotations
@@ -427,24 +430,65 @@ def slope_bound(points: Iterable[tuple[float, float, float]], z: float) -> tuple
     return slope, se, slope + z * se
 
 
+def _gauss_legendre(m: int) -> list[tuple[float, float]]:
+    """(node, weight) of the m-point Gauss-Legendre rule on [-1, 1] (Newton on P_m)."""
+    out = []
+    for i in range(1, m + 1):
+        x = math.cos(math.pi * (i - 0.25) / (m + 0.5))
+        for _ in range(100):
+            p0, p1 = 1.0, x
+            for j in range(2, m + 1):
+                p0, p1 = p1, ((2 * j - 1) * x * p1 - (j - 1) * p0) / j
+            dp = m * (x * p1 - p0) / (x * x - 1)
+            step = p1 / dp
+            x -= step
+            if abs(step) < 1e-15:
+                break
+        out.append((x, 2.0 / ((1 - x * x) * dp * dp)))
+    return out
+
+
+_GL = _gauss_legendre(32)
+_N01 = NormalDist()
+
+
+@lru_cache(maxsize=1024)
+def cusum_false_alarm(k: float, h: float, rounds: int) -> float:
+    """P(a one-sided CUSUM S = max(0, S + x - k), S0 = 0, passes h (S > h) within `rounds`
+    rounds) over independent N(0, 1) increments x: the run-length distribution by its integral
+    equation (the mass of S at 0 and its density on (0, h] at 32 Gauss-Legendre nodes, stepped
+    round by round; once the survival falls by the same ratio each round, its geometric tail)."""
+    if k < 0 or h < 0 or rounds < 0:
+        raise ValueError(f"cusum_false_alarm needs k, h, rounds >= 0 (got {k}, {h}, {rounds})")
+    nodes = [(h / 2 * (x + 1), h / 2 * w) for x, w in _GL]
+    to_zero = [_N01.cdf(k - y) for y, _ in nodes]  # from y to S' = 0
+    from_zero = [_N01.pdf(y + k) for y, _ in nodes]  # from 0 to y
+    kernel = [[w * _N01.pdf(yi - yj + k) for yj, w in nodes] for yi, _ in nodes]
+    mass, density = 1.0, [0.0] * len(nodes)
+    survival, ratio, step = 1.0, 0.0, 0
+    while step < rounds:
+        weighted = [w * f for (_, w), f in zip(nodes, density)]
+        mass, density = (mass * _N01.cdf(k) + sum(wf * t for wf, t in zip(weighted, to_zero)),
+                         [mass * z + sum(r * f for r, f in zip(row, density)) for z, row in zip(from_zero, kernel)])
+        previous, survival = survival, mass + sum(w * f for (_, w), f in zip(nodes, density))
+        step += 1
+        last, ratio = ratio, survival / previous if previous > 0 else 0.0
+        if step >= 20 and abs(ratio - last) < 1e-13:  # the geometric tail: the rest in one power
+            survival *= ratio ** (rounds - step)
+            break
+    return min(1.0, max(0.0, 1.0 - survival))
+
+
 @lru_cache(maxsize=256)
-def cusum_limit(k: float, arl: float) -> float:
-    """The limit h of a one-sided CUSUM S = max(0, S + x - k) over N(0, 1) increments x whose
-    average run length to a false alarm is `arl` rounds (Siegmund's approximation)."""
-    if k <= 0 or arl <= 1:
-        raise ValueError(f"cusum_limit needs k > 0 and arl > 1 (got {k}, {arl})")
-
-    def run_length(h: float) -> float:
-        b = 2 * k * (h + 1.166)
-        return (math.exp(b) - b - 1) / (2 * k * k)
-
+def cusum_horizon_limit(k: float, rounds: int, alpha: float) -> float:
+    """The smallest limit h (to 1e-4) with cusum_false_alarm(k, h, rounds) <= alpha: a CUSUM of
+    independent N(0, 1) rounds is cut within `rounds` rounds in at most `alpha` of runs."""
+    if not 0 < alpha < 1 or rounds < 1:
+        raise ValueError(f"cusum_horizon_limit needs 0 < alpha < 1 and rounds >= 1 (got {alpha}, {rounds})")
     low, high = 0.0, 1.0
-    while run_length(high) < arl:
+    while cusum_false_alarm(k, high, rounds) > alpha:
         low, high = high, high * 2
-    for _ in range(100):
+    while high - low > 1e-4:
         mid = (low + high) / 2
-        if run_length(mid) < arl:
-            low = mid
-        else:
-            high = mid
+        low, high = (mid, high) if cusum_false_alarm(k, mid, rounds) > alpha else (low, mid)
     return high

@@ -189,7 +189,9 @@ class PublisherCore(Generic[T]):
     def close(self) -> None:
         """At shutdown, after the client's last poll: everything not acknowledged goes to the journal, oldest first."""
         self.reap()
-        self.settle_resend()  # journal records stay there until acknowledged
+        # A re-sent chunk still partly unanswered: the records acknowledged in order leave the
+        # journal now, or the next process re-sends them (a duplicate); the rest stay there.
+        self.settle_resend(closing=True)
         older = []
         for item in self.in_flight:
             if item.delivery.succeeded():  # False while not done
@@ -275,24 +277,27 @@ class PublisherCore(Generic[T]):
         self.resending = Resend(records, deliveries)
         return True
 
-    def settle_resend(self) -> bool:
-        """Once every re-send is done: the journal advances past the records acknowledged in order.
+    def settle_resend(self, *, closing: bool = False) -> bool:
+        """Once every re-send is done (or at `closing`, whatever is done): the journal advances
+        past the records acknowledged in order.
 
         The rest stays in the journal and the next try waits (`retry`); True when settled.
         """
-        if self.resending is None or not all(d.is_done for d in self.resending.deliveries):
+        if self.resending is None:
             return False
         records, deliveries = self.resending.records, self.resending.deliveries
+        if not closing and not all(d.is_done for d in deliveries):
+            return False
         acked = 0
         for d in deliveries:
-            if not d.succeeded():
+            if not d.succeeded():  # False while not done
                 break
             acked += 1
         if acked:
             self.port.advance(records[acked - 1].end)  # a record leaves the journal only once acknowledged
             self.resent += acked
         if acked < len(records):
-            if acked < len(deliveries):  # a delivery failed (a refused send was counted already)
+            if acked < len(deliveries) and deliveries[acked].is_done:  # it failed (a refusal was counted already)
                 self.failed += 1
             self.back_off()
         else:

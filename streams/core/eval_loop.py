@@ -18,16 +18,17 @@ up to the horizon has the same power (tests/loop_simulation.py measures both, do
   gives z = (threshold - p) / sqrt(threshold (1 - threshold) / n), p its accuracy with every
   undecided sample counted right (the optimistic side: undecided samples never make a cut), n
   its effective sample size (undecided included); S = max(0, S + z - k) with k the one-sided
-  normal quantile of alpha / 2, and a cut when S > h, h = cusum_limit(k, horizon / (alpha / 2)):
-  the in-control average run length of rounds independent at the threshold is horizon / (alpha / 2), so
-  such a run is cut within its horizon in at most about alpha / 2 of runs. With k at the quantile
+  normal quantile of alpha / 2, and a cut when S > h, h = cusum_horizon_limit(k, horizon, alpha / 2):
+  a run whose rounds are independent at the threshold (z ~ N(0, 1)) is cut within its horizon in
+  at most alpha / 2 of runs (the run-length distribution, computed exactly; 1.75 at the defaults). With k at the quantile
   of alpha / 2, a run whose rounds repeat the same data (the same prompts, the same sampling
   noise, unchanged weights) is cut in at most alpha / 2 of runs however long it lasts: S grows
   only while z > k. No samples are pooled across rounds, so a prompt seen in two rounds is never
   counted as two. A single round far below (z > k + h) cuts at once; a drop whose rounds sit
   a few standard errors below is cut within two rounds, as early in the run as late. Past the
   horizon the rule goes on with the same limit: its false-alarm rate per round stays what it
-  was, so a run twice its horizon long has spent about alpha / 2 per horizon.
+  was, about alpha / 2 per further horizon: a run at the threshold twice its horizon long is cut
+  in about alpha of runs (cusum_false_alarm(k, h, 2 * horizon): 4.9 % at the defaults).
   A cut: `scale_lr` by `lr_factor` and an `eval_below_threshold` alert; the run is in a breach
   (no test) until a round's 95 % interval lies at or above threshold + `lr_restore_margin`.
 - Raise after a cut: not before `lr_raise_after_rounds` rounds evaluated at the lower rate
@@ -69,7 +70,7 @@ from msgspec.structs import replace
 from areal_metrics.streams.core.alerts import AlertDecision
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.stored import Stored
-from areal_metrics.producers.contract.statistics import (cusum_limit, proportion_variance, slope_bound,
+from areal_metrics.producers.contract.statistics import (cusum_horizon_limit, proportion_variance, slope_bound,
                                                          t_quantile, z_one_sided)
 from areal_metrics.streams.core.triggers import CommandDecision
 from areal_metrics.streams.core.voting import Consensus
@@ -190,9 +191,10 @@ def shortfall(p: float, n_eff: float, threshold: float) -> float:
 
 
 def cusum_design(alpha: float, horizon: int) -> tuple[float, float]:
-    """(reference k, limit h) of the threshold CUSUM that spends alpha / 2 over `horizon` rounds."""
+    """(reference k, limit h) of the threshold CUSUM that spends alpha / 2 over `horizon` rounds:
+    rounds independent at the threshold are cut within the horizon in at most alpha / 2 of runs."""
     k = z_one_sided(alpha / 2)
-    return k, cusum_limit(k, horizon / (alpha / 2))
+    return k, cusum_horizon_limit(k, horizon, alpha / 2)
 
 
 def below_threshold(c: Consensus, threshold: float, alpha: float, horizon: int,

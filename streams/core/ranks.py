@@ -60,51 +60,51 @@ class Reports(Sequence[RankReport]):
     """A waiting step's reports in arrival order (immutable; the codec writes a JSON array of
     RankReports, as the tuple it replaces). `has(rank)` and `with_report(report)` cost O(1)."""
 
-    __slots__ = ("_buf", "_at", "_n")
+    __slots__ = ("buf", "at", "n")  # shared between the sequences of one buffer
 
     def __init__(self, reports: Iterable[RankReport] = ()) -> None:
-        self._buf: list[RankReport] = list(reports)
-        self._at: dict[int, int] = {}  # rank -> its first position in _buf
-        for i, r in enumerate(self._buf):
-            self._at.setdefault(r.rank, i)
-        self._n = len(self._buf)
+        self.buf: list[RankReport] = list(reports)
+        self.at: dict[int, int] = {}  # rank -> its first position in buf
+        for i, r in enumerate(self.buf):
+            self.at.setdefault(r.rank, i)
+        self.n = len(self.buf)
 
     @classmethod
-    def _view(cls, buf: list[RankReport], at: dict[int, int], n: int) -> Reports:
+    def of_buffer(cls, buf: list[RankReport], at: dict[int, int], n: int) -> Reports:
         out = cls.__new__(cls)
-        out._buf, out._at, out._n = buf, at, n
+        out.buf, out.at, out.n = buf, at, n
         return out
 
     def has(self, rank: int) -> bool:
-        return self._at.get(rank, self._n) < self._n
+        return self.at.get(rank, self.n) < self.n
 
     def with_report(self, report: RankReport) -> Reports:
         """These reports and `report` after them (the caller checked `has` first)."""
-        if len(self._buf) == self._n:  # the newest sequence of its buffer: append in place
-            buf, at = self._buf, self._at
+        if len(self.buf) == self.n:  # the newest sequence of its buffer: append in place
+            buf, at = self.buf, self.at
         else:  # a later sequence already appended to the buffer: copy ours
-            fresh = Reports(islice(self._buf, self._n))
-            buf, at = fresh._buf, fresh._at
+            fresh = Reports(islice(self.buf, self.n))
+            buf, at = fresh.buf, fresh.at
         buf.append(report)
         at.setdefault(report.rank, len(buf) - 1)
-        return Reports._view(buf, at, len(buf))
+        return Reports.of_buffer(buf, at, len(buf))
 
     def __len__(self) -> int:
-        return self._n
+        return self.n
 
     def __iter__(self) -> Iterator[RankReport]:
-        return islice(self._buf, self._n)
+        return islice(self.buf, self.n)
 
     @overload
     def __getitem__(self, i: int) -> RankReport: ...
     @overload
     def __getitem__(self, i: slice) -> tuple[RankReport, ...]: ...
     def __getitem__(self, i: Any) -> Any:
-        return tuple(self)[i] if isinstance(i, slice) else self._buf[range(self._n)[i]]
+        return tuple(self)[i] if isinstance(i, slice) else self.buf[range(self.n)[i]]
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Reports):
-            return self._n == other._n and (self._buf is other._buf or tuple(self) == tuple(other))
+            return self.n == other.n and (self.buf is other.buf or tuple(self) == tuple(other))
         if isinstance(other, (tuple, list)):
             return tuple(self) == tuple(other)
         return NotImplemented

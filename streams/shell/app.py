@@ -193,6 +193,7 @@ def build_worker(
     linger_s: float | None = None,
     guard: CrashGuard | None = None,
     crash_marker: bytes | None = None,
+    run_limits: tuple[float, float, int] | None = None,
 ) -> StreamWorker:
     """A Faust app for this prefix. `transport` (KafkaTransport by default) is where records go.
 
@@ -200,7 +201,8 @@ def build_worker(
     changelog (the worker's durable state) and its ticks topic. A batch is at most `max_batch`
     messages and waits at most `linger_s` for more (the entry point passes AREAL_STREAMS_LINGER_MS).
     `guard` skips a message that crashed the worker (producers/runtime/poison.py); `crash_marker`
-    is its test hook (AREAL_TEST_CRASH_ON).
+    is its test hook (AREAL_TEST_CRASH_ON). `run_limits`: (run idle s, ended run idle s, max runs) of
+    the live run state (AREAL_WORKER_RUN_IDLE_S, _ENDED_RUN_IDLE_S, _MAX_RUNS; None: their defaults).
     """
     config, transport = config or StreamsConfig(), transport or KafkaTransport()
     app = _faust_app(topics.prefix, bootstrap, credentials, datadir, partitions, replication_factor,
@@ -213,7 +215,9 @@ def build_worker(
     runs = app.Table("runs", partitions=partitions, key_type=bytes, value_type=bytes, default=None,
                      extra_topic_configs=durability,
                      help="per-run state of the stream worker (areal_metrics.streams.state.state_store records)")
-    core = StreamCore(topics=topics, config=config, table=runs, clock=clock, **transport.outputs(app, runs))
+    idle, ended_idle, max_runs = run_limits or (None, None, None)
+    core = StreamCore(topics=topics, config=config, table=runs, clock=clock, run_idle_s=idle,
+                      ended_run_idle_s=ended_idle, max_runs=max_runs, **transport.outputs(app, runs))
     feed = InputFeed(app, transport.input_guard(), inputs)
     for topic in input_topics:
         app.topics.add(topic)  # subscribed (and so co-partitioned with the table), read by the feed

@@ -124,12 +124,13 @@ class StreamCore:
         self._send_all: SendManyFn = self.send_many or self._one_by_one
         self.store = StateStore(self.table, direct_changelog=self.changelog is not None)
         self._bad_partition: dict[str, int] = {}
+        # None: the settings' defaults (the entry point passes the environment's values)
         if self.run_idle_s is None:
-            self.run_idle_s = float(read_setting("worker_run_idle_s"))
+            self.run_idle_s = float(read_setting("worker_run_idle_s", {}))
         if self.ended_run_idle_s is None:
-            self.ended_run_idle_s = float(read_setting("worker_ended_run_idle_s"))
+            self.ended_run_idle_s = float(read_setting("worker_ended_run_idle_s", {}))
         if self.max_runs is None:
-            self.max_runs = int(read_setting("worker_max_runs"))
+            self.max_runs = int(read_setting("worker_max_runs", {}))
         self._seen: dict[str, float] = {}  # live run -> worker clock of its last input, oldest first
         self._ended: dict[str, float] = {}  # the ended ones among them, the same way
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_metrics.producers.contract import statistics as stats
-from areal_metrics.errors import UserError
+from areal_metrics.producers.contract.errors import UserError
 
 TEST_NAME = "exact sign test on per-prompt accuracy differences"
 SCOPE = "these models (the runs compared), not the strategies: see difference"

@@ -1,6 +1,6 @@
 """The report's drawings (matplotlib, Agg): one function per figure, data in, PNG path out.
 
-The data come from areal_metrics.report's loaders; nothing here reads a store.
+The data come from areal_metrics.analysis.report's loaders; nothing here reads a store.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def plot_evals(evals: dict[str, dict[str, list[Any]]], path: Path,
                lr_applied: dict[str, list[tuple[int, float]]] | None = None) -> Path:
     """Small multiples, one column per dataset: the full-stage accuracy; the mean response length (a row of
     its own, only when some round has one); with `details` (dataset -> run -> (step, metrics), from
-    areal_metrics.report_eval_details.load_consensus_metrics) one row per metric family: pass@K, maj@K,
+    areal_metrics.analysis.eval_details.load_consensus_metrics) one row per metric family: pass@K, maj@K,
     greedy accuracy.
 
     One line per run with its rounds' 95 % intervals as error bars; `grouped` (with `info`): one line per

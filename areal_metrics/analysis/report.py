@@ -1,6 +1,6 @@
 """The report: PNG figures drawn from ClickHouse (matplotlib, Agg backend).
 
-`write_report(out_dir, runs=None, store=None)` writes (report_figures.py draws them)
+`write_report(out_dir, runs=None, store=None)` writes (figures.py draws them)
 
 - `accuracy_response_length.png` (figure 1): small multiples, a column per evaluation
   dataset: the full-stage accuracy (cross-node consensus, else the nodes' own results)
@@ -26,7 +26,7 @@
 - `metric-<key>.png` for each `metrics=` key (`report --metric KEY`): any value a
   run logged, a typed column of the steps or a key of their `metrics`, per run.
 - `what_changed.md` (when runs evaluated): the shown prompts whose verdict flipped between
-  a run's first and last round (areal_metrics.report_eval_details).
+  a run's first and last round (areal_metrics.analysis.eval_details).
 
 `eval_details=True` (`report --eval-details`) adds rows to figure 1, one per metric family:
 pass@K, maj@K and greedy accuracy of each round's consensus (`eval_consensus.metrics`).
@@ -46,8 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from areal_metrics.errors import UserError
-from areal_metrics.report_eval_details import (
+from areal_metrics.analysis.eval_details import (
     CHANGES_FILE,
     load_consensus_metrics,
     load_errors_by_round,
@@ -55,6 +54,7 @@ from areal_metrics.report_eval_details import (
     load_runs_by_round,
     write_what_changed,
 )
+from areal_metrics.producers.contract.errors import UserError
 from areal_metrics.sinks.step_means import MEAN_COLUMNS
 
 RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # the contract's run_id rule: safe inside a SQL literal
@@ -337,7 +337,7 @@ def write_report(out_dir: Path, runs: Sequence[str] | None = None, store: Any = 
     import matplotlib
 
     matplotlib.use("Agg")
-    from areal_metrics import report_figures as draw
+    from areal_metrics.analysis import figures as draw
 
     where = _runs_filter(runs)
     if store is None:
