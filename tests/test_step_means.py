@@ -269,3 +269,21 @@ def test_no_dashboard_query_aggregates_raw_rank_rows() -> None:
             if raw_step_reads(q.sql):
                 offenders.append(f"{name}: {q.where}")
     assert not offenders, offenders
+
+
+def test_raw_step_rows_are_read_only_behind_the_range_gate() -> None:
+    """A panel may read raw step rows only where its range holds few (the efficiency board's per-rank
+    panels, behind `$rank_raw_rows`); else only the node picker reads them, without aggregating."""
+    from areal_metrics.grafana.efficiency import RAW_GATE
+
+    ungated = []
+    for name in BUILDERS:
+        for q in dashboard_queries(build(name)):
+            for match in RAW_STEPS.finditer(q.sql):
+                start = q.sql.rfind("SELECT", 0, match.start())
+                end = q.sql.find("UNION ALL", match.end())
+                if RAW_GATE not in q.sql[start:end if end >= 0 else len(q.sql)] and q.kind != "variable":
+                    ungated.append(f"{name}: {q.where}")
+    assert not ungated, ungated
+    readers = {(name, q.where) for name in BUILDERS for q in dashboard_queries(build(name)) if RAW_STEPS.search(q.sql)}
+    assert ("efficiency", "panel 'Nodes and ranks' target A") in readers  # the check sees the gated reads
