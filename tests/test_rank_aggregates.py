@@ -60,7 +60,7 @@ def assert_view_is_the_raw_rule(c: Any) -> None:
 
 def everything(sql: str, raw_rows: int, ranks: int = 1_000_000) -> str:
     """A per-rank query of the efficiency board over every run and node and all time, its bounds set."""
-    return (sql.replace("$__timeFilter(ts)", "1").replace("run_id IN (${run:singlequote})", "1")
+    return (sql.replace("$__timeFilter(ts)", "1").replace("$__timeInterval(ts)", "toStartOfSecond(ts)").replace("run_id IN (${run:singlequote})", "1")
             .replace("$__conditionalAll(node IN (${node:singlequote}), $node)", "1")
             .replace("$rank_raw_rows", str(raw_rows)).replace("$ranks", str(ranks)))
 
@@ -154,3 +154,70 @@ def test_an_older_store_is_backfilled_by_migration_11(client: Any) -> None:  # n
     assert int(client.command("SELECT sum(steps) FROM areal.v_rank_buckets")) == 400
     assert_view_is_the_raw_rule(client)
     assert_table_is_the_raw_rule(client)
+
+
+def rows_read(c: Any, sql: str) -> int:
+    """The fewest rows `max_rows_to_read` lets `sql` read (ClickHouse counts the rows of every granule
+    it reads, scalar subqueries included)."""
+    lo, hi = 0, 1 << 20
+    while lo < hi:
+        mid = (lo + hi) // 2
+        try:
+            c.query(f"{sql} SETTINGS max_rows_to_read = {max(mid, 1)}")
+            hi = mid
+        except Exception as e:  # noqa: BLE001 - only the limit's refusal
+            assert "max_rows_to_read" in str(e) or "Limit for rows" in str(e), e
+            lo = mid + 1
+    return lo
+
+
+def latency_series(c: Any, raw_rows: int, ranks: int = 1_000_000) -> dict[str, list[tuple[Any, float]]]:
+    """'Step latency per node and rank', a point per second (a step each), every run, all time."""
+    sql = everything(efficiency._per_worker("latency_ms", "step latency").build().raw_sql, raw_rows, ranks)
+    out: dict[str, list[tuple[Any, float]]] = defaultdict(list)
+    for time, worker, value in c.query(sql).result_rows:
+        out[worker].append((time, value))
+    return out
+
+
+def test_a_short_range_reads_a_point_per_step_a_long_one_the_buckets_and_never_both(client: Any) -> None:  # noqa: F811
+    rng = random.Random(5)
+    put(client, [step("a", s, r, rng) for s in range(200) for r in range(8)])
+    raw = latency_series(client, RAW)
+    assert {len(points) for points in raw.values()} == {200}  # a step a second: a point per step
+    steps = client.query("SELECT rank, toStartOfSecond(ts), latency_ms FROM areal.v_steps").result_rows
+    by_worker = {(f"a · n{rank // 4} · rank {rank}", t): v for rank, t, v in steps}
+    assert all(v == pytest.approx(by_worker[(w, t)]) for w, points in raw.items() for t, v in points)
+    buckets = latency_series(client, BUCKETS)
+    assert {len(points) for points in buckets.values()} == {4}  # steps 0-63, 64-127, 128-191, 192-199
+    # the branch not taken reads no rows: each gated query reads what its branch alone reads
+    for sql in (efficiency.WORKERS.build().raw_sql, efficiency._per_worker(None, "memory").build().raw_sql):
+        for raw_rows, other in ((RAW, "areal.v_rank_buckets"), (BUCKETS, "areal.v_steps")):
+            gated = everything(sql, raw_rows)
+            alone = gated.replace(f"FROM {other}\n    WHERE ", f"FROM {other}\n    WHERE 0 AND ")
+            assert alone != gated and rows_read(client, gated) == rows_read(client, alone)
+        assert rows_read(client, everything(sql, BUCKETS)) < 1600 // 4 < rows_read(client, everything(sql, RAW))
+
+
+def test_a_per_rank_panel_returns_at_most_ranks_series_the_farthest_from_the_run_mean_first(client: Any) -> None:  # noqa: F811
+    # run a: 12 ranks, rank r's latency 1000 + r² (-1)^r: distinct distances from the run's mean;
+    # run b: 3 ranks, distances 0, 30, 30 from its mean 110 (a tie: broken by node, then rank)
+    latency = {("a", r): 1000.0 + r * r * (-1) ** r for r in range(12)} | {("b", 0): 110.0, ("b", 1): 80.0,
+                                                                             ("b", 2): 140.0}
+    put(client, [step(run, s, r, random.Random(s), latency_ms=v, world_size=12)
+                 for (run, r), v in latency.items() for s in range(10)])
+    run_mean = {run: float(np.mean([v for (x, _), v in latency.items() if x == run])) for run in ("a", "b")}
+    distance = {k: abs(v - run_mean[k[0]]) for k, v in latency.items()}
+    assert len(set(distance.values())) == 14  # the one tie is run b's
+    order = sorted(distance, key=lambda k: (-distance[k], k[0], f"n{k[1] // 4}", k[1]))
+    for raw_rows in (RAW, BUCKETS):
+        for n in (1, 4, 30):
+            got = latency_series(client, raw_rows, ranks=n)
+            assert len(got) == min(n, 15)
+            assert set(got) == {f"{run} · n{r // 4} · rank {r}" for run, r in order[:n]}
+            assert all(v == pytest.approx(latency[(w.split(" · ")[0], int(w.rsplit(" ", 1)[1]))])
+                       for w, points in got.items() for _, v in points)
+        table = list(nodes_and_ranks(client, raw_rows))  # in the query's order: the slowest first
+        sql = everything(efficiency.WORKERS.build().raw_sql, raw_rows, ranks=3)
+        assert [tuple(r[:3]) for r in client.query(sql).result_rows] == table[:3] == [
+            ("a", "n2", 10), ("a", "n2", 8), ("a", "n1", 6)]
