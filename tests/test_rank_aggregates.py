@@ -157,18 +157,16 @@ def test_an_older_store_is_backfilled_by_migration_11(client: Any) -> None:  # n
 
 
 def rows_read(c: Any, sql: str) -> int:
-    """The fewest rows `max_rows_to_read` lets `sql` read (ClickHouse counts the rows of every granule
-    it reads, scalar subqueries included)."""
-    lo, hi = 0, 1 << 20
-    while lo < hi:
-        mid = (lo + hi) // 2
-        try:
-            c.query(f"{sql} SETTINGS max_rows_to_read = {max(mid, 1)}")
-            hi = mid
-        except Exception as e:  # noqa: BLE001 - only the limit's refusal
-            assert "max_rows_to_read" in str(e) or "Limit for rows" in str(e), e
-            lo = mid + 1
-    return lo
+    """The rows the engine read running `sql`: the growth of its SelectedRows counter (every table,
+    scalar subqueries and IN sets included), less what reading the counter adds; the second of two runs
+    (a first run of a query read a row more, now and then)."""
+    def counter() -> int:
+        return int(c.command("SELECT value FROM system.events WHERE event = 'SelectedRows'"))
+    c.query(sql)
+    probe = -counter() + counter()
+    before = counter()
+    c.query(sql)
+    return counter() - before - probe
 
 
 def latency_series(c: Any, raw_rows: int, ranks: int = 1_000_000) -> dict[str, list[tuple[Any, float]]]:
@@ -190,13 +188,22 @@ def test_a_short_range_reads_a_point_per_step_a_long_one_the_buckets_and_never_b
     assert all(v == pytest.approx(by_worker[(w, t)]) for w, points in raw.items() for t, v in points)
     buckets = latency_series(client, BUCKETS)
     assert {len(points) for points in buckets.values()} == {4}  # steps 0-63, 64-127, 128-191, 192-199
-    # the branch not taken reads no rows: each gated query reads what its branch alone reads
+    # the raw rows are read only when the gate takes them; each gated query reads what its branch alone
+    # reads. The buckets' check for steps delivered twice (v_rank_buckets' IN set over every run's
+    # aggregates) is built whichever branch runs: with both branches off, that set and the gate's scalar
+    # (a row per step of step_aggregates) are all that is read.
+    aggregates = int(client.command(f"SELECT count() FROM areal.{RANK_AGGREGATES}"))
+    aggregates += int(client.command("SELECT count() FROM areal.step_aggregates"))
     for sql in (efficiency.WORKERS.build().raw_sql, efficiency._per_worker(None, "memory").build().raw_sql):
+        off = {}
         for raw_rows, other in ((RAW, "areal.v_rank_buckets"), (BUCKETS, "areal.v_steps")):
             gated = everything(sql, raw_rows)
             alone = gated.replace(f"FROM {other}\n    WHERE ", f"FROM {other}\n    WHERE 0 AND ")
             assert alone != gated and rows_read(client, gated) == rows_read(client, alone)
-        assert rows_read(client, everything(sql, BUCKETS)) < 1600 // 4 < rows_read(client, everything(sql, RAW))
+            off[raw_rows] = alone
+        both_off = off[RAW].replace("FROM areal.v_steps\n    WHERE ", "FROM areal.v_steps\n    WHERE 0 AND ")
+        assert client.query(both_off).result_rows == [] and rows_read(client, both_off) == aggregates
+        assert rows_read(client, everything(sql, BUCKETS)) < 1600 < rows_read(client, everything(sql, RAW))
 
 
 def test_a_per_rank_panel_returns_at_most_ranks_series_the_farthest_from_the_run_mean_first(client: Any) -> None:  # noqa: F811
