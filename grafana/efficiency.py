@@ -28,8 +28,11 @@ RANKS_DEFAULT = 20
 # The step rows the range holds for the chosen runs, from the per-step aggregates (a row per step,
 # not per rank): every attempt's and every repeated row counted, so never fewer than v_steps has.
 RANGE_ROWS = f"(SELECT sum(rows) FROM {stored('step_aggregates')} WHERE $__timeFilter(ts) AND {RUN_FILTER})"
-RAW_GATE = "range_rows <= toUInt64($rank_raw_rows)"
-BUCKET_GATE = "range_rows > toUInt64($rank_raw_rows)"
+# a value that is no number (an empty text box, a typo) is the default, never an error in a panel
+RAW_ROWS = f"toUInt64OrDefault('$rank_raw_rows', toUInt64({RAW_ROWS_DEFAULT}))"
+RANKS = f"toUInt64OrDefault('$ranks', toUInt64({RANKS_DEFAULT}))"
+RAW_GATE = f"range_rows <= {RAW_ROWS}"
+BUCKET_GATE = f"range_rows > {RAW_ROWS}"
 
 
 def _rank_rows() -> str:
@@ -88,7 +91,7 @@ FROM
     )
     GROUP BY run_id, node, rank
     ORDER BY {_FARTHEST}
-    LIMIT toUInt64($ranks)
+    LIMIT {RANKS}
 )
 ARRAY JOIN points AS point
 ORDER BY time""",
@@ -132,7 +135,7 @@ SELECT
 FROM ({_rank_rows()})
 GROUP BY run_id, node, rank
 ORDER BY `mean step latency` DESC, run_id, node, rank
-LIMIT toUInt64($ranks)""",
+LIMIT {RANKS}""",
     expects=("run_id", "node", "rank", "steps", "mean tokens/s", "mean step latency", "p95 step latency",
              "max step latency", "peak memory", "last seen"),
 )

@@ -228,3 +228,10 @@ def test_a_per_rank_panel_returns_at_most_ranks_series_the_farthest_from_the_run
         sql = everything(efficiency.WORKERS.build().raw_sql, raw_rows, ranks=3)
         assert [tuple(r[:3]) for r in client.query(sql).result_rows] == table[:3] == [
             ("a", "n2", 10), ("a", "n2", 8), ("a", "n1", 6)]
+
+
+def test_a_ranks_value_that_is_no_number_is_the_default(client: Any) -> None:  # noqa: F811
+    put(client, [step("a", s, r, random.Random(s), world_size=32) for s in range(3) for r in range(32)])
+    for typed in ("", "twenty", "-1"):
+        sql = everything(efficiency.WORKERS.build().raw_sql, RAW).replace("'1000000'", f"'{typed}'")
+        assert len(client.query(sql).result_rows) == efficiency.RANKS_DEFAULT == 20
