@@ -37,8 +37,8 @@ BUCKET_GATE = f"range_rows > {RAW_ROWS}"
 
 def _rank_rows() -> str:
     """The per-rank rows of the range, in v_rank_buckets' columns plus `latency` (one step's latency):
-    from the raw rows, one per step, when the range is short; from v_rank_buckets (`latency` NULL)
-    when it is long. The gate is a constant once ClickHouse has run the scalar subquery, so the
+    from the raw rows, one per step, when the range is short; from v_rank_buckets_of the chosen runs
+    (`latency` NULL) when it is long: its check for buckets delivered twice reads those runs alone. The gate is a constant once ClickHouse has run the scalar subquery, so the
     branch not taken reads no rows (tests/test_rank_aggregates.py)."""
     raw = ["ts", "run_id", "node", "rank", "toUInt64(1) AS steps", f"{MEMORY} AS memory",
            "toFloat64(latency_ms) AS latency_max"]
@@ -52,7 +52,7 @@ def _rank_rows() -> str:
     WHERE {RAW_GATE} AND {where}
     UNION ALL
     SELECT {sep.join(buckets)}, CAST(NULL AS Nullable(Float64)) AS latency
-    FROM {view('rank_buckets')}
+    FROM {view('rank_buckets_of')}(runs = [${{run:singlequote}}])
     WHERE {BUCKET_GATE} AND {where}"""
 
 

@@ -154,9 +154,10 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
     v10: list[Statement] = [*_add_columns("runs", ("notes", "summary"), o), create_view_sql(TABLES_BY_NAME["runs"], o)]
     # v11: per-rank aggregates kept at insert time (sinks/rank_aggregates.py), 64 steps to a row, for
     # the efficiency dashboard's per-rank panels: the table, its materialized view, the steps already
-    # stored, v_rank_buckets. As in v9 a row added twice is recomputed from v_steps by the view.
+    # stored, v_rank_buckets and v_rank_buckets_of(runs). As in v9 a row added twice is recomputed
+    # from v_steps by the view.
     r11 = rank_aggregates.create_statements(o)
-    v11: list[Statement] = [*r11[:2], rank_aggregates.backfill_sql(o), r11[2]]
+    v11: list[Statement] = [*r11[:2], rank_aggregates.backfill_sql(o), *r11[2:]]
     return [
         (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
         (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
@@ -169,7 +170,7 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
         (8, "command_acks: what each trainer node did with each command; v_command_status", v8),
         (9, "per-step aggregates at insert time: step_aggregates, step_aggregates_mv, v_step_means", v9),
         (10, "runs.notes and runs.summary: W&B's init(notes=...) and run.summary; v_runs shows both", v10),
-        (11, "per-rank aggregates at insert time: rank_aggregates, rank_aggregates_mv, v_rank_buckets", v11),
+        (11, "per-rank aggregates at insert time: rank_aggregates, rank_aggregates_mv, v_rank_buckets, v_rank_buckets_of", v11),
     ]
 
 

@@ -13,7 +13,9 @@ Objects (created by migration 11, rebuilt by `replay`):
   shows the mean and the maximum step latency, both exact from the sums;
 - `rank_aggregates_mv`: the materialized view that adds every block inserted into `steps`;
 - `v_rank_buckets`: one row per (run_id, node, rank, bucket) of exactly the rows `v_steps`
-  shows (a later attempt's step replaces an earlier one's).
+  shows (a later attempt's step replaces an earlier one's);
+- `v_rank_buckets_of(runs = [...])`: the same for the given runs alone, every read (the check
+  for buckets delivered twice among them) narrowed to those runs: what the dashboards read.
 
 Exactly once, as `step_aggregates` (sinks/step_means.py): the sink's retried block carries its
 deduplication token and is dropped here too; a row that still arrives twice (in another block)
@@ -30,6 +32,9 @@ from areal_metrics.sinks.schema import PARTITION_BY, TABLES_BY_NAME, SchemaOptio
 RANK_AGGREGATES = "rank_aggregates"
 RANK_AGGREGATES_MV = "rank_aggregates_mv"
 RANK_BUCKETS_VIEW = "v_rank_buckets"
+# the same rows for the runs given as its parameter (`v_rank_buckets_of(runs = ['a', 'b'])`): the run
+# filter reaches the check for buckets delivered twice too, which a query on v_rank_buckets cannot give it
+RANK_BUCKETS_OF_VIEW = "v_rank_buckets_of"
 BUCKET_STEPS = 64  # steps per bucket: one bit each in `step_bits`
 # accelerator memory; on a CPU-only host the trainer reports the process RSS in metrics['mem_bytes']
 MEMORY = "ifNull(toFloat64(s.gpu_mem_bytes), s.metrics['mem_bytes'])"
@@ -91,9 +96,11 @@ def backfill_sql(o: SchemaOptions) -> str:
 _EXACT = "min(a.node) = max(a.node) AND sum(a.rows) = bitCount(groupBitOr(a.step_bits))"
 
 
-def view_sql(o: SchemaOptions) -> str:
-    """The exact buckets from the sums, UNION ALL the others from the deduplicated raw rows."""
+def view_sql(o: SchemaOptions, of_runs: bool = False) -> str:
+    """The exact buckets from the sums, UNION ALL the others from the deduplicated raw rows; `of_runs`:
+    v_rank_buckets_of, every read filtered by its parameter `runs`."""
     db, steps_view = o.database, TABLES_BY_NAME["steps"].view
+    runs = ("WHERE a.run_id IN {runs:Array(String)}\n", "s.run_id IN {runs:Array(String)} AND ") if of_runs else ("", "")
     from_sums = ["a.run_id AS run_id", "any(a.node) AS node", "a.rank AS rank", "a.bucket AS bucket",
                  "max(a.ts) AS ts", "min(a.first_ts) AS first_ts", "sum(a.rows) AS steps",
                  "max(a.memory) AS memory", "max(a.latency_max) AS latency_max"]
@@ -106,25 +113,26 @@ def view_sql(o: SchemaOptions) -> str:
     query = f"""SELECT
     {sep.join(from_sums)}
 FROM {db}.{RANK_AGGREGATES} AS a
-GROUP BY a.run_id, a.rank, a.bucket
+{runs[0]}GROUP BY a.run_id, a.rank, a.bucket
 HAVING {_EXACT}
 UNION ALL
 SELECT
     {sep.join(from_raw)}
 FROM {db}.{steps_view} AS s
-WHERE (s.run_id, s.step, s.rank) IN (
+WHERE {runs[1]}(s.run_id, s.step, s.rank) IN (
     SELECT a.run_id, arrayJoin(range(a.bucket * {BUCKET_STEPS}, (a.bucket + 1) * {BUCKET_STEPS})), a.rank
     FROM {db}.{RANK_AGGREGATES} AS a
-    GROUP BY a.run_id, a.rank, a.bucket
+    {runs[0]}    GROUP BY a.run_id, a.rank, a.bucket
     HAVING NOT ({_EXACT})
 )
 GROUP BY s.run_id, s.node, s.rank, bucket"""
-    return f"CREATE OR REPLACE VIEW {db}.{RANK_BUCKETS_VIEW}{o.on_cluster} AS {query}"
+    name = RANK_BUCKETS_OF_VIEW if of_runs else RANK_BUCKETS_VIEW
+    return f"CREATE OR REPLACE VIEW {db}.{name}{o.on_cluster} AS {query}"
 
 
 def create_statements(o: SchemaOptions) -> list[str]:
-    """The table, its materialized view, the view (in that order: the view reads the table)."""
-    return [table_sql(o), mv_sql(o), view_sql(o)]
+    """The table, its materialized view, the views (in that order: the views read the table)."""
+    return [table_sql(o), mv_sql(o), view_sql(o), view_sql(o, of_runs=True)]
 
 
 def drop_statements(o: SchemaOptions) -> list[str]:

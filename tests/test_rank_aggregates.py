@@ -45,6 +45,11 @@ def view_buckets(c: Any) -> dict[Key, tuple[Any, ...]]:
     rows = c.query("SELECT run_id, node, rank, bucket, steps, ts, memory, latency_max, latency_ms_n, latency_ms_sum, throughput_n, "
                    "throughput_sum, tokens_n, tokens_sum FROM areal.v_rank_buckets").result_rows
     assert len(rows) == len({tuple(r[:4]) for r in rows})  # one row per run, node, rank and bucket
+    runs = [r for (r,) in c.query("SELECT DISTINCT run_id FROM areal.steps").result_rows]
+    of_runs = c.query("SELECT run_id, node, rank, bucket, steps, ts, memory, latency_max, latency_ms_n, "
+                      "latency_ms_sum, throughput_n, throughput_sum, tokens_n, tokens_sum FROM "
+                      f"areal.v_rank_buckets_of(runs = {runs!r})").result_rows
+    assert sorted(of_runs) == sorted(rows)  # the same rows, given every run
     return {tuple(r[:4]): tuple(r[4:]) for r in rows}  # type: ignore[misc]
 
 
@@ -62,7 +67,8 @@ def everything(sql: str, raw_rows: int, ranks: int = 1_000_000) -> str:
     """A per-rank query of the efficiency board over every run and node and all time, its bounds set."""
     return (sql.replace("$__timeFilter(ts)", "1").replace("$__timeInterval(ts)", "toStartOfSecond(ts)").replace("run_id IN (${run:singlequote})", "1")
             .replace("$__conditionalAll(node IN (${node:singlequote}), $node)", "1")
-            .replace("$rank_raw_rows", str(raw_rows)).replace("$ranks", str(ranks)))
+            .replace("$rank_raw_rows", str(raw_rows)).replace("$ranks", str(ranks))
+            .replace("${run:singlequote}", "'a', 'b', 'c', 'old'"))  # every run of these tests
 
 
 RAW, BUCKETS = 10**12, 0  # $rank_raw_rows that takes the raw rows, the aggregates, whatever the range
@@ -147,6 +153,7 @@ def test_an_older_store_is_backfilled_by_migration_11(client: Any) -> None:  # n
     for stmt in drop_statements(SchemaOptions()):  # a store of schema 10: no per-rank aggregates
         client.command(stmt)
     client.command("DROP VIEW areal.v_rank_buckets")
+    client.command("DROP VIEW areal.v_rank_buckets_of")
     client.command(f"ALTER TABLE areal.{MIGRATIONS_TABLE} DELETE WHERE version >= 11 SETTINGS mutations_sync = 1")
     put(client, events[:250])
     assert apply_schema(client) == SCHEMA_VERSION == 11
@@ -189,14 +196,15 @@ def test_a_short_range_reads_a_point_per_step_a_long_one_the_buckets_and_never_b
     buckets = latency_series(client, BUCKETS)
     assert {len(points) for points in buckets.values()} == {4}  # steps 0-63, 64-127, 128-191, 192-199
     # the raw rows are read only when the gate takes them; each gated query reads what its branch alone
-    # reads. The buckets' check for steps delivered twice (v_rank_buckets' IN set over every run's
-    # aggregates) is built whichever branch runs: with both branches off, that set and the gate's scalar
-    # (a row per step of step_aggregates) are all that is read.
+    # reads. The buckets' check for steps delivered twice (v_rank_buckets_of's IN set over the chosen
+    # runs' aggregates) is built whichever branch runs: with both branches off, that set and the gate's
+    # scalar (a row per step of step_aggregates) are all that is read.
     aggregates = int(client.command(f"SELECT count() FROM areal.{RANK_AGGREGATES}"))
     aggregates += int(client.command("SELECT count() FROM areal.step_aggregates"))
     for sql in (efficiency.WORKERS.build().raw_sql, efficiency._per_worker(None, "memory").build().raw_sql):
         off = {}
-        for raw_rows, other in ((RAW, "areal.v_rank_buckets"), (BUCKETS, "areal.v_steps")):
+        for raw_rows, other in ((RAW, "areal.v_rank_buckets_of(runs = ['a', 'b', 'c', 'old'])"),
+                                (BUCKETS, "areal.v_steps")):
             gated = everything(sql, raw_rows)
             alone = gated.replace(f"FROM {other}\n    WHERE ", f"FROM {other}\n    WHERE 0 AND ")
             assert alone != gated and rows_read(client, gated) == rows_read(client, alone)
@@ -235,3 +243,23 @@ def test_a_ranks_value_that_is_no_number_is_the_default(client: Any) -> None:  #
     for typed in ("", "twenty", "-1"):
         sql = everything(efficiency.WORKERS.build().raw_sql, RAW).replace("'1000000'", f"'{typed}'")
         assert len(client.query(sql).result_rows) == efficiency.RANKS_DEFAULT == 20
+
+
+def test_the_buckets_of_one_run_read_that_runs_aggregates_alone(client: Any) -> None:  # noqa: F811
+    """v_rank_buckets_of(runs) narrows its check for buckets delivered twice to the runs it is given
+    (an IN set over every run's aggregates in v_rank_buckets): a panel on one run of three reads none
+    of the other runs' aggregates, with a bucket of the run delivered twice (its raw rows read again)."""
+    rng = random.Random(11)
+    for run in ("a", "b", "c"):
+        put(client, [step(run, s, r, rng) for s in range(1000) for r in range(8)])
+    put(client, [step("a", 5, r, rng) for r in range(8)])  # run a's step 5 delivered twice
+    one = everything(efficiency.WORKERS.build().raw_sql, BUCKETS).replace("'a', 'b', 'c', 'old'", "'a'")
+    assert {r[0] for r in client.query(one).result_rows} == {"a"}
+    run_a = int(client.command(f"SELECT count() FROM areal.{RANK_AGGREGATES} WHERE run_id = 'a'"))
+    every = int(client.command(f"SELECT count() FROM areal.{RANK_AGGREGATES}"))
+    assert every > 2 * run_a  # (run a has a bucket's rows once more)
+    one = one.replace("1) AS range_rows", "run_id = 'a') AS range_rows")
+    narrowed = rows_read(client, one)
+    every_runs_check = rows_read(client, one.replace("v_rank_buckets_of(runs = ['a'])", "v_rank_buckets"))
+    # v_rank_buckets reads the other runs' aggregates at least once more (measured: twice, 512 rows here)
+    assert every_runs_check - narrowed >= every - run_a > 0, (every_runs_check, narrowed)
