@@ -105,6 +105,23 @@ def rows_read(store: DirectStore, sql: str) -> int:
         return -1
 
 
+_SELECTED = "SELECT value FROM system.events WHERE event = 'SelectedRows'"
+
+
+def rows_selected(store: DirectStore, sql: str) -> int:
+    """The rows the engine read running `sql` once: the growth of its SelectedRows counter, less what
+    reading the counter adds. Unlike the estimate it sees a branch that a scalar made constant false
+    read nothing (the efficiency board's per-rank panels, grafana/efficiency.py)."""
+    def counter() -> int:
+        rows = store.query(_SELECTED).rows
+        return int(rows[0][0]) if rows else 0
+    base = counter()
+    probe = counter() - base  # the rows one read of the counter adds
+    before = counter()
+    store.client.raw_query(sql, fmt="Native")
+    return counter() - before - probe
+
+
 def _cpu_ms() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return (usage.ru_utime + usage.ru_stime) * 1000
@@ -146,6 +163,7 @@ def measure(store: DirectStore, scenario: Scenario, repetitions: int, now: datet
                 else:
                     python_ms, rows = float("nan"), int(store.command(f"SELECT count() FROM ({sql})"))
                 queries[sql] = {"query": where, "kind": q.kind, "rows": rows, "rows_read": rows_read(store, sql),
+                                "rows_selected": rows_selected(store, sql),
                                 "python_rows_ms": python_ms, "also": [], "ms": [], "cpu": []}
     for _ in range(repetitions):
         for sql, entry in queries.items():

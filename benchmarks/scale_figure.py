@@ -19,7 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def is_per_rank(query: str) -> bool:
-    """Efficiency's panels drawn per node and rank (and its rank table) read raw rows; the rest read v_step_means."""
+    """Efficiency's panels drawn per node and rank (and its rank table): raw rows before migration 11, v_rank_buckets
+    since; the rest read v_step_means."""
     return query.startswith("efficiency") and "per run" not in query
 
 
@@ -31,7 +32,7 @@ def draw(figures: dict, out: Path) -> None:
     ax.plot(rows, [p["panel_ms_p95_max_24h"] for p in panels], "o-", label="wall p95, slowest: newest run, 24 h")
     ax.plot(rows, [p["panel_ms_p95_max_7d_all_runs"] for p in panels], "s-", label="wall p95, slowest: all runs, 7 days")
     for per_rank, marker, label in ((False, "^:", "per-step panels (v_step_means)"),
-                                    (True, "v:", "per-rank panels (raw rows)")):
+                                    (True, "v:", "per-rank panels")):
         cpu = [max(e["cpu_ms_p50"] for e in p["scenarios"]["every run, last 7 days"]
                    if e["kind"] == "panel" and is_per_rank(e["query"]) == per_rank) for p in panels]
         ax.plot(rows, cpu, marker, label=f"CPU p50, 7 days: {label}")

@@ -115,6 +115,10 @@ def resolve_variables(model: dashboard.Dashboard, runner: QueryRunner, ctx: Quer
     """
     variables: dict[str, Variable] = dict(ctx.variables)
     for var in (model.templating.list_val or []) if model.templating else []:
+        if var.type_val in ("textbox", "constant"):  # a value typed in, or fixed in the dashboard
+            current = var.current.value if var.current is not None and var.current.value is not None else var.query
+            variables[var.name] = Variable(var.name, str(current))
+            continue
         if not (isinstance(var.query, dict) and "rawSql" in var.query):
             continue
         sql = expand(str(var.query["rawSql"]), replace(ctx, variables=variables))

@@ -25,6 +25,7 @@ from areal_metrics.sinks.schema import (
     drop_table_sql,
     plans_sql,
 )
+from areal_metrics.sinks import rank_aggregates
 from areal_metrics.sinks.step_means import backfill_sql
 from areal_metrics.sinks.step_means import create_statements as step_means_statements
 from areal_metrics.sinks.step_means import drop_statements as step_means_drops
@@ -151,6 +152,12 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
     # v10: W&B's run notes (init(notes=...)) and run.summary (canonical JSON text), on runs and in v_runs.
     # Rows stored before have NULL in both; the run events on the topic hold them (`replay` fills them in).
     v10: list[Statement] = [*_add_columns("runs", ("notes", "summary"), o), create_view_sql(TABLES_BY_NAME["runs"], o)]
+    # v11: per-rank aggregates kept at insert time (sinks/rank_aggregates.py), 64 steps to a row, for
+    # the efficiency dashboard's per-rank panels: the table, its materialized view, the steps already
+    # stored, v_rank_buckets and v_rank_buckets_of(runs). As in v9 a row added twice is recomputed
+    # from v_steps by the view.
+    r11 = rank_aggregates.create_statements(o)
+    v11: list[Statement] = [*r11[:2], rank_aggregates.backfill_sql(o), *r11[2:]]
     return [
         (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
         (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
@@ -163,6 +170,7 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
         (8, "command_acks: what each trainer node did with each command; v_command_status", v8),
         (9, "per-step aggregates at insert time: step_aggregates, step_aggregates_mv, v_step_means", v9),
         (10, "runs.notes and runs.summary: W&B's init(notes=...) and run.summary; v_runs shows both", v10),
+        (11, "per-rank aggregates at insert time: rank_aggregates, rank_aggregates_mv, v_rank_buckets, v_rank_buckets_of", v11),
     ]
 
 
@@ -242,7 +250,7 @@ def _ttl_sql(o: SchemaOptions) -> str:
 def drop_tables(client: CommandClient, options: SchemaOptions = SchemaOptions(), names: Sequence[str] | None = None) -> None:
     """Drop the tables (for `replay`); the views are recreated by `recreate_tables`."""
     if names is None or "steps" in names:  # the per-step aggregates are made from the steps
-        for stmt in step_means_drops(options):
+        for stmt in [*step_means_drops(options), *rank_aggregates.drop_statements(options)]:
             client.command(stmt)
     for t in TABLES:
         if names is None or t.name in names:
@@ -255,5 +263,5 @@ def recreate_tables(client: CommandClient, options: SchemaOptions = SchemaOption
         client.command(create_table_sql(t, options))
     for t in TABLES:
         client.command(create_view_sql(t, options))
-    for stmt in step_means_statements(options):  # before any row: the materialized view sees every insert
+    for stmt in [*step_means_statements(options), *rank_aggregates.create_statements(options)]:  # before any row: the materialized view sees every insert
         client.command(stmt)

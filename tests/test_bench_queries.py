@@ -58,3 +58,4 @@ def test_measure_reports_every_distinct_query_with_percentiles(store: DirectStor
     assert len(entries) > 40 and len({e["query"] for e in entries}) == len(entries)
     assert all(e["p50_ms"] <= e["p95_ms"] <= e["max_ms"] and e["rows_read"] > 0 and e["cpu_ms_p50"] >= 0 for e in entries
                if e["kind"] == "panel")
+    assert all(e["rows_selected"] > 0 for e in entries if e["kind"] == "panel")  # the engine's own count

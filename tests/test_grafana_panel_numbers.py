@@ -16,7 +16,10 @@ intervals before); and on the trainers branch (issue 41: the fixture's trainers 
 its epoch 16.0, as today's StepEvent writes it); and on the scale branch (per-step curves read
 v_step_means: the rank mean weighted by n_samples, one time per step (its newest rank's), over all
 nodes; the reward-by-step and the explorer's trends downsampled to one point per time bucket (the
-explorer's last value a step's rank mean); latency per run as the ranks' mean and slowest rank).
+explorer's last value a step's rank mean); latency per run as the ranks' mean and slowest rank); and on the
+rankpanels branch (the efficiency board's 'Nodes and ranks' table adds the mean and the maximum step
+latency; on the demo run, a short range, every per-rank panel reads the raw rows again: the series and the
+p95 are main's numbers to the digit).
 This test runs the same queries of the current code on
 the current schema and compares column names and every value (floats to 12
 significant digits: a sum may be added up in another order; rows as a

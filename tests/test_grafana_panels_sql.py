@@ -145,7 +145,9 @@ def test_every_dashboard_has_queries_on_all_the_variables() -> None:
         model = build(name)
         names = [v.name for v in model.templating.list_val]
         # each board's own variables: the explorer's metric keys, the evaluation board's generations filters
-        own = {"explorer": ["metric"], "evaluation": ["gen_step", "verdict", "error_type"]}.get(name, [])
+        # and the efficiency board's per-rank bounds (a text box and a constant: no query)
+        own = {"explorer": ["metric"], "evaluation": ["gen_step", "verdict", "error_type"],
+               "efficiency": ["ranks", "rank_raw_rows"]}.get(name, [])
         assert names == ["group", "tag", "run", "node", "dataset", *own], name
         assert model.refresh == "5s"
 

@@ -221,8 +221,9 @@ RAW_STEPS = re.compile(r"\bFROM\s+\S*\b(v_steps|steps)\b(\s+FINAL)?", re.IGNOREC
 
 
 def raw_step_reads(sql: str) -> list[str]:
-    """The SELECTs of `sql` (a panel's query) that read raw step rows and aggregate them over ranks:
-    an aggregate function or GROUP BY, over raw steps, whose groups do not keep the rank apart."""
+    """The SELECTs of `sql` (a panel's query) that read raw step rows and aggregate them: an aggregate
+    function or GROUP BY over raw steps, over ranks or per rank (a per-rank line or table reads the
+    per-rank aggregates, v_rank_buckets: the raw rows per rank grow with every step in the range too)."""
     found = []
     for match in RAW_STEPS.finditer(sql):
         # the SELECT this FROM belongs to: back to its SELECT, on to the end of its level
@@ -235,30 +236,54 @@ def raw_step_reads(sql: str) -> list[str]:
                 break
         select = sql[start:end]
         group = re.search(r"GROUP BY (.*?)(ORDER BY|LIMIT|$)", select, re.S)
-        per_rank = group is not None and re.search(r"\brank\b", group.group(1))
-        aggregates = group is not None or re.search(r"\b(avg|sum|quantile\w*|median|count)\(", select)
-        if aggregates and not per_rank:
+        aggregates = group is not None or re.search(r"\b(avg|sum|max|min|quantile\w*|median|count)\(", select)
+        if aggregates:
             found.append(select)
     return found
 
 
 def test_the_scan_finds_a_panel_that_averages_raw_rank_rows() -> None:
-    """The check itself: the queries the dashboards had before v_step_means are caught."""
+    """The check itself: the queries the dashboards had before v_step_means, and the per-rank ones they
+    had before v_rank_buckets (migration 11), are caught."""
     before = ("SELECT $__timeInterval(ts) AS time, run_id, avg(entropy) AS entropy\nFROM areal.v_steps\n"
               "WHERE $__timeFilter(ts)\nGROUP BY time, run_id\nORDER BY time")
     assert raw_step_reads(before)
     assert raw_step_reads("SELECT step, run_id, avg(reward) AS reward FROM areal.steps FINAL GROUP BY step, run_id")
     per_rank = ("SELECT $__timeInterval(ts) AS time, run_id, node, rank, avg(throughput) AS t FROM areal.v_steps "
                 "GROUP BY time, run_id, node, rank")
-    assert not raw_step_reads(per_rank)
+    assert raw_step_reads(per_rank)
+    table = ("SELECT run_id, node, rank, count() AS steps, quantile(0.95)(latency_ms) AS p95 FROM areal.v_steps "
+             "WHERE $__timeFilter(ts) GROUP BY run_id, node, rank ORDER BY run_id, node, rank")
+    assert raw_step_reads(table)
+    assert not raw_step_reads("SELECT DISTINCT node FROM areal.steps WHERE run_id IN ('a')")  # the node picker
+    assert not raw_step_reads(per_rank.replace("avg(throughput)", "sum(throughput_sum) / sum(throughput_n)")
+                              .replace("v_steps", "v_rank_buckets"))
     assert not raw_step_reads("SELECT avg(step) AS step, avg(reward) FROM areal.v_step_means GROUP BY run_id")
 
 
 def test_no_dashboard_query_aggregates_raw_rank_rows() -> None:
-    """Panels, variables and annotations: a query over raw steps keeps the ranks apart (a line per rank)."""
+    """Panels, variables and annotations: none aggregates raw step rows, over ranks or per rank."""
     offenders = []
     for name in BUILDERS:
         for q in dashboard_queries(build(name)):
             if raw_step_reads(q.sql):
                 offenders.append(f"{name}: {q.where}")
     assert not offenders, offenders
+
+
+def test_raw_step_rows_are_read_only_behind_the_range_gate() -> None:
+    """A panel may read raw step rows only where its range holds few (the efficiency board's per-rank
+    panels, behind `$rank_raw_rows`); else only the node picker reads them, without aggregating."""
+    from areal_metrics.grafana.efficiency import RAW_GATE
+
+    ungated = []
+    for name in BUILDERS:
+        for q in dashboard_queries(build(name)):
+            for match in RAW_STEPS.finditer(q.sql):
+                start = q.sql.rfind("SELECT", 0, match.start())
+                end = q.sql.find("UNION ALL", match.end())
+                if RAW_GATE not in q.sql[start:end if end >= 0 else len(q.sql)] and q.kind != "variable":
+                    ungated.append(f"{name}: {q.where}")
+    assert not ungated, ungated
+    readers = {(name, q.where) for name in BUILDERS for q in dashboard_queries(build(name)) if RAW_STEPS.search(q.sql)}
+    assert ("efficiency", "panel 'Nodes and ranks' target A") in readers  # the check sees the gated reads

@@ -1,0 +1,141 @@
+"""Per-rank aggregates kept at insert time, and `v_rank_buckets`: each rank's steps in buckets of 64.
+
+The efficiency dashboard draws one line per node and rank (throughput, step latency, memory,
+tokens per step) and a table with one line per rank. Read from the raw rows their cost grows
+with every row in the time range; here each rank's steps are summed as rows arrive, 64 steps to
+a row (`BUCKET_STEPS`), so a panel reads 1/64 of the rows (measured in docs/PERFORMANCE.md).
+
+Objects (created by migration 11, rebuilt by `replay`):
+- `rank_aggregates`: an AggregatingMergeTree keyed by (run_id, rank, bucket, attempt, node),
+  `bucket = intDiv(step, 64)`, whose columns are counts, sums, the maximum memory and step
+  latency, and the set of steps seen (one UInt64, a bit per step). No quantile state: one holds
+  every value (measured: merging them cost more than reading the raw rows), so the rank table
+  shows the mean and the maximum step latency, both exact from the sums;
+- `rank_aggregates_mv`: the materialized view that adds every block inserted into `steps`;
+- `v_rank_buckets`: one row per (run_id, node, rank, bucket) of exactly the rows `v_steps`
+  shows (a later attempt's step replaces an earlier one's);
+- `v_rank_buckets_of(runs = [...])`: the same for the given runs alone, every read (the check
+  for buckets delivered twice among them) narrowed to those runs: what the dashboards read.
+
+Exactly once, as `step_aggregates` (sinks/step_means.py): the sink's retried block carries its
+deduplication token and is dropped here too; a row that still arrives twice (in another block)
+makes its bucket's `rows` exceed the number of distinct steps in `step_bits`. A bucket is taken
+from the sums when its rows are on one node and each of its steps came once (a step that a
+resumed attempt replaced came twice); any other bucket is computed again
+from the deduplicated raw rows, read through the primary key for those 64 steps alone.
+"""
+
+from __future__ import annotations
+
+from areal_metrics.sinks.schema import PARTITION_BY, TABLES_BY_NAME, SchemaOptions
+
+RANK_AGGREGATES = "rank_aggregates"
+RANK_AGGREGATES_MV = "rank_aggregates_mv"
+RANK_BUCKETS_VIEW = "v_rank_buckets"
+# the same rows for the runs given as its parameter (`v_rank_buckets_of(runs = ['a', 'b'])`): the run
+# filter reaches the check for buckets delivered twice too, which a query on v_rank_buckets cannot give it
+RANK_BUCKETS_OF_VIEW = "v_rank_buckets_of"
+BUCKET_STEPS = 64  # steps per bucket: one bit each in `step_bits`
+# accelerator memory; on a CPU-only host the trainer reports the process RSS in metrics['mem_bytes']
+MEMORY = "ifNull(toFloat64(s.gpu_mem_bytes), s.metrics['mem_bytes'])"
+# the columns averaged in the panels: a count and a sum each
+SUMMED = ("throughput", "latency_ms", "tokens")
+
+
+def _block_columns() -> list[tuple[str, str, str]]:
+    """(state column, its type, the expression over one block of raw rows `s`)."""
+    cols = [
+        ("rows", "SimpleAggregateFunction(sum, UInt64)", "count()"),
+        ("step_bits", "SimpleAggregateFunction(groupBitOr, UInt64)",
+         f"groupBitOr(bitShiftLeft(toUInt64(1), toUInt64(s.step % {BUCKET_STEPS})))"),
+        ("ts", "SimpleAggregateFunction(max, DateTime64(3, 'UTC'))", "max(s.ts)"),
+        ("first_ts", "SimpleAggregateFunction(min, DateTime64(3, 'UTC'))", "min(s.ts)"),
+        ("memory", "SimpleAggregateFunction(max, Nullable(Float64))", f"max({MEMORY})"),
+        ("latency_max", "SimpleAggregateFunction(max, Nullable(Float64))", "max(toFloat64(s.latency_ms))"),
+    ]
+    for c in SUMMED:
+        cols += [(f"{c}_n", "SimpleAggregateFunction(sum, UInt64)", f"count(s.{c})"),
+                 (f"{c}_sum", "SimpleAggregateFunction(sum, Float64)", f"sum(ifNull(toFloat64(s.{c}), 0))")]
+    return cols
+
+
+def table_sql(o: SchemaOptions) -> str:
+    cols = ",\n    ".join(["run_id LowCardinality(String)", "node LowCardinality(String)", "rank UInt32",
+                           "attempt UInt32", "bucket UInt64"] + [f"`{n}` {t}" for n, t, _ in _block_columns()])
+    return (
+        f"CREATE TABLE IF NOT EXISTS {o.database}.{RANK_AGGREGATES}{o.on_cluster} (\n    {cols}\n)\n"
+        f"ENGINE = {o.engine(RANK_AGGREGATES, kind='AggregatingMergeTree')}\n"
+        f"PARTITION BY {PARTITION_BY}\n"
+        f"ORDER BY (run_id, rank, bucket, attempt, node)\n"
+        f"SETTINGS {o.dedup_settings()}"  # a retried block's token drops it here too (see sinks/writer.py)
+    )
+
+
+def _select_from_steps(o: SchemaOptions) -> str:
+    select = ",\n    ".join(["s.run_id AS run_id", "s.node AS node", "s.rank AS rank", "s.attempt AS attempt",
+                              f"intDiv(s.step, {BUCKET_STEPS}) AS bucket"]
+                             + [f"{e} AS `{n}`" for n, _, e in _block_columns()])
+    return (f"SELECT\n    {select}\nFROM {o.database}.steps AS s\n"
+            f"GROUP BY s.run_id, s.node, s.rank, s.attempt, bucket")
+
+
+def mv_sql(o: SchemaOptions) -> str:
+    return (f"CREATE MATERIALIZED VIEW IF NOT EXISTS {o.database}.{RANK_AGGREGATES_MV}{o.on_cluster} "
+            f"TO {o.database}.{RANK_AGGREGATES} AS\n{_select_from_steps(o)}")
+
+
+def backfill_sql(o: SchemaOptions) -> str:
+    """Fill the aggregates from the steps already stored (a store made before migration 11)."""
+    return f"INSERT INTO {o.database}.{RANK_AGGREGATES} {_select_from_steps(o)}"
+
+
+# a bucket the sums give exactly: one node, each step once. `v_steps` keeps one row per (run, step, rank),
+# the latest attempt's, so a bucket whose steps each came once holds exactly its rows, whatever the
+# attempts; a step a later attempt replaced came twice. (Plain sums: -ArgMax by attempt cost 35 ms
+# against 28 for the grouping of a 2M-row store's aggregates.)
+_EXACT = "min(a.node) = max(a.node) AND sum(a.rows) = bitCount(groupBitOr(a.step_bits))"
+
+
+def view_sql(o: SchemaOptions, of_runs: bool = False) -> str:
+    """The exact buckets from the sums, UNION ALL the others from the deduplicated raw rows; `of_runs`:
+    v_rank_buckets_of, every read filtered by its parameter `runs`."""
+    db, steps_view = o.database, TABLES_BY_NAME["steps"].view
+    runs = ("WHERE a.run_id IN {runs:Array(String)}\n", "s.run_id IN {runs:Array(String)} AND ") if of_runs else ("", "")
+    from_sums = ["a.run_id AS run_id", "any(a.node) AS node", "a.rank AS rank", "a.bucket AS bucket",
+                 "max(a.ts) AS ts", "min(a.first_ts) AS first_ts", "sum(a.rows) AS steps",
+                 "max(a.memory) AS memory", "max(a.latency_max) AS latency_max"]
+    from_sums += [f"sum(a.`{c}_{k}`) AS `{c}_{k}`" for c in SUMMED for k in ("n", "sum")]
+    from_raw = ["s.run_id AS run_id", "s.node AS node", "s.rank AS rank", f"intDiv(s.step, {BUCKET_STEPS}) AS bucket",
+                "max(s.ts) AS ts", "min(s.ts) AS first_ts", "count() AS steps", f"max({MEMORY}) AS memory",
+                "max(toFloat64(s.latency_ms)) AS latency_max"]
+    from_raw += [e for c in SUMMED for e in (f"count(s.{c}) AS `{c}_n`", f"sum(ifNull(toFloat64(s.{c}), 0)) AS `{c}_sum`")]
+    sep = ",\n    "
+    query = f"""SELECT
+    {sep.join(from_sums)}
+FROM {db}.{RANK_AGGREGATES} AS a
+{runs[0]}GROUP BY a.run_id, a.rank, a.bucket
+HAVING {_EXACT}
+UNION ALL
+SELECT
+    {sep.join(from_raw)}
+FROM {db}.{steps_view} AS s
+WHERE {runs[1]}(s.run_id, s.step, s.rank) IN (
+    SELECT a.run_id, arrayJoin(range(a.bucket * {BUCKET_STEPS}, (a.bucket + 1) * {BUCKET_STEPS})), a.rank
+    FROM {db}.{RANK_AGGREGATES} AS a
+    {runs[0]}    GROUP BY a.run_id, a.rank, a.bucket
+    HAVING NOT ({_EXACT})
+)
+GROUP BY s.run_id, s.node, s.rank, bucket"""
+    name = RANK_BUCKETS_OF_VIEW if of_runs else RANK_BUCKETS_VIEW
+    return f"CREATE OR REPLACE VIEW {db}.{name}{o.on_cluster} AS {query}"
+
+
+def create_statements(o: SchemaOptions) -> list[str]:
+    """The table, its materialized view, the views (in that order: the views read the table)."""
+    return [table_sql(o), mv_sql(o), view_sql(o), view_sql(o, of_runs=True)]
+
+
+def drop_statements(o: SchemaOptions) -> list[str]:
+    """For `replay`: the materialized view first (it writes into the table), then the table."""
+    return [f"DROP VIEW IF EXISTS {o.database}.{RANK_AGGREGATES_MV}{o.on_cluster} SYNC",
+            f"DROP TABLE IF EXISTS {o.database}.{RANK_AGGREGATES}{o.on_cluster} SYNC"]
