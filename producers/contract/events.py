@@ -136,7 +136,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag_field="type
         if not _FIELD_NAMES[cls].issuperset(fields):
             unknown = sorted(set(fields) - _FIELD_NAMES[cls])
             raise TypeError(f"Unexpected keyword argument {unknown[0]!r}")
-        if not _REQUIRED[cls].issubset(fields):
+        if not fields.keys() >= _REQUIRED[cls]:
             missing = next(name for name in cls.__struct_fields__ if name in _REQUIRED[cls] and name not in fields)
             raise TypeError(f"Missing required argument {missing!r}")
         return _convert(fields, cls)  # type: ignore[return-value]
