@@ -281,6 +281,35 @@ def test_build_gives_numbers_their_fields_type_and_fills_the_defaults() -> None:
         RewardSmoothedEvent.build(run_id="r", step=1, reward=1.0, window=0, sliding_avg=0.0, ema=0.5, slope=0.0)
 
 
+
+def test_msgspec_makes_every_record_and_every_way_checks_it_alike() -> None:
+    """One construction path: calling a record class is its `build` (msgspec converts the fields),
+    a changed copy is built again, and msgspec called directly (decode, convert) runs the checks
+    its types cannot say (storage-safe text, the rules across fields) in `__post_init__`."""
+    import pickle
+
+    import msgspec
+
+    made = StepEvent(run_id="r", node="n", step=1, epoch=0, non_finite=["kl"], world_size=2)  # type: ignore[arg-type]
+    assert (type(made.epoch), made.non_finite) == (float, ("kl",))  # as msgspec converts them, as a reader holds them
+    assert made == StepEvent.build(**msgspec.structs.asdict(made)) == pickle.loads(pickle.dumps(made))
+    raw = made.to_json()
+    nul, rule = raw.replace(b'"node":"n"', b'"node":"n\\u0000"'), raw.replace(b'"rank":0', b'"rank":2')
+    for bad, message in ((nul, r"steps\.node: holds a NUL character"), (rule, r"steps\.rank: 2 is not below world_size 2")):
+        with pytest.raises(ValidationError, match=message):
+            parse_event(bad)
+        with pytest.raises(ValidationError, match=message):
+            StepEvent(**{k: v for k, v in json.loads(bad).items() if k != "type"})
+        with pytest.raises(msgspec.ValidationError, match=message):
+            msgspec.json.decode(bad, type=StepEvent)
+        with pytest.raises(msgspec.ValidationError, match=message):
+            msgspec.convert(json.loads(bad), StepEvent)
+    with pytest.raises(ValidationError, match=r"steps\.step: must be >= 0"):
+        made.__replace__(step=-1)  # copy.replace's hook (Python 3.13), as `replace`
+    with pytest.raises(TypeError, match=r"StepEvent\(\) takes keyword arguments only"):
+        StepEvent("r", 1, 0)  # type: ignore[misc]
+
+
 _SAMPLE_RECORDS = (
     StepEvent(run_id="r", step=3, epoch=0.5, reward=0.25, world_size=2, metrics={"m": 1.5}, non_finite=("kl",),
               throughput=10.0, n_samples=4, attempt=1),

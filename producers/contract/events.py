@@ -2,9 +2,13 @@
 
 Each record is a frozen msgspec Struct whose field types carry their rules (types, ranges,
 lengths, choices), so the contract in docs/CONTRACT.md reads straight off this file.
-msgspec checks them in C when a reader decodes bytes (`parse_event`) and when code builds a
-record, so an invalid event cannot exist in memory. The error names the field and the rule,
-e.g. ``steps.reward: not finite``.
+msgspec makes every record, one way or the other: it decodes a reader's bytes (`parse_event`)
+or converts fields (`event_from_dict`, `build`, `replace`, and `StepEvent(...)` itself: the
+records' metaclass makes calling a class its `build`). Either way it checks the types in C,
+then calls `__post_init__`, which checks what types cannot say (storage-safe text, the rules
+across fields), so an invalid event cannot exist in memory. The error names the field and the
+rule, e.g. ``steps.reward: not finite``. (`msgspec.structs.replace` and `force_setattr` skip
+the types: the library changes a record with its `replace`.)
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 import json
 import operator
 import socket
-import threading
 import time
 import uuid
 from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar, get_args, overload
@@ -90,14 +93,20 @@ ACK_STATUSES: tuple[str, ...] = get_args(AckStatus)
 
 # --------------------------------------------------------------------- records
 
-# msgspec has checked a record's types and bounds when it decoded or converted it; a record
-# built in Python is converted once from its own fields to have them checked. _TEXT_SAFE: its
-# strings too (decoded from UTF-8 bytes without a \u0000 escape: no NUL, no lone surrogate).
-_checked = threading.local()
-_TYPES, _TEXT_SAFE = 1, 2
+_R = TypeVar("_R")
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag_field="type"):
+class _RecordClass(msgspec.StructMeta):
+    """The records' metaclass: calling a record class is its `build`, so that msgspec makes every
+    record (decoding bytes, converting fields) and has checked its fields before `__post_init__`."""
+
+    def __call__(cls: type[_R], *args: Any, **fields: Any) -> _R:
+        if args:
+            raise TypeError(f"{cls.__name__}() takes keyword arguments only")
+        return cls.build(**fields)  # type: ignore[attr-defined]
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag_field="type", metaclass=_RecordClass):
     """The envelope every event carries (see CONTRACT.md, 'Envelope').
 
     A record class names its type on the wire once, as msgspec's `tag`: msgspec writes it first
@@ -114,28 +123,22 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag_field="type
     schema: Int(ge=1, le=SCHEMA_VERSION) = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        checked = getattr(_checked, "on", 0)
-        if checked:  # decoded (or converted) by msgspec: types and bounds hold
-            if checked != _TEXT_SAFE:
-                cls = type(self)
-                check_texts(cls.table, _TEXT_FIELDS[cls], _TEXT_GETTERS[cls](self))
-            self._check_rules()
-            return
-        values = msgspec.structs.asdict(self)
-        if list in map(type, values.values()):  # a list given for a tuple field: kept as a tuple
-            for name, v in values.items():
-                if type(v) is list:
-                    msgspec.structs.force_setattr(self, name, tuple(v))
-        _convert(values, type(self))
+        """Run by msgspec on every record it makes, once it has checked the types and bounds."""
+        cls = type(self)
+        check_texts(cls.table, _TEXT_FIELDS[cls], _TEXT_GETTERS[cls](self))
+        self._check_rules()
 
     @classmethod
     def build(cls, **fields: Any) -> Self:
-        """The record of these fields, checked as the constructor checks them, in one conversion
-        (the constructor makes the record, then converts its fields to check them). Numbers
-        come out as their field's type (an int given for a float field is a float)."""
+        """The record of these fields, which `cls(**fields)` calls: msgspec converts them (numbers
+        come out as their field's type: an int given for a float field is a float). An unknown or
+        missing name is a TypeError, as a Python call says it; a bad value a ValidationError."""
         if not _FIELD_NAMES[cls].issuperset(fields):
             unknown = sorted(set(fields) - _FIELD_NAMES[cls])
-            raise TypeError(f"Unexpected keyword argument {unknown[0]!r}")  # as the constructor says it
+            raise TypeError(f"Unexpected keyword argument {unknown[0]!r}")
+        if not fields.keys() >= _REQUIRED[cls]:
+            missing = next(name for name in cls.__struct_fields__ if name in _REQUIRED[cls] and name not in fields)
+            raise TypeError(f"Missing required argument {missing!r}")
         return _convert(fields, cls)  # type: ignore[return-value]
 
     def _check_rules(self) -> None:
@@ -157,9 +160,11 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag_field="type
             return _encode(self.to_dict())
         return _encode(self)
 
-    def replace(self, **changes: Any) -> Event:
-        """A copy with some fields changed; the event_id is kept unless given."""
-        return msgspec.structs.replace(self, **changes)
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed, built as a new record is; the event_id is kept unless given."""
+        return self.build(**{**msgspec.structs.asdict(self), **changes})
+
+    __replace__ = replace  # copy.replace (Python 3.13): msgspec's own would not check the types
 
 
 class StepEvent(Event, frozen=True, kw_only=True, gc=False, tag="step"):
@@ -385,6 +390,7 @@ for _cls in _RECORDS:
 EVENT_TYPES: dict[str, type[Event]] = {cls.type: cls for cls in _RECORDS}
 _DECODERS = {cls: msgspec.json.Decoder(cls) for cls in EVENT_TYPES.values()}
 _FIELD_NAMES = {cls: frozenset(cls.__struct_fields__) for cls in EVENT_TYPES.values()}
+_REQUIRED = {cls: frozenset(f.name for f in msgspec.structs.fields(cls) if f.required) for cls in EVENT_TYPES.values()}
 _encode = msgspec.json.Encoder().encode
 _TEXT_FIELDS = {cls: text_fields(cls) for cls in EVENT_TYPES.values()}
 _TEXT_GETTERS = {cls: operator.attrgetter(*names) for cls, names in _TEXT_FIELDS.items()}
@@ -415,10 +421,8 @@ def _record_class(type_name: Any, schema: Any, present: tuple[bool, bool, bool],
         raise ValidationError("event.type", f"{type_name!r} does not belong here (expected {expected.type!r})")
     if is_int(schema) and schema > SCHEMA_VERSION:
         raise ValidationError(f"{cls.table}.schema", f"unsupported major {schema} (this reader knows {SCHEMA_VERSION})")
-    # Readers never invent an envelope: these must come from the writer.
-    for name, there in zip(("event_id", "ts", "run_id"), present):
-        if not there:
-            raise ValidationError(f"{cls.table}.{name}", "missing")
+    if False in present:  # Readers never invent an envelope: these must come from the writer.
+        raise ValidationError(f"{cls.table}.{('event_id', 'ts', 'run_id')[present.index(False)]}", "missing")
     return cls
 
 
@@ -442,7 +446,6 @@ def _convert(data: dict[str, Any], cls: type[Event]) -> Event:
     """msgspec.convert(data, cls), its errors in ours. A lone surrogate in a string msgspec has to
     read as something else (a number, a choice) makes it raise UnicodeEncodeError, not a
     ValidationError: the nested-JSON walk then names the string."""
-    _checked.on = _TYPES
     try:
         return msgspec.convert(data, cls)
     except msgspec.ValidationError as exc:
@@ -450,8 +453,6 @@ def _convert(data: dict[str, Any], cls: type[Event]) -> Event:
     except UnicodeEncodeError:
         check_json(cls.table, data)  # raises, naming the first string UTF-8 cannot hold
         raise ValidationError(cls.table, "holds text UTF-8 cannot encode") from None
-    finally:
-        _checked.on = 0
 
 
 def parse_event(raw: bytes | str, expected: type[Event] | None = None,
@@ -488,15 +489,12 @@ def _parse(raw: bytes | str, expected: type[Event] | None) -> Event:
     except (msgspec.ValidationError, msgspec.DecodeError):  # not an object; or NaN, a lone surrogate...
         return event_from_dict(_loads(raw), expected)
     cls = _record_class(head.type, head.schema, (bool(head.event_id), bool(head.ts), bool(head.run_id)), expected)
-    _checked.on = _TEXT_SAFE if isinstance(raw, bytes) and b"\\u0000" not in raw else _TYPES
     try:
         return _DECODERS[cls].decode(raw)
     except msgspec.ValidationError as exc:
         raise from_msgspec(cls, exc) from None
     except msgspec.DecodeError:  # what msgspec refuses and `json` may take (NaN, a lone surrogate escape)
         pass
-    finally:
-        _checked.on = 0
     return event_from_dict(_loads(raw), expected)
 
 
