@@ -35,7 +35,7 @@ $(DEMO_STAMP): pyproject.toml Makefile
 	@echo "Installing the stack and the trainer into $(VENV) (torch, Faust, the ClickHouse engine...): a few minutes the first time"
 	@$(PIP) install --quiet --upgrade pip
 	@$(PIP) install --quiet -e '.[stack,train]'
-	@$(PY) -c 'from areal_metrics.stack.kafka_broker import ensure_jars; print("kafka jars:", ensure_jars())'
+	@$(PY) -c 'from areal_metrics.stack.kafka_broker import ensure_jars; from areal_metrics.stack.settings import StackSettings; print("kafka jars:", ensure_jars(StackSettings.from_env()))'
 	@$(PY) tools/rooms_tree.py >/dev/null  # the rooms as links, for pyright and editors (docs/ARCHITECTURE.md)
 	@touch $(DEMO_STAMP)
 

@@ -53,6 +53,23 @@ def test_make_test_adds_the_rest_on_top(tmp_path: Path) -> None:
     assert any("--no-deps" in line and "verl==" in line for line in lines)
 
 
+def test_the_install_steps_python_lines_run_against_the_code(tmp_path: Path) -> None:
+    """Each `python -c '...'` of `make demo`'s install runs here with the installed package: a
+    signature changed under the Makefile (ensure_jars() took a `stack` argument) broke the
+    install of a fresh clone while every test passed. The jars are the fixtures' (no download)."""
+    from areal_metrics.stack.kafka_broker import ensure_jars
+    from areal_metrics.stack.settings import StackSettings
+
+    jars = ensure_jars(StackSettings.from_env())  # what the fixtures use; fetched already
+    lines = [line for line in make_dry_run("demo", tmp_path) if " -c '" in line]
+    assert lines, "no python -c line in the install"
+    for line in lines:
+        code = line.split(" -c '", 1)[1].rsplit("'", 1)[0]
+        env = {**os.environ, "AREAL_KAFKA_JARS": str(jars)}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0, (code, out.stderr[-2000:])
+
+
 @pytest.mark.timeout(300)
 def test_building_the_package_prints_no_setuptools_warning(tmp_path: Path) -> None:
     src = tmp_path / "src"
