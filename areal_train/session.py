@@ -110,6 +110,8 @@ class Session:
              comm: Collective, clock: Callable[[], float], resume: bool, warmstarts: Path,
              home: Path | None = None) -> Session:
         """`warmstarts`: the warm starts' cache folder; `home`: the state folder (both from the entry point)."""
+        if resume or cfg.checkpoint_every_steps or cfg.checkpoint_every_seconds:
+            checkpoint_root(cfg, home)  # no folder for the checkpoints: said now, not at the first checkpoint
         policy = _initial_policy(cfg, comm, rank, resume, warmstarts).to(device)
         now = clock()
         exclude = eval_prompts({name: EVAL_EXCLUDE_SIZE for name in DATASETS})

@@ -7,6 +7,7 @@ this module) keep these tests to about a minute on two busy cores.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,6 @@ from areal_metrics.areal_train.evalsets import layout
 from areal_metrics.areal_train.evaluation import evaluate_shard
 from areal_metrics.areal_train.metrics import choose_device
 from areal_metrics.areal_train.session import build_eval_sets
-from areal_metrics.areal_train.settings import TrainerSettings
 from areal_metrics.areal_train.trainer import train
 from areal_metrics.areal_train.warmstart import load, spec_for
 from areal_metrics.areal_train.reporting import RecordedRun
@@ -27,12 +27,10 @@ SMALL = dict(d_model=64, layers=2, heads=2, warmstart_steps=0, eval_size=16, qui
              publish=False, checkpoint_every_steps=None)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory: pytest.TempPathFactory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("AREAL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    yield
-    mp.undo()
+@pytest.fixture(scope="module")
+def warmstarts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The warm starts' cache of these tests: train() takes it (the entry point reads AREAL_CACHE_DIR)."""
+    return tmp_path_factory.mktemp("warmstarts")
 
 
 def steps_of(events: list) -> list[StepEvent]:
@@ -96,17 +94,16 @@ def test_every_step_reports_the_metrics_and_cpu_memory(tmp_path) -> None:
     assert torch.get_num_threads() == 1
 
 
-def test_the_first_evaluation_sees_the_warm_start(tmp_path) -> None:
+def test_the_first_evaluation_sees_the_warm_start(tmp_path, warmstarts: Path) -> None:
     capture = ClientCapture(tmp_path / "journals")
     cfg = TrainConfig(**{**SMALL, "warmstart_steps": 20}, seed=5, eval_every_steps=None, eval_every_epochs=1, train_size=64, batch_prompts=16,
                       two_stage=False, eval_at_end=False, lr=0.01, checkpoint_dir=str(tmp_path))
-    summary = train(cfg, "start", steps=8, open_run=capture.open_run)
+    summary = train(cfg, "start", steps=8, open_run=capture.open_run, warmstarts=warmstarts)
     events = capture.events()
     assert summary.eval_steps == [0, 4, 8]  # before training, then after each epoch of 64 / 16 = 4 steps
     device = choose_device()
     evalset = build_eval_sets(cfg)["math_id"]
     shard = layout(len(evalset.problems), evalset.k, 1, 2, 0)
-    warmstarts = TrainerSettings().warmstart_dir()  # train()'s default folder, as no entry point passed one
     expected = evaluate_shard(load(spec_for(cfg), device, cache=warmstarts).eval(), evalset, shard, device).verdicts
     full = {e.step: e for e in events if isinstance(e, EvalEvent) and e.dataset == "math_id"}
     assert full[0].verdicts == expected and full[0].dataset_fingerprint == evalset.fingerprint()
@@ -227,3 +224,11 @@ def test_rl_updates_only_the_parameters_its_config_names_and_a_pattern_naming_no
     assert len(rl_parameters(policy, ".")) == len(list(policy.parameters()))  # "." trains every weight
     with pytest.raises(ConfigError, match="rl_parameters: 'nothing_here' names no parameter"):
         rl_parameters(policy, "nothing_here")
+
+
+def test_no_folder_for_the_checkpoints_is_said_before_training_not_at_the_first_checkpoint(tmp_path) -> None:
+    cfg = TrainConfig(**{**SMALL, "checkpoint_every_steps": 50})  # no checkpoint_dir, and no home given
+    capture = ClientCapture(tmp_path / "journals")
+    with pytest.raises(ValueError, match="checkpoint_dir: the config names no folder"):
+        train(cfg, "nowhere", steps=60, open_run=capture.open_run)
+    assert capture.events() == []  # nothing ran: no run event, no step
