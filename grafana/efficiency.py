@@ -8,14 +8,12 @@ from grafana_foundation_sdk.models import dashboard
 
 from areal_metrics.grafana.clickhouse import SQL, Format, stored, view
 from areal_metrics.grafana.panels import NODE_FILTER, RUN_FILTER, base, table, timeseries
+from areal_metrics.producers.contract.rank_rules import SUMMED, memory_sql
 
 UID = "areal-efficiency"
 TS = Format.TIME_SERIES
 WORKER = "concat(run_id, ' · ', node, ' · rank ', toString(rank))"
-# accelerator memory; on a CPU-only host the trainer reports the process RSS in metrics['mem_bytes']
-# (the same rule as sinks/rank_aggregates.py's MEMORY, which the per-rank aggregates keep)
-MEMORY = "ifNull(toFloat64(gpu_mem_bytes), metrics['mem_bytes'])"
-SUMMED = ("throughput", "latency_ms", "tokens")  # the columns v_rank_buckets keeps as a count and a sum
+MEMORY = memory_sql()  # the rule the per-rank aggregates keep (producers/contract/rank_rules.py)
 
 # Two bounds, each a dashboard variable (docs/GRAFANA.md 'Efficiency'):
 # - `rank_raw_rows` (constant, hidden): the per-rank panels read one row per step (the raw rows) when
@@ -29,8 +27,8 @@ RANKS_DEFAULT = 20
 # not per rank): every attempt's and every repeated row counted, so never fewer than v_steps has.
 RANGE_ROWS = f"(SELECT sum(rows) FROM {stored('step_aggregates')} WHERE $__timeFilter(ts) AND {RUN_FILTER})"
 # a value that is no number (an empty text box, a typo) is the default, never an error in a panel
-RAW_ROWS = f"toUInt64OrDefault('$rank_raw_rows', toUInt64({RAW_ROWS_DEFAULT}))"
-RANKS = f"toUInt64OrDefault('$ranks', toUInt64({RANKS_DEFAULT}))"
+RAW_ROWS = f"toUInt64OrDefault(${{rank_raw_rows:sqlstring}}, toUInt64({RAW_ROWS_DEFAULT}))"
+RANKS = f"toUInt64OrDefault(${{ranks:sqlstring}}, toUInt64({RANKS_DEFAULT}))"
 RAW_GATE = f"range_rows <= {RAW_ROWS}"
 BUCKET_GATE = f"range_rows > {RAW_ROWS}"
 

@@ -27,6 +27,7 @@ from the deduplicated raw rows, read through the primary key for those 64 steps 
 
 from __future__ import annotations
 
+from areal_metrics.producers.contract.rank_rules import BUCKET_STEPS, SUMMED, memory_sql
 from areal_metrics.sinks.schema import PARTITION_BY, TABLES_BY_NAME, SchemaOptions
 
 RANK_AGGREGATES = "rank_aggregates"
@@ -35,11 +36,7 @@ RANK_BUCKETS_VIEW = "v_rank_buckets"
 # the same rows for the runs given as its parameter (`v_rank_buckets_of(runs = ['a', 'b'])`): the run
 # filter reaches the check for buckets delivered twice too, which a query on v_rank_buckets cannot give it
 RANK_BUCKETS_OF_VIEW = "v_rank_buckets_of"
-BUCKET_STEPS = 64  # steps per bucket: one bit each in `step_bits`
-# accelerator memory; on a CPU-only host the trainer reports the process RSS in metrics['mem_bytes']
-MEMORY = "ifNull(toFloat64(s.gpu_mem_bytes), s.metrics['mem_bytes'])"
-# the columns averaged in the panels: a count and a sum each
-SUMMED = ("throughput", "latency_ms", "tokens")
+MEMORY = memory_sql("s")  # of one raw row `s` (the rule the board's raw-row queries share)
 
 
 def _block_columns() -> list[tuple[str, str, str]]:

@@ -63,11 +63,16 @@ def assert_view_is_the_raw_rule(c: Any) -> None:
             assert n == len(b[name]) and s == pytest.approx(sum(b[name]), rel=1e-12), (key, name)
 
 
-def everything(sql: str, raw_rows: int, ranks: int = 1_000_000) -> str:
+def sqlstring(value: object) -> str:
+    """A text box's value as Grafana's `${name:sqlstring}` writes it."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def everything(sql: str, raw_rows: int, ranks: int | str = 1_000_000) -> str:
     """A per-rank query of the efficiency board over every run and node and all time, its bounds set."""
     return (sql.replace("$__timeFilter(ts)", "1").replace("$__timeInterval(ts)", "toStartOfSecond(ts)").replace("run_id IN (${run:singlequote})", "1")
             .replace("$__conditionalAll(node IN (${node:singlequote}), $node)", "1")
-            .replace("$rank_raw_rows", str(raw_rows)).replace("$ranks", str(ranks))
+            .replace("${rank_raw_rows:sqlstring}", sqlstring(raw_rows)).replace("${ranks:sqlstring}", sqlstring(ranks))
             .replace("${run:singlequote}", "'a', 'b', 'c', 'old'"))  # every run of these tests
 
 
@@ -240,8 +245,8 @@ def test_a_per_rank_panel_returns_at_most_ranks_series_the_farthest_from_the_run
 
 def test_a_ranks_value_that_is_no_number_is_the_default(client: Any) -> None:  # noqa: F811
     put(client, [step("a", s, r, random.Random(s), world_size=32) for s in range(3) for r in range(32)])
-    for typed in ("", "twenty", "-1"):
-        sql = everything(efficiency.WORKERS.build().raw_sql, RAW).replace("'1000000'", f"'{typed}'")
+    for typed in ("", "twenty", "-1", "20'; SELECT 1 --", "'"):  # a quote too: sqlstring, never broken SQL
+        sql = everything(efficiency.WORKERS.build().raw_sql, RAW, ranks=typed)
         assert len(client.query(sql).result_rows) == efficiency.RANKS_DEFAULT == 20
 
 
