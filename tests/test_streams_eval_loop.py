@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.producers.contract.field_rules import text_problem
 from areal_metrics.streams.state import codec
 from areal_metrics.producers.contract.events import EvalEvent, RunEvent, parse_event
@@ -388,3 +389,26 @@ def test_undecided_samples_never_make_a_cut() -> None:
     assert alerts == [] and commands == []
     _, alerts, commands = on_consensus(EvalLoopState(), cons(40, 0.0, n=128), cfg)
     assert [c.command for c in commands] == ["scale_lr"]
+
+
+def test_eval_loop_settings_that_break_a_rule_across_knobs_are_refused_whole_at_the_run_event(monkeypatch) -> None:
+    """Each key is checked alone; the run's config applies them at every later event, so a set that
+    a rule across knobs refuses (none of today's rules names an eval_loop knob: this one is made up,
+    a floor above the factor) is refused at the run event, named, and never raises later."""
+    real = RunConfig.cross_check
+
+    def floor_below_factor(self: RunConfig) -> None:
+        real(self)
+        if self.lr_min_factor > self.lr_factor:
+            raise ConfigError("lr_min_factor: must be <= lr_factor")
+
+    monkeypatch.setattr(RunConfig, "cross_check", floor_below_factor)
+    ev = RunEvent(run_id="run-l", node="n0", status="running", world_size=1, ts=1.0, event_id="r",
+                  config={"eval_loop": {"threshold": 0.5, "factor": 0.2, "min_factor": 0.5}})
+    state, out = on_run(RunState("run-l"), ev, 0.0, RunConfig())
+    [alert] = [o.event for o in out]
+    assert alert.kind == "invalid_config" and "lr_min_factor: must be <= lr_factor" in alert.message
+    assert dict(state.loop_overrides) == {}  # the worker's settings apply
+    result = EvalEvent(run_id="run-l", node="n0", eval_id="r60", step=60, dataset="math500", stage="full",
+                       accuracy=0.1, verdicts=(1,) + (0,) * 127, replicas=1, ts=5.0, event_id="r60")
+    on_eval(state, result, 1.0, RunConfig())  # does not raise

@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 from msgspec.structs import replace
 
+from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.producers.contract.events import (
     AlertEvent,
     CommandAckEvent,
@@ -429,6 +430,12 @@ def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[R
         overrides = changes.get("loop_overrides", state.loop_overrides)
         if horizon is not None and not _explicit_horizon(ev.config) and overrides.get("lr_horizon_rounds") != horizon:
             changes["loop_overrides"] = {**overrides, "lr_horizon_rounds": horizon}
+        if changes.get("loop_overrides"):  # each key was checked alone; the rules across knobs hold too
+            try:                           # (loop_config applies them at every event: it must not raise)
+                cfg.with_overrides(changes["loop_overrides"])
+            except ConfigError as exc:
+                changes["loop_overrides"] = {}
+                alerts = [*alerts, invalid_loop_alert(f"run.config.eval_loop: {exc}"[:300])]
     outputs = [Output(alert_event(state.run_id, a, ev.ts, lifecycle.attempt)) for a in alerts]
     return replace(state, lifecycle=lifecycle, trigger=trigger, **changes), outputs
 
