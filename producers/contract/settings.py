@@ -1,11 +1,11 @@
 """Settings from the environment (CONTRACT.md, 'Settings' and 'Adoption'): every AREAL_*
 variable the project reads is a field of a settings class, declared with its variable, default,
 range and readers, and parsed here, by one parser. `Settings` holds those several processes read
-(the broker, the topics, the store, security, limits, the client's); a setting one process alone
-reads lives beside that process in a `SettingGroup` (the stream worker's in
-streams/shell/settings.py, the sink's in sinks/settings.py, the stack's in
+(the broker, the topics, the store, security, limits); a setting one process alone reads lives
+beside that process in a `SettingGroup` (the client's in producers/client/settings.py, the stream
+worker's in streams/shell/settings.py, the sink's in sinks/settings.py, the stack's in
 areal_metrics/stack/settings.py, Grafana's in grafana/settings.py, the trainer's in
-areal_train/settings.py). docs/SETTINGS.md is generated from the declarations of them all
+areal_train/settings.py, the benchmarks' in benchmarks/settings.py). docs/SETTINGS.md is generated from the declarations of them all
 (`python -m areal_metrics.all_settings`), and tests/test_settings.py holds it to them.
 
 What the environment leaves unset of the broker, the topic prefix and the store comes from the
