@@ -28,7 +28,7 @@ from the deduplicated raw rows, read through the primary key for those 64 steps 
 from __future__ import annotations
 
 from areal_metrics.producers.contract.rank_rules import BUCKET_STEPS, SUMMED, memory_sql
-from areal_metrics.sinks.schema import PARTITION_BY, TABLES_BY_NAME, SchemaOptions
+from areal_metrics.sinks.schema import TABLES_BY_NAME, SchemaOptions
 
 RANK_AGGREGATES = "rank_aggregates"
 RANK_AGGREGATES_MV = "rank_aggregates_mv"
@@ -57,15 +57,9 @@ def _block_columns() -> list[tuple[str, str, str]]:
 
 
 def table_sql(o: SchemaOptions) -> str:
-    cols = ",\n    ".join(["run_id LowCardinality(String)", "node LowCardinality(String)", "rank UInt32",
-                           "attempt UInt32", "bucket UInt64"] + [f"`{n}` {t}" for n, t, _ in _block_columns()])
-    return (
-        f"CREATE TABLE IF NOT EXISTS {o.database}.{RANK_AGGREGATES}{o.on_cluster} (\n    {cols}\n)\n"
-        f"ENGINE = {o.engine(RANK_AGGREGATES, kind='AggregatingMergeTree')}\n"
-        f"PARTITION BY {PARTITION_BY}\n"
-        f"ORDER BY (run_id, rank, bucket, attempt, node)\n"
-        f"SETTINGS {o.dedup_settings()}"  # a retried block's token drops it here too (see sinks/writer.py)
-    )
+    return o.aggregating_table(RANK_AGGREGATES, ["run_id LowCardinality(String)", "node LowCardinality(String)",
+                                                 "rank UInt32", "attempt UInt32", "bucket UInt64"]
+                               + [f"`{n}` {t}" for n, t, _ in _block_columns()], "run_id, rank, bucket, attempt, node")
 
 
 def _select_from_steps(o: SchemaOptions) -> str:
@@ -77,8 +71,7 @@ def _select_from_steps(o: SchemaOptions) -> str:
 
 
 def mv_sql(o: SchemaOptions) -> str:
-    return (f"CREATE MATERIALIZED VIEW IF NOT EXISTS {o.database}.{RANK_AGGREGATES_MV}{o.on_cluster} "
-            f"TO {o.database}.{RANK_AGGREGATES} AS\n{_select_from_steps(o)}")
+    return o.materialized_view(RANK_AGGREGATES_MV, RANK_AGGREGATES, _select_from_steps(o))
 
 
 def backfill_sql(o: SchemaOptions) -> str:
@@ -133,6 +126,4 @@ def create_statements(o: SchemaOptions) -> list[str]:
 
 
 def drop_statements(o: SchemaOptions) -> list[str]:
-    """For `replay`: the materialized view first (it writes into the table), then the table."""
-    return [f"DROP VIEW IF EXISTS {o.database}.{RANK_AGGREGATES_MV}{o.on_cluster} SYNC",
-            f"DROP TABLE IF EXISTS {o.database}.{RANK_AGGREGATES}{o.on_cluster} SYNC"]
+    return o.drop_view_and_table(RANK_AGGREGATES_MV, RANK_AGGREGATES)

@@ -309,6 +309,27 @@ class SchemaOptions:
             return f"replicated_deduplication_window = {DEDUP_WINDOW}"
         return f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
 
+    # An aggregate kept at insert time (sinks/step_means.py, sinks/rank_aggregates.py): its table, the
+    # materialized view over `steps` that fills it, and the two dropped for `replay`, view first.
+    def aggregating_table(self, table: str, columns: list[str], order_by: str) -> str:
+        cols = ",\n    ".join(columns)
+        return (
+            f"CREATE TABLE IF NOT EXISTS {self.database}.{table}{self.on_cluster} (\n    {cols}\n)\n"
+            f"ENGINE = {self.engine(table, kind='AggregatingMergeTree')}\n"
+            f"PARTITION BY {PARTITION_BY}\n"
+            f"ORDER BY ({order_by})\n"
+            f"SETTINGS {self.dedup_settings()}"  # a retried block's token drops it here too (see sinks/writer.py)
+        )
+
+    def materialized_view(self, view: str, table: str, select: str) -> str:
+        return (f"CREATE MATERIALIZED VIEW IF NOT EXISTS {self.database}.{view}{self.on_cluster} "
+                f"TO {self.database}.{table} AS\n{select}")
+
+    def drop_view_and_table(self, view: str, table: str) -> list[str]:
+        """For `replay`: the materialized view first (it writes into the table), then the table."""
+        return [f"DROP VIEW IF EXISTS {self.database}.{view}{self.on_cluster} SYNC",
+                f"DROP TABLE IF EXISTS {self.database}.{table}{self.on_cluster} SYNC"]
+
 
 # Grafana's time filter (`$__timeFilter(ts)`) skips granules by this min/max index;
 # `ts` is not in the sorting key because a re-emitted derived event may carry a new one.

@@ -36,7 +36,7 @@ per (run_id, step), the highest attempt that has the step.
 from __future__ import annotations
 
 from areal_metrics.producers.contract.events import TYPED_STEP_COLUMNS
-from areal_metrics.sinks.schema import PARTITION_BY, TABLES_BY_NAME, SchemaOptions
+from areal_metrics.sinks.schema import TABLES_BY_NAME, SchemaOptions
 
 AGGREGATES = "step_aggregates"
 AGGREGATES_MV = "step_aggregates_mv"
@@ -90,25 +90,18 @@ def _state_columns() -> list[tuple[str, str, str]]:
 
 
 def aggregates_table_sql(o: SchemaOptions) -> str:
-    cols = ",\n    ".join(["run_id LowCardinality(String)", "attempt UInt32", "step UInt64"]
-                          + [f"`{name}` {typ}" for name, typ, _ in _state_columns()])
-    return (
-        f"CREATE TABLE IF NOT EXISTS {o.database}.{AGGREGATES}{o.on_cluster} (\n    {cols}\n)\n"
-        f"ENGINE = {o.engine(AGGREGATES, kind='AggregatingMergeTree')}\n"
-        f"PARTITION BY {PARTITION_BY}\n"
-        f"ORDER BY (run_id, attempt, step)\n"
-        f"SETTINGS {o.dedup_settings()}"  # a retried block's token drops it here too (see sinks/writer.py)
-    )
+    return o.aggregating_table(AGGREGATES, ["run_id LowCardinality(String)", "attempt UInt32", "step UInt64"]
+                               + [f"`{name}` {typ}" for name, typ, _ in _state_columns()], "run_id, attempt, step")
+
+
+def _select_from_steps(o: SchemaOptions) -> str:
+    select = ",\n    ".join(["s.run_id AS run_id", "s.attempt AS attempt", "s.step AS step"]
+                              + [f"{expr} AS `{name}`" for name, _, expr in _state_columns()])
+    return f"SELECT\n    {select}\nFROM {o.database}.steps AS s\nGROUP BY s.run_id, s.attempt, s.step"
 
 
 def aggregates_mv_sql(o: SchemaOptions) -> str:
-    select = ",\n    ".join(["s.run_id AS run_id", "s.attempt AS attempt", "s.step AS step"]
-                              + [f"{expr} AS `{name}`" for name, _, expr in _state_columns()])
-    return (
-        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {o.database}.{AGGREGATES_MV}{o.on_cluster} "
-        f"TO {o.database}.{AGGREGATES} AS\nSELECT\n    {select}\nFROM {o.database}.steps AS s\n"
-        f"GROUP BY s.run_id, s.attempt, s.step"
-    )
+    return o.materialized_view(AGGREGATES_MV, AGGREGATES, _select_from_steps(o))
 
 
 def _mean(c: str, n: str, s: str, unweighted: str, w: str, wsum: str) -> str:
@@ -203,13 +196,9 @@ def create_statements(o: SchemaOptions) -> list[str]:
 
 
 def drop_statements(o: SchemaOptions) -> list[str]:
-    """For `replay`: the materialized view first (it writes into the table), then the table."""
-    return [f"DROP VIEW IF EXISTS {o.database}.{AGGREGATES_MV}{o.on_cluster} SYNC",
-            f"DROP TABLE IF EXISTS {o.database}.{AGGREGATES}{o.on_cluster} SYNC"]
+    return o.drop_view_and_table(AGGREGATES_MV, AGGREGATES)
 
 
 def backfill_sql(o: SchemaOptions) -> str:
     """Fill the aggregates from the steps already stored (a store made before migration 9)."""
-    select = aggregates_mv_sql(o).split(" AS\nSELECT", 1)[1]
-    select = "SELECT" + select
-    return f"INSERT INTO {o.database}.{AGGREGATES} {select}"
+    return f"INSERT INTO {o.database}.{AGGREGATES} {_select_from_steps(o)}"
