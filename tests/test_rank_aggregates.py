@@ -18,7 +18,7 @@ from areal_metrics.producers.contract.events import StepEvent
 from areal_metrics.sinks.migrations import apply_schema
 from areal_metrics.sinks.rank_aggregates import BUCKET_STEPS, RANK_AGGREGATES, drop_statements
 from areal_metrics.sinks.schema import MIGRATIONS_TABLE, SCHEMA_VERSION, SchemaOptions
-from tests.test_step_means import TS, client, put  # noqa: F401  (the fixture)
+from tests.test_step_means import TS, client, put, put_with_retries  # noqa: F401  (the fixture)
 
 Key = tuple[str, str, int, int]  # run_id, node, rank, bucket
 
@@ -117,11 +117,7 @@ def test_every_way_a_row_arrives_twice_counts_once(client: Any) -> None:  # noqa
     rng = random.Random(7)
     events = [step(run, s, r, rng) for run in ("a", "b") for s in range(150) for r in range(8)]
     rng.shuffle(events)
-    blocks = [events[i:i + 211] for i in range(0, len(events), 211)]
-    for i, block in enumerate(blocks):
-        put(client, block, token=f"batch-{i}")
-    for i, block in enumerate(blocks[:3]):  # a sink retrying its planned batches: the same tokens
-        put(client, block, token=f"batch-{i}")
+    put_with_retries(client, events, size=211, retried=3)
     assert int(client.command(f"SELECT sum(rows) FROM areal.{RANK_AGGREGATES}")) == len(events)  # dropped here too
     assert_view_is_the_raw_rule(client)
     assert_table_is_the_raw_rule(client)

@@ -64,6 +64,14 @@ def put(client: Any, events: list[StepEvent], token: str | None = None) -> None:
     insert_rows(client, "areal", rows, token or f"t{rows[0].offset}")
 
 
+def put_with_retries(client: Any, events: list[StepEvent], size: int, retried: int) -> None:
+    """`events` in insert blocks of `size`, then the first `retried` blocks again with the same tokens:
+    a sink retrying its planned batches."""
+    blocks = [events[i:i + size] for i in range(0, len(events), size)]
+    for i, block in enumerate([*blocks, *blocks[:retried]]):
+        put(client, block, token=f"batch-{i % len(blocks)}")
+
+
 def worker_mean(client: Any, column: str) -> dict[tuple[str, int, int], float | None]:
     """(run, attempt, step) -> the worker's rule over the deduplicated raw rows of the step's latest attempt."""
     raw = client.query(f"SELECT run_id, attempt, step, rank, toFloat64({column}), n_samples FROM areal.v_steps").result_rows
@@ -158,11 +166,7 @@ def test_every_way_a_row_arrives_twice_counts_once(client: Any) -> None:
                     tokens=rng.randrange(1000), latency_ms=rng.uniform(10, 100),
                     metrics={f"k{j}": rng.uniform(-1, 1) for j in range(rng.randrange(3))}))
     rng.shuffle(events)
-    blocks = [events[i:i + 97] for i in range(0, len(events), 97)]
-    for i, block in enumerate(blocks):
-        put(client, block, token=f"batch-{i}")
-    for i, block in enumerate(blocks[:5]):  # a sink retrying its planned batches: the same tokens
-        put(client, block, token=f"batch-{i}")
+    put_with_retries(client, events, size=97, retried=5)
     assert int(client.command(f"SELECT sum(rows) FROM areal.{AGGREGATES}")) == len(events)  # dropped in both tables
     assert_view_is_the_raw_rule(client)
 
