@@ -1,11 +1,11 @@
-"""What the per-step aggregates cost the sink: CPU per step row inserted, with and without the
-materialized view that fills `step_aggregates`.
+"""What the insert-time aggregates cost the sink: CPU per step row inserted with neither, either or
+both of the materialized views that fill `step_aggregates` and `rank_aggregates`.
 
-    python -m benchmarks.bench_aggregates_cost [--rows 100000] [--repeats 3] [--json FILE]
+    python -m benchmarks.bench_aggregates_cost [--rows 100000] [--repeats 3] [--block 5000] [--json FILE]
 
 Each measurement in a fresh process and a fresh embedded store: the sink's own insert path
-(`sinks.writer.insert_rows`, blocks of 5,000 rows with their tokens: building the columns in
-Python and the engine's insert, the materialized view included when present), 4 runs of 8 ranks,
+(`sinks.writer.insert_rows`, blocks of `--block` rows with their tokens: building the columns in
+Python and the engine's insert, the materialized views included when present), 4 runs of 8 ranks,
 12 typed columns and 2 metrics per row. Reported: the median of `--repeats` runs of each, CPU
 (user + system of the process) per row.
 """
@@ -27,13 +27,16 @@ from areal_metrics.sinks.migrations import apply_schema
 from areal_metrics.sinks.query import Target, open_client
 from areal_metrics.sinks.rows import Located
 from areal_metrics.sinks.schema import SchemaOptions
-from areal_metrics.sinks.step_means import drop_statements
+from areal_metrics.sinks import rank_aggregates, step_means
 from areal_metrics.sinks.writer import insert_rows
-path, with_view, n = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+path, views, n, block = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 c = open_client(Target.parse(f"chdb://{path}"), readonly=False, use_database=False)
 apply_schema(c)
-if not with_view:
-    c.command(drop_statements(SchemaOptions())[0])  # the materialized view only: inserts no longer reach the table
+# the materialized views only: inserts no longer reach their tables
+if views in ("none", "ranks"):
+    c.command(step_means.drop_statements(SchemaOptions())[0])
+if views in ("none", "steps"):
+    c.command(rank_aggregates.drop_statements(SchemaOptions())[0])
 ev = [StepEvent(run_id=f"r{i % 4}", step=i // 32, rank=i % 8, world_size=8, epoch=0, reward=0.5, kl=0.01, entropy=1.0,
                 loss=0.3, lr=1e-6, grad_norm=1.0, tokens=1000, throughput=1e3, latency_ms=10.0, n_samples=16,
                 metrics={"a": 1.0, "b": 2.0}, ts=1.8e9 + i) for i in range(n)]
@@ -42,37 +45,42 @@ def cpu():
     u = resource.getrusage(resource.RUSAGE_SELF)
     return u.ru_utime + u.ru_stime
 start = cpu()
-for i in range(0, n, 5000):
-    insert_rows(c, "areal", rows[i:i + 5000], f"t{i}")
+for i in range(0, n, block):
+    insert_rows(c, "areal", rows[i:i + block], f"t{i}")
 print(json.dumps((cpu() - start) / n * 1e6))
 '''
 
 
-def once(with_view: bool, rows: int) -> float:
+VIEWS = ("none", "steps", "ranks", "both")  # which materialized views stay: neither, either, both
+
+
+def once(views: str, rows: int, block: int) -> float:
     with tempfile.TemporaryDirectory(prefix="areal-bench-agg-") as d:
-        out = subprocess.run([sys.executable, "-c", CHILD, str(Path(d) / "ch"), "1" if with_view else "0", str(rows)],
+        out = subprocess.run([sys.executable, "-c", CHILD, str(Path(d) / "ch"), views, str(rows), str(block)],
                              capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def run(rows: int = 100_000, repeats: int = 3) -> dict[str, float]:
-    with_view, without = [], []
-    for _ in range(repeats):  # alternated: a change of the machine's load falls on both
-        without.append(once(False, rows))
-        with_view.append(once(True, rows))
-    return {"sink_insert_cpu_us_per_row_with_aggregates": statistics.median(with_view),
-            "sink_insert_cpu_us_per_row_without_aggregates": statistics.median(without),
-            "sink_insert_cpu_us_per_row_with_aggregates_runs": with_view,
-            "sink_insert_cpu_us_per_row_without_aggregates_runs": without}
+def run(rows: int = 100_000, repeats: int = 3, block: int = 5_000) -> dict[str, float | list[float]]:
+    runs: dict[str, list[float]] = {v: [] for v in VIEWS}
+    for _ in range(repeats):  # alternated: a change of the machine's load falls on each
+        for views in VIEWS:
+            runs[views].append(once(views, rows, block))
+    out: dict[str, float | list[float]] = {"block_rows": block}
+    for views, values in runs.items():
+        out[f"sink_insert_cpu_us_per_row_views_{views}"] = statistics.median(values)
+        out[f"sink_insert_cpu_us_per_row_views_{views}_runs"] = values
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_aggregates_cost", description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--block", type=int, default=5_000, help="rows per inserted block")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    figures = run(args.rows, args.repeats)
+    figures = run(args.rows, args.repeats, args.block)
     print(json.dumps(figures, indent=2))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

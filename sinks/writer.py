@@ -17,7 +17,6 @@ BASE_INSERT_SETTINGS: dict[str, Any] = {
     # and in the tables a materialized view fills (step_aggregates): without it a block the
     # steps table drops as a duplicate is still added to the per-step sums
     "deduplicate_blocks_in_dependent_materialized_views": 1,
-    "deduplicate_blocks_in_dependent_materialized_views": 1,
     "max_insert_block_size": 1_048_576,  # one chunk (<= max_rows rows) stays one block: one token
     "min_insert_block_size_rows": 0,
     "min_insert_block_size_bytes": 0,
