@@ -5,7 +5,7 @@ both of the materialized views that fill `step_aggregates` and `rank_aggregates`
 
 Each measurement in a fresh process and a fresh embedded store: the sink's own insert path
 (`sinks.writer.insert_rows`, blocks of `--block` rows with their tokens: building the columns in
-Python and the engine's insert, the materialized views included when present), 4 runs of 8 ranks,
+Python and the engine's insert, the materialized views included when present), `--runs` runs of 8 ranks,
 12 typed columns and 2 metrics per row. Reported: the median of `--repeats` runs of each, CPU
 (user + system of the process) per row.
 """
@@ -29,15 +29,25 @@ from areal_metrics.sinks.rows import Located
 from areal_metrics.sinks.schema import SchemaOptions
 from areal_metrics.sinks import rank_aggregates, step_means
 from areal_metrics.sinks.writer import insert_rows
-path, views, n, block = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+path, views, n, block, runs, partitioned = (sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
+                                            int(sys.argv[5]), sys.argv[6] == "1")
 c = open_client(Target.parse(f"chdb://{path}"), readonly=False, use_database=False)
 apply_schema(c)
+if partitioned:  # the aggregate tables as schema 11 made them: partitioned by run bucket
+    from areal_metrics.sinks.schema import PARTITION_BY
+    o = SchemaOptions()
+    for drops, create, view in ((step_means.drop_statements(o), step_means.aggregates_table_sql(o),
+                                 step_means.aggregates_mv_sql(o)),
+                                (rank_aggregates.drop_statements(o), rank_aggregates.table_sql(o),
+                                 rank_aggregates.mv_sql(o))):
+        for stmt in [*drops, create.replace("ORDER BY", f"PARTITION BY {PARTITION_BY}\\nORDER BY"), view]:
+            c.command(stmt)
 # the materialized views only: inserts no longer reach their tables
 if views in ("none", "ranks"):
     c.command(step_means.drop_statements(SchemaOptions())[0])
 if views in ("none", "steps"):
     c.command(rank_aggregates.drop_statements(SchemaOptions())[0])
-ev = [StepEvent(run_id=f"r{i % 4}", step=i // 32, rank=i % 8, world_size=8, epoch=0, reward=0.5, kl=0.01, entropy=1.0,
+ev = [StepEvent(run_id=f"r{i % runs}", step=i // (8 * runs), rank=(i // runs) % 8, world_size=8, epoch=0, reward=0.5, kl=0.01, entropy=1.0,
                 loss=0.3, lr=1e-6, grad_norm=1.0, tokens=1000, throughput=1e3, latency_ms=10.0, n_samples=16,
                 metrics={"a": 1.0, "b": 2.0}, ts=1.8e9 + i) for i in range(n)]
 rows = [Located(e, "areal.steps", 0, i) for i, e in enumerate(ev)]
@@ -54,20 +64,22 @@ print(json.dumps((cpu() - start) / n * 1e6))
 VIEWS = ("none", "steps", "ranks", "both")  # which materialized views stay: neither, either, both
 
 
-def once(views: str, rows: int, block: int) -> float:
+def once(views: str, rows: int, block: int, runs: int, partitioned: bool) -> float:
     with tempfile.TemporaryDirectory(prefix="areal-bench-agg-") as d:
-        out = subprocess.run([sys.executable, "-c", CHILD, str(Path(d) / "ch"), views, str(rows), str(block)],
+        out = subprocess.run([sys.executable, "-c", CHILD, str(Path(d) / "ch"), views, str(rows), str(block), str(runs),
+                              "1" if partitioned else "0"],
                              capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def run(rows: int = 100_000, repeats: int = 3, block: int = 5_000) -> dict[str, float | list[float]]:
-    runs: dict[str, list[float]] = {v: [] for v in VIEWS}
+def run(rows: int = 100_000, repeats: int = 3, block: int = 5_000, runs: int = 4,
+        partitioned: bool = False) -> dict[str, float | list[float]]:
+    figures: dict[str, list[float]] = {v: [] for v in VIEWS}
     for _ in range(repeats):  # alternated: a change of the machine's load falls on each
         for views in VIEWS:
-            runs[views].append(once(views, rows, block))
-    out: dict[str, float | list[float]] = {"block_rows": block}
-    for views, values in runs.items():
+            figures[views].append(once(views, rows, block, runs, partitioned))
+    out: dict[str, float | list[float]] = {"block_rows": block, "runs": runs, "partitioned_aggregates": partitioned}
+    for views, values in figures.items():
         out[f"sink_insert_cpu_us_per_row_views_{views}"] = statistics.median(values)
         out[f"sink_insert_cpu_us_per_row_views_{views}_runs"] = values
     return out
@@ -78,9 +90,12 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--block", type=int, default=5_000, help="rows per inserted block")
+    parser.add_argument("--runs", type=int, default=4, help="runs of 8 ranks whose steps each block holds")
+    parser.add_argument("--partitioned-aggregates", action="store_true",
+                        help="the aggregate tables partitioned by run bucket, as schema 11 made them")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    figures = run(args.rows, args.repeats, args.block)
+    figures = run(args.rows, args.repeats, args.block, args.runs, args.partitioned_aggregates)
     print(json.dumps(figures, indent=2))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
