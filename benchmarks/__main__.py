@@ -44,6 +44,7 @@ from pathlib import Path
 
 from benchmarks import bench_client, bench_delivery, bench_publisher, bench_queries, bench_step, pipeline
 from benchmarks.common import broker, machine, print_table
+from benchmarks.table import goals
 
 
 def main() -> int:
@@ -142,6 +143,12 @@ def main() -> int:
         "queries": queries,
         "load_average": list(load),
     }
+    figures["goals"] = goals(figures)
+    print("\ngoals of the quick run (benchmarks/table.py GOALS):")
+    for g in figures["goals"]:
+        verdict = "not measured" if g["met"] is None else "met" if g["met"] else "MISSED"
+        print(f"  {g['key']} {g['goal']} (here {g['limit']:.4g}): {g['figure']:.4g}, {verdict}" if g["met"] is not None
+              else f"  {g['key']} {g['goal']}: {verdict}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
         print(f"\nfigures written to {args.json}")
