@@ -7,7 +7,8 @@ Each measurement in a fresh process and a fresh embedded store: the sink's own i
 (`sinks.writer.insert_rows`, blocks of `--block` rows with their tokens: building the columns in
 Python and the engine's insert, the materialized views included when present), `--runs` runs of 8 ranks,
 12 typed columns and 2 metrics per row. Reported: the median of `--repeats` runs of each, CPU
-(user + system of the process) per row.
+(user + system of the process) per row; and what analysing each view's query costs (`plan_cpu_ms_*`),
+which an insert pays once per block.
 """
 
 from __future__ import annotations
@@ -61,6 +62,30 @@ print(json.dumps((cpu() - start) / n * 1e6))
 '''
 
 
+PLAN_CHILD = '''
+import json, resource, sys
+from areal_metrics.sinks.migrations import apply_schema
+from areal_metrics.sinks.query import Target, open_client
+from areal_metrics.sinks.schema import SchemaOptions
+from areal_metrics.sinks import rank_aggregates, step_means
+c = open_client(Target.parse(f"chdb://{sys.argv[1]}"), readonly=False, use_database=False)
+apply_schema(c)
+o = SchemaOptions()
+def cpu():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+out = {}
+for name, sql in (("steps", step_means._select_from_steps(o)), ("ranks", rank_aggregates._select_from_steps(o)),
+                  ("select_1", "SELECT 1")):
+    for _ in range(3):
+        c.query(sql)
+    start = cpu()
+    for _ in range(20):
+        c.query(sql)
+    out[f"plan_cpu_ms_{name}"] = (cpu() - start) / 20 * 1e3
+print(json.dumps(out))
+'''
+
 VIEWS = ("none", "steps", "ranks", "both")  # which materialized views stay: neither, either, both
 
 
@@ -70,6 +95,15 @@ def once(views: str, rows: int, block: int, runs: int, partitioned: bool) -> flo
                               "1" if partitioned else "0"],
                              capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
+
+
+def plan_cost() -> dict[str, float]:
+    """CPU of each view's SELECT over the empty `steps` table: what an insert pays per block before a row
+    is aggregated (ClickHouse builds a materialized view's query anew for every INSERT, and the sink inserts a block at a time)."""
+    with tempfile.TemporaryDirectory(prefix="areal-bench-agg-") as d:
+        out = subprocess.run([sys.executable, "-c", PLAN_CHILD, str(Path(d) / "ch")], capture_output=True, text=True,
+                             check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def run(rows: int = 100_000, repeats: int = 3, block: int = 5_000, runs: int = 4,
@@ -82,7 +116,7 @@ def run(rows: int = 100_000, repeats: int = 3, block: int = 5_000, runs: int = 4
     for views, values in figures.items():
         out[f"sink_insert_cpu_us_per_row_views_{views}"] = statistics.median(values)
         out[f"sink_insert_cpu_us_per_row_views_{views}_runs"] = values
-    return out
+    return {**out, **plan_cost()}
 
 
 def main() -> int:
