@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from areal_metrics.streams.shell.batch import Input
@@ -77,7 +78,7 @@ def test_after_a_crash_the_batch_in_flight_goes_one_by_one_and_a_poison_message_
         batcher = Batcher(core, ack, max_batch=100, linger_s=0.01, guard=guard)  # type: ignore[arg-type]
         await batcher.add_many([(Input("steps", 0, o, b"r", b"{}"), o) for o in range(6)])
         await batcher.settled()
-        assert (tmp_path / "inflight.json").read_bytes() == b"" and guard.suspects == ()  # all processed: forgotten
+        assert json.loads((tmp_path / "inflight.json").read_bytes()) == [] and guard.suspects == ()  # all processed: forgotten
         return core.calls
 
     assert asyncio.run(go()) == [("batch", [0]), ("batch", [1]), ("poison", (2, 2)), ("batch", [3]),

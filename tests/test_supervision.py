@@ -77,6 +77,26 @@ def test_the_guard_keeps_its_record_across_a_crash_and_not_across_a_clean_end(tm
     assert CrashGuard(tmp_path).start() == []
 
 
+def test_the_guards_record_is_overwritten_in_place_and_a_torn_one_reads_as_none(tmp_path: Path) -> None:
+    """The record is written over the file's start (no truncation): a shorter record after a
+    longer one, and `[]` after a batch, read back as themselves; a record cut short while it is
+    written (over the `[]` and spaces an ended batch leaves) names nothing in flight."""
+    guard = CrashGuard(tmp_path, limit=2)
+    guard.start()
+    guard.begin([("steps", 0, 10, 14), ("steps", 1, 3, 9), ("evals", 2, 0, 0)])
+    guard.end()
+    assert json.loads((tmp_path / "inflight.json").read_bytes()) == []  # nothing in flight between batches
+    guard.begin([("steps", 2, 7, 7)])  # shorter than the file: the rest is spaces
+    again = CrashGuard(tmp_path, limit=2)  # the process died here
+    assert again.start() == [("steps", 2, 7, 7)]
+    assert again.crashes("steps", 2, 7) == 1 and again.crashes("steps", 0, 12) == 0
+    ended = b"[]" + b" " * 40
+    record = json.dumps([["steps", 0, 20, 29]]).encode()
+    for cut in range(len(record)):  # a crash while the record was written over an ended batch's
+        (tmp_path / "inflight.json").write_bytes(record[:cut] + ended[cut:])
+        assert CrashGuard(tmp_path).start() == [], cut
+
+
 def test_poison_events_name_the_position_and_keep_their_ids() -> None:
     dead, alert = poison_events(b'{"run_id": "r1", "deep": [[[[', b"r1", "areal.steps", 2, 41, 2, service="sink",
                                 node="sink@h", ts=5.0)

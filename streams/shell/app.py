@@ -161,7 +161,8 @@ class KafkaTransport:
             return await send_in_batches(transport_producer(app), messages)
 
         async def changelog(records: list[tuple[int, bytes, bytes | None]]) -> None:
-            await send_many([(runs.changelog_topic_name, partition, key, value) for partition, key, value in records])
+            topic = runs.changelog_topic_name  # a Faust property that builds the name: once a call, not once a record
+            await send_many([(topic, partition, key, value) for partition, key, value in records])
 
         return {"send_many": send_many, "changelog": changelog}
 

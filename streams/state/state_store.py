@@ -376,7 +376,8 @@ class StateStore:
         index = self._runs().setdefault(run_id, {})
         for key, value in puts:
             self.io.put(partition, key, value)
-            index[key] = _parse_key(key)[1]
+            if key not in index:  # a key's tail is a function of its bytes: the head's and a waiting step's are known
+                index[key] = _parse_key(key)[1]
         for key in deletes:
             self.io.delete(partition, key)
             index.pop(key, None)
