@@ -117,8 +117,8 @@ def test_a_saved_state_loads_back_the_same_in_a_new_store() -> None:
     assert state.invalid and state.trigger.base_interval == 7
     assert StateStore(table).load("r") == state
     kinds = sorted(json.loads(k)[1] for k in table)
-    # head, 2 waiting steps and their reports, 2 rounds
-    assert kinds == ["closed", "pending", "pending", "reports", "reports", "round", "run"]
+    # head, 2 waiting steps (written once each: their reports in their own record), 2 rounds
+    assert kinds == ["closed", "pending", "pending", "round", "run"]
 
 
 def test_a_batch_of_steps_rewrites_one_record_per_run() -> None:
@@ -211,14 +211,17 @@ def test_a_run_whose_head_does_not_decode_starts_over_and_its_leftovers_go() -> 
 def test_a_waiting_steps_reports_that_are_missing_or_overrun_its_count_do_not_decode() -> None:
     table: dict[bytes, bytes] = {}
     core, _ = make_core(table)
-    feed(core, [[ranked(7, 0, 4)], [ranked(7, 1, 4), ranked(7, 2, 4)]])  # two records: 1 report, then 2
-    first, second = record_key("r", "reports", [0, 7], 0, 0), record_key("r", "reports", [0, 7], 0, 1)
+    # the first report in the step's record; at the next batch both in a record of their own (generation 1),
+    # then the next two in a second record
+    feed(core, [[ranked(7, 0, 5)], [ranked(7, 1, 5)], [ranked(7, 2, 5), ranked(7, 3, 5)]])
+    first, second = record_key("r", "reports", [0, 7], 1, 0), record_key("r", "reports", [0, 7], 1, 2)
+    assert first in table and second in table
     assert StateStore(dict(table)).load("r") == core.cache["r"]
     for change, why in (({first: None}, "$.ranks.pending[0].reports[0]: the reports' record is missing"),
-                        ({second: codec.dumps([])}, "$.ranks.pending[0].reports[1]: 0 reports where 2 are left"),
-                        ({second: codec.dumps([RankReport(r, 0.5, None) for r in (1, 2, 3)])},
-                         "$.ranks.pending[0].reports[1]: 3 reports where 2 are left"),
-                        ({second: b'[{"rank": "x"}]'}, "$.ranks.pending[0].reports[1]: Expected `int`")):
+                        ({second: codec.dumps([])}, "$.ranks.pending[0].reports[2]: 0 reports where 2 are left"),
+                        ({second: codec.dumps([RankReport(r, 0.5, None) for r in (2, 3, 4)])},
+                         "$.ranks.pending[0].reports[2]: 3 reports where 2 are left"),
+                        ({second: b'[{"rank": "x"}]'}, "$.ranks.pending[0].reports[2]: Expected `int`")):
         broken = {k: v for k, v in {**table, **change}.items() if v is not None}
         store = StateStore(broken)
         assert store.load("r") is None
@@ -342,9 +345,10 @@ def test_a_step_whose_ranks_report_one_per_batch_writes_each_report_to_the_chang
         assert not core.cache["r"].ranks.pending
         values = [v for _, _, v in sent if v is not None]
         # every report that waited is encoded into one changelog record, once (before: into every later
-        # batch's record too); the last completes the step, which leaves
+        # batch's record too), but the first: in the step's own record, then moved into a record of the
+        # reports' own at the next batch; the last completes the step, which leaves
         copies = [sum(v.count(b'{"rank":%d,' % rank) for v in values) for rank in range(world)]
-        assert copies == [1] * (world - 1) + [0]
+        assert copies == [2] + [1] * (world - 2) + [0]
         written[world] = sum(len(k) + len(v or b"") for _, k, v in sent)
     # four times the ranks, four times the bytes (less what a step costs once: its point, the head)
     assert written[RANKS] < 4 * written[RANKS // 4]
