@@ -30,18 +30,20 @@ from areal_metrics.sinks.rows import Located
 from areal_metrics.sinks.schema import SchemaOptions
 from areal_metrics.sinks import rank_aggregates, step_means
 from areal_metrics.sinks.writer import insert_rows
-path, views, n, block, runs, partitioned = (sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
+path, views, n, block, runs, unpartitioned = (sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
                                             int(sys.argv[5]), sys.argv[6] == "1")
 c = open_client(Target.parse(f"chdb://{path}"), readonly=False, use_database=False)
 apply_schema(c)
-if partitioned:  # the aggregate tables as schema 11 made them: partitioned by run bucket
+if unpartitioned:  # the aggregate tables in one partition (tried as a migration 12, and not kept: PERFORMANCE.md)
     from areal_metrics.sinks.schema import PARTITION_BY
     o = SchemaOptions()
     for drops, create, view in ((step_means.drop_statements(o), step_means.aggregates_table_sql(o),
                                  step_means.aggregates_mv_sql(o)),
                                 (rank_aggregates.drop_statements(o), rank_aggregates.table_sql(o),
                                  rank_aggregates.mv_sql(o))):
-        for stmt in [*drops, create.replace("ORDER BY", f"PARTITION BY {PARTITION_BY}\\nORDER BY"), view]:
+        one_partition = create.replace(f"PARTITION BY {PARTITION_BY}\\n", "")
+        assert one_partition != create
+        for stmt in [*drops, one_partition, view]:
             c.command(stmt)
 # the materialized views only: inserts no longer reach their tables
 if views in ("none", "ranks"):
@@ -89,10 +91,10 @@ print(json.dumps(out))
 VIEWS = ("none", "steps", "ranks", "both")  # which materialized views stay: neither, either, both
 
 
-def once(views: str, rows: int, block: int, runs: int, partitioned: bool) -> float:
+def once(views: str, rows: int, block: int, runs: int, unpartitioned: bool) -> float:
     with tempfile.TemporaryDirectory(prefix="areal-bench-agg-") as d:
         out = subprocess.run([sys.executable, "-c", CHILD, str(Path(d) / "ch"), views, str(rows), str(block), str(runs),
-                              "1" if partitioned else "0"],
+                              "1" if unpartitioned else "0"],
                              capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
@@ -107,12 +109,12 @@ def plan_cost() -> dict[str, float]:
 
 
 def run(rows: int = 100_000, repeats: int = 3, block: int = 5_000, runs: int = 4,
-        partitioned: bool = False) -> dict[str, float | list[float]]:
+        unpartitioned: bool = False) -> dict[str, float | list[float]]:
     figures: dict[str, list[float]] = {v: [] for v in VIEWS}
     for _ in range(repeats):  # alternated: a change of the machine's load falls on each
         for views in VIEWS:
-            figures[views].append(once(views, rows, block, runs, partitioned))
-    out: dict[str, float | list[float]] = {"block_rows": block, "runs": runs, "partitioned_aggregates": partitioned}
+            figures[views].append(once(views, rows, block, runs, unpartitioned))
+    out: dict[str, float | list[float]] = {"block_rows": block, "runs": runs, "unpartitioned_aggregates": unpartitioned}
     for views, values in figures.items():
         out[f"sink_insert_cpu_us_per_row_views_{views}"] = statistics.median(values)
         out[f"sink_insert_cpu_us_per_row_views_{views}_runs"] = values
@@ -125,11 +127,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--block", type=int, default=5_000, help="rows per inserted block")
     parser.add_argument("--runs", type=int, default=4, help="runs of 8 ranks whose steps each block holds")
-    parser.add_argument("--partitioned-aggregates", action="store_true",
-                        help="the aggregate tables partitioned by run bucket, as schema 11 made them")
+    parser.add_argument("--unpartitioned-aggregates", action="store_true",
+                        help="the aggregate tables in one partition instead of by run bucket")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    figures = run(args.rows, args.repeats, args.block, args.runs, args.partitioned_aggregates)
+    figures = run(args.rows, args.repeats, args.block, args.runs, args.unpartitioned_aggregates)
     print(json.dumps(figures, indent=2))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

@@ -8,7 +8,7 @@ may run, for review. Drop and recreate serve `replay`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ from areal_metrics.sinks.schema import (
     plans_sql,
 )
 from areal_metrics.sinks import rank_aggregates
-from areal_metrics.sinks.step_means import AGGREGATES, aggregates_mv_sql, aggregates_table_sql, backfill_sql
+from areal_metrics.sinks.step_means import backfill_sql
 from areal_metrics.sinks.step_means import create_statements as step_means_statements
 from areal_metrics.sinks.step_means import drop_statements as step_means_drops
 
@@ -89,60 +89,12 @@ class Rekey:
         client.command(drop)
 
 
-@dataclass(frozen=True, slots=True)
-class Unpartition:
-    """Move an insert-time aggregate table (step_aggregates, rank_aggregates) to one partition: its
-    materialized view is dropped, the table copied into its new layout and swapped in, the view made
-    again. A copy, not a backfill from `steps`: raw steps may have expired (their TTL), the aggregates
-    never do.
-
-    Idempotent by looking, as `Rekey`: a table already without a partition key is left alone, a copy
-    left over by an interrupted run is dropped and made again. Run it, as every migration, before the
-    sinks insert: a block inserted while the view is gone would miss the aggregates.
-    """
-
-    table: str
-    version: int
-    create: Callable[[SchemaOptions, str], str]  # the table's CREATE under a given name
-    view_drop: str  # the materialized view's DROP and CREATE
-    view_create: str
-
-    def temp(self) -> str:
-        return f"{self.table}__v{self.version}"
-
-    def statements(self, o: SchemaOptions) -> list[str]:
-        db, oc = o.database, o.on_cluster
-        return [
-            self.view_drop,
-            f"DROP TABLE IF EXISTS {db}.{self.temp()}{oc} SYNC",
-            self.create(o, self.temp()),
-            f"INSERT INTO {db}.{self.temp()} SELECT * FROM {db}.{self.table}",
-            f"EXCHANGE TABLES {db}.{self.table} AND {db}.{self.temp()}{oc}",
-            f"DROP TABLE IF EXISTS {db}.{self.temp()}{oc} SYNC",
-            self.view_create,
-        ]
-
-    def apply(self, client: Any, o: SchemaOptions) -> None:
-        where = f"database = '{o.database}' AND name = '{self.table}'"
-        keys = str(client.command(f"SELECT concat(sorting_key, '|', partition_key) FROM system.tables WHERE {where}"))
-        stmts = self.statements(o)
-        if "|" not in keys:  # no such table (yet): make it in its layout
-            client.command(self.create(o, self.table))
-        elif not keys.partition("|")[2].strip():  # in its layout already: a copy left over is dropped
-            client.command(stmts[1])
-        else:
-            for stmt in stmts:
-                client.command(stmt)
-            return
-        client.command(self.view_create)
-
-
 def _layout(sorting_key: str, partition_key: str) -> tuple[str, str]:
     """A table's keys as system.tables spells them, spaces aside."""
     return "".join(str(sorting_key).split()), "".join(str(partition_key).split())
 
 
-Statement = str | Rekey | Unpartition
+Statement = str | Rekey
 
 
 def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
@@ -206,12 +158,6 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
     # from v_steps by the view.
     r11 = rank_aggregates.create_statements(o)
     v11: list[Statement] = [*r11[:2], rank_aggregates.backfill_sql(o), *r11[2:]]
-    # v12: the two insert-time aggregate tables in one partition (SchemaOptions.aggregating_table says why)
-    v12: list[Statement] = [
-        Unpartition(AGGREGATES, 12, aggregates_table_sql, step_means_drops(o)[0], aggregates_mv_sql(o)),
-        Unpartition(rank_aggregates.RANK_AGGREGATES, 12, rank_aggregates.table_sql,
-                    rank_aggregates.drop_statements(o)[0], rank_aggregates.mv_sql(o)),
-    ]
     return [
         (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
         (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
@@ -225,7 +171,6 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
         (9, "per-step aggregates at insert time: step_aggregates, step_aggregates_mv, v_step_means", v9),
         (10, "runs.notes and runs.summary: W&B's init(notes=...) and run.summary; v_runs shows both", v10),
         (11, "per-rank aggregates at insert time: rank_aggregates, rank_aggregates_mv, v_rank_buckets, v_rank_buckets_of", v11),
-        (12, "the insert-time aggregate tables in one partition: a part per insert, not one per run bucket", v12),
     ]
 
 
@@ -241,8 +186,6 @@ def schema_statements(o: SchemaOptions = SchemaOptions()) -> list[str]:
         for stmt in stmts:
             if isinstance(stmt, Rekey):  # a new store makes the table in its layout; an older one copies
                 out.extend([create_table_sql(TABLES_BY_NAME[stmt.table], o), *stmt.statements(o)])
-            elif isinstance(stmt, Unpartition):  # an older store's aggregate table is copied into one partition
-                out.extend([stmt.create(o, stmt.table), *stmt.statements(o)])
             else:
                 out.append(stmt)
     return [*out, _ttl_sql(o), create_view_sql(TABLES_BY_NAME["steps"], o)]  # apply_ttl: when the TTL differs
@@ -272,7 +215,7 @@ def apply_schema(client: CommandClient, options: SchemaOptions = SchemaOptions()
         if version <= current:
             continue
         for stmt in stmts:
-            if isinstance(stmt, Rekey | Unpartition):
+            if isinstance(stmt, Rekey):
                 stmt.apply(client, o)
             else:
                 client.command(stmt)

@@ -56,8 +56,8 @@ def _block_columns() -> list[tuple[str, str, str]]:
     return cols
 
 
-def table_sql(o: SchemaOptions, name: str = RANK_AGGREGATES) -> str:
-    return o.aggregating_table(name, ["run_id LowCardinality(String)", "node LowCardinality(String)",
+def table_sql(o: SchemaOptions) -> str:
+    return o.aggregating_table(RANK_AGGREGATES, ["run_id LowCardinality(String)", "node LowCardinality(String)",
                                                  "rank UInt32", "attempt UInt32", "bucket UInt64"]
                                + [f"`{n}` {t}" for n, t, _ in _block_columns()], "run_id, rank, bucket, attempt, node")
 

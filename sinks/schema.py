@@ -47,7 +47,7 @@ from typing import Any, Protocol
 from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.sinks.views import COMMAND_STATUS_VIEW, RUNS_VIEW, final_view
 
-SCHEMA_VERSION = 12  # the newest migration
+SCHEMA_VERSION = 11  # the newest migration
 DEFAULT_DATABASE = "areal"
 DEDUP_WINDOW = 10_000  # insert blocks remembered per table for token deduplication
 
@@ -311,15 +311,12 @@ class SchemaOptions:
 
     # An aggregate kept at insert time (sinks/step_means.py, sinks/rank_aggregates.py): its table, the
     # materialized view over `steps` that fills it, and the two dropped for `replay`, view first.
-    # Not partitioned (since migration 12): its views group by key and never read FINAL, so a partition
-    # buys nothing, and each insert into `steps` wrote one part per run bucket of its block into each
-    # aggregate table (measured: a 2,000-row block of 8 runs cost the sink 110 us a row with both views
-    # partitioned, 67 without; docs/PERFORMANCE.md). The sorting key's run_id still skips other runs.
     def aggregating_table(self, table: str, columns: list[str], order_by: str) -> str:
         cols = ",\n    ".join(columns)
         return (
             f"CREATE TABLE IF NOT EXISTS {self.database}.{table}{self.on_cluster} (\n    {cols}\n)\n"
             f"ENGINE = {self.engine(table, kind='AggregatingMergeTree')}\n"
+            f"PARTITION BY {PARTITION_BY}\n"
             f"ORDER BY ({order_by})\n"
             f"SETTINGS {self.dedup_settings()}"  # a retried block's token drops it here too (see sinks/writer.py)
         )

@@ -89,8 +89,8 @@ def _state_columns() -> list[tuple[str, str, str]]:
     return _COMMON + [p for c in MEAN_COLUMNS for p in _parts(c)]
 
 
-def aggregates_table_sql(o: SchemaOptions, name: str = AGGREGATES) -> str:
-    return o.aggregating_table(name, ["run_id LowCardinality(String)", "attempt UInt32", "step UInt64"]
+def aggregates_table_sql(o: SchemaOptions) -> str:
+    return o.aggregating_table(AGGREGATES, ["run_id LowCardinality(String)", "attempt UInt32", "step UInt64"]
                                + [f"`{name}` {typ}" for name, typ, _ in _state_columns()], "run_id, attempt, step")
 
 

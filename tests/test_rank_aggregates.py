@@ -17,8 +17,6 @@ from areal_metrics.grafana import efficiency
 from areal_metrics.producers.contract.events import StepEvent
 from areal_metrics.sinks.migrations import apply_schema
 from areal_metrics.sinks.rank_aggregates import BUCKET_STEPS, RANK_AGGREGATES, drop_statements
-from areal_metrics.sinks.rank_aggregates import mv_sql as rank_mv_sql
-from areal_metrics.sinks.rank_aggregates import table_sql as rank_table_sql
 from areal_metrics.sinks.schema import MIGRATIONS_TABLE, SCHEMA_VERSION, SchemaOptions
 from tests.test_step_means import TS, client, put, put_with_retries  # noqa: F401  (the fixture)
 
@@ -159,56 +157,11 @@ def test_an_older_store_is_backfilled_by_migration_11(client: Any) -> None:  # n
     client.command("DROP VIEW areal.v_rank_buckets_of")
     client.command(f"ALTER TABLE areal.{MIGRATIONS_TABLE} DELETE WHERE version >= 11 SETTINGS mutations_sync = 1")
     put(client, events[:250])
-    assert apply_schema(client) == SCHEMA_VERSION
+    assert apply_schema(client) == SCHEMA_VERSION == 11
     put(client, events[250:])
     assert int(client.command("SELECT sum(steps) FROM areal.v_rank_buckets")) == 400
     assert_view_is_the_raw_rule(client)
     assert_table_is_the_raw_rule(client)
-
-
-def test_migration_12_moves_both_aggregate_tables_into_one_partition_and_keeps_their_rows(client: Any) -> None:  # noqa: F811
-    """A store of schema 11 has both aggregate tables partitioned by run bucket; migration 12 copies them
-    into one partition, keeps every aggregate row (also those whose raw rows are gone), and the views
-    fill them again. A new store makes them unpartitioned, so there the migration changes nothing."""
-    from areal_metrics.sinks import step_means
-    from areal_metrics.sinks.schema import PARTITION_BY
-
-    def partition_keys() -> list[tuple[str, str]]:
-        return client.query("SELECT name, partition_key FROM system.tables WHERE database = 'areal' AND name IN "
-                            "('step_aggregates', 'rank_aggregates') ORDER BY name").result_rows
-
-    assert partition_keys() == [("rank_aggregates", ""), ("step_aggregates", "")]
-    o = SchemaOptions()
-    old_tables = [(step_means.drop_statements(o), step_means.aggregates_table_sql(o), step_means.aggregates_mv_sql(o)),
-                  (drop_statements(o), rank_table_sql(o), rank_mv_sql(o))]
-    for drops, create, view in old_tables:  # the tables as migrations 9 and 11 made them
-        for stmt in drops:
-            client.command(stmt)
-        client.command(create.replace("ORDER BY", f"PARTITION BY {PARTITION_BY}\nORDER BY"))
-        client.command(view)
-    client.command(f"ALTER TABLE areal.{MIGRATIONS_TABLE} DELETE WHERE version >= 12 SETTINGS mutations_sync = 1")
-    rng = random.Random(12)
-    events = [step(run, s, r, rng) for run in ("a", "b", "c", "old") for s in range(130) for r in range(4)]
-    put(client, events[:1000])
-    assert [k.replace(" ", "") for _, k in partition_keys()] == [PARTITION_BY.replace(" ", "")] * 2
-    assert int(client.command("SELECT uniqExact(partition_id) FROM system.parts WHERE database = 'areal' "
-                              "AND table = 'step_aggregates' AND active")) > 1
-
-    def stored() -> dict[str, list[tuple[Any, ...]]]:  # every aggregate row (the rank set's state made readable)
-        return {"step_aggregates": client.query("SELECT * EXCEPT rank_bits, toString(finalizeAggregation(rank_bits)) "
-                                                "FROM areal.step_aggregates ORDER BY ALL").result_rows,
-                "rank_aggregates": client.query("SELECT * FROM areal.rank_aggregates ORDER BY ALL").result_rows}
-
-    before = stored()
-    assert apply_schema(client) == SCHEMA_VERSION == 12
-    assert partition_keys() == [("rank_aggregates", ""), ("step_aggregates", "")]
-    assert stored() == before and len(before["step_aggregates"]) >= 250
-    put(client, events[1000:])  # the views were made again: the rest reaches both tables
-    assert int(client.command("SELECT sum(steps) FROM areal.v_rank_buckets")) == len(events)
-    assert int(client.command("SELECT count() FROM areal.v_step_means")) == 4 * 130
-    assert_view_is_the_raw_rule(client)
-    assert_table_is_the_raw_rule(client)
-    assert apply_schema(client) == 12 and partition_keys() == [("rank_aggregates", ""), ("step_aggregates", "")]
 
 
 def rows_read(c: Any, sql: str) -> int:
