@@ -27,16 +27,15 @@ from areal_metrics.producers.contract.events import StepEvent
 from areal_metrics.sinks.migrations import apply_schema
 from areal_metrics.sinks.query import Target, open_client
 from areal_metrics.sinks.rows import Located
-from areal_metrics.sinks.schema import SchemaOptions
+from areal_metrics.sinks.schema import PARTITION_BY, SchemaOptions
 from areal_metrics.sinks import rank_aggregates, step_means
 from areal_metrics.sinks.writer import insert_rows
 path, views, n, block, runs, unpartitioned = (sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
                                             int(sys.argv[5]), sys.argv[6] == "1")
 c = open_client(Target.parse(f"chdb://{path}"), readonly=False, use_database=False)
-apply_schema(c)
+o = SchemaOptions()
+apply_schema(c, o)
 if unpartitioned:  # the aggregate tables in one partition (tried as a migration 12, and not kept: PERFORMANCE.md)
-    from areal_metrics.sinks.schema import PARTITION_BY
-    o = SchemaOptions()
     for drops, create, view in ((step_means.drop_statements(o), step_means.aggregates_table_sql(o),
                                  step_means.aggregates_mv_sql(o)),
                                 (rank_aggregates.drop_statements(o), rank_aggregates.table_sql(o),
@@ -47,9 +46,9 @@ if unpartitioned:  # the aggregate tables in one partition (tried as a migration
             c.command(stmt)
 # the materialized views only: inserts no longer reach their tables
 if views in ("none", "ranks"):
-    c.command(step_means.drop_statements(SchemaOptions())[0])
+    c.command(step_means.drop_statements(o)[0])
 if views in ("none", "steps"):
-    c.command(rank_aggregates.drop_statements(SchemaOptions())[0])
+    c.command(rank_aggregates.drop_statements(o)[0])
 ev = [StepEvent(run_id=f"r{i % runs}", step=i // (8 * runs), rank=(i // runs) % 8, world_size=8, epoch=0, reward=0.5, kl=0.01, entropy=1.0,
                 loss=0.3, lr=1e-6, grad_norm=1.0, tokens=1000, throughput=1e3, latency_ms=10.0, n_samples=16,
                 metrics={"a": 1.0, "b": 2.0}, ts=1.8e9 + i) for i in range(n)]
