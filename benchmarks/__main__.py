@@ -90,7 +90,7 @@ def main() -> int:
     for ranks, s in pipe["scale"].items():
         rows.append((f"pipeline, {ranks} rank(s) publishing ({s['runs']} run(s))", f"{s['events_per_s']:,.0f} ev/s",
                      f"{s['events_per_s'] / raw:.2f} of raw; cores busy: worker {s['worker_core_share']:.2f}, "
-                     f"sink {s['sink_core_share']:.2f}; CPU/event: worker {s['worker_cpu_us_per_event']:.0f} us, "
+                     f"sink {s['sink_core_share']:.2f}, machine {s['machine_core_share']:.2f}; CPU/event: worker {s['worker_cpu_us_per_event']:.0f} us, "
                      f"sink {s['sink_cpu_us_per_event']:.0f} us"))
     print_table(f"pipeline: publishers -> Kafka -> stream worker + sink -> ClickHouse rows ({n_pipe:,} step events)", rows)
     print_table("latency and memory", [
@@ -100,6 +100,9 @@ def main() -> int:
          f"{pipe['visible_latency_ms_p50']:.0f}/{pipe['visible_latency_ms_p99']:.0f}/{pipe['visible_latency_ms_max']:.0f} ms", ""),
         ("stream worker CPU per step event (all phases)", f"{pipe['worker_cpu_us_per_event']:.0f} us", ""),
         ("sink CPU per step event (all phases)", f"{pipe['sink_cpu_us_per_event']:.0f} us", ""),
+        ("publishers' CPU per step event (all phases)", f"{pipe['publishers_cpu_us_per_event']:.0f} us", ""),
+        ("the machine's CPU per step event, every process (all phases)",
+         f"{pipe['machine_cpu_us_per_event']:.0f} us", f"{os.cpu_count()} cores"),
         ("stream worker peak RSS", f"{pipe.get('worker_rss_mib', float('nan')):.0f} MiB", ""),
         ("sink peak RSS", f"{pipe.get('sink_rss_mib', float('nan')):.0f} MiB", ""),
     ])
@@ -132,6 +135,8 @@ def main() -> int:
         "scale_repeats": pipe["scale_repeats"],
         "worker_cpu_us_per_event": pipe["worker_cpu_us_per_event"],
         "sink_cpu_us_per_event": pipe["sink_cpu_us_per_event"],
+        "publishers_cpu_us_per_event": pipe["publishers_cpu_us_per_event"],
+        "machine_cpu_us_per_event": pipe["machine_cpu_us_per_event"],
         "alert_latency_ms_p50": pipe["alert_latency_ms_p50"],
         "alert_latency_ms_p99": pipe["alert_latency_ms_p99"],
         "visible_latency_ms_p50": pipe["visible_latency_ms_p50"],

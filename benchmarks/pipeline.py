@@ -114,6 +114,19 @@ class Services:
                 proc.kill()
 
 
+def machine_cpu_seconds() -> float:
+    """Busy CPU time of the whole machine so far, every core (/proc/stat: all but idle and iowait)."""
+    user, nice, system, idle, iowait, irq, softirq, steal = (
+        int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    """CPU time this process (the publishers' threads, the progress poll) has used so far."""
+    t = os.times()
+    return t.user + t.system
+
+
 def raw_rate(bootstrap: str, n: int) -> float:
     """kafka-python: produce n step events (acks=all), then consume them; events/s over both."""
     from kafka import KafkaConsumer, KafkaProducer
@@ -301,7 +314,7 @@ def pipeline_rate(services: Services, ranks: int, n: int, timeout: float = 600.0
             p.flush(60)
         start = progress.settle({steps_topic: before[steps_topic] + ranks, smoothed_topic: before[smoothed_topic] + 1})
         threads = [threading.Thread(target=publish_all, args=(p, b)) for p, b in zip(publishers, batches)]
-        cpu0 = services.cpu_seconds()
+        cpu0 = {**services.cpu_seconds(), "machine": machine_cpu_seconds(), "publishers": own_cpu_seconds()}
         t0 = time.perf_counter()
         for t in threads:
             t.start()
@@ -319,7 +332,7 @@ def pipeline_rate(services: Services, ranks: int, n: int, timeout: float = 600.0
                                    f"(from {start}; {expected_steps} steps and {expected_smoothed} smoothed expected)")
             time.sleep(0.01)
         elapsed = time.perf_counter() - t0
-        cpu1 = services.cpu_seconds()
+        cpu1 = {**services.cpu_seconds(), "machine": machine_cpu_seconds(), "publishers": own_cpu_seconds()}
         with connect(services.settings) as store:  # at once: what the offsets said is stored, is
             steps = count(store, "steps", f"{tag}-%")
             smoothed = count(store, "rewards_smoothed", f"{tag}-%")
@@ -331,7 +344,9 @@ def pipeline_rate(services: Services, ranks: int, n: int, timeout: float = 600.0
         raise AssertionError(f"{tag}: the sink committed the phase's offsets with {steps}/{expected_steps} step rows "
                              f"and {smoothed}/{expected_smoothed} smoothed rows stored")
     # Share of one core each service used over the phase: the one near 1.0 is the bottleneck
-    # (Python: one core per process).
+    # (Python: one core per process). `machine`: every process on every core (the broker's, the
+    # publishers' and the services' together), so machine_core_share near the core count says the
+    # phase was bound by the machine's cores, not by one process.
     busy = {f"{name}_core_share": (cpu1[name] - cpu0[name]) / elapsed for name in cpu0}
     cpu = {f"{name}_cpu_us_per_event": (cpu1[name] - cpu0[name]) / expected_steps * 1e6 for name in cpu0}
     return {"events_per_s": expected_steps / elapsed, "seconds": elapsed, "events": expected_steps,
@@ -401,10 +416,11 @@ def run(bootstrap: str, n: int, samples: int, scales: tuple[int, ...], repeats: 
         for _ in range(max(1, repeats)):
             repeated.append({ranks: pipeline_rate(services, ranks, n) for ranks in scales})
         per_repeat: dict[str, list[float]] = {"pipeline_events_per_s": [], "worker_cpu_us_per_event": [],
-                                              "sink_cpu_us_per_event": []}
+                                              "sink_cpu_us_per_event": [], "publishers_cpu_us_per_event": [],
+                                              "machine_cpu_us_per_event": []}
         for scale in repeated:
             per_repeat["pipeline_events_per_s"].append(max(s["events_per_s"] for s in scale.values()))
-            for name in ("worker", "sink"):  # over every phase of the repeat: CPU time / step events
+            for name in ("worker", "sink", "publishers", "machine"):  # over every phase of the repeat: CPU time / step events
                 cpu = sum(s[f"{name}_cpu_us_per_event"] * s["events"] for s in scale.values())
                 per_repeat[f"{name}_cpu_us_per_event"].append(cpu / sum(s["events"] for s in scale.values()))
         out["scale"] = repeated[-1]

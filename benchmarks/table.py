@@ -87,6 +87,8 @@ ROWS: list[tuple[str, str, str, str | None]] = [
     ("pipeline_to_raw", "", "that rate over raw produce-then-consume on the same broker", None),
     ("worker_cpu_us_per_event", "us", "stream worker CPU per step event, all phases", None),
     ("sink_cpu_us_per_event", "us", "sink CPU per step event, all phases", None),
+    ("machine_cpu_us_per_event", "us", "the whole machine's CPU per step event (publishers, broker, worker, "
+     "sink), all phases", None),
     ("alert_latency_ms_p99", "ms", "`publish()` -> alert on the alerts topic, p99", None),
     ("visible_latency_ms_p99", "ms", "`publish()` -> row visible to `sql`, p99", None),
     ("worker_rss_mib", "MiB", "stream worker peak RSS", None),
