@@ -7,7 +7,7 @@ from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import dashboard
 
 from areal_metrics.grafana.clickhouse import SQL, Format, stored, view
-from areal_metrics.grafana.panels import NODE_FILTER, RUN_FILTER, base, table, timeseries
+from areal_metrics.grafana.panels import NODE_FILTER, RUN_FILTER, STEP_MEANS, base, table, timeseries
 from areal_metrics.producers.contract.rank_rules import SUMMED, memory_sql
 
 UID = "areal-efficiency"
@@ -106,7 +106,7 @@ LATENCY_QUANTILES = SQL(
     avg(latency_ms) AS mean,
     quantile(0.95)(latency_ms_max) AS `p95 slowest rank`,
     max(latency_ms_max) AS max
-FROM {view('step_means')}
+FROM {STEP_MEANS}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND latency_ms IS NOT NULL
 GROUP BY time, run_id
 ORDER BY time""",
@@ -185,7 +185,7 @@ def build() -> dash_b.Dashboard:
             [
                 SQL(
                     f"""SELECT $__timeInterval(ts) AS time, run_id, sum(tokens_sum) / $__interval_s AS `tokens/s`
-FROM {view('step_means')}
+FROM {STEP_MEANS}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY time, run_id
 ORDER BY time""",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as dash_b
 
 from areal_metrics.grafana.clickhouse import SQL, view
-from areal_metrics.grafana.panels import RUN_FILTER, base, table, trend
+from areal_metrics.grafana.panels import RUN_FILTER, STEP_MEANS, base, table, trend
 from areal_metrics.grafana.panels import variable as query_variable
 
 UID = "areal-explorer"
@@ -20,7 +20,7 @@ UID = "areal-explorer"
 # Everything here reads the per-step aggregates (v_step_means: each key's mean over the step's
 # ranks, its min, max and how many ranks logged it), never the raw rank rows.
 METRIC_KEYS = f"""SELECT DISTINCT arrayJoin(mapKeys(metric_counts)) AS metric
-FROM {view('step_means')}
+FROM {STEP_MEANS}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 ORDER BY metric"""
 
@@ -30,7 +30,7 @@ BY_STEP = SQL(
     avg(step) AS step,
     run_id,
     avg(metrics[${{metric:singlequote}}]) AS value
-FROM {view('step_means')}
+FROM {STEP_MEANS}
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND mapContains(metrics, ${{metric:singlequote}})
 GROUP BY $__timeInterval(ts), run_id
 ORDER BY step""",
@@ -45,7 +45,7 @@ SUMMARY = SQL(
     min(metrics_min[key]) AS min,
     max(metrics_max[key]) AS max,
     sum(metric_counts[key]) AS points
-FROM {view('step_means')}
+FROM {STEP_MEANS}
 ARRAY JOIN mapKeys(metric_counts) AS key
 WHERE $__timeFilter(ts) AND {RUN_FILTER} AND key IN (${{metric:singlequote}})
 GROUP BY key, run_id

@@ -28,6 +28,9 @@ DEFAULT_RANGE = ("now-30m", "now")
 RUN_FILTER = "run_id IN (${run:singlequote})"
 NODE_FILTER = "$__conditionalAll(node IN (${node:singlequote}), $node)"
 DATASET_FILTER = "$__conditionalAll(dataset IN (${dataset:singlequote}), $dataset)"
+# The per-step means (one row per run and step, kept at insert time) of the chosen runs: v_step_means_of,
+# whose check for steps delivered twice reads those runs alone (v_step_means' reads every run's).
+STEP_MEANS = f"{view('step_means_of')}(runs = [${{run:singlequote}}])"
 
 
 # ------------------------------------------------------------------ variables

@@ -13,7 +13,7 @@ from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.models import dashboard
 
 from areal_metrics.grafana.clickhouse import SQL, Format, stored, view
-from areal_metrics.grafana.panels import DATASET_FILTER, RUN_FILTER, base, table, timeseries, trend
+from areal_metrics.grafana.panels import DATASET_FILTER, RUN_FILTER, STEP_MEANS, base, table, timeseries, trend
 
 UID = "areal-runs"
 
@@ -21,7 +21,7 @@ UID = "areal-runs"
 # time bucket, at the bucket's mean step (a run's steps rise with time).
 RAW_BY_STEP = SQL(
     f"""SELECT avg(step) AS step, run_id, avg(reward) AS reward
-FROM {view('step_means')}
+FROM {STEP_MEANS}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY $__timeInterval(ts), run_id
 ORDER BY step""",
@@ -48,7 +48,7 @@ ORDER BY step""",
 
 THROUGHPUT = SQL(
     f"""SELECT $__timeInterval(ts) AS time, run_id, sum(tokens_sum) / $__interval_s AS `tokens/s`
-FROM {view('step_means')}
+FROM {STEP_MEANS}
 WHERE $__timeFilter(ts) AND {RUN_FILTER}
 GROUP BY time, run_id
 ORDER BY time""",
@@ -73,7 +73,7 @@ FROM
     SELECT run_id, max(ranks) AS ranks, max(step) AS last_step,
            min(first_ts) AS started, dateDiff('second', min(first_ts), max(ts)) AS duration_s,
            avg(throughput) AS mean_throughput
-    FROM {view('step_means')}
+    FROM {STEP_MEANS}
     WHERE $__timeFilter(ts) AND {RUN_FILTER}
     GROUP BY run_id
 ) AS s

@@ -14,6 +14,7 @@ from areal_metrics.grafana.panels import (
     ALERT_MARKERS_SQL,
     COMMAND_MARKERS_SQL,
     RUN_FILTER,
+    STEP_MEANS,
     annotation,
     base,
     stat,
@@ -24,10 +25,9 @@ UID = "areal-training"
 TS = Format.TIME_SERIES
 
 
-# Per-step curves read the rank means kept at insert time (v_step_means: one row per run and
-# step, the sink's rule), never the raw rank rows: a panel's cost grows with steps, not ranks x
-# steps; a long range is downsampled to the panel's width by $__timeInterval.
-STEP_MEANS = view("step_means")
+# Per-step curves read the rank means kept at insert time (STEP_MEANS, v_step_means_of the chosen
+# runs: one row per run and step, the sink's rule), never the raw rank rows: a panel's cost grows
+# with steps, not ranks x steps; a long range is downsampled to the panel's width by $__timeInterval.
 
 
 def _step_metric(*columns: str) -> SQL:

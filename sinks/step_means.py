@@ -9,7 +9,9 @@ Objects (created by migration 9, rebuilt by `replay`):
   are sums (SimpleAggregateFunction), mins, maxes and the set of ranks seen (a bitset, one
   UInt64 word per 64 ranks);
 - `step_aggregates_mv`: the materialized view that adds every block inserted into `steps`;
-- `v_step_means`: one row per (run_id, step): its latest attempt's (`attempt` says which).
+- `v_step_means`: one row per (run_id, step): its latest attempt's (`attempt` says which);
+- `v_step_means_of(runs = [...])` (migration 12): the same for the given runs alone, every read
+  (the check for steps delivered twice included) narrowed to those runs: what the dashboards read.
 
 The rule (the stream worker's, `streams/core/ranks.py` `mean_reward`, applied to every typed
 column): over the ranks whose value is not null, the mean weighted by `n_samples` when every
@@ -41,6 +43,9 @@ from areal_metrics.sinks.schema import TABLES_BY_NAME, SchemaOptions
 AGGREGATES = "step_aggregates"
 AGGREGATES_MV = "step_aggregates_mv"
 STEP_MEANS_VIEW = "v_step_means"
+# the same rows for the runs given as its parameter (`v_step_means_of(runs = ['a', 'b'])`): the run
+# filter reaches the check for steps delivered twice too, which a query on v_step_means cannot give it
+STEP_MEANS_OF_VIEW = "v_step_means_of"
 RANK_WORD_BITS = 64  # ranks per word of the rank set
 
 # The columns averaged over ranks: every typed step column but the weight (n_samples), and the epoch.
@@ -153,12 +158,16 @@ def output_columns() -> tuple[str, ...]:
     return (*out, "metrics", "metrics_min", "metrics_max", "metric_counts")
 
 
-def step_means_view_sql(o: SchemaOptions) -> str:
-    """The merged aggregates, with the steps that had rows twice taken from the raw rows instead.
+def step_means_view_sql(o: SchemaOptions, of_runs: bool = False) -> str:
+    """The merged aggregates, with the steps that had rows twice taken from the raw rows instead;
+    `of_runs`: v_step_means_of, every read (the check for steps delivered twice included)
+    filtered by its parameter `runs`.
 
     A LEFT JOIN, not a UNION: ClickHouse reads through a join only the columns a query asks for
     (a panel asks for one or two of ~80), and through a UNION ALL all of them (measured: 4x the CPU)."""
     db, steps_view = o.database, TABLES_BY_NAME["steps"].view
+    of_aggregates, of_raw = (("WHERE a.run_id IN {runs:Array(String)} ", "s.run_id IN {runs:Array(String)} AND ")
+                             if of_runs else ("", ""))
     keys = ("run_id", "attempt", "step")
     picked = ",\n    ".join([f"m.{k} AS {k}" for k in keys] + [
         f"if(f.found = 1, f.`{c}`, m.`{c}`) AS `{c}`" for c in output_columns() if c not in keys])
@@ -170,7 +179,7 @@ FROM
     SELECT
         {_merged()}
     FROM {db}.{AGGREGATES} AS a
-    GROUP BY a.run_id, a.step
+    {of_aggregates}GROUP BY a.run_id, a.step
 ) AS m
 LEFT JOIN
 (
@@ -179,20 +188,21 @@ LEFT JOIN
         SELECT
         {_from_raw(db)}
         FROM {db}.{steps_view} AS s
-        WHERE (s.run_id, s.attempt, s.step) IN (
-            SELECT a.run_id, max(a.attempt), a.step FROM {db}.{AGGREGATES} AS a GROUP BY a.run_id, a.step
+        WHERE {of_raw}(s.run_id, s.attempt, s.step) IN (
+            SELECT a.run_id, max(a.attempt), a.step FROM {db}.{AGGREGATES} AS a {of_aggregates}GROUP BY a.run_id, a.step
             HAVING sumArgMax(a.rows, a.attempt) != arraySum(arrayMap(x -> bitCount(x),
                    mapValues(groupBitOrMapMergeArgMax(a.rank_bits, a.attempt))))
         )
         GROUP BY s.run_id, s.attempt, s.step
     )
 ) AS f ON f.run_id = m.run_id AND f.attempt = m.attempt AND f.step = m.step"""
-    return f"CREATE OR REPLACE VIEW {db}.{STEP_MEANS_VIEW}{o.on_cluster} AS {query}"
+    name = STEP_MEANS_OF_VIEW if of_runs else STEP_MEANS_VIEW
+    return f"CREATE OR REPLACE VIEW {db}.{name}{o.on_cluster} AS {query}"
 
 
 def create_statements(o: SchemaOptions) -> list[str]:
-    """The table, its materialized view, the view (in that order: the view reads the table)."""
-    return [aggregates_table_sql(o), aggregates_mv_sql(o), step_means_view_sql(o)]
+    """The table, its materialized view, the views (in that order: the views read the table)."""
+    return [aggregates_table_sql(o), aggregates_mv_sql(o), step_means_view_sql(o), step_means_view_sql(o, of_runs=True)]
 
 
 def drop_statements(o: SchemaOptions) -> list[str]:

@@ -114,8 +114,8 @@ def test_replay_on_a_cluster_drops_on_cluster_sync_then_recreates_replicated() -
     assert all(after_drops.index(mv) > after_drops.index(recreated[-1]) for mv in mvs)
     assert all("ON CLUSTER prod" in s and "ENGINE = ReplicatedReplacingMergeTree(" in s for s in recreated)
     views = [s for s in after_drops if s.startswith("CREATE OR REPLACE VIEW")]
-    # a view per table, v_step_means, v_rank_buckets and v_rank_buckets_of
-    assert len(views) == len(TABLES) + 3 and all("ON CLUSTER prod" in s for s in views)
+    # a view per table, v_step_means, v_step_means_of, v_rank_buckets and v_rank_buckets_of
+    assert len(views) == len(TABLES) + 4 and all("ON CLUSTER prod" in s for s in views)
     assert after_drops.index(views[0]) > after_drops.index(recreated[-1])  # views over the new tables
 
 

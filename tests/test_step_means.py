@@ -111,6 +111,7 @@ def metric_means(client: Any, source: str) -> dict[tuple[str, int, int], dict[st
 def assert_view_is_the_raw_rule(client: Any, columns: tuple[str, ...] = MEAN_COLUMNS) -> None:
     one_row_each = client.query("SELECT count(), uniqExact(run_id, attempt, step) FROM areal.v_step_means").result_rows
     assert one_row_each[0][0] == one_row_each[0][1]
+    assert_of_runs_is_the_view(client)
     want_metrics, got_metrics = metric_means(client, "raw"), metric_means(client, "view")
     assert set(got_metrics) == set(want_metrics)
     for key, means in want_metrics.items():
@@ -120,6 +121,18 @@ def assert_view_is_the_raw_rule(client: Any, columns: tuple[str, ...] = MEAN_COL
         assert set(got) == set(want), column
         for key, value in want.items():
             assert got[key] == (None if value is None else pytest.approx(value, rel=1e-12)), (column, key)
+
+
+def assert_of_runs_is_the_view(client: Any) -> None:
+    """v_step_means_of(runs) holds v_step_means' rows of those runs, every column: given every run, and
+    given each run alone (the steps of other runs delivered twice stay out)."""
+    runs = sorted(r for (r,) in client.query("SELECT DISTINCT run_id FROM areal.steps").result_rows)
+    order = " ORDER BY run_id, attempt, step"
+    view = client.query("SELECT * FROM areal.v_step_means" + order).result_rows
+    assert client.query(f"SELECT * FROM areal.v_step_means_of(runs = {runs!r})" + order).result_rows == view
+    for run in runs:
+        of_one = client.query(f"SELECT * FROM areal.v_step_means_of(runs = {[run]!r})" + order).result_rows
+        assert of_one == [row for row in view if row[0] == run], run
 
 
 def test_unequal_n_samples_the_worker_the_view_and_the_report_agree(client: Any) -> None:
@@ -216,6 +229,14 @@ def test_a_step_delivered_twice_costs_its_own_raw_rows_not_the_runs(client: Any)
     raw_rows_of_the_run = ranks * steps
     bounded = client.query(query + f" SETTINGS max_rows_to_read = {raw_rows_of_the_run - 1}").result_rows
     assert bounded == expected
+    # v_step_means_of (what the dashboards read) narrows the check to the run too: it reads the
+    # run's aggregates, not the three runs' (v_step_means reads every run's for its check)
+    of_run = "SELECT step, reward FROM areal.v_step_means_of(runs = ['a']) ORDER BY step"
+    assert client.query(of_run).result_rows == expected
+    aggregate_rows = int(client.command(f"SELECT count() FROM areal.{AGGREGATES}"))
+    with pytest.raises(Exception, match="TOO_MANY_ROWS|max_rows_to_read|Limit for rows"):
+        client.query(query + f" SETTINGS max_rows_to_read = {aggregate_rows + ranks * 500}")
+    assert client.query(of_run + f" SETTINGS max_rows_to_read = {aggregate_rows + ranks * 500}").result_rows == expected
 
 
 # ------------------------------------------------------------------ the dashboards read the aggregates
