@@ -1,27 +1,17 @@
 """Batching policy, batch plans and deduplication tokens (pure).
 
 A batch is cut per Kafka partition: one chunk is a contiguous run of offsets
-of one partition. Before a chunk is inserted the sink records its plan
-(first, last); after a crash the next sink finds the plan and cuts exactly the
-same chunk again. Without a plan the cut depends on timing (rows or time,
-whichever first), which is fine because nothing was inserted.
-
-The chunks of one topic cut in one flush are stored as one block (`Block`):
-one INSERT per table per flush, not one per partition, because most of an
-insert's cost is fixed (the materialized views' query is planned for every
-INSERT; docs/PERFORMANCE.md "The sink's cost per block"). Its token names
-every chunk, ``<topic>:<partition>:<first>-<last>[,<partition>:<first>-<last>...]``,
-and after a crash `Batcher.take` cuts the same chunks of the same partitions
-again, so the retried block carries the same token and ClickHouse drops it.
-A retry that cannot group them the same (a rebalance moved one of the
-partitions elsewhere) inserts their rows again under another token: the raw
-tables' FINAL and the aggregates' duplicate check (sinks/step_means.py)
-absorb it.
+of one partition, inserted as one block with the token
+``<topic>:<partition>:<first>-<last>``. Before a chunk is inserted the sink
+records its plan (first, last); after a crash the next sink finds the plan and
+cuts exactly the same chunk again, so the retried insert carries the same
+token and ClickHouse drops it. Without a plan the cut depends on timing
+(rows or time, whichever first), which is fine because nothing was inserted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -70,42 +60,16 @@ class Chunk(Generic[T]):
         return self.last + 1
 
 
+def dedup_token(topic: str, partition: int, first: int, last: int, prefix: str = "") -> str:
+    """The `insert_deduplication_token` of a chunk: the same log range gives the same token."""
+    return f"{prefix}{topic}:{partition}:{first}-{last}"
+
+
 @dataclass(slots=True)
 class _Buffer(Generic[T]):
     since: float
     offsets: list[int] = field(default_factory=list)
     items: list[T] = field(default_factory=list)
-
-
-def block_token(chunks: Sequence[Chunk[T]], prefix: str = "") -> str:
-    """The token of the block holding `chunks` (of one topic, in partition order): every chunk's range."""
-    ranges = ",".join(f"{c.partition}:{c.first}-{c.last}" for c in chunks)
-    return f"{prefix}{chunks[0].topic}:{ranges}"
-
-
-@dataclass(frozen=True, slots=True)
-class Block(Generic[T]):
-    """The chunks of one topic cut in one flush: stored as one INSERT into the topic's table."""
-
-    chunks: tuple[Chunk[T], ...]
-
-    @property
-    def topic(self) -> str:
-        return self.chunks[0].topic
-
-    def token(self, prefix: str = "") -> str:
-        return block_token(self.chunks, prefix)
-
-    def __str__(self) -> str:
-        return f"{self.topic}[" + ",".join(f"{c.partition}@{c.first}-{c.last}" for c in self.chunks) + "]"
-
-
-def blocks(chunks: Sequence[Chunk[T]]) -> list[Block[T]]:
-    """The chunks grouped by topic (one block each), in the order the topics first appear."""
-    by_topic: dict[str, list[Chunk[T]]] = {}
-    for c in chunks:
-        by_topic.setdefault(c.topic, []).append(c)
-    return [Block(tuple(sorted(group, key=lambda c: c.partition))) for group in by_topic.values()]
 
 
 class Batcher(Generic[T]):
@@ -157,51 +121,30 @@ class Batcher(Generic[T]):
     ) -> list[Chunk[T]]:
         """Cut one chunk per buffered partition (at most `max_rows` items each).
 
-        After a crash the flush that was under way is cut again, the same: a
-        partition with a plan whose range holds its first buffered offset (or,
-        not fetched yet, its position) is cut exactly at the plan's end. While
-        one such partition has not reached that end and the consumer's
-        `positions` say more may come, its topic is held back; and a topic with
-        planned partitions is cut to those alone (the others wait for the next
-        flush), so each topic's block (`blocks`) is the one the store knows.
+        A partition with a plan whose range starts at or before its first
+        buffered offset is cut exactly at the plan's end; while its buffer has
+        not reached that end and the consumer's `positions` say more may come,
+        it is held back.
         """
         plans = plans or {}
         positions = positions or {}
-        redo = self._redo(plans, positions)
-        redo_topics = {tp[0] for tp in redo}
-        held = {tp[0] for tp, plan in redo.items() if not self._reached(tp, plan, positions)}
         out: list[Chunk[T]] = []
         for tp, buf in sorted(self._buffers.items()):
-            if not buf.offsets or tp[0] in held:
+            if not buf.offsets:
                 continue
             limit = self.policy.max_rows
-            if tp in redo:
-                limit = sum(1 for o in buf.offsets if o <= redo[tp].last)
-            elif tp[0] in redo_topics:
-                continue  # not in the retried block: cut with the next flush
+            plan = plans.get(tp)
+            if plan is not None and plan.first <= buf.offsets[0] <= plan.last:
+                reached = buf.offsets[-1] >= plan.last or positions.get(tp, 0) > plan.last
+                if not reached:
+                    continue
+                limit = sum(1 for o in buf.offsets if o <= plan.last)
             n = min(limit, len(buf.offsets))
             out.append(Chunk(tp[0], tp[1], buf.offsets[0], buf.offsets[n - 1], tuple(buf.items[:n])))
             del buf.offsets[:n], buf.items[:n]
             self.total -= n
             buf.since = now
         return out
-
-    def _redo(self, plans: Mapping[TopicPartition, Plan],
-              positions: Mapping[TopicPartition, int]) -> dict[TopicPartition, Plan]:
-        """The plans of a flush under way when the last sink stopped: read again from their start."""
-        out = {}
-        for tp, plan in plans.items():
-            buf = self._buffers.get(tp)
-            start = buf.offsets[0] if buf is not None and buf.offsets else positions.get(tp)
-            if start is not None and plan.first <= start <= plan.last:
-                out[tp] = plan
-        return out
-
-    def _reached(self, tp: TopicPartition, plan: Plan, positions: Mapping[TopicPartition, int]) -> bool:
-        """Whether the partition's buffer holds the plan's whole range (or the log has nothing more of it)."""
-        buf = self._buffers.get(tp)
-        return (buf is not None and bool(buf.offsets) and buf.offsets[-1] >= plan.last) \
-            or positions.get(tp, 0) > plan.last
 
     def drop(self, tps: set[TopicPartition] | None = None) -> None:
         """Forget buffered messages: those of partitions a rebalance gave to another member, which reads them again."""

@@ -1,16 +1,15 @@
 """Which insert errors a retry can pass, and finding the rows that no retry can store (pure).
 
-A block (the chunks of one topic cut in one flush) is inserted as one INSERT. When the
-insert fails with an error that a retry can pass (the store away, a timeout, too many
-parts, a table being created), the sink retries it with backoff, holding its position.
-When it fails with a *data* error, no retry can pass, so `isolate` splits the rows in
-halves, inserting each half as its own block, down to the single rows that fail; those
-are returned, to go to the dead-letter topic with the error, and the rest of the block is
-stored. Any error not known to be a data error counts as one a retry can pass (the sink
-waits rather than dead-letters good rows).
+A chunk is inserted as one block. When the insert fails with an error that a retry can
+pass (the store away, a timeout, too many parts, a table being created), the sink retries
+it with backoff, holding its position. When it fails with a *data* error, no retry can
+pass, so `isolate` splits the rows in halves, inserting each half as its own block, down
+to the single rows that fail; those are returned, to go to the dead-letter topic with the
+error, and the rest of the chunk is stored. Any error not known to be a data error counts
+as one a retry can pass (the sink waits rather than dead-letters good rows).
 
-Each part's deduplication token is derived from the block's token and the part's ends,
-so a block bisected again after a crash gives the same parts, which deduplicate.
+Each part's deduplication token is derived from the chunk's token and the part's offsets,
+so a chunk bisected again after a crash gives the same blocks, which deduplicate.
 """
 
 from __future__ import annotations
@@ -69,10 +68,8 @@ def is_data_error(exc: BaseException) -> bool:
 
 
 def part_token(token: str, rows: Sequence[Located]) -> str:
-    """The deduplication token of a part of a block: the block's, and the positions of the part's ends
-    (partition and offset: a block holds several partitions' chunks, whose offsets repeat)."""
-    first, last = rows[0], rows[-1]
-    return f"{token}:{first.partition}:{first.offset}-{last.partition}:{last.offset}"
+    """The deduplication token of a part of a chunk: the chunk's, and the part's offsets."""
+    return f"{token}:{rows[0].offset}-{rows[-1].offset}"
 
 
 def isolate(rows: Sequence[Located], token: str, insert: Callable[[Sequence[Located], str], int],

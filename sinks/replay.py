@@ -23,7 +23,7 @@ import uuid
 from typing import Any
 
 from areal_metrics.producers.contract.settings import Settings
-from areal_metrics.sinks.batching import Batcher, BatchPolicy, blocks
+from areal_metrics.sinks.batching import Batcher, BatchPolicy, dedup_token
 from areal_metrics.sinks.decode import decode
 from areal_metrics.sinks.migrations import apply_schema, drop_tables, recreate_tables
 from areal_metrics.sinks.schema import TABLES, SchemaOptions
@@ -115,10 +115,9 @@ def replay_into(client: Any, settings: Settings, schema: SchemaOptions | None = 
         last_progress = time.monotonic()
 
         def write_all() -> None:
-            for block in blocks(batcher.take(time.monotonic())):  # one INSERT per table, as the sink
-                # invalid input: already dead-lettered live
-                rows = [r for c in block.chunks for r in decode(c.items, topics).rows]
-                insert_rows(client, schema.database, rows, block.token(prefix))
+            for chunk in batcher.take(time.monotonic()):
+                rows = decode(chunk.items, topics).rows  # invalid input: already dead-lettered live
+                insert_rows(client, schema.database, rows, dedup_token(chunk.topic, chunk.partition, chunk.first, chunk.last, prefix))
 
         while any(consumer.position(tp) < end[tp] for tp in tps):
             polled = consumer.poll(timeout_ms=500, max_records=policy.max_rows)

@@ -1,9 +1,9 @@
 """The sink loop: every topic -> its ClickHouse table, exactly once.
 
 Per flush: cut chunks (one per partition, `Batcher`), record their plans,
-insert each topic's chunks as one block (`Block`) with its deduplication token, publish the dead letters,
+insert each chunk with its deduplication token, publish the dead letters,
 and only then commit the Kafka offsets. A crash anywhere in between re-reads
-the same messages from the last committed offset, the plans cut the same
+the same messages from the last committed offset, the plan cuts the same
 chunks, and ClickHouse drops the blocks it already has (and `FINAL` collapses
 any re-sent event by `event_id`). When the store is down the sink retries
 with backoff, holding its position; nothing is committed that is not stored.
@@ -25,11 +25,10 @@ from areal_metrics.producers.runtime.topic_metadata import known_partitions
 from areal_metrics.sinks.batching import (
     Batcher,
     BatchPolicy,
-    Block,
     Chunk,
     Plan,
     TopicPartition,
-    blocks,
+    dedup_token,
 )
 from areal_metrics.producers.runtime.poison import OK, POISON, CrashGuard, crash_now, poison_events, spans
 from areal_metrics.sinks.decode import SINK_NODE, Decoded, dead_letter, decode
@@ -97,7 +96,7 @@ class Sink:
         self.revoked: set[TopicPartition] = set()  # by a rebalance under way: dropped unless assigned again
         self.uncommitted: dict[Any, Any] = {}  # stored offsets a rebalance kept us from committing yet
         self.plans: dict[TopicPartition, Plan] = {}
-        self.stats = {"rows": 0, "chunks": 0, "blocks": 0, "dead_letters": 0, "retries": 0, "commits": 0, "replanned": 0,
+        self.stats = {"rows": 0, "chunks": 0, "dead_letters": 0, "retries": 0, "commits": 0, "replanned": 0,
                       "unstorable": 0, "restored": 0, "poison": 0}
         self.client: Any = None
         self.consumer: Any = None
@@ -267,16 +266,16 @@ class Sink:
         cut(run, OK)
         return out
 
-    def _decode_all(self, chunks: list[Chunk[Any]], alerts: list[Any]) -> dict[TopicPartition, Decoded]:
-        """Each chunk's rows and dead letters, by partition. The work a message does in the sink is
-        its decoding (after it, the rows are one block, whose insert fails as the store's, retried,
-        not the message's): its positions are recorded while it runs, so a message that crashes the
+    def _decode_all(self, chunks: list[Chunk[Any]], alerts: list[Any]) -> list[tuple[Chunk[Any], Decoded]]:
+        """Each chunk's rows and dead letters. The work a message does in the sink is its decoding
+        (after it, the chunk is one block, whose insert fails as the store's, retried, not the
+        message's): its positions are recorded while it runs, so a message that crashes the
         sink there twice is dead-lettered and skipped (producers/runtime/poison.py). A crash
         after it keeps the chunk's plan, so the retried insert stays exactly once."""
         if self.guard is None:
-            return {(c.topic, c.partition): self._decode(c, alerts) for c in chunks}
+            return [(c, self._decode(c, alerts)) for c in chunks]
         self.guard.begin(spans((c.topic, c.partition, o) for c in chunks for o in (c.first, c.last)))
-        out = {(c.topic, c.partition): self._decode(c, alerts) for c in chunks}
+        out = [(c, self._decode(c, alerts)) for c in chunks]
         self.guard.end()
         return out
 
@@ -306,27 +305,23 @@ class Sink:
         alerts: list[Any] = []
         decoded = self._decode_all(chunks, alerts)
         plans = {(c.topic, c.partition): Plan(c.first, c.last) for c in chunks}
-        redone = {tp for tp, p in plans.items() if self.plans.get(tp) == p}
+        redone = [tp for tp, p in plans.items() if self.plans.get(tp) == p]
         if redone:  # a crash interrupted these batches: the same blocks again, same tokens
-            log.info("re-inserting %d planned batches: %s", len(redone), sorted(redone))
+            log.info("re-inserting %d planned batches: %s", len(redone), redone)
             self.stats["replanned"] += len(redone)
         self._retry("recording batch plans", lambda: record_plans(self.client, db, self.group, plans))
         self.plans.update(plans)
-        dead: list[Any] = []
-        for block in blocks(chunks):  # one INSERT per table: its cost is mostly fixed
-            token = block.token()
-            parts = [decoded[(c.topic, c.partition)] for c in block.chunks]
-            rows = [r for d in parts for r in d.rows]
-            dead += [ev for d in parts for ev in d.dead_letters]
-            stored, failed = isolate(rows, token, lambda part, t, b=block: self._insert(b, part, t))
-            retried = any((c.topic, c.partition) in redone for c in block.chunks)
+        for c, d in decoded:
+            token = dedup_token(c.topic, c.partition, c.first, c.last)
+            stored, failed = isolate(d.rows, token, lambda rows, t, c=c: self._insert(c, rows, t))
+            retried = (c.topic, c.partition) in redone
             if retried:
-                self._restore_missing(block, rows, failed, token)
+                self._restore_missing(c, d.rows, failed, token)
             self.stats["rows"] += stored
-            self.stats["chunks"] += len(block.chunks)
-            self.stats["blocks"] += 1
+            self.stats["chunks"] += 1
             if failed:
-                dead += self._unstored(block, failed, token, retried)
+                d.dead_letters.extend(self._unstored(c, failed, token, retried))
+        dead = [ev for _, d in decoded for ev in d.dead_letters]
         if dead:
             self._retry("publishing dead letters", lambda: self._publish(dead))
             self.stats["dead_letters"] += len(dead)
@@ -337,48 +332,48 @@ class Sink:
             self.guard.end([(c.topic, c.partition, c.first, c.last) for c in chunks])
         log.debug("committed %d chunks: %s", len(chunks), ", ".join(f"{c.topic}[{c.partition}]@{c.next_offset}" for c in chunks))
 
-    def _insert(self, block: Block[Any], rows: Any, token: str) -> int:
-        return self._retry(f"inserting {block}",
+    def _insert(self, c: Chunk[Any], rows: Any, token: str) -> int:
+        return self._retry(f"inserting {c.topic}[{c.partition}]",
                            lambda: insert_rows(self.client, self.schema.database, rows, token), data_errors=True)
 
-    def _restore_missing(self, block: Block[Any], rows: Any, failed: list[tuple[Located, DataError]],
-                         token: str) -> None:
-        """A retried block's token may be known to the store without its rows (see insert_missing)."""
-        unstorable = {(loc.partition, loc.offset) for loc, _ in failed}
-        kept = [r for r in rows if (r.partition, r.offset) not in unstorable]
+    def _restore_missing(self, c: Chunk[Any], rows: Any, failed: list[tuple[Located, DataError]], token: str) -> None:
+        """A retried chunk's token may be known to the store without its rows (see insert_missing)."""
+        unstorable = {loc.offset for loc, _ in failed}
+        kept = [r for r in rows if r.offset not in unstorable]
         again = f"{token}:restored:{uuid.uuid4().hex}"  # one per restore: its own retries deduplicate
         try:
-            n = self._retry(f"checking the retried batch {block}",
+            n = self._retry(f"checking the retried batch {c.topic}[{c.partition}]",
                             lambda: insert_missing(self.client, self.schema.database, kept, again), data_errors=True)
         except DataError as exc:  # these rows were stored once: not expected; said, and passed over
-            log.error("%s: restoring rows of a retried batch failed: %s", block, exc)
+            log.error("%s[%d]@%d-%d: restoring rows of a retried batch failed: %s", c.topic, c.partition, c.first,
+                      c.last, exc)
             return
         if n:
-            log.warning("%s: %d events of a batch the store had recorded as inserted were not stored "
-                        "(a crash between the two); inserted them again", block, n)
+            log.warning("%s[%d]@%d-%d: %d events of a batch the store had recorded as inserted were not stored "
+                        "(a crash between the two); inserted them again", c.topic, c.partition, c.first, c.last, n)
             self.stats["restored"] += n
 
-    def _unstored(self, block: Block[Any], failed: list[tuple[Located, DataError]], token: str,
+    def _unstored(self, c: Chunk[Any], failed: list[tuple[Located, DataError]], token: str,
                   retried: bool = False) -> list[Any]:
         """Dead letters for the rows no insert could store. A row read from the dead-letter
         topic is not published again (that would loop): its own dead letter is stored instead,
         and when even that fails, it is logged and passed over."""
-        by_position = {(c.partition, m.offset): m for c in block.chunks for m in c.items}
+        by_offset = {m.offset: m for m in c.items}
         letters = []
         for loc, exc in failed:
             reason = f"{loc.event.table}: could not be stored ({exc})"
-            log.warning("%s[%d]@%d %s; dead-lettered", loc.topic, loc.partition, loc.offset, reason)
-            letters.append(dead_letter(by_position[(loc.partition, loc.offset)], reason))
+            log.warning("%s[%d]@%d %s; dead-lettered", c.topic, c.partition, loc.offset, reason)
+            letters.append(dead_letter(by_offset[loc.offset], reason))
         self.stats["unstorable"] += len(letters)
-        if block.topic != self.topics.deadletter:
+        if c.topic != self.topics.deadletter:
             return letters
-        rows = [Located(e, loc.topic, loc.partition, loc.offset) for e, (loc, _) in zip(letters, failed)]
-        _, lost = isolate(rows, f"{token}:letters", lambda part, t: self._insert(block, part, t))
+        rows = [Located(e, c.topic, c.partition, loc.offset) for e, (loc, _) in zip(letters, failed)]
+        _, lost = isolate(rows, f"{token}:letters", lambda part, t: self._insert(c, part, t))
         if retried:
-            self._restore_missing(block, rows, lost, f"{token}:letters")
+            self._restore_missing(c, rows, lost, f"{token}:letters")
         for loc, exc in lost:
             log.error("%s[%d]@%d cannot be stored even as a dead letter (%s); passed over",
-                      loc.topic, loc.partition, loc.offset, exc)
+                      c.topic, c.partition, loc.offset, exc)
         return []
 
     def _publish(self, events: list[Any], topic: str | None = None) -> None:

