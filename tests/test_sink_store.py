@@ -332,4 +332,3 @@ def test_migration_10_adds_notes_and_summary_to_an_older_store_and_keeps_its_run
     insert_rows(client, "areal", located([new], "areal.runs", 0, 1), "new")
     assert client.query("SELECT run_id, name, notes, summary FROM areal.v_runs ORDER BY run_id").result_rows == [
         ("after", None, "n", '{"best_acc":0.4}'), ("before", "kept", None, None)]
-
