@@ -90,7 +90,8 @@ def main() -> int:
     for ranks, s in pipe["scale"].items():
         rows.append((f"pipeline, {ranks} rank(s) publishing ({s['runs']} run(s))", f"{s['events_per_s']:,.0f} ev/s",
                      f"{s['events_per_s'] / raw:.2f} of raw; cores busy: worker {s['worker_core_share']:.2f}, "
-                     f"sink {s['sink_core_share']:.2f}, machine {s['machine_core_share']:.2f}; CPU/event: worker {s['worker_cpu_us_per_event']:.0f} us, "
+                     f"sink {s['sink_core_share']:.2f}, machine {s['machine_core_share']:.2f}; "
+                     f"CPU/event: worker {s['worker_cpu_us_per_event']:.0f} us, "
                      f"sink {s['sink_cpu_us_per_event']:.0f} us"))
     print_table(f"pipeline: publishers -> Kafka -> stream worker + sink -> ClickHouse rows ({n_pipe:,} step events)", rows)
     print_table("latency and memory", [
