@@ -420,7 +420,8 @@ def run(bootstrap: str, n: int, samples: int, scales: tuple[int, ...], repeats: 
                                               "machine_cpu_us_per_event": []}
         for scale in repeated:
             per_repeat["pipeline_events_per_s"].append(max(s["events_per_s"] for s in scale.values()))
-            for name in ("worker", "sink", "publishers", "machine"):  # over every phase of the repeat: CPU time / step events
+            # over every phase of the repeat: CPU time / step events
+            for name in ("worker", "sink", "publishers", "machine"):
                 cpu = sum(s[f"{name}_cpu_us_per_event"] * s["events"] for s in scale.values())
                 per_repeat[f"{name}_cpu_us_per_event"].append(cpu / sum(s["events"] for s in scale.values()))
         out["scale"] = repeated[-1]

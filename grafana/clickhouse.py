@@ -35,6 +35,12 @@ def view(table: str) -> str:
     return f"{DATABASE}.v_{table}"
 
 
+def view_of_chosen_runs(name: str) -> str:
+    """A parameterized view (`v_<name>_of(runs = [...])`) given the dashboard's chosen runs: every read
+    inside it, its check for rows delivered twice included, narrowed to them."""
+    return f"{view(name + '_of')}(runs = [${{run:singlequote}}])"
+
+
 def stored(name: str) -> str:
     """A table itself, in DATABASE (for reads that need no deduplication: which run ids exist)."""
     return f"{DATABASE}.{name}"

@@ -6,7 +6,7 @@ from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import dashboard
 
-from areal_metrics.grafana.clickhouse import SQL, Format, stored, view
+from areal_metrics.grafana.clickhouse import SQL, Format, stored, view, view_of_chosen_runs
 from areal_metrics.grafana.panels import NODE_FILTER, RUN_FILTER, STEP_MEANS, base, table, timeseries
 from areal_metrics.producers.contract.rank_rules import SUMMED, memory_sql
 
@@ -50,7 +50,7 @@ def _rank_rows() -> str:
     WHERE {RAW_GATE} AND {where}
     UNION ALL
     SELECT {sep.join(buckets)}, CAST(NULL AS Nullable(Float64)) AS latency
-    FROM {view('rank_buckets_of')}(runs = [${{run:singlequote}}])
+    FROM {view_of_chosen_runs('rank_buckets')}
     WHERE {BUCKET_GATE} AND {where}"""
 
 

@@ -17,7 +17,15 @@ from grafana_foundation_sdk.builders import timeseries as ts_b
 from grafana_foundation_sdk.builders import trend as trend_b
 from grafana_foundation_sdk.models import common, dashboard
 
-from areal_metrics.grafana.clickhouse import SQL, AnnotationTarget, Format, datasource_ref, stored, view
+from areal_metrics.grafana.clickhouse import (
+    SQL,
+    AnnotationTarget,
+    Format,
+    datasource_ref,
+    stored,
+    view,
+    view_of_chosen_runs,
+)
 from areal_metrics.grafana.macros import ALL
 
 REFRESH = "5s"
@@ -30,7 +38,7 @@ NODE_FILTER = "$__conditionalAll(node IN (${node:singlequote}), $node)"
 DATASET_FILTER = "$__conditionalAll(dataset IN (${dataset:singlequote}), $dataset)"
 # The per-step means (one row per run and step, kept at insert time) of the chosen runs: v_step_means_of,
 # whose check for steps delivered twice reads those runs alone (v_step_means' reads every run's).
-STEP_MEANS = f"{view('step_means_of')}(runs = [${{run:singlequote}}])"
+STEP_MEANS = view_of_chosen_runs("step_means")
 
 
 # ------------------------------------------------------------------ variables

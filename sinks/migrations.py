@@ -26,7 +26,7 @@ from areal_metrics.sinks.schema import (
     plans_sql,
 )
 from areal_metrics.sinks import rank_aggregates
-from areal_metrics.sinks.step_means import backfill_sql
+from areal_metrics.sinks.step_means import backfill_sql, step_means_view_sql
 from areal_metrics.sinks.step_means import create_statements as step_means_statements
 from areal_metrics.sinks.step_means import drop_statements as step_means_drops
 
@@ -148,7 +148,7 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
     # materialized view that fills it from every insert into steps, the steps already
     # stored, and v_step_means. A row added twice (a backfill racing live inserts) is
     # recomputed from v_steps by the view, so the backfill needs no pause.
-    v9: list[Statement] = [*step_means_statements(o)[:2], backfill_sql(o), step_means_statements(o)[2]]  # [3]: v12
+    v9: list[Statement] = [*step_means_statements(o)[:2], backfill_sql(o), step_means_statements(o)[2]]
     # v10: W&B's run notes (init(notes=...)) and run.summary (canonical JSON text), on runs and in v_runs.
     # Rows stored before have NULL in both; the run events on the topic hold them (`replay` fills them in).
     v10: list[Statement] = [*_add_columns("runs", ("notes", "summary"), o), create_view_sql(TABLES_BY_NAME["runs"], o)]
@@ -160,7 +160,7 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
     v11: list[Statement] = [*r11[:2], rank_aggregates.backfill_sql(o), *r11[2:]]
     # v12: v_step_means_of(runs), v_step_means for the given runs alone: the dashboards' run filter then
     # reaches the view's check for steps delivered twice, which reads every run's aggregates otherwise.
-    v12: list[Statement] = [step_means_statements(o)[3]]
+    v12: list[Statement] = [step_means_view_sql(o, of_runs=True)]
     return [
         (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
         (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
