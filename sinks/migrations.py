@@ -26,7 +26,7 @@ from areal_metrics.sinks.schema import (
     plans_sql,
 )
 from areal_metrics.sinks import rank_aggregates
-from areal_metrics.sinks.step_means import backfill_sql, step_means_view_sql
+from areal_metrics.sinks.step_means import backfill_sql, rank_words_statements, step_means_view_sql
 from areal_metrics.sinks.step_means import create_statements as step_means_statements
 from areal_metrics.sinks.step_means import drop_statements as step_means_drops
 
@@ -161,6 +161,10 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
     # v12: v_step_means_of(runs), v_step_means for the given runs alone: the dashboards' run filter then
     # reaches the view's check for steps delivered twice, which reads every run's aggregates otherwise.
     v12: list[Statement] = [step_means_view_sql(o, of_runs=True)]
+    # v13: step_aggregates.rank_words, the rank set as summed plain words beside its aggregate state, filled
+    # for the rows already stored; both step-means views check for steps delivered twice on it (a plain read,
+    # where deserializing every step's state took most of a per-step panel's time).
+    v13: list[Statement] = [*rank_words_statements(o), step_means_view_sql(o), step_means_view_sql(o, of_runs=True)]
     return [
         (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
         (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
@@ -175,6 +179,7 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
         (10, "runs.notes and runs.summary: W&B's init(notes=...) and run.summary; v_runs shows both", v10),
         (11, "per-rank aggregates at insert time: rank_aggregates, rank_aggregates_mv, v_rank_buckets, v_rank_buckets_of", v11),
         (12, "v_step_means_of(runs): the per-step means of the given runs, every read narrowed to them", v12),
+        (13, "step_aggregates.rank_words: the rank set as summed words, read by the check for steps delivered twice", v13),
     ]
 
 

@@ -7,7 +7,8 @@ here it is kept as rows arrive, so a panel's cost grows with steps.
 Objects (created by migration 9, rebuilt by `replay`):
 - `step_aggregates`: an AggregatingMergeTree keyed by (run_id, attempt, step) whose columns
   are sums (SimpleAggregateFunction), mins, maxes and the set of ranks seen (a bitset, one
-  UInt64 word per 64 ranks);
+  UInt64 word per 64 ranks), kept twice: OR-ed as an aggregate state (`rank_bits`) and summed as
+  plain words (`rank_words`, migration 13), which the check below reads;
 - `step_aggregates_mv`: the materialized view that adds every block inserted into `steps`;
 - `v_step_means`: one row per (run_id, step): its latest attempt's (`attempt` says which);
 - `v_step_means_of(runs = [...])` (migration 12): the same for the given runs alone, every read
@@ -25,9 +26,10 @@ retried batch carries the same deduplication token, and ClickHouse skips the mat
 view for a block it deduplicates; but a row can still arrive twice in two blocks (a client
 that re-sends an event it is unsure of, a step logged twice by one rank, a sink killed between
 a block's token and its part, whose restore inserts the rows again). So every aggregate row
-also counts the rows added (`rows`) beside the set of distinct ranks: a step whose `rows`
-equals its rank count saw each rank once and its sums are exact; a step with more rows than
-ranks is computed again from the deduplicated raw rows (`v_steps`), for that step alone. The
+also counts the rows added (`rows`) beside the rank words, summed: a step whose `rows` equals
+the popcount of its summed words saw each rank once and its sums are exact (a rank added twice
+carries a bit away, see `RANK_WORDS`); any other step is computed again from the deduplicated
+raw rows (`v_steps`), for that step alone. The
 view is thus exactly the raw rows' means whatever was delivered twice, and costs a read of
 the raw rows only for steps that were.
 
@@ -94,9 +96,32 @@ def _state_columns() -> list[tuple[str, str, str]]:
     return _COMMON + [p for c in MEAN_COLUMNS for p in _parts(c)]
 
 
+# The rank set again as plain words, summed (not OR-ed) as rows merge: what the check for steps delivered
+# twice reads. Computed from each inserted row's `rank_bits` (so the materialized view is unchanged, and
+# migration 13 fills it for the rows already stored). A sum of disjoint bit sets is their union, and any
+# overlap carries a bit away (popcount(a + b) = popcount(a) + popcount(b) - carries, also modulo 2^64), so
+# `rows` equals the popcount of the sum exactly when no rank came twice, within one insert or across them.
+# Read as a plain map it costs 1/25 of deserializing `rank_bits`' aggregate states (docs/PERFORMANCE.md).
+RANK_WORDS = "rank_words"
+RANK_WORDS_DDL = (f"`{RANK_WORDS}` SimpleAggregateFunction(sumMap, Map(UInt32, UInt64)) "
+                  "MATERIALIZED finalizeAggregation(rank_bits)")
+
+
+def _popcount(words: str) -> str:
+    return f"arraySum(arrayMap(x -> bitCount(x), mapValues({words})))"
+
+
 def aggregates_table_sql(o: SchemaOptions) -> str:
     return o.aggregating_table(AGGREGATES, ["run_id LowCardinality(String)", "attempt UInt32", "step UInt64"]
-                               + [f"`{name}` {typ}" for name, typ, _ in _state_columns()], "run_id, attempt, step")
+                               + [f"`{name}` {typ}" for name, typ, _ in _state_columns()] + [RANK_WORDS_DDL],
+                               "run_id, attempt, step")
+
+
+def rank_words_statements(o: SchemaOptions) -> list[str]:
+    """Migration 13: `rank_words` on a store made before it, filled for the rows already there."""
+    table = f"{o.database}.{AGGREGATES}{o.on_cluster}"
+    return [f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {RANK_WORDS_DDL}",
+            f"ALTER TABLE {table} MATERIALIZE COLUMN {RANK_WORDS} SETTINGS mutations_sync = 2"]
 
 
 def _select_from_steps(o: SchemaOptions) -> str:
@@ -121,8 +146,8 @@ def _merged() -> str:
         return f"{fn}ArgMax(a.{column}, a.attempt)"
     cols = ["a.run_id AS run_id", "max(a.attempt) AS attempt", "a.step AS step", f"{latest('max', 'ts')} AS ts",
             f"{latest('min', 'first_ts')} AS first_ts", f"{latest('sum', 'rows')} AS rows",
-            f"toUInt32(arraySum(arrayMap(x -> bitCount(x), mapValues({latest('groupBitOrMapMerge', 'rank_bits')})))) "
-            "AS ranks",
+            # a step taken from here saw each rank once (the others come from the raw rows): its ranks are its rows
+            f"toUInt32({latest('sum', 'rows')}) AS ranks",
             f"{latest('max', 'world_size')} AS world_size", f"{latest('sum', 'n_samples')} AS n_samples"]
     for c in MEAN_COLUMNS:
         sums = {k: latest("sum", f"`{c}__{k}`") for k in ("n", "sum", "unweighted", "w", "wsum")}
@@ -148,6 +173,24 @@ def _from_raw(db: str) -> str:
     cols += ["sumMap(s.metrics) AS metric_sums", f"{_METRIC_COUNTS.format(m='s.metrics')} AS metric_counts",
              _METRIC_MEANS, "minMap(s.metrics) AS metrics_min", "maxMap(s.metrics) AS metrics_max"]
     return ",\n        ".join(cols)
+
+
+def delivered_twice_sql(db: str, of_runs: bool) -> str:
+    """The (run_id, attempt, step) some rank's row reached the aggregates twice in. Two passes: a step
+    kept in one aggregate row (merged, or inserted once) is checked on that row's words alone, a plain
+    read; only a step still in several rows sums its words per step (a map sum per group, which over
+    every step cost most of a panel's time: docs/PERFORMANCE.md)."""
+    runs = "WHERE a.run_id IN {runs:Array(String)} " if of_runs else ""
+    runs_and = "a.run_id IN {runs:Array(String)} AND " if of_runs else ""
+    return f"""
+            SELECT a.run_id, a.attempt, a.step FROM {db}.{AGGREGATES} AS a
+            WHERE {runs_and}(a.run_id, a.attempt, a.step) IN (
+                SELECT a.run_id, a.attempt, a.step FROM {db}.{AGGREGATES} AS a {runs}GROUP BY a.run_id, a.attempt, a.step
+                HAVING count() > 1 OR sum(a.rows) != sum({_popcount(f'a.{RANK_WORDS}')})
+            )
+            GROUP BY a.run_id, a.attempt, a.step
+            HAVING sum(a.rows) != {_popcount(f'sumMap(a.{RANK_WORDS})')}
+        """
 
 
 def output_columns() -> tuple[str, ...]:
@@ -188,11 +231,7 @@ LEFT JOIN
         SELECT
         {_from_raw(db)}
         FROM {db}.{steps_view} AS s
-        WHERE {of_raw}(s.run_id, s.attempt, s.step) IN (
-            SELECT a.run_id, max(a.attempt), a.step FROM {db}.{AGGREGATES} AS a {of_aggregates}GROUP BY a.run_id, a.step
-            HAVING sumArgMax(a.rows, a.attempt) != arraySum(arrayMap(x -> bitCount(x),
-                   mapValues(groupBitOrMapMergeArgMax(a.rank_bits, a.attempt))))
-        )
+        WHERE {of_raw}(s.run_id, s.attempt, s.step) IN ({delivered_twice_sql(db, of_runs)})
         GROUP BY s.run_id, s.attempt, s.step
     )
 ) AS f ON f.run_id = m.run_id AND f.attempt = m.attempt AND f.step = m.step"""

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from areal_metrics.grafana.catalog import BUILDERS, build
 from areal_metrics.grafana.queries import dashboard_queries
@@ -26,7 +28,7 @@ from areal_metrics.sinks.migrations import apply_schema
 from areal_metrics.sinks.query import Target, open_client
 from areal_metrics.sinks.rows import Located
 from areal_metrics.sinks.schema import MIGRATIONS_TABLE, SCHEMA_VERSION, SchemaOptions
-from areal_metrics.sinks.step_means import AGGREGATES, MEAN_COLUMNS, drop_statements
+from areal_metrics.sinks.step_means import AGGREGATES, MEAN_COLUMNS, RANK_WORDS, delivered_twice_sql, drop_statements
 from areal_metrics.sinks.writer import insert_rows
 from areal_metrics.streams.core.ranks import RankReport, RankState, add_rank, mean_reward
 
@@ -207,6 +209,58 @@ def test_an_older_store_is_backfilled_by_the_migration(client: Any) -> None:
     assert apply_schema(client) == SCHEMA_VERSION
     put(client, events[50:])
     assert int(client.command("SELECT count() FROM areal.v_step_means")) == 20
+    assert_view_is_the_raw_rule(client)
+
+
+def delivered_twice(client: Any) -> set[tuple[str, int, int]]:
+    """The (run_id, attempt, step) the views take from the raw rows: some rank's row reached the sums twice."""
+    return set(client.query(delivered_twice_sql("areal", of_runs=False)).result_rows)
+
+
+_examples = iter(range(10**9))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ranks=st.lists(st.integers(0, 200), min_size=1, max_size=40), cuts=st.lists(st.integers(1, 40), max_size=4),
+       merge=st.booleans())
+def test_the_summed_rank_words_find_exactly_the_steps_a_rank_reached_twice(
+        client: Any, ranks: list[int], cuts: list[int], merge: bool) -> None:
+    """A step's rank reports in any order and any blocks (a rank repeated in its own block or in another,
+    ranks around a word's edge at 63/64 and its top bit): the check flags the step exactly when some rank
+    came twice, and the view's means and rank count are the raw rows' whatever it flags."""
+    run = f"r{next(_examples)}"
+    events = [StepEvent(run_id=run, step=1, epoch=0, rank=r, world_size=201, ts=TS + i, reward=r / 7, n_samples=r % 5 + 1)
+              for i, r in enumerate(ranks)]
+    bounds = sorted({0, *(c for c in cuts if c < len(events)), len(events)})
+    for lo, hi in zip(bounds, bounds[1:]):
+        put(client, events[lo:hi])
+    if merge:
+        client.command(f"OPTIMIZE TABLE areal.{AGGREGATES} FINAL")
+    twice = len(set(ranks)) != len(ranks)
+    assert ((run, 0, 1) in delivered_twice(client)) == twice
+    got = client.query(f"SELECT ranks, reward FROM areal.v_step_means_of(runs = ['{run}'])").result_rows
+    distinct = sorted(set(ranks))
+    assert got == [(len(distinct), pytest.approx(sum(r / 7 * (r % 5 + 1) for r in distinct)
+                                                 / sum(r % 5 + 1 for r in distinct), rel=1e-12))]
+
+
+def test_a_store_made_before_the_rank_words_gets_them_for_the_rows_it_holds(client: Any) -> None:
+    """Migration 13 adds `rank_words` and writes it into the parts already stored (a part without it
+    would compute it from `rank_bits` at every read: the cost it removes); steps are taken from the
+    sums again, and the check still finds the steps delivered twice before and after it."""
+    events = [StepEvent(run_id="old", step=s, epoch=0, rank=r, world_size=70, reward=r / 4, ts=TS + s)
+              for s in range(20) for r in range(70)]
+    client.command(f"ALTER TABLE areal.{AGGREGATES} DROP COLUMN {RANK_WORDS}")  # a store of schema 12
+    client.command(f"ALTER TABLE areal.{MIGRATIONS_TABLE} DELETE WHERE version >= 13 SETTINGS mutations_sync = 1")
+    put(client, events[:700])
+    put(client, events[:70])  # step 0 delivered twice, before the migration
+    assert apply_schema(client) == SCHEMA_VERSION
+    parts = client.query(f"SELECT name, has(groupArray(column), '{RANK_WORDS}') FROM system.parts_columns "
+                         f"WHERE database = 'areal' AND table = '{AGGREGATES}' AND active GROUP BY name").result_rows
+    assert parts and all(stored for _, stored in parts), parts
+    put(client, events[700:])
+    put(client, events[1330:])  # step 19 delivered twice, after it
+    assert delivered_twice(client) == {("old", 0, 0), ("old", 0, 19)}
     assert_view_is_the_raw_rule(client)
 
 
