@@ -35,10 +35,13 @@ def view(table: str) -> str:
     return f"{DATABASE}.v_{table}"
 
 
-def view_of_chosen_runs(name: str) -> str:
+def view_of_chosen_runs(name: str, when: str | None = None) -> str:
     """A parameterized view (`v_<name>_of(runs = [...])`) given the dashboard's chosen runs: every read
-    inside it, its check for rows delivered twice included, narrowed to them."""
-    return f"{view(name + '_of')}(runs = [${{run:singlequote}}])"
+    inside it, its check for rows delivered twice included, narrowed to them. `when`: a condition (constant
+    for the query) under which it gets them, else no run: a branch of a query that is not taken then reads
+    nothing, where a false WHERE would still build the view's IN sets."""
+    runs = "[${run:singlequote}]"
+    return f"{view(name + '_of')}(runs = {runs if when is None else f'if({when}, {runs}, [])'})"
 
 
 def stored(name: str) -> str:

@@ -15,13 +15,16 @@ TS = Format.TIME_SERIES
 WORKER = "concat(run_id, ' · ', node, ' · rank ', toString(rank))"
 MEMORY = memory_sql()  # the rule the per-rank aggregates keep (producers/contract/rank_rules.py)
 
-# Two bounds, each a dashboard variable (docs/GRAFANA.md 'Efficiency'):
+# Three bounds, each a dashboard variable (docs/GRAFANA.md 'Efficiency'):
 # - `rank_raw_rows` (constant, hidden): the per-rank panels read one row per step (the raw rows) when
 #   the chosen runs hold at most this many step rows in the time range, else the per-rank aggregates
 #   (v_rank_buckets: one row per run, node, rank and 64 steps, exactly the deduplicated raw rows' sums,
 #   a point at its bucket's last step);
+# - `rank_coarse_rows` (constant, hidden): above this many step rows in the range, the coarse level
+#   (v_rank_buckets_coarse: 512 steps to a row where exact, else the 64-step rows);
 # - `ranks` (a text box): the per-rank panels draw, and the table lists, at most this many ranks.
 RAW_ROWS_DEFAULT = 250_000
+COARSE_ROWS_DEFAULT = 5_000_000
 RANKS_DEFAULT = 20
 # The step rows the range holds for the chosen runs, from the per-step aggregates (a row per step,
 # not per rank): every attempt's and every repeated row counted, so never fewer than v_steps has.
@@ -29,15 +32,25 @@ RANGE_ROWS = f"(SELECT sum(rows) FROM {stored('step_aggregates')} WHERE $__timeF
 # a value that is no number (an empty text box, a typo) is the default, never an error in a panel
 RAW_ROWS = f"toUInt64OrDefault(${{rank_raw_rows:sqlstring}}, toUInt64({RAW_ROWS_DEFAULT}))"
 RANKS = f"toUInt64OrDefault(${{ranks:sqlstring}}, toUInt64({RANKS_DEFAULT}))"
+COARSE_ROWS = f"toUInt64OrDefault(${{rank_coarse_rows:sqlstring}}, toUInt64({COARSE_ROWS_DEFAULT}))"
 RAW_GATE = f"range_rows <= {RAW_ROWS}"
-BUCKET_GATE = f"range_rows > {RAW_ROWS}"
+BUCKET_GATE = f"range_rows > {RAW_ROWS} AND range_rows <= {COARSE_ROWS}"
+COARSE_GATE = f"range_rows > {RAW_ROWS} AND range_rows > {COARSE_ROWS}"
+
+
+def _given_runs_when(gate: str) -> str:
+    """A gate over `range_rows` as a view's parameter can take it: the scalar itself (a parameter cannot
+    name the query's WITH alias; ClickHouse runs the same scalar subquery once)."""
+    return gate.replace("range_rows", RANGE_ROWS)
 
 
 def _rank_rows() -> str:
     """The per-rank rows of the range, in v_rank_buckets' columns plus `latency` (one step's latency):
     from the raw rows, one per step, when the range is short; from v_rank_buckets_of the chosen runs
-    (`latency` NULL) when it is long: its check for buckets delivered twice reads those runs alone. The gate is a constant once ClickHouse has run the scalar subquery, so the
-    branch not taken reads no rows (tests/test_rank_aggregates.py)."""
+    (`latency` NULL) when it is long (its check for buckets delivered twice reads those runs alone);
+    from v_rank_buckets_coarse_of when it is longer still. Each gate is a constant once ClickHouse has
+    run the scalar subquery, so a branch not taken reads no rows, and a view not taken is given no run, so
+    its checks for rows delivered twice read none either (tests/test_rank_aggregates.py)."""
     raw = ["ts", "run_id", "node", "rank", "toUInt64(1) AS steps", f"{MEMORY} AS memory",
            "toFloat64(latency_ms) AS latency_max"]
     raw += [e for c in SUMMED for e in (f"toUInt64({c} IS NOT NULL) AS `{c}_n`", f"ifNull(toFloat64({c}), 0) AS `{c}_sum`")]
@@ -50,8 +63,12 @@ def _rank_rows() -> str:
     WHERE {RAW_GATE} AND {where}
     UNION ALL
     SELECT {sep.join(buckets)}, CAST(NULL AS Nullable(Float64)) AS latency
-    FROM {view_of_chosen_runs('rank_buckets')}
-    WHERE {BUCKET_GATE} AND {where}"""
+    FROM {view_of_chosen_runs('rank_buckets', when=_given_runs_when(BUCKET_GATE))}
+    WHERE {BUCKET_GATE} AND {where}
+    UNION ALL
+    SELECT {sep.join(buckets)}, CAST(NULL AS Nullable(Float64)) AS latency
+    FROM {view_of_chosen_runs('rank_buckets_coarse', when=_given_runs_when(COARSE_GATE))}
+    WHERE {COARSE_GATE} AND {where}"""
 
 
 def _ratio(column: str, n: str = "_n", s: str = "_sum") -> str:
@@ -144,7 +161,8 @@ def _unit(name: str, unit: str) -> tuple[dashboard.MatcherConfig, list[dashboard
 
 
 def bounds() -> list[cogbuilder.Builder[dashboard.VariableModel]]:
-    """The per-rank panels' two bounds: `ranks` (a text box) and `rank_raw_rows` (a hidden constant)."""
+    """The per-rank panels' three bounds: `ranks` (a text box), `rank_raw_rows` and `rank_coarse_rows` (hidden
+    constants)."""
     ranks = str(RANKS_DEFAULT)
     return [
         dash_b.TextBoxVariable("ranks")
@@ -157,6 +175,10 @@ def bounds() -> list[cogbuilder.Builder[dashboard.VariableModel]]:
         .description("Per-rank panels read one row per step while the chosen runs hold at most this many step "
                      "rows in the time range, else the per-rank aggregates (64 steps to a row).")
         .value(str(RAW_ROWS_DEFAULT)),
+        dash_b.ConstantVariable("rank_coarse_rows")
+        .description("Per-rank panels read the coarse per-rank aggregates (512 steps to a row) when the chosen runs "
+                     "hold more than this many step rows in the time range.")
+        .value(str(COARSE_ROWS_DEFAULT)),
     ]
 
 

@@ -165,6 +165,9 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
     # for the rows already stored; both step-means views check for steps delivered twice on it (a plain read,
     # where deserializing every step's state took most of a per-step panel's time).
     v13: list[Statement] = [*rank_words_statements(o), step_means_view_sql(o), step_means_view_sql(o, of_runs=True)]
+    # v14: the per-rank aggregates' coarse level (512 steps to a row, filled from the fine rows by a cascaded
+    # materialized view) and v_rank_buckets_coarse_of(runs), which the efficiency board reads for long ranges.
+    v14: list[Statement] = rank_aggregates.coarse_migration_statements(o)
     return [
         (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
         (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
@@ -180,6 +183,7 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
         (11, "per-rank aggregates at insert time: rank_aggregates, rank_aggregates_mv, v_rank_buckets, v_rank_buckets_of", v11),
         (12, "v_step_means_of(runs): the per-step means of the given runs, every read narrowed to them", v12),
         (13, "step_aggregates.rank_words: the rank set as summed words, read by the check for steps delivered twice", v13),
+        (14, "per-rank aggregates of 512 steps: rank_aggregates_coarse, its materialized view, v_rank_buckets_coarse_of", v14),
     ]
 
 
@@ -272,5 +276,7 @@ def recreate_tables(client: CommandClient, options: SchemaOptions = SchemaOption
         client.command(create_table_sql(t, options))
     for t in TABLES:
         client.command(create_view_sql(t, options))
-    for stmt in [*step_means_statements(options), *rank_aggregates.create_statements(options)]:  # before any row: the materialized view sees every insert
+    # before any row: the materialized views see every insert
+    for stmt in [*step_means_statements(options), *rank_aggregates.create_statements(options),
+                 *rank_aggregates.coarse_create_statements(options)]:
         client.command(stmt)

@@ -17,6 +17,18 @@ Objects (created by migration 11, rebuilt by `replay`):
 - `v_rank_buckets_of(runs = [...])`: the same for the given runs alone, every read (the check
   for buckets delivered twice among them) narrowed to those runs: what the dashboards read.
 
+A long range (a week of every run at 1,000 ranks) would still read a row per rank and 64 steps:
+100M step rows are 1.6M bucket rows. So a coarse level (migration 14) keeps 512 steps to a row
+(`COARSE_BUCKETS` buckets of 64), filled from the fine level, not from the raw rows again:
+- `rank_aggregates_coarse`: the same columns, keyed by the coarse bucket, with the steps seen as
+  8 words (`step_bits_0` ... `step_bits_7`, one per fine bucket);
+- `rank_aggregates_coarse_mv`: the materialized view that adds every block the fine level's view
+  writes into `rank_aggregates` (a cascade: the fine rows of a block, not its raw rows);
+- `v_rank_buckets_coarse_of(runs = [...])`: a row per coarse bucket whose rows are on one node and
+  each of whose 512 steps came once; every other coarse bucket as its fine rows (the fine level's
+  own rule: from the sums when exact, else from the raw rows). The efficiency board reads it for
+  ranges over `$rank_coarse_rows` step rows.
+
 Exactly once, as `step_aggregates` (sinks/step_means.py): the sink's retried block carries its
 deduplication token and is dropped here too; a row that still arrives twice (in another block)
 makes its bucket's `rows` exceed the number of distinct steps in `step_bits`. A bucket is taken
@@ -56,6 +68,27 @@ def _block_columns() -> list[tuple[str, str, str]]:
     return cols
 
 
+COARSE_BUCKETS = 8  # fine buckets (of BUCKET_STEPS) to a coarse one: 512 steps, a word of step bits each
+RANK_AGGREGATES_COARSE = "rank_aggregates_coarse"
+RANK_AGGREGATES_COARSE_MV = "rank_aggregates_coarse_mv"
+RANK_BUCKETS_COARSE_OF_VIEW = "v_rank_buckets_coarse_of"
+_WORDS = tuple(f"step_bits_{k}" for k in range(COARSE_BUCKETS))
+
+
+def _coarse_columns() -> list[tuple[str, str, str]]:
+    """(state column, its type, the expression over fine rows `f`): the fine columns added up, the steps
+    seen as a word per fine bucket."""
+    out: list[tuple[str, str, str]] = []
+    for name, typ, _ in _block_columns():
+        if name == "step_bits":
+            out += [(w, typ, f"groupBitOr(if(f.bucket % {COARSE_BUCKETS} = {k}, f.step_bits, toUInt64(0)))")
+                    for k, w in enumerate(_WORDS)]
+        else:
+            fn = typ.removeprefix("SimpleAggregateFunction(").split(",")[0]  # sum, max or min, as the fine rows merge
+            out.append((name, typ, f"{fn}(f.`{name}`)"))
+    return out
+
+
 def table_sql(o: SchemaOptions) -> str:
     return o.aggregating_table(RANK_AGGREGATES, ["run_id LowCardinality(String)", "node LowCardinality(String)",
                                                  "rank UInt32", "attempt UInt32", "bucket UInt64"]
@@ -74,6 +107,29 @@ def mv_sql(o: SchemaOptions) -> str:
     return o.materialized_view(RANK_AGGREGATES_MV, RANK_AGGREGATES, _select_from_steps(o))
 
 
+def coarse_table_sql(o: SchemaOptions) -> str:
+    return o.aggregating_table(RANK_AGGREGATES_COARSE, ["run_id LowCardinality(String)", "node LowCardinality(String)",
+                                                        "rank UInt32", "attempt UInt32", "bucket UInt64"]
+                               + [f"`{n}` {t}" for n, t, _ in _coarse_columns()], "run_id, rank, bucket, attempt, node")
+
+
+def _select_from_fine(o: SchemaOptions) -> str:
+    select = ",\n    ".join(["f.run_id AS run_id", "f.node AS node", "f.rank AS rank", "f.attempt AS attempt",
+                              f"intDiv(f.bucket, {COARSE_BUCKETS}) AS bucket"]
+                             + [f"{e} AS `{n}`" for n, _, e in _coarse_columns()])
+    return (f"SELECT\n    {select}\nFROM {o.database}.{RANK_AGGREGATES} AS f\n"
+            f"GROUP BY f.run_id, f.node, f.rank, f.attempt, bucket")
+
+
+def coarse_mv_sql(o: SchemaOptions) -> str:
+    return o.materialized_view(RANK_AGGREGATES_COARSE_MV, RANK_AGGREGATES_COARSE, _select_from_fine(o))
+
+
+def coarse_backfill_sql(o: SchemaOptions) -> str:
+    """Fill the coarse level from the fine one already stored (a store made before migration 14)."""
+    return f"INSERT INTO {o.database}.{RANK_AGGREGATES_COARSE} {_select_from_fine(o)}"
+
+
 def backfill_sql(o: SchemaOptions) -> str:
     """Fill the aggregates from the steps already stored (a store made before migration 11)."""
     return f"INSERT INTO {o.database}.{RANK_AGGREGATES} {_select_from_steps(o)}"
@@ -84,17 +140,25 @@ def backfill_sql(o: SchemaOptions) -> str:
 # attempts; a step a later attempt replaced came twice. (Plain sums: -ArgMax by attempt cost 35 ms
 # against 28 for the grouping of a 2M-row store's aggregates.)
 _EXACT = "min(a.node) = max(a.node) AND sum(a.rows) = bitCount(groupBitOr(a.step_bits))"
+# the same for a coarse bucket: one node, each of its 512 steps once
+_EXACT_COARSE = "min(a.node) = max(a.node) AND sum(a.rows) = " + " + ".join(f"bitCount(groupBitOr(a.{w}))" for w in _WORDS)
 
 
-def view_sql(o: SchemaOptions, of_runs: bool = False) -> str:
+def _from_sums(bucket: str = "a.bucket") -> list[str]:
+    """A bucket's columns from its aggregate rows `a` (fine or coarse: the same columns)."""
+    out = ["a.run_id AS run_id", "any(a.node) AS node", "a.rank AS rank", f"{bucket} AS bucket",
+           "max(a.ts) AS ts", "min(a.first_ts) AS first_ts", "sum(a.rows) AS steps",
+           "max(a.memory) AS memory", "max(a.latency_max) AS latency_max"]
+    return out + [f"sum(a.`{c}_{k}`) AS `{c}_{k}`" for c in SUMMED for k in ("n", "sum")]
+
+
+def _fine_query(o: SchemaOptions, of_runs: bool, within: str = "") -> str:
     """The exact buckets from the sums, UNION ALL the others from the deduplicated raw rows; `of_runs`:
-    v_rank_buckets_of, every read filtered by its parameter `runs`."""
+    every read filtered by the parameter `runs`; `within`: a condition on the aggregate rows `a` too."""
     db, steps_view = o.database, TABLES_BY_NAME["steps"].view
-    runs = ("WHERE a.run_id IN {runs:Array(String)}\n", "s.run_id IN {runs:Array(String)} AND ") if of_runs else ("", "")
-    from_sums = ["a.run_id AS run_id", "any(a.node) AS node", "a.rank AS rank", "a.bucket AS bucket",
-                 "max(a.ts) AS ts", "min(a.first_ts) AS first_ts", "sum(a.rows) AS steps",
-                 "max(a.memory) AS memory", "max(a.latency_max) AS latency_max"]
-    from_sums += [f"sum(a.`{c}_{k}`) AS `{c}_{k}`" for c in SUMMED for k in ("n", "sum")]
+    where_a = " AND ".join(c for c in ("a.run_id IN {runs:Array(String)}" if of_runs else "", within) if c)
+    runs = (f"WHERE {where_a}\n" if where_a else "", "s.run_id IN {runs:Array(String)} AND " if of_runs else "")
+    from_sums = _from_sums()
     from_raw = ["s.run_id AS run_id", "s.node AS node", "s.rank AS rank", f"intDiv(s.step, {BUCKET_STEPS}) AS bucket",
                 "max(s.ts) AS ts", "min(s.ts) AS first_ts", "count() AS steps", f"max({MEMORY}) AS memory",
                 "max(toFloat64(s.latency_ms)) AS latency_max"]
@@ -116,8 +180,32 @@ WHERE {runs[1]}(s.run_id, s.step, s.rank) IN (
     HAVING NOT ({_EXACT})
 )
 GROUP BY s.run_id, s.node, s.rank, bucket"""
+    return query
+
+
+def view_sql(o: SchemaOptions, of_runs: bool = False) -> str:
+    """v_rank_buckets; `of_runs`: v_rank_buckets_of, every read filtered by its parameter `runs`."""
     name = RANK_BUCKETS_OF_VIEW if of_runs else RANK_BUCKETS_VIEW
-    return f"CREATE OR REPLACE VIEW {db}.{name}{o.on_cluster} AS {query}"
+    return f"CREATE OR REPLACE VIEW {o.database}.{name}{o.on_cluster} AS {_fine_query(o, of_runs)}"
+
+
+def coarse_view_sql(o: SchemaOptions) -> str:
+    """v_rank_buckets_coarse_of(runs): the exact coarse buckets from their sums (`bucket`: their first fine
+    bucket), UNION ALL every other coarse bucket as the fine level gives it."""
+    db, sep = o.database, ",\n    "
+    runs = "a.run_id IN {runs:Array(String)}"
+    not_exact = (f"(a.run_id, a.rank, intDiv(a.bucket, {COARSE_BUCKETS})) IN (\n"
+                 f"    SELECT a.run_id, a.rank, a.bucket FROM {db}.{RANK_AGGREGATES_COARSE} AS a WHERE {runs}\n"
+                 f"    GROUP BY a.run_id, a.rank, a.bucket HAVING NOT ({_EXACT_COARSE}))")
+    query = f"""SELECT
+    {sep.join(_from_sums(f"a.bucket * {COARSE_BUCKETS}"))}
+FROM {db}.{RANK_AGGREGATES_COARSE} AS a
+WHERE {runs}
+GROUP BY a.run_id, a.rank, a.bucket
+HAVING {_EXACT_COARSE}
+UNION ALL
+{_fine_query(o, of_runs=True, within=not_exact)}"""
+    return f"CREATE OR REPLACE VIEW {db}.{RANK_BUCKETS_COARSE_OF_VIEW}{o.on_cluster} AS {query}"
 
 
 def create_statements(o: SchemaOptions) -> list[str]:
@@ -125,5 +213,19 @@ def create_statements(o: SchemaOptions) -> list[str]:
     return [table_sql(o), mv_sql(o), view_sql(o), view_sql(o, of_runs=True)]
 
 
+def coarse_create_statements(o: SchemaOptions) -> list[str]:
+    """The coarse level: its table, its materialized view (after the fine table it reads), its view."""
+    return [coarse_table_sql(o), coarse_mv_sql(o), coarse_view_sql(o)]
+
+
+def coarse_migration_statements(o: SchemaOptions) -> list[str]:
+    """Migration 14: the coarse level, filled from the fine rows already stored before its view is made. As
+    in migration 11, a fine row the backfill adds beside the materialized view makes its coarse bucket
+    inexact, so the view takes that bucket from the fine level: no pause needed."""
+    table, mv, view = coarse_create_statements(o)
+    return [table, mv, coarse_backfill_sql(o), view]
+
+
 def drop_statements(o: SchemaOptions) -> list[str]:
-    return o.drop_view_and_table(RANK_AGGREGATES_MV, RANK_AGGREGATES)
+    return [*o.drop_view_and_table(RANK_AGGREGATES_COARSE_MV, RANK_AGGREGATES_COARSE),
+            *o.drop_view_and_table(RANK_AGGREGATES_MV, RANK_AGGREGATES)]

@@ -26,7 +26,12 @@ from areal_metrics.sinks.replay import (
     replay_into,
 )
 from areal_metrics.sinks.schema import BATCH_PLANS, MIGRATIONS_TABLE, TABLES, SchemaOptions
-from areal_metrics.sinks.rank_aggregates import RANK_AGGREGATES, RANK_AGGREGATES_MV
+from areal_metrics.sinks.rank_aggregates import (
+    RANK_AGGREGATES,
+    RANK_AGGREGATES_COARSE,
+    RANK_AGGREGATES_COARSE_MV,
+    RANK_AGGREGATES_MV,
+)
 from areal_metrics.sinks.step_means import AGGREGATES, AGGREGATES_MV
 
 CLUSTER = SchemaOptions(cluster="prod", replicated=True)
@@ -83,8 +88,9 @@ def test_every_ddl_statement_runs_on_the_cluster_with_replicated_engines() -> No
     assert all(" ON CLUSTER prod" in s for s in statements)
     tables = [s for s in statements if s.startswith("CREATE TABLE")]
     assert {s.split()[5] for s in tables} == {f"areal.{n}" for n in [t.name for t in TABLES]
-                                              + [MIGRATIONS_TABLE, BATCH_PLANS, AGGREGATES, RANK_AGGREGATES]}
-    aggregating = {f"areal.{AGGREGATES}", f"areal.{RANK_AGGREGATES}"}
+                                              + [MIGRATIONS_TABLE, BATCH_PLANS, AGGREGATES, RANK_AGGREGATES,
+                                                 RANK_AGGREGATES_COARSE]}
+    aggregating = {f"areal.{AGGREGATES}", f"areal.{RANK_AGGREGATES}", f"areal.{RANK_AGGREGATES_COARSE}"}
     assert all(f"ENGINE = Replicated{'Aggregating' if s.split()[5] in aggregating else 'Replacing'}MergeTree("
                "'/clickhouse/tables/{shard}/areal/" in s for s in tables)
     assert not any("non_replicated_deduplication_window" in s for s in statements)
@@ -100,22 +106,27 @@ def test_replay_on_a_cluster_drops_on_cluster_sync_then_recreates_replicated() -
     drops = [s for s in statements if s.startswith("DROP")]
     assert drops == [f"DROP VIEW IF EXISTS areal.{AGGREGATES_MV} ON CLUSTER prod SYNC",
                      f"DROP TABLE IF EXISTS areal.{AGGREGATES} ON CLUSTER prod SYNC",
+                     f"DROP VIEW IF EXISTS areal.{RANK_AGGREGATES_COARSE_MV} ON CLUSTER prod SYNC",
+                     f"DROP TABLE IF EXISTS areal.{RANK_AGGREGATES_COARSE} ON CLUSTER prod SYNC",
                      f"DROP VIEW IF EXISTS areal.{RANK_AGGREGATES_MV} ON CLUSTER prod SYNC",
                      f"DROP TABLE IF EXISTS areal.{RANK_AGGREGATES} ON CLUSTER prod SYNC",
                      *(f"DROP TABLE IF EXISTS areal.{t.name} ON CLUSTER prod SYNC" for t in TABLES)]
     after_drops = statements[statements.index(drops[-1]) + 1:]
     recreated = [s for s in after_drops if s.startswith("CREATE TABLE")
-                 and s.split()[5] not in {f"areal.{AGGREGATES}", f"areal.{RANK_AGGREGATES}"}]
+                 and s.split()[5] not in {f"areal.{AGGREGATES}", f"areal.{RANK_AGGREGATES}",
+                                          f"areal.{RANK_AGGREGATES_COARSE}"}]
     assert [s.split()[5] for s in recreated] == [f"areal.{t.name}" for t in TABLES]
     # the per-step aggregates and their materialized view again, after the steps they are made from
     mvs = [s for s in after_drops if s.startswith("CREATE MATERIALIZED VIEW")]
     assert f"areal.{AGGREGATES_MV} ON CLUSTER prod TO areal.{AGGREGATES}" in mvs[0]
     assert f"areal.{RANK_AGGREGATES_MV} ON CLUSTER prod TO areal.{RANK_AGGREGATES}" in mvs[1]
+    # the coarse level's after the fine table it reads
+    assert f"areal.{RANK_AGGREGATES_COARSE_MV} ON CLUSTER prod TO areal.{RANK_AGGREGATES_COARSE}" in mvs[2]
     assert all(after_drops.index(mv) > after_drops.index(recreated[-1]) for mv in mvs)
     assert all("ON CLUSTER prod" in s and "ENGINE = ReplicatedReplacingMergeTree(" in s for s in recreated)
     views = [s for s in after_drops if s.startswith("CREATE OR REPLACE VIEW")]
-    # a view per table, v_step_means, v_step_means_of, v_rank_buckets and v_rank_buckets_of
-    assert len(views) == len(TABLES) + 4 and all("ON CLUSTER prod" in s for s in views)
+    # a view per table, v_step_means, v_step_means_of, v_rank_buckets, v_rank_buckets_of, v_rank_buckets_coarse_of
+    assert len(views) == len(TABLES) + 5 and all("ON CLUSTER prod" in s for s in views)
     assert after_drops.index(views[0]) > after_drops.index(recreated[-1])  # views over the new tables
 
 

@@ -75,7 +75,7 @@ def test_issue_requirements_are_in_the_dashboards() -> None:
     for name, board in boards.items():
         # each board's own variables: the explorer's metric keys, the evaluation board's generations filters
         own = {"explorer": ["metric"], "evaluation": ["gen_step", "verdict", "error_type"],
-               "efficiency": ["ranks", "rank_raw_rows"]}.get(name, [])
+               "efficiency": ["ranks", "rank_raw_rows", "rank_coarse_rows"]}.get(name, [])
         assert [v["name"] for v in board["templating"]["list"]] == ["group", "tag", "run", "node", "dataset", *own], name
         assert board["refresh"] == "5s", name
         titles = [p["title"] for p in board["panels"]]

@@ -147,7 +147,7 @@ def test_every_dashboard_has_queries_on_all_the_variables() -> None:
         # each board's own variables: the explorer's metric keys, the evaluation board's generations filters
         # and the efficiency board's per-rank bounds (a text box and a constant: no query)
         own = {"explorer": ["metric"], "evaluation": ["gen_step", "verdict", "error_type"],
-               "efficiency": ["ranks", "rank_raw_rows"]}.get(name, [])
+               "efficiency": ["ranks", "rank_raw_rows", "rank_coarse_rows"]}.get(name, [])
         assert names == ["group", "tag", "run", "node", "dataset", *own], name
         assert model.refresh == "5s"
 

@@ -16,7 +16,14 @@ import pytest
 from areal_metrics.grafana import efficiency
 from areal_metrics.producers.contract.events import StepEvent
 from areal_metrics.sinks.migrations import apply_schema
-from areal_metrics.sinks.rank_aggregates import BUCKET_STEPS, RANK_AGGREGATES, drop_statements
+from areal_metrics.sinks.rank_aggregates import (
+    BUCKET_STEPS,
+    COARSE_BUCKETS,
+    RANK_AGGREGATES,
+    RANK_AGGREGATES_COARSE,
+    coarse_create_statements,
+    drop_statements,
+)
 from areal_metrics.sinks.schema import MIGRATIONS_TABLE, SCHEMA_VERSION, SchemaOptions
 from tests.test_step_means import TS, client, put, put_with_retries  # noqa: F401  (the fixture)
 
@@ -53,7 +60,43 @@ def view_buckets(c: Any) -> dict[Key, tuple[Any, ...]]:
     return {tuple(r[:4]): tuple(r[4:]) for r in rows}  # type: ignore[misc]
 
 
+COARSE_COLUMNS = ("run_id, node, rank, bucket, steps, ts, memory, latency_max, latency_ms_n, latency_ms_sum, "
+                  "throughput_n, throughput_sum, tokens_n, tokens_sum")
+
+
+def coarse_rows(c: Any) -> list[tuple[Any, ...]]:
+    runs = [r for (r,) in c.query("SELECT DISTINCT run_id FROM areal.steps").result_rows]
+    return c.query(f"SELECT {COARSE_COLUMNS} FROM areal.v_rank_buckets_coarse_of(runs = {runs!r})").result_rows
+
+
+def assert_coarse_is_the_raw_rule(c: Any) -> None:
+    """v_rank_buckets_coarse_of: per rank, its rows hold exactly the raw rows' steps, sums and maxima
+    (some coarse buckets as one row, the others as their 64-step rows)."""
+    totals: dict[tuple[str, str, int], dict[str, Any]] = defaultdict(
+        lambda: {"steps": 0, "ts": [], "memory": [], "latency": [], "throughput": [], "tokens": []})
+    for (run, node, rank, _), b in raw_buckets(c).items():
+        t = totals[(run, node, rank)]
+        t["steps"] += b["steps"]
+        t["ts"].append(b["ts"])
+        t["memory"].append(b["memory"])
+        for name in ("latency", "throughput", "tokens"):
+            t[name] += b[name]
+    got: dict[tuple[str, str, int], list[tuple[Any, ...]]] = defaultdict(list)
+    for row in coarse_rows(c):
+        got[tuple(row[:3])].append(row[3:])  # type: ignore[index]
+    assert set(got) == set(totals)
+    for key, t in totals.items():
+        rows = got[key]
+        assert sum(r[1] for r in rows) == t["steps"], key
+        assert max(r[2] for r in rows) == max(t["ts"]) and max(r[3] for r in rows) == max(t["memory"]), key
+        assert max(r[4] for r in rows) == max(t["latency"]), key
+        for i, name in ((5, "latency"), (7, "throughput"), (9, "tokens")):
+            assert sum(r[i] for r in rows) == len(t[name]), (key, name)
+            assert sum(r[i + 1] for r in rows) == pytest.approx(sum(t[name]), rel=1e-12), (key, name)
+
+
 def assert_view_is_the_raw_rule(c: Any) -> None:
+    assert_coarse_is_the_raw_rule(c)
     want, got = raw_buckets(c), view_buckets(c)
     assert set(got) == set(want)
     for key, b in want.items():
@@ -68,15 +111,18 @@ def sqlstring(value: object) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
-def everything(sql: str, raw_rows: int, ranks: int | str = 1_000_000) -> str:
-    """A per-rank query of the efficiency board over every run and node and all time, its bounds set."""
+RAW, BUCKETS, COARSE = 10**12, 0, -1  # the raw rows, the 64-step aggregates, the coarse ones, whatever the range
+
+
+def everything(sql: str, level: int, ranks: int | str = 1_000_000) -> str:
+    """A per-rank query of the efficiency board over every run and node and all time, its bounds set to
+    read `level` (RAW, BUCKETS or COARSE)."""
+    raw_rows, coarse_rows = (0, 0) if level == COARSE else (level, 10**12)
     return (sql.replace("$__timeFilter(ts)", "1").replace("$__timeInterval(ts)", "toStartOfSecond(ts)").replace("run_id IN (${run:singlequote})", "1")
             .replace("$__conditionalAll(node IN (${node:singlequote}), $node)", "1")
             .replace("${rank_raw_rows:sqlstring}", sqlstring(raw_rows)).replace("${ranks:sqlstring}", sqlstring(ranks))
+            .replace("${rank_coarse_rows:sqlstring}", sqlstring(coarse_rows))
             .replace("${run:singlequote}", "'a', 'b', 'c', 'old'"))  # every run of these tests
-
-
-RAW, BUCKETS = 10**12, 0  # $rank_raw_rows that takes the raw rows, the aggregates, whatever the range
 
 
 def nodes_and_ranks(c: Any, raw_rows: int) -> dict[tuple[str, str, int], tuple[Any, ...]]:
@@ -90,7 +136,7 @@ def assert_table_is_the_raw_rule(c: Any) -> None:
     per_rank: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for (run, node, rank, _), b in raw_buckets(c).items():
         per_rank[(run, node, rank)].append(b)
-    for raw_rows in (RAW, BUCKETS):
+    for raw_rows in (RAW, BUCKETS, COARSE):
         got = nodes_and_ranks(c, raw_rows)
         assert set(got) == set(per_rank)
         for key, buckets in per_rank.items():
@@ -157,11 +203,50 @@ def test_an_older_store_is_backfilled_by_migration_11(client: Any) -> None:  # n
     client.command("DROP VIEW areal.v_rank_buckets_of")
     client.command(f"ALTER TABLE areal.{MIGRATIONS_TABLE} DELETE WHERE version >= 11 SETTINGS mutations_sync = 1")
     put(client, events[:250])
-    assert apply_schema(client) == SCHEMA_VERSION == 13  # 11, and 12 and 13 on top
+    assert apply_schema(client) == SCHEMA_VERSION == 14  # 11, and 12 to 14 on top
     put(client, events[250:])
     assert int(client.command("SELECT sum(steps) FROM areal.v_rank_buckets")) == 400
     assert_view_is_the_raw_rule(client)
     assert_table_is_the_raw_rule(client)
+
+
+def test_the_coarse_level_is_a_row_per_512_steps_and_a_bucket_delivered_twice_its_64_step_rows(client: Any) -> None:  # noqa: F811
+    rng = random.Random(13)
+    steps = 3 * BUCKET_STEPS * COARSE_BUCKETS + 100  # three whole coarse buckets and part of a fourth
+    put_with_retries(client, [step("a", s, r, rng) for s in range(steps) for r in range(4)], size=997, retried=2)
+    span = BUCKET_STEPS * COARSE_BUCKETS
+
+    def by_bucket() -> dict[tuple[int, int], list[tuple[Any, ...]]]:
+        out: dict[tuple[int, int], list[tuple[Any, ...]]] = defaultdict(list)
+        for row in coarse_rows(client):
+            out[(row[2], row[3] // COARSE_BUCKETS)].append(row)
+        return out
+
+    rows = by_bucket()
+    assert {k: len(v) for k, v in rows.items()} == {(r, b): 1 for r in range(4) for b in range(4)}
+    assert all(v[0][4] == min(span, steps - b * span) for (_, b), v in rows.items())  # a row covers its steps
+    assert_coarse_is_the_raw_rule(client)
+    put(client, [step("a", span + 7, 2, rng)])  # rank 2's step 519 again, in another block
+    rows = by_bucket()
+    assert len(rows[(2, 1)]) == COARSE_BUCKETS  # that coarse bucket as its eight 64-step rows
+    assert all(len(v) == 1 for k, v in rows.items() if k != (2, 1))
+    assert_coarse_is_the_raw_rule(client)
+
+
+def test_an_older_store_gets_the_coarse_level_from_its_fine_rows(client: Any) -> None:  # noqa: F811
+    rng = random.Random(17)
+    events = [step("old", s, r, rng) for s in range(1200) for r in range(4)]
+    for stmt in drop_statements(SchemaOptions())[:2]:  # a store of schema 13: no coarse level
+        client.command(stmt)
+    client.command("DROP VIEW areal.v_rank_buckets_coarse_of")
+    client.command(f"ALTER TABLE areal.{MIGRATIONS_TABLE} DELETE WHERE version >= 14 SETTINGS mutations_sync = 1")
+    put(client, events[:2500])
+    assert apply_schema(client) == SCHEMA_VERSION
+    put(client, events[2500:])
+    assert int(client.command(f"SELECT sum(rows) FROM areal.{RANK_AGGREGATES_COARSE}")) == len(events)
+    assert len(coarse_rows(client)) == 4 * 3  # every coarse bucket exact: one row each
+    assert_coarse_is_the_raw_rule(client)
+    assert len(coarse_create_statements(SchemaOptions())) == 3
 
 
 def rows_read(c: Any, sql: str) -> int:
@@ -196,23 +281,31 @@ def test_a_short_range_reads_a_point_per_step_a_long_one_the_buckets_and_never_b
     assert all(v == pytest.approx(by_worker[(w, t)]) for w, points in raw.items() for t, v in points)
     buckets = latency_series(client, BUCKETS)
     assert {len(points) for points in buckets.values()} == {4}  # steps 0-63, 64-127, 128-191, 192-199
+    coarse = latency_series(client, COARSE)
+    assert {len(points) for points in coarse.values()} == {1}  # steps 0-199: one coarse bucket
     # the raw rows are read only when the gate takes them; each gated query reads what its branch alone
-    # reads. The buckets' check for steps delivered twice (v_rank_buckets_of's IN set over the chosen
-    # runs' aggregates) is built whichever branch runs: with both branches off, that set and the gate's
-    # scalar (a row per step of step_aggregates) are all that is read.
-    aggregates = int(client.command(f"SELECT count() FROM areal.{RANK_AGGREGATES}"))
-    aggregates += int(client.command("SELECT count() FROM areal.step_aggregates"))
+    # reads. A view not taken is given no run, so its checks for rows delivered twice (IN sets, which
+    # ClickHouse builds whatever the WHERE) read nothing: with every branch off, the gate's scalar (a row
+    # per step of step_aggregates) is all that is read.
+    per_step = int(client.command("SELECT count() FROM areal.step_aggregates"))
+    branches = {RAW: "FROM areal.v_steps\n", BUCKETS: "FROM areal.v_rank_buckets_of(", COARSE: "FROM areal.v_rank_buckets_coarse_of("}
+
+    def off(sql: str, *levels: int) -> str:
+        for level in levels:
+            at = sql.index(branches[level])
+            where = sql.index("\n    WHERE ", at) + len("\n    WHERE ")
+            sql = sql[:where] + "0 AND " + sql[where:]
+        return sql
+
     for sql in (efficiency.WORKERS.build().raw_sql, efficiency._per_worker(None, "memory").build().raw_sql):
-        off = {}
-        for raw_rows, other in ((RAW, "areal.v_rank_buckets_of(runs = ['a', 'b', 'c', 'old'])"),
-                                (BUCKETS, "areal.v_steps")):
-            gated = everything(sql, raw_rows)
-            alone = gated.replace(f"FROM {other}\n    WHERE ", f"FROM {other}\n    WHERE 0 AND ")
+        for level in branches:
+            gated = everything(sql, level)
+            alone = off(gated, *(other for other in branches if other != level))
             assert alone != gated and rows_read(client, gated) == rows_read(client, alone)
-            off[raw_rows] = alone
-        both_off = off[RAW].replace("FROM areal.v_steps\n    WHERE ", "FROM areal.v_steps\n    WHERE 0 AND ")
-        assert client.query(both_off).result_rows == [] and rows_read(client, both_off) == aggregates
-        assert rows_read(client, everything(sql, BUCKETS)) < 1600 < rows_read(client, everything(sql, RAW))
+        none = off(everything(sql, RAW), *branches)
+        assert client.query(none).result_rows == [] and rows_read(client, none) == per_step
+        coarse_read, fine_read = (rows_read(client, everything(sql, level)) for level in (COARSE, BUCKETS))
+        assert coarse_read < fine_read < 1600 < rows_read(client, everything(sql, RAW))
 
 
 def test_a_per_rank_panel_returns_at_most_ranks_series_the_farthest_from_the_run_mean_first(client: Any) -> None:  # noqa: F811
@@ -226,7 +319,7 @@ def test_a_per_rank_panel_returns_at_most_ranks_series_the_farthest_from_the_run
     distance = {k: abs(v - run_mean[k[0]]) for k, v in latency.items()}
     assert len(set(distance.values())) == 14  # the one tie is run b's
     order = sorted(distance, key=lambda k: (-distance[k], k[0], f"n{k[1] // 4}", k[1]))
-    for raw_rows in (RAW, BUCKETS):
+    for raw_rows in (RAW, BUCKETS, COARSE):
         for n in (1, 4, 30):
             got = latency_series(client, raw_rows, ranks=n)
             assert len(got) == min(n, 15)
@@ -246,6 +339,17 @@ def test_a_ranks_value_that_is_no_number_is_the_default(client: Any) -> None:  #
         assert len(client.query(sql).result_rows) == efficiency.RANKS_DEFAULT == 20
 
 
+def call_replaced(sql: str, call: str, by: str) -> str:
+    """`sql` with the call that begins with `call` (up to its closing parenthesis) replaced by `by`."""
+    start = sql.index(call)
+    depth, end = 0, start + len(call) - 1
+    for end in range(start + len(call) - 1, len(sql)):
+        depth += {"(": 1, ")": -1}.get(sql[end], 0)
+        if depth == 0:
+            break
+    return sql[:start] + by + sql[end + 1:]
+
+
 def test_the_buckets_of_one_run_read_that_runs_aggregates_alone(client: Any) -> None:  # noqa: F811
     """v_rank_buckets_of(runs) narrows its check for buckets delivered twice to the runs it is given
     (an IN set over every run's aggregates in v_rank_buckets): a panel on one run of three reads none
@@ -261,6 +365,6 @@ def test_the_buckets_of_one_run_read_that_runs_aggregates_alone(client: Any) -> 
     assert every > 2 * run_a  # (run a has a bucket's rows once more)
     one = one.replace("1) AS range_rows", "run_id = 'a') AS range_rows")
     narrowed = rows_read(client, one)
-    every_runs_check = rows_read(client, one.replace("v_rank_buckets_of(runs = ['a'])", "v_rank_buckets"))
+    every_runs_check = rows_read(client, call_replaced(one, "areal.v_rank_buckets_of(", "areal.v_rank_buckets"))
     # v_rank_buckets reads the other runs' aggregates at least once more (measured: twice, 512 rows here)
     assert every_runs_check - narrowed >= every - run_a > 0, (every_runs_check, narrowed)
