@@ -1,5 +1,6 @@
 """What the insert-time aggregates cost the sink: CPU per step row inserted with neither, either or
-both of the materialized views that fill `step_aggregates` and `rank_aggregates`.
+both of the materialized views that fill `step_aggregates` and `rank_aggregates` (the latter with the
+coarse per-rank level it feeds, or without it: `fine_ranks`).
 
     python -m benchmarks.bench_aggregates_cost [--rows 100000] [--repeats 3] [--block 5000] [--json FILE]
 
@@ -44,11 +45,15 @@ if unpartitioned:  # the aggregate tables in one partition (tried as a migration
         assert one_partition != create
         for stmt in [*drops, one_partition, view]:
             c.command(stmt)
-# the materialized views only: inserts no longer reach their tables
+    for stmt in rank_aggregates.coarse_create_statements(o):  # dropped with the fine level
+        c.command(stmt)
+# the materialized views only: inserts no longer reach their tables ("fine_ranks": the per-rank coarse level's off)
 if views in ("none", "ranks"):
     c.command(step_means.drop_statements(o)[0])
+if views in ("none", "steps", "fine_ranks"):
+    c.command(f"DROP VIEW {o.database}.{rank_aggregates.RANK_AGGREGATES_COARSE_MV}")
 if views in ("none", "steps"):
-    c.command(rank_aggregates.drop_statements(o)[0])
+    c.command(f"DROP VIEW {o.database}.{rank_aggregates.RANK_AGGREGATES_MV}")
 ev = [StepEvent(run_id=f"r{i % runs}", step=i // (8 * runs), rank=(i // runs) % 8, world_size=8, epoch=0, reward=0.5, kl=0.01, entropy=1.0,
                 loss=0.3, lr=1e-6, grad_norm=1.0, tokens=1000, throughput=1e3, latency_ms=10.0, n_samples=16,
                 metrics={"a": 1.0, "b": 2.0}, ts=1.8e9 + i) for i in range(n)]
@@ -87,7 +92,9 @@ for name, sql in (("steps", step_means._select_from_steps(o)), ("ranks", rank_ag
 print(json.dumps(out))
 '''
 
-VIEWS = ("none", "steps", "ranks", "both")  # which materialized views stay: neither, either, both
+# which materialized views stay: neither, either, both; and both without the per-rank coarse level (which the
+# per-rank view's inserts fill: "ranks" and "both" include it)
+VIEWS = ("none", "steps", "ranks", "both", "fine_ranks")
 
 
 def once(views: str, rows: int, block: int, runs: int, unpartitioned: bool) -> float:
