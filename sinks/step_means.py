@@ -139,24 +139,21 @@ def _mean(c: str, n: str, s: str, unweighted: str, w: str, wsum: str) -> str:
     return f"if({n} = 0, NULL, if({unweighted} = 0 AND {w} > 0, {wsum} / {w}, {s} / {n})) AS `{c}`"
 
 
-def _merged() -> str:
-    """Merged aggregate rows: one per (run_id, step), of its latest attempt (every aggregate -ArgMax by
-    attempt: one pass, no second grouping), with `rows`, `ranks` and each column's mean, min, max."""
-    def latest(fn: str, column: str) -> str:
-        return f"{fn}ArgMax(a.{column}, a.attempt)"
-    cols = ["a.run_id AS run_id", "max(a.attempt) AS attempt", "a.step AS step", f"{latest('max', 'ts')} AS ts",
-            f"{latest('min', 'first_ts')} AS first_ts", f"{latest('sum', 'rows')} AS rows",
+def _latest_rows() -> str:
+    """Each step's columns from its latest attempt's aggregate row, merged at read time (FINAL): `rows`,
+    `ranks` and each column's mean, min, max, one row per step without a grouping. (Grouping by step,
+    every aggregate -ArgMax by attempt, cost 3.5x the CPU at 100M step rows: a map state per step and
+    column; docs/PERFORMANCE.md.)"""
+    cols = ["a.run_id AS run_id", "a.attempt AS attempt", "a.step AS step", "a.ts AS ts", "a.first_ts AS first_ts",
+            "a.rows AS rows",
             # a step taken from here saw each rank once (the others come from the raw rows): its ranks are its rows
-            f"toUInt32({latest('sum', 'rows')}) AS ranks",
-            f"{latest('max', 'world_size')} AS world_size", f"{latest('sum', 'n_samples')} AS n_samples"]
+            "toUInt32(a.rows) AS ranks", "a.world_size AS world_size", "a.n_samples AS n_samples"]
     for c in MEAN_COLUMNS:
-        sums = {k: latest("sum", f"`{c}__{k}`") for k in ("n", "sum", "unweighted", "w", "wsum")}
-        cols += [_mean(c, sums["n"], sums["sum"], sums["unweighted"], sums["w"], sums["wsum"]),
-                 f"{latest('min', f'`{c}__min`')} AS `{c}_min`", f"{latest('max', f'`{c}__max`')} AS `{c}_max`",
-                 f"{sums['sum']} AS `{c}_sum`"]
-    cols += [f"{latest('sumMap', 'metrics_sum')} AS metric_sums", f"{latest('sumMap', 'metrics_count')} AS metric_counts",
-             _METRIC_MEANS, f"{latest('minMap', 'metrics_min')} AS metrics_min",
-             f"{latest('maxMap', 'metrics_max')} AS metrics_max"]
+        part = {k: f"a.`{c}__{k}`" for k in ("n", "sum", "unweighted", "w", "wsum", "min", "max")}
+        cols += [_mean(c, part["n"], part["sum"], part["unweighted"], part["w"], part["wsum"]),
+                 f"{part['min']} AS `{c}_min`", f"{part['max']} AS `{c}_max`", f"{part['sum']} AS `{c}_sum`"]
+    cols += ["a.metrics_sum AS metric_sums", "a.metrics_count AS metric_counts", _METRIC_MEANS,
+             "a.metrics_min AS metrics_min", "a.metrics_max AS metrics_max"]
     return ",\n        ".join(cols)
 
 
@@ -202,7 +199,8 @@ def output_columns() -> tuple[str, ...]:
 
 
 def step_means_view_sql(o: SchemaOptions, of_runs: bool = False) -> str:
-    """The merged aggregates, with the steps that had rows twice taken from the raw rows instead;
+    """Each step's latest attempt from its merged aggregate row, with the steps that had rows twice taken
+    from the raw rows instead;
     `of_runs`: v_step_means_of, every read (the check for steps delivered twice included)
     filtered by its parameter `runs`.
 
@@ -211,6 +209,7 @@ def step_means_view_sql(o: SchemaOptions, of_runs: bool = False) -> str:
     db, steps_view = o.database, TABLES_BY_NAME["steps"].view
     of_aggregates, of_raw = (("WHERE a.run_id IN {runs:Array(String)} ", "s.run_id IN {runs:Array(String)} AND ")
                              if of_runs else ("", ""))
+    of_runs_and = "a.run_id IN {runs:Array(String)} AND " if of_runs else ""
     keys = ("run_id", "attempt", "step")
     picked = ",\n    ".join([f"m.{k} AS {k}" for k in keys] + [
         f"if(f.found = 1, f.`{c}`, m.`{c}`) AS `{c}`" for c in output_columns() if c not in keys])
@@ -220,9 +219,11 @@ def step_means_view_sql(o: SchemaOptions, of_runs: bool = False) -> str:
 FROM
 (
     SELECT
-        {_merged()}
-    FROM {db}.{AGGREGATES} AS a
-    {of_aggregates}GROUP BY a.run_id, a.step
+        {_latest_rows()}
+    FROM {db}.{AGGREGATES} AS a FINAL
+    WHERE {of_runs_and}(a.run_id, a.attempt, a.step) IN (
+        SELECT a.run_id, max(a.attempt), a.step FROM {db}.{AGGREGATES} AS a {of_aggregates}GROUP BY a.run_id, a.step
+    )
 ) AS m
 LEFT JOIN
 (
