@@ -167,7 +167,9 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
     v13: list[Statement] = [*rank_words_statements(o), step_means_view_sql(o), step_means_view_sql(o, of_runs=True)]
     # v14: the per-rank aggregates' coarse level (512 steps to a row, filled from the fine rows by a cascaded
     # materialized view) and v_rank_buckets_coarse_of(runs), which the efficiency board reads for long ranges.
-    v14: list[Statement] = rank_aggregates.coarse_migration_statements(o)
+    # The 64-step views again: their raw rows are picked by a set of buckets (not of each bucket's steps).
+    v14: list[Statement] = [*rank_aggregates.coarse_migration_statements(o), rank_aggregates.view_sql(o),
+                            rank_aggregates.view_sql(o, of_runs=True)]
     return [
         (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
         (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
