@@ -90,18 +90,28 @@ def _coarse_columns() -> list[tuple[str, str, str]]:
     return out
 
 
+def _table_sql(o: SchemaOptions, name: str, columns: list[tuple[str, str, str]]) -> str:
+    """A level's table (fine or coarse: the same key)."""
+    return o.aggregating_table(name, ["run_id LowCardinality(String)", "node LowCardinality(String)",
+                                      "rank UInt32", "attempt UInt32", "bucket UInt64"]
+                               + [f"`{n}` {t}" for n, t, _ in columns], "run_id, rank, bucket, attempt, node")
+
+
+def _grouped_select(source: str, alias: str, bucket: str, columns: list[tuple[str, str, str]]) -> str:
+    """A level's rows from `source` (as `alias`), grouped by its key, `bucket` the bucket's expression."""
+    a = alias
+    select = ",\n    ".join([f"{a}.run_id AS run_id", f"{a}.node AS node", f"{a}.rank AS rank",
+                              f"{a}.attempt AS attempt", f"{bucket} AS bucket"]
+                             + [f"{e} AS `{n}`" for n, _, e in columns])
+    return f"SELECT\n    {select}\nFROM {source} AS {a}\nGROUP BY {a}.run_id, {a}.node, {a}.rank, {a}.attempt, bucket"
+
+
 def table_sql(o: SchemaOptions) -> str:
-    return o.aggregating_table(RANK_AGGREGATES, ["run_id LowCardinality(String)", "node LowCardinality(String)",
-                                                 "rank UInt32", "attempt UInt32", "bucket UInt64"]
-                               + [f"`{n}` {t}" for n, t, _ in _block_columns()], "run_id, rank, bucket, attempt, node")
+    return _table_sql(o, RANK_AGGREGATES, _block_columns())
 
 
 def _select_from_steps(o: SchemaOptions) -> str:
-    select = ",\n    ".join(["s.run_id AS run_id", "s.node AS node", "s.rank AS rank", "s.attempt AS attempt",
-                              f"intDiv(s.step, {BUCKET_STEPS}) AS bucket"]
-                             + [f"{e} AS `{n}`" for n, _, e in _block_columns()])
-    return (f"SELECT\n    {select}\nFROM {o.database}.steps AS s\n"
-            f"GROUP BY s.run_id, s.node, s.rank, s.attempt, bucket")
+    return _grouped_select(f"{o.database}.steps", "s", f"intDiv(s.step, {BUCKET_STEPS})", _block_columns())
 
 
 def mv_sql(o: SchemaOptions) -> str:
@@ -109,17 +119,12 @@ def mv_sql(o: SchemaOptions) -> str:
 
 
 def coarse_table_sql(o: SchemaOptions) -> str:
-    return o.aggregating_table(RANK_AGGREGATES_COARSE, ["run_id LowCardinality(String)", "node LowCardinality(String)",
-                                                        "rank UInt32", "attempt UInt32", "bucket UInt64"]
-                               + [f"`{n}` {t}" for n, t, _ in _coarse_columns()], "run_id, rank, bucket, attempt, node")
+    return _table_sql(o, RANK_AGGREGATES_COARSE, _coarse_columns())
 
 
 def _select_from_fine(o: SchemaOptions) -> str:
-    select = ",\n    ".join(["f.run_id AS run_id", "f.node AS node", "f.rank AS rank", "f.attempt AS attempt",
-                              f"intDiv(f.bucket, {COARSE_BUCKETS}) AS bucket"]
-                             + [f"{e} AS `{n}`" for n, _, e in _coarse_columns()])
-    return (f"SELECT\n    {select}\nFROM {o.database}.{RANK_AGGREGATES} AS f\n"
-            f"GROUP BY f.run_id, f.node, f.rank, f.attempt, bucket")
+    return _grouped_select(f"{o.database}.{RANK_AGGREGATES}", "f", f"intDiv(f.bucket, {COARSE_BUCKETS})",
+                           _coarse_columns())
 
 
 def coarse_mv_sql(o: SchemaOptions) -> str:

@@ -172,13 +172,19 @@ def _from_raw(db: str) -> str:
     return ",\n        ".join(cols)
 
 
+def _of_runs(of_runs: bool) -> tuple[str, str]:
+    """The filter of the aggregate rows `a` by the view's parameter `runs`: as a WHERE, and as the start of
+    one (`... AND `); empty for v_step_means."""
+    return (("WHERE a.run_id IN {runs:Array(String)} ", "a.run_id IN {runs:Array(String)} AND ")
+            if of_runs else ("", ""))
+
+
 def delivered_twice_sql(db: str, of_runs: bool) -> str:
     """The (run_id, attempt, step) some rank's row reached the aggregates twice in. Two passes: a step
     kept in one aggregate row (merged, or inserted once) is checked on that row's words alone, a plain
     read; only a step still in several rows sums its words per step (a map sum per group, which over
     every step cost most of a panel's time: docs/PERFORMANCE.md)."""
-    runs = "WHERE a.run_id IN {runs:Array(String)} " if of_runs else ""
-    runs_and = "a.run_id IN {runs:Array(String)} AND " if of_runs else ""
+    runs, runs_and = _of_runs(of_runs)
     return f"""
             SELECT a.run_id, a.attempt, a.step FROM {db}.{AGGREGATES} AS a
             WHERE {runs_and}(a.run_id, a.attempt, a.step) IN (
@@ -207,9 +213,8 @@ def step_means_view_sql(o: SchemaOptions, of_runs: bool = False) -> str:
     A LEFT JOIN, not a UNION: ClickHouse reads through a join only the columns a query asks for
     (a panel asks for one or two of ~80), and through a UNION ALL all of them (measured: 4x the CPU)."""
     db, steps_view = o.database, TABLES_BY_NAME["steps"].view
-    of_aggregates, of_raw = (("WHERE a.run_id IN {runs:Array(String)} ", "s.run_id IN {runs:Array(String)} AND ")
-                             if of_runs else ("", ""))
-    of_runs_and = "a.run_id IN {runs:Array(String)} AND " if of_runs else ""
+    of_aggregates, of_runs_and = _of_runs(of_runs)
+    of_raw = "s.run_id IN {runs:Array(String)} AND " if of_runs else ""
     keys = ("run_id", "attempt", "step")
     picked = ",\n    ".join([f"m.{k} AS {k}" for k in keys] + [
         f"if(f.found = 1, f.`{c}`, m.`{c}`) AS `{c}`" for c in output_columns() if c not in keys])
