@@ -15,7 +15,7 @@ here unless AREAL_KAFKA_BOOTSTRAP is set):
 - delivery: CPU per logged step by delivery option, GIL-holding threads apart
   from native ones (benchmarks.bench_delivery);
 - pipeline: events/s from publishers through the stream worker into
-  ClickHouse rows, beside the raw produce-then-consume rate on the same broker (best of 3);
+  ClickHouse rows, beside the raw produce-then-consume rate on the same broker (median of 5);
 - latency: publish() to alert, publish() to row visible to `sql`;
 - memory: peak RSS of the stream worker and the sink; CPU per step event of each;
 - scale: 1, 8 and 64 simulated ranks publishing at once (64: 8 runs of 8 ranks); these
@@ -83,11 +83,11 @@ def main() -> int:
     bench_step.report(step)
     bench_delivery.report(delivery)
     raw = pipe["raw_events_per_s"]
-    rows = [(f"raw produce-then-consume ({pipe['raw_library']}, the publishers' library; best of "
+    rows = [(f"raw produce-then-consume ({pipe['raw_library']}, the publishers' library; median of "
              f"{len(pipe['raw_events_per_s_runs'])})", f"{raw:,.0f} ev/s", "1.00 (baseline)")]
     if pipe["raw_library"] != "kafka-python":
         kp = pipe["raw_events_per_s_kafka_python"]
-        rows.append(("raw produce-then-consume (kafka-python; best of the same number)", f"{kp:,.0f} ev/s", f"{kp / raw:.2f} of raw"))
+        rows.append(("raw produce-then-consume (kafka-python; median of the same number)", f"{kp:,.0f} ev/s", f"{kp / raw:.2f} of raw"))
     for ranks, s in pipe["scale"].items():
         rows.append((f"pipeline, {ranks} rank(s) publishing ({s['runs']} run(s))", f"{s['events_per_s']:,.0f} ev/s",
                      f"{s['events_per_s'] / raw:.2f} of raw; cores busy: worker {s['worker_core_share']:.2f}, "
