@@ -41,7 +41,7 @@ buckets, not of their 64 steps each: the same granules read, half the CPU at 10M
 from __future__ import annotations
 
 from areal_metrics.producers.contract.rank_rules import BUCKET_STEPS, SUMMED, memory_sql
-from areal_metrics.sinks.schema import TABLES_BY_NAME, SchemaOptions
+from areal_metrics.sinks.schema import TABLES_BY_NAME, SchemaOptions, of_chosen_runs
 
 RANK_AGGREGATES = "rank_aggregates"
 RANK_AGGREGATES_MV = "rank_aggregates_mv"
@@ -162,8 +162,8 @@ def _fine_query(o: SchemaOptions, of_runs: bool, within: str = "") -> str:
     """The exact buckets from the sums, UNION ALL the others from the deduplicated raw rows; `of_runs`:
     every read filtered by the parameter `runs`; `within`: a condition on the aggregate rows `a` too."""
     db, steps_view = o.database, TABLES_BY_NAME["steps"].view
-    where_a = " AND ".join(c for c in ("a.run_id IN {runs:Array(String)}" if of_runs else "", within) if c)
-    runs = (f"WHERE {where_a}\n" if where_a else "", "s.run_id IN {runs:Array(String)} AND " if of_runs else "")
+    where_a = " AND ".join(c for c in (of_chosen_runs("a") if of_runs else "", within) if c)
+    runs = (f"WHERE {where_a}\n" if where_a else "", f"{of_chosen_runs('s')} AND " if of_runs else "")
     from_sums = _from_sums()
     from_raw = ["s.run_id AS run_id", "s.node AS node", "s.rank AS rank", f"intDiv(s.step, {BUCKET_STEPS}) AS bucket",
                 "max(s.ts) AS ts", "min(s.ts) AS first_ts", "count() AS steps", f"max({MEMORY}) AS memory",
@@ -199,7 +199,7 @@ def coarse_view_sql(o: SchemaOptions) -> str:
     """v_rank_buckets_coarse_of(runs): the exact coarse buckets from their sums (`bucket`: their first fine
     bucket), UNION ALL every other coarse bucket as the fine level gives it."""
     db, sep = o.database, ",\n    "
-    runs = "a.run_id IN {runs:Array(String)}"
+    runs = of_chosen_runs("a")
     not_exact = (f"(a.run_id, a.rank, intDiv(a.bucket, {COARSE_BUCKETS})) IN (\n"
                  f"    SELECT a.run_id, a.rank, a.bucket FROM {db}.{RANK_AGGREGATES_COARSE} AS a WHERE {runs}\n"
                  f"    GROUP BY a.run_id, a.rank, a.bucket HAVING NOT ({_EXACT_COARSE}))")

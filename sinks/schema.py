@@ -57,6 +57,12 @@ RUN_BUCKETS = 16
 PARTITION_BY = f"cityHash64(run_id) % {RUN_BUCKETS}"
 
 
+def of_chosen_runs(alias: str) -> str:
+    """The rows `alias` of the runs a parameterized view is given (`v_step_means_of(runs = [...])`,
+    `v_rank_buckets_of`, `v_rank_buckets_coarse_of`): the one spelling of that parameter."""
+    return f"{alias}.run_id IN {{runs:Array(String)}}"
+
+
 class CommandClient(Protocol):
     def command(self, cmd: str, *args: Any, **kwargs: Any) -> Any: ...
 

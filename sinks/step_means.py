@@ -40,7 +40,7 @@ per (run_id, step), the highest attempt that has the step.
 from __future__ import annotations
 
 from areal_metrics.producers.contract.events import TYPED_STEP_COLUMNS
-from areal_metrics.sinks.schema import TABLES_BY_NAME, SchemaOptions
+from areal_metrics.sinks.schema import TABLES_BY_NAME, SchemaOptions, of_chosen_runs
 
 AGGREGATES = "step_aggregates"
 AGGREGATES_MV = "step_aggregates_mv"
@@ -175,8 +175,8 @@ def _from_raw(db: str) -> str:
 def _of_runs(of_runs: bool) -> tuple[str, str]:
     """The filter of the aggregate rows `a` by the view's parameter `runs`: as a WHERE, and as the start of
     one (`... AND `); empty for v_step_means."""
-    return (("WHERE a.run_id IN {runs:Array(String)} ", "a.run_id IN {runs:Array(String)} AND ")
-            if of_runs else ("", ""))
+    runs = of_chosen_runs("a")
+    return (f"WHERE {runs} ", f"{runs} AND ") if of_runs else ("", "")
 
 
 def delivered_twice_sql(db: str, of_runs: bool) -> str:
@@ -214,7 +214,7 @@ def step_means_view_sql(o: SchemaOptions, of_runs: bool = False) -> str:
     (a panel asks for one or two of ~80), and through a UNION ALL all of them (measured: 4x the CPU)."""
     db, steps_view = o.database, TABLES_BY_NAME["steps"].view
     of_aggregates, of_runs_and = _of_runs(of_runs)
-    of_raw = "s.run_id IN {runs:Array(String)} AND " if of_runs else ""
+    of_raw = f"{of_chosen_runs('s')} AND " if of_runs else ""
     keys = ("run_id", "attempt", "step")
     picked = ",\n    ".join([f"m.{k} AS {k}" for k in keys] + [
         f"if(f.found = 1, f.`{c}`, m.`{c}`) AS `{c}`" for c in output_columns() if c not in keys])
