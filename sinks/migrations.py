@@ -8,6 +8,7 @@ may run, for review. Drop and recreate serve `replay`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +27,11 @@ from areal_metrics.sinks.schema import (
     plans_sql,
 )
 from areal_metrics.sinks import rank_aggregates
-from areal_metrics.sinks.step_means import backfill_sql, rank_words_statements, step_means_view_sql
+from areal_metrics.sinks.step_means import AGGREGATES, backfill_sql, rank_words_statements, step_means_view_sql
 from areal_metrics.sinks.step_means import create_statements as step_means_statements
 from areal_metrics.sinks.step_means import drop_statements as step_means_drops
+
+log = logging.getLogger("areal.sink.schema")
 
 
 def _migrations_sql(o: SchemaOptions) -> str:
@@ -203,7 +206,8 @@ def schema_statements(o: SchemaOptions = SchemaOptions()) -> list[str]:
                 out.extend([create_table_sql(TABLES_BY_NAME[stmt.table], o), *stmt.statements(o)])
             else:
                 out.append(stmt)
-    return [*out, _ttl_sql(o), create_view_sql(TABLES_BY_NAME["steps"], o)]  # apply_ttl: when the TTL differs
+    return [*out, _ttl_sql(o), create_view_sql(TABLES_BY_NAME["steps"], o),  # apply_ttl: when the TTL differs
+            *(_merge_width_sql(o, t) for t in WIDE_MERGE_TABLES)]  # apply_merge_width: when the width differs
 
 
 def applied_version(client: Any, o: SchemaOptions = SchemaOptions()) -> int:
@@ -238,6 +242,7 @@ def apply_schema(client: CommandClient, options: SchemaOptions = SchemaOptions()
         client.command(f"INSERT INTO {o.database}.{MIGRATIONS_TABLE} (version, description) VALUES ({version}, '{escaped}')")
         current = version
     apply_ttl(client, o)
+    apply_merge_width(client, o)
     return current
 
 
@@ -255,6 +260,39 @@ def apply_ttl(client: CommandClient, o: SchemaOptions) -> None:
     if "".join(current.split()) != "".join((wanted or "").split()):
         client.command(_ttl_sql(o))
     client.command(create_view_sql(steps, o))  # also after an ALTER that an interrupted start left without it
+
+
+# The tables that take a row per step and rank (or per step) and whose merges cost the store most
+# (docs/PERFORMANCE.md "Background merges"): the raw steps and the three aggregate tables.
+WIDE_MERGE_TABLES = ("steps", AGGREGATES, rank_aggregates.RANK_AGGREGATES, rank_aggregates.RANK_AGGREGATES_COARSE)
+MERGE_WIDTH = "merge_selector_base"
+
+
+def apply_merge_width(client: CommandClient, o: SchemaOptions) -> None:
+    """Give `WIDE_MERGE_TABLES` the merge width the options ask for (AREAL_CLICKHOUSE_MERGE_SELECTOR_BASE), or
+    the server's own again. Not a migration: the setting may change between two starts of the sink.
+
+    A server whose MergeTree has no such setting (older than the releases that name it) is left alone,
+    with a warning when a width was asked for: an ALTER naming a setting the server lacks fails."""
+    known = int(client.command(f"SELECT count() FROM system.merge_tree_settings WHERE name = '{MERGE_WIDTH}'") or 0)
+    if not known:
+        if o.merge_selector_base is not None:
+            log.warning("AREAL_CLICKHOUSE_MERGE_SELECTOR_BASE=%s not applied: this ClickHouse server's MergeTree "
+                        "has no %s setting", o.merge_selector_base, MERGE_WIDTH)
+        return
+    for table in WIDE_MERGE_TABLES:
+        where = f"database = '{o.database}' AND name = '{table}'"
+        current = str(client.command(f"SELECT extract(create_table_query, '{MERGE_WIDTH} = ([0-9.]+)') "
+                                     f"FROM system.tables WHERE {where}") or "")
+        if current != ("" if o.merge_selector_base is None else str(o.merge_selector_base)):
+            client.command(_merge_width_sql(o, table))
+
+
+def _merge_width_sql(o: SchemaOptions, table: str) -> str:
+    alter = f"ALTER TABLE {o.database}.{table}{o.on_cluster}"
+    if o.merge_selector_base is None:
+        return f"{alter} RESET SETTING {MERGE_WIDTH}"
+    return f"{alter} MODIFY SETTING {MERGE_WIDTH} = {o.merge_selector_base}"
 
 
 def _ttl_sql(o: SchemaOptions) -> str:

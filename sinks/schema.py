@@ -73,6 +73,7 @@ class StoreSettings(Protocol):
     clickhouse_cluster: str | None
     clickhouse_replicated: bool
     clickhouse_steps_ttl_days: int | None
+    clickhouse_merge_selector_base: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +266,7 @@ class SchemaOptions:
     replicated: bool = False
     zk_path: str = "/clickhouse/tables/{shard}/{database}/{table}"
     steps_ttl_days: int | None = None  # raw steps older than this many days expire; None: kept
+    merge_selector_base: int | None = None  # the wide tables' merge width (migrations.apply_merge_width); None: the server's
 
     @classmethod
     def from_settings(cls, settings: StoreSettings, database: str = DEFAULT_DATABASE, *,
@@ -280,14 +282,18 @@ class SchemaOptions:
                 "AREAL_CLICKHOUSE_URL); the embedded engine (chdb://) is one node without Keeper")
         try:
             return cls(database=database, cluster=settings.clickhouse_cluster,
-                       replicated=settings.clickhouse_replicated, steps_ttl_days=settings.clickhouse_steps_ttl_days)
+                       replicated=settings.clickhouse_replicated, steps_ttl_days=settings.clickhouse_steps_ttl_days,
+                       merge_selector_base=settings.clickhouse_merge_selector_base)
         except ValueError as exc:
-            raise ConfigError(f"AREAL_CLICKHOUSE_CLUSTER: {exc}") from None  # the TTL is checked by Settings
+            raise ConfigError(f"AREAL_CLICKHOUSE_CLUSTER: {exc}") from None  # the TTL and merge width: by Settings
 
     def __post_init__(self) -> None:
         if self.steps_ttl_days is not None and (isinstance(self.steps_ttl_days, bool) or
                                                  not isinstance(self.steps_ttl_days, int) or self.steps_ttl_days < 1):
             raise ValueError(f"steps_ttl_days must be a whole number of days >= 1 (got {self.steps_ttl_days!r})")
+        if self.merge_selector_base is not None and (isinstance(self.merge_selector_base, bool) or not isinstance(
+                self.merge_selector_base, int) or not 2 <= self.merge_selector_base <= 1000):
+            raise ValueError(f"merge_selector_base must be a whole number from 2 to 1000 (got {self.merge_selector_base!r})")
         if not _IDENT.fullmatch(self.database):
             raise ValueError(f"database name {self.database!r} must match {_IDENT.pattern}")
         if self.cluster is not None and not _IDENT.fullmatch(self.cluster):
