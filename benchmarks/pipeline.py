@@ -48,10 +48,11 @@ class Services:
     home: Path
     topics: Topics = field(default_factory=lambda: Topics(f"bench{uuid.uuid4().hex[:6]}."))
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)  # settings of both services beyond these (an A/B's)
 
     @property
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {**os.environ, **self.extra_env}
         env.update(
             AREAL_KAFKA_BOOTSTRAP=self.bootstrap, AREAL_TOPIC_PREFIX=self.topics.prefix,
             AREAL_HOME=str(self.home), AREAL_CLICKHOUSE_URL=f"chdb://{self.home / 'clickhouse'}",

@@ -149,6 +149,15 @@ def generate_steps(client: Any, db: str, shape: Shape) -> None:
     _insert_steps(client, db, shape, tail_from, shape.rows - tail_from, again)
 
 
+def generate_in_sink_blocks(client: Any, db: str, shape: Shape) -> None:
+    """Every step row in blocks of `shape.sink_rows`, as the sink writes them (no bulk history, no OPTIMIZE:
+    the parts are what the store's merges make of the sink's blocks), then the derived tables."""
+    history = _step_select(shape, "1", "0")
+    for start in range(0, shape.rows, shape.sink_rows):
+        _insert_steps(client, db, shape, start, min(shape.sink_rows, shape.rows - start), history)
+    generate_derived(client, db, shape)
+
+
 def _per_step(shape: Shape, what: str) -> str:
     """FROM numbers over (run, step) with r, step, t (the step's time) and p (progress) as aliases."""
     r = f"intDiv(number, {shape.steps})"
