@@ -11,7 +11,8 @@ Python and the engine's insert, the materialized views included when present), `
 `--ranks` ranks, 12 typed columns and 2 metrics per row. Reported: the median of `--repeats` runs of
 each, CPU (user + system of the process) per row while the blocks go in
 (`sink_insert_cpu_us_per_row_views_*`); of that, the inserting thread's (`..._inserting_thread`: the
-rest is the engine's background merges, which run beside the inserts); the process's CPU once the
+rest is the engine's other threads, mostly its background merges, which run beside the inserts:
+with merges stopped they took about 1.5 us a row in one ad hoc run); the process's CPU once the
 merges the inserts started have finished too (`..._with_merges`); the rows the merges rewrote per
 row inserted into any table (`merged_rows_per_row_views_*`, from `system.events`); and what analysing
 each view's query costs (`plan_cpu_ms_*`), which an insert pays once per block.
@@ -82,15 +83,17 @@ for i in range(0, n, block):
     insert_rows(c, "areal", rows[i:i + block], f"t{i}")
 during, thread = cpu() - start, cpu(resource.RUSAGE_THREAD) - start_thread
 # the merges these inserts set off: done once none runs and the merged rows stayed put for 3 s (60 s at most)
-merged, quiet_since, deadline = None, time.monotonic(), time.monotonic() + 60
-while time.monotonic() < deadline and time.monotonic() - quiet_since < 3:
+merged, quiet_since, deadline, settled = None, time.monotonic(), time.monotonic() + 60, False
+while not settled and time.monotonic() < deadline:
     now = (counted().get("MergedRows", 0), c.query("SELECT count() FROM system.merges").result_rows[0][0])
     if now != merged or now[1]:
         merged, quiet_since = now, time.monotonic()
     time.sleep(0.2)
+    settled = time.monotonic() - quiet_since >= 3
 # (the waiting loop's own queries cost a few ms over the whole wait: not a merge's, and counted with them)
 after = counted()
 print(json.dumps({"process": during / n * 1e6, "thread": thread / n * 1e6, "with_merges": (cpu() - start) / n * 1e6,
+                  "merges_settled": settled,
                   "merged_rows_per_row": (after.get("MergedRows", 0) - before.get("MergedRows", 0))
                                          / max(1, after.get("InsertedRows", 0) - before.get("InsertedRows", 0))}))
 '''
@@ -147,7 +150,8 @@ def plan_cost() -> dict[str, float]:
 FIGURES = {"process": "sink_insert_cpu_us_per_row_views_{views}",
            "thread": "sink_insert_cpu_us_per_row_views_{views}_inserting_thread",
            "with_merges": "sink_insert_cpu_us_per_row_views_{views}_with_merges",
-           "merged_rows_per_row": "merged_rows_per_row_views_{views}"}
+           "merged_rows_per_row": "merged_rows_per_row_views_{views}",
+           "merges_settled": "merges_settled_views_{views}"}  # False: still merging after 60 s (_with_merges is short)
 
 
 def run(rows: int = 100_000, repeats: int = 3, block: int = 5_000, runs: int = 4, unpartitioned: bool = False,
@@ -162,6 +166,9 @@ def run(rows: int = 100_000, repeats: int = 3, block: int = 5_000, runs: int = 4
     for views, measured in figures.items():
         for figure, key in FIGURES.items():
             values = [m[figure] for m in measured]
+            if figure == "merges_settled":
+                out[key.format(views=views)] = all(values)
+                continue
             out[key.format(views=views)] = statistics.median(values)
             out[key.format(views=views) + "_runs"] = values
     return {**out, **plan_cost()}
@@ -172,7 +179,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--block", type=int, default=5_000, help="rows per inserted block")
-    parser.add_argument("--runs", type=int, default=4, help="runs of 8 ranks whose steps each block holds")
+    parser.add_argument("--runs", type=int, default=4, help="runs (of --ranks ranks) whose steps each block holds")
     parser.add_argument("--ranks", type=int, default=8, help="ranks of each run (1: a row per step)")
     parser.add_argument("--unpartitioned-aggregates", action="store_true",
                         help="the aggregate tables in one partition instead of by run bucket")

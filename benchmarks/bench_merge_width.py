@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -41,6 +42,7 @@ def _variants(width: int) -> tuple[tuple[str, int | None], ...]:
 
 
 def pipeline_ab(width: int, pairs: int, events: int = 32_000) -> dict[str, Any]:
+    os.environ.pop(SETTING, None)  # the default variant is the server's width, whatever this shell sets
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in _variants(width)}
     with broker() as bootstrap:
         for _ in range(pairs):
@@ -68,15 +70,18 @@ def pipeline_ab(width: int, pairs: int, events: int = 32_000) -> dict[str, Any]:
     return out
 
 
-def _settle(client: Any, most_s: float = 300) -> None:
-    """Until no merge runs and the merged rows stayed put for 5 s (`most_s` at most)."""
+def _settle(client: Any, most_s: float = 300) -> bool:
+    """Until no merge runs and the merged rows stayed put for 5 s; False when still merging after `most_s`."""
     last, since, deadline = None, time.monotonic(), time.monotonic() + most_s
-    while time.monotonic() < deadline and time.monotonic() - since < 5:
+    while time.monotonic() - since < 5:
+        if time.monotonic() > deadline:
+            return False
         now = (int(client.command("SELECT value FROM system.events WHERE event = 'MergedRows'") or 0),
                int(client.command("SELECT count() FROM system.merges")))
         if now != last or now[1]:
             last, since = now, time.monotonic()
         time.sleep(0.5)
+    return True
 
 
 def panels(width: int | None, runs: int, repetitions: int = 7) -> dict[str, Any]:
@@ -88,7 +93,7 @@ def panels(width: int | None, runs: int, repetitions: int = 7) -> dict[str, Any]
         t0 = time.perf_counter()
         generate_in_sink_blocks(client, DEFAULT_DATABASE, shape)
         generate_s = time.perf_counter() - t0
-        _settle(client)
+        settled = _settle(client)
         client.command("SYSTEM STOP MERGES")  # every repetition reads the same parts
         parts = dict(client.query(f"SELECT table, count() FROM system.parts WHERE database = '{DEFAULT_DATABASE}' "
                                   "AND active GROUP BY table").result_rows)
@@ -98,7 +103,7 @@ def panels(width: int | None, runs: int, repetitions: int = 7) -> dict[str, Any]
     with connect(Settings(clickhouse_url=f"chdb://{directory}")) as store:
         assert isinstance(store, DirectStore)
         results = {s.label: measure(store, s, repetitions, now, python_rows=False) for s in SCENARIOS}
-    return {"steps_rows": shape.rows, "generate_s": generate_s,
+    return {"steps_rows": shape.rows, "generate_s": generate_s, "merges_settled": settled,
             "parts": {t: parts.get(t, 0) for t in WIDE_MERGE_TABLES},
             "scenarios": {label: {"p95_ms_max": max(e["p95_ms"] for e in entries),
                                   "p50_ms_sum": sum(e["p50_ms"] for e in entries),

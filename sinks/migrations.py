@@ -273,7 +273,9 @@ def apply_merge_width(client: CommandClient, o: SchemaOptions) -> None:
     the server's own again. Not a migration: the setting may change between two starts of the sink.
 
     A server whose MergeTree has no such setting (older than the releases that name it) is left alone,
-    with a warning when a width was asked for: an ALTER naming a setting the server lacks fails."""
+    with a warning when a width was asked for: an ALTER naming a setting the server lacks fails.
+    On a cluster the ALTERs always run (ON CLUSTER): a replica keeps its table settings on its own,
+    and this node's tables say nothing of a replica added later or one an earlier ALTER missed."""
     known = int(client.command(f"SELECT count() FROM system.merge_tree_settings WHERE name = '{MERGE_WIDTH}'") or 0)
     if not known:
         if o.merge_selector_base is not None:
@@ -284,7 +286,7 @@ def apply_merge_width(client: CommandClient, o: SchemaOptions) -> None:
         where = f"database = '{o.database}' AND name = '{table}'"
         current = str(client.command(f"SELECT extract(create_table_query, '{MERGE_WIDTH} = ([0-9.]+)') "
                                      f"FROM system.tables WHERE {where}") or "")
-        if current != ("" if o.merge_selector_base is None else str(o.merge_selector_base)):
+        if o.cluster or current != ("" if o.merge_selector_base is None else str(o.merge_selector_base)):
             client.command(_merge_width_sql(o, table))
 
 
@@ -320,3 +322,4 @@ def recreate_tables(client: CommandClient, options: SchemaOptions = SchemaOption
     for stmt in [*step_means_statements(options), *rank_aggregates.create_statements(options),
                  *rank_aggregates.coarse_create_statements(options)]:
         client.command(stmt)
+    apply_merge_width(client, options)  # the new tables too: a replay is the heaviest run of inserts

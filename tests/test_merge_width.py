@@ -13,7 +13,13 @@ import pytest
 from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.producers.contract.events import StepEvent
 from areal_metrics.producers.contract.settings import Settings
-from areal_metrics.sinks.migrations import WIDE_MERGE_TABLES, apply_schema, schema_statements
+from areal_metrics.sinks.migrations import (
+    WIDE_MERGE_TABLES,
+    apply_schema,
+    drop_tables,
+    recreate_tables,
+    schema_statements,
+)
 from areal_metrics.sinks.query import Target, open_client
 from areal_metrics.sinks.rows import Located
 from areal_metrics.sinks.schema import SchemaOptions
@@ -103,10 +109,36 @@ def test_a_server_without_the_setting_is_left_alone_with_a_warning(client: Any, 
     assert "merge_selector_base" not in caplog.text
 
 
-def test_the_width_statements_are_listed_and_run_on_the_cluster() -> None:
+def test_tables_a_replay_makes_again_get_the_width(client: Any) -> None:
+    db = "width_replay"
+    o = SchemaOptions(database=db, merge_selector_base=20)
+    apply_schema(client, o)
+    drop_tables(client, o)  # what `replay` does before it reads the log again
+    recreate_tables(client, o)
+    assert widths(client, db) == {table: "20" for table in WIDE_MERGE_TABLES}
+
+
+class ClusterServer:
+    """Answers as a cluster node whose MergeTree has the setting and whose tables have it already:
+    the ALTERs run anyway (ON CLUSTER), for the replicas this node cannot see."""
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+
+    def command(self, cmd: str, *args: Any, **kwargs: Any) -> Any:
+        self.statements.append(cmd)
+        if "system.merge_tree_settings" in cmd:
+            return 1
+        return "20" if "create_table_query" in cmd and "merge_selector_base" in cmd else 0
+
+
+def test_on_a_cluster_the_width_is_set_on_every_start_and_the_statements_are_listed() -> None:
     clustered = SchemaOptions(cluster="prod", replicated=True, merge_selector_base=20)
+    server = ClusterServer()
+    apply_schema(server, clustered)
+    wanted = [f"ALTER TABLE areal.{t} ON CLUSTER prod MODIFY SETTING merge_selector_base = 20" for t in WIDE_MERGE_TABLES]
+    assert [s for s in server.statements if "MODIFY SETTING" in s] == wanted
     listed = schema_statements(clustered)
-    for table in WIDE_MERGE_TABLES:
-        assert f"ALTER TABLE areal.{table} ON CLUSTER prod MODIFY SETTING merge_selector_base = 20" in listed
+    assert all(statement in listed for statement in wanted)
     unset = schema_statements(SchemaOptions(cluster="prod", replicated=True))
     assert "ALTER TABLE areal.steps ON CLUSTER prod RESET SETTING merge_selector_base" in unset
