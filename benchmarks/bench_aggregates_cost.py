@@ -33,9 +33,10 @@ import tempfile
 from pathlib import Path
 
 CHILD = '''
-import json, resource, sys, time
+import json, resource, sys
+from benchmarks.common import wait_for_merges
 from areal_metrics.producers.contract.events import StepEvent
-from areal_metrics.sinks.migrations import apply_schema
+from areal_metrics.sinks.migrations import WIDE_MERGE_TABLES, apply_schema
 from areal_metrics.sinks.query import Target, open_client
 from areal_metrics.sinks.rows import Located
 from areal_metrics.sinks.schema import PARTITION_BY, SchemaOptions
@@ -65,7 +66,7 @@ if views in ("none", "steps", "fine_ranks"):
     c.command(f"DROP VIEW {o.database}.{rank_aggregates.RANK_AGGREGATES_COARSE_MV}")
 if views in ("none", "steps"):
     c.command(f"DROP VIEW {o.database}.{rank_aggregates.RANK_AGGREGATES_MV}")
-for table in ("steps", step_means.AGGREGATES, rank_aggregates.RANK_AGGREGATES, rank_aggregates.RANK_AGGREGATES_COARSE):
+for table in WIDE_MERGE_TABLES:
     for setting in merge_settings:
         c.command(f"ALTER TABLE {o.database}.{table} MODIFY SETTING {setting}")
 ev = [StepEvent(run_id=f"r{i % runs}", step=i // (ranks * runs), rank=(i // runs) % ranks, world_size=ranks, epoch=0, reward=0.5, kl=0.01, entropy=1.0,
@@ -82,14 +83,7 @@ start, start_thread = cpu(), cpu(resource.RUSAGE_THREAD)
 for i in range(0, n, block):
     insert_rows(c, "areal", rows[i:i + block], f"t{i}")
 during, thread = cpu() - start, cpu(resource.RUSAGE_THREAD) - start_thread
-# the merges these inserts set off: done once none runs and the merged rows stayed put for 3 s (60 s at most)
-merged, quiet_since, deadline, settled = None, time.monotonic(), time.monotonic() + 60, False
-while not settled and time.monotonic() < deadline:
-    now = (counted().get("MergedRows", 0), c.query("SELECT count() FROM system.merges").result_rows[0][0])
-    if now != merged or now[1]:
-        merged, quiet_since = now, time.monotonic()
-    time.sleep(0.2)
-    settled = time.monotonic() - quiet_since >= 3
+settled = wait_for_merges(c, quiet_s=3, most_s=60)  # the merges these inserts set off
 # (the waiting loop's own queries cost a few ms over the whole wait: not a merge's, and counted with them)
 after = counted()
 print(json.dumps({"process": during / n * 1e6, "thread": thread / n * 1e6, "with_merges": (cpu() - start) / n * 1e6,

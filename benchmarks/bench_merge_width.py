@@ -27,7 +27,7 @@ from typing import Any
 
 from benchmarks import pipeline
 from benchmarks.bench_queries import SCENARIOS, measure
-from benchmarks.common import broker, machine
+from benchmarks.common import broker, machine, wait_for_merges
 from benchmarks.query_data import Shape, generate_in_sink_blocks
 from areal_metrics.producers.contract.settings import Settings
 from areal_metrics.sinks.migrations import WIDE_MERGE_TABLES, apply_schema
@@ -70,20 +70,6 @@ def pipeline_ab(width: int, pairs: int, events: int = 32_000) -> dict[str, Any]:
     return out
 
 
-def _settle(client: Any, most_s: float = 300) -> bool:
-    """Until no merge runs and the merged rows stayed put for 5 s; False when still merging after `most_s`."""
-    last, since, deadline = None, time.monotonic(), time.monotonic() + most_s
-    while time.monotonic() - since < 5:
-        if time.monotonic() > deadline:
-            return False
-        now = (int(client.command("SELECT value FROM system.events WHERE event = 'MergedRows'") or 0),
-               int(client.command("SELECT count() FROM system.merges")))
-        if now != last or now[1]:
-            last, since = now, time.monotonic()
-        time.sleep(0.5)
-    return True
-
-
 def panels(width: int | None, runs: int, repetitions: int = 7) -> dict[str, Any]:
     shape = Shape(runs=runs, ranks=64, steps=3_125, sink_rows=1_500)
     directory = Path(tempfile.mkdtemp(prefix="areal-bench-width-store-"))
@@ -93,7 +79,7 @@ def panels(width: int | None, runs: int, repetitions: int = 7) -> dict[str, Any]
         t0 = time.perf_counter()
         generate_in_sink_blocks(client, DEFAULT_DATABASE, shape)
         generate_s = time.perf_counter() - t0
-        settled = _settle(client)
+        settled = wait_for_merges(client, quiet_s=5, most_s=300)
         client.command("SYSTEM STOP MERGES")  # every repetition reads the same parts
         parts = dict(client.query(f"SELECT table, count() FROM system.parts WHERE database = '{DEFAULT_DATABASE}' "
                                   "AND active GROUP BY table").result_rows)

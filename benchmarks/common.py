@@ -99,6 +99,21 @@ def measure_and_report(measure: Callable[[str], dict[str, Any]], report: Callabl
     return 0
 
 
+def wait_for_merges(client: Any, quiet_s: float, most_s: float) -> bool:
+    """Until no merge runs in the store and its merged rows stayed put for `quiet_s`; False when it is
+    still merging after `most_s` (the merges a benchmark's inserts set off, before it reads the parts)."""
+    last, since, deadline = None, time.monotonic(), time.monotonic() + most_s
+    while time.monotonic() - since < quiet_s:
+        if time.monotonic() > deadline:
+            return False
+        now = (int(client.command("SELECT value FROM system.events WHERE event = 'MergedRows'") or 0),
+               int(client.command("SELECT count() FROM system.merges")))
+        if now != last or now[1]:
+            last, since = now, time.monotonic()
+        time.sleep(0.2)
+    return True
+
+
 def print_load() -> list[float]:
     """Print and return the load average: how shared the machine was while it measured."""
     load = os.getloadavg()
