@@ -8,6 +8,8 @@ areal_metrics.streams.core.config), AREAL_STREAMS_LOGLEVEL (default warning).
 Tuning for tests and benchmarks: AREAL_STREAMS_COMMIT_INTERVAL (s, default 0.5),
 AREAL_STREAMS_SESSION_TIMEOUT (s, default 10). AREAL_POISON_CRASHES (default 2): a message
 in flight in that many crashes is dead-lettered and skipped ($AREAL_HOME/streams/crash/).
+AREAL_WORKER_STOP_TIMEOUT_S (default 20): a stop signal ends the worker within that many seconds,
+also while Kafka is unreachable (streams/shell/faust_internals.py BoundedStopWorker).
 """
 
 from __future__ import annotations
@@ -73,7 +75,6 @@ def main() -> int:
         print(f"areal-streams: {exc}", file=sys.stderr)
         return 2
 
-    import faust
     from kafka.errors import KafkaError
 
     from areal_metrics.streams.shell.app import (
@@ -82,6 +83,7 @@ def main() -> int:
         build_worker,
         ticks_topic_for,
     )
+    from areal_metrics.streams.shell.faust_internals import BoundedStopWorker
 
     # Faust's name for the changelog of table "runs" (checked against the app below)
     changelog = f"{app_id_for(topics.prefix)}-runs-changelog"
@@ -136,8 +138,8 @@ def main() -> int:
     )
     made = worker.app.tables["runs"].changelog_topic.get_topic_name()
     assert made == changelog, f"the worker made changelog {changelog}, Faust uses {made}"
-    faust_worker = faust.Worker(worker.app, loglevel=loglevel, quiet=True, redirect_stdouts=False,
-                                override_logging=False)
+    faust_worker = BoundedStopWorker(worker.app, loglevel=loglevel, quiet=True, redirect_stdouts=False,
+                                     override_logging=False, stop_timeout_s=own.worker_stop_timeout_s)
     settle_gc()  # this process's own interpreter: everything built so far lives until exit
     try:
         faust_worker.execute_from_commandline()

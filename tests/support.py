@@ -88,3 +88,26 @@ def replay_changelog(sent: Iterable[tuple[Any, bytes, bytes | None]]) -> dict[by
         else:
             replayed[key] = value
     return replayed
+
+
+def group_members_when(bootstrap: str, group: str, want: int, timeout: float) -> int:
+    """The consumer group's member count, once it is `want` (or at the timeout). A fresh broker has
+    no group coordinator for a moment: that reads as no member yet."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import CoordinatorNotAvailableError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        deadline, count = time.monotonic() + timeout, 0
+        while time.monotonic() < deadline:
+            try:
+                info = admin.describe_groups([group])[group]
+            except CoordinatorNotAvailableError:
+                info = {}
+            count = len(info.get("members", [])) if info.get("group_state") == "Stable" else 0
+            if count == want:
+                break
+            time.sleep(0.5)
+        return count
+    finally:
+        admin.close()

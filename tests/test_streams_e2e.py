@@ -33,6 +33,7 @@ from areal_metrics.producers.contract.events import EvalEvent, StepEvent
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.streams.shell.app import StreamCore, app_id_for
 from areal_metrics.streams.core.config import StreamsConfig
+from tests.support import group_members_when
 
 pytestmark = pytest.mark.broker
 
@@ -451,24 +452,6 @@ def test_a_second_worker_joining_mid_scenario_shares_the_runs_without_a_differen
     assert rc_second == 0, (tmp_path / "worker-2.log").read_text()[-3000:]
     assert_the_one_worker_events(topics, reader, ref)
     assert members == 2  # both workers were in the group: it rebalanced while the first was busy
-
-
-def group_members_when(bootstrap: str, group: str, want: int, timeout: float) -> int:
-    """The consumer group's member count, once it is `want` (or at the timeout)."""
-    from kafka import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        deadline, count = time.monotonic() + timeout, 0
-        while time.monotonic() < deadline:
-            info = admin.describe_groups([group])[group]
-            count = len(info.get("members", [])) if info.get("group_state") == "Stable" else 0
-            if count == want:
-                break
-            time.sleep(0.5)
-        return count
-    finally:
-        admin.close()
 
 
 def test_start_offsets_are_committed_for_a_new_group(kafka_bootstrap: str, topics: Topics):

@@ -4,7 +4,8 @@ to the version these were written and tested against, in pyproject.toml).
 - `BatchConsumer`: Faust's Kafka consumer, handing the worker's input topics over a fetch at a time
   (`ack_all`: a processed batch's messages acknowledged in one call);
 - `transport_producer(app)`: the started aiokafka producer under Faust's;
-- `partition_for(producer, topic, key)`: the partition aiokafka's `send()` would pick.
+- `partition_for(producer, topic, key)`: the partition aiokafka's `send()` would pick;
+- `BoundedStopWorker`: Faust's worker, whose stop on a signal ends the process within a bound.
 
 tests/test_streams_faust_internals.py checks that no other module of the worker reaches into
 a private name of another object.
@@ -31,6 +32,9 @@ recorded as a stream's sensor would (Faust's check for a stream that stopped pro
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
@@ -172,3 +176,40 @@ def partition_for(producer: Any, topic: str, key: bytes | None) -> int:
     """The partition aiokafka's `send()` picks: its partitioner over the key (murmur2, as every
     Kafka client's default); with no key, the partitioner's own choice."""
     return producer._partition(topic, None, key, None, key, None)
+
+
+class BoundedStopWorker(faust.Worker):
+    """Faust's worker whose stop on SIGTERM or SIGINT ends the process within `stop_timeout_s`.
+
+    Faust's clean stop flushes the producer and commits offsets; with the broker unreachable it
+    waited there for good (a worker was still in `stop_and_shutdown` 70 s after a SIGTERM, and one
+    left behind once spun on a core for half an hour). Past the bound the process exits with
+    status 1 without the rest of the stop: what it had not committed, Kafka redelivers to the next
+    worker, whose outputs are idempotent (CONTRACT.md). mode's `_schedule_shutdown` is the one
+    hook every stop signal passes through."""
+
+    def __init__(self, *args: Any, stop_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stop_timeout_s = stop_timeout_s
+
+    def _schedule_shutdown(self, signal: Any) -> None:
+        if not self._signal_stop_time:  # the first stop signal arms the bound; a second changes nothing
+            exit_unless_stopped(self.stop_timeout_s, f"stream worker: not stopped {self.stop_timeout_s:g} s after "
+                                f"{getattr(signal, 'name', signal)} (Kafka unreachable?); exiting without a clean "
+                                "stop, Kafka redelivers what was not committed")
+        super()._schedule_shutdown(signal)
+
+
+def exit_unless_stopped(seconds: float, why: str) -> threading.Timer:
+    """A daemon timer that ends the process (status 1, `why` on stderr) unless it exited first."""
+    def expire() -> None:
+        try:
+            sys.stderr.write(why + "\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(1)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    return timer

@@ -44,3 +44,8 @@ class WorkerSettings(SettingGroup):
                                    "past it the run whose last input is oldest leaves first, whatever waits in it "
                                    "(docs/SCALING.md: the bytes a run costs)", ge=1, le=10_000_000,
                                    readers="worker")
+    worker_stop_timeout_s: float = setting("AREAL_WORKER_STOP_TIMEOUT_S", 20.0, "after SIGTERM or SIGINT the "
+                                           "worker stops cleanly (a last flush and commit) or, past this many "
+                                           "seconds (Kafka unreachable), exits with status 1 without it: Kafka "
+                                           "redelivers what it had not committed", ge=1, le=3600,
+                                           readers="worker")
