@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from areal_metrics.commands.demo_sql import checks, holds_check, scale_lr_evidence, vote_check, vote_checks
+from areal_metrics.commands.demo_sql import (above_threshold_check, checks, not_below_check, scale_lr_evidence,
+                                             vote_check, vote_checks)
 from areal_metrics.producers.contract.events import Event
 from areal_metrics.sinks.query import DirectStore
 from tests.test_compare import _event
@@ -32,10 +33,35 @@ def faulty_run(run: str, consensus: float, dissenters: list[str]) -> list[Event]
     return events
 
 
+def regression_run(run: str, levels: dict[int, int], cut_from: int = 10, restore: int | None = 0) -> list[Event]:
+    """A regression run on 64 prompts, 2 nodes agreeing: at each step the first `levels[step]` prompts
+    right; a scale_lr that restores `restore` from `cut_from`; its loop watches math at threshold 0.1."""
+    events = [_event("run", run, "h-r0", status="running", group="lr-regression", world_size=2,
+                     config={"eval_loop": {"enabled": True, "dataset": "math", "threshold": 0.10}})]
+    for step, right in levels.items():
+        verdicts = [int(i < right) for i in range(64)]
+        eval_id = f"{run}:{step}:math:full"
+        for node in ("h-r0", "h-r1"):
+            events.append(_event("eval", run, node, eval_id=eval_id, step=step, dataset="math", stage="full",
+                                 accuracy=right / 64, n_samples=64, replicas=2, verdicts=verdicts,
+                                 dataset_fingerprint="fp"))
+        p, half = right / 64, 1.96 * (right / 64 * (1 - right / 64) / 64) ** 0.5
+        events.append(_event("eval_consensus", run, "worker", eval_id=eval_id, step=step, dataset="math", stage="full",
+                             accuracy=p, votes=2, replicas=2, agreement=1.0, dissenters=[],
+                             ci_low=max(0.0, p - half), ci_high=min(1.0, p + half)))
+    args = {"factor": 0.1, "from_step": cut_from, **({"restore_step": restore} if restore is not None else {})}
+    events.append(_event("command", run, "worker", command="scale_lr", args=args, reason="a cut"))
+    return events
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DirectStore]:
     built = (faulty_run("vote-right", 0.5, ["h-r1"]) + faulty_run("vote-tie-as-0", 0.375, ["h-r1"])
-             + faulty_run("vote-blames-honest", 0.5, ["h-r1", "h-r2"]))
+             + faulty_run("vote-blames-honest", 0.5, ["h-r1", "h-r2"])
+             + regression_run("back-x-lr-high", {0: 20, 8: 2, 16: 21, 24: 19, 32: 15})  # back, drifting, above
+             + regression_run("lost-x-lr-high", {0: 20, 8: 2, 16: 6, 24: 7})  # the rollback did not bring it back
+             + regression_run("under-x-lr-high", {0: 20, 8: 2, 16: 19, 24: 1})  # back, then shown below the threshold
+             + regression_run("none-x-lr-high", {0: 20, 8: 2, 16: 20}, restore=None))  # a cut without a rollback
     with loaded_store(tmp_path_factory.mktemp("demo-checks"), recorded() + built) as opened:
         yield opened
 
@@ -72,30 +98,58 @@ def test_scale_lr_on_evidence_fails_with_no_command_and_when_the_regression_run_
     assert not scale[0] and "0 of 0" in scale[1] and "the regression run demo-x-lr-high got no scale_lr" in scale[1]
 
 
-def test_the_regression_run_holds_unless_its_last_round_is_significantly_below_the_first_after_the_restore() -> None:
+def test_a_round_is_below_another_only_when_the_paired_sign_test_says_so() -> None:
     import random
 
     from scipy.stats import binomtest
 
     rng = random.Random(7)
     first = {s: int(rng.random() < 0.3) for s in range(512)}
-    same = holds_check("math", (16, first), (40, dict(first)))
+    same = not_below_check("math", (16, first), (40, dict(first)))
     assert same[0] and "0 lost, 0 gained" in same[1]
     # 40 prompts lost and 10 gained: the paired test (scipy's exact binomial, two-sided) says it fell
     right = [s for s in first if first[s]][:40]
     wrong = [s for s in first if not first[s]][:10]
     fell = {**first, **{s: 0 for s in right}, **{s: 1 for s in wrong}}
-    passed, what = holds_check("math", (16, first), (40, fell))
-    assert not passed and "40 lost, 10 gained" in what and "NOT: significantly below" in what
+    passed, what = not_below_check("math", (16, first), (40, fell))
+    assert not passed and "40 lost, 10 gained" in what and "significantly below" in what
     assert binomtest(10, 50).pvalue < 0.05
-    # a few lost, about as many gained: noise of the same size holds
-    assert holds_check("math", (16, first), (40, {**first, **{s: 0 for s in right[:6]}, **{s: 1 for s in wrong[:4]}}))[0]
-    assert not holds_check("math", (16, {0: 1}), (40, {1: 1}))[0]  # nothing to compare is not a pass
+    # a few lost, about as many gained: noise of the same size is not below
+    assert not_below_check("math", (16, first), (40, {**first, **{s: 0 for s in right[:6]},
+                                                      **{s: 1 for s in wrong[:4]}}))[0]
+    assert not not_below_check("math", (16, {0: 1}), (40, {1: 1}))[0]  # nothing to compare is not a pass
 
 
-def test_a_regression_run_without_a_rollback_does_not_hold_by_default(store: DirectStore) -> None:
-    [held] = [(passed, what) for passed, what in checks(store, ["vote-right", "demo-x-lr-high"]) if "holds" in what]
-    assert not held[0] and "no scale_lr restored weights" in held[1]
+def test_above_the_threshold_fails_on_a_round_shown_below_it_and_prints_the_drift_as_a_measurement() -> None:
+    held = above_threshold_check("r-lr-high", "math", 0.10, [(16, 0.164, 0.199), (40, 0.131, 0.165)], "math fell")
+    assert held[0] and "the lowest 0.131 at step 40" in held[1] and "a measurement, not a check: " in held[1]
+    shown_below = above_threshold_check("r-lr-high", "math", 0.10, [(16, 0.164, 0.199), (24, 0.06, 0.09)], "")
+    assert not shown_below[0] and "NOT: step 24 shown below it" in shown_below[1]
+    # a point estimate under the threshold whose interval reaches above it is not evidence
+    assert above_threshold_check("r-lr-high", "math", 0.10, [(16, 0.09, 0.13)], "")[0]
+    assert not above_threshold_check("r-lr-high", None, 0.10, [(16, 0.2, 0.3)], "")[0]  # no loop: not a pass
+    assert not above_threshold_check("r-lr-high", "math", 0.10, [], "")[0]  # no round after it: not a pass
+
+
+def test_the_regression_checks_on_the_store(store: DirectStore) -> None:
+    results = {what.split(" ")[0].rstrip(":") + ("/back" if "brought" in what else "/above"): (passed, what)
+               for passed, what in checks(store, ["back-x-lr-high", "lost-x-lr-high", "under-x-lr-high",
+                                                 "none-x-lr-high"]) if "rollback" in what}
+    assert {k: v[0] for k, v in results.items()} == {
+        "back-x-lr-high/back": True, "back-x-lr-high/above": True, "lost-x-lr-high/back": False,
+        "lost-x-lr-high/above": True, "under-x-lr-high/back": True, "under-x-lr-high/above": False,
+        "none-x-lr-high/back": False}
+    assert "math 0.312 at step 0 -> 0.328 at step 16 over 64 prompts (0 lost, 1 gained" in results["back-x-lr-high/back"][1]
+    assert "0.328 at step 16 -> 0.234 at step 32" in results["back-x-lr-high/above"][1]  # the drift, printed
+    assert "14 lost, 0 gained" in results["lost-x-lr-high/back"][1] and "NOT: below it" in results["lost-x-lr-high/back"][1]
+    assert "NOT: step 24 shown below it" in results["under-x-lr-high/above"][1]
+    assert "no scale_lr restored weights" in results["none-x-lr-high/back"][1]
+
+
+def test_a_regression_run_without_a_rollback_is_not_a_pass(store: DirectStore) -> None:
+    [back] = [(passed, what) for passed, what in checks(store, ["vote-right", "demo-x-lr-high"])
+              if "rollback" in what]
+    assert not back[0] and "no scale_lr restored weights" in back[1]
 
 
 def test_a_vote_check_fails_on_a_tie_counted_as_wrong_and_on_a_blamed_honest_node() -> None:

@@ -10,10 +10,17 @@ Checks (each printed as passed or NOT passed, never hidden); each can fail:
   nodes' stored verdicts (ties undecided); in a run with a faulty evaluator
   (`dissent_rank`) it equals the honest replicas' accuracy over the decided
   samples and names no node but the faulty one;
-- the regression run holds after its rollback: per dataset, its last full round is not
-  significantly below its first full round after the restore (the same prompts every round,
-  so paired over the prompts both rounds decided: an exact sign test, two-sided 5 %); fewer
-  than two rounds after the restore, or no rollback at all, is not a pass;
+- the regression run's rollback brought accuracy back: per dataset, its first full round
+  after the restore is not significantly below the round whose weights were restored (the
+  same prompts every round, so paired over the prompts both rounds decided: an exact sign
+  test, two-sided 5 %); no rollback at all, or no round after it, is not a pass;
+- the regression run stays above its loop's threshold after the rollback: no full round of
+  the watched dataset since is shown below it (its 95 % interval's upper end below the
+  threshold) without a later cut. How far its last round lies from its first after the
+  restore is printed with it, paired the same way, as a measurement and not a check: at the
+  cut rate RL on every weight does not learn in the demo's budget (docs/WORKLOAD.md), so that
+  difference is one seed of a drifting policy (p = 0.327 on one machine, 0.003 on another,
+  the same code), which neither the rollback nor the threshold rule is there to prevent;
 - per dataset, every compared run evaluated the same set (one dataset fingerprint).
 """
 
@@ -120,6 +127,13 @@ WHERE run_id IN {runs:Array(String)} AND stage = 'full' AND NOT stale AND NOT pa
 GROUP BY run_id, eval_id, dataset, step ORDER BY run_id, dataset, step
 """
 
+ROUND_LEVELS_SQL = """
+SELECT run_id, eval_id, dataset, step, argMax(accuracy, ts), argMax(ci_high, ts)
+FROM v_eval_consensus
+WHERE run_id IN {runs:Array(String)} AND stage = 'full' AND NOT stale AND NOT partial
+GROUP BY run_id, eval_id, dataset, step ORDER BY run_id, dataset, step
+"""
+
 FAULTY_SQL = """
 SELECT run_id, config FROM v_runs WHERE run_id IN {runs:Array(String)}
 """
@@ -208,10 +222,10 @@ def vote_checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
     return out
 
 
-def holds_check(dataset: str, first: tuple[int, dict[int, int]], last: tuple[int, dict[int, int]]
-                ) -> tuple[bool, str]:
-    """(passed, what): the last round (step, sample -> consensus verdict) is not significantly below the
-    first, paired over the samples both decided (exact two-sided sign test at 5 %)."""
+def not_below_check(dataset: str, first: tuple[int, dict[int, int]], last: tuple[int, dict[int, int]]
+                    ) -> tuple[bool, str]:
+    """(passed, what): the later round (step, sample -> consensus verdict) is not significantly below
+    the earlier, paired over the samples both decided (exact two-sided sign test at 5 %)."""
     (step0, before), (step1, after) = first, last
     shared = sorted(set(before) & set(after))
     if not shared:
@@ -222,41 +236,86 @@ def holds_check(dataset: str, first: tuple[int, dict[int, int]], last: tuple[int
     fell = test.negative > test.positive and test.p_value < 0.05
     return not fell, (f"{dataset} {acc0:.3f} at step {step0} -> {acc1:.3f} at step {step1} over {len(shared)} "
                       f"prompts ({test.negative} lost, {test.positive} gained, sign test {stats.format_p(test.p_value)})"
-                      + ("; NOT: significantly below" if fell else ""))
+                      + ("; significantly below" if fell else ""))
+
+
+def _loop_of(store: Any, run: str) -> tuple[str | None, float | None]:
+    """(watched dataset, threshold) of the run's closed loop, from its config."""
+    for _run, config in store.query(FAULTY_SQL, {"runs": [run]}).rows:
+        try:
+            loop = json.loads(config or "{}").get("eval_loop") or {}
+            threshold = loop.get("threshold")
+            return loop.get("dataset"), float(threshold) if threshold is not None else None
+        except (ValueError, AttributeError, TypeError):
+            break
+    return None, None
+
+
+def _restores(store: Any, run: str) -> list[tuple[int, int]]:
+    """(from_step, restore_step) of the run's scale_lr commands that restored weights, in order."""
+    out = []
+    for _run, args, _reason in store.query(SCALE_LR_SQL, {"runs": [run]}).rows:
+        try:
+            parsed = json.loads(args or "{}")
+        except ValueError:
+            continue
+        if isinstance(parsed, dict) and isinstance(parsed.get("restore_step"), int):
+            out.append((int(parsed.get("from_step") or 0), int(parsed["restore_step"])))
+    return out
 
 
 def regression_checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
-    """The regression run holds after its rollback (`holds_check` per dataset, from the latest
-    scale_lr that restored weights)."""
+    """Per regression run, from its latest scale_lr that restored weights: the rollback brought
+    accuracy back (`not_below_check` of the first round after it against the restored round, per
+    dataset), and the run stays above its loop's threshold since (`above_threshold_check`)."""
     out: list[tuple[bool, str]] = []
     for run in (r for r in runs if r.endswith(REGRESSION_SUFFIX)):
-        restores = []
-        for _run, args, _reason in store.query(SCALE_LR_SQL, {"runs": [run]}).rows:
-            try:
-                parsed = json.loads(args or "{}")
-            except ValueError:
-                continue
-            if isinstance(parsed, dict) and parsed.get("restore_step") is not None:
-                restores.append(int(parsed.get("from_step") or 0))
+        restores = _restores(store, run)
         if not restores:
-            out.append((False, f"{run} holds after its rollback: NOT: no scale_lr restored weights"))
+            out.append((False, f"{run}: its rollback brought accuracy back: NOT: no scale_lr restored weights"))
             continue
-        since = restores[-1]
-        after: dict[str, list[tuple[int, str]]] = {}
-        for _run, eval_id, dataset, step, *_ in store.query(ROUNDS_SQL, {"runs": [run]}).rows:
-            if int(step) >= since:
-                after.setdefault(dataset, []).append((int(step), eval_id))
-        if not after or any(len(rounds) < 2 for rounds in after.values()):
-            out.append((False, f"{run} holds after its rollback: NOT: fewer than two full rounds from step {since}"))
+        since, restored = restores[-1]
+        rounds: dict[str, dict[int, tuple[str, float, float]]] = {}  # dataset -> step -> (eval_id, accuracy, ci_high)
+        for _run, eval_id, dataset, step, accuracy, ci_high in store.query(ROUND_LEVELS_SQL, {"runs": [run]}).rows:
+            rounds.setdefault(dataset, {})[int(step)] = (eval_id, float(accuracy), float(ci_high))
+        label = f"{run}: its rollback brought accuracy back (weights of step {restored} restored, lr cut from step {since})"
+        firsts = {d: min((s for s in by_step if s >= since), default=None) for d, by_step in rounds.items()}
+        if not rounds or any(restored not in rounds[d] or firsts[d] is None for d in rounds):
+            out.append((False, f"{label}: NOT: no full round of the restored step and one after it for every dataset"))
             continue
-        ends = {d: (min(r), max(r)) for d, r in after.items()}
-        verdicts = node_verdicts(store, [(run, e) for pair in ends.values() for _, e in pair])
-        parts = [holds_check(d, *((step, stats.node_majority(verdicts.get((run, e), {}).values()))
-                                  for step, e in pair)) for d, pair in sorted(ends.items())]
-        out.append((all(ok for ok, _ in parts),
-                    f"{run} holds after its rollback (restored, lr cut from step {since}): "
-                    + "; ".join(what for _, what in parts)))
+        verdicts = node_verdicts(store, [(run, eval_id) for by_step in rounds.values()
+                                         for eval_id, _, _ in by_step.values()])
+
+        def verdicts_at(dataset: str, step: int) -> tuple[int, dict[int, int]]:
+            return step, stats.node_majority(verdicts.get((run, rounds[dataset][step][0]), {}).values())
+
+        back = [not_below_check(d, verdicts_at(d, restored), verdicts_at(d, int(firsts[d] or 0)))
+                for d in sorted(rounds)]
+        ok = all(passed for passed, _ in back)
+        out.append((ok, f"{label}: " + "; ".join(what for _, what in back) + ("" if ok else "; NOT: below it")))
+        drift = "; ".join(not_below_check(d, verdicts_at(d, int(firsts[d] or 0)), verdicts_at(d, max(rounds[d])))[1]
+                          for d in sorted(rounds) if max(rounds[d]) > (firsts[d] or 0))
+        dataset, threshold = _loop_of(store, run)
+        after = [(s, acc, high) for s, (_, acc, high) in sorted(rounds.get(dataset or "", {}).items()) if s >= since]
+        out.append(above_threshold_check(run, dataset, threshold, after, drift))
     return out
+
+
+def above_threshold_check(run: str, dataset: str | None, threshold: float | None,
+                          after: list[tuple[int, float, float]], drift: str) -> tuple[bool, str]:
+    """(passed, what): no round of the watched dataset after the rollback, (step, accuracy, ci_high), is
+    shown below the loop's threshold (a later cut would have moved the rollback past it); `drift` is
+    printed with it, a measurement and not a check."""
+    label = f"{run} stays above its loop's threshold after the rollback"
+    if not after or dataset is None or threshold is None:
+        return False, f"{label}: NOT: no watched dataset, threshold or round after the rollback"
+    below = [s for s, _, high in after if high < threshold]
+    low = min(after, key=lambda r: r[1])
+    return (not below, f"{label}: {dataset} {len(after)} full rounds from step {after[0][0]}, the lowest {low[1]:.3f} "
+            f"at step {low[0]} (its 95 % interval's upper end {low[2]:.3f} against the threshold {threshold:g})"
+            + (f"; NOT: step {below[0]} shown below it" if below else "")
+            + (f"; its drift since the first round after the rollback (a measurement, not a check: RL on every "
+               f"weight at the cut rate does not learn in the demo's budget, docs/WORKLOAD.md): {drift}" if drift else ""))
 
 
 def checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
