@@ -23,6 +23,7 @@ import sys
 
 from areal_metrics.producers.contract.errors import ArealError, one_line
 from areal_metrics.producers.runtime.poison import CrashGuard, crash_marker
+from areal_metrics.producers.runtime.log_repeats import bound_repeated_lines
 from areal_metrics.producers.runtime.service_gc import settle_gc
 from areal_metrics.producers.contract.limits import StructureLimits, install_limits
 from areal_metrics.producers.contract.settings import Settings
@@ -54,6 +55,7 @@ def main() -> int:
     logging.basicConfig(level=own.log_level.upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    bound_repeated_lines(settings.log_repeat_s)  # a failure that repeats (Kafka gone) is one line a minute
     policy = BatchPolicy(
         max_rows=own.sink_max_rows,
         max_wait_s=own.sink_max_wait_ms / 1000,

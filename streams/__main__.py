@@ -42,6 +42,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> StreamsConfig:
 def main() -> int:
     from areal_metrics.producers.contract.errors import ArealError
     from areal_metrics.producers.contract.limits import StructureLimits, install_limits
+    from areal_metrics.producers.runtime.log_repeats import bound_repeated_lines
     from areal_metrics.producers.runtime.service_gc import settle_gc
     from areal_metrics.producers.contract.settings import Settings, state_dir
     from areal_metrics.streams.core.config import ConfigError
@@ -62,6 +63,7 @@ def main() -> int:
     topics = settings.topics
     loglevel = own.streams_loglevel.upper()
     logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    bound_repeated_lines(settings.log_repeat_s)  # a failure that repeats (Kafka gone) is one line a minute
     if loglevel not in ("DEBUG", "INFO"):
         # Faust's notes about timer overlap and producer back-pressure under load are
         # not problems of the worker; keep them out of the stack's log.
