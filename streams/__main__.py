@@ -141,7 +141,8 @@ def main() -> int:
     made = worker.app.tables["runs"].changelog_topic.get_topic_name()
     assert made == changelog, f"the worker made changelog {changelog}, Faust uses {made}"
     faust_worker = BoundedStopWorker(worker.app, loglevel=loglevel, quiet=True, redirect_stdouts=False,
-                                     override_logging=False, stop_timeout_s=own.worker_stop_timeout_s)
+                                     override_logging=False, stop_timeout_s=own.worker_stop_timeout_s,
+                                     before_exit=guard.abandon)
     settle_gc()  # this process's own interpreter: everything built so far lives until exit
     try:
         faust_worker.execute_from_commandline()

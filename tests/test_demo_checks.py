@@ -33,9 +33,11 @@ def faulty_run(run: str, consensus: float, dissenters: list[str]) -> list[Event]
     return events
 
 
-def regression_run(run: str, levels: dict[int, int], cut_from: int = 10, restore: int | None = 0) -> list[Event]:
+def regression_run(run: str, levels: dict[int, int], cut_from: int | None = 10, restore: int | None = 0,
+                   intervals: bool = True) -> list[Event]:
     """A regression run on 64 prompts, 2 nodes agreeing: at each step the first `levels[step]` prompts
-    right; a scale_lr that restores `restore` from `cut_from`; its loop watches math at threshold 0.1."""
+    right; a scale_lr that restores `restore` from `cut_from`; its loop watches math at threshold 0.1;
+    `intervals` False: the consensus carries no interval (the check takes Wilson's from its n_samples)."""
     events = [_event("run", run, "h-r0", status="running", group="lr-regression", world_size=2,
                      config={"eval_loop": {"enabled": True, "dataset": "math", "threshold": 0.10}})]
     for step, right in levels.items():
@@ -46,10 +48,11 @@ def regression_run(run: str, levels: dict[int, int], cut_from: int = 10, restore
                                  accuracy=right / 64, n_samples=64, replicas=2, verdicts=verdicts,
                                  dataset_fingerprint="fp"))
         p, half = right / 64, 1.96 * (right / 64 * (1 - right / 64) / 64) ** 0.5
+        interval = {"ci_low": max(0.0, p - half), "ci_high": min(1.0, p + half)} if intervals else {}
         events.append(_event("eval_consensus", run, "worker", eval_id=eval_id, step=step, dataset="math", stage="full",
-                             accuracy=p, votes=2, replicas=2, agreement=1.0, dissenters=[],
-                             ci_low=max(0.0, p - half), ci_high=min(1.0, p + half)))
-    args = {"factor": 0.1, "from_step": cut_from, **({"restore_step": restore} if restore is not None else {})}
+                             accuracy=p, votes=2, replicas=2, agreement=1.0, dissenters=[], n_samples=64, **interval))
+    args = {"factor": 0.1, **({"from_step": cut_from} if cut_from is not None else {}),
+            **({"restore_step": restore} if restore is not None else {})}
     events.append(_event("command", run, "worker", command="scale_lr", args=args, reason="a cut"))
     return events
 
@@ -61,7 +64,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DirectStore]:
              + regression_run("back-x-lr-high", {0: 20, 8: 2, 16: 21, 24: 19, 32: 15})  # back, drifting, above
              + regression_run("lost-x-lr-high", {0: 20, 8: 2, 16: 6, 24: 7})  # the rollback did not bring it back
              + regression_run("under-x-lr-high", {0: 20, 8: 2, 16: 19, 24: 1})  # back, then shown below the threshold
-             + regression_run("none-x-lr-high", {0: 20, 8: 2, 16: 20}, restore=None))  # a cut without a rollback
+             + regression_run("none-x-lr-high", {0: 20, 8: 2, 16: 20}, restore=None)  # a cut without a rollback
+             + regression_run("nofrom-x-lr-high", {0: 20, 8: 2, 16: 20}, cut_from=None)  # no step to look after
+             + regression_run("gap-x-lr-high", {0: 20, 8: 2, 16: 20}, restore=4)  # no round of the restored step
+             + regression_run("early-x-lr-high", {0: 20, 8: 2})  # no round after the restore
+             + regression_run("nullci-x-lr-high", {0: 20, 8: 2, 16: 19, 24: 1}, intervals=False))
     with loaded_store(tmp_path_factory.mktemp("demo-checks"), recorded() + built) as opened:
         yield opened
 
@@ -144,6 +151,24 @@ def test_the_regression_checks_on_the_store(store: DirectStore) -> None:
     assert "14 lost, 0 gained" in results["lost-x-lr-high/back"][1] and "NOT: below it" in results["lost-x-lr-high/back"][1]
     assert "NOT: step 24 shown below it" in results["under-x-lr-high/above"][1]
     assert "no scale_lr restored weights" in results["none-x-lr-high/back"][1]
+
+
+def test_the_regression_checks_are_not_passed_by_what_is_missing(store: DirectStore) -> None:
+    runs = ["nofrom-x-lr-high", "gap-x-lr-high", "early-x-lr-high", "nullci-x-lr-high"]
+    results = {what.split(" ")[0].rstrip(":") + ("/back" if "brought" in what else "/above"): (passed, what)
+               for passed, what in checks(store, runs) if "rollback" in what}
+    assert {k: v[0] for k, v in results.items()} == {
+        "nofrom-x-lr-high/back": False, "gap-x-lr-high/back": False, "early-x-lr-high/back": False,
+        "nullci-x-lr-high/back": True, "nullci-x-lr-high/above": False}
+    assert "(with its from_step)" in results["nofrom-x-lr-high/back"][1]
+    assert "no full round of the restored step and one after it" in results["gap-x-lr-high/back"][1]
+    assert "no full round of the restored step and one after it" in results["early-x-lr-high/back"][1]
+    # no interval on the consensus: Wilson's from its 64 samples, 1 right: upper end 0.083 < 0.1
+    from areal_metrics.producers.contract.statistics import wilson
+
+    upper = wilson(1 / 64, 64)[1]
+    assert upper < 0.1 and f"upper end {upper:.3f}" in results["nullci-x-lr-high/above"][1]
+    assert "NOT: step 24 shown below it" in results["nullci-x-lr-high/above"][1]
 
 
 def test_a_regression_run_without_a_rollback_is_not_a_pass(store: DirectStore) -> None:

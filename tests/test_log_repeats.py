@@ -5,8 +5,9 @@
 from __future__ import annotations
 
 import logging
+import threading
 
-from areal_metrics.producers.runtime.log_repeats import MAX_KINDS, RepeatedLines
+from areal_metrics.producers.runtime.log_repeats import MAX_LINES, RepeatedLines
 
 
 class Clock:
@@ -17,6 +18,10 @@ class Clock:
         return self.now
 
 
+def record(name: str, template: str, args: tuple[object, ...] | None = None) -> logging.LogRecord:
+    return logging.LogRecord(name, logging.ERROR, __file__, 1, template, args, None)
+
+
 def written(window_s: float, lines: list[tuple[float, str, str, tuple[object, ...]]]) -> list[str]:
     """(time, logger, template, args) through a RepeatedLines: the messages it lets through."""
     clock = Clock()
@@ -24,45 +29,65 @@ def written(window_s: float, lines: list[tuple[float, str, str, tuple[object, ..
     out = []
     for at, name, template, args in lines:
         clock.now = 1000.0 + at
-        record = logging.LogRecord(name, logging.ERROR, __file__, 1, template, args, None)
-        if kept.filter(record):
-            out.append(record.getMessage())
+        line = record(name, template, args)
+        if kept.filter(line):
+            out.append(line.getMessage())
     return out
 
 
 def test_a_repeated_line_is_written_once_a_window_with_the_count_held_back() -> None:
-    failing = [(i / 10, "aiokafka", "Unable connect to node with id %s: %s", (1, f"Errno {111 + i % 2}"))
-               for i in range(1201)]  # 10 a second for two minutes, its arguments changing
-    assert written(60, failing) == ["Unable connect to node with id 1: Errno 111",
-                                    "Unable connect to node with id 1: Errno 111 (599 more like it held back in the last 60 s)",
-                                    "Unable connect to node with id 1: Errno 111 (599 more like it held back in the last 60 s)"]
+    failing = [(i / 10, "aiokafka", "Unable connect to node with id %s: %s", (1, "[Errno 111]"))
+               for i in range(1201)]  # 10 a second for two minutes
+    assert written(60, failing) == [
+        "Unable connect to node with id 1: [Errno 111]",
+        "Unable connect to node with id 1: [Errno 111] (599 more like it held back in the last 60 s)",
+        "Unable connect to node with id 1: [Errno 111] (599 more like it held back in the last 60 s)"]
 
 
-def test_other_loggers_and_templates_pass_at_once_and_a_window_of_0_keeps_every_line() -> None:
-    lines = [(0, "aiokafka", "a %s", (1,)), (1, "aiokafka.fetcher", "a %s", (1,)), (2, "aiokafka", "b", ()),
-             (3, "aiokafka", "a %s", (2,))]
-    assert written(60, lines) == ["a 1", "a 1", "b"]
-    assert written(0, lines) == ["a 1", "a 1", "b", "a 2"]
+def test_a_line_that_differs_passes_at_once_and_a_window_of_0_keeps_every_line() -> None:
+    lines = [(0, "areal.sink", "dead-lettered %s/%d", ("steps", 5)), (1, "areal.sink", "dead-lettered %s/%d", ("steps", 6)),
+             (2, "areal.other", "dead-lettered %s/%d", ("steps", 5)), (3, "areal.sink", "dead-lettered %s/%d", ("steps", 5))]
+    assert written(60, lines) == ["dead-lettered steps/5", "dead-lettered steps/6", "dead-lettered steps/5"]
+    assert written(0, lines) == ["dead-lettered steps/5", "dead-lettered steps/6", "dead-lettered steps/5",
+                                 "dead-lettered steps/5"]
 
 
 def test_arguments_that_do_not_fit_never_raise_into_the_caller() -> None:
-    lines = [(0, "x", "%d items", ("many",)), (61, "x", "%d items", ("many",)), (200, "x", "%d items", (3,))]
     clock = Clock()
     kept = RepeatedLines(60, clock)
     let_through = []
-    for at, name, template, args in lines:
+    for at in (0, 1, 61):
         clock.now = at
-        let_through.append(kept.filter(logging.LogRecord(name, logging.ERROR, __file__, 1, template, args, None)))
-    assert let_through == [True, True, True]
+        let_through.append(kept.filter(record("x", "%d items", ("many",))))
+    assert let_through == [True, True, True]  # logging itself reports the line it cannot format
 
 
-def test_the_templates_remembered_are_bounded() -> None:
+def test_the_lines_remembered_are_bounded() -> None:
+    kept = RepeatedLines(60, Clock())
+    for i in range(MAX_LINES + 500):
+        kept.filter(record("x", "run %s failed", (i,)))
+    assert len(kept._seen) == MAX_LINES
+    # the oldest were forgotten: their line passes again; the newest is still held
+    assert kept.filter(record("x", "run %s failed", (0,)))
+    assert not kept.filter(record("x", "run %s failed", (MAX_LINES + 499,)))
+
+
+def test_threads_logging_the_same_line_are_counted_exactly() -> None:
     clock = Clock()
     kept = RepeatedLines(60, clock)
-    for i in range(MAX_KINDS + 500):  # messages formatted in place: each its own template
-        kept.filter(logging.LogRecord("x", logging.ERROR, __file__, 1, f"run {i} failed", None, None))
-    assert len(kept._kinds) == MAX_KINDS
-    # the oldest were forgotten: their line passes again, the newest is still held
-    assert kept.filter(logging.LogRecord("x", logging.ERROR, __file__, 1, "run 0 failed", None, None))
-    assert not kept.filter(logging.LogRecord("x", logging.ERROR, __file__, 1, f"run {MAX_KINDS + 499} failed", None,
-                                             None))
+    threads, each = 8, 20_000
+    passed: list[bool] = []
+
+    def log_many() -> None:
+        passed.extend(kept.filter(record("aiokafka", "Unable connect")) for _ in range(each))
+
+    workers = [threading.Thread(target=log_many) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert passed.count(True) == 1
+    clock.now += 60
+    line = record("aiokafka", "Unable connect")
+    assert kept.filter(line) and line.getMessage() == (
+        f"Unable connect ({threads * each - 1} more like it held back in the last 60 s)")

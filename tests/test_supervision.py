@@ -77,6 +77,39 @@ def test_the_guard_keeps_its_record_across_a_crash_and_not_across_a_clean_end(tm
     assert CrashGuard(tmp_path).start() == []
 
 
+def test_a_stop_past_its_bound_is_not_a_crash_of_the_batch_in_flight(tmp_path: Path) -> None:
+    """The stream worker's bounded stop (streams/shell/faust_internals.py) abandons its batch before it exits."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.support import ROOT
+
+    guard = CrashGuard(tmp_path, limit=2, service="worker")
+    guard.start()
+    guard.begin([("s", 0, 10, 14)])
+    guard.abandon()
+    assert CrashGuard(tmp_path).start() == []
+    # in a process: the bound's timer writes why, abandons, and exits 1 while the main thread still waits
+    script = textwrap.dedent(f"""
+        import time
+        from areal_metrics.producers.runtime.poison import CrashGuard
+        from areal_metrics.streams.shell.faust_internals import exit_unless_stopped
+        guard = CrashGuard({str(tmp_path)!r}, limit=2, service="worker")
+        guard.start()
+        guard.begin([("s", 0, 20, 24)])
+        exit_unless_stopped(0.5, "not stopped in 0.5 s", guard.abandon)
+        time.sleep(60)  # a stop that waits for good
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr.strip()) == (1, "not stopped in 0.5 s")
+    assert CrashGuard(tmp_path).start() == []
+    # without the abandon, the same death counts against the batch
+    killed = subprocess.run([sys.executable, "-c", script.replace(", guard.abandon)", ")")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert killed.returncode == 1 and CrashGuard(tmp_path).start() == [("s", 0, 20, 24)]
+
+
 def test_the_guards_record_is_overwritten_in_place_and_a_torn_one_reads_as_none(tmp_path: Path) -> None:
     """The record is written over the file's start (no truncation): a shorter record after a
     longer one, and `[]` after a batch, read back as themselves; a record cut short while it is

@@ -15,11 +15,15 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.stack.kafka_broker import KafkaBroker
 from areal_metrics.stack.settings import StackSettings
 from areal_metrics.streams.shell.app import app_id_for
 from tests.support import group_members_when, start_service
+
+pytestmark = pytest.mark.broker
 
 BOUND_S = 3
 
@@ -30,7 +34,7 @@ def test_a_sigterm_ends_the_worker_within_its_bound_and_its_log_stays_small_whil
     topics = Topics("stopbound.")
     env = {**os.environ, "AREAL_KAFKA_BOOTSTRAP": broker.bootstrap, "AREAL_TOPIC_PREFIX": topics.prefix,
            "AREAL_HOME": str(tmp_path / "areal"), "PYTHONUNBUFFERED": "1",
-           "AREAL_WORKER_STOP_TIMEOUT_S": str(BOUND_S)}
+           "AREAL_WORKER_STOP_TIMEOUT_S": str(BOUND_S), "AREAL_LOG_REPEAT_S": "60"}
     log = tmp_path / "worker.log"
     worker = start_service("areal_metrics.streams", env, log)
     try:

@@ -16,7 +16,8 @@ Checks (each printed as passed or NOT passed, never hidden); each can fail:
   test, two-sided 5 %); no rollback at all, or no round after it, is not a pass;
 - the regression run stays above its loop's threshold after the rollback: no full round of
   the watched dataset since is shown below it (its 95 % interval's upper end below the
-  threshold) without a later cut. How far its last round lies from its first after the
+  threshold; an outcome of the rollback and the lower rate, not the threshold rule, which cuts
+  on its CUSUM; a later cut that restores weights starts the check again). How far its last round lies from its first after the
   restore is printed with it, paired the same way, as a measurement and not a check: at the
   cut rate RL on every weight does not learn in the demo's budget (docs/WORKLOAD.md), so that
   difference is one seed of a drifting policy (p = 0.327 on one machine, 0.003 on another,
@@ -121,20 +122,14 @@ ORDER BY run, what, kind
 """
 
 ROUNDS_SQL = """
-SELECT run_id, eval_id, dataset, step, argMax(accuracy, ts), argMax(dissenters, ts), argMax(replicas, ts)
+SELECT run_id, eval_id, dataset, step, argMax(accuracy, ts), argMax(dissenters, ts), argMax(replicas, ts),
+       argMax(ci_low, ts), argMax(ci_high, ts), argMax(n_samples, ts)
 FROM v_eval_consensus
 WHERE run_id IN {runs:Array(String)} AND stage = 'full' AND NOT stale AND NOT partial
 GROUP BY run_id, eval_id, dataset, step ORDER BY run_id, dataset, step
 """
 
-ROUND_LEVELS_SQL = """
-SELECT run_id, eval_id, dataset, step, argMax(accuracy, ts), argMax(ci_high, ts)
-FROM v_eval_consensus
-WHERE run_id IN {runs:Array(String)} AND stage = 'full' AND NOT stale AND NOT partial
-GROUP BY run_id, eval_id, dataset, step ORDER BY run_id, dataset, step
-"""
-
-FAULTY_SQL = """
+RUN_CONFIG_SQL = """
 SELECT run_id, config FROM v_runs WHERE run_id IN {runs:Array(String)}
 """
 
@@ -192,7 +187,7 @@ def vote_check(accuracy: float, dissenters: list[str], nodes: dict[str, dict[int
 def _faulty_nodes(store: Any, params: dict[str, Any]) -> dict[str, int]:
     """run -> the rank its config made a faulty evaluator (`dissent_rank`)."""
     out = {}
-    for run, config in store.query(FAULTY_SQL, params).rows:
+    for run, config in store.query(RUN_CONFIG_SQL, params).rows:
         try:
             rank = json.loads(config or "{}").get("dissent_rank")
         except (ValueError, AttributeError):
@@ -209,7 +204,7 @@ def vote_checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
     faulty = _faulty_nodes(store, params)
     out = []
     by_run: dict[str, list[tuple[bool, str]]] = {}
-    for run, eval_id, dataset, step, accuracy, dissenters, replicas in rounds:
+    for run, eval_id, dataset, step, accuracy, dissenters, replicas, *_ in rounds:
         nodes = verdicts.get((run, eval_id), {})
         bad = next((n for n in nodes if run in faulty and n.endswith(f"-r{faulty[run]}")), None)
         passed, what = vote_check(float(accuracy), list(dissenters), nodes, bad, int(replicas))
@@ -240,79 +235,100 @@ def not_below_check(dataset: str, first: tuple[int, dict[int, int]], last: tuple
 
 
 def _loop_of(store: Any, run: str) -> tuple[str | None, float | None]:
-    """(watched dataset, threshold) of the run's closed loop, from its config."""
-    for _run, config in store.query(FAULTY_SQL, {"runs": [run]}).rows:
+    """(watched dataset, threshold) of the run's closed loop: its config's `eval_loop`, read as the
+    stream worker reads it (`eval_loop_overrides`)."""
+    from areal_metrics.streams.core.config import eval_loop_overrides
+
+    for _run, config in store.query(RUN_CONFIG_SQL, {"runs": [run]}).rows:
         try:
-            loop = json.loads(config or "{}").get("eval_loop") or {}
-            threshold = loop.get("threshold")
-            return loop.get("dataset"), float(threshold) if threshold is not None else None
-        except (ValueError, AttributeError, TypeError):
-            break
+            raw = json.loads(config or "{}")
+        except ValueError:
+            continue
+        loop, _refused = eval_loop_overrides(raw.get("eval_loop") if isinstance(raw, dict) else None)
+        if "lr_eval_threshold" in loop:
+            return loop.get("lr_eval_dataset"), float(loop["lr_eval_threshold"])
     return None, None
 
 
 def _restores(store: Any, run: str) -> list[tuple[int, int]]:
-    """(from_step, restore_step) of the run's scale_lr commands that restored weights, in order."""
+    """(from_step, restore_step) of the run's scale_lr commands that restored weights, in order (a
+    command without a `from_step` names no round after which to look, and counts as none)."""
     out = []
     for _run, args, _reason in store.query(SCALE_LR_SQL, {"runs": [run]}).rows:
         try:
             parsed = json.loads(args or "{}")
         except ValueError:
             continue
-        if isinstance(parsed, dict) and isinstance(parsed.get("restore_step"), int):
-            out.append((int(parsed.get("from_step") or 0), int(parsed["restore_step"])))
+        if not isinstance(parsed, dict):
+            continue
+        since, restored = parsed.get("from_step"), parsed.get("restore_step")
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in (since, restored)):
+            out.append((int(since), int(restored)))
     return out
+
+
+Round = tuple[str, float, float | None]  # (eval_id, accuracy, the upper end of its 95 % interval)
 
 
 def regression_checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
     """Per regression run, from its latest scale_lr that restored weights: the rollback brought
     accuracy back (`not_below_check` of the first round after it against the restored round, per
     dataset), and the run stays above its loop's threshold since (`above_threshold_check`)."""
+    from areal_metrics.analysis.report import eval_interval
+
     out: list[tuple[bool, str]] = []
     for run in (r for r in runs if r.endswith(REGRESSION_SUFFIX)):
         restores = _restores(store, run)
         if not restores:
-            out.append((False, f"{run}: its rollback brought accuracy back: NOT: no scale_lr restored weights"))
+            out.append((False, f"{run}: its rollback brought accuracy back: NOT: no scale_lr restored weights "
+                                "(with its from_step)"))
             continue
         since, restored = restores[-1]
-        rounds: dict[str, dict[int, tuple[str, float, float]]] = {}  # dataset -> step -> (eval_id, accuracy, ci_high)
-        for _run, eval_id, dataset, step, accuracy, ci_high in store.query(ROUND_LEVELS_SQL, {"runs": [run]}).rows:
-            rounds.setdefault(dataset, {})[int(step)] = (eval_id, float(accuracy), float(ci_high))
+        rounds: dict[str, dict[int, Round]] = {}  # dataset -> step -> round
+        for _run, eval_id, dataset, step, accuracy, _d, _r, low, high, n in store.query(ROUNDS_SQL,
+                                                                                       {"runs": [run]}).rows:
+            interval = eval_interval(float(accuracy), low, high, None if n is None else int(n))
+            rounds.setdefault(dataset, {})[int(step)] = (eval_id, float(accuracy), interval[1])
         label = f"{run}: its rollback brought accuracy back (weights of step {restored} restored, lr cut from step {since})"
-        firsts = {d: min((s for s in by_step if s >= since), default=None) for d, by_step in rounds.items()}
+        # the first round at the cut rate on the restored weights: at or after from_step, past the restored round
+        firsts = {d: min((s for s in by_step if s >= since and s > restored), default=None)
+                  for d, by_step in rounds.items()}
         if not rounds or any(restored not in rounds[d] or firsts[d] is None for d in rounds):
             out.append((False, f"{label}: NOT: no full round of the restored step and one after it for every dataset"))
             continue
-        verdicts = node_verdicts(store, [(run, eval_id) for by_step in rounds.values()
-                                         for eval_id, _, _ in by_step.values()])
+        verdicts = node_verdicts(store, [(run, r[0]) for by_step in rounds.values() for r in by_step.values()])
 
         def verdicts_at(dataset: str, step: int) -> tuple[int, dict[int, int]]:
             return step, stats.node_majority(verdicts.get((run, rounds[dataset][step][0]), {}).values())
 
-        back = [not_below_check(d, verdicts_at(d, restored), verdicts_at(d, int(firsts[d] or 0)))
-                for d in sorted(rounds)]
+        first = {d: int(s) for d, s in firsts.items() if s is not None}
+        back = [not_below_check(d, verdicts_at(d, restored), verdicts_at(d, first[d])) for d in sorted(rounds)]
         ok = all(passed for passed, _ in back)
         out.append((ok, f"{label}: " + "; ".join(what for _, what in back) + ("" if ok else "; NOT: below it")))
-        drift = "; ".join(not_below_check(d, verdicts_at(d, int(firsts[d] or 0)), verdicts_at(d, max(rounds[d])))[1]
-                          for d in sorted(rounds) if max(rounds[d]) > (firsts[d] or 0))
+        drift = "; ".join(not_below_check(d, verdicts_at(d, first[d]), verdicts_at(d, max(rounds[d])))[1]
+                          for d in sorted(rounds) if max(rounds[d]) > first[d])
         dataset, threshold = _loop_of(store, run)
-        after = [(s, acc, high) for s, (_, acc, high) in sorted(rounds.get(dataset or "", {}).items()) if s >= since]
+        after = [(s, acc, high) for s, (_, acc, high) in sorted(rounds.get(dataset or "", {}).items())
+                 if s >= since and s > restored]
         out.append(above_threshold_check(run, dataset, threshold, after, drift))
     return out
 
 
 def above_threshold_check(run: str, dataset: str | None, threshold: float | None,
-                          after: list[tuple[int, float, float]], drift: str) -> tuple[bool, str]:
-    """(passed, what): no round of the watched dataset after the rollback, (step, accuracy, ci_high), is
-    shown below the loop's threshold (a later cut would have moved the rollback past it); `drift` is
-    printed with it, a measurement and not a check."""
+                          after: list[tuple[int, float, float | None]], drift: str) -> tuple[bool, str]:
+    """(passed, what): no round of the watched dataset after the latest rollback, (step, accuracy, the
+    upper end of its 95 % interval), is shown below the loop's threshold: an outcome of the rollback
+    and the lower rate, not the threshold rule (which cuts on its CUSUM; a cut that restores weights
+    again starts this check from there). A round without an interval is not evidence either way.
+    `drift` is printed with it, a measurement and not a check."""
     label = f"{run} stays above its loop's threshold after the rollback"
     if not after or dataset is None or threshold is None:
         return False, f"{label}: NOT: no watched dataset, threshold or round after the rollback"
-    below = [s for s, _, high in after if high < threshold]
+    below = [s for s, _, high in after if high is not None and high < threshold]
     low = min(after, key=lambda r: r[1])
+    upper = "no interval" if low[2] is None else f"its 95 % interval's upper end {low[2]:.3f}"
     return (not below, f"{label}: {dataset} {len(after)} full rounds from step {after[0][0]}, the lowest {low[1]:.3f} "
-            f"at step {low[0]} (its 95 % interval's upper end {low[2]:.3f} against the threshold {threshold:g})"
+            f"at step {low[0]} ({upper} against the threshold {threshold:g})"
             + (f"; NOT: step {below[0]} shown below it" if below else "")
             + (f"; its drift since the first round after the rollback (a measurement, not a check: RL on every "
                f"weight at the cut rate does not learn in the demo's budget, docs/WORKLOAD.md): {drift}" if drift else ""))

@@ -317,10 +317,10 @@ class Settings(SettingGroup):
     poison_crashes: int = setting("AREAL_POISON_CRASHES", 2, "crashes of a service while one message was being "
                                   "processed after which that message is dead-lettered and skipped, with a "
                                   "`poison_message` alert", ge=1, le=100, readers="worker sink")
-    log_repeat_s: float = setting("AREAL_LOG_REPEAT_S", 60.0, "the worker and the sink write a log line whose "
-                                  "logger and message template repeat at most once per this many seconds, the "
-                                  "next one saying how many were held back (their Kafka clients wrote ~800 KB a "
-                                  "minute while the broker was away); 0: every line", ge=0, le=86_400,
+    log_repeat_s: float = setting("AREAL_LOG_REPEAT_S", 60.0, "the worker and the sink write a log line that "
+                                  "repeats (the same logger, level and text) at most once per this many seconds, "
+                                  "the next one saying how many were held back (the worker's Kafka client wrote "
+                                  "~800 KB a minute while the broker was away); 0: every line", ge=0, le=86_400,
                                   readers="worker sink")
     test_crash_on: str | None = setting("AREAL_TEST_CRASH_ON", None, "tests only: `<worker|sink>:<text>`: that "
                                         "service dies (exit 70) while it processes a message holding the text (not on the dead-letter topic)",

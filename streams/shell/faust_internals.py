@@ -183,29 +183,35 @@ class BoundedStopWorker(faust.Worker):
 
     Faust's clean stop flushes the producer and commits offsets; with the broker unreachable it
     waited there for good (a worker was still in `stop_and_shutdown` 70 s after a SIGTERM, and one
-    left behind once spun on a core for half an hour). Past the bound the process exits with
-    status 1 without the rest of the stop: what it had not committed, Kafka redelivers to the next
-    worker, whose outputs are idempotent (CONTRACT.md). mode's `_schedule_shutdown` is the one
-    hook every stop signal passes through."""
+    left behind once spun on a core for half an hour). Past the bound the process calls
+    `before_exit` (the crash guard's `abandon`: a stop is not a crash, so the batch it leaves in
+    flight does not count towards a poison message's crashes) and exits with status 1 without the
+    rest of the stop: what it had not committed, Kafka redelivers to the next worker, whose outputs
+    are idempotent (CONTRACT.md). mode's `_schedule_shutdown` is the one hook every stop signal
+    passes through."""
 
-    def __init__(self, *args: Any, stop_timeout_s: float, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, stop_timeout_s: float, before_exit: Callable[[], None] = lambda: None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.stop_timeout_s = stop_timeout_s
+        self.before_exit = before_exit
 
     def _schedule_shutdown(self, signal: Any) -> None:
         if not self._signal_stop_time:  # the first stop signal arms the bound; a second changes nothing
             exit_unless_stopped(self.stop_timeout_s, f"stream worker: not stopped {self.stop_timeout_s:g} s after "
                                 f"{getattr(signal, 'name', signal)} (Kafka unreachable?); exiting without a clean "
-                                "stop, Kafka redelivers what was not committed")
+                                "stop, Kafka redelivers what was not committed", self.before_exit)
         super()._schedule_shutdown(signal)
 
 
-def exit_unless_stopped(seconds: float, why: str) -> threading.Timer:
-    """A daemon timer that ends the process (status 1, `why` on stderr) unless it exited first."""
+def exit_unless_stopped(seconds: float, why: str, before_exit: Callable[[], None] = lambda: None) -> threading.Timer:
+    """A daemon timer that ends the process (status 1, `why` on stderr, `before_exit` first) unless it
+    exited first."""
     def expire() -> None:
         try:
             sys.stderr.write(why + "\n")
             sys.stderr.flush()
+            before_exit()
         finally:
             os._exit(1)
 
