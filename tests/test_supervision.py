@@ -110,6 +110,30 @@ def test_a_stop_past_its_bound_is_not_a_crash_of_the_batch_in_flight(tmp_path: P
     assert killed.returncode == 1 and CrashGuard(tmp_path).start() == [("s", 0, 20, 24)]
 
 
+def test_a_stop_without_a_signal_is_bounded_too_and_keeps_its_batch_counted() -> None:
+    """A crash of the worker's app services leads to Faust's stop by `on_worker_shutdown`, not by a signal:
+    bounded the same way, and (a crash is a crash) without abandoning the batch in flight."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.support import ROOT
+
+    script = textwrap.dedent("""
+        import time, faust
+        from areal_metrics.streams.shell.faust_internals import BoundedStopWorker
+        app = faust.App("bounded-test", broker="kafka://127.0.0.1:9", autodiscover=False)
+        worker = BoundedStopWorker(app, loglevel="warning", quiet=True, redirect_stdouts=False,
+                                   override_logging=False, stop_timeout_s=0.5,
+                                   before_exit=lambda: print("abandoned", flush=True))
+        worker.on_worker_shutdown()  # where a crash leads, before Faust's stop
+        time.sleep(60)  # a stop that waits for good
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "abandoned" not in done.stdout, (done.stdout, done.stderr)
+    assert "not stopped 0.5 s after it began to stop without a signal" in done.stderr
+
+
 def test_the_guards_record_is_overwritten_in_place_and_a_torn_one_reads_as_none(tmp_path: Path) -> None:
     """The record is written over the file's start (no truncation): a shorter record after a
     longer one, and `[]` after a batch, read back as themselves; a record cut short while it is

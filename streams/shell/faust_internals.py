@@ -196,12 +196,24 @@ class BoundedStopWorker(faust.Worker):
         self.stop_timeout_s = stop_timeout_s
         self.before_exit = before_exit
 
+    _bounded = False
+
     def _schedule_shutdown(self, signal: Any) -> None:
-        if not self._signal_stop_time:  # the first stop signal arms the bound; a second changes nothing
+        if not self._bounded:  # the first stop signal arms the bound; a second changes nothing
+            self._bounded = True
             exit_unless_stopped(self.stop_timeout_s, f"stream worker: not stopped {self.stop_timeout_s:g} s after "
                                 f"{getattr(signal, 'name', signal)} (Kafka unreachable?); exiting without a clean "
                                 "stop, Kafka redelivers what was not committed", self.before_exit)
         super()._schedule_shutdown(signal)
+
+    def on_worker_shutdown(self) -> None:
+        # Every way out passes here before Faust's stop, a crash of the app's services too (the batcher's
+        # `on_crash`). A crash is a crash: its batch in flight keeps counting, so no `before_exit`.
+        if not self._bounded:
+            self._bounded = True
+            exit_unless_stopped(self.stop_timeout_s, f"stream worker: not stopped {self.stop_timeout_s:g} s after it "
+                                "began to stop without a signal (a crash?); exiting without a clean stop")
+        super().on_worker_shutdown()
 
 
 def exit_unless_stopped(seconds: float, why: str, before_exit: Callable[[], None] = lambda: None) -> threading.Timer:
