@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from areal_metrics.producers.runtime.backoff import Backoff
 from areal_metrics.producers.contract.settings import Settings
+from areal_metrics.producers.runtime.kafka_wait import quick_bootstrap, until_kafka_answers
 from areal_metrics.producers.runtime.topic_metadata import known_partitions
 from areal_metrics.sinks.batching import (
     Batcher,
@@ -172,30 +173,43 @@ class Sink:
                 except Exception as exc:  # noqa: BLE001 - keep the plans we have
                     log.warning("could not reload batch plans: %s", exc)
 
-        cfg = self.settings.kafka_python_config()
-        self.consumer = KafkaConsumer(
-            **cfg,
-            group_id=self.group,
-            client_id="areal-sink",
-            enable_auto_commit=False,  # offsets are committed after the insert, by hand
-            auto_offset_reset="earliest",
-            max_poll_interval_ms=600_000,  # a long store outage must not look like a dead consumer
-            # static membership: a sink restarted after a crash takes its old place at
-            # once instead of waiting for the dead member's session to expire
-            group_instance_id=self.instance_id,
-            session_timeout_ms=10_000,
-            isolation_level="read_committed",
-        )
-        # Join the group once the metadata has every topic's partitions: a leader that
-        # assigned from empty metadata gave itself nothing (seen in CI: the sink stored
-        # nothing for over a minute, until another rebalance).
-        topics = self.topics.all()
-        missing = set(topics) - set(known_partitions(self.consumer, topics, _TOPIC_WAIT_S, self.stop_event))
-        if missing:
-            log.warning("topics without partitions after %.0f s: %s; subscribing anyway", _TOPIC_WAIT_S,
-                        ", ".join(sorted(missing)))
-        self.consumer.subscribe(topics, listener=Listener())
-        self.producer = KafkaProducer(**cfg, client_id="areal-sink-deadletter", acks="all", retries=5, linger_ms=5)
+        cfg = quick_bootstrap(self.settings.kafka_python_config())
+
+        def connect() -> tuple[Any, Any]:
+            consumer = KafkaConsumer(
+                **cfg,
+                group_id=self.group,
+                client_id="areal-sink",
+                enable_auto_commit=False,  # offsets are committed after the insert, by hand
+                auto_offset_reset="earliest",
+                max_poll_interval_ms=600_000,  # a long store outage must not look like a dead consumer
+                # static membership: a sink restarted after a crash takes its old place at
+                # once instead of waiting for the dead member's session to expire
+                group_instance_id=self.instance_id,
+                session_timeout_ms=10_000,
+                isolation_level="read_committed",
+            )
+            try:
+                # Join the group once the metadata has every topic's partitions: a leader that
+                # assigned from empty metadata gave itself nothing (seen in CI: the sink stored
+                # nothing for over a minute, until another rebalance).
+                topics = self.topics.all()
+                missing = set(topics) - set(known_partitions(consumer, topics, _TOPIC_WAIT_S, self.stop_event))
+                if missing:
+                    log.warning("topics without partitions after %.0f s: %s; subscribing anyway", _TOPIC_WAIT_S,
+                                ", ".join(sorted(missing)))
+                consumer.subscribe(topics, listener=Listener())
+                return consumer, KafkaProducer(**cfg, client_id="areal-sink-deadletter", acks="all", retries=5,
+                                               linger_ms=5)
+            except BaseException:
+                consumer.close(autocommit=False)
+                raise
+
+        # a broker that does not answer yet is waited for, until stop() (producers/runtime/kafka_wait.py)
+        connected = until_kafka_answers(connect, f"sink, Kafka at {self.settings.kafka_bootstrap}", self.stop_event)
+        if connected is None:
+            raise Stopped("stopped while waiting for Kafka")
+        self.consumer, self.producer = connected
 
     # ------------------------------------------------------------ the loop
 

@@ -42,6 +42,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> StreamsConfig:
 def main() -> int:
     from areal_metrics.producers.contract.errors import ArealError
     from areal_metrics.producers.contract.limits import StructureLimits, install_limits
+    from areal_metrics.producers.runtime.kafka_wait import quick_bootstrap, until_kafka_answers
     from areal_metrics.producers.runtime.log_repeats import bound_repeated_lines
     from areal_metrics.producers.runtime.service_gc import settle_gc
     from areal_metrics.producers.contract.settings import Settings, state_dir
@@ -89,27 +90,32 @@ def main() -> int:
 
     # Faust's name for the changelog of table "runs" (checked against the app below)
     changelog = f"{app_id_for(topics.prefix)}-runs-changelog"
-    try:
+    def topics_and_offsets() -> tuple[int, int]:
         partitions = prepare_topics(
             settings.kafka_bootstrap,
             [topics.steps, topics.evals, topics.runs, topics.acks],
             ticks_topic_for(topics.prefix),
-            client_config=settings.kafka_python_config(),
+            client_config=quick_bootstrap(settings.kafka_python_config()),
             durability=settings,
             changelogs=[changelog],
         )
-        committed = ensure_committed_offsets(
+        return partitions, ensure_committed_offsets(
             settings.kafka_bootstrap,
             app_id_for(topics.prefix),
             from_start=[topics.steps, topics.evals, topics.runs, topics.acks],
             from_end=[ticks_topic_for(topics.prefix)],
             timeout=max(60.0, 3 * session_timeout),
-            client_config=settings.kafka_python_config(),
+            client_config=quick_bootstrap(settings.kafka_python_config()),
         )
+
+    try:  # a broker that does not answer yet is waited for (a SIGTERM meanwhile ends the process)
+        found = until_kafka_answers(topics_and_offsets, f"stream worker, Kafka at {settings.kafka_bootstrap}")
+        assert found is not None  # (no stop event: only a signal ends the wait)
+        partitions, committed = found
     except (TopicLayoutError, TimeoutError, ArealError) as exc:  # ArealError: a topic the settings cannot make
         print(f"areal-streams: {exc}", file=sys.stderr)
         return 2
-    except KafkaError as exc:
+    except KafkaError as exc:  # answered, and refused (a login, an authorization)
         print(f"areal-streams: Kafka at {settings.kafka_bootstrap}: {exc}", file=sys.stderr)
         return 2
     if committed < 0:

@@ -52,6 +52,17 @@ def test_a_line_that_differs_passes_at_once_and_a_window_of_0_keeps_every_line()
                                  "dead-lettered steps/5"]
 
 
+def test_a_librarys_line_is_its_template_and_ours_its_text() -> None:
+    # kafka-python's bootstrap retries: the backoff changes every line, the line is the same
+    retries = [(i, "kafka.net.manager", "Bootstrap connection to %s failed: %s (backoff %.2f secs)",
+                ("bootstrap-0", "KafkaConnectionError: 111 ECONNREFUSED", 0.1 * 1.7 ** (i % 5))) for i in range(61)]
+    out = written(60, retries)
+    assert len(out) == 2 and out[1].endswith("(59 more like it held back in the last 60 s)")
+    # the same with our own logger: each text is its own line (five backoffs), the first again at 60 s
+    ours = written(60, [(at, "areal.sink", template, args) for at, _, template, args in retries])
+    assert len(ours) == 6 and ours[5].endswith("(backoff 0.10 secs) (11 more like it held back in the last 60 s)")
+
+
 def test_arguments_that_do_not_fit_never_raise_into_the_caller() -> None:
     clock = Clock()
     kept = RepeatedLines(60, clock)
@@ -65,11 +76,11 @@ def test_arguments_that_do_not_fit_never_raise_into_the_caller() -> None:
 def test_the_lines_remembered_are_bounded() -> None:
     kept = RepeatedLines(60, Clock())
     for i in range(MAX_LINES + 500):
-        kept.filter(record("x", "run %s failed", (i,)))
+        kept.filter(record("areal.x", "run %s failed", (i,)))
     assert len(kept._seen) == MAX_LINES
     # the oldest were forgotten: their line passes again; the newest is still held
-    assert kept.filter(record("x", "run %s failed", (0,)))
-    assert not kept.filter(record("x", "run %s failed", (MAX_LINES + 499,)))
+    assert kept.filter(record("areal.x", "run %s failed", (0,)))
+    assert not kept.filter(record("areal.x", "run %s failed", (MAX_LINES + 499,)))
 
 
 def test_threads_logging_the_same_line_are_counted_exactly() -> None:

@@ -3,9 +3,11 @@
 With its broker gone the stream worker's Kafka client (aiokafka) logged the same five lines
 ~100 times a second: 384,603 bytes in 30 s, about 1 GB a day, appended to
 `$AREAL_HOME/logs/worker.log` (docs/RELIABILITY.md). `RepeatedLines` lets a line through when
-the same logger has not let the same text through at the same level within `window_s`; the next
-one let through says how many like it were held back. A line that differs in anything (another
-run, another offset) is its own and shows at once; only the same line again is held.
+the same logger has not let the same line through at the same level within `window_s`; the next
+one let through says how many like it were held back. Of our own loggers a line is its text: one
+that differs in anything (another run, another offset) shows at once. Of a library's (aiokafka,
+kafka-python, Faust) a line is its template, the text before its arguments: their retry lines
+carry a changing backoff or port ("... failed (backoff 0.41 secs)"), and are one line.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 MAX_LINES = 1_000  # distinct lines remembered, the least recent forgotten first
+OWN_LOGGERS = frozenset({"areal", "areal_metrics", "streams"})  # the first part of our loggers' names
 
 
 class RepeatedLines(logging.Filter):
@@ -34,7 +37,8 @@ class RepeatedLines(logging.Filter):
             text = record.getMessage()
         except Exception:  # noqa: BLE001 - arguments that do not fit: logging reports it when it formats
             return True
-        key = (record.name, record.levelno, text)
+        own = record.name.partition(".")[0] in OWN_LOGGERS
+        key = (record.name, record.levelno, text if own else str(record.msg))
         with self._lock:
             now = self.clock()
             last, held = self._seen.get(key, (None, 0))
