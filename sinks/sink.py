@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from areal_metrics.producers.runtime.backoff import Backoff
 from areal_metrics.producers.contract.settings import Settings
-from areal_metrics.producers.runtime.kafka_wait import quick_bootstrap, until_kafka_answers
+from areal_metrics.producers.runtime.kafka_wait import closed_on_failure, quick_bootstrap, until_kafka_answers
 from areal_metrics.producers.runtime.topic_metadata import known_partitions
 from areal_metrics.sinks.batching import (
     Batcher,
@@ -176,7 +176,8 @@ class Sink:
         cfg = quick_bootstrap(self.settings.kafka_python_config())
 
         def connect() -> tuple[Any, Any]:
-            consumer = KafkaConsumer(
+            consumer = closed_on_failure(
+                KafkaConsumer,
                 **cfg,
                 group_id=self.group,
                 client_id="areal-sink",
@@ -195,7 +196,7 @@ class Sink:
                 # nothing for over a minute, until another rebalance).
                 topics = self.topics.all()
                 missing = set(topics) - set(known_partitions(consumer, topics, _TOPIC_WAIT_S, self.stop_event))
-                if missing:
+                if missing and not self.stop_event.is_set():
                     log.warning("topics without partitions after %.0f s: %s; subscribing anyway", _TOPIC_WAIT_S,
                                 ", ".join(sorted(missing)))
                 consumer.subscribe(topics, listener=Listener())
@@ -206,7 +207,8 @@ class Sink:
                 raise
 
         # a broker that does not answer yet is waited for, until stop() (producers/runtime/kafka_wait.py)
-        connected = until_kafka_answers(connect, f"sink, Kafka at {self.settings.kafka_bootstrap}", self.stop_event)
+        connected = until_kafka_answers(connect, f"sink, Kafka at {self.settings.kafka_bootstrap}",
+                                        self.settings.kafka_bootstrap.split(","), self.stop_event)
         if connected is None:
             raise Stopped("stopped while waiting for Kafka")
         self.consumer, self.producer = connected

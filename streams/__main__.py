@@ -15,7 +15,9 @@ also while Kafka is unreachable (streams/shell/faust_internals.py BoundedStopWor
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -108,16 +110,25 @@ def main() -> int:
             client_config=quick_bootstrap(settings.kafka_python_config()),
         )
 
-    try:  # a broker that does not answer yet is waited for (a SIGTERM meanwhile ends the process)
-        found = until_kafka_answers(topics_and_offsets, f"stream worker, Kafka at {settings.kafka_bootstrap}")
-        assert found is not None  # (no stop event: only a signal ends the wait)
+    # A broker that does not answer yet is waited for; SIGTERM or Ctrl-C meanwhile stop the worker
+    # cleanly (status 0). Faust puts its own handlers in place when it starts.
+    stop = threading.Event()
+    before = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        found = until_kafka_answers(topics_and_offsets, f"stream worker, Kafka at {settings.kafka_bootstrap}",
+                                    settings.kafka_bootstrap.split(","), stop)
+        if found is None or stop.is_set():
+            return 0
         partitions, committed = found
     except (TopicLayoutError, TimeoutError, ArealError) as exc:  # ArealError: a topic the settings cannot make
         print(f"areal-streams: {exc}", file=sys.stderr)
         return 2
-    except KafkaError as exc:  # answered, and refused (a login, an authorization)
+    except KafkaError as exc:  # answered, and refused (an authorization, a request it cannot take)
         print(f"areal-streams: Kafka at {settings.kafka_bootstrap}: {exc}", file=sys.stderr)
         return 2
+    finally:
+        for sig, handler in before.items():  # until Faust's own: a signal while it starts ends the process
+            signal.signal(sig, handler)
     if committed < 0:
         logging.getLogger("streams").warning(
             "could not give the new partitions of group %s a start offset (another worker is live); "

@@ -58,6 +58,13 @@ def test_a_librarys_line_is_its_template_and_ours_its_text() -> None:
                 ("bootstrap-0", "KafkaConnectionError: 111 ECONNREFUSED", 0.1 * 1.7 ** (i % 5))) for i in range(61)]
     out = written(60, retries)
     assert len(out) == 2 and out[1].endswith("(59 more like it held back in the last 60 s)")
+    # another node, another error: another line, at once
+    nodes = written(60, [(0, "aiokafka", "Unable connect to node with id %s: %s", (1, "[Errno 111]")),
+                         (1, "aiokafka", "Unable connect to node with id %s: %s", (2, "[Errno 111]")),
+                         (2, "aiokafka", "Unable connect to node with id %s: %s", (1, "SASL authentication failed")),
+                         (3, "aiokafka", "Unable connect to node with id %s: %s", (1, "[Errno 111]"))])
+    assert nodes == ["Unable connect to node with id 1: [Errno 111]", "Unable connect to node with id 2: [Errno 111]",
+                     "Unable connect to node with id 1: SASL authentication failed"]
     # the same with our own logger: each text is its own line (five backoffs), the first again at 60 s
     ours = written(60, [(at, "areal.sink", template, args) for at, _, template, args in retries])
     assert len(ours) == 6 and ours[5].endswith("(backoff 0.10 secs) (11 more like it held back in the last 60 s)")

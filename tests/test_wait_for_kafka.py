@@ -1,4 +1,5 @@
-"""The stream worker and the sink, started while their broker is away, wait for it (and then run).
+"""The stream worker and the sink, started while their broker is away, wait for it (and then run, or
+stop cleanly on a SIGTERM).
 
 Before, the worker exited 2 (read by its supervisor as a configuration error: never restarted)
 and the sink 1 with a traceback (restarted, then given up after AREAL_RESTART_MAX quick deaths).
@@ -33,9 +34,9 @@ def test_the_worker_and_the_sink_started_before_their_broker_wait_for_it(tmp_pat
     try:
         def both_waiting() -> bool:
             assert worker.poll() is None and sink.poll() is None, {n: p.read_text()[-2000:] for n, p in logs.items()}
-            return all("Kafka unreachable" in p.read_text() for p in logs.values())
+            return all("Kafka not answering" in p.read_text() for p in logs.values())
 
-        wait_for(both_waiting, 120, "both services to say Kafka is unreachable")
+        wait_for(both_waiting, 120, "both services to say Kafka is not answering")
         time.sleep(3)  # and to go on waiting
         assert worker.poll() is None and sink.poll() is None
         broker.start(timeout=120)
@@ -48,3 +49,33 @@ def test_the_worker_and_the_sink_started_before_their_broker_wait_for_it(tmp_pat
         stop_process(sink)
         broker.stop()
     assert (worker.returncode, sink.returncode) == (0, 0), {n: p.read_text()[-2000:] for n, p in logs.items()}
+
+
+def test_a_sigterm_while_they_wait_stops_both_cleanly(tmp_path: Path) -> None:
+    import signal
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    nowhere = f"127.0.0.1:{s.getsockname()[1]}"  # nothing will listen there
+    s.close()
+    env = {**os.environ, "AREAL_KAFKA_BOOTSTRAP": nowhere, "AREAL_TOPIC_PREFIX": "waitk2.",
+           "AREAL_HOME": str(tmp_path / "areal"), "AREAL_CLICKHOUSE_URL": f"chdb://{tmp_path / 'clickhouse'}",
+           "PYTHONUNBUFFERED": "1"}
+    logs = {name: tmp_path / f"{name}.log" for name in ("worker", "sink")}
+    procs = {"worker": start_service("areal_metrics.streams", env, logs["worker"]),
+             "sink": start_service("areal_metrics.sinks", env, logs["sink"])}
+    try:
+        wait_for(lambda: all("no broker accepts a connection at " + nowhere in p.read_text() for p in logs.values()),
+                 120, "both services to wait")
+        started = time.monotonic()
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        codes = {name: proc.wait(timeout=30) for name, proc in procs.items()}
+        took = time.monotonic() - started
+    finally:
+        for proc in procs.values():
+            stop_process(proc)
+    texts = {n: p.read_text() for n, p in logs.items()}
+    assert codes == {"worker": 0, "sink": 0} and took < 15, (codes, took, {n: t[-1500:] for n, t in texts.items()})
+    assert not any("Traceback" in t for t in texts.values()), texts

@@ -76,7 +76,7 @@ def logged_attempts(settings: Settings, run_id: str, rank: int, timeout_s: float
         )
     except ImportError:  # pragma: no cover - kafka-python is a dependency
         return None, None
-    from areal_metrics.producers.delivery.publisher import bootstrap_reachable
+    from areal_metrics.producers.runtime.kafka_wait import bootstrap_reachable
 
     topic = settings.topics.runs
     config = settings.kafka_python_config()

@@ -318,7 +318,8 @@ class Settings(SettingGroup):
                                   "processed after which that message is dead-lettered and skipped, with a "
                                   "`poison_message` alert", ge=1, le=100, readers="worker sink")
     log_repeat_s: float = setting("AREAL_LOG_REPEAT_S", 60.0, "the worker and the sink write a log line that "
-                                  "repeats (the same logger, level and text) at most once per this many seconds, "
+                                  "repeats (the same logger, level and text; a library's without its fractional numbers, "
+                                  "such as a retry's backoff) at most once per this many seconds, "
                                   "the next one saying how many were held back (the worker's Kafka client wrote "
                                   "~800 KB a minute while the broker was away); 0: every line", ge=0, le=86_400,
                                   readers="worker sink")

@@ -29,7 +29,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -45,6 +44,7 @@ from areal_metrics.producers.delivery.journal import Journal, open_journal
 from areal_metrics.producers.delivery.publisher_core import Message, PublisherCore
 from areal_metrics.producers.contract.settings import Settings, state_dir, read_setting
 from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.producers.runtime.kafka_wait import bootstrap_reachable
 
 log = logging.getLogger(__name__)
 
@@ -319,18 +319,6 @@ class _Port:
 
     def connected(self) -> bool:
         return self._p._producer is not None
-
-
-def bootstrap_reachable(servers: list[str], timeout: float = 1.0) -> bool:
-    """True when one of the `host:port` servers accepts a TCP connection (a cheap check before a Kafka client)."""
-    for server in servers:
-        host, _, port = server.rpartition(":")
-        try:
-            with socket.create_connection((host or "localhost", int(port or 9092)), timeout=timeout):
-                return True
-        except (OSError, ValueError):
-            continue
-    return False
 
 
 # ------------------------------------------------------------ at exit

@@ -6,8 +6,9 @@ With its broker gone the stream worker's Kafka client (aiokafka) logged the same
 the same logger has not let the same line through at the same level within `window_s`; the next
 one let through says how many like it were held back. Of our own loggers a line is its text: one
 that differs in anything (another run, another offset) shows at once. Of a library's (aiokafka,
-kafka-python, Faust) a line is its template, the text before its arguments: their retry lines
-carry a changing backoff or port ("... failed (backoff 0.41 secs)"), and are one line.
+kafka-python, Faust) a line is its text without its fractional numbers: their retry lines carry
+a changing backoff ("... failed: ... (backoff 0.41 secs)") and are one line, while another node,
+address or error is another line.
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ from collections.abc import Callable
 
 MAX_LINES = 1_000  # distinct lines remembered, the least recent forgotten first
 OWN_LOGGERS = frozenset({"areal", "areal_metrics", "streams"})  # the first part of our loggers' names
+
+
+def _shape(record: logging.LogRecord) -> str:
+    """A library's line without what changes from one retry to the next: its template and its
+    arguments but the fractional numbers (a backoff, a wait); a node, an address, an error stay."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    return "\x00".join([str(record.msg), *(str(a) for a in args if not isinstance(a, float))])
 
 
 class RepeatedLines(logging.Filter):
@@ -37,8 +45,7 @@ class RepeatedLines(logging.Filter):
             text = record.getMessage()
         except Exception:  # noqa: BLE001 - arguments that do not fit: logging reports it when it formats
             return True
-        own = record.name.partition(".")[0] in OWN_LOGGERS
-        key = (record.name, record.levelno, text if own else str(record.msg))
+        key = (record.name, record.levelno, text if record.name.partition(".")[0] in OWN_LOGGERS else _shape(record))
         with self._lock:
             now = self.clock()
             last, held = self._seen.get(key, (None, 0))

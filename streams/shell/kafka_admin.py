@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from areal_metrics.producers.runtime.kafka_wait import closed_on_failure
 from areal_metrics.producers.runtime.topic_admin import create_missing_topics
 from areal_metrics.producers.contract.topics import DurabilitySettings, TopicSpec, topic_spec
 from areal_metrics.producers.contract.errors import UserError
@@ -41,7 +42,7 @@ def prepare_topics(
     inputs = list(inputs)
     config = dict(client_config or {})
     config.setdefault("bootstrap_servers", bootstrap.split(","))
-    admin = KafkaAdminClient(request_timeout_ms=int(timeout * 1000), **config)
+    admin = closed_on_failure(KafkaAdminClient, request_timeout_ms=int(timeout * 1000), **config)
     try:
         counts = _partition_counts(admin, inputs)
         present = {t: n for t, n in counts.items() if n}
@@ -134,7 +135,7 @@ def ensure_committed_offsets(
 
     config = dict(client_config or {})
     config.setdefault("bootstrap_servers", bootstrap.split(","))
-    consumer = KafkaConsumer(group_id=group_id, enable_auto_commit=False, **config)
+    consumer = closed_on_failure(KafkaConsumer, group_id=group_id, enable_auto_commit=False, **config)
     try:
         tps_start = [TopicPartition(t, p) for t in from_start for p in sorted(consumer.partitions_for_topic(t) or ())]
         tps_end = [TopicPartition(t, p) for t in from_end for p in sorted(consumer.partitions_for_topic(t) or ())]
