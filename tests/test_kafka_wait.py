@@ -74,3 +74,23 @@ def test_a_client_whose_first_contact_fails_leaves_no_thread_behind(listening: s
         with pytest.raises(KafkaTimeoutError):
             closed_on_failure(cls, bootstrap_servers=[listening], bootstrap_timeout_ms=200)
     assert threading.active_count() == before
+
+
+def test_the_control_feed_gathers_no_threads_while_its_broker_does_not_answer(listening: str,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer's control feed tries again and again while the broker is away: each failed try used to
+    leave a kafka-python I/O thread behind in the training process."""
+    import time
+
+    from areal_metrics.producers.client import control_feed
+
+    monkeypatch.setattr(control_feed, "RETRY", Backoff(initial_s=0.05, factor=1.0, max_s=0.05))
+    before = threading.active_count()
+    feed = control_feed.ControlFeed({"bootstrap_servers": [listening], "bootstrap_timeout_ms": 200}, "t.control",
+                                    "run", "node:0", since=0.0)
+    try:
+        time.sleep(2.5)  # about ten tries
+        during = threading.active_count()
+    finally:
+        feed.close(5)
+    assert during <= before + 2, during - before  # the feed's thread, and a try's own while it runs

@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 from areal_metrics.producers.runtime.backoff import Backoff
+from areal_metrics.producers.runtime.kafka_wait import bootstrap_reachable, closed_on_failure
 from areal_metrics.producers.contract.events import CommandEvent, ValidationError, parse_event
 from areal_metrics.producers.runtime.topic_metadata import known_partitions
 
@@ -66,8 +67,13 @@ class ControlFeed:
     def _consume(self) -> None:
         from kafka import KafkaConsumer, TopicPartition
 
-        consumer = KafkaConsumer(**self._config, group_id=None, enable_auto_commit=False,
-                                 auto_offset_reset="latest", client_id=f"areal-control-{self._run_id}"[:200])
+        # No consumer while no broker accepts a connection, and none left running when its first contact
+        # fails: kafka-python 3 starts a consumer's I/O thread before that contact and keeps it otherwise
+        # (a trainer whose broker is away for an hour would gather a thread a minute).
+        if not bootstrap_reachable(self._config["bootstrap_servers"]):
+            raise ConnectionError("no broker accepts a connection")
+        consumer = closed_on_failure(KafkaConsumer, **self._config, group_id=None, enable_auto_commit=False,
+                                     auto_offset_reset="latest", client_id=f"areal-control-{self._run_id}"[:200])
         try:
             partitions = known_partitions(consumer, [self._topic], _TOPIC_WAIT_S, self._stop).get(self._topic)
             if self._stop.is_set():
