@@ -187,13 +187,15 @@ def _connect(settings: Settings, args: argparse.Namespace) -> Any:
     from kafka import KafkaConsumer
     from kafka.errors import KafkaError
 
+    from areal_metrics.producers.runtime.kafka_wait import closed_on_failure
     from areal_metrics.progress import wait_for
 
     made: list[Any] = []
 
     def attempt() -> bool:
         try:
-            made.append(KafkaConsumer(
+            made.append(closed_on_failure(  # a failed try leaves no I/O thread behind (kafka_wait.py)
+                KafkaConsumer,
                 **settings.kafka_python_config(),
                 auto_offset_reset="latest" if args.new else "earliest",
                 enable_auto_commit=False, group_id=args.group, bootstrap_timeout_ms=2000,
