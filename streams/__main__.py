@@ -92,6 +92,7 @@ def main() -> int:
 
     # Faust's name for the changelog of table "runs" (checked against the app below)
     changelog = f"{app_id_for(topics.prefix)}-runs-changelog"
+
     def topics_and_offsets() -> tuple[int, int]:
         partitions = prepare_topics(
             settings.kafka_bootstrap,
