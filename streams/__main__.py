@@ -93,12 +93,14 @@ def main() -> int:
     # Faust's name for the changelog of table "runs" (checked against the app below)
     changelog = f"{app_id_for(topics.prefix)}-runs-changelog"
 
+    client_config = quick_bootstrap(settings.kafka_python_config())
+
     def topics_and_offsets() -> tuple[int, int]:
         partitions = prepare_topics(
             settings.kafka_bootstrap,
             [topics.steps, topics.evals, topics.runs, topics.acks],
             ticks_topic_for(topics.prefix),
-            client_config=quick_bootstrap(settings.kafka_python_config()),
+            client_config=client_config,
             durability=settings,
             changelogs=[changelog],
         )
@@ -108,7 +110,7 @@ def main() -> int:
             from_start=[topics.steps, topics.evals, topics.runs, topics.acks],
             from_end=[ticks_topic_for(topics.prefix)],
             timeout=max(60.0, 3 * session_timeout),
-            client_config=quick_bootstrap(settings.kafka_python_config()),
+            client_config=client_config,
         )
 
     # A broker that does not answer yet is waited for; SIGTERM or Ctrl-C meanwhile stop the worker
@@ -121,7 +123,7 @@ def main() -> int:
         if found is None or stop.is_set():
             return 0
         partitions, committed = found
-    except (TopicLayoutError, TimeoutError, ArealError) as exc:  # ArealError: a topic the settings cannot make
+    except (TopicLayoutError, ArealError) as exc:  # ArealError: a topic the settings cannot make (a timeout is waited out)
         print(f"areal-streams: {exc}", file=sys.stderr)
         return 2
     except KafkaError as exc:  # answered, and refused (an authorization, a request it cannot take)

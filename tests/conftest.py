@@ -26,6 +26,7 @@ from areal_metrics.stack.kafka_cluster import KafkaCluster
 from areal_metrics.stack.settings import StackSettings
 from areal_metrics.producers.contract.settings import Settings
 from areal_metrics.producers.contract.topics import Topics
+from tests.support import service_env
 
 # A test that names no AREAL_HOME must not use (or find the stack in) the user's ~/.areal.
 os.environ.setdefault("AREAL_HOME", tempfile.mkdtemp(prefix="areal-home-"))
@@ -70,15 +71,7 @@ def topics(kafka_bootstrap: str) -> Topics:
 @pytest.fixture
 def stack_env(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> dict[str, str]:
     """Environment for subprocesses (worker, sink, trainer) wired to the test broker."""
-    env = dict(os.environ)
-    env.update(
-        AREAL_KAFKA_BOOTSTRAP=kafka_bootstrap,
-        AREAL_TOPIC_PREFIX=topics.prefix,
-        AREAL_HOME=str(tmp_path / "areal"),
-        AREAL_CLICKHOUSE_URL=f"chdb://{tmp_path / 'clickhouse'}",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
+    return service_env(kafka_bootstrap, topics.prefix, tmp_path)
 
 
 @pytest.fixture(scope="session")
@@ -98,14 +91,6 @@ def cluster_topics(kafka_cluster: KafkaCluster) -> Topics:
 @pytest.fixture
 def cluster_env(kafka_cluster: KafkaCluster, cluster_topics: Topics, tmp_path: Path) -> dict[str, str]:
     """Environment for subprocesses wired to the test cluster, with its durability settings."""
-    env = dict(os.environ)
-    env.update(
-        AREAL_KAFKA_BOOTSTRAP=kafka_cluster.bootstrap,
-        AREAL_TOPIC_PREFIX=cluster_topics.prefix,
-        AREAL_KAFKA_REPLICATION_FACTOR=str(CLUSTER_DURABILITY.kafka_replication_factor),
-        AREAL_KAFKA_MIN_INSYNC_REPLICAS=str(CLUSTER_DURABILITY.kafka_min_insync_replicas),
-        AREAL_HOME=str(tmp_path / "areal"),
-        AREAL_CLICKHOUSE_URL=f"chdb://{tmp_path / 'clickhouse'}",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
+    return service_env(kafka_cluster.bootstrap, cluster_topics.prefix, tmp_path,
+                       AREAL_KAFKA_REPLICATION_FACTOR=str(CLUSTER_DURABILITY.kafka_replication_factor),
+                       AREAL_KAFKA_MIN_INSYNC_REPLICAS=str(CLUSTER_DURABILITY.kafka_min_insync_replicas))

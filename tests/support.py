@@ -111,3 +111,14 @@ def group_members_when(bootstrap: str, group: str, want: int, timeout: float) ->
         return count
     finally:
         admin.close()
+
+
+def service_env(bootstrap: str, prefix: str, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """Environment for subprocesses (worker, sink, trainer) wired to the broker at `bootstrap`, their
+    state and store under `tmp_path` (conftest's `stack_env` for the session broker; a test's own
+    broker, or none, otherwise)."""
+    import os
+
+    return {**os.environ, "AREAL_KAFKA_BOOTSTRAP": bootstrap, "AREAL_TOPIC_PREFIX": prefix,
+            "AREAL_HOME": str(tmp_path / "areal"), "AREAL_CLICKHOUSE_URL": f"chdb://{tmp_path / 'clickhouse'}",
+            "PYTHONUNBUFFERED": "1", **extra}

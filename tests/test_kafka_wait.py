@@ -13,6 +13,7 @@ from kafka.errors import KafkaTimeoutError, TopicAuthorizationFailedError
 from areal_metrics.producers.contract.errors import ServiceUnavailable
 from areal_metrics.producers.runtime.backoff import Backoff
 from areal_metrics.producers.runtime.kafka_wait import closed_on_failure, until_kafka_answers
+from areal_metrics.stack.kafka_broker import free_port
 
 NO_WAIT = Backoff(initial_s=0.0, factor=1.0, max_s=0.0)
 
@@ -25,14 +26,6 @@ def listening() -> str:
     server.listen(16)
     yield f"127.0.0.1:{server.getsockname()[1]}"
     server.close()
-
-
-def closed_port() -> str:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return f"127.0.0.1:{port}"
 
 
 def failing(errors: list[BaseException], value: str = "ready"):
@@ -61,7 +54,7 @@ def test_no_client_is_made_while_nothing_listens_and_a_stop_ends_the_wait(caplog
     stop = threading.Event()
     threading.Timer(0.3, stop.set).start()
     with caplog.at_level(logging.WARNING, logger="areal.kafka"):
-        assert until_kafka_answers(attempt, "test", [closed_port()], stop, Backoff(0.05, 1.0, 0.05)) is None
+        assert until_kafka_answers(attempt, "test", [f"127.0.0.1:{free_port()}"], stop, Backoff(0.05, 1.0, 0.05)) is None
     assert calls == [] and "no broker accepts a connection at 127.0.0.1:" in caplog.text
 
 

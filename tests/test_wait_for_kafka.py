@@ -8,16 +8,15 @@ producers/runtime/kafka_wait.py. A private broker, started only once both servic
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
 
-from areal_metrics.stack.kafka_broker import KafkaBroker
+from areal_metrics.stack.kafka_broker import KafkaBroker, free_port
 from areal_metrics.stack.settings import StackSettings
 from areal_metrics.streams.shell.app import app_id_for
-from tests.support import group_members_when, start_service, stop_process, wait_for
+from tests.support import group_members_when, service_env, start_service, stop_process, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -25,9 +24,7 @@ pytestmark = pytest.mark.broker
 def test_the_worker_and_the_sink_started_before_their_broker_wait_for_it(tmp_path: Path) -> None:
     broker = KafkaBroker(tmp_path / "kafka", stack=StackSettings.from_env())  # its port chosen, not started
     prefix = "waitk."
-    env = {**os.environ, "AREAL_KAFKA_BOOTSTRAP": broker.bootstrap, "AREAL_TOPIC_PREFIX": prefix,
-           "AREAL_HOME": str(tmp_path / "areal"), "AREAL_CLICKHOUSE_URL": f"chdb://{tmp_path / 'clickhouse'}",
-           "PYTHONUNBUFFERED": "1"}
+    env = service_env(broker.bootstrap, prefix, tmp_path)
     logs = {name: tmp_path / f"{name}.log" for name in ("worker", "sink")}
     worker = start_service("areal_metrics.streams", env, logs["worker"])
     sink = start_service("areal_metrics.sinks", env, logs["sink"])
@@ -53,15 +50,9 @@ def test_the_worker_and_the_sink_started_before_their_broker_wait_for_it(tmp_pat
 
 def test_a_sigterm_while_they_wait_stops_both_cleanly(tmp_path: Path) -> None:
     import signal
-    import socket
 
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    nowhere = f"127.0.0.1:{s.getsockname()[1]}"  # nothing will listen there
-    s.close()
-    env = {**os.environ, "AREAL_KAFKA_BOOTSTRAP": nowhere, "AREAL_TOPIC_PREFIX": "waitk2.",
-           "AREAL_HOME": str(tmp_path / "areal"), "AREAL_CLICKHOUSE_URL": f"chdb://{tmp_path / 'clickhouse'}",
-           "PYTHONUNBUFFERED": "1"}
+    nowhere = f"127.0.0.1:{free_port()}"  # nothing will listen there
+    env = service_env(nowhere, "waitk2.", tmp_path)
     logs = {name: tmp_path / f"{name}.log" for name in ("worker", "sink")}
     procs = {"worker": start_service("areal_metrics.streams", env, logs["worker"]),
              "sink": start_service("areal_metrics.sinks", env, logs["sink"])}

@@ -9,7 +9,6 @@ disturbs no other test.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -21,7 +20,7 @@ from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.stack.kafka_broker import KafkaBroker
 from areal_metrics.stack.settings import StackSettings
 from areal_metrics.streams.shell.app import app_id_for
-from tests.support import group_members_when, start_service
+from tests.support import group_members_when, service_env, start_service
 
 pytestmark = pytest.mark.broker
 
@@ -32,9 +31,8 @@ def test_a_sigterm_ends_the_worker_within_its_bound_and_its_log_stays_small_whil
     broker = KafkaBroker(tmp_path / "kafka", stack=StackSettings.from_env())
     broker.start(timeout=120)
     topics = Topics("stopbound.")
-    env = {**os.environ, "AREAL_KAFKA_BOOTSTRAP": broker.bootstrap, "AREAL_TOPIC_PREFIX": topics.prefix,
-           "AREAL_HOME": str(tmp_path / "areal"), "PYTHONUNBUFFERED": "1",
-           "AREAL_WORKER_STOP_TIMEOUT_S": str(BOUND_S), "AREAL_LOG_REPEAT_S": "60"}
+    env = service_env(broker.bootstrap, topics.prefix, tmp_path, AREAL_WORKER_STOP_TIMEOUT_S=str(BOUND_S),
+                      AREAL_LOG_REPEAT_S="60")
     log = tmp_path / "worker.log"
     worker = start_service("areal_metrics.streams", env, log)
     try:

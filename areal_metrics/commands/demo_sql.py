@@ -290,10 +290,9 @@ def regression_checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
             interval = eval_interval(float(accuracy), low, high, None if n is None else int(n))
             rounds.setdefault(dataset, {})[int(step)] = (eval_id, float(accuracy), interval[1])
         label = f"{run}: its rollback brought accuracy back (weights of step {restored} restored, lr cut from step {since})"
-        # the first round at the cut rate on the restored weights: at or after from_step, past the restored round
-        firsts = {d: min((s for s in by_step if s >= since and s > restored), default=None)
-                  for d, by_step in rounds.items()}
-        if not rounds or any(restored not in rounds[d] or firsts[d] is None for d in rounds):
+        # the rounds at the cut rate on the restored weights: at or after from_step, past the restored round
+        later = {d: sorted(s for s in by_step if s >= since and s > restored) for d, by_step in rounds.items()}
+        if not rounds or any(restored not in rounds[d] or not later[d] for d in rounds):
             out.append((False, f"{label}: NOT: no full round of the restored step and one after it for every dataset"))
             continue
         verdicts = node_verdicts(store, [(run, r[0]) for by_step in rounds.values() for r in by_step.values()])
@@ -301,15 +300,13 @@ def regression_checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
         def verdicts_at(dataset: str, step: int) -> tuple[int, dict[int, int]]:
             return step, stats.node_majority(verdicts.get((run, rounds[dataset][step][0]), {}).values())
 
-        first = {d: int(s) for d, s in firsts.items() if s is not None}
-        back = [not_below_check(d, verdicts_at(d, restored), verdicts_at(d, first[d])) for d in sorted(rounds)]
+        back = [not_below_check(d, verdicts_at(d, restored), verdicts_at(d, later[d][0])) for d in sorted(rounds)]
         ok = all(passed for passed, _ in back)
         out.append((ok, f"{label}: " + "; ".join(what for _, what in back) + ("" if ok else "; NOT: below it")))
-        drift = "; ".join(not_below_check(d, verdicts_at(d, first[d]), verdicts_at(d, max(rounds[d])))[1]
-                          for d in sorted(rounds) if max(rounds[d]) > first[d])
+        drift = "; ".join(not_below_check(d, verdicts_at(d, later[d][0]), verdicts_at(d, later[d][-1]))[1]
+                          for d in sorted(rounds) if len(later[d]) > 1)
         dataset, threshold = _loop_of(store, run)
-        after = [(s, acc, high) for s, (_, acc, high) in sorted(rounds.get(dataset or "", {}).items())
-                 if s >= since and s > restored]
+        after = [(s, *rounds[dataset][s][1:]) for s in later.get(dataset or "", [])]
         out.append(above_threshold_check(run, dataset, threshold, after, drift))
     return out
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from areal_metrics.errors import UserError
 from areal_metrics.producers.contract.topics import TopicSpec
+from areal_metrics.producers.runtime.kafka_wait import bootstrap_reachable
 from areal_metrics.stack.settings import StackSettings
 
 POM = Path(__file__).with_name("kafka") / "pom.xml"
@@ -75,11 +76,7 @@ def free_port() -> int:
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+    return bootstrap_reachable([f"{host}:{port}"], timeout)  # the one TCP check (producers/runtime/kafka_wait.py)
 
 
 @dataclass

@@ -199,21 +199,23 @@ class BoundedStopWorker(faust.Worker):
     _bounded = False
 
     def _schedule_shutdown(self, signal: Any) -> None:
-        if not self._bounded:  # the first stop signal arms the bound; a second changes nothing
-            self._bounded = True
-            exit_unless_stopped(self.stop_timeout_s, f"stream worker: not stopped {self.stop_timeout_s:g} s after "
-                                f"{getattr(signal, 'name', signal)} (Kafka unreachable?); exiting without a clean "
-                                "stop, Kafka redelivers what was not committed", self.before_exit)
+        # the first stop signal arms the bound (a second changes nothing); a stop is not a crash
+        self._bound(f"{getattr(signal, 'name', signal)} (Kafka unreachable?)", self.before_exit)
         super()._schedule_shutdown(signal)
 
     def on_worker_shutdown(self) -> None:
         # Every way out passes here before Faust's stop, a crash of the app's services too (the batcher's
         # `on_crash`). A crash is a crash: its batch in flight keeps counting, so no `before_exit`.
+        self._bound("it began to stop without a signal (a crash?)", lambda: None)
+        super().on_worker_shutdown()
+
+    def _bound(self, after: str, before_exit: Callable[[], None]) -> None:
+        """Arm the bound once, whichever way the stop began."""
         if not self._bounded:
             self._bounded = True
-            exit_unless_stopped(self.stop_timeout_s, f"stream worker: not stopped {self.stop_timeout_s:g} s after it "
-                                "began to stop without a signal (a crash?); exiting without a clean stop")
-        super().on_worker_shutdown()
+            exit_unless_stopped(self.stop_timeout_s, f"stream worker: not stopped {self.stop_timeout_s:g} s after "
+                                f"{after}; exiting without a clean stop, Kafka redelivers what was not committed",
+                                before_exit)
 
 
 def exit_unless_stopped(seconds: float, why: str, before_exit: Callable[[], None] = lambda: None) -> threading.Timer:
