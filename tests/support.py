@@ -58,14 +58,14 @@ def stop_process(proc: subprocess.Popen[Any]) -> None:
 
 
 @contextmanager
-def client_warnings() -> Iterator[list[logging.LogRecord]]:
-    """The client's warnings while in the block, from a handler on its own logger: whatever logging
-    configuration an earlier test of the session left on the root logger or its parents (caplog reads
-    from the root, and in a full session the client's records did not reach it)."""
+def logger_warnings(name: str) -> Iterator[list[logging.LogRecord]]:
+    """The warnings of logger `name` while in the block, from a handler on that logger itself,
+    whatever logging configuration an earlier test of the session left on the root logger or its
+    parents (caplog reads from the root, and in a full session our records did not always reach it)."""
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append  # type: ignore[method-assign]
-    log = logging.getLogger("areal_metrics.client")
+    log = logging.getLogger(name)
     level, disabled = log.level, log.disabled
     log.addHandler(handler)
     log.setLevel(logging.WARNING)

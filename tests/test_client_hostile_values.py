@@ -19,7 +19,7 @@ from areal_metrics.producers.client import coerce
 from areal_metrics.producers.contract.events import AlertEvent, CommandEvent, RejectedEvent, RunEvent, StepEvent, parse_event
 from areal_metrics.producers.contract.limits import default_limits
 from areal_metrics.producers.contract.topics import Topics
-from tests.support import cli, client_warnings, wait_for
+from tests.support import cli, logger_warnings, wait_for
 
 
 def deep(n: int, kind: str = "dict") -> Any:
@@ -166,7 +166,7 @@ def test_init_and_log_with_hostile_values_never_raise_and_the_runs_events_arrive
                     journal_dir=str(Path(stack_env["AREAL_HOME"]) / "j"), node="me:0")
     config = {"deep": deep(3000), "wide": {f"k{i}": i for i in range(default_limits().max_keys + 1)},
               "bad": Unprintable(), "lr": 0.1}
-    with client_warnings() as logged:
+    with logger_warnings("areal_metrics.client") as logged:
         run = init(run_id="hostile-values", config=config, **settings)
         try:
             assert run.commands() == []
