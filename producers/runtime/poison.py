@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -170,6 +171,9 @@ class CrashGuard:
         self._open = False
         self._fd: int | None = None
         self._size = 0  # the file's length, once open
+        # `abandon` runs on the stop bound's timer thread, beside `begin` and `end` on the event loop
+        self._lock = threading.Lock()
+        self._abandoned = False
 
     def start(self) -> list[Span]:
         """Read the files; the spans a crash interrupted (each now counts one more crash)."""
@@ -196,14 +200,19 @@ class CrashGuard:
 
     def begin(self, batch: Iterable[Span]) -> None:
         """Record what is processed now (a crash before `end` counts against these positions)."""
-        self._write(json.dumps([list(s) for s in batch]).encode())
-        self._open = True
+        record = json.dumps([list(s) for s in batch]).encode()
+        with self._lock:
+            if self._abandoned:  # the process is leaving: what it starts now is not in flight at a crash
+                return
+            self._write(record)
+            self._open = True
 
     def end(self, done: Iterable[Span] = ()) -> None:
         """The recorded batch is processed: its record goes, and suspects wholly processed are forgotten."""
-        if self._open:
-            self._write(b"[]")
-            self._open = False
+        with self._lock:
+            if self._open:
+                self._write(b"[]")
+                self._open = False
         if self.suspects:
             kept = forget(self.suspects, {(t, p): last for t, p, _, last in done})
             if kept != self.suspects:
@@ -212,9 +221,12 @@ class CrashGuard:
 
     def abandon(self) -> None:
         """The process leaves on purpose with a batch in flight (a stop past its bound): not a crash, so
-        nothing in flight counts against its positions at the next start."""
-        self._write(b"[]")
-        self._open = False
+        nothing in flight counts against its positions at the next start; a batch begun after it is not
+        recorded."""
+        with self._lock:
+            self._abandoned = True
+            self._write(b"[]")
+            self._open = False
 
     def _write(self, record: bytes) -> None:
         """`record` over the start of the one open file, padded with spaces to the file's length
