@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from areal_metrics.producers.contract import statistics as stats
@@ -184,24 +185,45 @@ def vote_check(accuracy: float, dissenters: list[str], nodes: dict[str, dict[int
     return not problems, "; ".join(problems) or f"vote {voted:.4f} on {len(decided)} decided samples"
 
 
-def _faulty_nodes(store: Any, params: dict[str, Any]) -> dict[str, int]:
+@dataclass(frozen=True)
+class Stored:
+    """What the checks read of the demo's runs, read once: their configs (run -> parsed JSON object),
+    their `scale_lr` commands (run, args, reason) and their full-stage rounds (ROUNDS_SQL's rows)."""
+
+    configs: dict[str, dict[str, Any]]
+    scale_lr: list[tuple[str, str, str]]
+    rounds: list[tuple[Any, ...]]
+
+    @classmethod
+    def read(cls, store: Any, runs: list[str]) -> Stored:
+        params = {"runs": runs}
+        configs = {}
+        for run, config in store.query(RUN_CONFIG_SQL, params).rows:
+            try:
+                parsed = json.loads(config or "{}")
+            except ValueError:
+                continue
+            if isinstance(parsed, dict):
+                configs[run] = parsed
+        return cls(configs, [tuple(r) for r in store.query(SCALE_LR_SQL, params).rows],
+                   [tuple(r) for r in store.query(ROUNDS_SQL, params).rows])
+
+
+def _faulty_nodes(stored: Stored) -> dict[str, int]:
     """run -> the rank its config made a faulty evaluator (`dissent_rank`)."""
     out = {}
-    for run, config in store.query(RUN_CONFIG_SQL, params).rows:
-        try:
-            rank = json.loads(config or "{}").get("dissent_rank")
-        except (ValueError, AttributeError):
-            continue
+    for run, config in stored.configs.items():
+        rank = config.get("dissent_rank")
         if isinstance(rank, int):
             out[run] = rank
     return out
 
 
-def vote_checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
-    params = {"runs": runs}
-    rounds = store.query(ROUNDS_SQL, params).rows
+def vote_checks(store: Any, runs: list[str], stored: Stored | None = None) -> list[tuple[bool, str]]:
+    stored = stored or Stored.read(store, runs)
+    rounds = stored.rounds
     verdicts = node_verdicts(store, [(r[0], r[1]) for r in rounds])
-    faulty = _faulty_nodes(store, params)
+    faulty = _faulty_nodes(stored)
     out = []
     by_run: dict[str, list[tuple[bool, str]]] = {}
     for run, eval_id, dataset, step, accuracy, dissenters, replicas, *_ in rounds:
@@ -234,27 +256,22 @@ def not_below_check(dataset: str, first: tuple[int, dict[int, int]], last: tuple
                       + ("; significantly below" if fell else ""))
 
 
-def _loop_of(store: Any, run: str) -> tuple[str | None, float | None]:
+def _loop_of(stored: Stored, run: str) -> tuple[str | None, float | None]:
     """(watched dataset, threshold) of the run's closed loop: its config's `eval_loop`, read as the
     stream worker reads it (`eval_loop_overrides`)."""
     from areal_metrics.streams.core.config import eval_loop_overrides
 
-    for _run, config in store.query(RUN_CONFIG_SQL, {"runs": [run]}).rows:
-        try:
-            raw = json.loads(config or "{}")
-        except ValueError:
-            continue
-        loop, _refused = eval_loop_overrides(raw.get("eval_loop") if isinstance(raw, dict) else None)
-        if "lr_eval_threshold" in loop:
-            return loop.get("lr_eval_dataset"), float(loop["lr_eval_threshold"])
+    loop, _refused = eval_loop_overrides(stored.configs.get(run, {}).get("eval_loop"))
+    if "lr_eval_threshold" in loop:
+        return loop.get("lr_eval_dataset"), float(loop["lr_eval_threshold"])
     return None, None
 
 
-def _restores(store: Any, run: str) -> list[tuple[int, int]]:
+def _restores(stored: Stored, run: str) -> list[tuple[int, int]]:
     """(from_step, restore_step) of the run's scale_lr commands that restored weights, in order (a
     command without a `from_step` names no round after which to look, and counts as none)."""
     out = []
-    for _run, args, _reason in store.query(SCALE_LR_SQL, {"runs": [run]}).rows:
+    for _run, args, _reason in (c for c in stored.scale_lr if c[0] == run):
         try:
             parsed = json.loads(args or "{}")
         except ValueError:
@@ -270,23 +287,23 @@ def _restores(store: Any, run: str) -> list[tuple[int, int]]:
 Round = tuple[str, float, float | None]  # (eval_id, accuracy, the upper end of its 95 % interval)
 
 
-def regression_checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
+def regression_checks(store: Any, runs: list[str], stored: Stored | None = None) -> list[tuple[bool, str]]:
     """Per regression run, from its latest scale_lr that restored weights: the rollback brought
     accuracy back (`not_below_check` of the first round after it against the restored round, per
     dataset), and the run stays above its loop's threshold since (`above_threshold_check`)."""
     from areal_metrics.analysis.report import eval_interval
 
+    stored = stored or Stored.read(store, runs)
     out: list[tuple[bool, str]] = []
     for run in (r for r in runs if r.endswith(REGRESSION_SUFFIX)):
-        restores = _restores(store, run)
+        restores = _restores(stored, run)
         if not restores:
             out.append((False, f"{run}: its rollback brought accuracy back: NOT: no scale_lr restored weights "
                                 "(with its from_step)"))
             continue
         since, restored = restores[-1]
         rounds: dict[str, dict[int, Round]] = {}  # dataset -> step -> round
-        for _run, eval_id, dataset, step, accuracy, _d, _r, low, high, n in store.query(ROUNDS_SQL,
-                                                                                       {"runs": [run]}).rows:
+        for _run, eval_id, dataset, step, accuracy, _d, _r, low, high, n in (r for r in stored.rounds if r[0] == run):
             interval = eval_interval(float(accuracy), low, high, None if n is None else int(n))
             rounds.setdefault(dataset, {})[int(step)] = (eval_id, float(accuracy), interval[1])
         label = f"{run}: its rollback brought accuracy back (weights of step {restored} restored, lr cut from step {since})"
@@ -305,7 +322,7 @@ def regression_checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
         out.append((ok, f"{label}: " + "; ".join(what for _, what in back) + ("" if ok else "; NOT: below it")))
         drift = "; ".join(not_below_check(d, verdicts_at(d, later[d][0]), verdicts_at(d, later[d][-1]))[1]
                           for d in sorted(rounds) if len(later[d]) > 1)
-        dataset, threshold = _loop_of(store, run)
+        dataset, threshold = _loop_of(stored, run)
         after = [(s, *rounds[dataset][s][1:]) for s in later.get(dataset or "", [])]
         out.append(above_threshold_check(run, dataset, threshold, after, drift))
     return out
@@ -334,9 +351,9 @@ def above_threshold_check(run: str, dataset: str | None, threshold: float | None
 def checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
     """(passed, what) of each check the demo stands for."""
     params = {"runs": runs}
+    stored = Stored.read(store, runs)
     out: list[tuple[bool, str]] = []
-    scale = store.query(SCALE_LR_SQL, params).rows
-    read = [(run, reason, *scale_lr_evidence(reason)) for run, _args, reason in scale]
+    read = [(run, reason, *scale_lr_evidence(reason)) for run, _args, reason in stored.scale_lr]
     wrong = [r for r in read if not r[2]]
     regression = [r for r in runs if r.endswith(REGRESSION_SUFFIX)]
     unanswered = [r for r in regression if not any(run == r for run, *_ in read)]
@@ -347,8 +364,8 @@ def checks(store: Any, runs: list[str]) -> list[tuple[bool, str]]:
                    f" (e.g. {read[0][0]}: {read[0][3]})" if read else "")
                 + (f"; NOT: the regression run {unanswered[0]} got no scale_lr" if unanswered else "")
                 + ("; NOT: no command at all" if not read else "")))
-    out.extend(regression_checks(store, runs))
-    out.extend(vote_checks(store, runs))
+    out.extend(regression_checks(store, runs, stored))
+    out.extend(vote_checks(store, runs, stored))
     for dataset, fingerprints, n in store.query(FINGERPRINT_SQL, params).rows:
         out.append((len(fingerprints) == 1 and n == len(runs),
                     f"{dataset}: {n} of {len(runs)} runs evaluated, {len(fingerprints)} fingerprint(s) "
