@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def env_for(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AREAL_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_"))}
-    env.update(AREAL_HOME=str(home), AREAL_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}", AREAL_EXIT_TIMEOUT_S="5",
-               PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **extra)
+    env.update({"AREAL_HOME": str(home), "AREAL_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
+                "AREAL_EXIT_TIMEOUT_S": "5", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **extra})
     return env
 
 
@@ -230,6 +230,7 @@ def test_programming_errors_raise_values_never(tmp_path: Path) -> None:
         import areal_metrics as am
         run = am.init(run_id="errors")
         for call in (lambda: run.log([1, 2]), lambda: run.log({"a": 1}, step=1.5), lambda: run.log({"a": 1}, step=-1),
+                     lambda: run.log({"a": 1}, step=2**63),
                      lambda: am.init(tags="one"), lambda: am.init(no_such_setting=1), lambda: am.init(run_id="bad id"),
                      lambda: run.finish("done"), lambda: run.log_eval("math", 1, stage="final")):
             try:

@@ -50,12 +50,14 @@ class Port:
     def encode(self, item: int) -> Message:
         return ("steps", b"run", str(item).encode())
 
-    def append(self, message: Message) -> None:
+    def append(self, message: Message) -> bool:
         self.log.append(message)
+        return True
 
-    def prepend(self, messages: list[Message]) -> None:
+    def prepend(self, messages: list[Message]) -> bool:
         self.log = list(messages) + self.log[self.cursor:]
         self.cursor = 0
+        return True
 
     def journal_pending(self) -> bool:
         return self.cursor < len(self.log)

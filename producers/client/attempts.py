@@ -76,7 +76,7 @@ def logged_attempts(settings: Settings, run_id: str, rank: int, timeout_s: float
         )
     except ImportError:  # pragma: no cover - kafka-python is a dependency
         return None, None
-    from areal_metrics.producers.runtime.kafka_wait import bootstrap_reachable
+    from areal_metrics.producers.runtime.kafka_wait import bootstrap_reachable, closed_on_failure
 
     topic = settings.topics.runs
     config = settings.kafka_python_config()
@@ -86,9 +86,12 @@ def logged_attempts(settings: Settings, run_id: str, rank: int, timeout_s: float
     consumer: Any = None
     own = anyone = None
     try:
-        consumer = KafkaConsumer(**config, group_id=None, enable_auto_commit=False,
-                                 client_id="areal-client-resume", request_timeout_ms=int(timeout_s * 1000) + 1000)
         deadline = time.monotonic() + timeout_s
+        # the bootstrap within the same bound (kafka-python waits 30 s by default), and a consumer whose
+        # bootstrap fails closed (else its I/O thread stays in the training process)
+        consumer = closed_on_failure(KafkaConsumer, **config, group_id=None, enable_auto_commit=False,
+                                     client_id="areal-client-resume", request_timeout_ms=int(timeout_s * 1000) + 1000,
+                                     bootstrap_timeout_ms=max(1, int(timeout_s * 1000)))
         partitions = consumer.partitions_for_topic(topic)  # fetched if unknown; empty: no runs topic, no history
         if not partitions:
             return None, None

@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,9 @@ log = logging.getLogger(__name__)
 
 class Ending(Protocol):
     def mark_exit(self, status: str, exit_code: int) -> None: ...
-    def finish_at_exit(self) -> None: ...
+    def finish_at_exit(self, wait: bool = True) -> None: ...
+    @property
+    def journal_directory(self) -> Path | None: ...
     def forget_after_fork(self) -> None: ...
 
 
@@ -106,9 +109,16 @@ def _install() -> None:
 
 
 def _at_exit() -> None:
+    # A Ctrl-C while exit waits for the broker ends the wait, this run's and the next ones': what is
+    # unsent is journaled, said in one line (no traceback), and the process exits.
+    interrupted = False
     for run in open_runs():
         try:
-            run.finish_at_exit()
+            run.finish_at_exit(wait=not interrupted)
+        except KeyboardInterrupt:
+            interrupted = True
+            print(f"areal-metrics: interrupted while delivering at exit; what is unsent is kept in the journal "
+                  f"{run.journal_directory} (areal-metrics sync sends it)", file=sys.stderr, flush=True)
         except Exception:  # noqa: BLE001 - exit must go on
             log.exception("finishing a run at exit failed")
 

@@ -31,6 +31,7 @@ import os
 import socket
 import sys
 import threading
+import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -54,7 +55,7 @@ from areal_metrics.producers.contract.events import (
     ValidationError,
     dumps_compact,
 )
-from areal_metrics.producers.contract.field_rules import NUMBER_MAX
+from areal_metrics.producers.contract.field_rules import INT64_MAX as MAX_STEP, NUMBER_MAX
 from areal_metrics.producers.contract.ids import RUN_ID_RULE, is_valid_run_id
 from areal_metrics.producers.contract.limits import StructureLimits, install_limits
 from areal_metrics.producers.client.launcher_env import Identity, identity_from_env, job_run_id
@@ -97,6 +98,8 @@ class RunStats:
     resent: int
     failed: int
     pending: int
+    lost: int = 0  # neither delivered nor journaled: the journal could not be written (a full disk), or logged
+    # from another thread after finish()
 
 
 def _split_settings(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], Options]:
@@ -119,10 +122,24 @@ def _identity(options: Options) -> Identity:
             raise TypeError(f"init(): {name} must be a non-negative integer (got {value!r})")
     identity = dataclasses.replace(found, **changes)
     if identity.rank >= identity.world_size:  # readers refuse rank >= world_size: the world is made to hold it
-        log.warning("init(): rank %d is not below world_size %d; world_size %d is reported (pass world_size=)",
+        _log.warning("init(): rank %d is not below world_size %d; world_size %d is reported (pass world_size=)",
                     identity.rank, identity.world_size, identity.rank + 1)
         identity = dataclasses.replace(identity, world_size=identity.rank + 1)
     return identity
+
+
+def _temp_home() -> Path:
+    """This user's folder in the system's temp folder (where the journal goes when AREAL_HOME is not writable)."""
+    return Path(tempfile.gettempdir()) / f"areal-{os.getuid()}"
+
+
+def _finish_previous(run_id: str, rank: int) -> None:
+    """A second `init` of the same run and rank in one process (a notebook cell run again, a loop with
+    AREAL_RUN_ID set) finishes the first: each open run holds a sender thread and a journal slot."""
+    previous = _current
+    if isinstance(previous, Run) and not previous._done and (previous.run_id, previous.rank) == (run_id, rank):
+        _log.warning("init(): run %s (rank %d) is still open in this process; finishing it first", run_id, rank)
+        previous.finish()
 
 
 def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = (), group: str | None = None,
@@ -164,6 +181,7 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
         _current = DisabledRun(run_id, identity, config=config, tags=clean_tags, group=group, name=display_name,
                                notes=clean_notes)
         return _current  # type: ignore[return-value]
+    _finish_previous(run_id, identity.rank)
     origin = "init(kafka_bootstrap=...)" if "kafka_bootstrap" in overrides else bootstrap_origin()
     home = state_dir()  # AREAL_HOME, read here at the client's entry: journals and attempt records go under it
     attempt = _attempt(settings_obj, home, run_id, identity.rank, resume, options)
@@ -217,11 +235,20 @@ class Run:
         self._settings = settings
         self._key = run_id.encode()
         self._exit_timeout_s = client.exit_timeout_s
+        self._exit_join_s: float | None = None  # the publisher's own wait for a stuck sender
         journal = Path(options.journal_dir) if options.journal_dir else home / "journal" / run_id / f"rank-{self.rank}"
-        self._publisher = Publisher.from_settings(settings, journal_dir=journal, close_at_exit=False,
-                                                  exit_timeout_s=self._exit_timeout_s,
-                                                  fsync_journal=options.fsync_journal,
-                                                  bootstrap_origin=bootstrap_from or bootstrap_origin())
+
+        def publisher(journal_dir: Path) -> Publisher:
+            return Publisher.from_settings(settings, journal_dir=journal_dir, close_at_exit=False,
+                                           exit_timeout_s=self._exit_timeout_s, fsync_journal=options.fsync_journal,
+                                           bootstrap_origin=bootstrap_from or bootstrap_origin())
+        try:
+            self._publisher = publisher(journal)
+        except OSError as exc:  # a read-only home (a container's): the run goes on, its journal in the temp folder
+            fallback = _temp_home() / "journal" / run_id / f"rank-{self.rank}"
+            _log.warning("init(): cannot make the journal %s (%s); using %s (set AREAL_HOME or journal_dir= to a "
+                         "writable folder; areal-metrics sync reads AREAL_HOME)", journal, exc.strerror or exc, fallback)
+            self._publisher = publisher(fallback)
         self._started = time.time()
         self._epoch = 0.0  # the sender thread's: the last epoch a step carried
         self._last_step = -1
@@ -254,8 +281,8 @@ class Run:
             if isinstance(step, bool):
                 raise TypeError("log(): step must be an integer, got bool")
             step = operator.index(step)  # numpy ints; TypeError for floats and strings
-        if step < 0:
-            raise ValueError(f"log(): step must be >= 0 (got {step})")
+        if not 0 <= step <= MAX_STEP:
+            raise ValueError(f"log(): step must be >= 0 and < 2**63 (got {step})")
         if self._done or self._forked:
             self._warn_once("after-finish", "log() after finish() (or in a forked child): ignored")
             return
@@ -281,8 +308,8 @@ class Run:
         if status not in EVAL_STATUSES:
             raise ValueError(f"log_eval(): status must be one of {', '.join(EVAL_STATUSES)} (got {status!r})")
         step = max(self._last_step, 0) if step is None else operator.index(step)
-        if step < 0:
-            raise ValueError(f"log_eval(): step must be >= 0 (got {step})")
+        if not 0 <= step <= MAX_STEP:
+            raise ValueError(f"log_eval(): step must be >= 0 and < 2**63 (got {step})")
         if self._done or self._forked:
             self._warn_once("after-finish", "log_eval() after finish() (or in a forked child): ignored")
             return
@@ -353,7 +380,7 @@ class Run:
                                     command=command.command, status=status, step=step, lr_factor=lr_factor,
                                     detail=(detail or "")[:4096], attempt=self.attempt)
         except (ValidationError, TypeError) as exc:
-            log.warning("acknowledgement of %s not sent: %s", command.command, exc)
+            _log.warning("acknowledgement of %s not sent: %s", command.command, exc)
             return
         self._publisher.publish(event)
 
@@ -377,14 +404,23 @@ class Run:
             _forget(self)
             if self._feed is not None:
                 self._feed.close()
-            self._publisher.close(self._exit_timeout_s, journaled_ok=True)
+            self._publisher.close(self._exit_timeout_s, journaled_ok=True, join_s=self._exit_join_s)
 
     def mark_exit(self, status: str, exit_code: int) -> None:
         if self._exit_status is None:
             self._exit_status = (status, exit_code)
 
-    def finish_at_exit(self) -> None:
+    def finish_at_exit(self, wait: bool = True) -> None:
+        """`finish()` at interpreter exit; `wait=False` (after a Ctrl-C there): journal what is unsent
+        without waiting for the broker."""
+        if not wait:
+            self._exit_timeout_s, self._exit_join_s = 0.0, 1.0
         self.finish()
+
+    @property
+    def journal_directory(self) -> Path:
+        """Where this run's events wait while the broker is away (`areal-metrics sync` sends them)."""
+        return self._publisher.journal.directory
 
     def forget_after_fork(self) -> None:
         self._forked = True
@@ -403,7 +439,7 @@ class Run:
     def stats(self) -> RunStats:
         p = self._publisher.stats()
         return RunStats(steps=self._steps, evals=self._evals, skipped=self._skipped, queued=p.queued, sent=p.sent,
-                        journaled=p.spilled, resent=p.resent, failed=p.failed, pending=p.pending)
+                        journaled=p.spilled, resent=p.resent, failed=p.failed, pending=p.pending, lost=p.lost)
 
     def __repr__(self) -> str:
         return f"Run({self.run_id!r}, rank={self.rank}/{self.world_size}, node={self.node!r}, attempt={self.attempt})"
@@ -627,7 +663,11 @@ class DisabledRun:
     def mark_exit(self, status: str, exit_code: int) -> None:
         return None
 
-    def finish_at_exit(self) -> None:
+    def finish_at_exit(self, wait: bool = True) -> None:
+        return None
+
+    @property
+    def journal_directory(self) -> Path | None:
         return None
 
     def forget_after_fork(self) -> None:

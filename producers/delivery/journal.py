@@ -79,13 +79,28 @@ class Journal:
         return self._size > self._cursor
 
     def append(self, topic: str, key: bytes, value: bytes) -> None:
+        """Add a record at the end; an OSError (a full disk, a file-size limit) leaves the journal as it
+        was, without a part of the line that a later append would run into."""
         line = b"%s\t%s\t%s\n" % (topic.encode(), key, value)
         with self._lock:
-            self._file.write(line)
-            self._file.flush()
-            if self._fsync:
-                os.fsync(self._file.fileno())
+            try:
+                self._file.write(line)
+                self._file.flush()
+                if self._fsync:
+                    os.fsync(self._file.fileno())
+            except OSError:
+                self._reopen_at(self._size)
+                raise
             self._size += len(line)
+
+    def _reopen_at(self, size: int) -> None:
+        """After a failed write: drop what its buffer still holds and what reached the file past `size`."""
+        try:
+            self._file.close()  # its flush fails again, and the file is closed all the same
+        except OSError:
+            pass
+        os.truncate(self._path, size)  # shrinking needs no space
+        self._file = open(self._path, "ab")
 
     def read(self, max_records: int) -> list[JournalRecord]:
         """The oldest pending records, in order."""
@@ -125,12 +140,16 @@ class Journal:
                 f.seek(self._cursor)
                 pending = f.read(self._size - self._cursor)
             tmp = self._path.with_suffix(".rewrite")
-            with open(tmp, "wb") as f:
-                for topic, key, value in records:
-                    f.write(b"%s\t%s\t%s\n" % (topic.encode(), key, value))
-                f.write(pending)
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                with open(tmp, "wb") as f:
+                    for topic, key, value in records:
+                        f.write(b"%s\t%s\t%s\n" % (topic.encode(), key, value))
+                    f.write(pending)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError:  # the journal as it was; the records were not added
+                tmp.unlink(missing_ok=True)
+                raise
             self._file.close()
             os.replace(tmp, self._path)
             self._cursor_path.write_text("0")

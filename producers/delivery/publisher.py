@@ -49,6 +49,7 @@ from areal_metrics.producers.runtime.kafka_wait import bootstrap_reachable
 log = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.02  # how long the sender sleeps when idle: rare wake-ups leave the GIL to training
+_JOURNAL_RETRY_S = 1.0  # after a failed journal write (a full disk), the next try
 
 
 class Outgoing(Protocol):
@@ -65,6 +66,7 @@ class PublisherStats:
     resent: int  # acknowledged after coming back from the journal
     failed: int  # send attempts that failed (each then went to the journal)
     pending: int  # in memory or journal, not yet acknowledged
+    lost: int = 0  # not delivered and not kept: the journal could not be written (a full disk), or published after close
 
 
 class Publisher:
@@ -101,6 +103,9 @@ class Publisher:
         # Set: the first event that goes to the journal says so once on stderr (the client's users see it).
         self._origin = bootstrap_origin
         self._told = False
+        self._warned: set[str] = set()  # what was said once (per outage for the broker's, see _say_once)
+        self._after_close = 0  # publish() calls after close(): dropped
+        self._journal_broken_until = 0.0  # a write to the journal failed: none is tried before this
         self._producer: delivery.Producer | None = None
         self._order_lock = threading.Lock()  # the journal is appended in publish order
         self._core: PublisherCore[Event | Outgoing] = PublisherCore(
@@ -134,9 +139,13 @@ class Publisher:
     # ------------------------------------------------------------ caller side
 
     def publish(self, event: Event | Outgoing) -> None:
-        """Enqueue and return at once. Never raises a transport error."""
+        """Enqueue and return at once. Never raises: after close() (another thread of the caller
+        logging while it finishes) the event is dropped, counted in `stats().lost`, and said once."""
         if self._closing:
-            raise RuntimeError("publish() after close()")
+            self._after_close += 1
+            self._say_once("after-close", "publisher: an event was published after close() and is dropped "
+                           "(counted in stats().lost)")
+            return
         if self._core.enqueue(event):
             return
         # Memory is full (the sender is stuck): move the queue and this event to
@@ -161,23 +170,32 @@ class Publisher:
             time.sleep(0.005)
         return False
 
-    def close(self, timeout: float = 10.0, *, journaled_ok: bool = False) -> None:
-        """Flush for up to `timeout`; whatever is still unsent stays in the journal for the next start."""
+    def close(self, timeout: float = 10.0, *, journaled_ok: bool = False, join_s: float | None = None) -> None:
+        """Flush for up to `timeout`; whatever is still unsent stays in the journal for the next start.
+        `join_s`: how long to wait for a sender stuck in the Kafka client then (`max(timeout, 5)`)."""
         with self._close_lock:  # one closer: a second (atexit beside the caller's) returns at once
             if self._close_started:
                 return
             self._close_started = True
-        self.flush(timeout, journaled_ok=journaled_ok)
+        try:
+            self.flush(timeout, journaled_ok=journaled_ok)
+        except BaseException:  # Ctrl-C while exit waits for the broker: what is unsent goes to disk, then it goes on
+            self._close_now(join_s=1.0)
+            raise
+        self._close_now(join_s=max(timeout, 5.0) if join_s is None else join_s)
+
+    def _close_now(self, join_s: float) -> None:
+        """Stop the sender (waiting `join_s` for it) and journal whatever it leaves."""
         self._closing = True
         _OPEN.discard(self)
         self._wake.set()
-        self._thread.join(timeout=max(timeout, 5.0))
+        self._thread.join(timeout=join_s)
         if self._thread.is_alive():
             # The sender is stuck inside the Kafka client (e.g. a handshake that keeps
-            # failing): journal what is queued from here, and let the thread go.
+            # failing): journal what is in flight and queued from here, and let the thread go.
             with self._order_lock:
                 self._abandoned = True
-                self._core.journal_queue()
+                self._core.abandon()
         else:
             with self._order_lock:  # a publish() that passed its check as close began, after the sender's last drain
                 self._core.journal_queue()
@@ -192,6 +210,7 @@ class Publisher:
             resent=core.resent,
             failed=core.failed,
             pending=core.pending + (1 if self._journal.has_pending() else 0),
+            lost=core.lost + self._after_close,
         )
 
     @property
@@ -206,10 +225,46 @@ class Publisher:
 
     # ------------------------------------------------------------ sender side
 
-    def _spill(self, message: Message) -> None:
-        self._journal.append(*message)
+    def _spill(self, message: Message) -> bool:
+        if self._journal_broken_until and time.monotonic() < self._journal_broken_until:
+            return False  # failed a moment ago: a full queue is not retried write by write
+        try:
+            self._journal.append(*message)
+        except OSError as exc:
+            self._journal_unwritable(exc)
+            return False
+        self._journal_broken_until = 0.0
         if not self._told:
             self._tell_undelivered()
+        return True
+
+    def _journal_unwritable(self, exc: OSError) -> None:
+        """The journal cannot be written (a full disk, a quota): what the broker does not take in the
+        next second is dropped without a try, and counted; said once per publisher."""
+        self._journal_broken_until = time.monotonic() + _JOURNAL_RETRY_S
+        if "journal" in self._warned:
+            return
+        self._warned.add("journal")
+        message = (f"areal-metrics: cannot write the journal {self._journal.directory} ({exc}); events the broker "
+                   "does not take are dropped until it can be written (counted in run.stats().lost)")
+        if self._origin is not None:  # the client's user sees it on stderr, as the journal's first use
+            print(message, file=sys.stderr, flush=True)
+            if log.hasHandlers():  # the user's logging gets it too; without handlers stderr has it already
+                log.warning(message)
+        else:
+            log.warning(message)
+
+    def _say_once(self, what: str, message: str, *args: Any) -> None:
+        """`message` at WARNING the first time `what` happens, at DEBUG after (until `_said_enough(what)`)."""
+        if what in self._warned:
+            log.debug(message, *args)
+        else:
+            self._warned.add(what)
+            log.warning(message, *args)
+
+    def _said_enough(self, *whats: str) -> None:
+        """The broker answers again: the next outage is said again."""
+        self._warned.difference_update(whats)
 
     def _tell_undelivered(self) -> None:
         """Once per publisher: events are not reaching the broker; where they wait, how to send them."""
@@ -228,7 +283,16 @@ class Publisher:
     def _run(self) -> None:
         try:
             while not self._closing:
-                if not self._step():
+                try:
+                    worked = self._step()
+                except Exception as exc:  # noqa: BLE001 - one failed round (a journal read, a client's
+                    # bug) must not end delivery for the rest of the run: said once, tried again a second later
+                    self._say_once(f"step-{type(exc).__name__}", "publisher: a round of delivery failed (%s: %s); "
+                                   "trying again", type(exc).__name__, exc)
+                    self._wake.wait(1.0)
+                    self._wake.clear()
+                    continue
+                if not worked:
                     self._wake.wait(_IDLE_WAIT_S)
                     self._wake.clear()
             self._shutdown()
@@ -255,12 +319,15 @@ class Publisher:
         try:
             self._producer = delivery.create(self._kafka_config, self._client,
                                              delivery_timeout_s=self._delivery_timeout_s)
-        except delivery.SendError as exc:
-            log.warning("publisher: broker not available (%s); journaling", exc)
+        except delivery.SendError as exc:  # said once an outage: the sender tries again every few seconds
+            self._say_once("connect", "publisher: no producer (%s); journaling", exc)
             return False
         except Exception:  # a bad setting: say so, keep journaling, never kill the sender
-            log.exception("publisher: cannot create the Kafka producer; journaling")
+            if "connect-error" not in self._warned:
+                self._warned.add("connect-error")
+                log.exception("publisher: cannot create the Kafka producer; journaling")
             return False
+        self._said_enough("connect", "connect-error", "send", "resend")
         return True
 
     def _bootstrap_reachable(self) -> bool:
@@ -273,15 +340,20 @@ class Publisher:
             return self._producer.send(*message)
         except delivery.SendError as exc:  # metadata or buffer timeout: the broker is away
             if resend:
-                log.warning("publisher: re-send from journal failed (%s); retrying later", exc)
+                self._say_once("resend", "publisher: re-send from journal failed (%s); retrying later", exc)
             else:
-                log.warning("publisher: send failed (%s); journaling", exc)
+                self._say_once("send", "publisher: send failed (%s); journaling", exc)
             return None
 
-    def _prepend(self, messages: list[Message]) -> None:
-        self._journal.prepend(messages)
+    def _prepend(self, messages: list[Message]) -> bool:
+        try:
+            self._journal.prepend(messages)
+        except OSError as exc:
+            self._journal_unwritable(exc)
+            return False
         if not self._told:
             self._tell_undelivered()
+        return True
 
     def _shutdown(self) -> None:
         """Keep everything not acknowledged on disk, oldest first, for the next start."""
@@ -337,9 +409,18 @@ def _close_at_exit(publisher: Publisher) -> None:
 
 
 def _close_open_publishers() -> None:
-    """Events published before a normal exit are delivered, or journaled when the broker is away."""
+    """Events published before a normal exit are delivered, or journaled when the broker is away. A
+    Ctrl-C while exit waits ends the wait: what is unsent is journaled, and the process exits."""
+    interrupted = False
     for publisher in list(_OPEN):
         try:
-            publisher.close(publisher.exit_timeout_s, journaled_ok=True)
+            if interrupted:
+                publisher.close(0, journaled_ok=True, join_s=1.0)
+            else:
+                publisher.close(publisher.exit_timeout_s, journaled_ok=True)
+        except KeyboardInterrupt:
+            interrupted = True
+            print(f"areal-metrics: interrupted while delivering at exit; what is unsent is kept in the journal "
+                  f"{publisher.journal.directory} (areal-metrics sync sends it)", file=sys.stderr, flush=True)
         except Exception:  # noqa: BLE001 - exit must go on; the journal keeps what is written
             log.exception("publisher: closing at exit failed")

@@ -53,11 +53,12 @@ class Port(Protocol[T_contra]):
     def encode(self, item: T_contra) -> Message:
         """(topic, key, value) of a queued item; must not raise."""
 
-    def append(self, message: Message) -> None:
-        """Append one message to the end of the journal."""
+    def append(self, message: Message) -> bool:
+        """Append one message to the end of the journal; False when it could not be written (a full disk)."""
 
-    def prepend(self, messages: list[Message]) -> None:
-        """Put messages before the journal's pending records (closing with messages in flight)."""
+    def prepend(self, messages: list[Message]) -> bool:
+        """Put messages before the journal's pending records (closing with messages in flight); False when
+        they could not be written."""
 
     def journal_pending(self) -> bool: ...
 
@@ -121,6 +122,7 @@ class PublisherCore(Generic[T]):
         self.spilled = 0  # written to the journal
         self.resent = 0  # acknowledged after coming back from the journal
         self.failed = 0  # send attempts that failed (each then went to the journal)
+        self.lost = 0  # bound for the journal and not written (a full disk): never delivered
 
     # ------------------------------------------------------------ the caller's side
 
@@ -200,10 +202,26 @@ class PublisherCore(Generic[T]):
                 older.append(item.message)
         self.in_flight.clear()
         if older:
-            self.port.prepend(older)
-            self.spilled += len(older)
+            if self.port.prepend(older):
+                self.spilled += len(older)
+            else:
+                self.lost += len(older)
         with self._order:  # an item enqueued after the last step
             self.journal_queue()
+
+    def abandon(self) -> None:
+        """The sender is stuck inside the Kafka client and is left behind (the caller holds the order
+        lock, so no item is between the queue and the pipeline): what the broker has not acknowledged,
+        in flight and then queued, goes to the journal, oldest first. An item the client still delivers
+        later is sent twice, with its event_id (readers count it once); none is lost."""
+        older = [item.message for item in list(self.in_flight) if not item.delivery.succeeded()]
+        self.in_flight.clear()
+        if older:
+            if self.port.prepend(older):
+                self.spilled += len(older)
+            else:
+                self.lost += len(older)
+        self.journal_queue()
 
     def backing_off(self) -> bool:
         return self.clock() < self.backoff_until
@@ -306,5 +324,7 @@ class PublisherCore(Generic[T]):
         return True
 
     def _to_journal(self, message: Message) -> None:
-        self.port.append(message)
-        self.spilled += 1
+        if self.port.append(message):
+            self.spilled += 1
+        else:
+            self.lost += 1
