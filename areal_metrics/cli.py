@@ -116,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         return found.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `areal-metrics status | head`: the reader left; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit would fail
+        return 0
+    except OSError as exc:  # a file or stream no verb expected to fail (stdout on a full disk): one line
+        print(f"areal-metrics {args.verb}: error: {one_line(exc)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

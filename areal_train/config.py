@@ -189,6 +189,8 @@ def load(path: str | Path | None, **overrides: Any) -> TrainConfig:
             data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
         except (ValueError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'} ({exc})") from None
+        except RecursionError:  # both parsers recurse per level: a file nested deeper than a config ever is
+            raise ConfigError(f"{path}: nested too deeply to be a config") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: must hold an object of settings")
     data.update({k: v for k, v in overrides.items() if v is not None})

@@ -41,7 +41,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import ParseResult, unquote, urlparse
 
 from areal_metrics.producers.contract.settings import Settings
 
@@ -75,7 +75,11 @@ class Target:
 
     @classmethod
     def parse(cls, url: str) -> Target:
-        parsed = urlparse(url)
+        try:
+            parsed = urlparse(url)
+            parsed.port  # noqa: B018 - read for its check: a port out of range raises here, not in a query
+        except ValueError as exc:  # an unclosed IPv6 bracket, a port that is not a number
+            raise ConfigError(f"AREAL_CLICKHOUSE_URL {url!r}: {exc}") from None
         if parsed.scheme == "chdb":
             location = parsed.path if not parsed.netloc else parsed.netloc + parsed.path
             if not location or location in ("memory", ":memory:"):
@@ -130,6 +134,32 @@ def store_error(exc: BaseException, context: str = "") -> StoreError:
 # ------------------------------------------------------------- direct clients
 
 
+PING_TIMEOUT_S = 10.0  # a server that accepts and does not answer /ping in this long is taken as away
+
+
+def _answers(url: ParseResult, timeout_s: float) -> None:
+    """TimeoutError when the server at `url` accepts a connection and does not answer /ping within
+    `timeout_s`: the driver's first query would wait its read timeout (300 s) before saying so. Any
+    other failure (refused, TLS, a status) is left to the driver, which says it in its own words."""
+    import http.client
+    import ssl
+
+    port = url.port or (8443 if url.scheme == "https" else 8123)
+    conn: http.client.HTTPConnection = (
+        http.client.HTTPSConnection(url.hostname or "", port, timeout=timeout_s,
+                                    context=ssl._create_unverified_context())  # only whether it answers
+        if url.scheme == "https" else http.client.HTTPConnection(url.hostname or "", port, timeout=timeout_s))
+    try:
+        conn.request("GET", "/ping")
+        conn.getresponse().read(64)
+    except TimeoutError:
+        raise TimeoutError(f"no answer to /ping within {timeout_s:g} s") from None
+    except Exception:  # noqa: BLE001 - see above
+        pass
+    finally:
+        conn.close()
+
+
 def open_client(target: Target, *, readonly: bool, use_database: bool = True) -> Any:
     """A clickhouse-connect client for the target (chdb opens the directory in this process)."""
     import clickhouse_connect
@@ -148,6 +178,7 @@ def open_client(target: Target, *, readonly: bool, use_database: bool = True) ->
         return client
     # connect without the database (it may not exist before the schema does), then USE it
     parsed = urlparse(target.url)
+    _answers(parsed, PING_TIMEOUT_S)
     client = clickhouse_connect.get_client(dsn=parsed._replace(path="").geturl(), settings=settings)
     if database:
         client.database = database
@@ -271,6 +302,16 @@ def http_dsn(settings: Settings) -> str | None:
 Store = DirectStore
 
 
+def _check_folder(path: Path, write: bool) -> None:
+    """ConfigError (exit 2, at once) for a store folder no wait can open: a file where it or a folder
+    above it should be, or, to make it, a folder above it this user cannot write."""
+    found = next((p for p in (path, *path.parents) if p.exists()), None)
+    if found is not None and not found.is_dir():
+        raise ConfigError(f"AREAL_CLICKHOUSE_URL chdb://{path}: {found} is a file, not a folder")
+    if write and found is not None and found != path and not os.access(found, os.W_OK | os.X_OK):
+        raise ConfigError(f"AREAL_CLICKHOUSE_URL chdb://{path}: cannot make it in {found} (not writable)")
+
+
 def connect(settings: Settings | None = None, *, write: bool = False, wait_s: float = 10.0) -> Store:
     """Open the configured store for queries (see the module docstring).
 
@@ -288,6 +329,7 @@ def connect(settings: Settings | None = None, *, write: bool = False, wait_s: fl
             raise store_error(exc, f"cannot reach ClickHouse at {where}" if unreachable(exc)
                               else f"ClickHouse at {where} refused the session") from None
     assert target.path is not None
+    _check_folder(target.path, write)
     deadline = time.monotonic() + wait_s
     while True:
         owner = read_owner(target.path)
@@ -299,6 +341,12 @@ def connect(settings: Settings | None = None, *, write: bool = False, wait_s: fl
             except Exception as exc:  # noqa: BLE001
                 raise StoreUnavailable(f"the sink holding {target.path} (pid {owner.pid}) did not answer on "
                                  f"127.0.0.1:{owner.port}: {store_message(exc)}") from None
+        if not write and not target.path.exists():  # a reader does not make a store: wait for the sink's
+            if time.monotonic() > deadline:
+                raise StoreUnavailable(f"no ClickHouse store at {target.path} yet: `areal-metrics up` starts one "
+                                       "(or set AREAL_CLICKHOUSE_URL)")
+            time.sleep(0.2)
+            continue
         try:
             return DirectStore(target, open_client(target, readonly=not write), write=write)
         except ImportError:  # the driver is not installed: not a store that does not answer (the CLI names the extra)

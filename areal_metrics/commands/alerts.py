@@ -36,6 +36,7 @@ from areal_metrics.producers.contract.settings import Settings
 
 from areal_metrics.commands import webhook
 from areal_metrics.errors import ArealError, ServiceUnavailable, UserError
+from areal_metrics.commands.arguments import seconds
 
 
 # Every kind the stream worker raises (CONTRACT.md's list and the ones it added); a test holds it to streams/.
@@ -52,13 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                         help="a durable consumer group: a restarted subscriber resumes where it stopped")
     parser.add_argument("--new", action="store_true",
                         help="skip alerts already in the log (with --group: only for a new group)")
-    parser.add_argument("--timeout", type=float, default=None,
+    parser.add_argument("--timeout", type=seconds, default=None,
                         help="with --follow: stop after this many seconds")
     parser.add_argument("--webhook", metavar="URL", default=None,
                         help="POST each alert as JSON with a `text` field (Slack-compatible) to URL, retrying with "
                              "backoff; a durable group (one per URL unless --group) resumes after a restart "
                              "without losing or re-posting an alert")
-    parser.add_argument("--connect-timeout", type=float, default=10.0,
+    parser.add_argument("--connect-timeout", type=seconds, default=10.0,
                         help="seconds to wait for the broker before exit status 1 (default 10)")
 
 
@@ -77,8 +78,6 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--kind {unknown[0]!r}: not an alert kind; expected one of {', '.join(ALERT_KINDS)}")
     if args.group is not None and not args.group.strip():
         raise UserError("--group: must not be empty")
-    if not args.connect_timeout > 0:
-        raise UserError(f"--connect-timeout: must be > 0 (got {args.connect_timeout})")
     poster = None
     if args.webhook is not None:
         poster = webhook.Poster(webhook.check_url(args.webhook))

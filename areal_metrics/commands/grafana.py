@@ -23,9 +23,11 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from areal_metrics.errors import ServiceUnavailable, UserError
 from areal_metrics.grafana.settings import GrafanaSettings
+from areal_metrics.commands.arguments import folder, seconds
 
 if TYPE_CHECKING:
     from areal_metrics.grafana.provision import ClickHouseServer
@@ -40,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     provision = actions.add_parser("provision", help="push the datasource and the dashboards to a Grafana")
     where = provision.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="Grafana's URL, e.g. http://localhost:3000")
-    where.add_argument("--files", type=Path, metavar="DIR",
+    where.add_argument("--files", type=folder, metavar="DIR",
                        help="write a provisioning folder (datasources/, dashboards/) for a Grafana on this machine")
     provision.add_argument("--token", default=os.environ.get("GRAFANA_TOKEN"),
                            help="service account token (default: $GRAFANA_TOKEN; or put user:password in --url)")
@@ -57,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     provision.add_argument("--stall-minutes", type=float, default=None, metavar="N",
                            help="the stall rule fires for a running run without a step for N minutes "
                            "(default: $AREAL_GRAFANA_STALL_MINUTES, else 10)")
-    provision.add_argument("--timeout", type=float, default=10.0, help="seconds per HTTP request (default: 10)")
+    provision.add_argument("--timeout", type=seconds, default=10.0, help="seconds per HTTP request (default: 10)")
 
     generate = actions.add_parser("generate", help="write the dashboards' JSON and the provisioning files")
     generate.add_argument("--out", type=Path, default=None,
@@ -112,22 +114,23 @@ def _provision(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     webhook = args.webhook if args.webhook is not None else own.grafana_alert_webhook
-    if webhook and not webhook.startswith(("http://", "https://")):
-        raise UserError(f"--webhook {mask_url(webhook)!r}: expected http(s)://host/path")
+    if webhook:
+        _check_url("--webhook", webhook, "http(s)://host/path")
     stall = args.stall_minutes if args.stall_minutes is not None else own.grafana_stall_minutes
     if not 1 <= stall <= 1440:
         raise UserError(f"--stall-minutes {stall:g}: expected a number of minutes from 1 to 1440")
     if args.files is not None:
         return _provision_files(args.files, server, webhook, stall)
-    if not args.url.startswith(("http://", "https://")):
-        raise UserError(f"--url {args.url!r}: expected http(s)://host:port")
+    _check_url("--url", args.url, "http(s)://host:port")
     api = GrafanaApi.from_url(args.url, credential=args.token or None, timeout=args.timeout)
     where = mask_url(args.url)
     try:
         pushed = push(api, server, webhook=webhook or None, stall_minutes=stall)
     except GrafanaException as exc:
         said = f"{exc.status_code} {' '.join(str(exc.message).split())[:300]}"
-        if exc.status_code is not None and exc.status_code >= 500:  # Grafana is there but failing: a service error
+        if not exc.status_code:  # no answer at all (grafana-client says 0 for a read that timed out): exit 1
+            raise ServiceUnavailable(f"Grafana at {where} did not answer: {said}") from None
+        if exc.status_code >= 500:  # Grafana is there but failing: a service error
             raise ServiceUnavailable(f"Grafana at {where} failed: {said}") from None
         raise UserError(f"Grafana at {where} refused: {said}") from None  # a token, a permission, a request
     except Exception as exc:  # noqa: BLE001 - connection refused, DNS, TLS: unreachable, exit 1
@@ -140,13 +143,31 @@ def _provision(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_url(flag: str, url: str, expected: str) -> None:
+    """An http(s) URL with a host, else UserError (exit 2) naming `flag`."""
+    from areal_metrics.producers.contract.settings import mask_url
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname  # an unclosed IPv6 bracket, a bad port: ValueError here, not inside a request
+        parts.port  # noqa: B018 - read for its check
+    except ValueError as exc:
+        raise UserError(f"{flag} {mask_url(url)!r}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise UserError(f"{flag} {mask_url(url)!r}: expected {expected}")
+
+
 def _provision_files(directory: Path, server: ClickHouseServer, webhook: str | None, stall: float) -> int:
     from areal_metrics.grafana.catalog import write_all
     from areal_metrics.grafana.provision import write_provisioning
 
     dashboards = (directory / "dashboards" / "areal").absolute()
-    written = write_all(dashboards) + write_provisioning(directory, server, str(dashboards), webhook=webhook or None,
-                                                         stall_minutes=stall)
+    try:
+        written = write_all(dashboards) + write_provisioning(directory, server, str(dashboards),
+                                                             webhook=webhook or None, stall_minutes=stall)
+    except OSError as exc:  # a file where a folder goes, a folder that cannot be made
+        raise UserError(f"--files {str(directory)[:200]!r}: cannot write there ({exc.strerror or exc}: "
+                        f"{exc.filename})") from None
     for path in written:
         print(path)
     print(f"datasource uid areal-clickhouse -> {server.protocol}://{server.host}:{server.port}; "

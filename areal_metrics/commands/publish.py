@@ -21,6 +21,7 @@ from areal_metrics.producers.contract.events import ValidationError, event_from_
 from areal_metrics.producers.contract.settings import Settings, state_dir
 
 from areal_metrics.errors import ServiceUnavailable, UserError
+from areal_metrics.commands.arguments import seconds
 
 if TYPE_CHECKING:
     from areal_metrics.producers.delivery.publisher import Publisher
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("file", help="a file of JSON lines, or - for standard input")
     parser.add_argument("--fill", action="store_true",
                         help="fill in a missing event_id and ts (new events written by hand)")
-    parser.add_argument("--timeout", type=float, default=15.0,
+    parser.add_argument("--timeout", type=seconds, default=15.0,
                         help="seconds to wait for the broker's acknowledgement (default 15)")
 
 
@@ -41,8 +42,6 @@ def run(args: argparse.Namespace) -> int:
     from areal_metrics.producers.contract.events import new_event_id
     from areal_metrics.producers.delivery.publisher import Publisher
 
-    if not args.timeout > 0:
-        raise UserError(f"--timeout: must be > 0 (got {args.timeout})")
     try:
         # bytes: a line that is not UTF-8 is dead-lettered (as base64) like any other bad line
         stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
@@ -50,7 +49,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"cannot read {args.file}: {exc.strerror}") from None
     settings = Settings.from_env()
     # one journal for the CLI: what a run could not send, the next run sends first
-    publisher = Publisher.from_settings(settings, journal_dir=state_dir() / "journal" / "cli")
+    journal = state_dir() / "journal" / "cli"
+    try:
+        publisher = Publisher.from_settings(settings, journal_dir=journal)
+    except OSError as exc:  # AREAL_HOME a file, or not this user's
+        raise UserError(f"cannot make the CLI's journal {journal} ({exc.strerror or exc}): check AREAL_HOME") from None
     first_error = None
     count = 0
     try:
@@ -75,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
         raise ServiceUnavailable(
             f"not delivered: the broker at {settings.kafka_bootstrap} did not acknowledge within {args.timeout:g} s; "
             f"what was not acknowledged of {count} event(s) is kept in the journal {publisher.journal.directory} "
-            "and sent first by the next `publish`")
+            "and sent first by the next `publish`"
+            + (f"; and the input has bad lines, the first: {first_error} (kept for the dead-letter topic)"
+               if first_error else ""))
     if first_error:
         raise UserError(first_error + " (sent to the dead-letter topic)")
     print(f"published {count} event(s)")

@@ -16,11 +16,12 @@ from areal_metrics.producers.contract.ids import RUN_ID_RULE, is_valid_run_id
 from areal_metrics.producers.contract.settings import Settings, state_dir
 
 from areal_metrics.errors import ServiceUnavailable, UserError
+from areal_metrics.commands.arguments import seconds
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--run", dest="run_id", metavar="ID", help="only this run's journals (default: every journal)")
-    parser.add_argument("--timeout", type=float, default=30.0,
+    parser.add_argument("--timeout", type=seconds, default=30.0,
                         help="seconds to wait for the broker per journal (default 30)")
 
 
@@ -29,7 +30,7 @@ def journals(root: Path, run_id: str | None = None) -> list[Path]:
     base = root / run_id if run_id else root
     if not base.is_dir():
         return []
-    return sorted(p.parent for p in base.rglob("journal.log"))
+    return sorted(p.parent for p in base.rglob("journal.log") if p.is_file())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,17 +39,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.run_id is not None and not is_valid_run_id(args.run_id):
         raise UserError(f"--run {args.run_id[:60]!r}: must be {RUN_ID_RULE}")
-    if not args.timeout > 0:
-        raise UserError(f"--timeout: must be > 0 (got {args.timeout})")
     settings = Settings.from_env()
     root = state_dir() / "journal"
     sent = busy = 0
     left: list[str] = []
+    unreadable: list[str] = []
     for folder in journals(root, args.run_id):
         try:
             publisher = Publisher.from_settings(settings, journal_dir=folder, close_at_exit=False)
         except JournalLocked:
             busy += 1
+            continue
+        except OSError as exc:  # not this user's, a folder where a file goes: the others are still sent
+            unreadable.append(f"{folder} ({exc.strerror or exc})")
             continue
         done = not publisher.journal.has_pending() or publisher.flush(args.timeout)
         publisher.close(timeout=1.0)
@@ -56,10 +59,14 @@ def run(args: argparse.Namespace) -> int:
         if not done:
             left.append(str(folder))
     note = f"; {busy} journal(s) in use by a live run, which re-sends them itself" if busy else ""
+    if unreadable:
+        note += f"; {len(unreadable)} journal(s) could not be opened: {', '.join(unreadable[:3])}"
     if left:
         raise ServiceUnavailable(
             f"not delivered: the broker at {settings.kafka_bootstrap} did not acknowledge the journal(s) "
             f"{', '.join(left[:3])}{' …' if len(left) > 3 else ''} within {args.timeout:g} s; run sync again{note}")
+    if unreadable:
+        raise UserError(f"synced {sent} event(s) to {settings.kafka_bootstrap}{note}")
     print(f"synced {sent} event(s) to {settings.kafka_bootstrap}{note}")
     return 0
 

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from areal_metrics.errors import UserError
+from areal_metrics.commands.arguments import seconds
 
 _RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -23,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--log-dir", type=Path, default=None,
                         help="write each rank's log to DIR/<run-id>-r<rank>.log instead of the terminal")
     parser.add_argument("--no-publish", action="store_true", help="train without publishing (no Kafka needed)")
-    parser.add_argument("--timeout", type=float, default=None, help="stop the run after this many seconds")
+    parser.add_argument("--timeout", type=seconds, default=None, help="stop the run after this many seconds")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run from its last checkpoint up to --steps (a new attempt)")
     parser.add_argument("--diagnose", action="store_true",

@@ -28,6 +28,7 @@ from areal_metrics.producers.contract.events import (
     RunEvent,
 )
 from areal_metrics.producers.contract.run_status import RunState, fold
+from areal_metrics.commands.arguments import seconds
 
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_POINTS = 40
@@ -288,12 +289,14 @@ def watch_loop(settings: Any, run_ids: list[str] | None = None, duration: float 
     from kafka import KafkaConsumer
 
     from areal_metrics.producers.contract.events import ValidationError, parse_event
+    from areal_metrics.producers.runtime.kafka_wait import closed_on_failure, quick_bootstrap
 
     topics = settings.topics
     state = WatchState(set(run_ids) if run_ids else None)
-    consumer = KafkaConsumer(topics.smoothed, topics.consensus, topics.control, topics.alerts, topics.runs,
-                             **settings.kafka_python_config(), group_id=None, enable_auto_commit=False,
-                             auto_offset_reset="earliest" if from_beginning else "latest")
+    # a bootstrap that gives up in 5 s (kafka-python's waits 30), and leaves no I/O thread when it does
+    consumer = closed_on_failure(KafkaConsumer, **quick_bootstrap(settings.kafka_python_config()), group_id=None,
+                                 enable_auto_commit=False, auto_offset_reset="earliest" if from_beginning else "latest")
+    consumer.subscribe([topics.smoothed, topics.consensus, topics.control, topics.alerts, topics.runs])
     started = time.monotonic()
     deadline = None if duration is None else started + duration
 
@@ -339,9 +342,9 @@ def watch_loop(settings: Any, run_ids: list[str] | None = None, duration: float 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--run", dest="runs", action="append", default=[], metavar="ID",
                         help="only these runs (repeatable)")
-    parser.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
+    parser.add_argument("--duration", type=seconds, default=None, help="stop after this many seconds (default: Ctrl-C)")
     parser.add_argument("--new", action="store_true", help="start from now instead of the beginning of the log")
-    parser.add_argument("--every", type=float, default=10.0, metavar="S",
+    parser.add_argument("--every", type=seconds, default=10.0, metavar="S",
                         help="without a terminal (a pipe, a log): print the runs every S seconds (default 10)")
 
 
@@ -351,10 +354,6 @@ def run(args: argparse.Namespace) -> int:
     from areal_metrics.errors import ServiceUnavailable, UserError
     from areal_metrics.producers.contract.settings import Settings
 
-    if args.duration is not None and args.duration <= 0:
-        raise UserError(f"--duration: must be > 0 (got {args.duration})")
-    if args.every <= 0:
-        raise UserError(f"--every: must be > 0 (got {args.every})")
     settings = Settings.from_env()
     plain = None if sys.stdout.isatty() else args.every  # a pipe or a log gets lines, not screen redraws
     try:

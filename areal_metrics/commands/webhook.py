@@ -32,8 +32,13 @@ RETRIED_STATUS = frozenset({408, 425, 429}) | frozenset(range(500, 600))
 
 def check_url(url: str) -> str:
     """An http(s) URL with a host, else UserError (exit 2)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname  # an unclosed IPv6 bracket, a bad port: ValueError here, not at the first alert
+        parts.port  # noqa: B018 - read for its check
+    except ValueError as exc:
+        raise UserError(f"--webhook {url[:80]!r}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not host:
         raise UserError(f"--webhook {url[:80]!r}: expected an http:// or https:// URL")
     return url
 

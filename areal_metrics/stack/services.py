@@ -24,6 +24,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import msgspec
+
 from areal_metrics.producers.contract.settings import Settings, state_dir
 
 from areal_metrics.errors import UserError
@@ -104,9 +106,11 @@ def info_path() -> Path:
 
 
 def read_info() -> StackInfo | None:
+    """What `up` recorded; None when there is none, or it is not what `up` writes (every field of its
+    type: a pid that is text, a port that is a list are as unreadable as torn JSON)."""
     try:
-        return StackInfo(**json.loads(info_path().read_text()))
-    except (OSError, ValueError, TypeError):
+        return msgspec.convert(json.loads(info_path().read_text()), StackInfo)
+    except (OSError, ValueError, RecursionError, msgspec.ValidationError):
         return None
 
 

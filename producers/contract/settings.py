@@ -46,6 +46,7 @@ READERS = ("client", "worker", "sink", "stack", "trainer", "benchmarks")
 # The SASL mechanisms the clients (kafka-python, aiokafka, librdkafka) and the local broker share;
 # lower case, as settings with `choices` are read.
 SASL_MECHANISMS = ("plain", "scram-sha-256", "scram-sha-512")
+SECURITY_PROTOCOLS = ("plaintext", "ssl", "sasl_plaintext", "sasl_ssl")
 # Producer compression codecs Kafka knows; librdkafka (confluent-kafka) has them all built in,
 # kafka-python gzip from the standard library and the others from optional packages.
 KAFKA_COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -258,7 +259,8 @@ class Settings(SettingGroup):
         readers="client worker sink stack trainer", default_doc="`~/.areal`")
     # -- Kafka security (all optional; PLAINTEXT when unset)
     kafka_security_protocol: str = setting("AREAL_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT",
-                                           "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL")
+                                           "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, in any case",
+                                           choices=SECURITY_PROTOCOLS)
     kafka_sasl_mechanism: str | None = setting("AREAL_KAFKA_SASL_MECHANISM", None, "the SASL mechanism, in any case "
                                                "(docs/SECURITY.md)",
                                                choices=SASL_MECHANISMS)
@@ -357,7 +359,7 @@ class Settings(SettingGroup):
         """Connection settings in kafka-python's (and aiokafka's) spelling."""
         cfg: dict[str, object] = {
             "bootstrap_servers": self.kafka_bootstrap.split(","),
-            "security_protocol": self.kafka_security_protocol,
+            "security_protocol": self.kafka_security_protocol.upper(),  # kafka-python compares in upper case
         }
         if self.kafka_sasl_mechanism:
             quiet_client_debug_logs()
