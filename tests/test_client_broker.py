@@ -214,6 +214,17 @@ def test_commands_arrive_for_this_run_and_node(stack_env: dict[str, str], topics
         got: list[CommandEvent] = []
         wait_for(lambda: got.extend(run.commands()) or len(got) >= 2, 60, "two commands")
         assert [c.command for c in got] == ["evaluate_now", "scale_lr"]
+        # the lead rank of a distributed loop reads every node's (CommandApplier): another node's too
+        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        for cmd in (CommandEvent(run_id="cmd-run", command="stop", target_node="other:1"),
+                    CommandEvent(run_id="other-run", command="stop"),
+                    CommandEvent(run_id="cmd-run", command="evaluate_now")):
+            producer.send(topics.control, key=cmd.run_id.encode(), value=cmd.to_json())
+        producer.flush(30)
+        producer.close()
+        every: list[CommandEvent] = []
+        wait_for(lambda: every.extend(run.commands(every_node=True)) or len(every) >= 2, 60, "two more commands")
+        assert [(c.command, c.target_node) for c in every] == [("stop", "other:1"), ("evaluate_now", None)]
     finally:
         run.finish()
 

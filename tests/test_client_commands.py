@@ -31,15 +31,19 @@ class Feed:
     """What a trainer's run gives the applier: `commands()` (the run's control feed drained) and
     `acknowledge(...)`; here the commands are handed in at chosen calls."""
 
-    def __init__(self, plan: dict[int, list[CommandEvent]] | None = None) -> None:
+    def __init__(self, plan: dict[int, list[CommandEvent]] | None = None, node: str = "host:0") -> None:
         self.plan = plan or {}
+        self.node = node
         self.calls = 0
+        self.every_node: list[bool] = []  # how each call asked
         self.acks: list[tuple[str, str, int, float, str | None]] = []
 
-    def commands(self) -> list[CommandEvent]:
+    def commands(self, *, every_node: bool = False) -> list[CommandEvent]:
+        """As the run's feed: this node's commands, or with `every_node` all of them."""
         out = self.plan.get(self.calls, [])
         self.calls += 1
-        return out
+        self.every_node.append(every_node)
+        return out if every_node else [c for c in out if c.target_node in (None, self.node)]
 
     def acknowledge(self, command: CommandEvent, status: str, *, step: int, lr_factor: float,
                     detail: str | None) -> None:
@@ -251,8 +255,11 @@ def _rank(rank: int, port: int, out: str) -> None:
     setattr(dist, "broadcast_object_list", spy)  # in this process only (a spawned rank)
     model, opt = model_and_optimizer()
     scheduler = linear_warmup(opt)
-    # the command reaches rank 0 at its 5th call; rank 1 has no run at all (as in HF callbacks)
-    feed = Feed({4: [command("scale_lr", factor=0.25)], 6: [command("evaluate_now")]}) if rank == 0 else None
+    # the commands reach rank 0 at its 5th call, one of them naming rank 1's node; rank 1 passes its own
+    # run (it reads nothing: rank 0 reads for it), to acknowledge what it does
+    stop_one = CommandEvent(run_id="r1", node="worker", command="stop", target_node="host:1")
+    plan = {4: [command("scale_lr", factor=0.25), stop_one], 6: [command("evaluate_now")]} if rank == 0 else {}
+    feed = Feed(plan, node=f"host:{rank}")
     control = CommandApplier(feed, opt, scheduler)
     record = []
     for step in range(1, 10):
@@ -261,6 +268,7 @@ def _rank(rank: int, port: int, out: str) -> None:
         opt.step()
         scheduler.step()
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    Path(out, f"acks{rank}.json").write_text(json.dumps([feed.acks, feed.calls, feed.every_node]))
     Path(out, f"received{rank}.pkl").write_bytes(pickle.dumps(received))
     dist.destroy_process_group()
 
@@ -279,9 +287,18 @@ def test_two_gloo_ranks_apply_a_command_at_the_same_step(tmp_path: Path) -> None
     assert [r[0] for r in zero if r[2]] == [7]
     # what rank 1 received is rank 0's records themselves (no dicts), equal field for field
     sent, got = (pickle.loads((tmp_path / f"received{r}.pkl").read_bytes()) for r in range(2))
-    assert got == sent and len(got) == 9 and [len(g) for g in got] == [0, 0, 0, 0, 1, 0, 1, 0, 0]
+    assert got == sent and len(got) == 9 and [len(g) for g in got] == [0, 0, 0, 0, 2, 0, 1, 0, 0]
     assert all(type(c) is CommandEvent for g in got for c in g)
-    assert [c.command for g in got for c in g] == ["scale_lr", "evaluate_now"]
+    assert [c.command for g in got for c in g] == ["scale_lr", "stop", "evaluate_now"]
+    # the stop named rank 1's node: rank 0 read it for rank 1 (every node's commands), neither rank stopped
+    # (one rank cannot leave a lockstep loop), and rank 1 alone acknowledged it as ignored, saying why
+    (acks0, calls0, every0), (acks1, calls1, _) = (json.loads((tmp_path / f"acks{r}.json").read_text())
+                                                   for r in range(2))
+    assert calls0 == 9 and set(every0) == {True} and calls1 == 0
+    assert [a[:3] for a in acks0] == [["scale_lr", "applied", 5], ["evaluate_now", "applied", 7]]
+    assert [a[:3] for a in acks1] == [["scale_lr", "applied", 5], ["stop", "ignored", 5],
+                                      ["evaluate_now", "applied", 7]]
+    assert "without target_node 'host:1'" in acks1[1][4]
 
 
 def test_a_command_record_pickles_equal_and_is_checked_again_as_it_is_unpickled() -> None:

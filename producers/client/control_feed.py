@@ -43,10 +43,13 @@ class ControlFeed:
         self._thread = threading.Thread(target=self._run, name="areal-control", daemon=True)
         self._thread.start()
 
-    def drain(self) -> list[CommandEvent]:
+    def drain(self, every_node: bool = False) -> list[CommandEvent]:
+        """The commands arrived since the last call: this node's (no `target_node`, or this node), or
+        with `every_node` every one of the run's (the lead rank of a distributed loop hands them to
+        all ranks); another node's are dropped otherwise."""
         with self._lock:
             out, self._pending = self._pending, []
-        return out
+        return out if every_node else [c for c in out if applies_to(c, self._run_id, self._node)]
 
     def close(self, timeout: float = 2.0) -> None:
         self._stop.set()
@@ -106,7 +109,7 @@ class ControlFeed:
         except ValidationError:
             return
         assert isinstance(event, CommandEvent)
-        if not applies_to(event, self._run_id, self._node) or event.event_id in self._seen:
+        if event.run_id != self._run_id or event.event_id in self._seen:  # the node: at drain()
             return
         self._seen.add(event.event_id)
         with self._lock:

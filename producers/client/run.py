@@ -360,13 +360,15 @@ class Run:
             return
         self._publisher.publish(event)
 
-    def commands(self) -> list[CommandEvent]:
-        """Control commands for this run (and this node) that arrived since the last call; never blocks."""
+    def commands(self, *, every_node: bool = False) -> list[CommandEvent]:
+        """Control commands for this run (and this node) that arrived since the last call; never blocks.
+        `every_node`: those with another node's `target_node` too (what the lead rank of a distributed
+        loop reads for every rank: `CommandApplier`)."""
         with self._feed_lock:
             if self._feed is None and not self._done:
                 self._feed = ControlFeed(self._settings.kafka_python_config(), self.topics.control, self.run_id,
                                          self.node, since=self._started)
-        return self._feed.drain() if self._feed is not None else []
+        return self._feed.drain(every_node) if self._feed is not None else []
 
     def acknowledge(self, command: CommandEvent, status: str, *, step: int | None = None,
                     lr_factor: float | None = None, detail: str | None = None) -> None:
@@ -648,7 +650,7 @@ class DisabledRun:
     def alert(self, title: str, text: str = "", level: Any = "warning", wait_duration: float = 60.0) -> None:
         alert_severity(level)  # a wrong level is wrong in either mode
 
-    def commands(self) -> list[CommandEvent]:
+    def commands(self, *, every_node: bool = False) -> list[CommandEvent]:
         return []
 
     def acknowledge(self, command: CommandEvent, status: str, *, step: int | None = None,

@@ -31,7 +31,9 @@ What `at_step(step)` does, before the update numbered `step` (the step you log i
   commands this loop cannot carry out: they are acknowledged as ignored, with the reason.
 - Every rank applies a command at the same step: with `torch.distributed` initialised and
   more than one process, rank 0 takes the commands (`run.commands()`; the other ranks do not
-  read their feed: they pass their own run, to acknowledge what they apply, or `run=None`) and
+  read their feed: they pass their own run, to acknowledge what they apply, or `run=None`; rank 0
+  reads every node's commands for them, and a command with a `target_node` is acknowledged as
+  ignored by the node it names, since one rank cannot move alone) and
   broadcasts them at each `at_step` (one small object broadcast of the `CommandEvent` records
   themselves: a record pickles, and is checked again as it is unpickled), so every rank must
   call `at_step` at the same steps. `sync=` replaces that broadcast: it takes rank 0's commands
@@ -146,10 +148,20 @@ class CommandApplier:
             log.warning("commands at step %d not read: %s", step, exc)
             return out
         commands, self.waiting = due([*self.waiting, *arrived], step)
+        together = self._together()
         for command in commands:
             if command.event_id in self._applied:
                 continue  # seen before (a resumed attempt reading it again)
             self._remember(command.event_id)
+            if together and command.target_node is not None:
+                # one rank cannot change the lr (or stop, or evaluate) alone in a loop whose ranks move
+                # together: the node it names says so; the others have nothing to acknowledge
+                if command.target_node == getattr(self.run, "node", None):
+                    why = (f"the ranks of a distributed loop apply commands together: send it to the run, "
+                           f"without target_node {command.target_node!r}")
+                    out.ignored.append((command, why))
+                    self._ack(command, "ignored", step, why)
+                continue
             try:
                 status, detail = self._apply(command, step, out)
             except Exception as exc:  # noqa: BLE001
@@ -233,7 +245,21 @@ class CommandApplier:
     def _arrived(self) -> list[CommandEvent]:
         inbox, self._inbox = self._inbox, []
         reads = self.run is not None and self._leads()  # only rank 0 reads the feed when ranks agree
-        return self._broadcast([*inbox, *(self.run.commands() if reads else ())])
+        return self._broadcast([*inbox, *(self._read() if reads else ())])
+
+    def _read(self) -> list[CommandEvent]:
+        """The run's new commands: when the ranks move together, every node's (rank 0 reads for all of
+        them, and each rank then sees those naming it: `at_step`)."""
+        if self._together():
+            try:
+                return list(self.run.commands(every_node=True))
+            except TypeError:  # a run of the user's own whose commands() takes no keyword: as it gives them
+                pass
+        return list(self.run.commands())
+
+    def _together(self) -> bool:
+        """Whether every rank applies the same commands (a `sync=` hook, or torch.distributed)."""
+        return self._sync is not None or self._dist() is not None
 
     def _leads(self) -> bool:
         """Whether this process's commands are the ones every rank applies (rank 0, or no distribution)."""
