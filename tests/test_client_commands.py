@@ -162,6 +162,22 @@ def test_a_resumed_attempt_neither_applies_a_command_again_nor_forgets_one_waiti
     assert control.state_dict()["applied"] == [first.event_id, second.event_id]
 
 
+def test_an_attempt_resumed_after_a_stop_goes_on_and_does_not_obey_it_again() -> None:
+    from tests.support import logger_warnings
+
+    stop = command("stop")
+    _, opt = model_and_optimizer()
+    stopped = CommandApplier(Feed({0: [stop]}), opt)
+    assert stopped.at_step(4).stop
+    saved = stopped.state_dict()  # the checkpoint saved as the attempt stopped
+    resumed = CommandApplier(Feed({0: [stop]}), opt)  # its feed hands the stop over again
+    with logger_warnings("areal_metrics.client.commands") as said:
+        resumed.load_state_dict(saved)
+    due_now = resumed.at_step(5)
+    assert not due_now.stop and due_now.applied == [] and resumed.state_dict()["applied"] == [stop.event_id]
+    assert ["had stopped on a `stop` command; this attempt goes on" in r.getMessage() for r in said] == [True]
+
+
 def test_a_rollback_puts_back_the_kept_weights_and_optimizer_state_and_keeps_the_lower_lr() -> None:
     model, opt = model_and_optimizer()
     scheduler = linear_warmup(opt)

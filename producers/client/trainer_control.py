@@ -43,7 +43,8 @@ What `at_step(step)` does, before the update numbered `step` (the step you log i
 - Each command applied or ignored is acknowledged on the run (`command_ack` events, CONTRACT.md:
   the step, the cumulative factor, or why not), so the stream worker sees what the loop did.
 - `state_dict()` / `load_state_dict()`: the cumulative factor, the ids of the commands applied,
-  the ones still waiting for their step, the interval; save it in the same checkpoint as the
+  the ones still waiting for their step, the interval (a `stop` is not carried: a resumed attempt
+  goes on, and says the checkpoint's had stopped); save it in the same checkpoint as the
   optimizer and scheduler (which hold the scaled lrs), and a resumed attempt neither applies a
   command twice nor forgets one waiting.
 
@@ -237,7 +238,12 @@ class CommandApplier:
         for event_id in state["applied"]:
             self._remember(str(event_id))
         self.interval = state.get("interval")
-        self.stopped = bool(state.get("stopped", False))
+        # a `stop` ended the attempt that obeyed it: one resumed from its checkpoint is started to go on
+        # (its id stays applied, so it is not obeyed again); before, it stopped after one update, unsaid
+        self.stopped = False
+        if state.get("stopped"):
+            log.warning("the checkpoint's attempt had stopped on a `stop` command; this attempt goes on "
+                        "(send stop again to stop it)")
         self.waiting = [event_from_dict(c, CommandEvent) for c in state.get("waiting", ())]
 
     # ------------------------------------------------------------ inside
