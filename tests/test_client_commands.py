@@ -178,6 +178,23 @@ def test_an_attempt_resumed_after_a_stop_goes_on_and_does_not_obey_it_again() ->
     assert ["had stopped on a `stop` command; this attempt goes on" in r.getMessage() for r in said] == [True]
 
 
+def test_keeping_the_weights_never_raises_into_the_loop() -> None:
+    """An optimizer whose state_dict() is not torch's shape (no "state": Megatron's distributed one)."""
+    from tests.support import logger_warnings
+
+    class Unusual:
+        param_groups = [{"lr": 0.1, "params": []}]
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"optimizer": {}}
+
+    model, _ = model_and_optimizer()
+    control = CommandApplier(Feed({}), Unusual(), model=model, keep_rounds=2)
+    with logger_warnings("areal_metrics.client.commands") as said:
+        control.keep(3)
+    assert control.kept == {} and ["weights of step 3 not kept" in r.getMessage() for r in said] == [True]
+
+
 def test_a_rollback_puts_back_the_kept_weights_and_optimizer_state_and_keeps_the_lower_lr() -> None:
     model, opt = model_and_optimizer()
     scheduler = linear_warmup(opt)

@@ -192,10 +192,17 @@ class CommandApplier:
         of `model` and the optimizer's state, in host memory, the last `keep_rounds` steps."""
         if not self.keep_rounds or self.model is None:
             return
-        self.kept[step] = {
-            "params": {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()
-                       if p.requires_grad},
-            "optimizer": _to_cpu(_inner_optimizer(self.optimizer).state_dict()["state"]) if self.optimizer else None}
+        try:
+            self.kept[step] = {
+                "params": {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()
+                           if p.requires_grad},
+                "optimizer": (_to_cpu(_inner_optimizer(self.optimizer).state_dict()["state"])
+                              if self.optimizer else None)}
+        except Exception as exc:  # noqa: BLE001 - an optimizer without torch's state_dict shape: never into the loop
+            self.kept.pop(step, None)
+            log.warning("the weights of step %d not kept (a rollback to it applies the factor alone): %s: %s",
+                        step, type(exc).__name__, exc)
+            return
         for old in sorted(self.kept)[:-self.keep_rounds]:
             del self.kept[old]
 
