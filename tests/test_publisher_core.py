@@ -107,7 +107,7 @@ class Port:
 
 
 def make(port: Port, clock: Clock, **kw) -> PublisherCore[int]:
-    kw = {"max_queue": 5, "max_in_flight": 3, "stall_s": 5.0, "resend_chunk": 4, **kw}
+    kw = {"max_queue": 5, "max_in_flight": 3, "stall_s": 5.0, "resend_chunk": 4, "spill_chunk": 2, **kw}
     return PublisherCore(port, clock=clock, **kw)
 
 
@@ -226,12 +226,20 @@ def test_a_resent_chunk_moves_the_journal_past_the_records_acknowledged_in_order
     assert port.delivered == values(range(6)) and core.resent == 6
 
 
-def test_a_full_queue_goes_to_the_journal_with_the_new_item_last() -> None:
-    port, clock = Port(), Clock()
-    core = make(port, clock, max_queue=3)
+def test_a_full_queue_moves_its_oldest_chunk_to_the_journal_and_queues_the_new_item() -> None:
+    port, clock = Port(up=False), Clock()
+    core = make(port, clock, max_queue=3, spill_chunk=2)
     assert [core.enqueue(i) for i in range(4)] == [True, True, True, False]
-    core.journal_queue(3)
-    assert port.journaled == values(range(4)) and core.queued == 4 and core.spilled == 4
+    core.make_room(3)
+    assert port.journaled == values(range(2)) and list(core.queue) == [2, 3]
+    assert core.queued == 4 and core.spilled == 2
+    for i in range(4, 7):  # the next full queue: again a chunk
+        if not core.enqueue(i):
+            core.make_room(i)
+    assert port.journaled == values(range(4)) and list(core.queue) == [4, 5, 6]
+    port.up = True
+    drain(core, port, clock)
+    assert port.delivered == values(range(7))  # the journal first, then the queue: in order
 
 
 def test_idle_with_journaled_ok_is_done_once_not_connected_and_all_is_on_disk() -> None:
@@ -302,7 +310,7 @@ def test_any_history_of_outages_delivers_every_item_once_and_in_order_unless_the
                 item = len(published)
                 published.append(item)
                 if not core.enqueue(item):
-                    core.journal_queue(item)
+                    core.make_room(item)
         elif op == "step":
             core.step()
         elif op == "ack":

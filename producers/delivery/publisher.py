@@ -148,10 +148,10 @@ class Publisher:
             return
         if self._core.enqueue(event):
             return
-        # Memory is full (the sender is stuck): move the queue and this event to
-        # the journal, oldest first, so the order per run holds.
+        # Memory is full (the sender is stuck): the queue's oldest go to the journal, a chunk
+        # at a time, so the order per run holds and no call pays for the whole queue.
         with self._order_lock:
-            self._core.journal_queue(event)
+            self._core.make_room(event)
 
     def flush(self, timeout: float = 30.0, *, journaled_ok: bool = False) -> bool:
         """Wait until everything published so far is acknowledged; False on timeout.

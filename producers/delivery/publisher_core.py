@@ -45,6 +45,9 @@ Message = tuple[str, bytes, bytes]  # topic, key, value
 
 RETRY = Backoff(initial_s=0.5, max_s=5.0)  # reconnecting to a broker that is away
 RESEND_CHUNK = 2000  # journal records re-sent per acknowledged chunk
+# queued items a full queue moves to the journal on the caller's thread per call: the whole queue
+# (100,000 encodes and writes) held one log() call 1.4-2 s; a chunk bounds the call (~10-20 ms)
+SPILL_CHUNK = 1000
 
 
 class Port(Protocol[T_contra]):
@@ -97,6 +100,7 @@ class PublisherCore(Generic[T]):
         *,
         max_queue: int = 100_000,
         max_in_flight: int = 20_000,
+        spill_chunk: int = SPILL_CHUNK,
         stall_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         retry: Backoff = RETRY,
@@ -107,6 +111,7 @@ class PublisherCore(Generic[T]):
         self._order = order if order is not None else contextlib.nullcontext()  # held while the journal grows
         self.max_queue = max_queue
         self.max_in_flight = max_in_flight
+        self.spill_chunk = max(1, spill_chunk)
         self.stall_s = stall_s  # oldest message unacknowledged this long: the broker is away
         self.clock = clock
         self.retry = retry
@@ -127,12 +132,24 @@ class PublisherCore(Generic[T]):
     # ------------------------------------------------------------ the caller's side
 
     def enqueue(self, item: T) -> bool:
-        """Count the item and queue it; False when the queue is full (the caller then calls `journal_queue(item)`)."""
+        """Count the item and queue it; False when the queue is full (the caller then calls `make_room(item)`)."""
         self.queued = next(self._counter) + 1
         if len(self.queue) < self.max_queue:
             self.queue.append(item)
             return True
         return False
+
+    def make_room(self, item: T) -> None:
+        """The queue is full (the sender is stuck): its `spill_chunk` oldest items go to the journal,
+        then `item` joins the queue. Order holds: what the journal holds is older than the queue, and
+        the sender sends the journal first."""
+        for _ in range(min(self.spill_chunk, len(self.queue))):
+            self._to_journal(self.port.encode(self.queue[0]))  # journaled, then popped
+            self.queue.popleft()
+        if len(self.queue) < self.max_queue:
+            self.queue.append(item)
+        else:  # a queue of max_queue 0
+            self._to_journal(self.port.encode(item))
 
     def journal_queue(self, *also: T) -> bool:
         """The queue, then `also`, to the journal, oldest first; True when something moved."""
