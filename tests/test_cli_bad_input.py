@@ -177,3 +177,15 @@ def test_output_to_a_full_disk_is_one_line(tmp_path: Path) -> None:
                               text=True, timeout=60)
     assert "Traceback" not in full.stderr and full.returncode == 1, full.stderr
     assert len(full.stderr.strip().splitlines()) == 1
+
+
+def test_sync_without_a_broker_says_so_at_once_not_after_a_wait_per_journal(tmp_path: Path) -> None:
+    for rank in range(3):  # three ranks' journals on one host, each holding an event
+        folder = tmp_path / "journal" / "r1" / f"rank-{rank}"
+        folder.mkdir(parents=True)
+        (folder / "journal.log").write_bytes(b'areal.runs\tr1\t{"type":"run"}\n')
+    started = time.monotonic()
+    result = cli("sync", "--timeout", "30", env=env_of(tmp_path), timeout=200)
+    assert_one_line(result, 1, "no broker accepts a connection", "3 journal(s)")
+    assert time.monotonic() - started < 20, "each journal waited --timeout (90 s in all)"
+    assert all((tmp_path / "journal" / "r1" / f"rank-{r}" / "journal.log").stat().st_size > 0 for r in range(3))

@@ -33,9 +33,18 @@ def journals(root: Path, run_id: str | None = None) -> list[Path]:
     return sorted(p.parent for p in base.rglob("journal.log") if p.is_file())
 
 
+def _has_events(folder: Path) -> bool:
+    """Whether a journal holds events (emptied once all were acknowledged; an unreadable one: maybe)."""
+    try:
+        return (folder / "journal.log").stat().st_size > 0
+    except OSError:
+        return True
+
+
 def run(args: argparse.Namespace) -> int:
     from areal_metrics.producers.delivery.journal import JournalLocked
     from areal_metrics.producers.delivery.publisher import Publisher
+    from areal_metrics.producers.runtime.kafka_wait import bootstrap_reachable
 
     if args.run_id is not None and not is_valid_run_id(args.run_id):
         raise UserError(f"--run {args.run_id[:60]!r}: must be {RUN_ID_RULE}")
@@ -44,7 +53,13 @@ def run(args: argparse.Namespace) -> int:
     sent = busy = 0
     left: list[str] = []
     unreadable: list[str] = []
-    for folder in journals(root, args.run_id):
+    found = journals(root, args.run_id)
+    pending = [f for f in found if _has_events(f)]
+    if pending and not bootstrap_reachable(settings.kafka_bootstrap.split(",")):
+        # nothing accepts a connection: no journal would be sent, and each would wait --timeout for it
+        raise ServiceUnavailable(f"not delivered: no broker accepts a connection at {settings.kafka_bootstrap}; "
+                                 f"{len(pending)} journal(s) with events kept (start it, then run sync again)")
+    for folder in found:
         try:
             publisher = Publisher.from_settings(settings, journal_dir=folder, close_at_exit=False)
         except JournalLocked:
