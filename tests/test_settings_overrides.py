@@ -9,6 +9,7 @@ outage. No broker is needed: each of these is refused before anything is sent.
 from __future__ import annotations
 
 import re
+import json
 import subprocess
 import sys
 from dataclasses import fields
@@ -131,3 +132,21 @@ def test_how_a_setting_is_read_comes_from_its_annotation() -> None:
     assert base.replace(kafka_ssl_cafile=Path("ca.pem")).kafka_ssl_cafile == "ca.pem"  # a path takes a PathLike
     with pytest.raises(ConfigError, match="expected a string"):
         base.replace(run_id=Path("r"))  # ... a plain string does not
+
+
+def test_init_home_is_areal_home(tmp_path: Path) -> None:
+    """`init(home=...)` was accepted and ignored: the journal, the attempt records and the stack recorded
+    there all came from AREAL_HOME (or ~/.areal)."""
+    chosen = tmp_path / "chosen"
+    chosen.mkdir()
+    (chosen / "stack.json").write_text(json.dumps({"kafka_bootstrap": "127.0.0.1:1", "topic_prefix": "homed."}))
+    code = ("import areal_metrics as am\n"
+            f"run = am.init(run_id='homed', home={str(chosen)!r}, git=False, exit_timeout_s=1)\n"
+            "print(run.journal_directory, run.topics.prefix, run._settings.kafka_bootstrap)\n"
+            "run.finish()\n")
+    env = {"AREAL_HOME": str(tmp_path / "environment"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    journal, prefix, bootstrap = out.stdout.split()
+    assert Path(journal).is_relative_to(chosen) and (prefix, bootstrap) == ("homed.", "127.0.0.1:1")
+    assert (chosen / "runs" / "homed").is_dir() and not (tmp_path / "environment").exists()

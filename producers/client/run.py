@@ -60,7 +60,7 @@ from areal_metrics.producers.contract.ids import RUN_ID_RULE, is_valid_run_id
 from areal_metrics.producers.contract.limits import StructureLimits, install_limits
 from areal_metrics.producers.client.launcher_env import Identity, identity_from_env, job_run_id
 from areal_metrics.producers.delivery.publisher import Publisher
-from areal_metrics.producers.contract.settings import Settings, bootstrap_origin, state_dir
+from areal_metrics.producers.contract.settings import Settings, bootstrap_origin
 from areal_metrics.producers.client.settings import ClientSettings
 from areal_metrics.producers.contract.topics import Topics
 
@@ -163,7 +163,10 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
     display_name = run_info.clean_name(name)
     clean_notes = run_info.clean_notes(notes)
     overrides, client_overrides, options = _split_settings(settings)
-    base = Settings.from_env(reader="client")
+    # init(home=...) is AREAL_HOME: read before the rest, since the stack recorded there gives the defaults
+    chosen_home = overrides.pop("home", None)
+    environ = None if chosen_home is None else {**os.environ, "AREAL_HOME": str(chosen_home)}
+    base = Settings.from_env(environ, reader="client")
     settings_obj = base.replace(**overrides) if overrides else base
     client = ClientSettings.from_env().replace(**client_overrides)
     # the structure limits (AREAL_MAX_*) of what this process reads and logs: the client's entry installs them
@@ -183,7 +186,7 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
         return _current  # type: ignore[return-value]
     _finish_previous(run_id, identity.rank)
     origin = "init(kafka_bootstrap=...)" if "kafka_bootstrap" in overrides else bootstrap_origin()
-    home = state_dir()  # AREAL_HOME, read here at the client's entry: journals and attempt records go under it
+    home = settings_obj.state_dir  # AREAL_HOME (or home=), read at the client's entry: journals and attempt records
     attempt = _attempt(settings_obj, home, run_id, identity.rank, resume, options)
     run = Run(run_id, identity, settings_obj, client, options, config=config, tags=clean_tags, group=group,
               attempt=attempt,
