@@ -107,6 +107,13 @@ def test_trl_completions_logged_during_an_evaluation_become_samples() -> None:
     samples = completion_samples(logs, frozenset(map(id, before)))
     assert samples == [{"prompt": "1+1=", "response": "2", "reward": 1.5},
                        {"prompt": "2+2=", "response": "4", "reward": 0.5}]
+    # TRL keeps its last completions (hundreds): the eval event takes SAMPLES_MAX, the last ones, so
+    # `log_eval` has nothing to cut and no warning to give each evaluation
+    from areal_metrics.producers.contract.field_rules import SAMPLES_MAX
+
+    many = {"prompt": [f"{i}+1=" for i in range(300)], "completion": [str(i + 1) for i in range(300)]}
+    kept = completion_samples(many)
+    assert len(kept) == SAMPLES_MAX and kept[-1] == {"prompt": "299+1=", "response": "300"}
 
 
 def test_the_adapters_derive_a_valid_id_from_any_experiment_name_and_keep_the_name() -> None:

@@ -43,6 +43,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from areal_metrics.producers.contract.field_rules import SAMPLES_MAX
 from areal_metrics.producers.client.trainer_control import LR_MIN_FACTOR, CommandApplier
 
 log = logging.getLogger("areal_metrics.integrations.trl")
@@ -94,10 +95,12 @@ def eval_interval(args: Any, max_steps: int | None) -> int | None:
 
 
 def completion_samples(logs: Mapping[str, Any], seen: frozenset[int] = frozenset(),
-                       limit: int = 256) -> list[dict[str, Any]]:
+                       limit: int = SAMPLES_MAX) -> list[dict[str, Any]]:
     """The prompts and completions a GRPOTrainer keeps for its completion log (`log_completions`), less those
     whose prompt object is in `seen` (kept before the evaluation began) -> `log_eval` samples; the reward is
-    the sum of its reward functions' values. No verdict: the evaluation's accuracy stays TRL's. Pure."""
+    the sum of its reward functions' values. No verdict: the evaluation's accuracy stays TRL's. The last
+    `limit`: an eval event holds SAMPLES_MAX (256 here made `log_eval` cut them, with a warning, every
+    evaluation). Pure."""
     prompts, completions = list(logs.get("prompt") or ()), list(logs.get("completion") or ())
     rewards = [list(values) for values in (logs.get("rewards") or {}).values()]
     out: list[dict[str, Any]] = []
