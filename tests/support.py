@@ -58,14 +58,15 @@ def stop_process(proc: subprocess.Popen[Any]) -> None:
 
 
 @contextmanager
-def logger_warnings(name: str) -> Iterator[list[logging.LogRecord]]:
-    """The warnings of logger `name` while in the block, from a handler on that logger itself,
-    whatever logging configuration an earlier test of the session left on the root logger or its
-    parents (caplog reads from the root, and in a full session our records did not always reach it)."""
+def logger_warnings(logger: logging.Logger) -> Iterator[list[logging.LogRecord]]:
+    """The warnings of `logger` while in the block, from a handler on that logger object itself: pass
+    the module's own (`migrations.log`), not `logging.getLogger(name)`. In a full session neither
+    the root (caplog) nor a logger looked up by name again always saw them: an earlier test's
+    library left the root's handlers, or the loggers' registry, other than at import."""
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append  # type: ignore[method-assign]
-    log = logging.getLogger(name)
+    log = logger
     level, disabled = log.level, log.disabled
     log.addHandler(handler)
     log.setLevel(logging.WARNING)

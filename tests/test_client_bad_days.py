@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from areal_metrics.producers.delivery.publisher import Publisher
+from areal_metrics.producers.delivery import publisher as publisher_module
 from tests.support import logger_warnings
 from tests.test_client_process import env_for, journaled
 
@@ -53,8 +54,11 @@ def silent_broker() -> Iterator[str]:
 
 
 def start_script(code: str, home: Path, **extra: str) -> subprocess.Popen[str]:
+    # SIGINT as a terminal gives it: a session started in the background (`make test &`, CI) ignores it,
+    # and a child inherits that, so Python would install no KeyboardInterrupt for it
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env_for(home, **extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.mark.parametrize("how", ["at exit", "in finish()"])
@@ -120,7 +124,7 @@ def test_an_event_published_after_close_is_dropped_and_counted_not_raised(tmp_pa
 
     publisher = Publisher("127.0.0.1:1", journal_dir=tmp_path / "j", close_at_exit=False)
     publisher.close(1)
-    with logger_warnings("areal_metrics.producers.delivery.publisher") as said:
+    with logger_warnings(publisher_module.log) as said:
         for _ in range(3):  # a logging thread that passed its check as finish() began
             publisher.publish(AlertEvent(run_id="late", node="n", kind="test", message="m"))
     assert publisher.stats().lost == 3
@@ -205,7 +209,7 @@ def test_a_broker_away_for_long_is_said_once(tmp_path: Path, silent_broker: str,
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.DEBUG)
     handler.emit = records.append  # type: ignore[method-assign]
-    log = logging.getLogger("areal_metrics.producers.delivery.publisher")
+    log = publisher_module.log  # the module's own (tests/support.py logger_warnings says why)
     level = log.level
     log.addHandler(handler)
     log.setLevel(logging.DEBUG)

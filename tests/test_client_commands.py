@@ -21,6 +21,7 @@ from torch.optim import lr_scheduler as sch
 
 import areal_metrics as am
 from areal_metrics.producers.client.trainer_control import CommandApplier, due, from_step
+from areal_metrics.producers.client import trainer_control
 from areal_metrics.producers.contract.events import CommandEvent, event_from_dict
 from areal_metrics.producers.contract.field_rules import ValidationError
 
@@ -171,7 +172,7 @@ def test_an_attempt_resumed_after_a_stop_goes_on_and_does_not_obey_it_again() ->
     assert stopped.at_step(4).stop
     saved = stopped.state_dict()  # the checkpoint saved as the attempt stopped
     resumed = CommandApplier(Feed({0: [stop]}), opt)  # its feed hands the stop over again
-    with logger_warnings("areal_metrics.client.commands") as said:
+    with logger_warnings(trainer_control.log) as said:
         resumed.load_state_dict(saved)
     due_now = resumed.at_step(5)
     assert not due_now.stop and due_now.applied == [] and resumed.state_dict()["applied"] == [stop.event_id]
@@ -190,7 +191,7 @@ def test_keeping_the_weights_never_raises_into_the_loop() -> None:
 
     model, _ = model_and_optimizer()
     control = CommandApplier(Feed({}), Unusual(), model=model, keep_rounds=2)
-    with logger_warnings("areal_metrics.client.commands") as said:
+    with logger_warnings(trainer_control.log) as said:
         control.keep(3)
     assert control.kept == {} and ["weights of step 3 not kept" in r.getMessage() for r in said] == [True]
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from areal_metrics.producers.client import coerce
+from areal_metrics.producers.client import run as run_module
 from areal_metrics.producers.contract.events import AlertEvent, CommandEvent, RejectedEvent, RunEvent, StepEvent, parse_event
 from areal_metrics.producers.contract.limits import default_limits
 from areal_metrics.producers.contract.topics import Topics
@@ -166,7 +167,7 @@ def test_init_and_log_with_hostile_values_never_raise_and_the_runs_events_arrive
                     journal_dir=str(Path(stack_env["AREAL_HOME"]) / "j"), node="me:0")
     config = {"deep": deep(3000), "wide": {f"k{i}": i for i in range(default_limits().max_keys + 1)},
               "bad": Unprintable(), "lr": 0.1}
-    with logger_warnings("areal_metrics.client") as logged:
+    with logger_warnings(run_module._log) as logged:
         run = init(run_id="hostile-values", config=config, **settings)
         try:
             assert run.commands() == []

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from areal_metrics.producers.contract.events import parse_event
+from areal_metrics.producers.client import run as run_module
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.stack.kafka_broker import free_port
 from tests.kafka_reading import read_to_end
@@ -140,7 +141,7 @@ def test_past_the_key_cap_log_warns_once_and_counts_what_it_dropped(
 
     monkeypatch.setenv("AREAL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("AREAL_MAX_METRICS", "10")
-    with logger_warnings("areal_metrics.client") as logged:
+    with logger_warnings(run_module._log) as logged:
         run = init(run_id="capped", kafka_bootstrap=f"127.0.0.1:{free_port()}", journal_dir=str(tmp_path / "j"),
                    git=False, rank=0, world_size=1, exit_timeout_s=0.5)
         for step in range(3):
@@ -273,7 +274,7 @@ def test_each_gpu_is_sampled_through_nvml_under_wandbs_names(monkeypatch: pytest
 
     nvml = stand_in_pynvml(TWO_GPUS)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    with logger_warnings("areal_metrics.client") as warned:
+    with logger_warnings(run_module._log) as warned:
         sampler = Sampler(3600)  # its sources, called here
         try:
             first, second = sampler._sample(), sampler._sample()
@@ -295,7 +296,7 @@ def test_nvml_failing_leaves_cpu_and_memory_with_one_warning(fail: str, monkeypa
     from areal_metrics.producers.client.system_metrics import Sampler
 
     monkeypatch.setitem(sys.modules, "pynvml", stand_in_pynvml(TWO_GPUS, fail=fail))
-    with logger_warnings("areal_metrics.client") as warned:
+    with logger_warnings(run_module._log) as warned:
         sampler = Sampler(3600)
         try:
             samples = [sampler._sample() for _ in range(3)]
@@ -319,7 +320,7 @@ def test_gpu_samples_reach_the_steps_metrics_and_no_driver_only_warns(kafka_boot
     logged: dict[str, list[dict[str, float]]] = {}
     for run_id, fail in (("nvml-gpus", None), ("nvml-no-driver", "init")):
         monkeypatch.setitem(sys.modules, "pynvml", stand_in_pynvml(TWO_GPUS, fail=fail))
-        with logger_warnings("areal_metrics.client") as warned:
+        with logger_warnings(run_module._log) as warned:
             run = init(run_id=run_id, kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix,
                        journal_dir=str(tmp_path / run_id), git=False, rank=0, world_size=1, system_metrics_s=0.01)
             for step in range(3):

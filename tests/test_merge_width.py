@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from areal_metrics.producers.contract.errors import ConfigError
+from areal_metrics.sinks import migrations
 from areal_metrics.producers.contract.events import StepEvent
 from areal_metrics.producers.contract.settings import Settings
 from areal_metrics.sinks.migrations import (
@@ -99,11 +100,11 @@ def test_a_width_is_set_on_the_wide_tables_kept_and_reset(client: Any) -> None:
 def test_a_server_without_the_setting_is_left_alone_with_a_warning(client: Any) -> None:
     db = "width_old"
     rec = Recording(client, lacks_width=True)
-    with logger_warnings("areal.sink.schema") as asked:
+    with logger_warnings(migrations.log) as asked:
         apply_schema(rec, SchemaOptions(database=db, merge_selector_base=20))
     assert rec.alters() == [] and widths(client, db) == {}
     assert any("AREAL_CLICKHOUSE_MERGE_SELECTOR_BASE=20 not applied" in r.getMessage() for r in asked)
-    with logger_warnings("areal.sink.schema") as not_asked:
+    with logger_warnings(migrations.log) as not_asked:
         apply_schema(Recording(client, lacks_width=True), SchemaOptions(database=db))  # not asked: no warning
     assert not any("merge_selector_base" in r.getMessage() for r in not_asked)
 
