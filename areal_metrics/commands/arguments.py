@@ -6,6 +6,10 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from areal_metrics.errors import UserError
+from areal_metrics.producers.contract.settings import mask_url
 
 
 def seconds(text: str) -> float:
@@ -24,3 +28,18 @@ def folder(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("give a folder (an empty path would be the current one)")
     return Path(text)
+
+
+def check_http_url(flag: str, url: str, expected: str) -> str:
+    """`url` when it is an http(s) URL with a host, else UserError (exit 2) naming `flag` (the URL's
+    password masked): an unclosed IPv6 bracket or a bad port is found here, not inside a request."""
+    shown = repr(mask_url(url)[:80])
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 - read for its check
+    except ValueError as exc:
+        raise UserError(f"{flag} {shown}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise UserError(f"{flag} {shown}: expected {expected}")
+    return url

@@ -23,11 +23,10 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from areal_metrics.errors import ServiceUnavailable, UserError
 from areal_metrics.grafana.settings import GrafanaSettings
-from areal_metrics.commands.arguments import folder, seconds
+from areal_metrics.commands.arguments import check_http_url, folder, seconds
 
 if TYPE_CHECKING:
     from areal_metrics.grafana.provision import ClickHouseServer
@@ -115,13 +114,13 @@ def _provision(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     webhook = args.webhook if args.webhook is not None else own.grafana_alert_webhook
     if webhook:
-        _check_url("--webhook", webhook, "http(s)://host/path")
+        check_http_url("--webhook", webhook, "http(s)://host/path")
     stall = args.stall_minutes if args.stall_minutes is not None else own.grafana_stall_minutes
     if not 1 <= stall <= 1440:
         raise UserError(f"--stall-minutes {stall:g}: expected a number of minutes from 1 to 1440")
     if args.files is not None:
         return _provision_files(args.files, server, webhook, stall)
-    _check_url("--url", args.url, "http(s)://host:port")
+    check_http_url("--url", args.url, "http(s)://host:port")
     api = GrafanaApi.from_url(args.url, credential=args.token or None, timeout=args.timeout)
     where = mask_url(args.url)
     try:
@@ -141,20 +140,6 @@ def _provision(args: argparse.Namespace) -> int:
           + (f"webhook contact point {pushed.contact_point}" if pushed.contact_point
              else "no webhook (--webhook URL): rules notify Grafana's default policy"))
     return 0
-
-
-def _check_url(flag: str, url: str, expected: str) -> None:
-    """An http(s) URL with a host, else UserError (exit 2) naming `flag`."""
-    from areal_metrics.producers.contract.settings import mask_url
-
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname  # an unclosed IPv6 bracket, a bad port: ValueError here, not inside a request
-        parts.port  # noqa: B018 - read for its check
-    except ValueError as exc:
-        raise UserError(f"{flag} {mask_url(url)!r}: {exc}") from None
-    if parts.scheme not in ("http", "https") or not host:
-        raise UserError(f"{flag} {mask_url(url)!r}: expected {expected}")
 
 
 def _provision_files(directory: Path, server: ClickHouseServer, webhook: str | None, stall: float) -> int:

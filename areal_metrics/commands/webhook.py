@@ -19,12 +19,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from areal_metrics.producers.contract.events import AlertEvent
 from areal_metrics.producers.runtime.backoff import Backoff
 
-from areal_metrics.errors import ServiceUnavailable, UserError
+from areal_metrics.commands.arguments import check_http_url
+from areal_metrics.errors import ServiceUnavailable
 
 RETRY = Backoff(initial_s=0.5, factor=2.0, max_s=60.0)
 RETRIED_STATUS = frozenset({408, 425, 429}) | frozenset(range(500, 600))
@@ -32,15 +32,7 @@ RETRIED_STATUS = frozenset({408, 425, 429}) | frozenset(range(500, 600))
 
 def check_url(url: str) -> str:
     """An http(s) URL with a host, else UserError (exit 2)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname  # an unclosed IPv6 bracket, a bad port: ValueError here, not at the first alert
-        parts.port  # noqa: B018 - read for its check
-    except ValueError as exc:
-        raise UserError(f"--webhook {url[:80]!r}: {exc}") from None
-    if parts.scheme not in ("http", "https") or not host:
-        raise UserError(f"--webhook {url[:80]!r}: expected an http:// or https:// URL")
-    return url
+    return check_http_url("--webhook", url, "an http:// or https:// URL")
 
 
 def group_for(url: str) -> str:

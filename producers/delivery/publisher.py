@@ -247,12 +247,7 @@ class Publisher:
         self._warned.add("journal")
         message = (f"areal-metrics: cannot write the journal {self._journal.directory} ({exc}); events the broker "
                    "does not take are dropped until it can be written (counted in run.stats().lost)")
-        if self._origin is not None:  # the client's user sees it on stderr, as the journal's first use
-            print(message, file=sys.stderr, flush=True)
-            if log.hasHandlers():  # the user's logging gets it too; without handlers stderr has it already
-                log.warning(message)
-        else:
-            log.warning(message)
+        self._tell(message, logging.WARNING)
 
     def _say_once(self, what: str, message: str, *args: Any) -> None:
         """`message` at WARNING the first time `what` happens, at DEBUG after (until `_said_enough(what)`)."""
@@ -273,12 +268,17 @@ class Publisher:
         origin = f" ({self._origin})" if self._origin else ""
         message = (f"areal-metrics: cannot deliver to the Kafka broker at {bootstrap}{origin}; events are kept in "
                    f"the journal {self._journal.directory} and re-sent when it answers (or: areal-metrics sync)")
+        self._tell(message, logging.INFO)  # a publisher of the CLI or a service: its caller reports delivery
+
+    def _tell(self, message: str, service_level: int) -> None:
+        """`message` on the client's user's stderr (and in their logging, when they set one up); a
+        publisher of the CLI or a service (no `bootstrap_origin`) logs it at `service_level`."""
         if self._origin is not None:
             print(message, file=sys.stderr, flush=True)
             if log.hasHandlers():  # the user's logging gets it too; without handlers stderr has it already
                 log.warning(message)
-        else:  # a publisher of the CLI or a service: its caller reports delivery itself
-            log.info(message)
+        else:
+            log.log(service_level, message)
 
     def _run(self) -> None:
         try:

@@ -218,11 +218,7 @@ class PublisherCore(Generic[T]):
             else:
                 older.append(item.message)
         self.in_flight.clear()
-        if older:
-            if self.port.prepend(older):
-                self.spilled += len(older)
-            else:
-                self.lost += len(older)
+        self._to_journal_front(older)
         with self._order:  # an item enqueued after the last step
             self.journal_queue()
 
@@ -233,11 +229,7 @@ class PublisherCore(Generic[T]):
         later is sent twice, with its event_id (readers count it once); none is lost."""
         older = [item.message for item in list(self.in_flight) if not item.delivery.succeeded()]
         self.in_flight.clear()
-        if older:
-            if self.port.prepend(older):
-                self.spilled += len(older)
-            else:
-                self.lost += len(older)
+        self._to_journal_front(older)
         self.journal_queue()
 
     def backing_off(self) -> bool:
@@ -345,3 +337,12 @@ class PublisherCore(Generic[T]):
             self.spilled += 1
         else:
             self.lost += 1
+
+    def _to_journal_front(self, messages: list[Message]) -> None:
+        """`messages`, older than what the journal holds, before it (what was in flight at the end)."""
+        if not messages:
+            return
+        if self.port.prepend(messages):
+            self.spilled += len(messages)
+        else:
+            self.lost += len(messages)
