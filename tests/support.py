@@ -4,8 +4,10 @@ project's services as processes, a child's environment. One copy of each."""
 from __future__ import annotations
 
 import logging
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -123,3 +125,32 @@ def service_env(bootstrap: str, prefix: str, tmp_path: Path, **extra: str) -> di
     return {**os.environ, "AREAL_KAFKA_BOOTSTRAP": bootstrap, "AREAL_TOPIC_PREFIX": prefix,
             "AREAL_HOME": str(tmp_path / "areal"), "AREAL_CLICKHOUSE_URL": f"chdb://{tmp_path / 'clickhouse'}",
             "PYTHONUNBUFFERED": "1", **extra}
+
+
+@contextmanager
+def silent_server() -> Iterator[int]:
+    """The port of a loopback server that accepts every connection and never answers: a broker still
+    starting, a port-forward to a pod that is down, a ClickHouse or Grafana that hangs."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(50)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        for s in held + [server]:
+            s.close()

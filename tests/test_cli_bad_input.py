@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from areal_metrics.stack.kafka_broker import free_port
+from tests import support
 from tests.support import cli
 from tests.test_cli_outcomes import assert_one_line
 
@@ -28,27 +27,8 @@ def env_of(home: Path, **extra: str) -> dict[str, str]:
 @pytest.fixture()
 def silent_server() -> Iterator[int]:
     """A port that accepts connections and never answers."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(50)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join(5)
-    for s in held + [server]:
-        s.close()
+    with support.silent_server() as port:
+        yield port
 
 
 @pytest.mark.parametrize("args", [["sql", "SELECT 1"], ["report"], ["compare", "a", "b"]])

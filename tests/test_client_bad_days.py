@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ import pytest
 
 from areal_metrics.producers.delivery.publisher import Publisher
 from areal_metrics.producers.delivery import publisher as publisher_module
+from tests import support
 from tests.support import logger_warnings
 from tests.test_client_process import env_for, journaled
 
@@ -30,27 +29,8 @@ from tests.test_client_process import env_for, journaled
 def silent_broker() -> Iterator[str]:
     """host:port of a server that accepts connections and never answers (a broker still starting, a
     port-forward to a pod that is down)."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(100)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.getsockname()[1]}"
-    stop.set()
-    thread.join(5)
-    for s in held + [server]:
-        s.close()
+    with support.silent_server() as port:
+        yield f"127.0.0.1:{port}"
 
 
 def start_script(code: str, home: Path, **extra: str) -> subprocess.Popen[str]:
