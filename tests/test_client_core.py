@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from decimal import Decimal
 from fractions import Fraction
 
@@ -87,6 +88,54 @@ def test_a_tensor_is_read_when_logged_not_when_sent() -> None:
     a += 1.0
     assert snap == {"loss": 1.0, "acc": 2.0, "n": 0.5}
     assert type(snap["loss"]) is float and type(snap["acc"]) is float
+
+
+def test_nested_dicts_are_flattened_to_slash_names_and_read_when_logged() -> None:
+    """W&B users log `{"train": {"loss": x}}`: each value goes in under `train/loss`, tensors read at `log`."""
+    from collections import OrderedDict
+    from types import MappingProxyType
+
+    loss = torch.tensor(1.0)
+    values = {"reward": 0.5, "train": {"loss": loss, "acc": np.float32(0.25), "more": {"x": 2, "note": "skip me"}},
+              "eval": OrderedDict(score=np.array(3.0)), "frozen": MappingProxyType({"y": Decimal("1.5")}), "empty": {}}
+    snap = coerce.snapshot(values)
+    loss.add_(5.0)  # changed in place after log() returned: the logged value stays
+    got, skipped = coerce.numbers(snap)
+    assert got == {"reward": 0.5, "train/loss": 1.0, "train/acc": 0.25, "train/more/x": 2, "eval/score": 3.0,
+                   "frozen/y": 1.5}
+    assert skipped == ("train/more/note",)
+    assert values["train"]["loss"] is loss and "train" in values  # the caller's dicts are not changed
+    event = encoded_step(values)
+    assert event.reward == 0.5 and event.metrics["train/loss"] == 6.0 and event.metrics["train/more/x"] == 2.0
+    assert encoded_step({"critic": {"score": {"mean": 0.7}}}).reward == 0.7  # a framework's name, nested, is its alias
+
+
+def test_dicts_deeper_than_the_limit_or_in_a_cycle_are_skipped_and_named() -> None:
+    deep: dict = {"v": 1.0}
+    for name in "dcba":
+        deep = {name: deep}
+    assert coerce.NESTED_MAX == 4
+    got, skipped = coerce.numbers(coerce.snapshot({"ok": 1.0, **deep}))
+    assert got == {"ok": 1.0} and skipped == ("a/b/c/d",)  # five levels: the fifth dict is not opened
+    got, skipped = coerce.numbers(coerce.snapshot({"a": {"b": {"c": {"v": 1.0}}}}))
+    assert got == {"a/b/c/v": 1.0} and skipped == ()  # four levels: flattened
+    cycle: dict = {"x": 1.0}
+    cycle["self"] = cycle
+    got, skipped = coerce.numbers(coerce.snapshot({"c": cycle}))
+    assert got == {"c/x": 1.0, "c/self/x": 1.0, "c/self/self/x": 1.0} and skipped == ("c/self/self/self",)
+
+    class Unreadable(Mapping):  # a mapping that fails when read: kept as given, then skipped and named
+        def __getitem__(self, key: object) -> float:
+            raise KeyError(key)
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            raise RuntimeError("no")
+
+        def __len__(self) -> int:
+            return 1
+
+    got, skipped = coerce.numbers(coerce.snapshot({"u": Unreadable(), "ok": 1.0}))
+    assert got == {"ok": 1.0} and skipped == ("u",)
 
 
 def test_nan_and_inf_become_null_and_are_named() -> None:
@@ -179,8 +228,12 @@ _weird = st.one_of(
 _names = st.one_of(st.sampled_from(sorted(ALIASES)), st.text(max_size=300), st.integers(), st.just("epoch"))
 
 
+# values as logged, dicts of them in dicts included (flattened to `a/b` names, down to coerce.NESTED_MAX levels)
+_nested = st.recursive(_weird, lambda inner: st.dictionaries(_names, inner, max_size=3), max_leaves=12)
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(_names, _weird, max_size=30), st.integers(0, 2**40))
+@given(st.dictionaries(_names, _nested, max_size=30), st.integers(0, 2**40))
 def test_any_values_give_a_valid_step_event(values: dict, step: int) -> None:
     """log() never raises for a value: whatever is logged, the client sends a record every reader accepts."""
     event = encoded_step(values, step)

@@ -63,9 +63,11 @@ def to_number(v: Any) -> int | float | None:
 # How the values of a type are read, learnt once per type: "plain" (Python int or float),
 # "int", "float" (their subclasses: bool, IntEnum, numpy.float64), "numpy" (numpy scalars:
 # a step's many are read in one array), "item" (tensors, numpy arrays: `.item()`), "dunder"
-# (`__float__`: Decimal, Fraction), "none" (not a number).
+# (`__float__`: Decimal, Fraction), "nested" (a dict or other mapping: its values go in under
+# `name/key`, `snapshot`), "none" (not a number).
 _KINDS: dict[type, str] = {float: "plain", int: "plain", str: "none", bytes: "none", complex: "none",
-                           type(None): "none"}
+                           type(None): "none", dict: "nested"}
+NESTED_MAX = 4  # levels of dicts in dicts flattened by `log` (`{"a": {"b": 1}}` is two); deeper ones are skipped
 
 
 def _kind_of(t: type) -> str:
@@ -77,6 +79,8 @@ def _kind_of(t: type) -> str:
             kind = "float"
         elif "numpy" in sys.modules and issubclass(t, sys.modules["numpy"].generic):
             kind = "numpy"  # (a numpy scalar exists only once numpy is imported)
+        elif issubclass(t, Mapping):
+            kind = "nested"
         elif callable(getattr(t, "item", None)):
             kind = "item"
         elif hasattr(t, "__float__"):
@@ -136,7 +140,7 @@ _SETTLED_KINDS = ("plain", "int", "float", "numpy", "none")
 _SETTLED: set[type] = {t for t, kind in _KINDS.items() if kind in _SETTLED_KINDS}
 
 
-def snapshot(values: Mapping[Any, Any]) -> dict[Any, Any]:
+def snapshot(values: Mapping[Any, Any], depth: int = 1) -> dict[Any, Any]:
     """The caller-thread part of `log`: a copy of the values in which each one that may change later is read now.
 
     A tensor or an array is read now (`.item()`), because the training loop may
@@ -144,11 +148,15 @@ def snapshot(values: Mapping[Any, Any]) -> dict[Any, Any]:
     Numbers, numpy scalars, strings and None cannot change: they are kept as
     given, and the sender thread reads or skips them (`numbers`). A value that
     cannot be read now (a multi-element tensor) is kept too, and skipped there.
+    A dict (any mapping) is flattened, as W&B users write `{"train": {"loss": x}}`:
+    its values go in under `train/loss`, read the same way, down to `NESTED_MAX`
+    levels (a deeper one is kept as it is, and skipped and named by the sender).
     """
     out = dict(values)
     settled = _SETTLED
     if settled.issuperset(map(type, out.values())):
         return out
+    nested: list[Any] = []
     reading = read = None  # the type read last, and how (a step's tensors come one after another)
     for k, v in out.items():  # values are replaced in place: the keys do not change
         t = type(v)
@@ -159,12 +167,29 @@ def snapshot(values: Mapping[Any, Any]) -> dict[Any, Any]:
             if kind in _SETTLED_KINDS:
                 settled.add(t)
                 continue
+            if kind == "nested":
+                nested.append(k)
+                continue
             reading, read = t, (t.item if kind == "item" else float)
         try:
             out[k] = read(v)
         except Exception:  # noqa: BLE001 - not one number (a multi-element tensor): kept, the sender skips it
             pass
+    if nested and depth < NESTED_MAX:
+        _flatten(out, nested, depth)
     return out
+
+
+def _flatten(out: dict[Any, Any], keys: list[Any], depth: int) -> None:
+    """Each mapping under `keys` replaced in `out` by its values, named `key/inner` (read as `snapshot` reads)."""
+    for k in keys:
+        inner = out.pop(k)
+        try:
+            flat = {f"{k}/{name}": v for name, v in inner.items()}
+        except Exception:  # noqa: BLE001 - a mapping whose items() fails: kept, the sender skips and names it
+            out[k] = inner
+            continue
+        out.update(snapshot(flat, depth + 1))
 
 
 def numbers(values: Mapping[Any, Any]) -> tuple[dict[Any, int | float], tuple[Any, ...]]:
