@@ -305,7 +305,8 @@ class Sink:
                       c.first, n)
             self.stats["poison"] += 1
             dead, alert = poison_events(m.value, m.key, c.topic, c.partition, c.first, n, service="sink",
-                                        node=SINK_NODE, ts=max(0, m.timestamp or 0) / 1000.0)
+                                        node=SINK_NODE, now=time.time(),
+                                        ts=None if m.timestamp is None else m.timestamp / 1000.0)
             alerts.append(alert)
             if c.topic == self.topics.deadletter:  # stored as itself, never published again
                 return Decoded(rows=[Located(dead, c.topic, c.partition, c.first)])

@@ -235,3 +235,43 @@ def test_config_file_that_is_not_json_is_refused(tmp_path):
         load(path)
     with pytest.raises(StreamsConfigError):
         StreamsConfig.load(path)
+
+
+_log_times = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.just(32503680000.0))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(ts=_log_times, key=st.one_of(st.none(), st.binary(max_size=300)), raw=hostile)
+def test_a_poison_message_is_dead_lettered_by_the_worker_whatever_its_log_time_key_or_value(ts, key, raw):
+    """The message that stopped the worker twice (producers/runtime/poison.py) gets its dead letter and its
+    alert whatever its producer set: a year-3000 timestamp once made the poison path itself raise."""
+    from areal_metrics.producers.contract.events import AlertEvent
+    from areal_metrics.streams.shell.batch import Input
+
+    sent: list[Sent] = []
+    asyncio.run(stream_core(sent).on_poison(Input(TOPICS.steps, 0, 7, key, raw, ts), 2))
+    events = [parse_event(s.value) for s in sent]
+    assert [type(e) for e in events] == [RejectedEvent, AlertEvent] and events[1].kind == "poison_message"
+    assert [s.topic for s in sent] == [TOPICS.deadletter, TOPICS.alerts]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(ts=st.one_of(st.none(), st.integers(-2, 2**63 - 1)), key=st.one_of(st.none(), st.binary(max_size=300)), raw=hostile)
+def test_a_poison_message_is_dead_lettered_by_the_sink_whatever_its_log_time_key_or_value(tmp_path_factory, ts, key, raw):
+    from types import SimpleNamespace
+
+    from areal_metrics.producers.runtime.poison import CrashGuard
+    from areal_metrics.sinks.batching import Chunk
+    from areal_metrics.sinks.sink import Sink
+
+    folder = tmp_path_factory.mktemp("guard")
+    (folder / "suspects.json").write_text(json.dumps([[TOPICS.steps, 0, 7, 7, 2]]))  # crashed twice at offset 7
+    guard = CrashGuard(folder, limit=2, service="sink")
+    guard.start()
+    sink = Sink.__new__(Sink)  # the decoding step alone: no broker, no store
+    sink.guard, sink.topics, sink.crash_marker, sink.stats = guard, TOPICS, None, {"poison": 0}
+    m = SimpleNamespace(topic=TOPICS.steps, partition=0, offset=7, key=key, value=raw, timestamp=ts)  # ms, as kafka-python
+    alerts: list = []
+    decoded = sink._decode(Chunk(TOPICS.steps, 0, 7, 7, (m,)), alerts)
+    assert [type(d) for d in decoded.dead_letters] == [RejectedEvent] and [a.kind for a in alerts] == ["poison_message"]
+    assert sink.stats["poison"] == 1

@@ -159,14 +159,27 @@ def test_the_guards_record_is_overwritten_in_place_and_a_torn_one_reads_as_none(
 
 def test_poison_events_name_the_position_and_keep_their_ids() -> None:
     dead, alert = poison_events(b'{"run_id": "r1", "deep": [[[[', b"r1", "areal.steps", 2, 41, 2, service="sink",
-                                node="sink@h", ts=5.0)
-    again, alert_again = poison_events(b"other", b"r1", "areal.steps", 2, 41, 3, service="sink", node="sink@h", ts=6.0)
+                                node="sink@h", ts=5.0, now=9.0)
+    again, alert_again = poison_events(b"other", b"r1", "areal.steps", 2, 41, 3, service="sink", node="sink@h", ts=6.0,
+                                       now=9.0)
     assert isinstance(dead, RejectedEvent) and dead.run_id == "r1" and dead.source_topic == "areal.steps"
     assert "areal.steps/2/41" in dead.reason and "crashed the sink 2 times" in dead.reason
     assert dead.raw == '{"run_id": "r1", "deep": [[[['
     assert alert.kind == "poison_message" and alert.kind in ALERT_KINDS and alert.severity == "critical"
     assert "topic areal.steps, partition 2, offset 41" in alert.message
     assert (again.event_id, alert_again.alert_id) == (dead.event_id, alert.alert_id)
+    assert parse_event(alert.to_json(), expected=AlertEvent) == alert
+
+
+@pytest.mark.parametrize("ts", [32503680000.0, 1e300, float("inf"), -1.0, float("nan"), None])
+def test_a_poison_message_with_any_log_time_still_gets_its_dead_letter_and_alert(ts: float | None) -> None:
+    """A producer sets the Kafka timestamp it likes (year 3000, -1, none): the poison path must still
+    make its events, or the message that stopped the service twice stops it for good."""
+    from areal_metrics.producers.contract.deadletter import TS_MAX
+
+    dead, alert = poison_events(b"x", b"r1", "areal.steps", 0, 7, 2, service="sink", node="sink@h", ts=ts, now=5.0)
+    assert dead.ts == alert.ts == (5.0 if ts is None or not ts >= 0 else TS_MAX)
+    assert parse_event(dead.to_json(), expected=RejectedEvent) == dead
     assert parse_event(alert.to_json(), expected=AlertEvent) == alert
 
 

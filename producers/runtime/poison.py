@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from areal_metrics.producers.contract.deadletter import raw_as_text, rejected
+from areal_metrics.producers.contract.deadletter import letter_ts, raw_as_text, rejected
 from areal_metrics.producers.contract.events import AlertEvent, RejectedEvent
 
 log = logging.getLogger("areal.poison")
@@ -120,9 +120,13 @@ def _position_id(kind: str, service: str, topic: str, partition: int, offset: in
 
 
 def poison_events(raw: bytes | None, key: bytes | None, topic: str, partition: int, offset: int, n: int, *,
-                  service: str, node: str, ts: float) -> tuple[RejectedEvent, AlertEvent]:
+                  service: str, node: str, ts: float | None, now: float) -> tuple[RejectedEvent, AlertEvent]:
     """The dead letter of a poison message and its `poison_message` alert (critical). The
-    message is not parsed (parsing it may be what crashed): its run is the key's, if any."""
+    message is not parsed (parsing it may be what crashed): its run is the key's, if any.
+    `ts`: the message's log time in seconds, whatever its producer set (year 3000, -1, none),
+    kept within what `ts` holds (`letter_ts`); `now` when it has none."""
+    at = letter_ts(ts)
+    ts = now if at is None else at
     reason = poison_reason(topic, partition, offset, n, service)
     dead = rejected(b"", reason, topic, node=node, key=key)
     dead = dead.replace(raw=raw_as_text(raw or b""), ts=ts,

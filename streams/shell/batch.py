@@ -289,9 +289,8 @@ class StreamCore:
         self.stats["poison"] = self.stats.get("poison", 0) + 1
         log.error("streams: %s/%s/%s crashed the worker %d times; dead-lettered and skipped", m.topic, m.partition,
                   m.offset, crashes)
-        ts = m.timestamp if m.timestamp is not None and m.timestamp >= 0 else self.clock()
         dead, alert = poison_events(m.value, m.key, m.topic, m.partition, m.offset, crashes,
-                                    service="stream worker", node=WORKER_NODE, ts=ts)
+                                    service="stream worker", node=WORKER_NODE, ts=m.timestamp, now=self.clock())
         await self.emit([Output(dead), Output(alert)])
 
     def input_type(self, topic: str) -> type[Event]:
