@@ -275,3 +275,30 @@ def test_a_poison_message_is_dead_lettered_by_the_sink_whatever_its_log_time_key
     decoded = sink._decode(Chunk(TOPICS.steps, 0, 7, 7, (m,)), alerts)
     assert [type(d) for d in decoded.dead_letters] == [RejectedEvent] and [a.kind for a in alerts] == ["poison_message"]
     assert sink.stats["poison"] == 1
+
+
+def test_valid_events_whose_alert_would_quote_a_long_text_still_raise_it_cut_to_the_message_limit():
+    """An alert's message quotes a user's text (a failed eval's error, an ignored command's detail, a dead
+    letter's reason): at the fields' own limit the alert used to break its rule, so the valid event
+    behind it was dead-lettered and the alert lost."""
+    from areal_metrics.producers.contract.events import AlertEvent, CommandAckEvent, EvalEvent
+    from areal_metrics.producers.contract.field_rules import CUT_MARK, MESSAGE_MAX
+
+    sent: list[Sent] = []
+    core = stream_core(sent)
+    trace = ("Traceback (most recent call last):\n" + '  File "eval.py", line 1, in run\n' * 200)[:MESSAGE_MAX]
+    failed = EvalEvent(run_id="r1", eval_id="e1", step=10, dataset="gsm8k", status="failed", error=trace, ts=1.0)
+    ignored = CommandAckEvent(run_id="r2", command_id="c1", command="scale_lr", status="ignored", detail="y" * MESSAGE_MAX,
+                              ts=1.0)
+    unknown = json.dumps({"type": "x" * 5000, "event_id": "e", "run_id": "r3", "ts": 1}).encode()
+    asyncio.run(core.on_input(TOPICS.evals, 0, 1, b"r1", failed.to_json(), 1.0))
+    asyncio.run(core.on_input(TOPICS.acks, 0, 2, b"r2", ignored.to_json(), 1.0))
+    asyncio.run(core.on_input(TOPICS.steps, 0, 3, b"r3", unknown, 1.0))
+    events = [parse_event(s.value) for s in sent]
+    alerts = {e.kind: e for e in events if isinstance(e, AlertEvent)}
+    assert {"eval_failed", "command_ignored", "invalid_event"} <= set(alerts)
+    for kind in ("eval_failed", "command_ignored"):
+        assert len(alerts[kind].message) == MESSAGE_MAX and alerts[kind].message.endswith(CUT_MARK)
+    dead = [e for e in events if isinstance(e, RejectedEvent)]
+    assert [d.run_id for d in dead] == ["r3"] and dead[0].reason.startswith("event.type: unknown event type")
+    assert core.stats["errors"] == 0

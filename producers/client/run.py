@@ -55,7 +55,7 @@ from areal_metrics.producers.contract.events import (
     ValidationError,
     dumps_compact,
 )
-from areal_metrics.producers.contract.field_rules import INT64_MAX as MAX_STEP, NUMBER_MAX
+from areal_metrics.producers.contract.field_rules import INT64_MAX as MAX_STEP, NUMBER_MAX, fit_message
 from areal_metrics.producers.contract.ids import RUN_ID_RULE, is_valid_run_id
 from areal_metrics.producers.contract.limits import StructureLimits, install_limits
 from areal_metrics.producers.client.launcher_env import Identity, identity_from_env, job_run_id
@@ -357,7 +357,7 @@ class Run:
         message = f"{title}: {text}" if text else title
         try:
             event = AlertEvent(run_id=self.run_id, node=self.node, rank=self.rank, kind="user", severity=severity,
-                               message=coerce.text(message)[:4096], step=self._last_step if self._last_step >= 0 else None)
+                               message=fit_message(coerce.text(message)), step=self._last_step if self._last_step >= 0 else None)
         except ValidationError as exc:  # pragma: no cover - the fields are cleaned above
             _log.warning("alert() not sent: %s", exc)
             return
@@ -383,7 +383,7 @@ class Run:
         try:
             event = CommandAckEvent(run_id=self.run_id, node=self.node, rank=self.rank, command_id=command.event_id,
                                     command=command.command, status=status, step=step, lr_factor=lr_factor,
-                                    detail=(detail or "")[:4096], attempt=self.attempt)
+                                    detail=fit_message(detail or ""), attempt=self.attempt)
         except (ValidationError, TypeError) as exc:
             _log.warning("acknowledgement of %s not sent: %s", command.command, exc)
             return
@@ -516,7 +516,7 @@ def _eval_fields(verdicts: Any, accuracy: Any, samples: Any, status: str, error:
     if extras:
         out["metrics"] = extras
     if error is not None:
-        out["error"] = str(error)[:4096]
+        out["error"] = fit_message(str(error))
     return out
 
 

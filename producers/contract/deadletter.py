@@ -10,7 +10,7 @@ import base64
 import json
 
 from areal_metrics.producers.contract.events import RejectedEvent
-from areal_metrics.producers.contract.field_rules import TS_MAX, storage_safe, text_problem
+from areal_metrics.producers.contract.field_rules import TS_MAX, fit_message, storage_safe, text_problem
 from areal_metrics.producers.contract.ids import is_valid_run_id
 
 UNKNOWN_RUN = "unknown"
@@ -60,7 +60,7 @@ def rejected(raw: bytes | str, reason: str, source_topic: str, *, node: str, key
     return RejectedEvent(
         run_id=guess_run_id(raw, key),
         node=node,
-        reason=storage_safe(reason[:4096]) or "rejected",
+        reason=storage_safe(fit_message(reason)) or "rejected",
         source_topic=source_topic[:256],
         raw=raw_as_text(raw),
     )

@@ -23,6 +23,7 @@ from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar, get_args, o
 import msgspec
 
 from areal_metrics.producers.contract.field_rules import (
+    MESSAGE_MAX,
     NUMBER_MAX,
     TS_MAX,
     UINT32_MAX,
@@ -69,7 +70,7 @@ NonNegative = Float(ge=0, le=NUMBER_MAX)
 Finite = Float()  # what the worker derives (a slope, an alert's value): any finite number
 Timestamp = Float(ge=0, le=TS_MAX)
 Fraction = Float(ge=0, le=1)
-Message = Text(4096)
+Message = Text(MESSAGE_MAX)
 Stage = Literal["quick", "full"]
 EvalStatus = Literal["ok", "failed", "skipped"]
 RunStatus = Literal["running", "finished", "failed", "killed"]

@@ -20,6 +20,8 @@ from msgspec import Meta
 from areal_metrics.producers.contract.errors import UserError
 
 METRIC_NAME_MAX = 256  # a `metrics` name: 1..256 chars
+MESSAGE_MAX = 4096  # chars of a free-text field: an alert's message, a command's reason, an ack's detail, a dead letter's reason
+CUT_MARK = " …(cut)"
 SAMPLE_TEXT_MAX = 4096  # an eval sample's prompt or response: chars kept (the client truncates)
 SAMPLES_MAX = 64  # eval samples per event (the client keeps the first ones)
 METRICS_MAX = 1024  # `metrics` names per event (the client keeps the first ones)
@@ -115,6 +117,13 @@ def check_text(where: str, v: str) -> None:
     problem = text_problem(v)
     if problem is not None:
         raise ValidationError(where, problem)
+
+
+def fit_message(text: str, limit: int = MESSAGE_MAX) -> str:
+    """`text` within `limit` characters, a longer one cut with a mark that says so: what the worker and the
+    client write into a free-text field (an alert's message built from a user's error text must not
+    make the alert, or the event behind it, fail its own rule)."""
+    return text if len(text) <= limit else text[: limit - len(CUT_MARK)] + CUT_MARK
 
 
 def storage_safe(v: str) -> str:

@@ -27,6 +27,7 @@ import msgspec
 from msgspec.structs import replace
 
 from areal_metrics.producers.contract.errors import ConfigError
+from areal_metrics.producers.contract.field_rules import fit_message
 from areal_metrics.producers.contract.events import (
     AlertEvent,
     CommandAckEvent,
@@ -181,7 +182,7 @@ def command_event(run_id: str, d: CommandDecision, ts: float) -> CommandEvent:
                             *_attempt_part(d.attempt)),
         command=d.command,
         args=d.args,
-        reason=d.reason,
+        reason=fit_message(d.reason),
     )
 
 
@@ -195,7 +196,7 @@ def alert_event(run_id: str, a: AlertDecision, ts: float, attempt: int = 0) -> A
         alert_id=alert_id,
         kind=a.kind,
         severity=a.severity,
-        message=a.message,
+        message=fit_message(a.message),
         step=a.step,
         value=a.value,
         threshold=a.threshold,
