@@ -29,9 +29,40 @@ def test_a_hole_that_cannot_be_filled_is_accepted_after_a_while() -> None:
     g.on_message(TP, 5, 0.0)
     assert g.on_message(TP, 9, 0.0) == ("seek", 6)
     assert g.on_message(TP, 9, 10.0) == ("drop", None)
-    assert g.on_message(TP, 9, 31.0) == ("process", None)
+    assert g.on_message(TP, 9, 31.0) == ("seek", 6)  # given up: read once more from the hole...
+    assert g.on_message(TP, 8, 31.5) == ("process", None)  # ... and take what comes first
     assert g.accepted_gaps == 1
-    assert g.on_message(TP, 10, 31.0) == ("process", None)
+    assert [g.on_message(TP, o, 31.5) for o in (9, 10)] == [("process", None)] * 2
+
+
+def test_a_hole_no_seek_fills_is_given_up_on_while_the_timer_keeps_seeking_and_nothing_after_it_is_lost() -> None:
+    """A transaction's commit marker (offset 10) is never delivered. The unstick timer's seeks every 5 s
+    used to restart the hole's clock, so it was never given up on: the partition dropped (and acked)
+    every later message for good. Simulated as the shell drives the guard: one message every 0.5 s."""
+    g = InputGuard()
+    marker, log_end, position, processed = 10, 0, 0, []
+    t = 0.0
+    while t < 120.0:
+        log_end += 1
+        for o in range(position, log_end):
+            if o == marker:
+                continue
+            verdict, target = g.on_message(TP, o, t)
+            if verdict == "process":
+                processed.append(o)
+            if verdict == "seek":
+                position = target
+                break
+        else:
+            position = log_end
+        if t % 5 == 0:
+            target = g.stuck(TP, position, t, committed=0)
+            if target is not None:
+                position = target
+        t += 0.5
+    assert g.accepted_gaps == 1 and TP not in g.seeking
+    assert set(processed) == set(range(log_end)) - {marker}  # every message but the marker, none lost
+    assert g.seeks < 10
 
 
 def test_older_messages_after_a_seek_are_processed_again() -> None:

@@ -9,7 +9,8 @@ transactions), so a jump is a loss. The guard asks the shell to seek the partiti
 the first missing offset and drops later messages until that one arrives; processing is
 idempotent (steps dedup by step, results by node), so re-reading is harmless. A hole that
 seeking cannot fill (deleted by retention, transaction markers) is accepted after
-`give_up_s`, with a warning.
+`give_up_s` from when it was first seen: the partition is read once more from the hole, and
+the first message that comes is taken, whatever its offset.
 
 Pure bookkeeping with an injected clock; the shell does the seeking.
 """
@@ -24,29 +25,44 @@ Verdict = Literal["process", "drop", "seek"]
 
 
 @dataclass
+class Hole:
+    """A partition's first missing offset, being sought."""
+
+    target: int
+    since: float  # when it was first seen: `give_up_s` counts from here, whatever the seeks in between
+    sought: float  # the last seek back to it: `stuck_after_s` counts from here
+    final: bool = False  # given up: the first message of the last re-read is taken, whatever its offset
+
+
+@dataclass
 class InputGuard:
     give_up_s: float = 30.0
     stuck_after_s: float = 10.0
     last: dict[TP, int] = field(default_factory=dict)  # last offset processed
-    seeking: dict[TP, tuple[int, float]] = field(default_factory=dict)  # tp -> (wanted offset, since)
+    seeking: dict[TP, Hole] = field(default_factory=dict)
     progress_at: dict[TP, float] = field(default_factory=dict)
     accepted_gaps: int = 0
     seeks: int = 0
 
     def on_message(self, tp: TP, offset: int, now: float) -> tuple[Verdict, int | None]:
         """What to do with a delivered message: process it, drop it, or seek to the returned offset."""
-        wanted = self.seeking.get(tp)
-        if wanted is not None:
-            target, since = wanted
-            if offset > target and now - since < self.give_up_s:
-                return "drop", None
-            if offset > target:
-                self.accepted_gaps += 1  # the hole stays: give up on it
+        hole = self.seeking.get(tp)
+        if hole is not None:
+            if offset > hole.target and not hole.final:
+                if now - hole.since < self.give_up_s:
+                    return "drop", None
+                # Give up on the hole, but read once more from it: the messages dropped while waiting
+                # come again, and the first that does is the first offset after the hole that exists.
+                hole.final, hole.sought = True, now
+                self.seeks += 1
+                return "seek", hole.target
+            if offset > hole.target:
+                self.accepted_gaps += 1  # the hole stays: given up on
             del self.seeking[tp]
         else:
             last = self.last.get(tp)
             if last is not None and offset > last + 1:
-                self.seeking[tp] = (last + 1, now)
+                self.seeking[tp] = Hole(last + 1, now, now)
                 self.seeks += 1
                 return "seek", last + 1
         if offset > self.last.get(tp, -1):
@@ -57,7 +73,9 @@ class InputGuard:
     def stuck(self, tp: TP, position: int | None, now: float, committed: int | None = None) -> int | None:
         """Offset to seek to when `tp` has fetched messages (position) but delivers none.
 
-        Before the first message of a partition, the committed offset is the baseline.
+        Before the first message of a partition, the committed offset is the baseline. A seek
+        that did not help is repeated every `stuck_after_s`; the hole's own age is kept, so a
+        hole that seeking cannot fill is still given up on after `give_up_s` (`on_message`).
         """
         last = self.last.get(tp)
         if last is None and committed is not None:
@@ -65,20 +83,22 @@ class InputGuard:
             self.progress_at.setdefault(tp, now)
         if position is None or last is None or position <= last + 1:
             return None
-        wanted = self.seeking.get(tp)
-        since = wanted[1] if wanted is not None else self.progress_at.get(tp, now)
-        if now - since < self.stuck_after_s:
+        hole = self.seeking.get(tp)
+        quiet_since = hole.sought if hole is not None else self.progress_at.get(tp, now)
+        if now - quiet_since < self.stuck_after_s:
             return None
-        self.seeking[tp] = (last + 1, now)
+        if hole is None:
+            hole = self.seeking[tp] = Hole(last + 1, now, now)
+        hole.sought = now
         self.seeks += 1
-        return last + 1
+        return hole.target
 
     def touch(self, now: float) -> None:
         """The reader paused on purpose (its own backlog): every quiet spell starts again now."""
         for tp in self.progress_at:
             self.progress_at[tp] = now
-        for tp, (target, _) in self.seeking.items():
-            self.seeking[tp] = (target, now)
+        for hole in self.seeking.values():
+            hole.since = hole.sought = now
 
     def forget(self) -> None:
         """After a rebalance: offsets restart from the committed ones."""
