@@ -92,6 +92,16 @@ def test_the_exact_sign_test_is_scipys_binomtest(k: int, n: int) -> None:
 
 
 @PROPS
+@given(st.integers(1000, 200_000), st.floats(0.0, 1.0))
+def test_the_sign_test_holds_past_a_thousand_pairs(n: int, share: float) -> None:
+    """2.0 ** n overflowed a float from 1,024 pairs (a GSM8K test set's 1,319 prompts): `compare` crashed."""
+    k = round(n * (0.5 + (share - 0.5) * 0.05))  # near the middle, where the p-values are not all 0
+    expected = scipy.stats.binomtest(k, n, 0.5).pvalue
+    assert S.binomial_two_sided(k, n) == pytest.approx(expected, rel=1e-7, abs=1e-300)
+    assert S.binomial_two_sided(700, 1319) == pytest.approx(scipy.stats.binomtest(700, 1319, 0.5).pvalue, rel=1e-9)
+
+
+@PROPS
 @given(st.lists(st.lists(st.integers(0, 1), min_size=1, max_size=8), min_size=2, max_size=40))
 def test_the_cluster_robust_variance_is_statsmodels_ols_with_clusters(clusters: list[list[int]]) -> None:
     y = np.array([v for c in clusters for v in c], dtype=float)

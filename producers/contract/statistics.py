@@ -348,8 +348,27 @@ def binomial_two_sided(k: int, n: int) -> float:
     if n == 0:
         return 1.0
     low = min(k, n - k)
-    tail = sum(math.comb(n, i) for i in range(low + 1)) / 2.0 ** n
+    if n <= EXACT_SIGN_TEST_MAX:  # integers divided as integers: exact to a float, where 2.0 ** n overflowed past 1023
+        tail = sum(math.comb(n, i) for i in range(low + 1)) / (1 << n)
+    else:
+        tail = _lower_tail_of_half(low, n)
     return min(1.0, 2 * tail)
+
+
+EXACT_SIGN_TEST_MAX = 2_000  # pairs up to which the sign test sums exact integers (their cost grows as n^2)
+
+
+def _lower_tail_of_half(low: int, n: int) -> float:
+    """P(X <= low) under Binomial(n, 1/2), low <= n/2, for large n: the terms as ratios to the largest
+    (i = low), summed down until they no longer count, times that term (from log-gamma)."""
+    log_top = math.lgamma(n + 1) - math.lgamma(low + 1) - math.lgamma(n - low + 1) - n * math.log(2.0)
+    total, ratio = 0.0, 1.0
+    for i in range(low, -1, -1):
+        total += ratio
+        ratio *= i / (n - i + 1)
+        if ratio < 1e-17 * total:
+            break
+    return math.exp(log_top) * total if log_top > -745.0 else 0.0
 
 
 @dataclass(frozen=True)
