@@ -127,6 +127,22 @@ def test_a_round_is_below_another_only_when_the_paired_sign_test_says_so() -> No
     assert not not_below_check("math", (16, {0: 1}), (40, {1: 1}))[0]  # nothing to compare is not a pass
 
 
+def test_the_rollback_check_pairs_prompts_as_compare_does_not_their_samples() -> None:
+    """32 prompts of 4 samples, all right; then 3 prompts lose all 4. Paired by sample (12 lost, 0 gained)
+    the demo called it significantly below; by prompt, the unit `compare` pairs (3 lost), it is not."""
+    from scipy.stats import binomtest
+
+    from areal_metrics.analysis.comparison import prompt_scores
+
+    before = {s: 1 for s in range(128)}
+    after = {**before, **{s: 0 for s in range(12)}}
+    passed, what = not_below_check("math", (16, before), (40, after), samples_per_prompt=4)
+    assert passed and "over 32 prompts (3 lost, 0 gained" in what
+    assert f"sign test p = {binomtest(0, 3).pvalue:.3f})" in what
+    assert prompt_scores({0: 1, 1: 0, 2: 1, 5: 1}, 4) == {0: 2 / 3, 1: 1.0}
+    assert not not_below_check("math", (16, before), (40, after), samples_per_prompt=1)[0]  # one sample a prompt
+
+
 def test_above_the_threshold_fails_on_a_round_shown_below_it_and_prints_the_drift_as_a_measurement() -> None:
     held = above_threshold_check("r-lr-high", "math", 0.10, [(16, 0.164, 0.199), (40, 0.131, 0.165)], "math fell")
     assert held[0] and "the lowest 0.131 at step 40" in held[1] and "a measurement, not a check: " in held[1]

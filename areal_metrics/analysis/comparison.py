@@ -239,17 +239,23 @@ def _clip(interval: stats.MeanInterval) -> tuple[float | None, float | None]:
     return None if low is None else max(low, 0.0), None if high is None else min(high, 1.0)
 
 
+def prompt_scores(verdicts: Mapping[int, int], k: int) -> dict[int, float]:
+    """prompt -> the mean of its decided samples' verdicts (sample -> 0/1, `k` consecutive samples a prompt):
+    the unit of every paired test over prompts (`paired`, the demo's rollback check)."""
+    mine: dict[int, list[int]] = defaultdict(list)
+    for sample, v in verdicts.items():
+        mine[sample // k].append(v)
+    return {prompt: sum(vs) / len(vs) for prompt, vs in mine.items()}
+
+
 def per_prompt_scores(rounds: Sequence[RunRound], k: int) -> dict[int, float]:
     """prompt -> mean over the runs that decided any of its samples of the run's mean verdict on them
     (`k` consecutive samples a prompt)."""
     total: dict[int, float] = defaultdict(float)
     count: dict[int, int] = defaultdict(int)
     for r in rounds:
-        mine: dict[int, list[int]] = defaultdict(list)
-        for sample, v in r.verdicts.items():
-            mine[sample // k].append(v)
-        for prompt, vs in mine.items():
-            total[prompt] += sum(vs) / len(vs)
+        for prompt, score in prompt_scores(r.verdicts, k).items():
+            total[prompt] += score
             count[prompt] += 1
     return {p: total[p] / count[p] for p in total}
 

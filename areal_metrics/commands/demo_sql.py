@@ -239,11 +239,16 @@ def vote_checks(store: Any, runs: list[str], stored: Stored | None = None) -> li
     return out
 
 
-def not_below_check(dataset: str, first: tuple[int, dict[int, int]], last: tuple[int, dict[int, int]]
-                    ) -> tuple[bool, str]:
+def not_below_check(dataset: str, first: tuple[int, dict[int, int]], last: tuple[int, dict[int, int]],
+                    samples_per_prompt: int = 1) -> tuple[bool, str]:
     """(passed, what): the later round (step, sample -> consensus verdict) is not significantly below
-    the earlier, paired over the samples both decided (exact two-sided sign test at 5 %)."""
+    the earlier, paired over the prompts both decided (a prompt's score: the mean of its decided
+    samples, `comparison.prompt_scores`, as `compare` pairs them; exact two-sided sign test at 5 %).
+    Samples of one prompt are not independent: paired one by one they overstate the evidence."""
+    from areal_metrics.analysis.comparison import prompt_scores
+
     (step0, before), (step1, after) = first, last
+    before, after = prompt_scores(before, samples_per_prompt), prompt_scores(after, samples_per_prompt)
     shared = sorted(set(before) & set(after))
     if not shared:
         return False, f"{dataset}: no prompt decided in both step {step0} and step {step1}"
@@ -291,6 +296,7 @@ def regression_checks(store: Any, runs: list[str], stored: Stored | None = None)
     """Per regression run, from its latest scale_lr that restored weights: the rollback brought
     accuracy back (`not_below_check` of the first round after it against the restored round, per
     dataset), and the run stays above its loop's threshold since (`above_threshold_check`)."""
+    from areal_metrics.analysis.comparison import samples_per_prompt
     from areal_metrics.analysis.report import eval_interval
 
     stored = stored or Stored.read(store, runs)
@@ -312,15 +318,22 @@ def regression_checks(store: Any, runs: list[str], stored: Stored | None = None)
         if not rounds or any(restored not in rounds[d] or not later[d] for d in rounds):
             out.append((False, f"{label}: NOT: no full round of the restored step and one after it for every dataset"))
             continue
-        verdicts = node_verdicts(store, [(run, r[0]) for by_step in rounds.values() for r in by_step.values()])
+        keys = [(run, r[0]) for by_step in rounds.values() for r in by_step.values()]
+        verdicts = node_verdicts(store, keys)
+        per_prompt = samples_per_prompt(store, keys)
 
         def verdicts_at(dataset: str, step: int) -> tuple[int, dict[int, int]]:
             return step, stats.node_majority(verdicts.get((run, rounds[dataset][step][0]), {}).values())
 
-        back = [not_below_check(d, verdicts_at(d, restored), verdicts_at(d, later[d][0])) for d in sorted(rounds)]
+        def prompts_of(dataset: str) -> int:
+            return max(per_prompt.get((run, r[0]), 1) for r in rounds[dataset].values())
+
+        back = [not_below_check(d, verdicts_at(d, restored), verdicts_at(d, later[d][0]), prompts_of(d))
+                for d in sorted(rounds)]
         ok = all(passed for passed, _ in back)
         out.append((ok, f"{label}: " + "; ".join(what for _, what in back) + ("" if ok else "; NOT: below it")))
-        drift = "; ".join(not_below_check(d, verdicts_at(d, later[d][0]), verdicts_at(d, later[d][-1]))[1]
+        drift = "; ".join(not_below_check(d, verdicts_at(d, later[d][0]), verdicts_at(d, later[d][-1]),
+                                          prompts_of(d))[1]
                           for d in sorted(rounds) if len(later[d]) > 1)
         dataset, threshold = _loop_of(stored, run)
         after = [(s, *rounds[dataset][s][1:]) for s in later.get(dataset or "", [])]
