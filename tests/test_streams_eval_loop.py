@@ -327,6 +327,16 @@ def test_the_processor_sends_one_run_wide_command_with_the_step_it_applies_from(
 
 
 # what a run event can carry: storage-safe text (the contract refuses NUL and lone surrogates)
+def test_a_config_of_thousands_of_refused_keys_makes_a_bounded_number_of_alerts() -> None:
+    from areal_metrics.streams.core.processor import REFUSED_KEYS_ALERTS
+
+    ev = RunEvent(run_id="run-l", node="n0", status="running", world_size=1, ts=1.0, event_id="r",
+                  config={"eval_loop": {f"k{i}": 1 for i in range(9000)}})
+    _, out = on_run(RunState("run-l"), ev, 0.0, RunConfig())
+    assert len(out) == REFUSED_KEYS_ALERTS + 1 and all(o.event.kind == "invalid_config" for o in out)
+    assert "8992 more keys refused, the first: run.config.eval_loop.k8" in out[-1].event.message
+
+
 safe_text = st.text(max_size=20).filter(lambda s: text_problem(s) is None)
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False)
                            | safe_text, lambda inner: st.lists(inner, max_size=3)

@@ -426,7 +426,7 @@ def on_run(state: RunState, ev: RunEvent, now: float, cfg: RunConfig) -> tuple[R
         trigger = with_base_interval(trigger, published_interval(ev.config))
         if "eval_loop" in ev.config:  # the run's own loop settings (the latest `running` that carries them)
             changes["loop_overrides"], errors = eval_loop_overrides(ev.config.get("eval_loop"))
-            alerts = [*alerts, *(invalid_loop_alert(e) for e in errors)]
+            alerts = [*alerts, *refused_loop_alerts(errors)]
         horizon = published_horizon(ev.config)
         overrides = changes.get("loop_overrides", state.loop_overrides)
         if horizon is not None and not _explicit_horizon(ev.config) and overrides.get("lr_horizon_rounds") != horizon:
@@ -453,6 +453,19 @@ def published_horizon(config: Mapping[str, Any]) -> int | None:
 def _explicit_horizon(config: Mapping[str, Any]) -> bool:
     loop = config.get("eval_loop")
     return isinstance(loop, Mapping) and "horizon_rounds" in loop
+
+
+REFUSED_KEYS_ALERTS = 8  # refused eval_loop keys of one run event named in an alert each; the rest in one more
+
+
+def refused_loop_alerts(errors: list[str]) -> list[AlertDecision]:
+    """An alert per refused key, up to REFUSED_KEYS_ALERTS, and one for the rest: a config of thousands of
+    unknown keys (every rank's `running` repeats it) must not become thousands of alerts."""
+    named = [invalid_loop_alert(e) for e in errors[:REFUSED_KEYS_ALERTS]]
+    rest = errors[REFUSED_KEYS_ALERTS:]
+    if rest:
+        named.append(invalid_loop_alert(f"run.config.eval_loop: {len(rest)} more keys refused, the first: {rest[0]}"))
+    return named
 
 
 def invalid_loop_alert(error: str) -> AlertDecision:
