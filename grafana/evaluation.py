@@ -276,7 +276,9 @@ def build() -> dash_b.Dashboard:
         trend(
             "Accuracy with its 95% interval · $run",
             "Consensus accuracy of each round (full stage where a step has both) and its 95% interval as a band: "
-            "Wilson on the decided samples, wider when several samples share a prompt. A round whose band "
+            "Clopper-Pearson on the effective sample size (wider when several samples share a prompt), over "
+            "every sample of the round: its undecided samples counted wrong at the low end and right at the high "
+            "end. A round whose band "
             "reaches over the loop's threshold is no evidence of a drop. Pick one dataset for an exact band.",
             INTERVAL_BY_STEP,
             x_field="step",

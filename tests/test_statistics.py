@@ -276,3 +276,11 @@ def test_a_rule_over_windows_of_one_or_two_rounds_needs_the_cusums_limit() -> No
     two = np.maximum(excess[:, 1:], excess[:, 1:] + excess[:, :-1])
     spent = lambda limit: float(((excess[:, 0] > limit) | (two > limit).any(axis=1)).mean())  # noqa: E731
     assert spent(h - 0.05) > 0.025 + 3 * 0.0005 and spent(h + 0.05) < 0.025 - 3 * 0.0005
+
+
+def test_an_interval_of_no_number_is_everything_never_a_confident_nothing() -> None:
+    """clopper_pearson(nan, 10) read (2.7e-20, 2.7e-20): a confident-looking interval of nothing."""
+    nan = float("nan")
+    for interval in (S.clopper_pearson(nan, 10), S.clopper_pearson(3, nan), S.clopper_pearson(3, math.inf),
+                     S.wilson(nan, 10), S.wilson(0.5, nan)):
+        assert interval == (0.0, 1.0)

@@ -151,8 +151,8 @@ def t_quantile(df: float, q: float = 0.975) -> float:
 
 def wilson(p: float, n: float, z: float = Z95) -> tuple[float, float]:
     """The Wilson score interval of a proportion `p` on `n` (possibly effective) samples; (0, 1)
-    when there are none. Exact at the ends: 0 when p is 0, 1 when p is 1."""
-    if n <= 0:
+    when there are none (or `p` or `n` is not a number). Exact at the ends: 0 when p is 0, 1 when p is 1."""
+    if not n > 0 or p != p:  # NaN compares false: no samples said anything
         return 0.0, 1.0
     p = min(max(p, 0.0), 1.0)
     z2n = z * z / n
@@ -232,8 +232,8 @@ def beta_quantile(q: float, a: float, b: float) -> float:
 
 def clopper_pearson(successes: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
     """The Clopper-Pearson ("exact", beta) interval of successes / n; `n` and `successes` may be
-    fractional (an effective size). (0, 1) with no samples."""
-    if n <= 0:
+    fractional (an effective size). (0, 1) with no samples (or either is not a finite number)."""
+    if not 0 < n < math.inf or successes != successes:  # NaN compares false
         return 0.0, 1.0
     x = min(max(successes, 0.0), n)
     tail = (1.0 - confidence) / 2.0
