@@ -297,6 +297,8 @@ def rate_rows(runs: int, seed: int = 27) -> Iterator[tuple[str, tuple[float, flo
     stuck = dataclasses.replace(PRODUCT, nodes=2, replicas=2, faulty=1)
     yield "2 ranks at 2 replicas, rank 1's grader stuck at 0, at 0.40 for 20 rounds: cut", share(
         simulate(few, seed + 6, [GOOD] * 20, CFG, stuck), any_cut)
+    yield ("2 ranks at 2 replicas, rank 1's grader stuck at 0: improving 0.01/round for 40 rounds (plateau null), "
+           "no_improvement"), share(simulate(few, seed + 13, improving_at_boundary(), CFG, stuck), lambda log: bool(log.plateau))
     outvoted = dataclasses.replace(PRODUCT, nodes=3, replicas=3, faulty=2)
     yield "3 ranks at 3 replicas, rank 2 stuck at 0: 0.40 -> 0.23 after 20 rounds, cut within 2", share(
         simulate(few, seed + 7, drop_after(20), CFG, outvoted), cut_within(20, 2))

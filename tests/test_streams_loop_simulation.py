@@ -127,6 +127,19 @@ def test_a_stuck_grader_at_two_replicas_never_makes_a_cut() -> None:
     assert rate(logs, sim.any_cut) == 0.0
 
 
+def test_a_stuck_grader_at_two_replicas_makes_no_plateau_of_a_run_that_improves() -> None:
+    """The samples a grader stuck at 0 gets wrong are ties, so the decided samples alone read 0 every round:
+    a flat line, which the plateau rule read as improvement stopped on a run improving 0.02 a round. It now
+    needs both ends (undecided counted right, and wrong) to say so; counted right they follow the run."""
+    stuck = dataclasses.replace(sim.PRODUCT, nodes=2, replicas=2, faulty=1)
+    improving = [0.35 + 0.02 * r for r in range(20)]
+    logs = sim.simulate(8, 33, improving, sim.CFG, stuck)
+    assert all(log.undecided == 20 for log in logs)
+    assert rate(logs, lambda log: bool(log.plateau)) == 0.0
+    flat = sim.simulate(8, 34, [sim.GOOD] * 20, sim.CFG, stuck)  # a flat run is still found flat
+    assert rate(flat, lambda log: bool(log.plateau)) > 0.0
+
+
 def test_no_rollback_cycle_with_a_trainer_that_collapses_at_the_full_rate() -> None:
     logs = [sim.run_once(sim.collapsing_trainer(), np.random.default_rng(40 + i), sim.ROLLBACK, sim.PRODUCT, 20)
             for i in range(6)]

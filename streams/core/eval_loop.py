@@ -96,6 +96,10 @@ class EvalLoopState(Stored):
     # the run's dispersion: sum and count of (difference of consecutive rounds)^2 / (their variances)
     dispersion: tuple[float, int] = (0.0, 0)
     last_round: tuple[float, float] | None = None  # (accuracy, variance) of the last round
+    # the same three with each round's undecided samples counted wrong (above: counted right; equal without any)
+    window_low: tuple[tuple[int, float, float], ...] = ()
+    dispersion_low: tuple[float, int] = (0.0, 0)
+    last_round_low: tuple[float, float] | None = None
     lowered_from: int | None = None  # `from_step` of the threshold cut whose raise is still owed
     steady: int = 0  # rounds at the lower rate since then, in a row, read at or above the threshold
     ceiling: float = 1.0  # the highest cumulative factor a raise may reach
@@ -177,10 +181,25 @@ def optimistic(c: Consensus) -> tuple[float, float]:
     counted right: the side a below-threshold test reads, so undecided samples never make a cut.
     The effective size is the decided samples' scaled to the round's size."""
     n, u = c.n_samples, max(c.n_undecided, 0)
+    if u == 0:
+        return c.accuracy, c.n_effective
     if n + u <= 0:
         return c.accuracy, 0.0
     scale = (n + u) / n if n > 0 else 1.0
     return (c.accuracy * n + u) / (n + u), c.n_effective * scale
+
+
+def pessimistic(c: Consensus) -> tuple[float, float]:
+    """`optimistic`'s other end: each undecided sample counted wrong. A faulty grader at two replicas
+    ties every sample it gets wrong, so the decided samples alone read a flat line whatever the run does:
+    between the two ends lies what the round says."""
+    n, u = c.n_samples, max(c.n_undecided, 0)
+    if u == 0:
+        return c.accuracy, c.n_effective
+    if n + u <= 0:
+        return c.accuracy, 0.0
+    scale = (n + u) / n if n > 0 else 1.0
+    return c.accuracy * n / (n + u), c.n_effective * scale
 
 
 def shortfall(p: float, n_eff: float, threshold: float) -> float:
@@ -282,27 +301,51 @@ def improvement_stopped(recent: tuple[tuple[int, float, float], ...], delta: flo
     return stopped, why
 
 
+Window = tuple[tuple[int, float, float], ...]
+
+
+def _with_round(window: Window, dispersion: tuple[float, int], last_round: tuple[float, float] | None, step: int,
+                reading: tuple[float, float], keep: int) -> tuple[Window, tuple[float, int], tuple[float, float]]:
+    """One reading of the round (accuracy, effective samples) added to the plateau test's window (the last
+    `keep` rounds) and to the run's dispersion."""
+    accuracy, n_effective = reading
+    variance = proportion_variance(accuracy, n_effective)
+    total, count = dispersion
+    if last_round is not None:
+        total, count = total + (accuracy - last_round[0]) ** 2 / (variance + last_round[1]), count + 1
+    return (*window, (step, accuracy, variance))[-keep:], (total, count), (accuracy, variance)
+
+
 def _improvement_rule(
     state: EvalLoopState, c: Consensus, cfg: RunConfig, commanded: bool
 ) -> tuple[EvalLoopState, list[AlertDecision], list[CommandDecision]]:
-    variance = proportion_variance(c.accuracy, c.n_effective)
-    total, count = state.dispersion
-    if state.last_round is not None:
-        total, count = total + (c.accuracy - state.last_round[0]) ** 2 / (variance + state.last_round[1]), count + 1
-    state = replace(state, last_round=(c.accuracy, variance), dispersion=(total, count))
+    """The plateau test, on both ends of what each round says (its undecided samples counted right, and
+    wrong): improvement has stopped only when it has on both, so samples a faulty grader leaves undecided
+    never make a plateau of a run that improves (the decided samples alone can read flat)."""
     patience = cfg.no_improvement_rounds
+    keep = max(2 * patience, 1)
+    window, dispersion, last_round = _with_round(state.window, state.dispersion, state.last_round, c.step,
+                                                 optimistic(c), keep)
+    window_low, dispersion_low, last_low = _with_round(state.window_low, state.dispersion_low, state.last_round_low,
+                                                       c.step, pessimistic(c), keep)
+    state = replace(state, last_round=last_round, dispersion=dispersion, last_round_low=last_low,
+                    dispersion_low=dispersion_low)
     if patience <= 0:
         return state, [], []
-    recent = (*state.window, (c.step, c.accuracy, variance))[-2 * patience:]
-    state = replace(state, window=recent, since_test=state.since_test + 1)
-    if len(recent) < patience + 1 or state.since_test < patience or recent[-1][0] <= recent[0][0]:
+    state = replace(state, window=window, window_low=window_low, since_test=state.since_test + 1)
+    if len(window) < patience + 1 or state.since_test < patience or window[-1][0] <= window[0][0]:
         return state, [], []
     state = replace(state, tests=state.tests + 1, since_test=0)
     tests = math.ceil(cfg.lr_horizon_rounds / patience)
-    stopped, why = improvement_stopped(recent, cfg.lr_improve_delta, cfg.lr_alpha, tests, state.dispersion)
+    stopped, why = improvement_stopped(window, cfg.lr_improve_delta, cfg.lr_alpha, tests, dispersion)
+    if stopped and window_low != window:  # undecided samples in the window: the other end must say so too
+        if len(window_low) != len(window):  # a state recorded before both ends were kept: wait for them
+            return state, [], []
+        stopped, why_low = improvement_stopped(window_low, cfg.lr_improve_delta, cfg.lr_alpha, tests, dispersion_low)
+        why = f"{why}, with undecided samples counted right; counted wrong: {why_low}"
     if not stopped:
         return state, [], []
-    state = replace(state, window=())
+    state = replace(state, window=(), window_low=())
     command = None
     if loop_on(cfg) and not commanded:
         state, command = _drop(state, c, f"improvement stopped: {why}", cfg)
