@@ -83,3 +83,59 @@ def test_after_a_crash_the_batch_in_flight_goes_one_by_one_and_a_poison_message_
 
     assert asyncio.run(go()) == [("batch", [0]), ("batch", [1]), ("poison", (2, 2)), ("batch", [3]),
                                  ("batch", [4, 5])]
+
+
+def test_a_state_write_the_broker_refuses_stops_the_batch_and_leaves_it_in_flight_for_the_crash_guard(tmp_path) -> None:
+    """The real core with a changelog whose delivery fails (`record_batches.deliver` raises what the broker
+    said): the batch is not acknowledged, the batcher calls on_crash, and the crash guard keeps the batch's
+    positions in flight, so the restarted worker takes it apart and dead-letters the message that keeps failing."""
+    from areal_metrics.producers.contract.events import StepEvent
+    from areal_metrics.producers.contract.topics import Topics
+    from areal_metrics.producers.runtime.poison import CrashGuard
+    from areal_metrics.streams.core.config import StreamsConfig
+    from areal_metrics.streams.shell.batch import StreamCore
+
+    class Refused(Exception):
+        pass
+
+    class FaustLikeTable:  # what the state store takes for Faust's table: its records go to `changelog`
+        def __init__(self) -> None:
+            self.data: dict[bytes, bytes] = {}
+
+        def send_changelog(self, *args: Any, **kwargs: Any) -> None:
+            raise AssertionError("the worker sends its changelog itself")
+
+    topics = Topics("areal.")
+
+    async def go() -> tuple[list[Any], list[BaseException]]:
+        async def send(topic: str, key: bytes, value: bytes):  # outputs: delivered
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+
+        async def changelog(records: list) -> None:
+            raise Refused("MessageSizeTooLargeError")
+
+        core = StreamCore(topics=topics, config=StreamsConfig(), table=FaustLikeTable(), send=send,
+                          changelog=changelog)
+        acks: list[Any] = []
+
+        async def ack(tokens: list[Any]) -> None:
+            acks.extend(tokens)
+
+        crashed: list[BaseException] = []
+        guard = CrashGuard(tmp_path, limit=2)
+        guard.start()
+        batcher = Batcher(core, ack, max_batch=100, linger_s=0.01, guard=guard, on_crash=crashed.append)  # type: ignore[arg-type]
+        step = StepEvent(run_id="r1", node="n0", step=1, epoch=0, reward=0.5, ts=1.0).to_json()
+        await batcher.add_many([(Input(topics.steps, 0, 7, b"r1", step, 1.0), "m7")])
+        for _ in range(100):
+            if crashed:
+                break
+            await asyncio.sleep(0.01)
+        return acks, crashed
+
+    acks, crashed = asyncio.run(go())
+    assert acks == [] and len(crashed) == 1 and isinstance(crashed[0], Refused)
+    again = CrashGuard(tmp_path, limit=2)
+    assert again.start() == [(topics.steps, 0, 7, 7)]  # the next process finds the batch in flight

@@ -95,3 +95,50 @@ def test_nothing_to_send_sends_nothing() -> None:
             raise AssertionError(f"producer.{name} used for no messages")
 
     assert asyncio.run(send_in_batches(NoProducer(), [])) == []
+
+
+def test_a_record_the_broker_refuses_is_an_error_of_deliver_where_send_in_batches_only_loses_it(kafka_bootstrap: str) -> None:
+    """The worker's state record for a vote round holds every node's verdicts: three results of 100k
+    verdicts are ~2.4 MB, over a topic's default max.message.bytes (1 MB). Its batch's awaitable fails,
+    and the changelog used to drop that awaitable: the state was lost and the inputs committed anyway."""
+    from aiokafka.errors import KafkaError
+
+    from areal_metrics.streams.shell.record_batches import deliver
+
+    topic = f"rb{uuid.uuid4().hex[:8]}.changelog"
+    create_topics(kafka_bootstrap, [topic], partitions=1)
+    big = (topic, 0, b"run-1", b"v" * (2 * 1024 * 1024))
+
+    async def go() -> tuple[BaseException | None, BaseException | None]:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=8 * 1024 * 1024)
+        await producer.start()
+        try:
+            [fut] = await send_in_batches(producer, [big])  # returns at once: nothing says it failed
+            lost = None
+            try:
+                await fut
+            except KafkaError as exc:
+                lost = exc
+            try:
+                await deliver(producer, [(topic, 0, b"run-1", b"small"), big])
+            except KafkaError as exc:
+                return lost, exc
+            return lost, None
+        finally:
+            await producer.stop()
+
+    bootstrap = kafka_bootstrap
+    lost, raised = asyncio.run(go())
+    assert lost is not None and raised is not None and type(raised) is type(lost)
+    assert asyncio.run(_deliver_small(bootstrap, topic)) is None  # a record within the limit is delivered
+
+
+async def _deliver_small(bootstrap: str, topic: str) -> None:
+    from areal_metrics.streams.shell.record_batches import deliver
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        return await deliver(producer, [(topic, 0, b"run-1", b"small")])
+    finally:
+        await producer.stop()

@@ -42,7 +42,7 @@ from areal_metrics.streams.shell.faust_internals import BatchApp, transport_prod
 from areal_metrics.streams.shell.batcher import Batcher, Tick
 from areal_metrics.streams.core.config import StreamsConfig
 from areal_metrics.streams.shell.input_feed import InputFeed
-from areal_metrics.streams.shell.record_batches import Message, send_in_batches
+from areal_metrics.streams.shell.record_batches import Message, deliver, send_in_batches
 from areal_metrics.streams.shell.resync import InputGuard
 from areal_metrics.streams.shell.settings import WorkerSettings
 
@@ -154,7 +154,8 @@ class Transport(Protocol):
 class KafkaTransport:
     """Outputs and the table's changelog straight to the transport producer, as record batches (our values
     are bytes already, and Faust's Topic.send or Table.send_changelog bookkeeping costs about as much as
-    the rest of a step's work); the commit flushes the producer before it commits the inputs' offsets."""
+    the rest of a step's work); the commit flushes the producer before it commits the inputs' offsets.
+    The changelog's batches are waited for (`deliver`): a state record the broker refuses stops the batch."""
 
     def outputs(self, app: faust.App, runs: Any) -> dict[str, Any]:
         async def send_many(messages: Sequence[Message]) -> list[Awaitable[Any]]:
@@ -162,7 +163,7 @@ class KafkaTransport:
 
         async def changelog(records: list[tuple[int, bytes, bytes | None]]) -> None:
             topic = runs.changelog_topic_name  # a Faust property that builds the name: once a call, not once a record
-            await send_many([(topic, partition, key, value) for partition, key, value in records])
+            await deliver(transport_producer(app), [(topic, partition, key, value) for partition, key, value in records])
 
         return {"send_many": send_many, "changelog": changelog}
 

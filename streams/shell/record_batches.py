@@ -62,3 +62,15 @@ async def _submit(producer: Any, batch: Any, topic: str, partition: int, members
     future = await producer.send_batch(batch, topic, partition=partition)
     for i in members:
         delivered[i] = future
+
+
+async def deliver(producer: Any, messages: Sequence[Message]) -> None:
+    """`send_in_batches`, then wait until the broker has every batch: raises what a delivery raised.
+    For the worker's state (the table's changelog): a record the broker refuses (one over the topic's
+    `max.message.bytes`) must stop the batch that wrote it, not vanish; the producer's flush before an
+    offset commit waits for it but says nothing of a failure, so the inputs would be committed past a
+    state that was never kept. The crash guard then takes the batch apart and dead-letters the message
+    that keeps failing (producers/runtime/poison.py)."""
+    delivered = await send_in_batches(producer, messages)
+    for batch in {id(d): d for d in delivered}.values():  # one awaitable a batch, shared by its messages
+        await batch
