@@ -309,9 +309,11 @@ def regression_checks(store: Any, runs: list[str], stored: Stored | None = None)
             continue
         since, restored = restores[-1]
         rounds: dict[str, dict[int, Round]] = {}  # dataset -> step -> round
-        for _run, eval_id, dataset, step, accuracy, _d, _r, low, high, n in (r for r in stored.rounds if r[0] == run):
+        replicas: dict[str, int] = {}  # eval_id -> the consensus's replicas: the vote's quorum, as the worker's
+        for _run, eval_id, dataset, step, accuracy, _d, n_replicas, low, high, n in (r for r in stored.rounds if r[0] == run):
             interval = eval_interval(float(accuracy), low, high, None if n is None else int(n))
             rounds.setdefault(dataset, {})[int(step)] = (eval_id, float(accuracy), interval[1])
+            replicas[eval_id] = int(n_replicas)
         label = f"{run}: its rollback brought accuracy back (weights of step {restored} restored, lr cut from step {since})"
         # the rounds at the cut rate on the restored weights: at or after from_step, past the restored round
         later = {d: sorted(s for s in by_step if s >= since and s > restored) for d, by_step in rounds.items()}
@@ -323,7 +325,8 @@ def regression_checks(store: Any, runs: list[str], stored: Stored | None = None)
         per_prompt = samples_per_prompt(store, keys)
 
         def verdicts_at(dataset: str, step: int) -> tuple[int, dict[int, int]]:
-            return step, stats.node_majority(verdicts.get((run, rounds[dataset][step][0]), {}).values())
+            eval_id = rounds[dataset][step][0]
+            return step, stats.node_majority(verdicts.get((run, eval_id), {}).values(), replicas[eval_id])
 
         def prompts_of(dataset: str) -> int:
             return max(per_prompt.get((run, r[0]), 1) for r in rounds[dataset].values())
