@@ -90,3 +90,40 @@ def test_partition_that_never_delivered_uses_the_committed_offset() -> None:
     assert g.stuck(TP, position=30, now=0.0, committed=0) is None  # starts the quiet clock
     assert g.stuck(TP, position=30, now=11.0, committed=0) == 0
     assert g.stuck(TP, position=0, now=50.0, committed=0) is None  # nothing fetched yet
+
+
+def test_the_shell_goes_on_through_a_fetch_after_a_seek_and_still_processes_in_order_and_loses_nothing() -> None:
+    """InputFeed.deliver hands every message of a fetch to the guard, seek or not: after giving up, the next
+    message of that fetch (newer than the re-read's) was taken first, and 61 came before 11 to 60."""
+    g = InputGuard()
+    marker, log_end, position, processed = 10, 0, 0, []
+    t = 0.0
+    while t < 120:
+        log_end += 2
+        fetch = [o for o in range(position, log_end) if o != marker][:8]
+        next_position = fetch[-1] + 1 if fetch else position
+        for o in fetch:  # the whole fetch, as the shell does
+            verdict, target = g.on_message(TP, o, t)
+            if verdict == "process":
+                processed.append(o)
+            elif verdict == "seek":
+                next_position = target  # the consumer's seek takes effect at the next fetch
+        position = next_position
+        if t % 5 == 0:
+            target = g.stuck(TP, position, t, committed=0)
+            if target is not None:
+                position = target
+        if 40 <= t < 60:
+            g.touch(t)  # the reader paused on purpose meanwhile: the hole keeps its age
+        t += 1.0
+    assert g.accepted_gaps == 1
+    assert processed == sorted(processed)  # in offset order
+    assert set(processed) == set(range(log_end)) - {marker}  # none lost
+
+
+def test_a_pause_does_not_restart_a_holes_age() -> None:
+    g = InputGuard(give_up_s=30)
+    g.on_message(TP, 5, 0.0)
+    assert g.on_message(TP, 9, 0.0) == ("seek", 6)
+    g.touch(20.0)
+    assert g.on_message(TP, 9, 31.0) == ("seek", 6)  # 31 s after the hole was first seen

@@ -31,7 +31,9 @@ class Hole:
     target: int
     since: float  # when it was first seen: `give_up_s` counts from here, whatever the seeks in between
     sought: float  # the last seek back to it: `stuck_after_s` counts from here
-    final: bool = False  # given up: the first message of the last re-read is taken, whatever its offset
+    # given up at this offset: the last re-read's first message (the first at or below it) is taken, whatever
+    # its offset; later ones of the fetch that gave up (the shell goes on through a fetch after a seek) are dropped
+    final: int | None = None
 
 
 @dataclass
@@ -48,14 +50,16 @@ class InputGuard:
         """What to do with a delivered message: process it, drop it, or seek to the returned offset."""
         hole = self.seeking.get(tp)
         if hole is not None:
-            if offset > hole.target and not hole.final:
+            if offset > hole.target and hole.final is None:
                 if now - hole.since < self.give_up_s:
                     return "drop", None
                 # Give up on the hole, but read once more from it: the messages dropped while waiting
                 # come again, and the first that does is the first offset after the hole that exists.
-                hole.final, hole.sought = True, now
+                hole.final, hole.sought = offset, now
                 self.seeks += 1
                 return "seek", hole.target
+            if hole.final is not None and offset > hole.final:
+                return "drop", None  # the rest of the fetch that gave up: the re-read brings it again
             if offset > hole.target:
                 self.accepted_gaps += 1  # the hole stays: given up on
             del self.seeking[tp]
@@ -94,11 +98,13 @@ class InputGuard:
         return hole.target
 
     def touch(self, now: float) -> None:
-        """The reader paused on purpose (its own backlog): every quiet spell starts again now."""
+        """The reader paused on purpose (its own backlog): every quiet spell starts again now. A hole keeps its
+        age: giving up on it only reads the partition once more from it, so a hole the pause kept unfilled
+        loses nothing, while one restarted at every pause (a sustained backlog) would never be given up on."""
         for tp in self.progress_at:
             self.progress_at[tp] = now
         for hole in self.seeking.values():
-            hole.since = hole.sought = now
+            hole.sought = now
 
     def forget(self) -> None:
         """After a rebalance: offsets restart from the committed ones."""
