@@ -422,3 +422,37 @@ def test_eval_loop_settings_that_break_a_rule_across_knobs_are_refused_whole_at_
     result = EvalEvent(run_id="run-l", node="n0", eval_id="r60", step=60, dataset="math500", stage="full",
                        accuracy=0.1, verdicts=(1,) + (0,) * 127, replicas=1, ts=5.0, event_id="r60")
     on_eval(state, result, 1.0, RunConfig())  # does not raise
+
+
+def test_a_loop_state_recorded_before_both_readings_were_kept_tests_its_plateau_as_soon() -> None:
+    """A state from before the plateau rule read both ends (window_low empty) tests on the next due round,
+    its one reading standing for both, as a state recorded now does; it waited 2 x patience rounds first."""
+    from msgspec.structs import replace
+
+    cfg = RunConfig()
+    patience = cfg.no_improvement_rounds
+
+    def flat(step: int) -> Consensus:
+        return Consensus(key=RoundKey("r", f"e{step}", "d", cfg.lr_eval_stage, 0), step=step, accuracy=0.5,
+                         response_length=None, votes=1, replicas=1, agreement=1.0, dissenters=(), n_samples=2000,
+                         ci_low=0.47, ci_high=0.53, n_effective=2000.0)
+
+    def rounds_to_plateau(state: EvalLoopState, first: int) -> int | None:
+        for i in range(40):
+            state, alerts, _ = on_consensus(state, flat((first + i) * 10), cfg)
+            if any(a.kind == "no_improvement" for a in alerts):
+                return i + 1
+        return None
+
+    state = EvalLoopState()
+    for r in range(1, 2 * patience + 1):
+        state, _, _ = on_consensus(state, flat(r * 10), cfg)
+    now = replace(state, since_test=patience - 1)
+    before = replace(now, window_low=(), dispersion_low=(0.0, 0), last_round_low=None)
+    assert rounds_to_plateau(now, 2 * patience + 1) == rounds_to_plateau(before, 2 * patience + 1) == 1
+    # a record written before (no such fields) decodes with them at their defaults
+    import msgspec
+
+    written_before = {k: v for k, v in msgspec.to_builtins(before).items()
+                      if k not in ("window_low", "dispersion_low", "last_round_low")}
+    assert codec.loads(EvalLoopState, codec.dumps(written_before)) == before

@@ -324,6 +324,10 @@ def _improvement_rule(
     never make a plateau of a run that improves (the decided samples alone can read flat)."""
     patience = cfg.no_improvement_rounds
     keep = max(2 * patience, 1)
+    if not state.window_low and state.last_round_low is None and state.last_round is not None:
+        # a state recorded before both ends were kept: its rounds' one reading stands for both
+        state = replace(state, window_low=state.window, dispersion_low=state.dispersion,
+                        last_round_low=state.last_round)
     window, dispersion, last_round = _with_round(state.window, state.dispersion, state.last_round, c.step,
                                                  optimistic(c), keep)
     window_low, dispersion_low, last_low = _with_round(state.window_low, state.dispersion_low, state.last_round_low,
@@ -339,8 +343,6 @@ def _improvement_rule(
     tests = math.ceil(cfg.lr_horizon_rounds / patience)
     stopped, why = improvement_stopped(window, cfg.lr_improve_delta, cfg.lr_alpha, tests, dispersion)
     if stopped and window_low != window:  # undecided samples in the window: the other end must say so too
-        if len(window_low) != len(window):  # a state recorded before both ends were kept: wait for them
-            return state, [], []
         stopped, why_low = improvement_stopped(window_low, cfg.lr_improve_delta, cfg.lr_alpha, tests, dispersion_low)
         why = f"{why}, with undecided samples counted right; counted wrong: {why_low}"
     if not stopped:
