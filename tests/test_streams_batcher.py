@@ -85,18 +85,13 @@ def test_after_a_crash_the_batch_in_flight_goes_one_by_one_and_a_poison_message_
                                  ("batch", [4, 5])]
 
 
-def test_a_state_write_the_broker_refuses_stops_the_batch_and_leaves_it_in_flight_for_the_crash_guard(tmp_path) -> None:
-    """The real core with a changelog whose delivery fails (`record_batches.deliver` raises what the broker
-    said): the batch is not acknowledged, the batcher calls on_crash, and the crash guard keeps the batch's
-    positions in flight, so the restarted worker takes it apart and dead-letters the message that keeps failing."""
+def _run_with_changelog_failing(tmp_path, failure: BaseException) -> tuple[list[Any], list[BaseException]]:
+    """The real core whose changelog delivery raises `failure`, in a guarded batcher: (acks, crashes)."""
     from areal_metrics.producers.contract.events import StepEvent
     from areal_metrics.producers.contract.topics import Topics
     from areal_metrics.producers.runtime.poison import CrashGuard
     from areal_metrics.streams.core.config import StreamsConfig
     from areal_metrics.streams.shell.batch import StreamCore
-
-    class Refused(Exception):
-        pass
 
     class FaustLikeTable:  # what the state store takes for Faust's table: its records go to `changelog`
         def __init__(self) -> None:
@@ -114,7 +109,7 @@ def test_a_state_write_the_broker_refuses_stops_the_batch_and_leaves_it_in_fligh
             return done
 
         async def changelog(records: list) -> None:
-            raise Refused("MessageSizeTooLargeError")
+            raise failure
 
         core = StreamCore(topics=topics, config=StreamsConfig(), table=FaustLikeTable(), send=send,
                           changelog=changelog)
@@ -135,7 +130,51 @@ def test_a_state_write_the_broker_refuses_stops_the_batch_and_leaves_it_in_fligh
             await asyncio.sleep(0.01)
         return acks, crashed
 
-    acks, crashed = asyncio.run(go())
-    assert acks == [] and len(crashed) == 1 and isinstance(crashed[0], Refused)
-    again = CrashGuard(tmp_path, limit=2)
-    assert again.start() == [(topics.steps, 0, 7, 7)]  # the next process finds the batch in flight
+    return asyncio.run(go())
+
+
+def test_a_state_record_the_broker_refuses_stops_the_batch_and_leaves_it_in_flight_for_the_crash_guard(tmp_path) -> None:
+    """`record_batches.deliver` raises RecordRefused (a state record over the topic's max.message.bytes): the
+    batch is not acknowledged, the batcher calls on_crash, and the crash guard keeps the batch's positions
+    in flight, so the restarted worker takes it apart and dead-letters the message that keeps failing."""
+    from areal_metrics.producers.runtime.poison import CrashGuard
+    from areal_metrics.streams.shell.record_batches import RecordRefused
+
+    acks, crashed = _run_with_changelog_failing(tmp_path, RecordRefused("MessageSizeTooLargeError"))
+    assert acks == [] and len(crashed) == 1 and isinstance(crashed[0], RecordRefused)
+    assert CrashGuard(tmp_path, limit=2).start() == [("areal.steps", 0, 7, 7)]  # in flight at the next start
+
+
+def test_a_delivery_the_broker_failed_stops_the_worker_without_blaming_the_batch(tmp_path) -> None:
+    """A broker away past the producer's timeout is no message's fault: a flapping broker must not make two
+    crashes of a healthy message and dead-letter it. The batch is not acknowledged, so it is read again."""
+    from areal_metrics.producers.runtime.poison import CrashGuard
+    from areal_metrics.streams.shell.record_batches import DeliveryFailed
+
+    acks, crashed = _run_with_changelog_failing(tmp_path, DeliveryFailed("KafkaTimeoutError"))
+    assert acks == [] and len(crashed) == 1 and isinstance(crashed[0], DeliveryFailed)
+    assert CrashGuard(tmp_path, limit=2).start() == []  # nothing in flight counts against the batch
+
+
+def test_a_state_record_of_a_tick_the_broker_refuses_is_logged_not_a_crash_loop() -> None:
+    """A tick has no input to dead-letter: a crash would refuse the same record again at every restart."""
+    from areal_metrics.producers.contract.topics import Topics
+    from areal_metrics.streams.core.config import StreamsConfig
+    from areal_metrics.streams.shell.batch import StreamCore
+    from areal_metrics.streams.shell.record_batches import RecordRefused
+
+    async def go() -> dict[str, int]:
+        async def send(topic: str, key: bytes, value: bytes):
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+
+        async def changelog(records: list) -> None:
+            raise RecordRefused("MessageSizeTooLargeError")
+
+        core = StreamCore(topics=Topics("areal."), config=StreamsConfig(), table={}, send=send, changelog=changelog)
+        core.store.io.outbox = [(0, b"r1", b"x")]  # a record the tick wrote
+        await core.on_tick(0)
+        return core.stats
+
+    assert asyncio.run(go())["errors"] == 1

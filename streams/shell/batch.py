@@ -60,7 +60,7 @@ from areal_metrics.streams.core.processor import (
     on_step,
     on_tick,
 )
-from areal_metrics.streams.shell.record_batches import Message
+from areal_metrics.streams.shell.record_batches import Message, RecordRefused
 from areal_metrics.streams.shell.settings import WorkerSettings
 from areal_metrics.streams.state.state_store import StateStore
 
@@ -415,7 +415,12 @@ class StreamCore:
         await self.dead_letter_bad_states(partition)
         self.evict_idle(now)
         self.evict_over_cap()
-        await self.send_changelog()
+        try:
+            await self.send_changelog()
+        except RecordRefused:  # no input of a tick to dead-letter: restarting would refuse it again, for ever
+            self.stats["errors"] += 1
+            log.exception("streams: the broker refused a state record of a tick (partition %d); the state stays "
+                          "in memory, and a restart reads the one stored before it", partition)
 
     async def dead_letter_bad_states(self, partition: int) -> None:
         """Each stored state that did not decode: once to the dead-letter topic, then replaced."""

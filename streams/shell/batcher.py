@@ -25,6 +25,7 @@ from typing import Any
 
 from areal_metrics.producers.runtime.poison import OK, POISON, CrashGuard, crash_now, spans
 from areal_metrics.streams.shell.batch import Input, StreamCore
+from areal_metrics.streams.shell.record_batches import DeliveryFailed
 
 log = logging.getLogger("streams")
 
@@ -183,5 +184,8 @@ class Batcher:
             await self.core.on_batch(run)
         except asyncio.CancelledError:  # stopped, not crashed
             guard.end()
+            raise
+        except DeliveryFailed:  # the broker's fault, not the batch's: no crash counts against its messages
+            guard.abandon()
             raise
         guard.end()

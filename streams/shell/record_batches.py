@@ -14,8 +14,17 @@ the key (the same murmur2 as every Kafka client's default), unless the message n
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Sequence
 from typing import Any
+
+from aiokafka.errors import (
+    CorruptRecordException,
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+)
 
 from areal_metrics.streams.shell.faust_internals import partition_for
 
@@ -64,13 +73,33 @@ async def _submit(producer: Any, batch: Any, topic: str, partition: int, members
         delivered[i] = future
 
 
+class RecordRefused(Exception):
+    """The broker refused a record for what it is (too large, corrupt): the message behind it is at fault,
+    and failing again on it is what the crash guard turns into a dead letter."""
+
+
+class DeliveryFailed(Exception):
+    """A delivery failed for the transport's sake (a broker away past the producer's timeout, a leader
+    lost): no message is at fault, so a stop for it must not count towards a poison message."""
+
+
+# the broker's answers about the record itself; any other failure is the transport's
+_REFUSED = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError, CorruptRecordException)
+
+
 async def deliver(producer: Any, messages: Sequence[Message]) -> None:
     """`send_in_batches`, then wait until the broker has every batch: raises what a delivery raised.
     For the worker's state (the table's changelog): a record the broker refuses (one over the topic's
     `max.message.bytes`) must stop the batch that wrote it, not vanish; the producer's flush before an
     offset commit waits for it but says nothing of a failure, so the inputs would be committed past a
-    state that was never kept. The crash guard then takes the batch apart and dead-letters the message
-    that keeps failing (producers/runtime/poison.py)."""
-    delivered = await send_in_batches(producer, messages)
-    for batch in {id(d): d for d in delivered}.values():  # one awaitable a batch, shared by its messages
-        await batch
+    state that was never kept. `RecordRefused`: the crash guard then takes the batch apart and
+    dead-letters the message that keeps failing (producers/runtime/poison.py); `DeliveryFailed`: the
+    worker stops without blaming the batch (`CrashGuard.abandon`) and reads it again once restarted."""
+    try:
+        delivered = await send_in_batches(producer, messages)
+        for batch in {id(d): d for d in delivered}.values():  # one awaitable a batch, shared by its messages
+            await batch
+    except _REFUSED as exc:
+        raise RecordRefused(f"{type(exc).__name__}: {exc}") from exc
+    except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+        raise DeliveryFailed(f"{type(exc).__name__}: {exc}") from exc
