@@ -108,6 +108,8 @@ def test_nested_dicts_are_flattened_to_slash_names_and_read_when_logged() -> Non
     event = encoded_step(values)
     assert event.reward == 0.5 and event.metrics["train/loss"] == 6.0 and event.metrics["train/more/x"] == 2.0
     assert encoded_step({"critic": {"score": {"mean": 0.7}}}).reward == 0.7  # a framework's name, nested, is its alias
+    for both in ({"a/b": 1.0, "a": {"b": 2.0}}, {"a": {"b": 2.0}, "a/b": 1.0}):  # a name given both ways: the nested
+        assert coerce.numbers(coerce.snapshot(both))[0] == {"a/b": 2.0}
 
 
 def test_dicts_deeper_than_the_limit_or_in_a_cycle_are_skipped_and_named() -> None:
