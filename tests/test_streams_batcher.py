@@ -178,3 +178,93 @@ def test_a_state_record_of_a_tick_the_broker_refuses_is_logged_not_a_crash_loop(
         return core.stats
 
     assert asyncio.run(go())["errors"] == 1
+
+
+def test_an_alert_the_broker_never_took_stops_the_worker_without_blaming_the_batch(tmp_path) -> None:
+    """emit waits for the outputs that must be delivered (alerts, commands) before the changelog: their
+    failure is classified as the changelog's is (`record_batches.settled`), or a broker away past the
+    producer's timeout made the guard blame the batch, and two such flaps dead-lettered a healthy step."""
+    from aiokafka.errors import KafkaTimeoutError
+
+    from areal_metrics.producers.contract.events import StepEvent
+    from areal_metrics.producers.contract.topics import Topics
+    from areal_metrics.producers.runtime.poison import CrashGuard
+    from areal_metrics.streams.core.config import RunConfig, StreamsConfig
+    from areal_metrics.streams.shell.batch import StreamCore
+    from areal_metrics.streams.shell.record_batches import DeliveryFailed
+
+    topics = Topics("areal.")
+    broker_away = {"now": False}
+
+    async def go() -> tuple[list[Any], list[BaseException]]:
+        async def send(topic: str, key: bytes, value: bytes):
+            done = asyncio.get_running_loop().create_future()
+            if broker_away["now"]:
+                done.set_exception(KafkaTimeoutError())  # a batch expired in aiokafka's accumulator
+            else:
+                done.set_result(None)
+            return done
+
+        async def changelog(records: list) -> None:
+            pass
+
+        config = StreamsConfig(defaults=RunConfig(window=2, reward_threshold=0.5))
+        core = StreamCore(topics=topics, config=config, table={}, send=send, changelog=changelog)
+        acks: list[Any] = []
+        crashed: list[BaseException] = []
+
+        async def ack(tokens: list[Any]) -> None:
+            acks.extend(tokens)
+
+        guard = CrashGuard(tmp_path, limit=2)
+        guard.start()
+        batcher = Batcher(core, ack, max_batch=1, linger_s=0.0, guard=guard, on_crash=crashed.append)  # type: ignore[arg-type]
+        for i, reward in enumerate([0.9, 0.9, 0.9, 0.1, 0.1, 0.1]):  # the low rewards raise an alert
+            broker_away["now"] = i >= 3
+            step = StepEvent(run_id="r1", node="n0", step=i + 1, epoch=0, reward=reward, ts=1.0 + i).to_json()
+            await batcher.add_many([(Input(topics.steps, 0, i, b"r1", step, 1.0 + i), f"m{i}")])
+            for _ in range(50):
+                if crashed or len(acks) > i:
+                    break
+                await asyncio.sleep(0.01)
+            if crashed:
+                break
+        return acks, crashed
+
+    acks, crashed = asyncio.run(go())
+    assert len(crashed) == 1 and isinstance(crashed[0], DeliveryFailed) and acks == ["m0", "m1", "m2"]
+    assert CrashGuard(tmp_path, limit=2).start() == []  # the step in flight is not blamed
+
+
+def test_after_a_crash_no_batch_runs_so_the_crashed_batch_stays_in_flight(tmp_path) -> None:
+    """A batch begun after a crash (while the process stops) wrote over the crashed batch's positions in
+    flight and its end cleared them: the crash counted against no message, and a poison one looped."""
+    from areal_metrics.producers.runtime.poison import CrashGuard
+
+    class CrashesOnce(FakeCore):
+        async def on_batch(self, messages: list[Input]) -> None:
+            await super().on_batch(messages)
+            if messages[0].offset == 1:
+                raise RuntimeError("a rule's bug")
+
+    async def go() -> tuple[FakeCore, list[Any], list[BaseException]]:
+        core, acks, crashed = CrashesOnce(), [], []
+
+        async def ack(tokens: list[Any]) -> None:
+            acks.extend(tokens)
+
+        guard = CrashGuard(tmp_path, limit=2)
+        guard.start()
+        batcher = Batcher(core, ack, max_batch=100, linger_s=0.0, guard=guard, on_crash=crashed.append)  # type: ignore[arg-type]
+        await batcher.add_many([(Input("steps", 0, 1, b"r", b"{}"), "m1")])
+        for _ in range(50):
+            if crashed:
+                break
+            await asyncio.sleep(0.01)
+        await batcher.add_many([(Input("steps", 0, 2, b"r", b"{}"), "m2")])  # arrives while the process stops
+        await asyncio.sleep(0.1)
+        return core, acks, crashed
+
+    core, acks, crashed = asyncio.run(go())
+    assert len(crashed) == 1 and acks == [] and core.calls == [("batch", [1])]
+    assert CrashGuard(tmp_path, limit=2).start() == [("steps", 0, 1, 1)]

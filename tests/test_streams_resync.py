@@ -127,3 +127,36 @@ def test_a_pause_does_not_restart_a_holes_age() -> None:
     assert g.on_message(TP, 9, 0.0) == ("seek", 6)
     g.touch(20.0)
     assert g.on_message(TP, 9, 31.0) == ("seek", 6)  # 31 s after the hole was first seen
+
+
+def test_a_hole_whose_re_read_brings_nothing_at_or_below_the_give_up_offset_is_given_up_afresh() -> None:
+    """Retention moved the log's start past the offset a hole was given up at (the consumer resets to the
+    earliest): the re-read brings only newer messages. They were dropped for good; now the next seek back
+    gives up afresh and the partition goes on."""
+    g = InputGuard()
+    log_start, end, position, processed, gave_up_at = 0, 10, 0, [], None
+    t = 0.0
+    while t < 300:
+        end += 4
+        if t == 1:
+            end, log_start = 400, 15  # a backlog, and retention deleted 10-14 before they were read
+        if gave_up_at is not None and log_start <= gave_up_at:
+            log_start = gave_up_at + 1  # retention's next deletion lands between the give-up and the re-read
+        position = max(position, log_start)
+        fetch = list(range(position, end))[:8]
+        next_position = fetch[-1] + 1 if fetch else position
+        for o in fetch:
+            verdict, target = g.on_message(TP, o, t)
+            if verdict == "process":
+                processed.append(o)
+            elif verdict == "seek":
+                next_position = target
+                if g.seeking[TP].final is not None and gave_up_at is None:
+                    gave_up_at = o
+        position = next_position
+        if t % 5 == 0:
+            target = g.stuck(TP, position, t, committed=0)
+            if target is not None:
+                position = target
+        t += 1.0
+    assert gave_up_at is not None and max(processed) == end - 1 and processed == sorted(processed)

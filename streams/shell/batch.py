@@ -60,7 +60,7 @@ from areal_metrics.streams.core.processor import (
     on_step,
     on_tick,
 )
-from areal_metrics.streams.shell.record_batches import Message, RecordRefused
+from areal_metrics.streams.shell.record_batches import Message, RecordRefused, settled
 from areal_metrics.streams.shell.settings import WorkerSettings
 from areal_metrics.streams.state.state_store import StateStore
 
@@ -237,9 +237,7 @@ class StreamCore:
         delivered = await self._send_all([(topic_of(o.event), None, o.event.run_id.encode(), o.event.to_json())
                                           for o in outputs])
         self.stats["outputs"] += len(outputs)
-        for out, fut in zip(outputs, delivered):
-            if out.must_ack:
-                await fut
+        await settled(fut for out, fut in zip(outputs, delivered) if out.must_ack)
 
     async def _one_by_one(self, messages: Sequence[Message]) -> list[Awaitable[Any]]:
         assert self.send is not None

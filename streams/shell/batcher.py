@@ -61,14 +61,17 @@ class Batcher:
         self._room = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._crashed: BaseException | None = None
 
     async def add(self, item: Input | Tick, token: Any) -> None:
         await self.add_many([(item, token)])
 
     async def add_many(self, entries: list[tuple[Input | Tick, Any]]) -> None:
         """Messages in arrival order, with their tokens (a fetch's at once: the wait for room
-        is per call, so `pending` may pass `max_pending` by one call's messages)."""
-        if not entries:
+        is per call, so `pending` may pass `max_pending` by one call's messages). Nothing more after a
+        crash, while the process stops: a batch begun then would write over the crashed batch's positions
+        in flight (and its end clear them), so the crash would count against no message."""
+        if not entries or self._crashed is not None:
             return
         while len(self.pending) >= self.max_pending:
             self._waiting += 1
@@ -114,6 +117,7 @@ class Batcher:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # the core never raises for bad input: this is the broker or a bug
+            self._crashed = exc
             log.exception("streams: batch processing stopped")
             if self.on_crash is None:
                 raise

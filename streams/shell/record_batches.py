@@ -15,7 +15,7 @@ the key (the same murmur2 as every Kafka client's default), unless the message n
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any
 
 from aiokafka.errors import (
@@ -95,10 +95,16 @@ async def deliver(producer: Any, messages: Sequence[Message]) -> None:
     state that was never kept. `RecordRefused`: the crash guard then takes the batch apart and
     dead-letters the message that keeps failing (producers/runtime/poison.py); `DeliveryFailed`: the
     worker stops without blaming the batch (`CrashGuard.abandon`) and reads it again once restarted."""
+    delivered = await send_in_batches(producer, messages)
+    await settled({id(d): d for d in delivered}.values())  # one awaitable a batch, shared by its messages
+
+
+async def settled(awaitables: Iterable[Awaitable[Any]]) -> None:
+    """Wait for each delivery; a failure raised as whose fault it was (`RecordRefused` or `DeliveryFailed`):
+    the worker's changelog and the outputs it must see delivered (alerts, commands) fail alike."""
     try:
-        delivered = await send_in_batches(producer, messages)
-        for batch in {id(d): d for d in delivered}.values():  # one awaitable a batch, shared by its messages
-            await batch
+        for delivery in awaitables:
+            await delivery
     except _REFUSED as exc:
         raise RecordRefused(f"{type(exc).__name__}: {exc}") from exc
     except (KafkaError, OSError, asyncio.TimeoutError) as exc:

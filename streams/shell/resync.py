@@ -93,7 +93,9 @@ class InputGuard:
             return None
         if hole is None:
             hole = self.seeking[tp] = Hole(last + 1, now, now)
-        hole.sought = now
+        # a re-read after giving up that brought nothing at or below its offset (retention moved the log's
+        # start past it meanwhile): give up afresh at the next message, or the partition would stall
+        hole.sought, hole.final = now, None
         self.seeks += 1
         return hole.target
 
