@@ -26,6 +26,7 @@ from aiokafka.errors import (
     RecordTooLargeError,
 )
 
+from areal_metrics.producers.contract.errors import ArealError
 from areal_metrics.streams.shell.faust_internals import partition_for
 
 # (topic, partition or None for "by the key", key, value or None for a tombstone)
@@ -73,12 +74,12 @@ async def _submit(producer: Any, batch: Any, topic: str, partition: int, members
         delivered[i] = future
 
 
-class RecordRefused(Exception):
+class RecordRefused(ArealError):
     """The broker refused a record for what it is (too large, corrupt): the message behind it is at fault,
     and failing again on it is what the crash guard turns into a dead letter."""
 
 
-class DeliveryFailed(Exception):
+class DeliveryFailed(ArealError):
     """A delivery failed for the transport's sake (a broker away past the producer's timeout, a leader
     lost): no message is at fault, so a stop for it must not count towards a poison message."""
 
