@@ -41,9 +41,11 @@ def test_each_event_reads_back_and_is_written_byte_for_byte(line: bytes) -> None
 # before plus these (EvalLoopState.good_round: the rollback's latest good round; the CUSUM
 # threshold rule, the plateau's window and dispersion, the raise's wait, of issue 40; RunState.acks:
 # the scale_lr commands watched for the trainers' acknowledgements, of issue 41; TriggerState.baseline_from: what an
-# evaluate_now's "since" names, of issue 40).
+# evaluate_now's "since" names, of issue 40; EvalLoopState's plateau window, dispersion and last round with undecided
+# samples counted wrong, of issue 42's round: filled from the one reading at the next round).
 ADDED_SINCE = (b',"good_round":null', b',"cusum":0.0', b',"window":[]', b',"dispersion":[0.0,0]',
-               b',"last_round":null', b',"lowered_from":null', b',"steady":0', b',"ceiling":1.0',
+               b',"last_round":null', b',"window_low":[]', b',"dispersion_low":[0.0,0]', b',"last_round_low":null',
+               b',"lowered_from":null', b',"steady":0', b',"ceiling":1.0',
                b',"raised_in":null', b',"locked_in":null', b',"acks":{"sent":[],"acked":[],"alerted":[]}',
                b',"baseline_from":"start"')
 
