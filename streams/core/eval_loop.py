@@ -78,6 +78,9 @@ from areal_metrics.streams.core.voting import Consensus
 _EPS = 1e-9
 
 
+Window = tuple[tuple[int, float, float], ...]  # (step, accuracy, variance) of rounds, oldest first
+
+
 class EvalLoopState(Stored):
     dataset: str | None = None  # the dataset the loop watches (pinned at its first result)
     last: tuple[int, int] | None = None  # (attempt, step) of the last round decided on
@@ -92,12 +95,12 @@ class EvalLoopState(Stored):
     good_round: tuple[int, int] | None = None
     cusum: float = 0.0  # the threshold rule's CUSUM of the rounds' shortfall (in standard errors)
     # (step, accuracy, variance) of the rounds since the last improvement decision, newest last
-    window: tuple[tuple[int, float, float], ...] = ()
+    window: Window = ()
     # the run's dispersion: sum and count of (difference of consecutive rounds)^2 / (their variances)
     dispersion: tuple[float, int] = (0.0, 0)
     last_round: tuple[float, float] | None = None  # (accuracy, variance) of the last round
     # the same three with each round's undecided samples counted wrong (above: counted right; equal without any)
-    window_low: tuple[tuple[int, float, float], ...] = ()
+    window_low: Window = ()
     dispersion_low: tuple[float, int] = (0.0, 0)
     last_round_low: tuple[float, float] | None = None
     lowered_from: int | None = None  # `from_step` of the threshold cut whose raise is still owed
@@ -180,26 +183,26 @@ def optimistic(c: Consensus) -> tuple[float, float]:
     """(accuracy, effective samples) over every sample of the round with each undecided sample
     counted right: the side a below-threshold test reads, so undecided samples never make a cut.
     The effective size is the decided samples' scaled to the round's size."""
-    n, u = c.n_samples, max(c.n_undecided, 0)
-    if u == 0:
-        return c.accuracy, c.n_effective
-    if n + u <= 0:
-        return c.accuracy, 0.0
-    scale = (n + u) / n if n > 0 else 1.0
-    return (c.accuracy * n + u) / (n + u), c.n_effective * scale
+    return _undecided_counted(c, right=True)
 
 
 def pessimistic(c: Consensus) -> tuple[float, float]:
     """`optimistic`'s other end: each undecided sample counted wrong. A faulty grader at two replicas
     ties every sample it gets wrong, so the decided samples alone read a flat line whatever the run does:
     between the two ends lies what the round says."""
+    return _undecided_counted(c, right=False)
+
+
+def _undecided_counted(c: Consensus, right: bool) -> tuple[float, float]:
+    """The round over every sample, each undecided one counted right (or wrong); the decided samples'
+    own figures when none is undecided."""
     n, u = c.n_samples, max(c.n_undecided, 0)
     if u == 0:
         return c.accuracy, c.n_effective
     if n + u <= 0:
         return c.accuracy, 0.0
     scale = (n + u) / n if n > 0 else 1.0
-    return c.accuracy * n / (n + u), c.n_effective * scale
+    return (c.accuracy * n + (u if right else 0)) / (n + u), c.n_effective * scale
 
 
 def shortfall(p: float, n_eff: float, threshold: float) -> float:
@@ -299,9 +302,6 @@ def improvement_stopped(recent: tuple[tuple[int, float, float], ...], delta: flo
            f"differences) over the last {len(recent)} rounds: upper bound {upper:+.4g} at one-sided level {level:.2g} "
            f"(one of {max(tests, 1)} tests over the horizon) {'<' if stopped else '>='} {delta:g} per round")
     return stopped, why
-
-
-Window = tuple[tuple[int, float, float], ...]
 
 
 def _with_round(window: Window, dispersion: tuple[float, int], last_round: tuple[float, float] | None, step: int,

@@ -10,7 +10,7 @@ the first missing offset and drops later messages until that one arrives; proces
 idempotent (steps dedup by step, results by node), so re-reading is harmless. A hole that
 seeking cannot fill (deleted by retention, transaction markers) is accepted after
 `give_up_s` from when it was first seen: the partition is read once more from the hole, and
-the first message that comes is taken, whatever its offset.
+the first message that comes at or below the offset that gave up is taken, whatever its offset.
 
 Pure bookkeeping with an injected clock; the shell does the seeking.
 """
