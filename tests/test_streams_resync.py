@@ -7,6 +7,26 @@ from areal_metrics.streams.shell.resync import InputGuard
 TP = ("areal.steps", 2)
 
 
+def read_fetch(g: InputGuard, fetch: list[int], now: float, processed: list[int], position: int) -> int:
+    """One fetch through the guard as InputFeed.deliver hands it over (every message, seek or not); the
+    position of the next fetch (a seek takes effect there)."""
+    next_position = fetch[-1] + 1 if fetch else position
+    for o in fetch:
+        verdict, target = g.on_message(TP, o, now)
+        if verdict == "process":
+            processed.append(o)
+        elif verdict == "seek":
+            assert target is not None
+            next_position = target
+    return next_position
+
+
+def unstick(g: InputGuard, position: int, now: float) -> int:
+    """The shell's stuck-partition timer (InputFeed.unstick): the position after its seek, if any."""
+    target = g.stuck(TP, position, now, committed=0)
+    return position if target is None else target
+
+
 def test_contiguous_input_is_processed() -> None:
     g = InputGuard()
     assert [g.on_message(TP, o, 0.0) for o in range(4)] == [("process", None)] * 4
@@ -44,21 +64,9 @@ def test_a_hole_no_seek_fills_is_given_up_on_while_the_timer_keeps_seeking_and_n
     t = 0.0
     while t < 120.0:
         log_end += 1
-        for o in range(position, log_end):
-            if o == marker:
-                continue
-            verdict, target = g.on_message(TP, o, t)
-            if verdict == "process":
-                processed.append(o)
-            if verdict == "seek":
-                position = target
-                break
-        else:
-            position = log_end
+        position = read_fetch(g, [o for o in range(position, log_end) if o != marker], t, processed, position)
         if t % 5 == 0:
-            target = g.stuck(TP, position, t, committed=0)
-            if target is not None:
-                position = target
+            position = unstick(g, position, t)
         t += 0.5
     assert g.accepted_gaps == 1 and TP not in g.seeking
     assert set(processed) == set(range(log_end)) - {marker}  # every message but the marker, none lost
@@ -100,19 +108,9 @@ def test_the_shell_goes_on_through_a_fetch_after_a_seek_and_still_processes_in_o
     t = 0.0
     while t < 120:
         log_end += 2
-        fetch = [o for o in range(position, log_end) if o != marker][:8]
-        next_position = fetch[-1] + 1 if fetch else position
-        for o in fetch:  # the whole fetch, as the shell does
-            verdict, target = g.on_message(TP, o, t)
-            if verdict == "process":
-                processed.append(o)
-            elif verdict == "seek":
-                next_position = target  # the consumer's seek takes effect at the next fetch
-        position = next_position
+        position = read_fetch(g, [o for o in range(position, log_end) if o != marker][:8], t, processed, position)
         if t % 5 == 0:
-            target = g.stuck(TP, position, t, committed=0)
-            if target is not None:
-                position = target
+            position = unstick(g, position, t)
         if 40 <= t < 60:
             g.touch(t)  # the reader paused on purpose meanwhile: the hole keeps its age
         t += 1.0
@@ -143,20 +141,11 @@ def test_a_hole_whose_re_read_brings_nothing_at_or_below_the_give_up_offset_is_g
         if gave_up_at is not None and log_start <= gave_up_at:
             log_start = gave_up_at + 1  # retention's next deletion lands between the give-up and the re-read
         position = max(position, log_start)
-        fetch = list(range(position, end))[:8]
-        next_position = fetch[-1] + 1 if fetch else position
-        for o in fetch:
-            verdict, target = g.on_message(TP, o, t)
-            if verdict == "process":
-                processed.append(o)
-            elif verdict == "seek":
-                next_position = target
-                if g.seeking[TP].final is not None and gave_up_at is None:
-                    gave_up_at = o
-        position = next_position
+        position = read_fetch(g, list(range(position, end))[:8], t, processed, position)
+        hole = g.seeking.get(TP)
+        if gave_up_at is None and hole is not None and hole.final is not None:
+            gave_up_at = hole.final
         if t % 5 == 0:
-            target = g.stuck(TP, position, t, committed=0)
-            if target is not None:
-                position = target
+            position = unstick(g, position, t)
         t += 1.0
     assert gave_up_at is not None and max(processed) == end - 1 and processed == sorted(processed)
