@@ -52,8 +52,10 @@ def main() -> int:
     from areal_metrics.streams.shell.kafka_admin import (
         TopicLayoutError,
         ensure_committed_offsets,
+        max_message_bytes,
         prepare_topics,
     )
+    from areal_metrics.streams.state.state_store import RECORD_OVERHEAD
     from areal_metrics.streams.shell.settings import WorkerSettings
 
     try:
@@ -95,7 +97,9 @@ def main() -> int:
 
     client_config = quick_bootstrap(settings.kafka_python_config())
 
-    def topics_and_offsets() -> tuple[int, int]:
+    record_max = own.worker_state_record_max_bytes
+
+    def topics_and_offsets() -> tuple[int, int | None, int]:
         partitions = prepare_topics(
             settings.kafka_bootstrap,
             [topics.steps, topics.evals, topics.runs, topics.acks],
@@ -103,8 +107,11 @@ def main() -> int:
             client_config=client_config,
             durability=settings,
             changelogs=[changelog],
+            changelog_max_bytes=record_max,
         )
-        return partitions, ensure_committed_offsets(
+        # a changelog made before (by an older worker, or by hand) keeps its limit: records stay under it
+        limit = max_message_bytes(settings.kafka_bootstrap, changelog, client_config=client_config)
+        return partitions, limit, ensure_committed_offsets(
             settings.kafka_bootstrap,
             app_id_for(topics.prefix),
             from_start=[topics.steps, topics.evals, topics.runs, topics.acks],
@@ -122,7 +129,7 @@ def main() -> int:
                                     settings.kafka_bootstrap.split(","), stop)
         if found is None or stop.is_set():
             return 0
-        partitions, committed = found
+        partitions, topic_limit, committed = found
     except (TopicLayoutError, ArealError) as exc:  # ArealError: a topic the settings cannot make (a timeout is waited out)
         print(f"areal-streams: {exc}", file=sys.stderr)
         return 2
@@ -132,6 +139,12 @@ def main() -> int:
     finally:
         for sig, handler in before.items():  # until Faust's own: a signal while it starts ends the process
             signal.signal(sig, handler)
+    if topic_limit is not None and topic_limit < record_max:
+        logging.getLogger("streams").warning(
+            "changelog %s takes records of %d bytes (max.message.bytes), less than "
+            "AREAL_WORKER_STATE_RECORD_MAX_BYTES (%d): a message whose state record would be larger is "
+            "dead-lettered", changelog, topic_limit, record_max)
+        record_max = max(RECORD_OVERHEAD + 1, topic_limit)
     if committed < 0:
         logging.getLogger("streams").warning(
             "could not give the new partitions of group %s a start offset (another worker is live); "
@@ -157,6 +170,7 @@ def main() -> int:
         guard=guard,
         crash_marker=crash_marker("worker", settings.test_crash_on),
         run_limits=(own.worker_run_idle_s, own.worker_ended_run_idle_s, own.worker_max_runs),
+        state_record_max_bytes=record_max,
     )
     made = worker.app.tables["runs"].changelog_topic.get_topic_name()
     assert made == changelog, f"the worker made changelog {changelog}, Faust uses {made}"

@@ -8,7 +8,9 @@
 - processing messages in batches gives the outputs and states one-by-one processing gives;
 - a step of 1,024 ranks reporting one per batch writes each report to the changelog once
   (linear, not 1+2+...+1,024), and a worker restarted from its changelog mid-step, the last
-  batches delivered again, ends with the state and events of the uninterrupted one.
+  batches delivered again, ends with the state and events of the uninterrupted one;
+- a message whose state record would be over the bound (the changelog's max.message.bytes) is
+  dead-lettered saying the sizes, nothing of its state written, and the rest of its batch kept.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import json
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -28,7 +31,7 @@ from areal_metrics.streams.shell.batch import Input, StreamCore
 from areal_metrics.streams.core.config import RunConfig, StreamsConfig
 from areal_metrics.streams.core.processor import RunState
 from areal_metrics.streams.core.ranks import PendingStep, RankReport, RankState
-from areal_metrics.streams.state.state_store import StateStore, record_key
+from areal_metrics.streams.state.state_store import RECORD_OVERHEAD, StateStore, record_key
 from areal_metrics.streams.core.voting import CLOSED_ROUNDS_KEPT, NodeResult, RoundKey, add_result
 from tests.support import replay_changelog
 
@@ -427,3 +430,53 @@ def test_a_step_whose_reports_are_replaced_reads_back_as_before_or_after_whereve
                 crashed.pop(key, None)
         assert StateStore(crashed).load("r") in (old, new), cut
     assert sorted(json.loads(k)[1] for k in table) == ["pending", "reports", "run"]  # the old generation's gone
+
+
+# ------------------------------------------------------------------ a record too large to keep
+
+
+def big_result(run: str, n: int) -> bytes:
+    """A result whose open round is a record of about 2 bytes a verdict."""
+    return EvalEvent(run_id=run, node="a", eval_id="big", step=1, dataset="math", replicas=2, ts=2.0,
+                     verdicts=[i % 2 for i in range(n)], accuracy=0.5, event_id=f"{run}-big-a").to_json()
+
+
+def bounded_core(table: dict[bytes, bytes], max_record_bytes: int | None) -> tuple[StreamCore, Recorder]:
+    rec = Recorder()
+    return StreamCore(topics=TOPICS, config=StreamsConfig(defaults=CFG), table=table, send=rec.send,
+                      clock=lambda: 1000.0, state_record_max_bytes=max_record_bytes), rec
+
+
+def test_a_message_whose_state_record_would_be_over_the_bound_is_dead_lettered_and_the_rest_kept() -> None:
+    """The broker refuses a state record over its changelog's max.message.bytes, and a state it refused is
+    a state lost: the store refuses to write one (StateRecordTooLarge, nothing written), and the batch goes
+    again one by one, so the message behind it is dead-lettered saying the sizes and the others count. A
+    waiting step (its reports in records of their own) that got a report in that batch ends as it does
+    without the big message."""
+    waits = [[(TOPICS.steps, step("r", 20, rank=r, world=4))] for r in (0, 1)]  # its reports in records of their own
+    batch = [(TOPICS.steps, step("r", 20, rank=2, world=4)), (TOPICS.evals, big_result("r", 4_000)),
+             (TOPICS.steps, step("r", 21)), (TOPICS.evals, result("r", "e9", "a", 0.5))]
+    then = [(TOPICS.steps, step("r", 20, rank=3, world=4)), (TOPICS.steps, step("r", 22))]
+    bounded_table: dict[bytes, bytes] = {}
+    bounded, bounded_rec = bounded_core(bounded_table, 4_000)
+    feed(bounded, [[(TOPICS.steps, step("r", n)) for n in range(5)], *waits, batch, then])
+    reference_table: dict[bytes, bytes] = {}
+    reference, reference_rec = bounded_core(reference_table, None)
+    feed(reference, [[(TOPICS.steps, step("r", n)) for n in range(5)], *waits,
+                     [m for m in batch if b'"big"' not in m[1]], then])
+
+    dead = [v for t, _, v in bounded_rec.sent if t == TOPICS.deadletter]
+    assert [d["source_topic"] for d in dead] == [TOPICS.evals]
+    assert dead[0]["reason"].startswith("evals: not processed: the run's state record 'round' would be ")
+    assert "over the 4,000 a state record may take" in dead[0]["reason"]
+    assert bounded.stats["errors"] == 0  # the input's doing, not a worker error
+    # the outputs of the batch's first pass went out before its save failed, and go again with the same ids
+    # in the pass one by one: as the sink stores them (by event_id), they are the reference's
+    kept = list({v["event_id"]: (t, v) for t, _, v in bounded_rec.sent
+                 if t not in (TOPICS.deadletter, TOPICS.alerts)}.values())
+    assert kept == [(t, v) for t, _, v in reference_rec.sent]
+    assert [p["step"] for t, p in kept if t == TOPICS.smoothed] == [0, 1, 2, 3, 4, 21, 20, 22]
+    state, expected = StateStore(bounded_table).load("r"), StateStore(reference_table).load("r")
+    assert state is not None and expected is not None and state.invalid  # the dead letter's memory
+    assert msgspec.structs.replace(state, invalid=expected.invalid) == expected
+    assert all(len(k) + len(v) + RECORD_OVERHEAD <= 4_000 for k, v in bounded_table.items())

@@ -72,6 +72,9 @@ def test_the_workers_changelog_is_compacted_and_replicated_like_derived_topics()
     assert changelog_spec("x.changelog", settings) == TopicSpec(
         "x.changelog", 3, {"min.insync.replicas": "2", "cleanup.policy": "compact"})  # compacted: no retention
     assert changelog_spec("x.changelog", None) == TopicSpec("x.changelog", -1, {"cleanup.policy": "compact"})
+    # and takes the worker's largest state record (AREAL_WORKER_STATE_RECORD_MAX_BYTES) when told
+    assert changelog_spec("x.changelog", None, 8 << 20).config == {"cleanup.policy": "compact",
+                                                                  "max.message.bytes": "8388608"}
 
 
 class _SettlingAdmin:

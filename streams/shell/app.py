@@ -196,6 +196,7 @@ def build_worker(
     guard: CrashGuard | None = None,
     crash_marker: bytes | None = None,
     run_limits: tuple[float, float, int] | None = None,
+    state_record_max_bytes: int | None = None,
 ) -> StreamWorker:
     """A Faust app for this prefix. `transport` (KafkaTransport by default) is where records go.
 
@@ -205,21 +206,26 @@ def build_worker(
     `guard` skips a message that crashed the worker (producers/runtime/poison.py); `crash_marker`
     is its test hook (AREAL_TEST_CRASH_ON). `run_limits`: (run idle s, ended run idle s, max runs) of
     the live run state (AREAL_WORKER_RUN_IDLE_S, _ENDED_RUN_IDLE_S, _MAX_RUNS; None: their defaults).
+    `state_record_max_bytes`: the largest state record (None: AREAL_WORKER_STATE_RECORD_MAX_BYTES); the
+    changelog Faust would make takes it (the entry point makes the changelog first: kafka_admin).
     """
     config, transport = config or StreamsConfig(), transport or KafkaTransport()
     app = _faust_app(topics.prefix, bootstrap, credentials, datadir, partitions, replication_factor,
                      commit_interval, session_timeout)
     durability = {"min.insync.replicas": str(min_insync_replicas)}
+    if state_record_max_bytes is None:
+        state_record_max_bytes = WorkerSettings().worker_state_record_max_bytes
     inputs = (topics.steps, topics.evals, topics.runs, topics.acks)
     input_topics = [app.topic(name, key_type=bytes, value_type=bytes) for name in inputs]
     ticks = app.topic(ticks_topic_for(topics.prefix), key_type=bytes, value_type=bytes, partitions=partitions,
                       replicas=replication_factor, config=durability)
     runs = app.Table("runs", partitions=partitions, key_type=bytes, value_type=bytes, default=None,
-                     extra_topic_configs=durability,
+                     extra_topic_configs={**durability, "max.message.bytes": str(state_record_max_bytes)},
                      help="per-run state of the stream worker (areal_metrics.streams.state.state_store records)")
     idle, ended_idle, max_runs = run_limits or (None, None, None)
     core = StreamCore(topics=topics, config=config, table=runs, clock=clock, run_idle_s=idle,
-                      ended_run_idle_s=ended_idle, max_runs=max_runs, **transport.outputs(app, runs))
+                      ended_run_idle_s=ended_idle, max_runs=max_runs, state_record_max_bytes=state_record_max_bytes,
+                      **transport.outputs(app, runs))
     feed = InputFeed(app, transport.input_guard(), inputs)
     for topic in input_topics:
         app.topics.add(topic)  # subscribed (and so co-partitioned with the table), read by the feed

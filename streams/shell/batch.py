@@ -62,7 +62,7 @@ from areal_metrics.streams.core.processor import (
 )
 from areal_metrics.streams.shell.record_batches import Message, RecordRefused, settled
 from areal_metrics.streams.shell.settings import WorkerSettings
-from areal_metrics.streams.state.state_store import StateStore
+from areal_metrics.streams.state.state_store import StateRecordTooLarge, StateStore
 
 log = logging.getLogger("streams")
 
@@ -117,14 +117,20 @@ class StreamCore:
     run_idle_s: float | None = None
     ended_run_idle_s: float | None = None
     max_runs: int | None = None
+    # The largest state record, overhead included (None: AREAL_WORKER_STATE_RECORD_MAX_BYTES); the
+    # entry point passes the smaller of it and the changelog topic's max.message.bytes
+    state_record_max_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.send_many is None and self.send is None:
             raise TypeError("StreamCore needs `send` or `send_many`")
         self._send_all: SendManyFn = self.send_many or self._one_by_one
-        self.store = StateStore(self.table, direct_changelog=self.changelog is not None)
-        self._bad_partition: dict[str, int] = {}
         # None: the settings' defaults (the entry point passes the environment's values)
+        if self.state_record_max_bytes is None:
+            self.state_record_max_bytes = WorkerSettings().worker_state_record_max_bytes
+        self.store = StateStore(self.table, direct_changelog=self.changelog is not None,
+                                max_record_bytes=self.state_record_max_bytes)
+        self._bad_partition: dict[str, int] = {}
         if self.run_idle_s is None:
             self.run_idle_s = WorkerSettings().worker_run_idle_s
         if self.ended_run_idle_s is None:
@@ -360,8 +366,13 @@ class StreamCore:
         try:
             self.save(state)
             return
+        except StateRecordTooLarge as exc:  # the input's doing (a vote round too large to keep), said as such
+            why = f"not processed: {exc}"
+            log.warning("streams: state of run %r not saved (%s); its %d message(s) again, one by one",
+                        state.run_id, exc, len(items))
         except Exception as exc:  # noqa: BLE001 - e.g. a value the codec cannot write
             self.stats["errors"] += 1
+            why = "not processed (worker error: its state could not be saved)"
             log.error("streams: state of run %r not saved (%s: %s); its %d message(s) again, one by one",
                       state.run_id, type(exc).__name__, exc, len(items))
         self.store.states.pop(state.run_id, None)  # the table still has the state before the batch
@@ -371,8 +382,7 @@ class StreamCore:
             return
         for item in items:  # the one message whose state cannot be saved: its dead letter instead
             m = item.message
-            dead = self._dead(m, f"{self.input_type(m.topic).table}: not processed (worker error: its state "
-                                 "could not be saved)")
+            dead = self._dead(m, f"{self.input_type(m.topic).table}: {why}")
             state = self.load(dead.run_id, m.partition)
             new_state, outputs = on_rejected(state, dead, f"{m.topic}/{m.partition}/{m.offset}", self.clock(),
                                              self.config.for_run(dead.run_id))

@@ -8,6 +8,7 @@ and input topics on a fresh broker).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 
@@ -15,6 +16,8 @@ from areal_metrics.producers.runtime.kafka_wait import closed_on_failure
 from areal_metrics.producers.runtime.topic_admin import create_missing_topics
 from areal_metrics.producers.contract.topics import DurabilitySettings, TopicSpec, topic_spec
 from areal_metrics.producers.contract.errors import UserError
+
+log = logging.getLogger("streams")
 
 DEFAULT_PARTITIONS = 3
 TICKS_RETENTION_MS = 60 * 60 * 1000  # ticks are worthless after a moment; keep an hour
@@ -27,6 +30,7 @@ class TopicLayoutError(UserError, RuntimeError):
 def prepare_topics(
     bootstrap: str, inputs: Iterable[str], ticks: str, *, timeout: float = 30.0, client_config: dict | None = None,
     durability: DurabilitySettings | None = None, changelogs: Iterable[str] = (),
+    changelog_max_bytes: int | None = None,
 ) -> int:
     """Partition count shared by the input topics; creates missing inputs, the ticks topic and `changelogs`.
 
@@ -35,7 +39,8 @@ def prepare_topics(
     topics, the ticks derived ones with a retention of an hour); None: the broker's
     defaults. The same creation code as the local stack (`areal_metrics.producers.runtime.topic_admin`), which
     waits until every replica broker has a new topic. `changelogs`: Faust's table
-    changelogs (compacted), made here so that every broker knows them before Faust asks.
+    changelogs (compacted), made here so that every broker knows them before Faust asks, taking
+    records of `changelog_max_bytes` (max.message.bytes; None: the broker's default).
     """
     from kafka import KafkaAdminClient
 
@@ -57,7 +62,8 @@ def prepare_topics(
         if not _partition_counts(admin, [ticks])[ticks]:
             specs.append(ticks_spec(ticks, durability))
         changelogs = list(changelogs)
-        specs += [changelog_spec(t, durability) for t, n in _partition_counts(admin, changelogs).items() if not n]
+        specs += [changelog_spec(t, durability, changelog_max_bytes)
+                  for t, n in _partition_counts(admin, changelogs).items() if not n]
         create_missing_topics(admin, specs, partitions, timeout=timeout)
         deadline = time.monotonic() + timeout
         while not all(_partition_counts(admin, [*inputs, ticks]).values()):
@@ -78,12 +84,41 @@ def _spec(name: str, durability: DurabilitySettings | None, *, derived: bool) ->
     return topic_spec(name, durability, derived=derived)
 
 
-def changelog_spec(name: str, durability: DurabilitySettings | None) -> TopicSpec:
-    """A table's changelog, as Faust makes it: compacted (the latest state per run kept), replicated."""
+def changelog_spec(name: str, durability: DurabilitySettings | None, max_bytes: int | None = None) -> TopicSpec:
+    """A table's changelog, as Faust makes it: compacted (the latest state per run kept), replicated;
+    taking records of `max_bytes` (None: the broker's default, 1 MB unless set)."""
     spec = _spec(name, durability, derived=True)
     config = {k: v for k, v in spec.config.items() if not k.startswith("retention.")}
     config["cleanup.policy"] = "compact"
+    if max_bytes is not None:
+        config["max.message.bytes"] = str(max_bytes)
     return TopicSpec(name, spec.replication_factor, config)
+
+
+def max_message_bytes(bootstrap: str, topic: str, *, timeout: float = 30.0,
+                      client_config: dict | None = None) -> int | None:
+    """The topic's max.message.bytes as the broker applies it (its own, else the broker's default);
+    None when the broker does not say, or does not let us ask (DescribeConfigs is not among the
+    worker's grants: docs/SECURITY.md). A changelog made before the worker set it keeps its limit,
+    and a state record over it would be refused: the worker bounds its records by it too."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import ConfigResource, ConfigResourceType
+    from kafka.errors import KafkaError
+
+    config = dict(client_config or {})
+    config.setdefault("bootstrap_servers", bootstrap.split(","))
+    admin = closed_on_failure(KafkaAdminClient, request_timeout_ms=int(timeout * 1000), **config)
+    try:
+        found = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="all")
+    except KafkaError as exc:
+        log.warning("could not read %s's max.message.bytes (%s: %s); state records are bounded by "
+                    "AREAL_WORKER_STATE_RECORD_MAX_BYTES alone", topic, type(exc).__name__, exc)
+        return None
+    finally:
+        admin.close()
+    entry = (found.get("topic") or {}).get(topic, {}).get("max.message.bytes")
+    value = entry.get("value") if isinstance(entry, dict) else None
+    return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
 def ticks_spec(name: str, durability: DurabilitySettings | None) -> TopicSpec:

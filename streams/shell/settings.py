@@ -44,6 +44,14 @@ class WorkerSettings(SettingGroup):
                                    "past it the run whose last input is oldest leaves first, whatever waits in it "
                                    "(docs/SCALING.md: the bytes a run costs)", ge=1, le=10_000_000,
                                    readers="worker")
+    worker_state_record_max_bytes: int = setting("AREAL_WORKER_STATE_RECORD_MAX_BYTES", 8 << 20, "the largest "
+                                                 "record of the worker's state (a vote round holds every node's "
+                                                 "verdicts and sample ids until it is decided): a message that "
+                                                 "would make one larger is dead-lettered, naming the sizes. The "
+                                                 "worker makes its changelog topic take such records "
+                                                 "(max.message.bytes); on a changelog made smaller before, the "
+                                                 "topic's limit applies", ge=64 << 10, le=1 << 30,
+                                                 readers="worker")
     worker_stop_timeout_s: float = setting("AREAL_WORKER_STOP_TIMEOUT_S", 20.0, "after SIGTERM or SIGINT the "
                                            "worker stops cleanly (a last flush and commit) or, past this many "
                                            "seconds (Kafka unreachable), exits with status 1 without it: Kafka "

@@ -55,6 +55,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec.structs import FieldInfo, fields
 
+from areal_metrics.producers.contract.errors import ArealError
 from areal_metrics.streams.state import codec
 from areal_metrics.streams.state.codec import StateDecodeError
 from areal_metrics.streams.core.processor import RunState
@@ -198,15 +199,30 @@ class TableWrites:
         return iter(list(self.data.keys()))
 
 
+# A Kafka record's bytes beyond its key and value, within the record batch the topic's
+# max.message.bytes bounds (the batch header 61, a record's header and varints)
+RECORD_OVERHEAD = 128
+
+
+class StateRecordTooLarge(ArealError):
+    """A save would write a record over the bound: nothing of it was written, and the run's
+    state is as the table holds it (the message that made the record is the shell's to
+    dead-letter)."""
+
+
 @dataclass
 class StateStore:
-    """RunStates over the table's records: loaded once (then cached), saved by difference."""
+    """RunStates over the table's records: loaded once (then cached), saved by difference.
+    `max_record_bytes` bounds a record's key, value and overhead (None: no bound): the broker
+    refuses a record over its changelog topic's max.message.bytes, and a state it refused is a
+    state lost."""
 
     table: Any
     states: dict[str, RunState] = field(default_factory=dict)  # decoded, as last saved
     bad: list[BadRecord] = field(default_factory=list)  # records that did not decode, to report
     writes: int = 0  # records put or deleted (the changelog's share of the work)
     direct_changelog: bool = False  # TableWrites' `direct`: the caller sends the changelog records
+    max_record_bytes: int | None = None
 
     def __post_init__(self) -> None:
         self.io = TableWrites(self.table, self.direct_changelog)
@@ -376,6 +392,8 @@ class StateStore:
             head_changed = self._diff_rounds(old.state.votes, state.votes, saved, puts, deletes) or head_changed
             if head_changed or self._head_changed(old.state, state):
                 puts.append((record_key(run_id, HEAD), self._head(saved)))
+        if self.max_record_bytes is not None:
+            self._check_sizes(run_id, puts)
         index = self._runs().setdefault(run_id, {})
         for key, value in puts:
             self.io.put(partition, key, value)
@@ -386,6 +404,23 @@ class StateStore:
             index.pop(key, None)
         self.writes += len(puts) + len(deletes)
         self.states[run_id], self._saved[run_id] = state, saved
+
+    def _check_sizes(self, run_id: str, puts: list[tuple[bytes, bytes]]) -> None:
+        """StateRecordTooLarge before anything is written. The diff may have moved the last save's
+        bookkeeping (where a step's reports are), so the run is forgotten: its next load reads
+        the table, which still holds the state before."""
+        assert self.max_record_bytes is not None
+        for key, value in puts:
+            size = len(key) + len(value) + RECORD_OVERHEAD
+            if size > self.max_record_bytes:
+                self.states.pop(run_id, None)
+                self._saved.pop(run_id, None)
+                kind = _parse_key(key)[1][0]
+                raise StateRecordTooLarge(
+                    f"the run's state record {kind!r} would be {size:,} bytes, over the {self.max_record_bytes:,} "
+                    "a state record may take (AREAL_WORKER_STATE_RECORD_MAX_BYTES, or the changelog topic's "
+                    "max.message.bytes)" + (": a vote round keeps every node's verdicts and sample_ids until it "
+                                            "is decided" if kind == ROUND else ""))
 
     def _head_changed(self, old: RunState, new: RunState) -> bool:
         if any(_changed(getattr(old, name), getattr(new, name)) for name in HEAD_FIELDS):
