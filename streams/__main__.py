@@ -50,6 +50,7 @@ def main() -> int:
     from areal_metrics.producers.contract.settings import Settings, state_dir
     from areal_metrics.streams.core.config import ConfigError
     from areal_metrics.streams.shell.kafka_admin import (
+        KAFKA_DEFAULT_MAX_MESSAGE_BYTES,
         TopicLayoutError,
         ensure_committed_offsets,
         max_message_bytes,
@@ -139,7 +140,12 @@ def main() -> int:
     finally:
         for sig, handler in before.items():  # until Faust's own: a signal while it starts ends the process
             signal.signal(sig, handler)
-    if topic_limit is not None and topic_limit < record_max:
+    if topic_limit is None:  # not allowed to ask: assume the broker's default, which a topic made before has
+        logging.getLogger("streams").warning(
+            "could not read the max.message.bytes of changelog %s (grant the worker DESCRIBE_CONFIGS on its "
+            "topics: docs/SECURITY.md); assuming Kafka's default, %d bytes", changelog, KAFKA_DEFAULT_MAX_MESSAGE_BYTES)
+        topic_limit = KAFKA_DEFAULT_MAX_MESSAGE_BYTES
+    if topic_limit < record_max:
         logging.getLogger("streams").warning(
             "changelog %s takes records of %d bytes (max.message.bytes), less than "
             "AREAL_WORKER_STATE_RECORD_MAX_BYTES (%d): a message whose state record would be larger is "

@@ -77,7 +77,8 @@ def test_kafka_acls_are_one_per_operation_with_the_pattern_type() -> None:
 
     acls = access.kafka_acls("User:w", table("x.")["worker"].kafka)
     own = [a for a in acls if a.resource_pattern.pattern_type == ACLResourcePatternType.PREFIXED]
-    assert {a.operation for a in own} == {ACLOperation.READ, ACLOperation.WRITE, ACLOperation.CREATE}
+    assert {a.operation for a in own} == {ACLOperation.READ, ACLOperation.WRITE, ACLOperation.CREATE,
+                                          ACLOperation.DESCRIBE_CONFIGS}
     assert {a.resource_pattern.resource_type for a in acls} == {ResourceType.TOPIC, ResourceType.GROUP}
     assert {a.principal for a in acls} == {"User:w"}
 

@@ -188,6 +188,8 @@ def test_pipeline_runs_with_one_principal_per_component(secured: Secured, tmp_pa
             assert avg == pytest.approx(np.mean(rewards[max(0, step - window + 1):step + 1]))
         assert rows("SELECT command FROM commands FINAL WHERE run_id = {r:String}") == [("evaluate_now",)]
         assert rows("SELECT count() FROM deadletter") == [(0,)]  # nothing refused on the way
+        # its grants let the worker read its changelog's limit, which bounds its state records
+        assert "could not read the max.message.bytes" not in (logs / "worker.log").read_text()
 
         # `status` of this stack (what `up` records: the broker, the two services)
         assert secured.broker.process is not None

@@ -142,3 +142,35 @@ async def _deliver_small(bootstrap: str, topic: str) -> None:
         return await deliver(producer, [(topic, 0, b"run-1", b"small")])
     finally:
         await producer.stop()
+
+
+def test_record_batches_cut_at_max_batch_bytes_fit_a_topic_whose_limit_is_below_the_producers_batch(
+        kafka_bootstrap: str) -> None:
+    """The broker's max.message.bytes bounds a whole record batch, and the producer fills one up to its own batch
+    size (the worker's: 256 KiB): on a changelog with a smaller limit, records each within it were refused
+    together. Cut at the limit, they are delivered."""
+    from aiokafka.errors import KafkaError
+
+    from areal_metrics.producers.contract.topics import TopicSpec
+    from areal_metrics.streams.shell.record_batches import RecordRefused, deliver
+
+    limit = 5_000
+    topic = f"rb{uuid.uuid4().hex[:8]}.small"
+    create_topics(kafka_bootstrap, [TopicSpec(topic, 1, {"max.message.bytes": str(limit)})], partitions=1)
+    records = [(topic, 0, f"run-{i}".encode(), b"v" * 200) for i in range(100)]  # 20 KB in all, 0.2 KB each
+
+    async def go(max_batch_bytes: int | None) -> BaseException | None:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", max_batch_size=256 * 1024)
+        await producer.start()
+        try:
+            await deliver(producer, records, max_batch_bytes)
+        except (RecordRefused, KafkaError) as exc:
+            return exc
+        finally:
+            await producer.stop()
+        return None
+
+    assert isinstance(asyncio.run(go(None)), RecordRefused)
+    assert asyncio.run(go(limit)) is None
+    got = _read_all(kafka_bootstrap, topic, len(records))
+    assert [(r.key, r.value) for r in got] == [(k, v) for _, _, k, v in records]

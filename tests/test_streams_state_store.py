@@ -480,3 +480,48 @@ def test_a_message_whose_state_record_would_be_over_the_bound_is_dead_lettered_a
     assert state is not None and expected is not None and state.invalid  # the dead letter's memory
     assert msgspec.structs.replace(state, invalid=expected.invalid) == expected
     assert all(len(k) + len(v) + RECORD_OVERHEAD <= 4_000 for k, v in bounded_table.items())
+
+
+def test_a_result_that_makes_its_round_too_large_is_refused_as_it_arrives_however_the_results_are_batched() -> None:
+    """The bound is asked after each result, not of the batch's end state: a round that grew past it and was
+    decided later in the same batch sent a consensus counting the result the one-by-one pass then refused
+    (the same event_id later carried another accuracy), and batched and one-by-one processing disagreed."""
+
+    def res(eval_id: str, node: str, acc: float, verdicts: int = 0, replicas: int = 3) -> tuple[str, bytes]:
+        return TOPICS.evals, EvalEvent(run_id="r", node=node, eval_id=eval_id, step=1, dataset="math", ts=2.0,
+                                       replicas=replicas, accuracy=acc, event_id=f"r-{eval_id}-{node}",
+                                       **({"verdicts": [1] * verdicts} if verdicts else {})).to_json()
+
+    msgs = [(TOPICS.steps, step("r", n)) for n in range(3)] + [
+        res("e5", "a", 0.5), res("e5", "b", 0.9, verdicts=2_000), res("e5", "c", 0.9),
+        res("e6", "a", 0.5, verdicts=2_000, replicas=2), res("e5", "d", 0.5)]
+    sent, tables = [], []
+    for batches in ([msgs[:3], msgs[3:4], msgs[4:7], msgs[7:]], [[m] for m in msgs]):
+        table: dict[bytes, bytes] = {}
+        core, rec = bounded_core(table, 4_000)
+        feed(core, batches)
+        sent.append([(t, v) for t, _, v in rec.sent])
+        tables.append(table)
+    assert sent[0] == sent[1] and tables[0] == tables[1]
+    [consensus] = [v for t, v in sent[0] if t == TOPICS.consensus]
+    assert (consensus["accuracy"], consensus["dissenters"]) == (0.5, ["c"])  # a, c, d: b never counted
+    assert [v["reason"].split(":")[0] for t, v in sent[0] if t == TOPICS.deadletter] == ["evals", "evals"]
+
+
+def test_a_run_whose_head_is_over_the_bound_dead_letters_its_input_without_stopping_the_batch() -> None:
+    """A bound lowered below a stored state (or a head grown past it): every input of the run is dead-lettered
+    (its state cannot be kept), and the dead letter's own save, which fails too, no longer raises out of the
+    batch (a worker crash, twice a message, then a poison_message for a healthy step)."""
+    table: dict[bytes, bytes] = {}
+    unbounded, _ = bounded_core(table, None)
+    feed(unbounded, [[(TOPICS.runs, RunEvent(run_id="r", node=f"n{i}", rank=i, world_size=4_000, status="running",
+                                             ts=1.0).to_json()) for i in range(4_000)]])
+    head = len(table[record_key("r", "run")])
+    bounded, rec = bounded_core(table, head // 2)
+    feed(bounded, [[(TOPICS.steps, step("r", 1)), (TOPICS.steps, step("q", 1))]])
+    dead = [v for t, _, v in rec.sent if t == TOPICS.deadletter]
+    assert [(d["run_id"], d["reason"].split(":")[0]) for d in dead] == [("r", "steps")]
+    assert "state record 'run' would be" in dead[0]["reason"]
+    # the other run goes on; r's point went out with the batch's first pass, before its save failed (only the
+    # round records are checked as each input arrives: a head over the bound is a bound lowered under a state)
+    assert [v["run_id"] for t, _, v in rec.sent if t == TOPICS.smoothed] == ["r", "q"]

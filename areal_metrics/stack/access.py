@@ -38,7 +38,7 @@ from typing import Any
 
 from areal_metrics.producers.contract.topics import Topics
 
-READ, WRITE, CREATE = "READ", "WRITE", "CREATE"
+READ, WRITE, CREATE, DESCRIBE_CONFIGS = "READ", "WRITE", "CREATE", "DESCRIBE_CONFIGS"
 TOPIC, GROUP = "TOPIC", "GROUP"
 
 
@@ -111,7 +111,8 @@ def components(topics: Topics, *, worker: str, sink: str, alerts_group: str | No
         Component("worker", "the stream worker (`python -m areal_metrics.streams`)",
                   _topics([t.steps, t.evals, t.runs, t.acks], READ)
                   + _topics([t.smoothed, t.consensus, t.control, t.alerts, t.deadletter], WRITE)
-                  + (KafkaGrant(TOPIC, f"{worker}-", (READ, WRITE, CREATE), prefixed=True),
+                  # its own topics; DESCRIBE_CONFIGS: its changelog's max.message.bytes, which bounds its state records
+                  + (KafkaGrant(TOPIC, f"{worker}-", (READ, WRITE, CREATE, DESCRIBE_CONFIGS), prefixed=True),
                      KafkaGrant(GROUP, worker, (READ,)))),
         Component("sink", "the ClickHouse sink (`python -m areal_metrics.sinks`)",
                   # alerts: poison_message, when a message crashed the sink twice (producers/runtime/poison.py)
@@ -166,11 +167,12 @@ def markdown(table: Mapping[str, Component]) -> str:
                  if g.resource == resource and op in g.operations]
         return ", ".join(found) or "-"
 
-    lines = ["| component | READ (topics) | WRITE (topics) | CREATE (topics) | READ (consumer group) |",
-             "|---|---|---|---|---|"]
+    lines = ["| component | READ (topics) | WRITE (topics) | CREATE (topics) | DESCRIBE_CONFIGS (topics) "
+             "| READ (consumer group) |",
+             "|---|---|---|---|---|---|"]
     for c in table.values():
         lines.append(f"| {c.name} | {names(c, TOPIC, READ)} | {names(c, TOPIC, WRITE)} | {names(c, TOPIC, CREATE)} "
-                     f"| {names(c, GROUP, READ)} |")
+                     f"| {names(c, TOPIC, DESCRIBE_CONFIGS)} | {names(c, GROUP, READ)} |")
     lines += ["", "| component | who | ClickHouse grants |", "|---|---|---|"]
     for c in table.values():
         lines.append(f"| {c.name} | {c.what} | " + ("<br>".join(f"`{g}`" for g in c.clickhouse) or "none") + " |")

@@ -366,7 +366,7 @@ def on_eval(state: RunState, ev: EvalEvent, now: float, cfg: RunConfig) -> tuple
     if ev.status == "skipped":
         return state, []  # a round not evaluated (busy evaluator, quick stage said no): nothing to vote
     state = _saw_attempt(state, ev.attempt)
-    key = RoundKey(ev.run_id, ev.eval_id, ev.dataset, ev.stage, ev.attempt)
+    key = round_key(ev)
     result = NodeResult(
         node=ev.node,
         ok=ev.status == "ok",
@@ -382,6 +382,11 @@ def on_eval(state: RunState, ev: EvalEvent, now: float, cfg: RunConfig) -> tuple
     votes, outcome = add_result(state.votes, key, ev.step, ev.replicas, result, now, cfg, ev.shard_nodes,
                                 registered(state, now, cfg))
     return _vote_outputs(replace(state, votes=votes), outcome, ev.ts, cfg)
+
+
+def round_key(ev: EvalEvent) -> RoundKey:
+    """The vote round a result belongs to."""
+    return RoundKey(ev.run_id, ev.eval_id, ev.dataset, ev.stage, ev.attempt)
 
 
 def samples_per_prompt(ev: EvalEvent) -> int:

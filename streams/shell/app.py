@@ -155,7 +155,12 @@ class KafkaTransport:
     """Outputs and the table's changelog straight to the transport producer, as record batches (our values
     are bytes already, and Faust's Topic.send or Table.send_changelog bookkeeping costs about as much as
     the rest of a step's work); the commit flushes the producer before it commits the inputs' offsets.
-    The changelog's batches are waited for (`deliver`): a state record the broker refuses stops the batch."""
+    The changelog's batches are waited for (`deliver`): a state record the broker refuses stops the batch.
+    `changelog_max_bytes`: the changelog's record batches are cut at it (the topic's max.message.bytes
+    bounds a whole batch; None: at the producer's batch size, 256 KiB)."""
+
+    def __init__(self, changelog_max_bytes: int | None = None) -> None:
+        self.changelog_max_bytes = changelog_max_bytes
 
     def outputs(self, app: faust.App, runs: Any) -> dict[str, Any]:
         async def send_many(messages: Sequence[Message]) -> list[Awaitable[Any]]:
@@ -163,7 +168,8 @@ class KafkaTransport:
 
         async def changelog(records: list[tuple[int, bytes, bytes | None]]) -> None:
             topic = runs.changelog_topic_name  # a Faust property that builds the name: once a call, not once a record
-            await deliver(transport_producer(app), [(topic, partition, key, value) for partition, key, value in records])
+            await deliver(transport_producer(app), [(topic, partition, key, value) for partition, key, value in records],
+                          self.changelog_max_bytes)
 
         return {"send_many": send_many, "changelog": changelog}
 
@@ -209,12 +215,12 @@ def build_worker(
     `state_record_max_bytes`: the largest state record (None: AREAL_WORKER_STATE_RECORD_MAX_BYTES); the
     changelog Faust would make takes it (the entry point makes the changelog first: kafka_admin).
     """
-    config, transport = config or StreamsConfig(), transport or KafkaTransport()
+    if state_record_max_bytes is None:
+        state_record_max_bytes = WorkerSettings().worker_state_record_max_bytes
+    config, transport = config or StreamsConfig(), transport or KafkaTransport(state_record_max_bytes)
     app = _faust_app(topics.prefix, bootstrap, credentials, datadir, partitions, replication_factor,
                      commit_interval, session_timeout)
     durability = {"min.insync.replicas": str(min_insync_replicas)}
-    if state_record_max_bytes is None:
-        state_record_max_bytes = WorkerSettings().worker_state_record_max_bytes
     inputs = (topics.steps, topics.evals, topics.runs, topics.acks)
     input_topics = [app.topic(name, key_type=bytes, value_type=bytes) for name in inputs]
     ticks = app.topic(ticks_topic_for(topics.prefix), key_type=bytes, value_type=bytes, partitions=partitions,

@@ -59,6 +59,7 @@ from areal_metrics.streams.core.processor import (
     on_run,
     on_step,
     on_tick,
+    round_key,
 )
 from areal_metrics.streams.shell.record_batches import Message, RecordRefused, settled
 from areal_metrics.streams.shell.settings import WorkerSettings
@@ -360,7 +361,15 @@ class StreamCore:
             return on_command_ack(state, ev, now, cfg)
         assert isinstance(ev, EvalEvent)
         self.stats["evals"] += 1
-        return on_eval(state, ev, now, cfg)
+        after, out = on_eval(state, ev, now, cfg)
+        why = self.store.round_too_large(after, round_key(ev))
+        if why is None:
+            return after, out
+        # a round too large to keep: the result is refused as it arrives, before anything it led to goes
+        # out (the state as if it never came; its dead letter instead), however the results are batched
+        m = item.message
+        return self._step(state, _Item(m, self._dead(m, f"{self.input_type(m.topic).table}: not processed: {why}")),
+                          now, cfg)
 
     async def _save(self, state: RunState, items: list[_Item]) -> None:
         try:
@@ -387,7 +396,13 @@ class StreamCore:
             new_state, outputs = on_rejected(state, dead, f"{m.topic}/{m.partition}/{m.offset}", self.clock(),
                                              self.config.for_run(dead.run_id))
             await self.emit(outputs)
-            self.save(new_state)
+            try:
+                self.save(new_state)
+            except StateRecordTooLarge as exc:  # a state that cannot be kept whatever comes: its letter is out
+                self.stats["errors"] += 1
+                self.store.states.pop(new_state.run_id, None)
+                log.error("streams: state of run %r cannot be saved (%s); the dead letter's memory is not kept",
+                          new_state.run_id, exc)
 
     # ---------------------------------------------------------------- clock
 

@@ -20,6 +20,7 @@ from areal_metrics.producers.contract.errors import UserError
 log = logging.getLogger("streams")
 
 DEFAULT_PARTITIONS = 3
+KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588  # a broker's message.max.bytes, unless set
 TICKS_RETENTION_MS = 60 * 60 * 1000  # ticks are worthless after a moment; keep an hour
 
 
@@ -98,9 +99,10 @@ def changelog_spec(name: str, durability: DurabilitySettings | None, max_bytes: 
 def max_message_bytes(bootstrap: str, topic: str, *, timeout: float = 30.0,
                       client_config: dict | None = None) -> int | None:
     """The topic's max.message.bytes as the broker applies it (its own, else the broker's default);
-    None when the broker does not say, or does not let us ask (DescribeConfigs is not among the
-    worker's grants: docs/SECURITY.md). A changelog made before the worker set it keeps its limit,
-    and a state record over it would be refused: the worker bounds its records by it too."""
+    None when the broker does not say, or does not let us ask (no DESCRIBE_CONFIGS on the topic:
+    kafka-python then answers an empty config, no error; docs/SECURITY.md grants it to the worker). A
+    changelog made before the worker set it keeps its limit, and a state record over it would be
+    refused: the worker bounds its records by it too."""
     from kafka import KafkaAdminClient
     from kafka.admin import ConfigResource, ConfigResourceType
     from kafka.errors import KafkaError
@@ -111,8 +113,7 @@ def max_message_bytes(bootstrap: str, topic: str, *, timeout: float = 30.0,
     try:
         found = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="all")
     except KafkaError as exc:
-        log.warning("could not read %s's max.message.bytes (%s: %s); state records are bounded by "
-                    "AREAL_WORKER_STATE_RECORD_MAX_BYTES alone", topic, type(exc).__name__, exc)
+        log.warning("could not read %s's max.message.bytes (%s: %s)", topic, type(exc).__name__, exc)
         return None
     finally:
         admin.close()

@@ -32,10 +32,17 @@ from areal_metrics.streams.shell.faust_internals import partition_for
 # (topic, partition or None for "by the key", key, value or None for a tombstone)
 Message = tuple[str, "int | None", bytes, "bytes | None"]
 
+# Kafka's record batch (v2): a header, then per record its framing (varints of its length, time and offset
+# deltas, key and value lengths; at most 32 bytes) beside its key and value
+BATCH_HEADER, RECORD_FRAMING = 61, 32
 
-async def send_in_batches(producer: Any, messages: Sequence[Message]) -> list[Awaitable[Any]]:
+
+async def send_in_batches(producer: Any, messages: Sequence[Message],
+                          max_batch_bytes: int | None = None) -> list[Awaitable[Any]]:
     """`producer` is a started aiokafka AIOKafkaProducer. Each message's awaitable completes
-    when the broker has it (or raises what the batch's delivery raised)."""
+    when the broker has it (or raises what the batch's delivery raised). `max_batch_bytes`: a
+    record batch holds at most about that many bytes (the topic's max.message.bytes bounds a whole
+    batch, and the producer fills one up to its own batch size), one record alone excepted."""
     groups: dict[tuple[str, int], list[int]] = {}
     known: set[str] = set()
     by_key: dict[tuple[str, bytes], int] = {}  # a key's partition, once per call (a run's outputs share one)
@@ -53,11 +60,17 @@ async def send_in_batches(producer: Any, messages: Sequence[Message]) -> list[Aw
         groups.setdefault((topic, partition), []).append(i)
     delivered: list[Awaitable[Any]] = [None] * len(messages)  # type: ignore[list-item]
     for (topic, partition), indexes in groups.items():
-        batch, members = producer.create_batch(), []
+        batch, members, size = producer.create_batch(), [], BATCH_HEADER
         for i in indexes:
             _, _, key, value = messages[i]
+            record = len(key) + len(value or b"") + RECORD_FRAMING
+            if members and max_batch_bytes is not None and size + record > max_batch_bytes:
+                await _submit(producer, batch, topic, partition, members, delivered)
+                batch, members, size = producer.create_batch(), [], BATCH_HEADER
+            size += record
             if batch.append(key=key, value=value, timestamp=None) is None:  # full: send it, start the next
                 await _submit(producer, batch, topic, partition, members, delivered)
+                size = BATCH_HEADER + record
                 batch, members = producer.create_batch(), []
                 if batch.append(key=key, value=value, timestamp=None) is None:  # pragma: no cover
                     raise RuntimeError(f"{topic}: a record an empty batch does not take")
@@ -88,7 +101,7 @@ class DeliveryFailed(ArealError):
 _REFUSED = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError, CorruptRecordException)
 
 
-async def deliver(producer: Any, messages: Sequence[Message]) -> None:
+async def deliver(producer: Any, messages: Sequence[Message], max_batch_bytes: int | None = None) -> None:
     """`send_in_batches`, then wait until the broker has every batch: raises what a delivery raised.
     For the worker's state (the table's changelog): a record the broker refuses (one over the topic's
     `max.message.bytes`) must stop the batch that wrote it, not vanish; the producer's flush before an
@@ -96,7 +109,7 @@ async def deliver(producer: Any, messages: Sequence[Message]) -> None:
     state that was never kept. `RecordRefused`: the crash guard then takes the batch apart and
     dead-letters the message that keeps failing (producers/runtime/poison.py); `DeliveryFailed`: the
     worker stops without blaming the batch (`CrashGuard.abandon`) and reads it again once restarted."""
-    delivered = await send_in_batches(producer, messages)
+    delivered = await send_in_batches(producer, messages, max_batch_bytes)
     await settled({id(d): d for d in delivered}.values())  # one awaitable a batch, shared by its messages
 
 

@@ -409,18 +409,31 @@ class StateStore:
         """StateRecordTooLarge before anything is written. The diff may have moved the last save's
         bookkeeping (where a step's reports are), so the run is forgotten: its next load reads
         the table, which still holds the state before."""
-        assert self.max_record_bytes is not None
         for key, value in puts:
-            size = len(key) + len(value) + RECORD_OVERHEAD
-            if size > self.max_record_bytes:
+            why = self._too_large(key, value)
+            if why is not None:
                 self.states.pop(run_id, None)
                 self._saved.pop(run_id, None)
-                kind = _parse_key(key)[1][0]
-                raise StateRecordTooLarge(
-                    f"the run's state record {kind!r} would be {size:,} bytes, over the {self.max_record_bytes:,} "
-                    "a state record may take (AREAL_WORKER_STATE_RECORD_MAX_BYTES, or the changelog topic's "
-                    "max.message.bytes)" + (": a vote round keeps every node's verdicts and sample_ids until it "
-                                            "is decided" if kind == ROUND else ""))
+                raise StateRecordTooLarge(why)
+
+    def round_too_large(self, state: RunState, key: RoundKey) -> str | None:
+        """Why the run's open round `key` could not be kept (its record over the bound), or None (decided,
+        or within it). Asked after each result, so that the one that makes a round too large is refused
+        before anything it led to goes out, however the results are batched."""
+        rnd = state.votes.open_rounds.get(key)
+        if rnd is None or self.max_record_bytes is None:
+            return None
+        return self._too_large(record_key(state.run_id, ROUND, key), codec.dumps(rnd))
+
+    def _too_large(self, key: bytes, value: bytes) -> str | None:
+        size = len(key) + len(value) + RECORD_OVERHEAD
+        if self.max_record_bytes is None or size <= self.max_record_bytes:
+            return None
+        kind = _parse_key(key)[1][0]
+        return (f"the run's state record {kind!r} would be {size:,} bytes, over the {self.max_record_bytes:,} "
+                "a state record may take (AREAL_WORKER_STATE_RECORD_MAX_BYTES, or the changelog topic's "
+                "max.message.bytes)" + (": a vote round keeps every node's verdicts and sample_ids until it "
+                                        "is decided" if kind == ROUND else ""))
 
     def _head_changed(self, old: RunState, new: RunState) -> bool:
         if any(_changed(getattr(old, name), getattr(new, name)) for name in HEAD_FIELDS):
