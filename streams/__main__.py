@@ -89,6 +89,7 @@ def main() -> int:
         app_id_for,
         broker_credentials,
         build_worker,
+        repartition_topic_for,
         ticks_topic_for,
     )
     from areal_metrics.streams.shell.faust_internals import BoundedStopWorker
@@ -99,23 +100,26 @@ def main() -> int:
     client_config = quick_bootstrap(settings.kafka_python_config())
 
     record_max = own.worker_state_record_max_bytes
+    inputs = [topics.steps, topics.evals, topics.runs, topics.acks]
+    repartitions = [repartition_topic_for(topics.prefix, name) for name in inputs]
 
     def topics_and_offsets() -> tuple[int, int | None, int]:
         partitions = prepare_topics(
             settings.kafka_bootstrap,
-            [topics.steps, topics.evals, topics.runs, topics.acks],
+            inputs,
             ticks_topic_for(topics.prefix),
             client_config=client_config,
             durability=settings,
             changelogs=[changelog],
             changelog_max_bytes=record_max,
+            repartitions=repartitions,
         )
         # a changelog made before (by an older worker, or by hand) keeps its limit: records stay under it
         limit = max_message_bytes(settings.kafka_bootstrap, changelog, client_config=client_config)
         return partitions, limit, ensure_committed_offsets(
             settings.kafka_bootstrap,
             app_id_for(topics.prefix),
-            from_start=[topics.steps, topics.evals, topics.runs, topics.acks],
+            from_start=[*inputs, *repartitions],
             from_end=[ticks_topic_for(topics.prefix)],
             timeout=max(60.0, 3 * session_timeout),
             client_config=client_config,

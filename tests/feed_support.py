@@ -28,6 +28,8 @@ class RecordingTransport:
     `send` one message at a time (a test's recorder); there is no consumer, so no input guard, no
     offsets to commit, no backlog to ask and no worker to stop on a crash."""
 
+    reroutes = False  # its outputs never reach a broker: a copy sent on would not come back
+
     def __init__(self, send: SendFn) -> None:
         self.send = send
 

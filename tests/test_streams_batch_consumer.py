@@ -17,7 +17,7 @@ from pathlib import Path
 from faust.types import TP, Message
 
 from areal_metrics.producers.contract.topics import Topics
-from areal_metrics.streams.shell.app import build_worker
+from areal_metrics.streams.shell.app import build_worker, repartition_topic_for
 from areal_metrics.streams.shell.faust_internals import BatchConsumer
 
 TOPICS = Topics("handover.")
@@ -32,7 +32,8 @@ def test_a_fetch_is_handed_over_tracked_and_timed_and_a_stale_one_dropped(tmp_pa
     worker.app.finalize()
     consumer = worker.app.consumer
     assert isinstance(consumer, BatchConsumer)
-    assert set(worker.app.batch_inputs[0]) == {TOPICS.steps, TOPICS.evals, TOPICS.runs, TOPICS.acks}
+    raw = {TOPICS.steps, TOPICS.evals, TOPICS.runs, TOPICS.acks}  # and their repartition topics (test_streams_rerouting)
+    assert set(worker.app.batch_inputs[0]) == raw | {repartition_topic_for(TOPICS.prefix, t) for t in raw}
     steps, evals = TP(TOPICS.steps, 1), TP(TOPICS.evals, 2)
     delivered: list[list[Message]] = []
 

@@ -71,12 +71,10 @@ def logged_attempts(settings: Settings, run_id: str, rank: int, timeout_s: float
     """
     try:
         from kafka import KafkaConsumer, TopicPartition
-        from kafka.partitioner.default import (
-            murmur2,  # the producer's key -> partition hash
-        )
     except ImportError:  # pragma: no cover - kafka-python is a dependency
         return None, None
     from areal_metrics.producers.runtime.kafka_wait import bootstrap_reachable, closed_on_failure
+    from areal_metrics.producers.runtime.topic_metadata import key_partition
 
     topic = settings.topics.runs
     config = settings.kafka_python_config()
@@ -97,7 +95,7 @@ def logged_attempts(settings: Settings, run_id: str, rank: int, timeout_s: float
             return None, None
         ordered = sorted(partitions)
         key = run_id.encode()
-        tp = TopicPartition(topic, ordered[(murmur2(key) & 0x7FFFFFFF) % len(ordered)])
+        tp = TopicPartition(topic, ordered[key_partition(key, len(ordered))])
         consumer.assign([tp])
         consumer.seek_to_beginning(tp)
         end = consumer.end_offsets([tp])[tp]

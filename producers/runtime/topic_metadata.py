@@ -1,4 +1,5 @@
-"""What a kafka-python consumer's metadata knows of topics' partitions, waited for.
+"""What a kafka-python consumer's metadata knows of topics' partitions, waited for; and the
+partition a key maps to.
 
 `KafkaConsumer.partitions_for_topic` fetches metadata for a topic it does not
 know, but answers an empty set (never None) while the broker has no partitions
@@ -31,3 +32,12 @@ def known_partitions(consumer: Any, topics: Sequence[str], timeout_s: float,
             stop.wait(0.2)
         else:
             time.sleep(0.2)
+
+
+def key_partition(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default partitioner gives `key` among `partitions` (murmur2, as the Java
+    client, kafka-python, aiokafka and our publisher's librdkafka setting compute it): where a run's
+    events are when keyed by its run_id (CONTRACT.md)."""
+    from kafka.partitioner.default import murmur2
+
+    return (murmur2(key) & 0x7FFFFFFF) % partitions

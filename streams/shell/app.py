@@ -12,7 +12,10 @@ arrival order and acknowledges the messages afterwards.
 State: one Faust table `runs` whose changelog topic holds each run's state as small
 records (areal_metrics.streams.state.state_store), so a restarted worker picks up windows, vote rounds and
 cooldowns where they were. Messages carry the contract's JSON (raw bytes, key = run_id),
-not Faust records.
+not Faust records. A run's state lives on the partition its run_id key maps to; a message read
+on another one (not keyed by its run_id) is sent on to that partition of the input's repartition
+topic (`repartition_topic_for`), read like the inputs, so several workers never each keep a
+state of one run.
 
 Order of effects per batch, for "neither repeat nor lose an output" across a crash:
 outputs that must exist once (consensus, commands, alerts) are sent and their delivery
@@ -87,6 +90,13 @@ def ticks_topic_for(prefix: str) -> str:
     return f"{app_id_for(prefix)}-ticks"
 
 
+def repartition_topic_for(prefix: str, topic: str) -> str:
+    """The worker's own topic for the messages of input `topic` read off their run's partition, sent on to
+    it (a run's state lives where its run_id key maps: streams/shell/batch.py `reroute`)."""
+    name = topic[len(prefix):] if topic.startswith(prefix) else topic
+    return f"{app_id_for(prefix)}-{name}-repartition"
+
+
 @dataclass
 class StreamWorker:
     """The Faust app with its inputs, agent, table and timers, built for one topic prefix."""
@@ -138,6 +148,10 @@ class Transport(Protocol):
     `KafkaTransport` is the worker's; a test passes a fake that records the outputs and has no
     consumer to acknowledge to (tests/feed_support.py: `RecordingTransport`)."""
 
+    # Does it send inputs off their run's partition on to the run's (StreamCore `reroute`)? A fake
+    # whose outputs never reach a broker cannot: the copies would not come back
+    reroutes: bool
+
     def outputs(self, app: faust.App, runs: Any) -> dict[str, Any]:
         """StreamCore's output arguments: `send_many` and `changelog`, or `send`."""
 
@@ -158,6 +172,8 @@ class KafkaTransport:
     The changelog's batches are waited for (`deliver`): a state record the broker refuses stops the batch.
     `changelog_max_bytes`: the changelog's record batches are cut at it (the topic's max.message.bytes
     bounds a whole batch; None: at the producer's batch size, 256 KiB)."""
+
+    reroutes = True
 
     def __init__(self, changelog_max_bytes: int | None = None) -> None:
         self.changelog_max_bytes = changelog_max_bytes
@@ -221,8 +237,13 @@ def build_worker(
     app = _faust_app(topics.prefix, bootstrap, credentials, datadir, partitions, replication_factor,
                      commit_interval, session_timeout)
     durability = {"min.insync.replicas": str(min_insync_replicas)}
-    inputs = (topics.steps, topics.evals, topics.runs, topics.acks)
-    input_topics = [app.topic(name, key_type=bytes, value_type=bytes) for name in inputs]
+    raw = (topics.steps, topics.evals, topics.runs, topics.acks)
+    reroute = {name: repartition_topic_for(topics.prefix, name) for name in raw} if transport.reroutes else {}
+    inputs = (*raw, *reroute.values())
+    input_topics = [app.topic(name, key_type=bytes, value_type=bytes) for name in raw]
+    input_topics += [app.topic(name, key_type=bytes, value_type=bytes, partitions=partitions, replicas=replication_factor,
+                               config={**durability, "max.message.bytes": str(state_record_max_bytes)})
+                     for name in reroute.values()]
     ticks = app.topic(ticks_topic_for(topics.prefix), key_type=bytes, value_type=bytes, partitions=partitions,
                       replicas=replication_factor, config=durability)
     runs = app.Table("runs", partitions=partitions, key_type=bytes, value_type=bytes, default=None,
@@ -231,7 +252,7 @@ def build_worker(
     idle, ended_idle, max_runs = run_limits or (None, None, None)
     core = StreamCore(topics=topics, config=config, table=runs, clock=clock, run_idle_s=idle,
                       ended_run_idle_s=ended_idle, max_runs=max_runs, state_record_max_bytes=state_record_max_bytes,
-                      **transport.outputs(app, runs))
+                      reroute=reroute or None, partitions=partitions, **transport.outputs(app, runs))
     feed = InputFeed(app, transport.input_guard(), inputs)
     for topic in input_topics:
         app.topics.add(topic)  # subscribed (and so co-partitioned with the table), read by the feed

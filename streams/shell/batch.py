@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,7 @@ from areal_metrics.producers.contract.events import (
 )
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.producers.runtime.poison import poison_events
+from areal_metrics.producers.runtime.topic_metadata import key_partition
 from areal_metrics.streams.core.config import StreamsConfig
 from areal_metrics.streams.core.processor import (
     WORKER_NODE,
@@ -121,6 +122,13 @@ class StreamCore:
     # The largest state record, overhead included (None: AREAL_WORKER_STATE_RECORD_MAX_BYTES); the
     # entry point passes the smaller of it and the changelog topic's max.message.bytes
     state_record_max_bytes: int | None = None
+    # A run's state lives on its partition: the one its run_id key maps to. An input on another one
+    # (no key, another key, another partitioner) would, with several workers, start a second state of
+    # the run where it landed. `reroute`: each input topic's repartition topic, where such an input goes
+    # to its run's partition (of `partitions`), to be processed there; None: processed where it lands
+    # (one worker, or tests of the core alone).
+    reroute: Mapping[str, str] | None = None
+    partitions: int = 0
 
     def __post_init__(self) -> None:
         if self.send_many is None and self.send is None:
@@ -138,6 +146,15 @@ class StreamCore:
             self.ended_run_idle_s = WorkerSettings().worker_ended_run_idle_s
         if self.max_runs is None:
             self.max_runs = WorkerSettings().worker_max_runs
+        self._types: dict[str, type[Event]] = {self.topics.steps: StepEvent, self.topics.acks: CommandAckEvent,
+                                               self.topics.runs: RunEvent}
+        self._origins: dict[str, str] = {}  # repartition topic -> its input topic
+        for origin, copy in (self.reroute or {}).items():  # a repartition topic carries its origin's events
+            self._types[copy] = self._types.get(origin, EvalEvent)
+            self._origins[copy] = origin
+        if self.reroute is not None and self.partitions < 1:
+            raise ValueError("reroute needs the input topics' partition count")
+        self._homes: dict[str, int] = {}  # run_id -> its partition (murmur2 in pure Python: 3 us, once a run)
         self._seen: dict[str, float] = {}  # live run -> worker clock of its last input, oldest first
         self._ended: dict[str, float] = {}  # the ended ones among them, the same way
 
@@ -260,12 +277,20 @@ class StreamCore:
         await self.on_batch([Input(topic, partition, offset, key, value, timestamp)])
 
     async def on_batch(self, messages: Sequence[Input]) -> None:
-        """Messages in arrival order; per run one load, one round of outputs, one save."""
+        """Messages in arrival order; per run one load, one round of outputs, one save. A message off its
+        run's partition goes to its repartition topic instead (delivered before the batch is acknowledged)."""
         self.stats["batches"] += 1
         by_run: dict[str, list[_Item]] = {}
+        away: list[Message] = []
         for m in messages:
             item = self._read(m)
+            if (copy := self._rerouted(item)) is not None:
+                away.append(copy)
+                continue
             by_run.setdefault(item.event.run_id, []).append(item)
+        if away:
+            await settled(await self._send_all(away))
+            self.stats["rerouted"] = self.stats.get("rerouted", 0) + len(away)
         now = self.clock()
         loaded: dict[str, RunState] = {}
         states: dict[str, RunState] = {}
@@ -299,12 +324,25 @@ class StreamCore:
         await self.emit([Output(dead), Output(alert)])
 
     def input_type(self, topic: str) -> type[Event]:
-        """The event type an input topic carries (anything but steps, runs and acks is read as evals)."""
-        if topic == self.topics.steps:
-            return StepEvent
-        if topic == self.topics.acks:
-            return CommandAckEvent
-        return RunEvent if topic == self.topics.runs else EvalEvent
+        """The event type an input topic carries (anything but steps, runs and acks, and their repartition
+        topics, is read as evals)."""
+        return self._types.get(topic, EvalEvent)
+
+    def _rerouted(self, item: _Item) -> Message | None:
+        """The message as a record of its topic's repartition topic on its run's partition, when it is read
+        on another one (None: it is on its run's partition, or is a copy already). A dead letter goes too: it
+        counts in its run's state (the rate of its alerts), which is kept on the run's partition only."""
+        m, run_id, reroute = item.message, item.event.run_id, self.reroute
+        if reroute is None or m.topic not in reroute:
+            return None
+        home = self._homes.get(run_id)
+        if home is None:
+            if len(self._homes) >= 1 << 16:  # a bound: the runs seen lately come back at 3 us each
+                self._homes.clear()
+            home = self._homes[run_id] = key_partition(run_id.encode(), self.partitions)
+        if home == m.partition:
+            return None
+        return (reroute[m.topic], home, run_id.encode(), m.value)
 
     def _read(self, m: Input) -> _Item:
         """The message's event, or its dead letter."""
@@ -317,7 +355,9 @@ class StreamCore:
             return _Item(m, self._dead(m, str(err)))
 
     def _dead(self, m: Input, reason: str) -> RejectedEvent:
-        dead = rejected(m.value if m.value is not None else b"", reason, m.topic, node=WORKER_NODE, key=m.key)
+        """The message's dead letter; a copy's names the input topic it was published to."""
+        dead = rejected(m.value if m.value is not None else b"", reason, self._origins.get(m.topic, m.topic),
+                        node=WORKER_NODE, key=m.key)
         ts = letter_ts(m.timestamp)
         if ts is not None:
             dead = dead.replace(ts=ts)

@@ -31,7 +31,7 @@ class TopicLayoutError(UserError, RuntimeError):
 def prepare_topics(
     bootstrap: str, inputs: Iterable[str], ticks: str, *, timeout: float = 30.0, client_config: dict | None = None,
     durability: DurabilitySettings | None = None, changelogs: Iterable[str] = (),
-    changelog_max_bytes: int | None = None,
+    changelog_max_bytes: int | None = None, repartitions: Iterable[str] = (),
 ) -> int:
     """Partition count shared by the input topics; creates missing inputs, the ticks topic and `changelogs`.
 
@@ -41,7 +41,9 @@ def prepare_topics(
     defaults. The same creation code as the local stack (`areal_metrics.producers.runtime.topic_admin`), which
     waits until every replica broker has a new topic. `changelogs`: Faust's table
     changelogs (compacted), made here so that every broker knows them before Faust asks, taking
-    records of `changelog_max_bytes` (max.message.bytes; None: the broker's default).
+    records of `changelog_max_bytes` (max.message.bytes; None: the broker's default). `repartitions`:
+    the worker's repartition topics (derived, as many partitions as the inputs, taking records as
+    large as the changelog's).
     """
     from kafka import KafkaAdminClient
 
@@ -62,18 +64,20 @@ def prepare_topics(
         specs = [_spec(t, durability, derived=False) for t in inputs if not counts.get(t)]
         if not _partition_counts(admin, [ticks])[ticks]:
             specs.append(ticks_spec(ticks, durability))
-        changelogs = list(changelogs)
+        changelogs, repartitions = list(changelogs), list(repartitions)
         specs += [changelog_spec(t, durability, changelog_max_bytes)
                   for t, n in _partition_counts(admin, changelogs).items() if not n]
+        specs += [repartition_spec(t, durability, changelog_max_bytes)
+                  for t, n in _partition_counts(admin, repartitions).items() if not n]
         create_missing_topics(admin, specs, partitions, timeout=timeout)
         deadline = time.monotonic() + timeout
-        while not all(_partition_counts(admin, [*inputs, ticks]).values()):
+        while not all(_partition_counts(admin, [*inputs, ticks, *repartitions]).values()):
             if time.monotonic() > deadline:
                 raise TimeoutError("topics did not appear: " + ", ".join(s.name for s in specs))
             time.sleep(0.1)
-        ticks_count = _partition_counts(admin, [ticks])[ticks]
-        if ticks_count != partitions:
-            raise TopicLayoutError(f"{ticks} has {ticks_count} partitions, the inputs have {partitions}")
+        for topic, count in _partition_counts(admin, [ticks, *repartitions]).items():
+            if count != partitions:
+                raise TopicLayoutError(f"{topic} has {count} partitions, the inputs have {partitions}")
         return partitions
     finally:
         admin.close()
@@ -94,6 +98,16 @@ def changelog_spec(name: str, durability: DurabilitySettings | None, max_bytes: 
     if max_bytes is not None:
         config["max.message.bytes"] = str(max_bytes)
     return TopicSpec(name, spec.replication_factor, config)
+
+
+def repartition_spec(name: str, durability: DurabilitySettings | None, max_bytes: int | None = None) -> TopicSpec:
+    """A repartition topic: input messages sent on to their run's partition, kept as a derived topic is;
+    taking records of `max_bytes` (an input a reader refuses as too large is sent on too, as its dead letter
+    is its run's)."""
+    spec = _spec(name, durability, derived=True)
+    if max_bytes is None:
+        return spec
+    return TopicSpec(name, spec.replication_factor, {**spec.config, "max.message.bytes": str(max_bytes)})
 
 
 def max_message_bytes(bootstrap: str, topic: str, *, timeout: float = 30.0,

@@ -1,0 +1,163 @@
+"""Inputs that are not on their run's partition: a run's state lives where its run_id key maps.
+
+The contract keys every input by its run_id, so a run's steps, evals and run events share a partition
+number and one worker holds the run's state. A producer that does not (no key, another key, or a client
+whose default partitioner is not murmur2: librdkafka's is CRC32) puts a run's messages on other
+partitions; with several workers, each would keep a state of the run of its own (a vote round whose
+results are spread over workers is never complete anywhere). The worker sends such a message on to its
+run's partition of the input's repartition topic and processes it there (streams/shell/batch.py `reroute`).
+
+- the core alone: a message off its run's partition becomes a copy for the repartition topic at the run's
+  partition, keyed by the run_id, and nothing else; the copy read back is processed; a dead letter is not
+  sent on; without `reroute` every message is processed where it lands;
+- two real workers in one group: every round's three results are on three different partitions, so no
+  worker holds all of a round's results where they land; every round is still decided by its three votes,
+  and each run's state records are on its own partition of the changelog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from areal_metrics.producers.contract.events import EvalEvent, StepEvent
+from areal_metrics.producers.contract.topics import Topics
+from areal_metrics.producers.runtime.topic_metadata import key_partition
+from areal_metrics.streams.core.config import RunConfig, StreamsConfig
+from areal_metrics.streams.shell.app import app_id_for, repartition_topic_for
+from areal_metrics.streams.shell.batch import Input, StreamCore
+from tests.support import group_members_when
+from tests.test_streams_e2e import OutputReader, Worker
+
+PARTITIONS = 3
+T0 = 1_790_000_000.0
+
+
+def _step(run: str, n: int) -> bytes:
+    return StepEvent(run_id=run, node="n0", step=n, epoch=0, reward=0.1 * n, ts=T0 + n, event_id=f"{run}-s{n}").to_json()
+
+
+def _result(run: str, round_no: int, node: int) -> bytes:
+    """Node k is right on sample k alone: any two nodes disagree on two samples, so a round is decided by
+    all three votes whatever their order (two that agree would decide it alone)."""
+    return EvalEvent(run_id=run, node=f"n{node}", rank=node, eval_id=f"e{round_no}", step=round_no, dataset="math500",
+                     status="ok", verdicts=[int(i == node) for i in range(3)], accuracy=1 / 3, replicas=3,
+                     ts=T0 + round_no, event_id=f"{run}-e{round_no}-n{node}").to_json()
+
+
+# ------------------------------------------------------------------ the core alone
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, int | None, bytes, bytes | None]] = []
+
+    async def send_many(self, messages: list[Any]) -> list[Any]:
+        self.messages.extend(messages)
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in messages]
+        for f in futures:
+            f.set_result(None)
+        return futures
+
+    def on(self, topic: str) -> list[tuple[int | None, bytes, dict[str, Any]]]:
+        return [(p, k, json.loads(v or b"null")) for t, p, k, v in self.messages if t == topic]
+
+
+def test_a_message_off_its_runs_partition_is_sent_on_to_it_and_processed_there() -> None:
+    topics = Topics("route.")
+    reroute = {name: repartition_topic_for(topics.prefix, name) for name in (topics.steps, topics.evals)}
+    sent = Sent()
+    core = StreamCore(topics=topics, config=StreamsConfig(defaults=RunConfig()), table={}, send_many=sent.send_many,
+                      clock=lambda: 1000.0, reroute=reroute, partitions=PARTITIONS)
+    home = key_partition(b"r", PARTITIONS)
+    away = (home + 1) % PARTITIONS
+
+    async def go() -> None:
+        await core.on_batch([Input(topics.steps, away, 0, None, _step("r", 0), 1.0),  # no key, another partition
+                             Input(topics.steps, away, 1, b"r", b"not json", 1.0),  # a dead letter of run r: too
+                             Input(topics.steps, home, 0, b"r", _step("r", 1), 1.0)])  # where it belongs
+        copies = [(t, p, k, v) for t, p, k, v in sent.messages if t == reroute[topics.steps]]
+        assert [(p, k, v) for _, p, k, v in copies] == [(home, b"r", _step("r", 0)), (home, b"r", b"not json")]
+        assert not sent.on(topics.deadletter)
+        assert list(core.cache) == ["r"] and core.cache["r"].partition == home  # no state of r where they landed
+        await core.on_batch([Input(reroute[topics.steps], home, i, b"r", v, 1.0)  # the copies, read back
+                             for i, (_, _, _, v) in enumerate(copies)])
+
+    asyncio.run(go())
+    assert [p["step"] for _, _, p in sent.on(topics.smoothed)] == [1, 0]  # the copy processed where it arrived
+    assert [d["source_topic"] for _, _, d in sent.on(topics.deadletter)] == [topics.steps]  # where it was published
+    assert core.stats["rerouted"] == 2 and core.cache["r"].partition == home
+
+    # without `reroute` (one worker, tests of the core): processed where it lands
+    plain = Sent()
+    alone = StreamCore(topics=topics, config=StreamsConfig(defaults=RunConfig()), table={},
+                       send_many=plain.send_many, clock=lambda: 1000.0)
+    asyncio.run(alone.on_batch([Input(topics.steps, away, 0, None, _step("r", 0), 1.0)]))
+    assert [p["step"] for _, _, p in plain.on(topics.smoothed)] == [0] and "rerouted" not in alone.stats
+
+
+def test_a_repartition_topic_is_the_workers_own_and_carries_its_inputs_events() -> None:
+    topics = Topics("areal.")
+    name = repartition_topic_for(topics.prefix, topics.evals)
+    assert name == "areal-streams-areal-evals-repartition" and name.startswith(app_id_for(topics.prefix) + "-")
+    core = StreamCore(topics=topics, config=StreamsConfig(), table={}, send_many=Sent().send_many,
+                      reroute={topics.steps: repartition_topic_for(topics.prefix, topics.steps)}, partitions=3)
+    assert core.input_type(repartition_topic_for(topics.prefix, topics.steps)) is StepEvent
+    with pytest.raises(ValueError):
+        StreamCore(topics=topics, config=StreamsConfig(), table={}, send_many=Sent().send_many, reroute={})
+
+
+# ------------------------------------------------------------------ two workers
+
+
+@pytest.mark.broker
+def test_two_workers_decide_every_round_whose_results_are_spread_over_three_partitions(
+        kafka_bootstrap: str, topics: Topics, stack_env: dict[str, str], tmp_path: Path) -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+
+    cfg = tmp_path / "streams.json"
+    cfg.write_text(json.dumps({"defaults": {"vote_timeout_s": 4.0, "stall_seconds": 0}, "tick_interval_s": 0.5}))
+    env = {**stack_env, "AREAL_STREAMS_CONFIG": str(cfg), "AREAL_STREAMS_SESSION_TIMEOUT": "6",
+           "AREAL_STREAMS_COMMIT_INTERVAL": "0.5"}
+    workers = [Worker({**env, "AREAL_HOME": str(tmp_path / f"home-{i}")}, tmp_path / f"worker-{i}.log")
+               for i in range(2)]
+    reader = OutputReader(kafka_bootstrap, topics)
+    runs, rounds = [f"run-{i}" for i in range(4)], 3
+    try:
+        for w in workers:
+            w.start()
+        assert group_members_when(kafka_bootstrap, app_id_for(topics.prefix), 2, timeout=90) == 2
+        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        for run in runs:
+            for n in range(3):  # steps keyed as the contract says
+                producer.send(topics.steps, key=run.encode(), value=_step(run, n))
+            for r in range(rounds):  # each result on its own partition, as a producer without the run's key puts them
+                for node in range(3):
+                    producer.send(topics.evals, value=_result(run, r, node), partition=node)
+        producer.flush(30)
+        producer.close()
+        reader.wait_for({topics.consensus: len(runs) * rounds, topics.smoothed: len(runs) * 3}, timeout=120)
+        reader.settle(6.0)  # past the vote timeout: a split round would show as a second, partial consensus
+    finally:
+        codes = [w.stop() for w in workers]
+        reader.close()
+    assert codes == [0, 0], [(tmp_path / f"worker-{i}.log").read_text()[-3000:] for i in range(2)]
+    got = reader.distinct()
+    consensus = sorted((c["run_id"], c["eval_id"], c["votes"], c["partial"]) for c in got[topics.consensus].values())
+    assert consensus == [(run, f"e{r}", 3, False) for run in runs for r in range(rounds)]
+    assert not [a for a in got.get(topics.alerts, {}).values() if a["kind"] == "eval_failed"]
+
+    # each run's state is on its own partition of the changelog, and nowhere else
+    changelog = f"{app_id_for(topics.prefix)}-runs-changelog"
+    consumer = KafkaConsumer(changelog, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=3000, group_id=None)
+    try:
+        where = {(json.loads(m.key)[0], m.partition) for m in consumer}
+    finally:
+        consumer.close()
+    assert where == {(run, key_partition(run.encode(), PARTITIONS)) for run in runs}
