@@ -55,6 +55,7 @@ def main() -> int:
         ensure_committed_offsets,
         max_message_bytes,
         prepare_topics,
+        repartition_max_bytes,
     )
     from areal_metrics.streams.state.state_store import RECORD_OVERHEAD
     from areal_metrics.streams.shell.settings import WorkerSettings
@@ -102,6 +103,8 @@ def main() -> int:
     record_max = own.worker_state_record_max_bytes
     inputs = [topics.steps, topics.evals, topics.runs, topics.acks]
     repartitions = [repartition_topic_for(topics.prefix, name) for name in inputs]
+    # the copies' bound from the settings (not the changelog's limit, which may be smaller)
+    repartition_bytes = repartition_max_bytes(record_max, settings.max_message_bytes)
 
     def topics_and_offsets() -> tuple[int, int | None, int]:
         partitions = prepare_topics(
@@ -113,6 +116,7 @@ def main() -> int:
             changelogs=[changelog],
             changelog_max_bytes=record_max,
             repartitions=repartitions,
+            repartition_bytes=repartition_bytes,
         )
         # a changelog made before (by an older worker, or by hand) keeps its limit: records stay under it
         limit = max_message_bytes(settings.kafka_bootstrap, changelog, client_config=client_config)
@@ -181,6 +185,7 @@ def main() -> int:
         crash_marker=crash_marker("worker", settings.test_crash_on),
         run_limits=(own.worker_run_idle_s, own.worker_ended_run_idle_s, own.worker_max_runs),
         state_record_max_bytes=record_max,
+        repartition_bytes=repartition_bytes,
     )
     made = worker.app.tables["runs"].changelog_topic.get_topic_name()
     assert made == changelog, f"the worker made changelog {changelog}, Faust uses {made}"

@@ -8,8 +8,10 @@ results are spread over workers is never complete anywhere). The worker sends su
 run's partition of the input's repartition topic and processes it there (streams/shell/batch.py `reroute`).
 
 - the core alone: a message off its run's partition becomes a copy for the repartition topic at the run's
-  partition, keyed by the run_id, and nothing else; the copy read back is processed; a dead letter is not
-  sent on; without `reroute` every message is processed where it lands;
+  partition, keyed by its run_id and where it was published, and nothing else; the copy read back is
+  processed; a dead letter is sent on too, and is one letter however often it is sent on; an input too
+  large for a repartition topic is dead-lettered where it landed; without `reroute` every message is
+  processed where it lands;
 - two real workers in one group: every round's three results are on three different partitions, so no
   worker holds all of a round's results where they land; every round is still decided by its three votes,
   and each run's state records are on its own partition of the changelog.
@@ -82,11 +84,13 @@ def test_a_message_off_its_runs_partition_is_sent_on_to_it_and_processed_there()
                              Input(topics.steps, away, 1, b"r", b"not json", 1.0),  # a dead letter of run r: too
                              Input(topics.steps, home, 0, b"r", _step("r", 1), 1.0)])  # where it belongs
         copies = [(t, p, k, v) for t, p, k, v in sent.messages if t == reroute[topics.steps]]
-        assert [(p, k, v) for _, p, k, v in copies] == [(home, b"r", _step("r", 0)), (home, b"r", b"not json")]
+        # keyed by where each was published, its run first (its dead letter's id comes from that position)
+        assert [(p, json.loads(k), v) for _, p, k, v in copies] == [
+            (home, ["r", topics.steps, away, 0], _step("r", 0)), (home, ["r", topics.steps, away, 1], b"not json")]
         assert not sent.on(topics.deadletter)
         assert list(core.cache) == ["r"] and core.cache["r"].partition == home  # no state of r where they landed
-        await core.on_batch([Input(reroute[topics.steps], home, i, b"r", v, 1.0)  # the copies, read back
-                             for i, (_, _, _, v) in enumerate(copies)])
+        await core.on_batch([Input(reroute[topics.steps], home, i, k, v, 1.0)  # the copies, read back
+                             for i, (_, _, k, v) in enumerate(copies)])
 
     asyncio.run(go())
     assert [p["step"] for _, _, p in sent.on(topics.smoothed)] == [1, 0]  # the copy processed where it arrived
@@ -99,6 +103,49 @@ def test_a_message_off_its_runs_partition_is_sent_on_to_it_and_processed_there()
                        send_many=plain.send_many, clock=lambda: 1000.0)
     asyncio.run(alone.on_batch([Input(topics.steps, away, 0, None, _step("r", 0), 1.0)]))
     assert [p["step"] for _, _, p in plain.on(topics.smoothed)] == [0] and "rerouted" not in alone.stats
+
+
+def test_a_copy_sent_on_twice_is_the_same_letter_and_a_poisoned_copy_names_where_it_was_published() -> None:
+    """The original is read again after a crash before its acknowledgement, and sent on again: its copies sit at
+    two offsets of the repartition topic, and each is dead-lettered; the letter's id comes from where the message
+    was published (the copy's key says), so the two are one letter, counted once. A copy that crashes the worker
+    twice is named by the input's position, not the copy's."""
+    topics = Topics("route.")
+    reroute = {topics.steps: repartition_topic_for(topics.prefix, topics.steps)}
+    sent = Sent()
+    core = StreamCore(topics=topics, config=StreamsConfig(defaults=RunConfig()), table={}, send_many=sent.send_many,
+                      clock=lambda: 1000.0, reroute=reroute, partitions=PARTITIONS)
+    home = key_partition(b"r", PARTITIONS)
+    away = (home + 1) % PARTITIONS
+    original = Input(topics.steps, away, 7, b"r", b"not json", 1.0)
+
+    async def go() -> None:
+        await core.on_batch([original])
+        await core.on_batch([original])  # read again: sent on again
+        copies = [(p, k, v) for t, p, k, v in sent.messages if t == reroute[topics.steps]]
+        assert len(copies) == 2 and copies[0] == copies[1] and copies[0][0] == home
+        await core.on_batch([Input(reroute[topics.steps], home, offset, k, v, 1.0)
+                             for offset, (_, k, v) in enumerate(copies)])
+        await core.on_poison(Input(reroute[topics.steps], home, 5, copies[0][1], copies[0][2], 1.0), 2)
+
+    asyncio.run(go())
+    letters = sent.on(topics.deadletter)
+    assert len({d["event_id"] for _, _, d in letters[:2]}) == 1  # one letter, however often sent on
+    assert all(d["source_topic"] == topics.steps and d["run_id"] == "r" for _, _, d in letters)
+    [poison] = [a for _, _, a in sent.on(topics.alerts) if a["kind"] == "poison_message"]
+    assert f"topic {topics.steps}, partition {away}, offset 7" in poison["message"]
+
+
+def test_an_input_too_large_for_a_repartition_topic_is_dead_lettered_where_it_landed() -> None:
+    topics = Topics("route.")
+    sent = Sent()
+    core = StreamCore(topics=topics, config=StreamsConfig(defaults=RunConfig()), table={}, send_many=sent.send_many,
+                      clock=lambda: 1000.0, reroute={topics.steps: repartition_topic_for(topics.prefix, topics.steps)},
+                      partitions=PARTITIONS, reroute_max_bytes=4_096)
+    away = (key_partition(b"r", PARTITIONS) + 1) % PARTITIONS
+    asyncio.run(core.on_batch([Input(topics.steps, away, 0, b"r", b"x" * 8_000, 1.0)]))
+    assert [d["source_topic"] for _, _, d in sent.on(topics.deadletter)] == [topics.steps]
+    assert core.stats["too_large_to_reroute"] == 1 and "rerouted" not in core.stats
 
 
 def test_a_repartition_topic_is_the_workers_own_and_carries_its_inputs_events() -> None:

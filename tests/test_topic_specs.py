@@ -77,6 +77,24 @@ def test_the_workers_changelog_is_compacted_and_replicated_like_derived_topics()
                                                                   "max.message.bytes": "8388608"}
 
 
+def test_a_repartition_topic_is_kept_a_week_and_takes_any_input_a_reader_takes() -> None:
+    from areal_metrics.streams.shell.kafka_admin import (
+        KAFKA_DEFAULT_MAX_MESSAGE_BYTES,
+        REPARTITION_RETENTION_MS,
+        repartition_max_bytes,
+        repartition_spec,
+    )
+
+    settings = Settings(kafka_replication_factor=3, kafka_min_insync_replicas=2, derived_retention_ms=-1)
+    spec = repartition_spec("x-steps-repartition", settings, 9 << 20)
+    assert spec == TopicSpec("x-steps-repartition", 3, {"min.insync.replicas": "2",
+                                                        "retention.ms": str(REPARTITION_RETENTION_MS),
+                                                        "max.message.bytes": str(9 << 20)})
+    assert repartition_max_bytes(8 << 20, 1 << 20) == 8 << 20
+    assert repartition_max_bytes(64 << 10, 4 << 20) == (4 << 20) + (64 << 10)  # an input a reader takes, and its key
+    assert repartition_max_bytes(64 << 10, 10_000) == KAFKA_DEFAULT_MAX_MESSAGE_BYTES  # the output batches' room
+
+
 class _SettlingAdmin:
     """kafka-python's admin while a new cluster's controller settles: create_topics raises `fails` times."""
 

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 import faust
 
+from areal_metrics.producers.contract.limits import StructureLimits
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.producers.runtime.poison import CrashGuard
 from areal_metrics.streams.shell.batch import Input, SendFn, StreamCore
@@ -45,6 +46,7 @@ from areal_metrics.streams.shell.faust_internals import BatchApp, transport_prod
 from areal_metrics.streams.shell.batcher import Batcher, Tick
 from areal_metrics.streams.core.config import StreamsConfig
 from areal_metrics.streams.shell.input_feed import InputFeed
+from areal_metrics.streams.shell.kafka_admin import REPARTITION_RETENTION_MS, repartition_max_bytes
 from areal_metrics.streams.shell.record_batches import Message, deliver, send_in_batches
 from areal_metrics.streams.shell.resync import InputGuard
 from areal_metrics.streams.shell.settings import WorkerSettings
@@ -174,13 +176,16 @@ class KafkaTransport:
     bounds a whole batch; None: at the producer's batch size, 256 KiB)."""
 
     reroutes = True
+    # outputs and copies sent on: record batches within Kafka's default max.message.bytes (1,048,588), which
+    # the output topics have, and under every repartition topic's limit (kafka_admin.repartition_max_bytes)
+    OUTPUT_BATCH_BYTES = 1_000_000
 
     def __init__(self, changelog_max_bytes: int | None = None) -> None:
         self.changelog_max_bytes = changelog_max_bytes
 
     def outputs(self, app: faust.App, runs: Any) -> dict[str, Any]:
         async def send_many(messages: Sequence[Message]) -> list[Awaitable[Any]]:
-            return await send_in_batches(transport_producer(app), messages)
+            return await send_in_batches(transport_producer(app), messages, self.OUTPUT_BATCH_BYTES)
 
         async def changelog(records: list[tuple[int, bytes, bytes | None]]) -> None:
             topic = runs.changelog_topic_name  # a Faust property that builds the name: once a call, not once a record
@@ -219,6 +224,7 @@ def build_worker(
     crash_marker: bytes | None = None,
     run_limits: tuple[float, float, int] | None = None,
     state_record_max_bytes: int | None = None,
+    repartition_bytes: int | None = None,
 ) -> StreamWorker:
     """A Faust app for this prefix. `transport` (KafkaTransport by default) is where records go.
 
@@ -230,9 +236,12 @@ def build_worker(
     the live run state (AREAL_WORKER_RUN_IDLE_S, _ENDED_RUN_IDLE_S, _MAX_RUNS; None: their defaults).
     `state_record_max_bytes`: the largest state record (None: AREAL_WORKER_STATE_RECORD_MAX_BYTES); the
     changelog Faust would make takes it (the entry point makes the changelog first: kafka_admin).
+    `repartition_bytes`: the largest copy the repartition topics take (None: from the defaults).
     """
     if state_record_max_bytes is None:
         state_record_max_bytes = WorkerSettings().worker_state_record_max_bytes
+    if repartition_bytes is None:
+        repartition_bytes = repartition_max_bytes(state_record_max_bytes, StructureLimits().max_bytes)
     config, transport = config or StreamsConfig(), transport or KafkaTransport(state_record_max_bytes)
     app = _faust_app(topics.prefix, bootstrap, credentials, datadir, partitions, replication_factor,
                      commit_interval, session_timeout)
@@ -242,7 +251,8 @@ def build_worker(
     inputs = (*raw, *reroute.values())
     input_topics = [app.topic(name, key_type=bytes, value_type=bytes) for name in raw]
     input_topics += [app.topic(name, key_type=bytes, value_type=bytes, partitions=partitions, replicas=replication_factor,
-                               config={**durability, "max.message.bytes": str(state_record_max_bytes)})
+                               config={**durability, "max.message.bytes": str(repartition_bytes),
+                                       "retention.ms": str(REPARTITION_RETENTION_MS)})
                      for name in reroute.values()]
     ticks = app.topic(ticks_topic_for(topics.prefix), key_type=bytes, value_type=bytes, partitions=partitions,
                       replicas=replication_factor, config=durability)
@@ -252,7 +262,8 @@ def build_worker(
     idle, ended_idle, max_runs = run_limits or (None, None, None)
     core = StreamCore(topics=topics, config=config, table=runs, clock=clock, run_idle_s=idle,
                       ended_run_idle_s=ended_idle, max_runs=max_runs, state_record_max_bytes=state_record_max_bytes,
-                      reroute=reroute or None, partitions=partitions, **transport.outputs(app, runs))
+                      reroute=reroute or None, partitions=partitions, reroute_max_bytes=repartition_bytes,
+                      **transport.outputs(app, runs))
     feed = InputFeed(app, transport.input_guard(), inputs)
     for topic in input_topics:
         app.topics.add(topic)  # subscribed (and so co-partitioned with the table), read by the feed

@@ -24,6 +24,7 @@ found and dead-lettered as before batching.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -129,6 +130,7 @@ class StreamCore:
     # (one worker, or tests of the core alone).
     reroute: Mapping[str, str] | None = None
     partitions: int = 0
+    reroute_max_bytes: int | None = None  # the largest copy a repartition topic takes (None: no bound)
 
     def __post_init__(self) -> None:
         if self.send_many is None and self.send is None:
@@ -319,7 +321,8 @@ class StreamCore:
         self.stats["poison"] = self.stats.get("poison", 0) + 1
         log.error("streams: %s/%s/%s crashed the worker %d times; dead-lettered and skipped", m.topic, m.partition,
                   m.offset, crashes)
-        dead, alert = poison_events(m.value, m.key, m.topic, m.partition, m.offset, crashes,
+        key, topic, partition, offset = self._published(m)
+        dead, alert = poison_events(m.value, key, topic, partition, offset, crashes,
                                     service="stream worker", node=WORKER_NODE, ts=m.timestamp, now=self.clock())
         await self.emit([Output(dead), Output(alert)])
 
@@ -342,7 +345,13 @@ class StreamCore:
             home = self._homes[run_id] = key_partition(run_id.encode(), self.partitions)
         if home == m.partition:
             return None
-        return (reroute[m.topic], home, run_id.encode(), m.value)
+        if self.reroute_max_bytes is not None and len(m.value or b"") + (1 << 10) > self.reroute_max_bytes:
+            self.stats["too_large_to_reroute"] = self.stats.get("too_large_to_reroute", 0) + 1
+            return None  # larger than any input a reader takes: its dead letter is made where it landed
+        # keyed by where it was published (its run first): its dead letter is then the same letter however
+        # often it is sent on (the original is read again after a crash before its acknowledgement)
+        key = json.dumps([run_id, m.topic, m.partition, m.offset], separators=(",", ":")).encode()
+        return (reroute[m.topic], home, key, m.value)
 
     def _read(self, m: Input) -> _Item:
         """The message's event, or its dead letter."""
@@ -354,10 +363,29 @@ class StreamCore:
         except ValidationError as err:
             return _Item(m, self._dead(m, str(err)))
 
+    def _published(self, m: Input) -> tuple[bytes | None, str, int, int]:
+        """(key, topic, partition, offset) of the message as it was published: a copy's, as its key says
+        (`_rerouted`); its own otherwise. A dead letter's and a poison message's ids and text come from it,
+        so a copy sent again (the original read again after a crash) is the same letter."""
+        if m.topic in self._origins and m.key is not None:
+            try:
+                run_id, topic, partition, offset = json.loads(m.key)
+            except (ValueError, TypeError):
+                pass
+            else:
+                if (type(run_id) is str and type(topic) is str and type(partition) is int
+                        and type(offset) is int):
+                    return run_id.encode(), topic, partition, offset
+        return m.key, m.topic, m.partition, m.offset
+
+    def _position(self, m: Input) -> str:
+        _, topic, partition, offset = self._published(m)
+        return f"{topic}/{partition}/{offset}"
+
     def _dead(self, m: Input, reason: str) -> RejectedEvent:
-        """The message's dead letter; a copy's names the input topic it was published to."""
-        dead = rejected(m.value if m.value is not None else b"", reason, self._origins.get(m.topic, m.topic),
-                        node=WORKER_NODE, key=m.key)
+        """The message's dead letter, naming where it was published (a copy's: the input's)."""
+        key, topic, _, _ = self._published(m)
+        dead = rejected(m.value if m.value is not None else b"", reason, topic, node=WORKER_NODE, key=key)
         ts = letter_ts(m.timestamp)
         if ts is not None:
             dead = dead.replace(ts=ts)
@@ -392,7 +420,7 @@ class StreamCore:
         if isinstance(ev, RejectedEvent):
             self.stats["rejected"] += 1
             m = item.message
-            return on_rejected(state, ev, f"{m.topic}/{m.partition}/{m.offset}", now, cfg)
+            return on_rejected(state, ev, self._position(m), now, cfg)
         if isinstance(ev, RunEvent):
             self.stats["runs"] += 1
             return on_run(state, ev, now, cfg)
@@ -433,7 +461,7 @@ class StreamCore:
             m = item.message
             dead = self._dead(m, f"{self.input_type(m.topic).table}: {why}")
             state = self.load(dead.run_id, m.partition)
-            new_state, outputs = on_rejected(state, dead, f"{m.topic}/{m.partition}/{m.offset}", self.clock(),
+            new_state, outputs = on_rejected(state, dead, self._position(m), self.clock(),
                                              self.config.for_run(dead.run_id))
             await self.emit(outputs)
             try:

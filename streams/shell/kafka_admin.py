@@ -22,6 +22,9 @@ log = logging.getLogger("streams")
 DEFAULT_PARTITIONS = 3
 KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588  # a broker's message.max.bytes, unless set
 TICKS_RETENTION_MS = 60 * 60 * 1000  # ticks are worthless after a moment; keep an hour
+# a copy sent on to its run's partition is read within moments; a week covers a worker that was down,
+# and its original stays in the input topic (which the sink stores) for as long as that is kept
+REPARTITION_RETENTION_MS = 7 * 24 * 60 * 60 * 1000
 
 
 class TopicLayoutError(UserError, RuntimeError):
@@ -31,7 +34,7 @@ class TopicLayoutError(UserError, RuntimeError):
 def prepare_topics(
     bootstrap: str, inputs: Iterable[str], ticks: str, *, timeout: float = 30.0, client_config: dict | None = None,
     durability: DurabilitySettings | None = None, changelogs: Iterable[str] = (),
-    changelog_max_bytes: int | None = None, repartitions: Iterable[str] = (),
+    changelog_max_bytes: int | None = None, repartitions: Iterable[str] = (), repartition_bytes: int | None = None,
 ) -> int:
     """Partition count shared by the input topics; creates missing inputs, the ticks topic and `changelogs`.
 
@@ -42,8 +45,8 @@ def prepare_topics(
     waits until every replica broker has a new topic. `changelogs`: Faust's table
     changelogs (compacted), made here so that every broker knows them before Faust asks, taking
     records of `changelog_max_bytes` (max.message.bytes; None: the broker's default). `repartitions`:
-    the worker's repartition topics (derived, as many partitions as the inputs, taking records as
-    large as the changelog's).
+    the worker's repartition topics (as many partitions as the inputs, taking records of
+    `repartition_bytes`).
     """
     from kafka import KafkaAdminClient
 
@@ -67,7 +70,7 @@ def prepare_topics(
         changelogs, repartitions = list(changelogs), list(repartitions)
         specs += [changelog_spec(t, durability, changelog_max_bytes)
                   for t, n in _partition_counts(admin, changelogs).items() if not n]
-        specs += [repartition_spec(t, durability, changelog_max_bytes)
+        specs += [repartition_spec(t, durability, repartition_bytes)
                   for t, n in _partition_counts(admin, repartitions).items() if not n]
         create_missing_topics(admin, specs, partitions, timeout=timeout)
         deadline = time.monotonic() + timeout
@@ -101,13 +104,21 @@ def changelog_spec(name: str, durability: DurabilitySettings | None, max_bytes: 
 
 
 def repartition_spec(name: str, durability: DurabilitySettings | None, max_bytes: int | None = None) -> TopicSpec:
-    """A repartition topic: input messages sent on to their run's partition, kept as a derived topic is;
-    taking records of `max_bytes` (an input a reader refuses as too large is sent on too, as its dead letter
-    is its run's)."""
+    """A repartition topic: input messages sent on to their run's partition, replicated like a derived
+    topic, kept REPARTITION_RETENTION_MS; taking records of `max_bytes` (`repartition_max_bytes`)."""
     spec = _spec(name, durability, derived=True)
-    if max_bytes is None:
-        return spec
-    return TopicSpec(name, spec.replication_factor, {**spec.config, "max.message.bytes": str(max_bytes)})
+    config = {k: v for k, v in spec.config.items() if not k.startswith("retention.")}
+    config["retention.ms"] = str(REPARTITION_RETENTION_MS)
+    if max_bytes is not None:
+        config["max.message.bytes"] = str(max_bytes)
+    return TopicSpec(name, spec.replication_factor, config)
+
+
+def repartition_max_bytes(state_record_max_bytes: int, message_max_bytes: int) -> int:
+    """The largest copy a repartition topic takes: any input a reader accepts with room for its key
+    (AREAL_MAX_MESSAGE_BYTES), and at least Kafka's default and the state record bound. A larger input
+    (one a reader refuses as too large) is processed where it landed instead."""
+    return max(state_record_max_bytes, message_max_bytes + (64 << 10), KAFKA_DEFAULT_MAX_MESSAGE_BYTES)
 
 
 def max_message_bytes(bootstrap: str, topic: str, *, timeout: float = 30.0,
