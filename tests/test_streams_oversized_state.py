@@ -71,6 +71,12 @@ def _set_limit(bootstrap: str, topic: str, limit: int) -> None:
         admin.close()
 
 
+def _wait_for_the_letter(reader: OutputReader, topics: Topics) -> None:
+    """The ten steps smoothed and the one dead letter, and nothing more a moment later."""
+    reader.wait_for({topics.smoothed: 10, topics.deadletter: 1}, timeout=120)
+    reader.settle(2.0)
+
+
 def _check_outputs(reader: OutputReader, topics: Topics) -> dict:
     got = reader.distinct()
     smoothed = sorted((e["run_id"], e["step"]) for e in got[topics.smoothed].values())
@@ -94,8 +100,7 @@ def test_a_message_whose_state_record_would_be_over_the_changelogs_limit_is_dead
     reader = OutputReader(kafka_bootstrap, topics)
     worker.start()
     try:
-        reader.wait_for({topics.smoothed: 10, topics.deadletter: 1}, timeout=120)
-        reader.settle(2.0)
+        _wait_for_the_letter(reader, topics)
     finally:
         rc = worker.stop()
         reader.close()
@@ -123,8 +128,7 @@ def test_a_limit_lowered_under_a_running_worker_crashes_the_batch_once_then_dead
         assert worker.proc is not None
         assert worker.proc.wait(120) != 0  # the broker refused the round's record: the batch crashed
         worker.start()  # as up's supervisor restarts it
-        reader.wait_for({topics.smoothed: 10, topics.deadletter: 1}, timeout=120)
-        reader.settle(2.0)
+        _wait_for_the_letter(reader, topics)
     finally:
         rc = worker.stop()
         reader.close()

@@ -46,7 +46,7 @@ from areal_metrics.streams.shell.faust_internals import BatchApp, transport_prod
 from areal_metrics.streams.shell.batcher import Batcher, Tick
 from areal_metrics.streams.core.config import StreamsConfig
 from areal_metrics.streams.shell.input_feed import InputFeed
-from areal_metrics.streams.shell.kafka_admin import REPARTITION_RETENTION_MS, repartition_max_bytes
+from areal_metrics.streams.shell.kafka_admin import repartition_max_bytes, repartition_spec
 from areal_metrics.streams.shell.record_batches import Message, deliver, send_in_batches
 from areal_metrics.streams.shell.resync import InputGuard
 from areal_metrics.streams.shell.settings import WorkerSettings
@@ -251,8 +251,7 @@ def build_worker(
     inputs = (*raw, *reroute.values())
     input_topics = [app.topic(name, key_type=bytes, value_type=bytes) for name in raw]
     input_topics += [app.topic(name, key_type=bytes, value_type=bytes, partitions=partitions, replicas=replication_factor,
-                               config={**durability, "max.message.bytes": str(repartition_bytes),
-                                       "retention.ms": str(REPARTITION_RETENTION_MS)})
+                               config={**durability, **repartition_spec(name, None, repartition_bytes).config})
                      for name in reroute.values()]
     ticks = app.topic(ticks_topic_for(topics.prefix), key_type=bytes, value_type=bytes, partitions=partitions,
                       replicas=replication_factor, config=durability)

@@ -391,6 +391,10 @@ class StreamCore:
             dead = dead.replace(ts=ts)
         return dead
 
+    def _letter(self, m: Input, why: str) -> RejectedEvent:
+        """The dead letter of a message that parsed but was not processed: `<table>: <why>`."""
+        return self._dead(m, f"{self.input_type(m.topic).table}: {why}")
+
     def _apply(self, state: RunState, items: list[_Item], now: float) -> tuple[RunState, list[Output], list[_Item]]:
         """The pure core over one run's items; (state, outputs, dead letters that belong to another run)."""
         cfg = self.config.for_run(state.run_id)
@@ -403,8 +407,7 @@ class StreamCore:
                 self.stats["errors"] += 1
                 m = item.message
                 log.exception("streams: failed to process %s/%s/%s", m.topic, m.partition, m.offset)
-                table = self.input_type(m.topic).table
-                dead = _Item(m, self._dead(m, f"{table}: not processed (worker error {type(exc).__name__}: {exc})"))
+                dead = _Item(m, self._letter(m, f"not processed (worker error {type(exc).__name__}: {exc})"))
                 if dead.event.run_id != state.run_id:
                     elsewhere.append(dead)
                     continue
@@ -436,8 +439,7 @@ class StreamCore:
         # a round too large to keep: the result is refused as it arrives, before anything it led to goes
         # out (the state as if it never came; its dead letter instead), however the results are batched
         m = item.message
-        return self._step(state, _Item(m, self._dead(m, f"{self.input_type(m.topic).table}: not processed: {why}")),
-                          now, cfg)
+        return self._step(state, _Item(m, self._letter(m, f"not processed: {why}")), now, cfg)
 
     async def _save(self, state: RunState, items: list[_Item]) -> None:
         try:
@@ -459,7 +461,7 @@ class StreamCore:
             return
         for item in items:  # the one message whose state cannot be saved: its dead letter instead
             m = item.message
-            dead = self._dead(m, f"{self.input_type(m.topic).table}: {why}")
+            dead = self._letter(m, why)
             state = self.load(dead.run_id, m.partition)
             new_state, outputs = on_rejected(state, dead, self._position(m), self.clock(),
                                              self.config.for_run(dead.run_id))
