@@ -117,3 +117,39 @@ def test_topic_creation_is_tried_again_while_the_cluster_settles_then_fails_in_o
     assert settling.calls == 3
     with pytest.raises(ServiceUnavailable, match=r"did not create topics t.steps within 1 s \(AssertionError: "):
         _create(_SettlingAdmin(fails=10**6), {"t.steps": {}}, timeout=1.0)
+
+
+class _HostingAdmin:
+    """kafka-python's admin on a cluster: topic `t` has its one partition on brokers 1 and 2, which
+    host it; asking broker 2 raises `broker_2_raises` first `fails` times."""
+
+    def __init__(self, broker_2_raises: Exception, fails: int) -> None:
+        self.error, self.fails, self.asked = broker_2_raises, fails, 0
+
+    def describe_topics(self, names: list[str]) -> list[dict]:
+        return [{"name": "t", "error_code": 0,
+                 "partitions": [{"partition_index": 0, "leader_id": 1, "replica_nodes": [1, 2]}]}]
+
+    def describe_log_dirs(self, wanted: dict, brokers: list[int]) -> list[dict]:
+        if brokers == [2]:
+            self.asked += 1
+            if self.asked <= self.fails:
+                raise self.error
+        return [{"broker": brokers[0], "log_dirs": [{"topics": [{"name": "t", "partitions": [{"partition_index": 0}]}]}]}]
+
+
+def test_a_broker_not_reachable_yet_is_waited_for_and_one_that_refuses_to_say_is_not() -> None:
+    """Under load, on a cluster just started, a broker not connected yet once counted as 'hosts the
+    topics' and a client then asked that broker and found none of them (tests/test_cluster.py)."""
+    from kafka.errors import ClusterAuthorizationFailedError, NodeNotReadyError, UnknownBrokerIdError
+
+    from areal_metrics.producers.runtime.topic_admin import create_missing_topics, not_hosted
+
+    assert not_hosted(_HostingAdmin(NodeNotReadyError(2), fails=1), ["t"]) == ["@2: NodeNotReadyError"]
+    assert not_hosted(_HostingAdmin(UnknownBrokerIdError(2), fails=1), ["t"]) == ["@2: UnknownBrokerIdError"]
+    assert not_hosted(_HostingAdmin(ClusterAuthorizationFailedError(), fails=1), ["t"]) == []
+    waiting = _HostingAdmin(NodeNotReadyError(2), fails=3)
+    waiting.list_topics = lambda: []
+    waiting.create_topics = lambda new, timeout_ms, raise_errors: {"topics": [{"name": "t", "error_code": 0}]}
+    assert create_missing_topics(waiting, [TopicSpec("t", 2)], 1, timeout=10) == ["t"]
+    assert waiting.asked == 4  # asked again until broker 2 answered

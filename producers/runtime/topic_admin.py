@@ -70,7 +70,8 @@ def create_missing_topics(admin: Any, specs: Sequence[TopicSpec], partitions: in
 
 
 def not_hosted(admin: Any, names: Sequence[str]) -> list[str]:
-    """Partitions of `names` that one of their replica brokers does not host yet ("topic[p]@broker").
+    """Partitions of `names` that one of their replica brokers does not host yet ("topic[p]@broker"),
+    and brokers that could not be asked yet ("@broker: <error>").
 
     On a cluster each broker learns of a new topic a moment after it exists, and a client
     that asks a broker which has not may take it for missing: Faust's consumer then sees
@@ -78,33 +79,58 @@ def not_hosted(admin: Any, names: Sequence[str]) -> list[str]:
     the three-broker test cluster under load). A broker creates a partition's log after
     its metadata holds the topic, so once every replica hosts its partitions, every
     broker of the replica set answers for the topic. Asks each broker itself
-    (DescribeLogDirs). Best effort: a client not allowed to ask, or one without the
-    call, gets [] (the creator's own check above still holds).
+    (DescribeLogDirs). A broker not connected yet is lagging, not skipped: on a cluster
+    just started, under load, the check once passed that way and a client then found a
+    broker without the topics. Best effort only where the answer is refused: a principal
+    not allowed to ask (docs/SECURITY.md) or a client or broker without the call gets []
+    (the creator's own check above still holds).
     """
     from kafka.errors import KafkaError
 
     try:
-        replicas: dict[int, dict[str, list[int]]] = {}
         descs = admin.describe_topics(list(names))
-        known = {d.get("name") for d in descs if not d.get("error_code") and d.get("partitions")}
-        lagging = [n for n in names if n not in known]  # the broker asked has not heard of them yet
-        for d in descs:
-            for p in d.get("partitions") or ():
-                for broker in p.get("replica_nodes") or ():
-                    replicas.setdefault(broker, {}).setdefault(d["name"], []).append(p["partition_index"])
-        for broker, wanted in sorted(replicas.items()):
-            answers = admin.describe_log_dirs(wanted, brokers=[broker])
-            if not any(r["log_dirs"] for r in answers):
-                # A broker has at least one log dir; none: it refused to say (a principal
-                # without DESCRIBE on the cluster, docs/SECURITY.md), which is not "missing".
-                continue
-            hosted = {(t["name"], q["partition_index"])
-                      for r in answers for ld in r["log_dirs"]
-                      for t in ld.get("topics") or () for q in t.get("partitions") or ()}
-            lagging += [f"{t}[{p}]@{broker}" for t, ps in wanted.items() for p in ps if (t, p) not in hosted]
-        return lagging
-    except (KafkaError, TypeError, KeyError, AttributeError):
+    except KafkaError as exc:
+        return [f"metadata: {type(exc).__name__}"] if _transient(exc) else []
+    except (TypeError, KeyError, AttributeError):
         return []
+    known = {d.get("name") for d in descs if not d.get("error_code") and d.get("partitions")}
+    lagging = [n for n in names if n not in known]  # the broker asked has not heard of them yet
+    replicas: dict[int, dict[str, list[int]]] = {}
+    for d in descs:
+        for p in d.get("partitions") or ():
+            for broker in p.get("replica_nodes") or ():
+                replicas.setdefault(broker, {}).setdefault(d["name"], []).append(p["partition_index"])
+    for broker, wanted in sorted(replicas.items()):
+        try:
+            answers = admin.describe_log_dirs(wanted, brokers=[broker])
+        except KafkaError as exc:
+            if _transient(exc):
+                lagging.append(f"@{broker}: {type(exc).__name__}")
+                continue
+            return []
+        except (TypeError, KeyError, AttributeError):
+            return []
+        if not any(r["log_dirs"] for r in answers):
+            # A broker has at least one log dir; none: it refused to say (a principal
+            # without DESCRIBE on the cluster, docs/SECURITY.md), which is not "missing".
+            continue
+        hosted = {(t["name"], q["partition_index"])
+                  for r in answers for ld in r["log_dirs"]
+                  for t in ld.get("topics") or () for q in t.get("partitions") or ()}
+        lagging += [f"{t}[{p}]@{broker}" for t, ps in wanted.items() for p in ps if (t, p) not in hosted]
+    return lagging
+
+
+def _transient(exc: Exception) -> bool:
+    """A broker not reachable or not answering yet, which asking again may mend; not a refusal
+    (authorization, a call the broker or client does not have)."""
+    import kafka.errors as errors
+
+    refusals = tuple(c for c in (getattr(errors, "AuthorizationError", None),
+                                 errors.ClusterAuthorizationFailedError, errors.TopicAuthorizationFailedError,
+                                 errors.UnsupportedVersionError, getattr(errors, "IncompatibleBrokerVersion", None))
+                      if c is not None)
+    return not isinstance(exc, refusals)
 
 
 def not_ready(admin: Any, names: Sequence[str]) -> list[str]:
