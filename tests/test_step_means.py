@@ -371,3 +371,24 @@ def test_raw_step_rows_are_read_only_behind_the_range_gate() -> None:
     assert not ungated, ungated
     readers = {(name, q.where) for name in BUILDERS for q in dashboard_queries(build(name)) if RAW_STEPS.search(q.sql)}
     assert ("efficiency", "panel 'Nodes and ranks' target A") in readers  # the check sees the gated reads
+
+
+def test_a_rank_weight_is_a_uint32_so_a_steps_summed_weights_cannot_wrap(client: Any) -> None:
+    """The store sums a step's `n_samples` over its ranks in UInt64 (`n_samples`, each column's `__w`);
+    a weight beyond a UInt32 is refused naming the field (2^63 on two ranks wrapped the sum to 0 and the
+    view fell back to the plain mean while the worker weighed), and the client keeps such a value in
+    `metrics` under its own name. At the bound, 1,024 ranks' weights sum past 2^32 and the view is the
+    worker's mean."""
+    from areal_metrics.producers.client.coerce import split_step
+    from areal_metrics.producers.contract.events import UINT32_MAX, parse_event
+    from areal_metrics.producers.contract.field_rules import ValidationError
+
+    over = StepEvent(run_id="r", step=1, epoch=0, reward=0.5, ts=TS).to_json().replace(b'"step":1', b'"step":1,"n_samples":4294967296')
+    with pytest.raises(ValidationError, match=r"steps\.n_samples"):
+        parse_event(over, StepEvent)
+    assert split_step({"reward": 0.5, "n_samples": 2**33}).metrics == {"n_samples": 2.0**33}
+    ranks = [StepEvent(run_id="r", step=1, epoch=0, rank=r, world_size=1024, reward=(r % 10) / 10,
+                       n_samples=UINT32_MAX - (r % 2), ts=TS) for r in range(1024)]
+    put(client, ranks)
+    assert client.query("SELECT n_samples FROM areal.v_step_means").result_rows == [(1024 * UINT32_MAX - 512,)]
+    assert_view_is_the_raw_rule(client, ("reward",))

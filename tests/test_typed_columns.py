@@ -63,7 +63,7 @@ def test_the_client_fills_every_column_by_its_own_name() -> None:
     assert parts.columns == {c: 1 for c in TYPED_STEP_COLUMNS} and not parts.metrics
     assert INT_COLUMNS == {c for c, t in _field_types().items() if isinstance(t, msgspec.inspect.IntType)}
     assert set(BOUNDS) == set(TYPED_STEP_COLUMNS)  # every column's bounds, read from StepEvent
-    assert BOUNDS["clip_ratio"] == (0, 1) and BOUNDS["n_samples"] == (0, 2**63 - 1)
+    assert BOUNDS["clip_ratio"] == (0, 1) and BOUNDS["tokens"] == (0, 2**63 - 1) and BOUNDS["n_samples"] == (0, 2**32 - 1)
     assert BOUNDS["reward"] == (-1e100, 1e100)
 
 

@@ -192,7 +192,9 @@ class StepEvent(Event, frozen=True, kw_only=True, gc=False, tag="step"):
     world_size: WorldSize | None = None  # ranks that publish this step
     attempt: Attempt = 0  # a resumed run publishes with attempt + 1
     non_finite: Annotated[tuple[Text(256), ...], msgspec.Meta(max_length=1024)] = ()  # fields/metrics whose NaN/inf is null here
-    n_samples: Count | None = None  # samples behind this rank's reward: its weight over ranks
+    # samples behind this rank's reward: its weight over ranks. A UInt32 each, so a step's sum over its
+    # ranks (at most WorldSize) stays far inside the UInt64 the store sums them in (v_step_means)
+    n_samples: Count32 | None = None
 
     def _check_rules(self) -> None:
         if self.world_size is not None and self.rank >= self.world_size:
