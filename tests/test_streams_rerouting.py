@@ -32,6 +32,7 @@ from areal_metrics.producers.runtime.topic_metadata import key_partition
 from areal_metrics.streams.core.config import RunConfig, StreamsConfig
 from areal_metrics.streams.shell.app import app_id_for, repartition_topic_for
 from areal_metrics.streams.shell.batch import Input, StreamCore
+from areal_metrics.streams.state.state_store import HEAD, record_key
 from tests.support import group_members_when
 from tests.test_streams_e2e import OutputReader, Worker
 
@@ -208,3 +209,44 @@ def test_two_workers_decide_every_round_whose_results_are_spread_over_three_part
     finally:
         consumer.close()
     assert where == {(run, key_partition(run.encode(), PARTITIONS)) for run in runs}
+
+
+def test_no_state_of_a_run_starts_off_its_partition_on_a_path_that_is_not_sent_on() -> None:
+    """Three ways a run's message is still processed where it landed, off the run's partition: an input too
+    large to send on, a dead letter whose key names another run (a worker error on a step of run r keyed
+    't'), and a state that does not decode, rebuilt at a tick of another partition. None may start the
+    run's state there: with several workers that partition's owner is not the run's, and two workers would
+    write states of one run. A run this worker holds nothing of gets its letter out and no state; a bad
+    state is rebuilt on the run's own partition."""
+    topics = Topics("route.")
+    sent = Sent()
+    core = StreamCore(topics=topics, config=StreamsConfig(defaults=RunConfig()), table={}, send_many=sent.send_many,
+                      clock=lambda: 1000.0, reroute={topics.steps: repartition_topic_for(topics.prefix, topics.steps)},
+                      partitions=PARTITIONS, reroute_max_bytes=4_096)
+    away_r = (key_partition(b"r", PARTITIONS) + 1) % PARTITIONS
+    asyncio.run(core.on_batch([Input(topics.steps, away_r, 0, b"r", b"x" * 8_000, 1.0)]))  # too large to send on
+    assert [d["run_id"] for _, _, d in sent.on(topics.deadletter)] == ["r"]
+    assert "r" not in core.cache and not core.store.holds("r") and core.stats["not_kept_elsewhere"] == 1
+
+    home_r = key_partition(b"r", PARTITIONS)
+    assert key_partition(b"t", PARTITIONS) != home_r  # (the test's premise)
+    original = core._step
+
+    def failing_on_r(state: Any, item: Any, now: float, cfg: Any) -> Any:
+        if isinstance(item.event, StepEvent) and item.event.run_id == "r":
+            raise RuntimeError("a bug")
+        return original(state, item, now, cfg)
+
+    core._step = failing_on_r  # type: ignore[method-assign]
+    asyncio.run(core.on_batch([Input(topics.steps, home_r, 1, b"t", _step("r", 5), 1.0)]))
+    letters = sent.on(topics.deadletter)
+    assert [d["run_id"] for _, _, d in letters] == ["r", "t"]  # the worker error's letter, guessed from the key
+    assert not core.store.holds("t") and core.stats["not_kept_elsewhere"] == 2
+    core._step = original  # type: ignore[method-assign]
+
+    # a stored state of run t that does not decode, met at the tick of a partition that is not t's
+    core.store.table[record_key("t", HEAD)] = b"not a state"  # type: ignore[index]
+    core.store.forget()
+    away_t = (key_partition(b"t", PARTITIONS) + 1) % PARTITIONS
+    asyncio.run(core.on_tick(away_t))
+    assert core.stats["bad_states"] == 1 and core.cache["t"].partition == key_partition(b"t", PARTITIONS)

@@ -168,7 +168,11 @@ class StreamCore:
         return self.store.states
 
     def load(self, run_id: str, partition: int) -> RunState:
+        """The run's state; a new one lives on `partition`, or with `reroute` on the run's own (its
+        records must not start a second state where a message of the run happened to land)."""
         state = self.store.load(run_id)
+        if self.reroute is not None and (state is None or state.partition is None):
+            partition = self._home(run_id)
         if state is None:
             if any(b.run_id == run_id for b in self.store.bad):
                 self.stats["bad_states"] = self.stats.get("bad_states", 0) + 1
@@ -177,6 +181,22 @@ class StreamCore:
         if state.partition is None:
             state = replace(state, partition=partition)
         return state
+
+    def _home(self, run_id: str) -> int:
+        """The partition the run's key maps to (murmur2 in pure Python: 3 us, once a run)."""
+        home = self._homes.get(run_id)
+        if home is None:
+            if len(self._homes) >= 1 << 16:  # a bound: the runs seen lately come back at 3 us each
+                self._homes.clear()
+            home = self._homes[run_id] = key_partition(run_id.encode(), self.partitions)
+        return home
+
+    def _held_elsewhere(self, run_id: str, partition: int) -> bool:
+        """With `reroute` on, a message of a run this worker holds no state of, processed off the run's
+        partition (too large to send on; a dead letter whose key names another run): the run's partition
+        may be another worker's, whose state of the run this one must not write. Its letter goes out
+        from a state of the moment, not kept."""
+        return self.reroute is not None and self._home(run_id) != partition and not self.store.holds(run_id)
 
     def save(self, state: RunState) -> None:
         self.store.save(state)
@@ -298,15 +318,21 @@ class StreamCore:
         states: dict[str, RunState] = {}
         outputs: list[Output] = []
         turns = list(by_run.items())
+        passing: set[str] = set()  # runs whose state here is of the moment (`_held_elsewhere`)
         while turns:
             run_id, items = turns.pop(0)
             if run_id not in states:
+                if self._held_elsewhere(run_id, items[0].message.partition):
+                    passing.add(run_id)
                 states[run_id] = loaded[run_id] = self.load(run_id, items[0].message.partition)
             states[run_id], out, failed = self._apply(states[run_id], items, now)
             outputs.extend(out)
             turns.extend((item.event.run_id, [item]) for item in failed)  # dead letters of other runs
         await self.emit(outputs)
         for run_id, state in states.items():
+            if run_id in passing:
+                self.stats["not_kept_elsewhere"] = self.stats.get("not_kept_elsewhere", 0) + 1
+                continue
             before = loaded[run_id]
             if state is not before and state != before:
                 await self._save(state, by_run.get(run_id, []))
@@ -338,11 +364,7 @@ class StreamCore:
         m, run_id, reroute = item.message, item.event.run_id, self.reroute
         if reroute is None or m.topic not in reroute:
             return None
-        home = self._homes.get(run_id)
-        if home is None:
-            if len(self._homes) >= 1 << 16:  # a bound: the runs seen lately come back at 3 us each
-                self._homes.clear()
-            home = self._homes[run_id] = key_partition(run_id.encode(), self.partitions)
+        home = self._home(run_id)
         if home == m.partition:
             return None
         if self.reroute_max_bytes is not None and len(m.value or b"") + (1 << 10) > self.reroute_max_bytes:
@@ -524,7 +546,8 @@ class StreamCore:
             dead = dead.replace(event_id=derived_id("bad_state", bad.run_id, hashlib.sha256(bad.raw).hexdigest()))
             await self.emit([Output(dead)])
             if bad.run_id not in self.cache:  # else an input already replaced the records
-                self.save(RunState(bad.run_id, partition=self._bad_partition.pop(bad.run_id, partition)))
+                home = self._home(bad.run_id) if self.reroute is not None else partition
+                self.save(RunState(bad.run_id, partition=self._bad_partition.pop(bad.run_id, home)))
 
     def table_topic(self) -> str:
         return getattr(self.table, "changelog_topic_name", None) or "streams-state"

@@ -243,6 +243,10 @@ class StateStore:
     def run_ids(self) -> list[str]:
         return list({**dict.fromkeys(self._runs()), **dict.fromkeys(self.states)})
 
+    def holds(self, run_id: str) -> bool:
+        """Does the table hold records of the run (decoded or not), or the cache a state of it?"""
+        return run_id in self.states or bool(self._runs().get(run_id))
+
     def forget(self) -> None:
         """After a rebalance: the table is the truth again (another worker may have written)."""
         self.states.clear()
