@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import msgspec
@@ -525,3 +526,31 @@ def test_a_run_whose_head_is_over_the_bound_dead_letters_its_input_without_stopp
     # the other run goes on; r's point went out with the batch's first pass, before its save failed (only the
     # round records are checked as each input arrives: a head over the bound is a bound lowered under a state)
     assert [v["run_id"] for t, _, v in rec.sent if t == TOPICS.smoothed] == ["r", "q"]
+
+
+def test_a_tick_whose_state_cannot_be_saved_sends_its_decision_once_and_says_so_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A head over a bound lowered under it, at a tick that completes a waiting step: the step's point goes
+    out and the state cannot be saved. It stays in memory: the next ticks do not decide (and send) it again,
+    which they did each second, and the log says so once, not at every tick."""
+    table: dict[bytes, bytes] = {}
+    unbounded, _ = bounded_core(table, None)
+    feed(unbounded, [[(TOPICS.runs, RunEvent(run_id="r", node=f"n{i}", rank=i, world_size=4_000, status="running",
+                                             ts=1.0).to_json()) for i in range(4_000)],
+                     [(TOPICS.steps, step("r", 1, rank=0, world=2))]])  # waits for rank 1
+    head = len(table[record_key("r", "run")])
+    now = [1000.0]
+    rec = Recorder()
+    core = StreamCore(topics=TOPICS, config=StreamsConfig(defaults=CFG), table=table, send=rec.send,
+                      clock=lambda: now[0], state_record_max_bytes=head // 2)
+
+    async def ticks() -> None:
+        for _ in range(4):
+            now[0] += CFG.step_wait_s + 1
+            await core.on_tick(0)
+
+    with caplog.at_level(logging.ERROR, logger="streams"):
+        asyncio.run(ticks())
+    assert [v["step"] for t, _, v in rec.sent if t == TOPICS.smoothed] == [1]
+    assert len([r for r in caplog.records if "not saved after its tick" in r.getMessage()]) == 1
+    assert core.cache["r"].ranks.pending == {} and table[record_key("r", "run")]  # the stored state is the one before

@@ -158,6 +158,7 @@ class StreamCore:
             raise ValueError("reroute needs the input topics' partition count")
         self._homes: dict[str, int] = {}  # run_id -> its partition (murmur2 in pure Python: 3 us, once a run)
         self._seen: dict[str, float] = {}  # live run -> worker clock of its last input, oldest first
+        self._unsaved_said: dict[str, float] = {}  # run -> when its tick's unsaved state was last logged
         self._ended: dict[str, float] = {}  # the ended ones among them, the same way
 
     # ---------------------------------------------------------------- state
@@ -523,10 +524,20 @@ class StreamCore:
         for state in changed:
             try:
                 self.save(state)
-            except Exception:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - e.g. a head grown past a bound lowered under it
+                # Its decisions are out: the state stays in memory, or each tick would make them again
+                # and send them again (an alert a second). Its next save writes it whole; a restart
+                # reads the one stored before. Said once in ten minutes a run, not at every tick.
                 self.stats["errors"] += 1
-                self.store.states.pop(state.run_id, None)
-                log.exception("streams: state of run %r not saved after its tick", state.run_id)
+                self.store.states[state.run_id] = state
+                self.store.forget_saved(state.run_id)
+                said = self._unsaved_said.get(state.run_id)
+                if said is None or now - said >= 600:
+                    if len(self._unsaved_said) >= 1 << 16:
+                        self._unsaved_said.clear()
+                    self._unsaved_said[state.run_id] = now
+                    log.error("streams: state of run %r not saved after its tick (%s: %s); kept in memory, and "
+                              "a restart reads the one stored before it", state.run_id, type(exc).__name__, exc)
         await self.dead_letter_bad_states(partition)
         self.evict_idle(now)
         self.evict_over_cap()

@@ -247,6 +247,11 @@ class StateStore:
         """Does the table hold records of the run (decoded or not), or the cache a state of it?"""
         return run_id in self.states or bool(self._runs().get(run_id))
 
+    def forget_saved(self, run_id: str) -> None:
+        """What the last save wrote of the run is no longer known: its next save writes it whole (and deletes
+        the records it does not write), whatever the table holds."""
+        self._saved.pop(run_id, None)
+
     def forget(self) -> None:
         """After a rebalance: the table is the truth again (another worker may have written)."""
         self.states.clear()
