@@ -42,12 +42,14 @@ def test_each_event_reads_back_and_is_written_byte_for_byte(line: bytes) -> None
 # threshold rule, the plateau's window and dispersion, the raise's wait, of issue 40; RunState.acks:
 # the scale_lr commands watched for the trainers' acknowledgements, of issue 41; TriggerState.baseline_from: what an
 # evaluate_now's "since" names, of issue 40; EvalLoopState's plateau window, dispersion and last round with undecided
-# samples counted wrong, of issue 42's round: filled from the one reading at the next round).
+# samples counted wrong, of issue 42's round: filled from the one reading at the next round; Consensus' effective
+# sizes of its interval's two ends, which the loop reads: one rule for both, of issue 42).
 ADDED_SINCE = (b',"good_round":null', b',"cusum":0.0', b',"window":[]', b',"dispersion":[0.0,0]',
                b',"last_round":null', b',"window_low":[]', b',"dispersion_low":[0.0,0]', b',"last_round_low":null',
                b',"lowered_from":null', b',"steady":0', b',"ceiling":1.0',
                b',"raised_in":null', b',"locked_in":null', b',"acks":{"sent":[],"acked":[],"alerted":[]}',
                b',"baseline_from":"start"')
+CONSENSUS_ADDED = (b',"n_effective_wrong":null,"n_effective_right":null',)  # where a state holds a consensus
 
 
 # A waiting step's first write is still the golden layout: its record holds its reports. At its
@@ -58,7 +60,7 @@ ADDED_SINCE = (b',"good_round":null', b',"cusum":0.0', b',"window":[]', b',"disp
 
 def as_recorded(written: bytes) -> bytes:
     """A record written now, less the fields added since (each at its default, once)."""
-    for added in ADDED_SINCE:
+    for added in ADDED_SINCE + CONSENSUS_ADDED:
         assert written.count(added) <= 1, added
         written = written.replace(added, b"")
     return written

@@ -456,3 +456,31 @@ def test_a_loop_state_recorded_before_both_readings_were_kept_tests_its_plateau_
     written_before = {k: v for k, v in msgspec.to_builtins(before).items()
                       if k not in ("window_low", "dispersion_low", "last_round_low")}
     assert codec.loads(EvalLoopState, codec.dumps(written_before)) == before
+
+
+def test_the_cut_reads_each_round_as_its_interval_does() -> None:
+    """One rule for the number shown and the decision: two nodes at 2 replicas tie on every sample of
+    prompts 0 and 1 (8 of 32, 4 samples a prompt); the loop's reading of the round, each undecided sample
+    counted right (the cut) or wrong (the plateau's low side), is the accuracy and effective size the
+    interval's end stands on (statistics.side_reading of the same clusters), not the decided samples' size
+    scaled to the round (32 effective samples where the interval's high end stands on 23.2)."""
+    from areal_metrics.producers.contract.statistics import proportion_interval, side_reading, with_undecided
+    from areal_metrics.streams.core.eval_loop import optimistic, pessimistic
+
+    truth = [int((i * 7) % 5 < 2) for i in range(32)]  # prompt p: samples 4p..4p+3
+    other = [1 - v if i < 8 else v for i, v in enumerate(truth)]  # disagrees on prompts 0 and 1
+    state = RunState("run-l")
+    out = []
+    for node, verdicts in (("a", truth), ("b", other)):
+        ev = EvalEvent(run_id="run-l", node=node, eval_id="e10", step=10, dataset="math500", replicas=2,
+                       verdicts=verdicts, accuracy=sum(verdicts) / 32, metrics={"samples_per_prompt": 4}, ts=1.0)
+        state, got = on_eval(state, ev, 1.0, CFG)
+        out += got
+    [c] = [o for o in state.votes.last_good.values()]
+    decided = {p: tuple(truth[4 * p:4 * p + 4]) for p in range(2, 8)}
+    assert (c.n_samples, c.n_undecided) == (24, 8)
+    for verdict, reading in ((1, optimistic(c)), (0, pessimistic(c))):
+        assert reading == pytest.approx(side_reading(decided, {0: 4, 1: 4}, verdict), rel=1e-12)
+    high = proportion_interval(with_undecided(decided, {0: 4, 1: 4}, 1))[1]
+    assert c.ci_high == pytest.approx(high, rel=1e-12)
+    assert optimistic(c)[1] != pytest.approx(c.n_effective * 32 / 24, rel=0.05)  # the rule it replaced

@@ -13,7 +13,9 @@ Proportions
   residuals)^2 / n^2, what statsmodels' OLS of the outcomes on a constant with
   cov_type="cluster" gives.
 - `effective_n(clusters)`: the Kish effective size of that mean, p(1-p) / cluster_variance,
-  within [1, n]; `design_effect(clusters)` = n / effective_n.
+  within [1, n]; `design_effect(clusters)` = n / effective_n; `interval_n(clusters)`: the size
+  a round's interval stands on and the closed loop weighs it by (the number of clusters when
+  every outcome is alike).
 - `clopper_pearson(successes, n, confidence)`: the exact (beta) interval, `n` possibly effective.
 - `proportion_interval(clusters, confidence)`: the interval the consensus carries (Korn and
   Graubard's for clustered samples): Clopper-Pearson on the effective size, scaled for the G-1
@@ -24,7 +26,8 @@ Proportions
   the effective size covered 91-92 % at 32 x 4 and 0.05.
 - `bounded_interval(clusters, undecided, confidence)`: the interval of the accuracy over ALL the
   samples of a round when some are undecided: the low end counts every undecided sample wrong,
-  the high end right, each with its sampling interval (`proportion_interval`).
+  the high end right, each with its sampling interval (`proportion_interval`); `side_reading`:
+  the (accuracy, size) of one end, which the closed loop reads too (`with_undecided`).
 
 The vote
 - `majority(ones, zeros, replicas)`: 1 or 0 when a side holds a strict majority of the sample's
@@ -200,6 +203,34 @@ def effective_n(clusters: Clusters) -> float:
     return min(float(n), max(1.0, p * (1 - p) / var))
 
 
+def interval_n(clusters: Clusters) -> float:
+    """The effective size a round's interval stands on (`proportion_interval`, before its G-1 degrees
+    of freedom), and the one the closed loop weighs the round by: `effective_n`, or the number of
+    clusters when every outcome is alike (the data cannot show the clustering); 0 with none."""
+    n, g, ones = _sizes(clusters)
+    if n == 0:
+        return 0.0
+    if g == n:
+        return float(n)
+    return float(g) if ones in (0.0, float(n)) else effective_n(clusters)
+
+
+def with_undecided(clusters: Clusters, undecided: Clusters | Mapping[int, int], verdict: int) -> dict[int, list[int]]:
+    """Every sample of a round: the decided verdicts by cluster, and each cluster's undecided samples
+    (a count, or a list) counted `verdict`: 0 for the low end of `bounded_interval`, 1 for the high end."""
+    counts = {c: (u if isinstance(u, int) else len(u)) for c, u in undecided.items()}
+    return {c: [*clusters.get(c, ()), *([verdict] * counts.get(c, 0))] for c in set(clusters) | set(counts)}
+
+
+def side_reading(clusters: Clusters, undecided: Clusters | Mapping[int, int], verdict: int) -> tuple[float, float]:
+    """(accuracy, effective size) over every sample of a round with each undecided sample counted
+    `verdict`: what that end of `bounded_interval` stands on, and what the closed loop reads of the
+    round (one rule for both: the loop once scaled the decided samples' size instead)."""
+    side = with_undecided(clusters, undecided, verdict)
+    n, _, ones = _sizes(side)
+    return (ones / n if n else 0.0), interval_n(side)
+
+
 def design_effect(clusters: Clusters) -> float:
     """n / effective_n: how many samples count as one independent one (1 when there are none)."""
     n, _, _ = _sizes(clusters)
@@ -253,7 +284,7 @@ def proportion_interval(clusters: Clusters, confidence: float = 0.95) -> tuple[f
         return 0.0, 1.0
     if g == n:
         return clopper_pearson(ones, n, confidence)
-    eff = float(g) if ones in (0.0, float(n)) else effective_n(clusters)
+    eff = interval_n(clusters)
     if g >= 2:
         q = 0.5 + confidence / 2.0
         eff *= (t_quantile(float(n - 1), q) / t_quantile(float(g - 1), q)) ** 2
@@ -266,13 +297,10 @@ def bounded_interval(clusters: Clusters, undecided: Clusters | Mapping[int, int]
     decided samples' verdicts, `undecided` cluster -> its count (or list) of undecided samples.
     Low end: every undecided sample counted wrong; high end: right; each end that side's
     `proportion_interval` end. With none undecided, `proportion_interval(clusters)`."""
-    counts = {c: (u if isinstance(u, int) else len(u)) for c, u in undecided.items()}
-    if not any(counts.values()):
+    if not any((u if isinstance(u, int) else len(u)) for u in undecided.values()):
         return proportion_interval(clusters, confidence)
-    keys = set(clusters) | set(counts)
-    wrong = {c: [*clusters.get(c, ()), *([0] * counts.get(c, 0))] for c in keys}
-    right = {c: [*clusters.get(c, ()), *([1] * counts.get(c, 0))] for c in keys}
-    return proportion_interval(wrong, confidence)[0], proportion_interval(right, confidence)[1]
+    return (proportion_interval(with_undecided(clusters, undecided, 0), confidence)[0],
+            proportion_interval(with_undecided(clusters, undecided, 1), confidence)[1])
 
 
 def proportion_variance(p: float, n_eff: float) -> float:

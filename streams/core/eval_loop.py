@@ -17,7 +17,8 @@ up to the horizon has the same power (tests/loop_simulation.py measures both, do
 - Threshold: a one-sided CUSUM of the rounds' shortfall below `lr_eval_threshold`. Each round
   gives z = (threshold - p) / sqrt(threshold (1 - threshold) / n), p its accuracy with every
   undecided sample counted right (the optimistic side: undecided samples never make a cut), n
-  its effective sample size (undecided included); S = max(0, S + z - k) with k the one-sided
+  its effective sample size (undecided included): p and n are what the high end of the round's
+  interval stands on (statistics.side_reading, one rule); S = max(0, S + z - k) with k the one-sided
   normal quantile of alpha / 2, and a cut when S > h, h = cusum_horizon_limit(k, horizon, alpha / 2):
   a run whose rounds are independent at the threshold (z ~ N(0, 1)) is cut within its horizon in
   at most alpha / 2 of runs (the run-length distribution, computed exactly; 1.75 at the defaults). With k at the quantile
@@ -201,8 +202,12 @@ def _undecided_counted(c: Consensus, right: bool) -> tuple[float, float]:
         return c.accuracy, c.n_effective
     if n + u <= 0:
         return c.accuracy, 0.0
-    scale = (n + u) / n if n > 0 else 1.0
-    return (c.accuracy * n + (u if right else 0)) / (n + u), c.n_effective * scale
+    accuracy = (c.accuracy * n + (u if right else 0)) / (n + u)
+    side = c.n_effective_right if right else c.n_effective_wrong
+    if side is not None:  # the interval's own end: one rule for the number it shows and the loop reads
+        return accuracy, side
+    scale = (n + u) / n if n > 0 else 1.0  # a consensus stored before the vote kept its sides
+    return accuracy, c.n_effective * scale
 
 
 def shortfall(p: float, n_eff: float, threshold: float) -> float:

@@ -68,7 +68,8 @@ from msgspec.structs import astuple, replace
 from areal_metrics.streams.core.alerts import AlertDecision
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.stored import NO_PAIRS, Pairs, Stored, hold_pairs
-from areal_metrics.producers.contract.statistics import bounded_interval, effective_n, majority, quorum, wilson
+from areal_metrics.producers.contract.statistics import (bounded_interval, interval_n, majority, quorum,
+                                                         side_reading, wilson)
 
 CLOSED_ROUNDS_KEPT = 2048  # per run: remembered to refuse late results without re-voting
 CONSENSUS_METRIC = re.compile(r"(pass|maj)@[1-9][0-9]{0,5}|greedy_accuracy")  # an eval's metrics the consensus carries
@@ -136,6 +137,11 @@ class Consensus(Stored):
     ci_high: float = 1.0
     n_effective: float = 0.0  # the interval's effective sample size (clustered samples count less)
     metrics: Pairs[str, float] = NO_PAIRS  # pass@K, maj@K, greedy_accuracy
+    # With undecided samples: the effective size over every sample, each undecided one counted wrong
+    # (right), what each end of the interval stands on and the closed loop reads (statistics.side_reading);
+    # None when none is undecided, without verdicts, or in a state stored before
+    n_effective_wrong: float | None = None
+    n_effective_right: float | None = None
 
     def __post_init__(self) -> None:
         hold_pairs(self, "metrics")
@@ -177,6 +183,14 @@ class Combination:
     clusters: Mapping[int, tuple[int, ...]] | None = None  # prompt -> its decided verdicts
     undecided: Mapping[int, int] = field(default_factory=dict)  # prompt -> its undecided samples
     disputed_by: tuple[str, ...] = ()  # nodes on both sides of an undecided sample (a tie)
+
+    def sides(self) -> dict[str, float]:
+        """The effective sizes of the interval's two ends (Consensus.n_effective_wrong, _right) when some
+        sample is undecided; {} otherwise."""
+        if self.clusters is None or self.n_undecided <= 0:
+            return {}
+        return {"n_effective_wrong": side_reading(self.clusters, self.undecided, 0)[1],
+                "n_effective_right": side_reading(self.clusters, self.undecided, 1)[1]}
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -281,7 +295,7 @@ def _combine_verdicts(ok: list[NodeResult], shape: Shape) -> Combination:
         has_majority=True,
         n_samples=len(decided),
         n_undecided=len(votes) - len(decided),
-        n_effective=effective_n(clusters),
+        n_effective=interval_n(clusters),
         verdicts=decided,
         metrics=metrics,
         clusters={prompt: tuple(vs) for prompt, vs in clusters.items()},
@@ -438,6 +452,7 @@ def _decide(rnd: RoundState, comb: Combination, partial: bool, cfg: RunConfig,
         ci_high=max(high, comb.accuracy),
         n_effective=comb.n_effective,
         metrics=comb.metrics,
+        **comb.sides(),
     )
     alerts = _divergence_alerts(rnd, comb, cfg)
     alerts += _undecided_alerts(rnd, comb, cfg, replicas)
