@@ -37,7 +37,7 @@ from areal_metrics.producers.contract.events import EvalEvent
 from areal_metrics.streams.core.config import RunConfig
 from areal_metrics.streams.core.eval_loop import EvalLoopState, on_consensus
 from areal_metrics.streams.core.processor import RunState, on_eval
-from areal_metrics.producers.contract.statistics import effective_n, proportion_interval
+from areal_metrics.producers.contract.statistics import interval_n, proportion_interval
 from areal_metrics.streams.core.voting import Consensus, RoundKey
 
 PROMPTS, PER_PROMPT = 128, 4  # 512 samples a round
@@ -147,7 +147,7 @@ def _interval(per_prompt: int, sums: tuple[int, ...]) -> tuple[float, float, flo
     those alone (not on which sample is which, nor on the prompts' order), so repeated rounds are
     computed once (a run whose weights do not change repeats its round)."""
     clusters = {i: [1] * ones + [0] * (per_prompt - ones) for i, ones in enumerate(sums)}
-    return (effective_n(clusters), *proportion_interval(clusters))
+    return (interval_n(clusters), *proportion_interval(clusters))
 
 
 def one_node_consensus(r: int, table: np.ndarray) -> Consensus:

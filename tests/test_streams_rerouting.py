@@ -32,7 +32,7 @@ from areal_metrics.producers.runtime.topic_metadata import key_partition
 from areal_metrics.streams.core.config import RunConfig, StreamsConfig
 from areal_metrics.streams.shell.app import app_id_for, repartition_topic_for
 from areal_metrics.streams.shell.batch import Input, StreamCore
-from areal_metrics.streams.state.state_store import HEAD, record_key
+from areal_metrics.streams.state.state_store import HEAD, StateRecordTooLarge, record_key
 from tests.support import group_members_when
 from tests.test_streams_e2e import OutputReader, Worker
 
@@ -250,3 +250,65 @@ def test_no_state_of_a_run_starts_off_its_partition_on_a_path_that_is_not_sent_o
     away_t = (key_partition(b"t", PARTITIONS) + 1) % PARTITIONS
     asyncio.run(core.on_tick(away_t))
     assert core.stats["bad_states"] == 1 and core.cache["t"].partition == key_partition(b"t", PARTITIONS)
+
+
+def test_a_run_with_one_message_on_its_partition_keeps_its_state_and_a_save_failures_letter_keeps_none() -> None:
+    """(Review of 444b1cc.) A batch of a new run r with an input too large to send on (off r's partition) and
+    r's step on its own partition: the partition is this worker's, and r's state is kept (the whole turn was
+    taken for one off its partition, and the step's report lost). A step of r keyed 't' whose save fails
+    alone: its dead letter's run is t, off t's partition, and no state of t is written here."""
+    topics = Topics("route.")
+    sent = Sent()
+    core = StreamCore(topics=topics, config=StreamsConfig(defaults=RunConfig()), table={}, send_many=sent.send_many,
+                      clock=lambda: 1000.0, reroute={topics.steps: repartition_topic_for(topics.prefix, topics.steps)},
+                      partitions=PARTITIONS, reroute_max_bytes=4_096)
+    home_r = key_partition(b"r", PARTITIONS)
+    away_r = (home_r + 1) % PARTITIONS
+    asyncio.run(core.on_batch([Input(topics.steps, away_r, 0, b"r", b"x" * 8_000, 1.0),
+                               Input(topics.steps, home_r, 0, b"r", _step("r", 5), 1.0)]))
+    assert [p["step"] for _, _, p in sent.on(topics.smoothed)] == [5]
+    assert core.store.holds("r") and "not_kept_elsewhere" not in core.stats
+
+    saving = core.store.save
+
+    def refusing_r(state: Any) -> None:
+        if state.run_id == "r":
+            raise StateRecordTooLarge("r cannot be stored")
+        saving(state)
+
+    core.store.save = refusing_r  # type: ignore[method-assign]
+    assert key_partition(b"t", PARTITIONS) != home_r
+    asyncio.run(core.on_batch([Input(topics.steps, home_r, 1, b"t", _step("r", 6), 1.0)]))
+    letters = [d for _, _, d in sent.on(topics.deadletter)]
+    assert len(letters) == 2 and not core.store.holds("t")  # (the first: the input too large to send on)
+
+
+def test_a_key_this_worker_wrote_leaves_its_table_when_its_partition_goes_to_another_worker() -> None:
+    """Faust's memory store drops, when a rebalance's recovery completes, the keys of partitions no longer
+    this worker's, but only keys whose partition it knows (those restored from the changelog). The state
+    store tells it the partition of each key it writes: a run this worker started does not stay in its
+    table (held, written, evicted there) after its partition went to another worker (review of 444b1cc)."""
+    import faust
+    from faust.stores.memory import Store
+    from faust.types import TP
+
+    from areal_metrics.streams.state.state_store import TableWrites
+
+    class Table:  # what TableWrites reads of Faust's table
+        name = "runs"
+
+        def __init__(self) -> None:
+            self.data = Store("memory://", faust.App("t", broker="kafka://127.0.0.1:1"), table=self)
+            self.changelog: list[tuple[int, bytes, bytes | None]] = []
+
+        def send_changelog(self, partition: int, key: bytes, value: bytes | None, **_: Any) -> None:
+            self.changelog.append((partition, key, value))
+
+    table = Table()
+    writes = TableWrites(table)
+    writes.put(0, b"kept", b"1")
+    writes.put(1, b"moved", b"2")
+    writes.put(1, b"deleted", b"3")
+    writes.delete(1, b"deleted")
+    asyncio.run(table.data.on_recovery_completed({TP("changelog", 0)}, set()))
+    assert dict(table.data.data) == {b"kept": b"1"}

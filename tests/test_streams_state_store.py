@@ -32,7 +32,7 @@ from areal_metrics.streams.shell.batch import Input, StreamCore
 from areal_metrics.streams.core.config import RunConfig, StreamsConfig
 from areal_metrics.streams.core.processor import RunState
 from areal_metrics.streams.core.ranks import PendingStep, RankReport, RankState
-from areal_metrics.streams.state.state_store import RECORD_OVERHEAD, StateStore, record_key
+from areal_metrics.streams.state.state_store import RECORD_OVERHEAD, StateRecordTooLarge, StateStore, record_key
 from areal_metrics.streams.core.voting import CLOSED_ROUNDS_KEPT, NodeResult, RoundKey, add_result
 from tests.support import replay_changelog
 
@@ -554,3 +554,30 @@ def test_a_tick_whose_state_cannot_be_saved_sends_its_decision_once_and_says_so_
     assert [v["step"] for t, _, v in rec.sent if t == TOPICS.smoothed] == [1]
     assert len([r for r in caplog.records if "not saved after its tick" in r.getMessage()]) == 1
     assert core.cache["r"].ranks.pending == {} and table[record_key("r", "run")]  # the stored state is the one before
+
+
+def test_an_input_after_a_tick_state_that_was_not_stored_goes_on_the_stored_state() -> None:
+    """The tick's state stays in memory when it cannot be stored; an input of the run whose save then fails
+    on it (the tick's part is what cannot be stored) goes again, once, on the state the table holds, and
+    is kept: it was dead-lettered, a valid step lost (review of de442a5)."""
+    table: dict[bytes, bytes] = {}
+    now = [1000.0]
+    rec = Recorder()
+    core = StreamCore(topics=TOPICS, config=StreamsConfig(defaults=CFG), table=table, send=rec.send,
+                      clock=lambda: now[0])
+    feed(core, [[(TOPICS.steps, step("r", 1, rank=0, world=2))]])  # waits for rank 1
+    saving = core.store.save
+
+    def refusing_step_1(state: Any) -> None:  # the tick's part (step 1 smoothed) cannot be stored
+        if any(p.step == 1 for p in state.smoothing.points):
+            raise StateRecordTooLarge("step 1's point cannot be stored")
+        saving(state)
+
+    core.store.save = refusing_step_1  # type: ignore[method-assign]
+    now[0] += CFG.step_wait_s + 1
+    asyncio.run(core.on_tick(0))
+    assert [v["step"] for t, _, v in rec.sent if t == TOPICS.smoothed] == [1]
+    feed(core, [[(TOPICS.steps, step("r", 2, rank=0, world=2))]])  # waits too: no point of its own
+    assert not [v for t, _, v in rec.sent if t == TOPICS.deadletter]
+    stored = StateStore(dict(table)).load("r")
+    assert stored is not None and {k[1] for k in stored.ranks.pending} == {1, 2}  # kept on the stored state

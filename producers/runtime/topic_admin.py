@@ -81,9 +81,9 @@ def not_hosted(admin: Any, names: Sequence[str]) -> list[str]:
     broker of the replica set answers for the topic. Asks each broker itself
     (DescribeLogDirs). A broker not connected yet is lagging, not skipped: on a cluster
     just started, under load, the check once passed that way and a client then found a
-    broker without the topics. Best effort only where the answer is refused: a principal
-    not allowed to ask (docs/SECURITY.md) or a client or broker without the call gets []
-    (the creator's own check above still holds).
+    broker without the topics. Best effort only where the answer is refused: a broker that
+    will not say (a principal not allowed to ask, docs/SECURITY.md; a client or broker
+    without the call) is not asked, the others still are.
     """
     from kafka.errors import KafkaError
 
@@ -103,34 +103,30 @@ def not_hosted(admin: Any, names: Sequence[str]) -> list[str]:
     for broker, wanted in sorted(replicas.items()):
         try:
             answers = admin.describe_log_dirs(wanted, brokers=[broker])
+            if not any(r["log_dirs"] for r in answers):
+                # A broker has at least one log dir; none: it refused to say (a principal
+                # without DESCRIBE on the cluster, docs/SECURITY.md), which is not "missing".
+                continue
+            hosted = {(t["name"], q["partition_index"])
+                      for r in answers for ld in r["log_dirs"]
+                      for t in ld.get("topics") or () for q in t.get("partitions") or ()}
         except KafkaError as exc:
             if _transient(exc):
                 lagging.append(f"@{broker}: {type(exc).__name__}")
-                continue
-            return []
+            continue  # a refusal: this broker is not asked (the others still are)
         except (TypeError, KeyError, AttributeError):
-            return []
-        if not any(r["log_dirs"] for r in answers):
-            # A broker has at least one log dir; none: it refused to say (a principal
-            # without DESCRIBE on the cluster, docs/SECURITY.md), which is not "missing".
-            continue
-        hosted = {(t["name"], q["partition_index"])
-                  for r in answers for ld in r["log_dirs"]
-                  for t in ld.get("topics") or () for q in t.get("partitions") or ()}
+            continue  # an answer of another shape (another kafka-python): not asked
         lagging += [f"{t}[{p}]@{broker}" for t, ps in wanted.items() for p in ps if (t, p) not in hosted]
     return lagging
 
 
 def _transient(exc: Exception) -> bool:
-    """A broker not reachable or not answering yet, which asking again may mend; not a refusal
-    (authorization, a call the broker or client does not have)."""
+    """A broker not reachable or not answering yet, which asking again mends (kafka-python's retriable
+    errors, and a broker the client's metadata does not know yet); not a refusal or a misuse."""
     import kafka.errors as errors
 
-    refusals = tuple(c for c in (getattr(errors, "AuthorizationError", None),
-                                 errors.ClusterAuthorizationFailedError, errors.TopicAuthorizationFailedError,
-                                 errors.UnsupportedVersionError, getattr(errors, "IncompatibleBrokerVersion", None))
-                      if c is not None)
-    return not isinstance(exc, refusals)
+    mendable = (errors.RetriableError, getattr(errors, "UnknownBrokerIdError", errors.RetriableError))
+    return isinstance(exc, mendable)
 
 
 def not_ready(admin: Any, names: Sequence[str]) -> list[str]:

@@ -128,9 +128,11 @@ def _where(c: Consensus) -> str:
 
 
 def _estimate(c: Consensus) -> str:
+    """The round as an alert shows it: the effective size is the one the rules read (with undecided samples,
+    the interval's high end's: `optimistic`)."""
     undecided = f", {c.n_undecided} undecided" if c.n_undecided else ""
     return (f"accuracy {c.accuracy:.4g} (95% CI [{c.ci_low:.3f}, {c.ci_high:.3f}], {c.n_samples} samples"
-            f"{undecided}, effective {c.n_effective:.4g})")
+            f"{undecided}, effective {optimistic(c)[1]:.4g})")
 
 
 def _alert(kind: str, c: Consensus, what: str, value: float, threshold: float | None) -> AlertDecision:
@@ -183,7 +185,7 @@ def rollback_step(good_round: tuple[int, int] | None, c: Consensus, threshold: f
 def optimistic(c: Consensus) -> tuple[float, float]:
     """(accuracy, effective samples) over every sample of the round with each undecided sample
     counted right: the side a below-threshold test reads, so undecided samples never make a cut.
-    The effective size is the decided samples' scaled to the round's size."""
+    The effective size is the one the interval's high end stands on (Consensus.n_effective_right)."""
     return _undecided_counted(c, right=True)
 
 

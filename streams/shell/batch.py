@@ -159,6 +159,7 @@ class StreamCore:
         self._homes: dict[str, int] = {}  # run_id -> its partition (murmur2 in pure Python: 3 us, once a run)
         self._seen: dict[str, float] = {}  # live run -> worker clock of its last input, oldest first
         self._unsaved_said: dict[str, float] = {}  # run -> when its tick's unsaved state was last logged
+        self._unsaved: set[str] = set()  # runs whose cached state is a tick's that was never stored
         self._ended: dict[str, float] = {}  # the ended ones among them, the same way
 
     # ---------------------------------------------------------------- state
@@ -192,12 +193,16 @@ class StreamCore:
             home = self._homes[run_id] = key_partition(run_id.encode(), self.partitions)
         return home
 
-    def _held_elsewhere(self, run_id: str, partition: int) -> bool:
-        """With `reroute` on, a message of a run this worker holds no state of, processed off the run's
+    def _held_elsewhere(self, run_id: str, partitions: Sequence[int]) -> bool:
+        """With `reroute` on, messages of a run this worker holds no state of, each processed off the run's
         partition (too large to send on; a dead letter whose key names another run): the run's partition
-        may be another worker's, whose state of the run this one must not write. Its letter goes out
-        from a state of the moment, not kept."""
-        return self.reroute is not None and self._home(run_id) != partition and not self.store.holds(run_id)
+        may be another worker's, whose state of the run this one must not write. Their letters go out
+        from a state of the moment, not kept. One of them on the run's partition: the partition is this
+        worker's, and the state is kept."""
+        if self.reroute is None or self.store.holds(run_id):
+            return False
+        home = self._home(run_id)
+        return all(p != home for p in partitions)
 
     def save(self, state: RunState) -> None:
         self.store.save(state)
@@ -206,6 +211,7 @@ class StreamCore:
         self.store.forget()
         self._seen.clear()  # the table's runs are seen again at the next tick
         self._ended.clear()
+        self._unsaved.clear()  # (an unsaved tick state is gone with the cache: the table's is read again)
 
     # ---------------------------------------------------------------- the bound on live runs
 
@@ -239,6 +245,7 @@ class StreamCore:
         self.store.evict(run_id, partition)
         self._seen.pop(run_id, None)
         self._ended.pop(run_id, None)
+        self._unsaved.discard(run_id)
         self.stats["evicted"] += 1
 
     def evict_idle(self, now: float) -> None:
@@ -323,7 +330,7 @@ class StreamCore:
         while turns:
             run_id, items = turns.pop(0)
             if run_id not in states:
-                if self._held_elsewhere(run_id, items[0].message.partition):
+                if self._held_elsewhere(run_id, [i.message.partition for i in by_run.get(run_id, items)]):
                     passing.add(run_id)
                 states[run_id] = loaded[run_id] = self.load(run_id, items[0].message.partition)
             states[run_id], out, failed = self._apply(states[run_id], items, now)
@@ -467,6 +474,8 @@ class StreamCore:
     async def _save(self, state: RunState, items: list[_Item]) -> None:
         try:
             self.save(state)
+            self._unsaved.discard(state.run_id)
+            self._unsaved_said.pop(state.run_id, None)
             return
         except StateRecordTooLarge as exc:  # the input's doing (a vote round too large to keep), said as such
             why = f"not processed: {exc}"
@@ -478,7 +487,9 @@ class StreamCore:
             log.error("streams: state of run %r not saved (%s: %s); its %d message(s) again, one by one",
                       state.run_id, type(exc).__name__, exc, len(items))
         self.store.states.pop(state.run_id, None)  # the table still has the state before the batch
-        if len(items) > 1:
+        on_a_tick_state = state.run_id in self._unsaved  # the batch ran on a tick's state never stored
+        self._unsaved.discard(state.run_id)
+        if len(items) > 1 or on_a_tick_state:  # again one by one, on the state the table holds
             for item in items:
                 await self.on_batch([item.message])
             return
@@ -489,6 +500,9 @@ class StreamCore:
             new_state, outputs = on_rejected(state, dead, self._position(m), self.clock(),
                                              self.config.for_run(dead.run_id))
             await self.emit(outputs)
+            if self._held_elsewhere(dead.run_id, [m.partition]):  # the letter's run is not this worker's
+                self.stats["not_kept_elsewhere"] = self.stats.get("not_kept_elsewhere", 0) + 1
+                continue
             try:
                 self.save(new_state)
             except StateRecordTooLarge as exc:  # a state that cannot be kept whatever comes: its letter is out
@@ -524,6 +538,7 @@ class StreamCore:
         for state in changed:
             try:
                 self.save(state)
+                self._unsaved.discard(state.run_id)
             except Exception as exc:  # noqa: BLE001 - e.g. a head grown past a bound lowered under it
                 # Its decisions are out: the state stays in memory, or each tick would make them again
                 # and send them again (an alert a second). Its next save writes it whole; a restart
@@ -531,6 +546,7 @@ class StreamCore:
                 self.stats["errors"] += 1
                 self.store.states[state.run_id] = state
                 self.store.forget_saved(state.run_id)
+                self._unsaved.add(state.run_id)
                 said = self._unsaved_said.get(state.run_id)
                 if said is None or now - said >= 600:
                     if len(self._unsaved_said) >= 1 << 16:

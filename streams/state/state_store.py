@@ -169,15 +169,24 @@ class TableWrites:
         self.faust = hasattr(table, "send_changelog") and hasattr(table, "data")
         self.data = table.data if self.faust else table
         self.outbox: list[tuple[int, bytes, bytes | None]] | None = [] if direct and self.faust else None
+        # Faust's memory store forgets, once a rebalance's recovery completes, the keys of the partitions
+        # this worker no longer holds, but only the keys it knows the partition of: those it restored
+        # from the changelog. A key written here is told too, or a run this worker started would stay in
+        # its table after its partition went to another worker (and be written, evicted, tombstoned there).
+        self._partition_of: dict[Any, int] | None = getattr(self.data, "_key_partition", None) if self.faust else None
 
     def put(self, partition: int, key: bytes, value: bytes) -> None:
         self.data[key] = value
+        if self._partition_of is not None:
+            self._partition_of[key] = partition
         if self.outbox is not None:
             self.outbox.append((partition, key, value))
         elif self.faust:
             self.table.send_changelog(partition, key, value)
 
     def delete(self, partition: int, key: bytes) -> None:
+        if self._partition_of is not None:
+            self._partition_of.pop(key, None)
         if self.data.pop(key, None) is None or not self.faust:
             return
         if self.outbox is not None:
