@@ -263,6 +263,13 @@ def build_worker(
                       ended_run_idle_s=ended_idle, max_runs=max_runs, state_record_max_bytes=state_record_max_bytes,
                       reroute=reroute or None, partitions=partitions, reroute_max_bytes=repartition_bytes,
                       **transport.outputs(app, runs))
+
+    @runs.on_recover
+    async def reindex() -> None:
+        # Recovery restored the records of partitions this worker got, and Faust dropped those of
+        # partitions it lost: the store's index of records by run is read from the table again.
+        core.forget_cache()
+
     feed = InputFeed(app, transport.input_guard(), inputs)
     for topic in input_topics:
         app.topics.add(topic)  # subscribed (and so co-partitioned with the table), read by the feed

@@ -206,6 +206,7 @@ class StreamCore:
 
     def save(self, state: RunState) -> None:
         self.store.save(state)
+        self._unsaved.discard(state.run_id)  # what the table holds is this state now
 
     def forget_cache(self) -> None:
         self.store.forget()
@@ -472,24 +473,27 @@ class StreamCore:
         return self._step(state, _Item(m, self._letter(m, f"not processed: {why}")), now, cfg)
 
     async def _save(self, state: RunState, items: list[_Item]) -> None:
+        on_a_tick_state = state.run_id in self._unsaved  # the batch ran on a tick's state never stored
         try:
             self.save(state)
-            self._unsaved.discard(state.run_id)
-            self._unsaved_said.pop(state.run_id, None)
             return
         except StateRecordTooLarge as exc:  # the input's doing (a vote round too large to keep), said as such
             why = f"not processed: {exc}"
-            log.warning("streams: state of run %r not saved (%s); its %d message(s) again, one by one",
-                        state.run_id, exc, len(items))
+            if not on_a_tick_state:  # (else the tick's own line says it, once in ten minutes)
+                log.warning("streams: state of run %r not saved (%s); its %d message(s) again, one by one",
+                            state.run_id, exc, len(items))
         except Exception as exc:  # noqa: BLE001 - e.g. a value the codec cannot write
             self.stats["errors"] += 1
             why = "not processed (worker error: its state could not be saved)"
-            log.error("streams: state of run %r not saved (%s: %s); its %d message(s) again, one by one",
-                      state.run_id, type(exc).__name__, exc, len(items))
+            if not on_a_tick_state:
+                log.error("streams: state of run %r not saved (%s: %s); its %d message(s) again, one by one",
+                          state.run_id, type(exc).__name__, exc, len(items))
         self.store.states.pop(state.run_id, None)  # the table still has the state before the batch
-        on_a_tick_state = state.run_id in self._unsaved  # the batch ran on a tick's state never stored
-        self._unsaved.discard(state.run_id)
+        self._unsaved.discard(state.run_id)  # (marked once: the replay below cannot come back here for it)
         if len(items) > 1 or on_a_tick_state:  # again one by one, on the state the table holds
+            if self.reroute is not None:  # the run's own partition first: one alone off it keeps no state
+                home = self._home(state.run_id)
+                items = sorted(items, key=lambda it: it.message.partition != home)
             for item in items:
                 await self.on_batch([item.message])
             return
@@ -538,7 +542,6 @@ class StreamCore:
         for state in changed:
             try:
                 self.save(state)
-                self._unsaved.discard(state.run_id)
             except Exception as exc:  # noqa: BLE001 - e.g. a head grown past a bound lowered under it
                 # Its decisions are out: the state stays in memory, or each tick would make them again
                 # and send them again (an alert a second). Its next save writes it whole; a restart

@@ -295,6 +295,11 @@ class StateStore:
         legacy = next((k for k, tail in keys.items() if tail == ()), None)
         if head is None and legacy is None:
             return None  # only records nothing refers to: deleted at the run's first save
+        if self.io.get(head if head is not None else legacy) is None:
+            # the table no longer holds them (a rebalance gave their partition to another worker
+            # after this index was built): not this worker's run now
+            self._runs().pop(run_id, None)
+            return None
         try:
             if head is None:
                 state = self._decode_legacy(run_id, self.io.get(legacy))
