@@ -71,12 +71,20 @@ class Sent:
         return [(p, k, json.loads(v or b"null")) for t, p, k, v in self.messages if t == topic]
 
 
+def routing_core(topics: Topics, sent: Sent, inputs: tuple[str, ...] | None = None,
+                 reroute_max_bytes: int | None = None) -> StreamCore:
+    """The core alone with `reroute` on for `inputs` (the steps topic when None), its outputs to `sent`."""
+    reroute = {name: repartition_topic_for(topics.prefix, name) for name in (inputs or (topics.steps,))}
+    return StreamCore(topics=topics, config=StreamsConfig(defaults=RunConfig()), table={}, send_many=sent.send_many,
+                      clock=lambda: 1000.0, reroute=reroute, partitions=PARTITIONS,
+                      reroute_max_bytes=reroute_max_bytes)
+
+
 def test_a_message_off_its_runs_partition_is_sent_on_to_it_and_processed_there() -> None:
     topics = Topics("route.")
     reroute = {name: repartition_topic_for(topics.prefix, name) for name in (topics.steps, topics.evals)}
     sent = Sent()
-    core = StreamCore(topics=topics, config=StreamsConfig(defaults=RunConfig()), table={}, send_many=sent.send_many,
-                      clock=lambda: 1000.0, reroute=reroute, partitions=PARTITIONS)
+    core = routing_core(topics, sent, (topics.steps, topics.evals))
     home = key_partition(b"r", PARTITIONS)
     away = (home + 1) % PARTITIONS
 
@@ -114,8 +122,7 @@ def test_a_copy_sent_on_twice_is_the_same_letter_and_a_poisoned_copy_names_where
     topics = Topics("route.")
     reroute = {topics.steps: repartition_topic_for(topics.prefix, topics.steps)}
     sent = Sent()
-    core = StreamCore(topics=topics, config=StreamsConfig(defaults=RunConfig()), table={}, send_many=sent.send_many,
-                      clock=lambda: 1000.0, reroute=reroute, partitions=PARTITIONS)
+    core = routing_core(topics, sent)
     home = key_partition(b"r", PARTITIONS)
     away = (home + 1) % PARTITIONS
     original = Input(topics.steps, away, 7, b"r", b"not json", 1.0)
@@ -140,9 +147,7 @@ def test_a_copy_sent_on_twice_is_the_same_letter_and_a_poisoned_copy_names_where
 def test_an_input_too_large_for_a_repartition_topic_is_dead_lettered_where_it_landed() -> None:
     topics = Topics("route.")
     sent = Sent()
-    core = StreamCore(topics=topics, config=StreamsConfig(defaults=RunConfig()), table={}, send_many=sent.send_many,
-                      clock=lambda: 1000.0, reroute={topics.steps: repartition_topic_for(topics.prefix, topics.steps)},
-                      partitions=PARTITIONS, reroute_max_bytes=4_096)
+    core = routing_core(topics, sent, reroute_max_bytes=4_096)
     away = (key_partition(b"r", PARTITIONS) + 1) % PARTITIONS
     asyncio.run(core.on_batch([Input(topics.steps, away, 0, b"r", b"x" * 8_000, 1.0)]))
     assert [d["source_topic"] for _, _, d in sent.on(topics.deadletter)] == [topics.steps]
@@ -220,9 +225,7 @@ def test_no_state_of_a_run_starts_off_its_partition_on_a_path_that_is_not_sent_o
     state is rebuilt on the run's own partition."""
     topics = Topics("route.")
     sent = Sent()
-    core = StreamCore(topics=topics, config=StreamsConfig(defaults=RunConfig()), table={}, send_many=sent.send_many,
-                      clock=lambda: 1000.0, reroute={topics.steps: repartition_topic_for(topics.prefix, topics.steps)},
-                      partitions=PARTITIONS, reroute_max_bytes=4_096)
+    core = routing_core(topics, sent, reroute_max_bytes=4_096)
     away_r = (key_partition(b"r", PARTITIONS) + 1) % PARTITIONS
     asyncio.run(core.on_batch([Input(topics.steps, away_r, 0, b"r", b"x" * 8_000, 1.0)]))  # too large to send on
     assert [d["run_id"] for _, _, d in sent.on(topics.deadletter)] == ["r"]
@@ -259,9 +262,7 @@ def test_a_run_with_one_message_on_its_partition_keeps_its_state_and_a_save_fail
     alone: its dead letter's run is t, off t's partition, and no state of t is written here."""
     topics = Topics("route.")
     sent = Sent()
-    core = StreamCore(topics=topics, config=StreamsConfig(defaults=RunConfig()), table={}, send_many=sent.send_many,
-                      clock=lambda: 1000.0, reroute={topics.steps: repartition_topic_for(topics.prefix, topics.steps)},
-                      partitions=PARTITIONS, reroute_max_bytes=4_096)
+    core = routing_core(topics, sent, reroute_max_bytes=4_096)
     home_r = key_partition(b"r", PARTITIONS)
     away_r = (home_r + 1) % PARTITIONS
     asyncio.run(core.on_batch([Input(topics.steps, away_r, 0, b"r", b"x" * 8_000, 1.0),

@@ -127,13 +127,13 @@ def _where(c: Consensus) -> str:
     return f"evaluation {c.key.dataset}/{c.key.stage} at step {c.step} (eval {c.key.eval_id})"
 
 
-def _estimate(c: Consensus, side: tuple[float, float] | None = None) -> str:
-    """The round as an alert or command shows it, with the effective size the rule read: `side`, the
-    (accuracy, size) of `optimistic` or `pessimistic` (the two ends differ only with undecided samples)."""
+def _estimate(c: Consensus, size: float | None = None) -> str:
+    """The round as an alert or command shows it, with the effective size the rule read: `size`, that of
+    `pessimistic` for a rule on the low end, else `optimistic`'s (they differ only with undecided samples)."""
     undecided = f", {c.n_undecided} undecided" if c.n_undecided else ""
-    size = (side or optimistic(c))[1]
+    shown = optimistic(c)[1] if size is None else size
     return (f"accuracy {c.accuracy:.4g} (95% CI [{c.ci_low:.3f}, {c.ci_high:.3f}], {c.n_samples} samples"
-            f"{undecided}, effective {size:.4g})")
+            f"{undecided}, effective {shown:.4g})")
 
 
 def _alert(kind: str, c: Consensus, what: str, value: float, threshold: float | None) -> AlertDecision:
@@ -285,7 +285,7 @@ def _raise_rule(state: EvalLoopState, c: Consensus, cfg: RunConfig) -> tuple[Eva
     if state.in_breach or steady < cfg.lr_raise_after_rounds or c.ci_low < threshold + cfg.lr_restore_margin:
         return state, []
     raised = min(state.ceiling, state.factor * cfg.lr_restore_factor)
-    why = (f"{_estimate(c, pessimistic(c))}: the interval lies at or above threshold {threshold:g} + margin "
+    why = (f"{_estimate(c, pessimistic(c)[1])}: the interval lies at or above threshold {threshold:g} + margin "
            f"{cfg.lr_restore_margin:g}, and {steady} rounds at the lower rate since step {state.lowered_from} read at "
            f"or above the threshold; raised to at most x{state.ceiling:.4g} (below the rate at which accuracy dropped)")
     command = _command(c, raised / state.factor, raised, why, cfg)

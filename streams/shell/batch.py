@@ -173,8 +173,8 @@ class StreamCore:
         """The run's state; a new one lives on `partition`, or with `reroute` on the run's own (its
         records must not start a second state where a message of the run happened to land)."""
         state = self.store.load(run_id)
-        if self.reroute is not None and (state is None or state.partition is None):
-            partition = self._home(run_id)
+        if state is None or state.partition is None:
+            partition = self._new_state_partition(run_id, partition)
         if state is None:
             if any(b.run_id == run_id for b in self.store.bad):
                 self.stats["bad_states"] = self.stats.get("bad_states", 0) + 1
@@ -183,6 +183,11 @@ class StreamCore:
         if state.partition is None:
             state = replace(state, partition=partition)
         return state
+
+    def _new_state_partition(self, run_id: str, landed: int) -> int:
+        """Where a new state of the run lives: its own partition with `reroute` on, else where its message
+        (or the tick that found it) landed."""
+        return self._home(run_id) if self.reroute is not None else landed
 
     def _home(self, run_id: str) -> int:
         """The partition the run's key maps to (murmur2 in pure Python: 3 us, once a run)."""
@@ -576,8 +581,8 @@ class StreamCore:
             dead = dead.replace(event_id=derived_id("bad_state", bad.run_id, hashlib.sha256(bad.raw).hexdigest()))
             await self.emit([Output(dead)])
             if bad.run_id not in self.cache:  # else an input already replaced the records
-                home = self._home(bad.run_id) if self.reroute is not None else partition
-                self.save(RunState(bad.run_id, partition=self._bad_partition.pop(bad.run_id, home)))
+                where = self._new_state_partition(bad.run_id, partition)
+                self.save(RunState(bad.run_id, partition=self._bad_partition.pop(bad.run_id, where)))
 
     def table_topic(self) -> str:
         return getattr(self.table, "changelog_topic_name", None) or "streams-state"

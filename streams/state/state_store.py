@@ -295,19 +295,20 @@ class StateStore:
         legacy = next((k for k, tail in keys.items() if tail == ()), None)
         if head is None and legacy is None:
             return None  # only records nothing refers to: deleted at the run's first save
-        if self.io.get(head if head is not None else legacy) is None:
+        raw = self.io.get(head if head is not None else legacy)
+        if raw is None:
             # the table no longer holds them (a rebalance gave their partition to another worker
             # after this index was built): not this worker's run now
             self._runs().pop(run_id, None)
             return None
         try:
             if head is None:
-                state = self._decode_legacy(run_id, self.io.get(legacy))
+                state = self._decode_legacy(run_id, raw)
                 self.states[run_id] = state  # nothing in `_saved`: its first save writes it all anew
                 return state
-            saved = self._decode(run_id, head, keys)
+            saved = self._decode(run_id, raw, keys)
         except StateDecodeError as exc:
-            self._report(run_id, self.io.get(head if head is not None else legacy), str(exc))
+            self._report(run_id, raw, str(exc))
             return None
         self.states[run_id], self._saved[run_id] = saved.state, saved
         return saved.state
@@ -326,8 +327,8 @@ class StateStore:
             raise StateDecodeError(f"stream state $.run_id: {state.run_id!r} stored under {run_id!r}")
         return state
 
-    def _decode(self, run_id: str, head_key: bytes, keys: dict[bytes, tuple[Any, ...]]) -> _Saved:
-        head = codec.loads(Head, self.io.get(head_key))
+    def _decode(self, run_id: str, head_raw: Any, keys: dict[bytes, tuple[Any, ...]]) -> _Saved:
+        head = codec.loads(Head, head_raw)
         low, next_no = head.votes.closed_range
         open_rounds = self._listed(run_id, ROUND, head.votes.open, RoundState, "$.votes.open_rounds", "round")
         closed_no = self._closed_rounds(keys, low, next_no)
