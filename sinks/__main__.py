@@ -60,6 +60,7 @@ def main() -> int:
         max_rows=own.sink_max_rows,
         max_wait_s=own.sink_max_wait_ms / 1000,
         idle_s=own.sink_idle_ms / 1000,
+        replan_wait_s=own.sink_replan_wait_ms / 1000,
     )
     try:
         from areal_metrics.sinks.http.server import QueryLimits

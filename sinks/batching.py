@@ -1,21 +1,28 @@
 """Batching policy, batch plans and deduplication tokens (pure).
 
 A batch is cut per Kafka partition: one chunk is a contiguous run of offsets
-of one partition, inserted as one block with the token
-``<topic>:<partition>:<first>-<last>``. Before a chunk is inserted the sink
-records its plan (first, last); after a crash the next sink finds the plan and
-cuts exactly the same chunk again, so the retried insert carries the same
-token and ClickHouse drops it. Without a plan the cut depends on timing
-(rows or time, whichever first), which is fine because nothing was inserted.
+of one partition, whose token is ``<topic>:<partition>:<first>-<last>``. A
+flush's chunks of one topic are inserted as one block (`blocks_by_topic`), whose
+token joins theirs (`block_token`): the store's cost is mostly per INSERT.
+Before a block is inserted the sink records its chunks' plans (first, last),
+in one insert of their own, so they share their `group`. After a crash the
+next sink finds the plans and cuts exactly the same chunks again, holding each
+back until every chunk of its block that it reads is cut (`Batcher.take`); the
+block inserted again carries the same token, so ClickHouse drops what it has
+and stores, in the tables its materialized views fill, what it lacks. Without
+a plan the cut depends on timing (rows or time, whichever first), which is
+fine because nothing was inserted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+U = TypeVar("U")
 TopicPartition = tuple[str, int]
 
 
@@ -29,6 +36,10 @@ class BatchPolicy:
     max_rows: int = 5_000
     max_wait_s: float = 0.5
     idle_s: float = 0.05
+    # after a crash: how long a block of recorded plans waits for each of its partitions this sink reads to
+    # be read again (one slow partition must not hold its topic's others for ever); then its chunks read go
+    # in alone, by the rows the store lacks
+    replan_wait_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_rows < 1:
@@ -37,14 +48,18 @@ class BatchPolicy:
             raise ValueError("max_wait_s must be >= 0")
         if self.idle_s < 0:
             raise ValueError("idle_s must be >= 0")
+        if self.replan_wait_s < 0:
+            raise ValueError("replan_wait_s must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """The offsets of a chunk that was (or was about to be) inserted."""
+    """The offsets of a chunk that was (or was about to be) inserted; `group`: the plans recorded together,
+    one block's (a chunk cut again is the same chunk whatever its group: equality ignores it)."""
 
     first: int
     last: int
+    group: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +80,25 @@ def dedup_token(topic: str, partition: int, first: int, last: int, prefix: str =
     return f"{prefix}{topic}:{partition}:{first}-{last}"
 
 
+TOKEN_MAX = 200  # a joint token longer than this is hashed (ZooKeeper and Keeper keep tokens in node names)
+
+
+def block_token(chunks: Sequence[Chunk[object]]) -> str:
+    """The token of one block of chunks of one topic: a chunk's own token when alone, else theirs joined."""
+    joined = "+".join(dedup_token(c.topic, c.partition, c.first, c.last) for c in chunks)
+    if len(joined) <= TOKEN_MAX:
+        return joined
+    return f"{chunks[0].topic}:blocks:{hashlib.blake2b(joined.encode(), digest_size=16).hexdigest()}"
+
+
+def blocks_by_topic(pairs: Sequence[tuple[Chunk[T], U]]) -> list[list[tuple[Chunk[T], U]]]:
+    """The chunks (each with what goes with it) grouped by topic, in their order: one block to insert each."""
+    out: dict[str, list[tuple[Chunk[T], U]]] = {}
+    for pair in pairs:
+        out.setdefault(pair[0].topic, []).append(pair)
+    return list(out.values())
+
+
 @dataclass(slots=True)
 class _Buffer(Generic[T]):
     since: float
@@ -79,6 +113,7 @@ class Batcher(Generic[T]):
         self.policy = policy
         self._buffers: dict[TopicPartition, _Buffer[T]] = {}
         self.total = 0
+        self._replan_since: dict[tuple[str, str], float] = {}  # a planned block waiting for a chunk: since when
 
     def add(self, tp: TopicPartition, offset: int, item: T, now: float) -> None:
         buf = self._buffers.get(tp)
@@ -123,11 +158,14 @@ class Batcher(Generic[T]):
 
         A partition with a plan whose range starts at or before its first
         buffered offset is cut exactly at the plan's end; while its buffer has
-        not reached that end and the consumer's `positions` say more may come,
-        it is held back.
+        not reached that end and the consumer's `positions` (of the partitions
+        this sink reads) say more may come, it is held back, and so are the
+        other partitions of its plan's block (same topic and group), which go
+        into the store again as one block with it.
         """
         plans = plans or {}
         positions = positions or {}
+        held = self._held_blocks(now, plans, positions)
         out: list[Chunk[T]] = []
         for tp, buf in sorted(self._buffers.items()):
             if not buf.offsets:
@@ -135,8 +173,7 @@ class Batcher(Generic[T]):
             limit = self.policy.max_rows
             plan = plans.get(tp)
             if plan is not None and plan.first <= buf.offsets[0] <= plan.last:
-                reached = buf.offsets[-1] >= plan.last or positions.get(tp, 0) > plan.last
-                if not reached:
+                if self._replanned(tp, plan, positions) == "waiting" or (tp[0], plan.group) in held:
                     continue
                 limit = sum(1 for o in buf.offsets if o <= plan.last)
             n = min(limit, len(buf.offsets))
@@ -145,6 +182,27 @@ class Batcher(Generic[T]):
             self.total -= n
             buf.since = now
         return out
+
+    def _held_blocks(self, now: float, plans: Mapping[TopicPartition, Plan],
+                     positions: Mapping[TopicPartition, int]) -> set[tuple[str, str]]:
+        """The (topic, group) of each planned block with a chunk still to be read, waiting less than
+        `replan_wait_s` since it was first seen so."""
+        waiting = {(tp[0], plans[tp].group) for tp in plans
+                   if tp in positions and self._replanned(tp, plans[tp], positions) == "waiting"}
+        self._replan_since = {key: self._replan_since.get(key, now) for key in waiting}
+        return {key for key, since in self._replan_since.items() if now - since < self.policy.replan_wait_s}
+
+    def _replanned(self, tp: TopicPartition, plan: Plan, positions: Mapping[TopicPartition, int]) -> str:
+        """Where the chunk a plan names stands: "ready" (buffered to its end, or its end is gone from the log),
+        "waiting" (more of it may come) or "past" (the buffer is beyond it, or nothing is buffered and the
+        consumer's position is past its end)."""
+        buf = self._buffers.get(tp)
+        position = positions.get(tp, 0)
+        if buf is None or not buf.offsets:
+            return "past" if position > plan.last else "waiting"
+        if not plan.first <= buf.offsets[0] <= plan.last:
+            return "past"
+        return "ready" if buf.offsets[-1] >= plan.last or position > plan.last else "waiting"
 
     def drop(self, tps: set[TopicPartition] | None = None) -> None:
         """Forget buffered messages: those of partitions a rebalance gave to another member, which reads them again."""

@@ -20,6 +20,9 @@ class SinkSettings(SettingGroup):
                                     ge=0, le=3_600_000, readers="sink")
     sink_idle_ms: int = setting("AREAL_SINK_IDLE_MS", 50, "flush once a poll this long brought nothing, ms",
                                 ge=0, le=3_600_000, readers="sink")
+    sink_replan_wait_ms: int = setting("AREAL_SINK_REPLAN_WAIT_MS", 30_000, "after a crash, how long a block of "
+                                       "recorded plans waits for its other partitions to be read again before "
+                                       "each of its chunks is stored alone, ms", ge=0, le=3_600_000, readers="sink")
     sink_instance_id: str | None = setting("AREAL_SINK_INSTANCE_ID", None, "the sink's static group member id",
                                            readers="sink", default_doc="`<group>@<hostname>`")
     sink_stop_merges: bool = setting("AREAL_SINK_STOP_MERGES", False, "keep inserted blocks unmerged (audits, "

@@ -1,12 +1,15 @@
 """The sink loop: every topic -> its ClickHouse table, exactly once.
 
 Per flush: cut chunks (one per partition, `Batcher`), record their plans,
-insert each chunk with its deduplication token, publish the dead letters,
-and only then commit the Kafka offsets. A crash anywhere in between re-reads
-the same messages from the last committed offset, the plan cuts the same
-chunks, and ClickHouse drops the blocks it already has (and `FINAL` collapses
-any re-sent event by `event_id`). When the store is down the sink retries
-with backoff, holding its position; nothing is committed that is not stored.
+insert each topic's chunks as one block with their joint deduplication token
+(the store's cost is mostly per INSERT), publish the dead letters, and only
+then commit the Kafka offsets. A crash anywhere in between re-reads the same
+messages from the last committed offset and the plan cuts the same chunks;
+each is then stored by asking the store which of its rows it holds and
+inserting the others (`insert_missing`), so nothing is stored twice or lost
+whatever block the chunk went in before (and `FINAL` collapses any re-sent
+event by `event_id`). When the store is down the sink retries with backoff,
+holding its position; nothing is committed that is not stored.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from areal_metrics.producers.runtime.backoff import Backoff
@@ -29,6 +32,8 @@ from areal_metrics.sinks.batching import (
     Chunk,
     Plan,
     TopicPartition,
+    block_token,
+    blocks_by_topic,
     dedup_token,
 )
 from areal_metrics.producers.runtime.poison import OK, POISON, CrashGuard, crash_now, poison_events, spans
@@ -318,26 +323,17 @@ class Sink:
         return decode(c.items, self.topics)
 
     def write_chunks(self, chunks: list[Chunk[Any]]) -> None:
-        db = self.schema.database
         alerts: list[Any] = []
         decoded = self._decode_all(chunks, alerts)
-        plans = {(c.topic, c.partition): Plan(c.first, c.last) for c in chunks}
-        redone = [tp for tp, p in plans.items() if self.plans.get(tp) == p]
+        redone = {(c.topic, c.partition) for c in chunks if self.plans.get((c.topic, c.partition)) == Plan(c.first, c.last)}
         if redone:  # a crash interrupted these batches: the same blocks again, same tokens
-            log.info("re-inserting %d planned batches: %s", len(redone), redone)
+            log.info("re-inserting %d planned batches: %s", len(redone), sorted(redone))
             self.stats["replanned"] += len(redone)
-        self._retry("recording batch plans", lambda: record_plans(self.client, db, self.group, plans))
-        self.plans.update(plans)
-        for c, d in decoded:
-            token = dedup_token(c.topic, c.partition, c.first, c.last)
-            stored, failed = isolate(d.rows, token, lambda rows, t, c=c: self._insert(c, rows, t))
-            retried = (c.topic, c.partition) in redone
-            if retried:
-                self._restore_missing(c, d.rows, failed, token)
-            self.stats["rows"] += stored
-            self.stats["chunks"] += 1
-            if failed:
-                d.dead_letters.extend(self._unstored(c, failed, token, retried))
+        for block in self._planned_blocks([(c, d) for c, d in decoded if (c.topic, c.partition) in redone]):
+            self._store_again(block)
+        for block in blocks_by_topic([(c, d) for c, d in decoded if (c.topic, c.partition) not in redone]):
+            self._record_plans(block)
+            self._store_block(block)
         dead = [ev for _, d in decoded for ev in d.dead_letters]
         if dead:
             self._retry("publishing dead letters", lambda: self._publish(dead))
@@ -349,26 +345,93 @@ class Sink:
             self.guard.end([(c.topic, c.partition, c.first, c.last) for c in chunks])
         log.debug("committed %d chunks: %s", len(chunks), ", ".join(f"{c.topic}[{c.partition}]@{c.next_offset}" for c in chunks))
 
-    def _insert(self, c: Chunk[Any], rows: Any, token: str) -> int:
-        return self._retry(f"inserting {c.topic}[{c.partition}]",
-                           lambda: insert_rows(self.client, self.schema.database, rows, token), data_errors=True)
+    def _record_plans(self, block: list[tuple[Chunk[Any], Decoded]]) -> None:
+        """The block's chunks' plans, in one insert (one group), before the block goes in."""
+        group = uuid.uuid4().hex  # in this process; `load_plans` reads the group the insert gave them
+        plans = {(c.topic, c.partition): Plan(c.first, c.last, group) for c, _ in block}
+        self._retry("recording batch plans", lambda: record_plans(self.client, self.schema.database, self.group, plans))
+        self.plans.update(plans)
 
-    def _restore_missing(self, c: Chunk[Any], rows: Any, failed: list[tuple[Located, DataError]], token: str) -> None:
-        """A retried chunk's token may be known to the store without its rows (see insert_missing)."""
-        unstorable = {loc.offset for loc, _ in failed}
-        kept = [r for r in rows if r.offset not in unstorable]
-        again = f"{token}:restored:{uuid.uuid4().hex}"  # one per restore: its own retries deduplicate
-        try:
-            n = self._retry(f"checking the retried batch {c.topic}[{c.partition}]",
-                            lambda: insert_missing(self.client, self.schema.database, kept, again), data_errors=True)
-        except DataError as exc:  # these rows were stored once: not expected; said, and passed over
-            log.error("%s[%d]@%d-%d: restoring rows of a retried batch failed: %s", c.topic, c.partition, c.first,
-                      c.last, exc)
+    def _planned_blocks(self, redone: list[tuple[Chunk[Any], Decoded]]) -> list[list[tuple[Chunk[Any], Decoded]]]:
+        """The chunks cut again by their plans, grouped into the blocks their plans were recorded for."""
+        out: dict[tuple[str, str], list[tuple[Chunk[Any], Decoded]]] = {}
+        for c, d in redone:
+            out.setdefault((c.topic, self.plans[(c.topic, c.partition)].group), []).append((c, d))
+        return list(out.values())
+
+    def _store_again(self, block: list[tuple[Chunk[Any], Decoded]]) -> None:
+        """A block a crash interrupted. Whole (every chunk of its plans cut again, as `Batcher.take` waits for),
+        it goes in again with its token: the store drops what it holds, and the tables its materialized views
+        fill get what they lack; then the rows the store lacks in spite of its token are stored (`_store`,
+        `retried`). A part of it (a partition of its block now read by another sink): each chunk alone, of its
+        rows those the store lacks."""
+        first = block[0][0]
+        group = self.plans[(first.topic, first.partition)].group
+        planned = {tp for tp, p in self.plans.items() if tp[0] == first.topic and p.group == group}
+        if {(c.topic, c.partition) for c, _ in block} == planned:
+            failed = self._store_block(block)
+            unstorable = {(loc.partition, loc.offset) for loc, _ in failed}
+            kept = [r for _, d in block for r in d.rows if (r.partition, r.offset) not in unstorable]
+            self._store(", ".join(f"{c.topic}[{c.partition}]" for c, _ in block), kept,
+                        block_token([c for c, _ in block]), retried=True)
             return
-        if n:
-            log.warning("%s[%d]@%d-%d: %d events of a batch the store had recorded as inserted were not stored "
-                        "(a crash between the two); inserted them again", c.topic, c.partition, c.first, c.last, n)
-            self.stats["restored"] += n
+        log.warning("%s: a batch retried after a crash without the rest of its block (%d of %d partitions); "
+                    "each of its chunks is stored alone, its rows the store lacks", first.topic, len(block),
+                    len(planned))
+        for c, d in block:
+            self._store_redone(c, d)
+
+    def _store_block(self, block: list[tuple[Chunk[Any], Decoded]]) -> list[tuple[Located, DataError]]:
+        """One topic's chunks of a flush (one per partition), inserted as one block with their joint token:
+        a store's cost is mostly per INSERT (its materialized views are planned for each), not per row.
+        Returns the rows no insert could store (each dead-lettered here)."""
+        label = ", ".join(f"{c.topic}[{c.partition}]" for c, _ in block)
+        stored, failed = self._store(label, [r for _, d in block for r in d.rows], block_token([c for c, _ in block]))
+        self.stats["rows"] += stored
+        self.stats["chunks"] += len(block)
+        for c, d in block:
+            mine = [(loc, exc) for loc, exc in failed if loc.partition == c.partition]
+            if mine:
+                d.dead_letters.extend(self._unstored(c, mine, dedup_token(c.topic, c.partition, c.first, c.last)))
+        return failed
+
+    def _store_redone(self, c: Chunk[Any], d: Decoded) -> None:
+        """A chunk of a recorded plan, cut again after a crash: stored alone, of its rows those the store lacks."""
+        token = dedup_token(c.topic, c.partition, c.first, c.last)
+        stored, failed = self._store(f"{c.topic}[{c.partition}]", d.rows, token, retried=True)
+        self.stats["rows"] += stored
+        self.stats["chunks"] += 1
+        if failed:
+            d.dead_letters.extend(self._unstored(c, failed, token, retried=True))
+
+    def _store(self, label: str, rows: list[Located], token: str, retried: bool = False,
+               ) -> tuple[int, list[tuple[Located, DataError]]]:
+        """Insert `rows` as one block with `token`, bisected on a data error (`isolate`): (rows stored, rows that
+        failed alone). `retried`: the rows of a chunk cut again after a crash, which may have been stored before
+        in a block with other partitions' chunks (whose token a new cut cannot give again), in part (ClickHouse
+        records a block's token before its part is visible), or not at all. So the store is asked which of them
+        it holds, and only the others are inserted (`insert_missing`), under a token of this retry's, the same
+        across its own retries and bisections."""
+        if not retried:
+            return isolate(rows, token, lambda part, t: self._insert(label, part, t))
+        restored = 0
+
+        def insert_missing_of(part: Sequence[Located], t: str) -> int:
+            nonlocal restored
+            restored += self._retry(f"storing the retried batch {label}",
+                                    lambda: insert_missing(self.client, self.schema.database, part, t),
+                                    data_errors=True)
+            return len(part)
+
+        stored, failed = isolate(rows, f"{token}:redone:{uuid.uuid4().hex}", insert_missing_of)
+        if restored:
+            log.info("%s: %d events of a batch retried after a crash were not stored yet; stored them", label, restored)
+            self.stats["restored"] += restored
+        return stored, failed
+
+    def _insert(self, label: str, rows: Sequence[Located], token: str) -> int:
+        return self._retry(f"inserting {label}",
+                           lambda: insert_rows(self.client, self.schema.database, rows, token), data_errors=True)
 
     def _unstored(self, c: Chunk[Any], failed: list[tuple[Located, DataError]], token: str,
                   retried: bool = False) -> list[Any]:
@@ -385,9 +448,7 @@ class Sink:
         if c.topic != self.topics.deadletter:
             return letters
         rows = [Located(e, c.topic, c.partition, loc.offset) for e, (loc, _) in zip(letters, failed)]
-        _, lost = isolate(rows, f"{token}:letters", lambda part, t: self._insert(c, part, t))
-        if retried:
-            self._restore_missing(c, rows, lost, f"{token}:letters")
+        _, lost = self._store(f"{c.topic}[{c.partition}]", rows, f"{token}:letters", retried)
         for loc, exc in lost:
             log.error("%s[%d]@%d cannot be stored even as a dead letter (%s); passed over",
                       c.topic, c.partition, loc.offset, exc)

@@ -114,7 +114,8 @@ def _held_versions(client: Any, database: str, table: Table, runs: list[str],
 
 
 def record_plans(client: Any, database: str, group: str, plans: Mapping[TopicPartition, Plan]) -> None:
-    """Write the plans of the chunks about to be inserted (one insert for all)."""
+    """Write the plans of the chunks about to be inserted as one block (one insert for all: `load_plans`
+    gives them one group)."""
     if not plans:
         return
     items = sorted(plans.items())
@@ -135,10 +136,12 @@ def record_plans(client: Any, database: str, group: str, plans: Mapping[TopicPar
 
 
 def load_plans(client: Any, database: str, group: str) -> dict[TopicPartition, Plan]:
-    """The last recorded plan of every partition the group wrote."""
+    """The last recorded plan of every partition the group wrote; the plans recorded by one insert (one
+    block's) share their time, `now64(6)` once per query, which is their `group`."""
     r = client.query(
-        f"SELECT topic, partition, argMax(first_offset, planned_at), argMax(last_offset, planned_at) "
+        f"SELECT topic, partition, argMax(first_offset, planned_at), argMax(last_offset, planned_at), "
+        f"toUnixTimestamp64Micro(max(planned_at)) "
         f"FROM {database}.{BATCH_PLANS} WHERE consumer_group = {{g:String}} GROUP BY topic, partition",
         parameters={"g": group},
     )
-    return {(t, int(p)): Plan(int(f), int(last)) for t, p, f, last in r.result_rows}
+    return {(t, int(p)): Plan(int(f), int(last), f"at:{at}") for t, p, f, last, at in r.result_rows}

@@ -514,3 +514,108 @@ def test_a_wandb_users_summary_and_notes_are_found_with_sql_once(running_sink: S
     assert client.query("SELECT run_id, status, notes, JSONExtractFloat(summary, 'best_acc'), "
                         "JSONExtractFloat(summary, 'eval', 'math500') FROM areal.v_runs").result_rows == [
         ("wb-summary", "finished", "trying a smaller lr", 0.4, 0.5)]
+
+
+class _Crash(RuntimeError):
+    """The test's kill: the sink stops where it is, with nothing after it done."""
+
+
+AGGREGATE_TABLES = ("step_aggregates", "rank_aggregates", "rank_aggregates_coarse")
+
+
+class _CrashingSink(Sink):
+    """A sink that dies at its first flush: before it inserts a block; or after, before it commits; or there,
+    having lost what the block added to the tables its materialized views fill (as a kill between the
+    block's part and theirs does)."""
+
+    def __init__(self, settings: Settings, policy: BatchPolicy, where: str) -> None:
+        super().__init__(settings, policy=policy, stop_merges=True)
+        self.where = where
+
+    def _store_block(self, block: Any) -> Any:
+        if self.where == "before insert":
+            raise _Crash(self.where)
+        return super()._store_block(block)
+
+    def _commit(self, chunks: Any) -> None:
+        if self.where == "views lost":
+            for table in AGGREGATE_TABLES:
+                self.client.command(f"TRUNCATE TABLE areal.{table}")
+        if self.where in ("before commit", "views lost"):
+            raise _Crash(self.where)
+        super()._commit(chunks)
+
+
+def _run_until_crash(sink: Sink) -> None:
+    def run() -> None:
+        with contextlib.suppress(_Crash):
+            sink.run()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(90)
+    assert not thread.is_alive(), "the sink did not reach its first flush"
+
+
+def steps_parts(client: Any) -> int:
+    return int(client.command("SELECT count() FROM system.parts WHERE database = 'areal' AND table = 'steps' "
+                              "AND active"))
+
+
+def _one_run_over_three_partitions(kafka_bootstrap: str, topics: Topics) -> list[StepEvent]:
+    producer = Producer(kafka_bootstrap, topics)
+    events = [StepEvent(run_id="block", step=s, rank=r, world_size=3, epoch=0, reward=s / 10 + r,
+                        n_samples=r + 1, metrics={"m": float(r)}) for s in range(40) for r in range(3)]
+    for e in events:  # a rank to a partition
+        producer.producer.send(topics.steps, key=b"block", value=e.to_json(), partition=e.rank)
+    producer.close()
+    return events
+
+
+def _stored_once(client: Any, events: list[StepEvent]) -> None:
+    assert counts(client, final=False)["steps"] == len(events)
+    no_duplicate_positions(client)
+    assert_view_is_the_raw_rule(client)  # the aggregates hold each row once too
+
+
+@pytest.mark.parametrize("where", ["before insert", "before commit", "views lost"])
+def test_a_flush_stores_a_topic_as_one_block_and_after_a_crash_the_same_block_again(
+        settings: Settings, kafka_bootstrap: str, topics: Topics, where: str) -> None:
+    """A flush's chunks of one topic (here one per partition) go into the store as one INSERT: the store's
+    cost is mostly per INSERT. After a crash the next sink waits for every chunk of that block and inserts
+    the same block with the same token: the store drops the rows it holds, and the tables its views fill
+    get what they lost."""
+    events = _one_run_over_three_partitions(kafka_bootstrap, topics)
+    policy = BatchPolicy(max_rows=len(events), max_wait_s=60, idle_s=0)  # one flush, once all are read
+    _run_until_crash(_CrashingSink(settings, policy, where))
+    # the default policy: flushed once the block's three chunks are read (Batcher.take waits for them)
+    with sink_in_a_thread(settings, BatchPolicy(), stop_merges=True) as again:
+        wait_for(lambda: lag(kafka_bootstrap, topics, again.group, [topics.steps]) == 0, 60, "the retried flush")
+        assert again.stats["replanned"] == 3  # the crashed flush's three chunks, cut again by their plans
+        assert again.stats["restored"] == 0  # the token stored what was missing
+        assert steps_parts(again.client) == 1  # one block, stored once
+        _stored_once(again.client, events)
+
+
+@pytest.mark.parametrize("where", ["before insert", "before commit"])
+def test_a_block_retried_without_a_partition_of_it_stores_each_row_once(
+        settings: Settings, kafka_bootstrap: str, topics: Topics, where: str) -> None:
+    """A block whose chunks cannot all be cut again by this sink (here: its plans name a fourth partition,
+    as when another member of the group reads one after a rebalance): its token cannot be given again, so
+    each chunk is stored alone, of its rows those the store does not hold."""
+    from areal_metrics.sinks.schema import BATCH_PLANS
+
+    events = _one_run_over_three_partitions(kafka_bootstrap, topics)
+    _run_until_crash(_CrashingSink(settings, BatchPolicy(max_rows=len(events), max_wait_s=60, idle_s=0), where))
+    store = open_client(Target.parse(settings.clickhouse_url), readonly=False, use_database=False)
+    try:  # the block's plans, and one more recorded with them
+        store.command(f"INSERT INTO areal.{BATCH_PLANS} SELECT consumer_group, topic, 3, first_offset, last_offset, "
+                      f"planned_at FROM areal.{BATCH_PLANS} WHERE partition = 0")
+    finally:
+        store.close()
+    with sink_in_a_thread(settings, BatchPolicy(), stop_merges=True) as again:
+        wait_for(lambda: lag(kafka_bootstrap, topics, again.group, [topics.steps]) == 0, 60, "the retried chunks")
+        assert again.stats["replanned"] == 3
+        assert again.stats["restored"] == (len(events) if where == "before insert" else 0)
+        assert steps_parts(again.client) == (3 if where == "before insert" else 1)  # a block each, or none
+        _stored_once(again.client, events)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from areal_metrics.producers.runtime.backoff import Backoff
 from areal_metrics.producers.contract.events import CommandEvent, EvalEvent, StepEvent
 from areal_metrics.producers.contract.topics import Topics
-from areal_metrics.sinks.batching import Batcher, BatchPolicy, Plan, dedup_token
+from areal_metrics.sinks.batching import TOKEN_MAX, Batcher, BatchPolicy, Chunk, Plan, block_token, blocks_by_topic, dedup_token
 from areal_metrics.sinks.decode import dead_letter_id, decode
 from areal_metrics.sinks.migrations import schema_statements
 from areal_metrics.sinks.rows import Located, build_columns, unstorable
@@ -90,6 +90,41 @@ def test_a_plan_recut_exactly_after_restart() -> None:
     assert (rest.first, rest.last) == (15, 19)
 
 
+def test_a_planned_block_is_cut_again_whole_once_each_of_its_chunks_this_sink_reads_is_read() -> None:
+    """After a crash a block goes in again with its token only if it is the same block: each partition of
+    its plans (same topic and group) is held back until all of them that this sink reads reached their
+    ends; a partition this sink does not read (no position), and a plan already past, hold nothing."""
+    b: Batcher[int] = Batcher(BatchPolicy(max_rows=100, max_wait_s=0))
+    plans = {("t", 0): Plan(10, 14, "g"), ("t", 1): Plan(0, 2, "g"), ("t", 2): Plan(5, 6, "g"),
+             ("u", 0): Plan(0, 1, "g"), ("t", 3): Plan(0, 9, "old")}
+    positions = {("t", 0): 10, ("t", 1): 0, ("u", 0): 0, ("t", 3): 10}  # ("t", 2) is another sink's
+    for o in range(10, 15):
+        b.add(("t", 0), o, o, now=0)
+    b.add(("u", 0), 0, 0, now=0)
+    b.add(("u", 0), 1, 1, now=0)
+    b.add(("t", 3), 10, 10, now=0)  # past its plan: cut freely
+    assert [(c.topic, c.partition) for c in b.take(now=1, plans=plans, positions=positions)] == [("t", 3), ("u", 0)]
+    for o in range(0, 2):
+        b.add(("t", 1), o, o, now=1)
+    assert b.take(now=2, plans=plans, positions={**positions, ("t", 1): 2}) == []  # ("t", 1) not at its end yet
+    b.add(("t", 1), 2, 2, now=2)
+    chunks = b.take(now=3, plans=plans, positions={**positions, ("t", 1): 3})
+    assert [(c.partition, c.first, c.last) for c in chunks] == [(0, 10, 14), (1, 0, 2)]
+
+
+def test_a_planned_block_waits_for_a_slow_partition_only_so_long() -> None:
+    """One partition of the block not read again within replan_wait_s: the others are cut (and stored alone)."""
+    b: Batcher[int] = Batcher(BatchPolicy(max_rows=100, max_wait_s=0, replan_wait_s=30))
+    plans = {("t", 0): Plan(0, 1, "g"), ("t", 1): Plan(0, 1, "g")}
+    positions = {("t", 0): 2, ("t", 1): 0}
+    b.add(("t", 0), 0, 0, now=0)
+    b.add(("t", 0), 1, 1, now=0)
+    assert b.take(now=10, plans=plans, positions=positions) == []
+    assert b.take(now=39.9, plans=plans, positions=positions) == []
+    (chunk,) = b.take(now=40, plans=plans, positions=positions)
+    assert (chunk.partition, chunk.first, chunk.last) == (0, 0, 1)
+
+
 def test_a_plan_whose_end_is_gone_is_cut_at_the_position() -> None:
     b: Batcher[int] = Batcher(BatchPolicy(max_rows=100, max_wait_s=0))
     b.add(("t", 0), 10, 10, now=0)
@@ -112,6 +147,24 @@ def test_token_names_the_log_range() -> None:
     assert dedup_token("areal.steps", 2, 100, 199, "replay-1:") == "replay-1:areal.steps:2:100-199"
 
 
+def test_a_block_of_one_chunk_keeps_its_token_and_a_block_of_several_joins_theirs() -> None:
+    one = Chunk("areal.steps", 2, 100, 199, ())
+    two = Chunk("areal.steps", 0, 7, 9, ())
+    assert block_token([one]) == "areal.steps:2:100-199"  # what a store written before blocks holds
+    assert block_token([two, one]) == "areal.steps:0:7-9+areal.steps:2:100-199"
+    many = [Chunk("areal.steps", p, 10**12, 10**12 + 4999, ()) for p in range(48)]
+    token = block_token(many)
+    assert len(token) <= TOKEN_MAX and token.startswith("areal.steps:blocks:")
+    assert token == block_token(list(many))  # the same chunks, the same token
+    assert token != block_token(many[:-1])
+
+
+def test_chunks_go_in_one_block_per_topic_in_their_order() -> None:
+    chunks = [Chunk("a", 0, 0, 1, ()), Chunk("b", 0, 5, 6, ()), Chunk("a", 2, 3, 3, ())]
+    blocks = blocks_by_topic([(c, i) for i, c in enumerate(chunks)])
+    assert [[i for _, i in b] for b in blocks] == [[0, 2], [1]]
+
+
 def test_backoff_doubles_up_to_the_cap() -> None:
     b = Backoff(initial_s=0.5, factor=2, max_s=3)
     assert [b.delay(i) for i in range(0, 6)] == [0.0, 0.5, 1.0, 2.0, 3.0, 3.0]
@@ -122,6 +175,8 @@ def test_policy_rejects_nonsense() -> None:
         BatchPolicy(max_rows=0)
     with pytest.raises(ValueError):
         BatchPolicy(idle_s=-0.1)
+    with pytest.raises(ValueError):
+        BatchPolicy(replan_wait_s=-1)
 
 
 def test_rows_are_column_oriented_and_identical_when_rebuilt() -> None:
