@@ -5,7 +5,7 @@ of one partition, whose token is ``<topic>:<partition>:<first>-<last>``. A
 flush's chunks of one topic are inserted as one block (`blocks_by_topic`), whose
 token joins theirs (`block_token`): the store's cost is mostly per INSERT.
 Before a block is inserted the sink records its chunks' plans (first, last),
-in one insert of their own, so they share their `group`. After a crash the
+each with the block's token as its `group`. After a crash the
 next sink finds the plans and cuts exactly the same chunks again, holding each
 back until every chunk of its block that it reads is cut (`Batcher.take`); the
 block inserted again carries the same token, so ClickHouse drops what it has
@@ -54,8 +54,8 @@ class BatchPolicy:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """The offsets of a chunk that was (or was about to be) inserted; `group`: the plans recorded together,
-    one block's (a chunk cut again is the same chunk whatever its group: equality ignores it)."""
+    """The offsets of a chunk that was (or was about to be) inserted; `group`: the token of the block it went
+    in (a chunk cut again is the same chunk whatever its block: equality ignores it)."""
 
     first: int
     last: int
@@ -174,6 +174,7 @@ class Batcher(Generic[T]):
             plan = plans.get(tp)
             if plan is not None and plan.first <= buf.offsets[0] <= plan.last:
                 if self._replanned(tp, plan, positions) == "waiting" or (tp[0], plan.group) in held:
+                    buf.since = now  # held: its age must not make every poll a flush of the others
                     continue
                 limit = sum(1 for o in buf.offsets if o <= plan.last)
             n = min(limit, len(buf.offsets))

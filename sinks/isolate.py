@@ -8,8 +8,8 @@ to the single rows that fail; those are returned, to go to the dead-letter topic
 error, and the rest of the chunk is stored. Any error not known to be a data error counts
 as one a retry can pass (the sink waits rather than dead-letters good rows).
 
-Each part's deduplication token is derived from the chunk's token and the part's offsets,
-so a chunk bisected again after a crash gives the same blocks, which deduplicate.
+Each part's deduplication token is derived from the block's token and the part's log positions,
+so a block bisected again after a crash gives the same blocks, which deduplicate.
 """
 
 from __future__ import annotations
@@ -68,8 +68,10 @@ def is_data_error(exc: BaseException) -> bool:
 
 
 def part_token(token: str, rows: Sequence[Located]) -> str:
-    """The deduplication token of a part of a chunk: the chunk's, and the part's offsets."""
-    return f"{token}:{rows[0].offset}-{rows[-1].offset}"
+    """The deduplication token of a part of a block: the block's, and the log positions of the part's first
+    and last rows (a block holds a topic's chunks of several partitions, whose offsets overlap)."""
+    first, last = rows[0], rows[-1]
+    return f"{token}:{first.partition}.{first.offset}-{last.partition}.{last.offset}"
 
 
 def isolate(rows: Sequence[Located], token: str, insert: Callable[[Sequence[Located], str], int],

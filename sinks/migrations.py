@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from areal_metrics.sinks.schema import (
+    BATCH_PLANS,
     MIGRATIONS_TABLE,
     PARTITION_BY,
     TABLES,
@@ -173,6 +174,11 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
     # The 64-step views again: their raw rows are picked by a set of buckets (not of each bucket's steps).
     v14: list[Statement] = [*rank_aggregates.coarse_migration_statements(o), rank_aggregates.view_sql(o),
                             rank_aggregates.view_sql(o, of_runs=True)]
+    # v15: the block each batch plan's chunk went in (its insert_deduplication_token): a flush inserts a topic's
+    # chunks as one block, which the retry after a crash must give again whole or not at all. Plans recorded
+    # before have '' (their chunk went in alone, under its own token).
+    v15: list[Statement] = [plans_sql(o), f"ALTER TABLE {o.database}.{BATCH_PLANS}{o.on_cluster} ADD COLUMN IF NOT "
+                            "EXISTS block String DEFAULT ''"]
     return [
         (1, "one ReplacingMergeTree table per topic, FINAL views, batch plans", v1),
         (2, "client fields: fractional epoch, world_size, attempt, non_finite, n_samples; eval fingerprint and metrics; runs", v2),
@@ -189,6 +195,7 @@ def migrations(o: SchemaOptions) -> list[tuple[int, str, list[Statement]]]:
         (12, "v_step_means_of(runs): the per-step means of the given runs, every read narrowed to them", v12),
         (13, "step_aggregates.rank_words: the rank set as summed words, read by the check for steps delivered twice", v13),
         (14, "per-rank aggregates of 512 steps: rank_aggregates_coarse, its materialized view, v_rank_buckets_coarse_of", v14),
+        (15, "_sink_batches.block: the block (deduplication token) each planned chunk went in", v15),
     ]
 
 

@@ -47,7 +47,7 @@ from typing import Any, Protocol
 from areal_metrics.producers.contract.errors import ConfigError
 from areal_metrics.sinks.views import COMMAND_STATUS_VIEW, RUNS_VIEW, final_view
 
-SCHEMA_VERSION = 14  # the newest migration
+SCHEMA_VERSION = 15  # the newest migration
 DEFAULT_DATABASE = "areal"
 DEDUP_WINDOW = 10_000  # insert blocks remembered per table for token deduplication
 

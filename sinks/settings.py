@@ -14,7 +14,8 @@ class SinkSettings(SettingGroup):
 
     log_level: str = setting("AREAL_LOG_LEVEL", "info", "the sink's log level", choices=LOG_LEVELS,
                              readers="sink")
-    sink_max_rows: int = setting("AREAL_SINK_MAX_ROWS", 5000, "rows per insert at most", ge=1,
+    sink_max_rows: int = setting("AREAL_SINK_MAX_ROWS", 5000, "rows buffered before a flush, and of one partition "
+                                 "in an insert, at most (an insert holds a topic's partitions)", ge=1,
                                  le=10_000_000, readers="sink")
     sink_max_wait_ms: int = setting("AREAL_SINK_MAX_WAIT_MS", 500, "the longest a row waits in the buffer, ms",
                                     ge=0, le=3_600_000, readers="sink")

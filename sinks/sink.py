@@ -1,15 +1,17 @@
 """The sink loop: every topic -> its ClickHouse table, exactly once.
 
-Per flush: cut chunks (one per partition, `Batcher`), record their plans,
-insert each topic's chunks as one block with their joint deduplication token
-(the store's cost is mostly per INSERT), publish the dead letters, and only
-then commit the Kafka offsets. A crash anywhere in between re-reads the same
-messages from the last committed offset and the plan cuts the same chunks;
-each is then stored by asking the store which of its rows it holds and
-inserting the others (`insert_missing`), so nothing is stored twice or lost
-whatever block the chunk went in before (and `FINAL` collapses any re-sent
-event by `event_id`). When the store is down the sink retries with backoff,
-holding its position; nothing is committed that is not stored.
+Per flush: cut chunks (one per partition, `Batcher`); for each topic, record
+its chunks' plans (each naming the block's token) and insert them as one block
+with that token (the store's cost is mostly per INSERT); publish the dead
+letters, and only then commit the Kafka offsets. A crash anywhere in between
+re-reads the same messages from the last committed offset, the plans cut the
+same chunks, and `Batcher.take` waits until a block's chunks are all cut again:
+the block goes in again with its token, so ClickHouse drops what it has and the
+tables its views fill get what they lack (and `FINAL` collapses any re-sent
+event by `event_id`). A block that cannot be cut again whole goes in chunk by
+chunk, of its rows those the store lacks (docs/CLICKHOUSE.md). When the store
+is down the sink retries with backoff, holding its position; nothing is
+committed that is not stored.
 """
 
 from __future__ import annotations
@@ -346,9 +348,9 @@ class Sink:
         log.debug("committed %d chunks: %s", len(chunks), ", ".join(f"{c.topic}[{c.partition}]@{c.next_offset}" for c in chunks))
 
     def _record_plans(self, block: list[tuple[Chunk[Any], Decoded]]) -> None:
-        """The block's chunks' plans, in one insert (one group), before the block goes in."""
-        group = uuid.uuid4().hex  # in this process; `load_plans` reads the group the insert gave them
-        plans = {(c.topic, c.partition): Plan(c.first, c.last, group) for c, _ in block}
+        """The block's chunks' plans, each with the block's token as its group, before the block goes in."""
+        token = block_token([c for c, _ in block])
+        plans = {(c.topic, c.partition): Plan(c.first, c.last, token) for c, _ in block}
         self._retry("recording batch plans", lambda: record_plans(self.client, self.schema.database, self.group, plans))
         self.plans.update(plans)
 
@@ -360,31 +362,31 @@ class Sink:
         return list(out.values())
 
     def _store_again(self, block: list[tuple[Chunk[Any], Decoded]]) -> None:
-        """A block a crash interrupted. Whole (every chunk of its plans cut again, as `Batcher.take` waits for),
-        it goes in again with its token: the store drops what it holds, and the tables its materialized views
-        fill get what they lack; then the rows the store lacks in spite of its token are stored (`_store`,
-        `retried`). A part of it (a partition of its block now read by another sink): each chunk alone, of its
-        rows those the store lacks."""
+        """A block a crash interrupted (its chunks' plans name its token). Whole (every chunk of it cut again,
+        as `Batcher.take` waits for), it goes in again with its token: the store drops what it holds, and the
+        tables its materialized views fill get what they lack; then the rows the store lacks in spite of its
+        token are stored (`_store`, `retried`). A part of it (a partition of it read by another sink now, or
+        not read again within `replan_wait_s`): no insert can give its token again, so each chunk goes in
+        alone, of its rows those the store lacks."""
         first = block[0][0]
-        group = self.plans[(first.topic, first.partition)].group
-        planned = {tp for tp, p in self.plans.items() if tp[0] == first.topic and p.group == group}
-        if {(c.topic, c.partition) for c, _ in block} == planned:
-            failed = self._store_block(block)
+        token = self.plans[(first.topic, first.partition)].group
+        if block_token([c for c, _ in block]) == token:
+            failed = self._store_block(block, retried=True)
             unstorable = {(loc.partition, loc.offset) for loc, _ in failed}
             kept = [r for _, d in block for r in d.rows if (r.partition, r.offset) not in unstorable]
-            self._store(", ".join(f"{c.topic}[{c.partition}]" for c, _ in block), kept,
-                        block_token([c for c, _ in block]), retried=True)
+            self._store(", ".join(f"{c.topic}[{c.partition}]" for c, _ in block), kept, token, retried=True)
             return
-        log.warning("%s: a batch retried after a crash without the rest of its block (%d of %d partitions); "
-                    "each of its chunks is stored alone, its rows the store lacks", first.topic, len(block),
-                    len(planned))
+        log.warning("%s: %d chunks of a block retried after a crash without the rest of it (%s); each is stored "
+                    "alone, its rows the store lacks", first.topic, len(block), token)
         for c, d in block:
             self._store_redone(c, d)
 
-    def _store_block(self, block: list[tuple[Chunk[Any], Decoded]]) -> list[tuple[Located, DataError]]:
+    def _store_block(self, block: list[tuple[Chunk[Any], Decoded]],
+                     retried: bool = False) -> list[tuple[Located, DataError]]:
         """One topic's chunks of a flush (one per partition), inserted as one block with their joint token:
         a store's cost is mostly per INSERT (its materialized views are planned for each), not per row.
-        Returns the rows no insert could store (each dead-lettered here)."""
+        Returns the rows no insert could store (each dead-lettered here); `retried`: the block again after
+        a crash (the letters of a dead-letter topic's rows, stored, are then checked as its rows are)."""
         label = ", ".join(f"{c.topic}[{c.partition}]" for c, _ in block)
         stored, failed = self._store(label, [r for _, d in block for r in d.rows], block_token([c for c, _ in block]))
         self.stats["rows"] += stored
@@ -392,7 +394,8 @@ class Sink:
         for c, d in block:
             mine = [(loc, exc) for loc, exc in failed if loc.partition == c.partition]
             if mine:
-                d.dead_letters.extend(self._unstored(c, mine, dedup_token(c.topic, c.partition, c.first, c.last)))
+                d.dead_letters.extend(self._unstored(c, mine, dedup_token(c.topic, c.partition, c.first, c.last),
+                                                     retried))
         return failed
 
     def _store_redone(self, c: Chunk[Any], d: Decoded) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from areal_metrics.sinks.batching import Plan, TopicPartition
+from areal_metrics.sinks.batching import Plan, TopicPartition, dedup_token
 from areal_metrics.sinks.rows import Located, build_columns, projections_for, table_for
 from areal_metrics.sinks.schema import BATCH_PLANS, Table
 
@@ -17,7 +17,7 @@ BASE_INSERT_SETTINGS: dict[str, Any] = {
     # and in the tables a materialized view fills (step_aggregates): without it a block the
     # steps table drops as a duplicate is still added to the per-step sums
     "deduplicate_blocks_in_dependent_materialized_views": 1,
-    "max_insert_block_size": 1_048_576,  # the server does not cut a chunk (<= max_rows rows) further
+    "max_insert_block_size": 1_048_576,  # the server does not cut a block (max_rows rows a partition) further
     "min_insert_block_size_rows": 0,
     "min_insert_block_size_bytes": 0,
 }
@@ -71,7 +71,7 @@ def insert_missing(client: Any, database: str, rows: Sequence[Located], token: s
         return 0
     table = table_for(rows[0].event)
     runs = sorted({r.event.run_id for r in rows})
-    restored: set[int] = set()
+    restored: set[tuple[int, int]] = set()
     for target in (table, *projections_for(table)):
         names, columns = build_columns(target, rows)
         if not columns or not columns[0]:
@@ -79,11 +79,12 @@ def insert_missing(client: Any, database: str, rows: Sequence[Located], token: s
         column = dict(zip(names, columns))
         keys, versions = _keys(target, column), _versions(target, column)
         held = _held_versions(client, database, target, runs, set(keys))
-        missing_at = {offset for offset, key, version in zip(column["_offset"], keys, versions)
-                      if held.get(key, -1) < version}
+        # a row is its log position: a block holds several partitions, whose offsets overlap
+        missing_at = {(partition, offset) for partition, offset, key, version
+                      in zip(column["_partition"], column["_offset"], keys, versions) if held.get(key, -1) < version}
         if not missing_at:
             continue
-        names, columns = build_columns(target, [r for r in rows if r.offset in missing_at])
+        names, columns = build_columns(target, [r for r in rows if (r.partition, r.offset) in missing_at])
         client.insert(target.name, columns, column_names=list(names), database=database,
                       column_oriented=True, settings=insert_settings(token))
         restored |= missing_at
@@ -114,8 +115,8 @@ def _held_versions(client: Any, database: str, table: Table, runs: list[str],
 
 
 def record_plans(client: Any, database: str, group: str, plans: Mapping[TopicPartition, Plan]) -> None:
-    """Write the plans of the chunks about to be inserted as one block (one insert for all: `load_plans`
-    gives them one group)."""
+    """Write the plans of the chunks about to be inserted (one insert for all), each with its `group`: the
+    token of the block its chunk goes in."""
     if not plans:
         return
     items = sorted(plans.items())
@@ -127,8 +128,9 @@ def record_plans(client: Any, database: str, group: str, plans: Mapping[TopicPar
             [tp[1] for tp, _ in items],
             [p.first for _, p in items],
             [p.last for _, p in items],
+            [p.group for _, p in items],
         ],
-        column_names=["consumer_group", "topic", "partition", "first_offset", "last_offset"],
+        column_names=["consumer_group", "topic", "partition", "first_offset", "last_offset", "block"],
         database=database,
         column_oriented=True,
         settings={"async_insert": 0},
@@ -136,12 +138,13 @@ def record_plans(client: Any, database: str, group: str, plans: Mapping[TopicPar
 
 
 def load_plans(client: Any, database: str, group: str) -> dict[TopicPartition, Plan]:
-    """The last recorded plan of every partition the group wrote; the plans recorded by one insert (one
-    block's) share their time, `now64(6)` once per query, which is their `group`."""
+    """The last recorded plan of every partition the group wrote, its `group` the token of the block its chunk
+    went in (a plan recorded before schema version 15: its chunk's own, as it went in alone)."""
     r = client.query(
         f"SELECT topic, partition, argMax(first_offset, planned_at), argMax(last_offset, planned_at), "
-        f"toUnixTimestamp64Micro(max(planned_at)) "
+        f"argMax(block, planned_at) "
         f"FROM {database}.{BATCH_PLANS} WHERE consumer_group = {{g:String}} GROUP BY topic, partition",
         parameters={"g": group},
     )
-    return {(t, int(p)): Plan(int(f), int(last), f"at:{at}") for t, p, f, last, at in r.result_rows}
+    return {(t, int(p)): Plan(int(f), int(last), block or dedup_token(t, int(p), int(f), int(last)))
+            for t, p, f, last, block in r.result_rows}

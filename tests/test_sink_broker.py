@@ -608,9 +608,10 @@ def test_a_block_retried_without_a_partition_of_it_stores_each_row_once(
     events = _one_run_over_three_partitions(kafka_bootstrap, topics)
     _run_until_crash(_CrashingSink(settings, BatchPolicy(max_rows=len(events), max_wait_s=60, idle_s=0), where))
     store = open_client(Target.parse(settings.clickhouse_url), readonly=False, use_database=False)
-    try:  # the block's plans, and one more recorded with them
-        store.command(f"INSERT INTO areal.{BATCH_PLANS} SELECT consumer_group, topic, 3, first_offset, last_offset, "
-                      f"planned_at FROM areal.{BATCH_PLANS} WHERE partition = 0")
+    try:  # the block's plans name a fourth partition too, as a block read in part by this sink does
+        store.command(f"INSERT INTO areal.{BATCH_PLANS} (consumer_group, topic, partition, first_offset, "
+                      f"last_offset, block) SELECT consumer_group, topic, partition, first_offset, last_offset, "
+                      f"concat(block, '+', topic, ':3:0-39') FROM areal.{BATCH_PLANS} FINAL")
     finally:
         store.close()
     with sink_in_a_thread(settings, BatchPolicy(), stop_merges=True) as again:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -16,6 +17,7 @@ from areal_metrics.producers.contract.events import CommandEvent, EvalEvent, Ste
 from areal_metrics.producers.contract.topics import Topics
 from areal_metrics.sinks.batching import TOKEN_MAX, Batcher, BatchPolicy, Chunk, Plan, block_token, blocks_by_topic, dedup_token
 from areal_metrics.sinks.decode import dead_letter_id, decode
+from areal_metrics.sinks.isolate import DataError, isolate
 from areal_metrics.sinks.migrations import schema_statements
 from areal_metrics.sinks.rows import Located, build_columns, unstorable
 from areal_metrics.sinks.schema import TABLES, TABLES_BY_NAME, SchemaOptions, create_table_sql
@@ -123,6 +125,29 @@ def test_a_planned_block_waits_for_a_slow_partition_only_so_long() -> None:
     assert b.take(now=39.9, plans=plans, positions=positions) == []
     (chunk,) = b.take(now=40, plans=plans, positions=positions)
     assert (chunk.partition, chunk.first, chunk.last) == (0, 0, 1)
+
+
+def test_a_block_of_two_partitions_at_the_same_offsets_is_bisected_into_distinct_tokens() -> None:
+    """A block holds a topic's chunks of several partitions, whose offsets overlap: each part of a bisection
+    has a token of its own (a part named by offsets alone was taken for its sibling and dropped as stored)."""
+    ev = StepEvent(run_id="r", step=0, epoch=0)
+    rows = [Located(ev, "t", p, o) for p in (0, 1) for o in range(100, 108)]
+    bad = {(0, 103), (1, 105)}
+    kept: list[tuple[int, int]] = []
+    seen: set[str] = set()
+
+    def insert(part: Sequence[Located], token: str) -> int:  # a store that drops a block whose token it has
+        if token in seen:
+            return len(part)
+        if any((r.partition, r.offset) in bad for r in part):
+            raise DataError(ValueError("refused"))
+        seen.add(token)
+        kept.extend((r.partition, r.offset) for r in part)
+        return len(part)
+
+    stored, failed = isolate(rows, "t:0:100-107+t:1:100-107", insert)
+    assert sorted(kept) == sorted((r.partition, r.offset) for r in rows if (r.partition, r.offset) not in bad)
+    assert stored == 14 and sorted((r.partition, r.offset) for r, _ in failed) == sorted(bad)
 
 
 def test_a_plan_whose_end_is_gone_is_cut_at_the_position() -> None:

@@ -63,9 +63,9 @@ def test_bisection_stores_every_good_row_once_and_returns_the_bad_ones(n: int, b
     assert len({token for token, _ in store.blocks}) == len(store.blocks)
 
 
-def test_a_part_token_names_its_offsets() -> None:
+def test_a_part_token_names_its_first_and_last_log_positions() -> None:
     rows = located(4)
-    assert part_token("areal.steps:0:100-103", rows[2:]) == "areal.steps:0:100-103:102-103"
+    assert part_token("areal.steps:0:100-103", rows[2:]) == "areal.steps:0:100-103:0.102-0.103"
 
 
 def test_only_errors_no_retry_can_pass_are_data_errors() -> None:

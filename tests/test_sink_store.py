@@ -27,9 +27,10 @@ from areal_metrics.sinks.query import (
     open_client,
     read_owner,
 )
+from areal_metrics.sinks.batching import Plan
 from areal_metrics.sinks.rows import Located
 from areal_metrics.sinks.schema import SCHEMA_VERSION, TABLES, SchemaOptions
-from areal_metrics.sinks.writer import insert_missing, insert_rows
+from areal_metrics.sinks.writer import insert_missing, insert_rows, load_plans, record_plans
 
 
 @pytest.fixture
@@ -158,6 +159,29 @@ def test_a_row_a_later_version_replaced_is_held_and_one_newer_than_what_is_store
         (0, 20), (1, 21), (2, 5), (3, 13)]
     newer = located([StepEvent(run_id="r1", step=0, epoch=0, reward=0.0)], first=30)  # after offset 20
     assert insert_missing(client, "areal", newer, "areal.steps:0:30-30:restored") == 1
+
+
+def test_rows_of_two_partitions_at_the_same_offsets_are_told_apart_by_insert_missing(client) -> None:
+    """A retried block holds a topic's chunks of several partitions, whose offsets overlap: a row is missing
+    by its log position (partition and offset), not by its offset alone."""
+    held = located([StepEvent(run_id="r1", step=s, epoch=0, reward=0.1) for s in range(3)], partition=0, first=100)
+    lacking = located([StepEvent(run_id="r2", step=s, epoch=0, reward=0.2) for s in range(3)], partition=1, first=100)
+    insert_rows(client, "areal", held, "areal.steps:0:100-102")
+    assert insert_missing(client, "areal", held + lacking, "block:restored") == 3
+    assert sorted(client.query("SELECT _partition, _offset FROM areal.steps").result_rows) == [
+        (p, o) for p in (0, 1) for o in (100, 101, 102)]  # each once
+
+
+def test_plans_name_their_block_and_those_recorded_before_it_their_own_chunk(client) -> None:
+    """Schema 15: a plan names the token of the block its chunk went in; a plan recorded before that (no
+    block) went in alone, under its chunk's token, which is what a retry must give again."""
+    record_plans(client, "areal", "g", {("t", 0): Plan(0, 9, "t:0:0-9+t:1:5-7"), ("t", 1): Plan(5, 7, "t:0:0-9+t:1:5-7")})
+    client.command("INSERT INTO areal._sink_batches (consumer_group, topic, partition, first_offset, last_offset) "
+                   "VALUES ('g', 't', 2, 3, 4)")  # as the sink before schema 15 wrote it
+    plans = load_plans(client, "areal", "g")
+    assert plans == {("t", 0): Plan(0, 9), ("t", 1): Plan(5, 7), ("t", 2): Plan(3, 4)}
+    assert {tp: p.group for tp, p in plans.items()} == {
+        ("t", 0): "t:0:0-9+t:1:5-7", ("t", 1): "t:0:0-9+t:1:5-7", ("t", 2): "t:2:3-4"}
 
 
 def test_resent_event_counts_once_in_views_of_every_table(client) -> None:
