@@ -378,6 +378,11 @@ class Sink:
             return
         log.warning("%s: %d chunks of a block retried after a crash without the rest of it (%s); each is stored "
                     "alone, its rows the store lacks", first.topic, len(block), token)
+        # Their plans now name a block no cut gives: a later retry of them (another crash before the commit,
+        # the rest of the block back in this sink) must not take the block for whole and insert it again.
+        split = {(c.topic, c.partition): Plan(c.first, c.last, f"split:{token}") for c, _ in block}
+        self._retry("recording batch plans", lambda: record_plans(self.client, self.schema.database, self.group, split))
+        self.plans.update(split)
         for c, d in block:
             self._store_redone(c, d)
 

@@ -32,6 +32,7 @@ from areal_metrics.sinks.query import Target, open_client
 from areal_metrics.sinks.replay import fingerprints, replay_into
 from areal_metrics.sinks.schema import TABLES
 from areal_metrics.sinks.sink import Sink
+from areal_metrics.sinks.writer import load_plans
 from tests.support import wait_for
 from tests.test_step_means import assert_view_is_the_raw_rule
 
@@ -620,3 +621,6 @@ def test_a_block_retried_without_a_partition_of_it_stores_each_row_once(
         assert again.stats["restored"] == (len(events) if where == "before insert" else 0)
         assert steps_parts(again.client) == (3 if where == "before insert" else 1)  # a block each, or none
         _stored_once(again.client, events)
+        # their plans name a block no cut gives: a later retry of them is never taken for the whole block
+        plans = load_plans(again.client, "areal", again.group)
+        assert {p.group.split(":")[0] for tp, p in plans.items() if tp[0] == topics.steps} == {"split"}

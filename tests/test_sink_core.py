@@ -150,6 +150,19 @@ def test_a_block_of_two_partitions_at_the_same_offsets_is_bisected_into_distinct
     assert stored == 14 and sorted((r.partition, r.offset) for r, _ in failed) == sorted(bad)
 
 
+def test_a_held_block_does_not_make_every_poll_a_flush() -> None:
+    """A planned block waiting for a chunk keeps its buffers: their age must not make the batch due at once
+    (every poll a flush of the other partitions, each a tiny block) while it waits."""
+    b: Batcher[int] = Batcher(BatchPolicy(max_rows=100, max_wait_s=0.5, idle_s=0))
+    plans = {("t", 0): Plan(0, 1, "t:0:0-1+t:1:0-1"), ("t", 1): Plan(0, 1, "t:0:0-1+t:1:0-1")}
+    b.add(("t", 0), 0, 0, now=0)
+    b.add(("t", 0), 1, 1, now=0)
+    assert b.due(now=1)
+    assert b.take(now=1, plans=plans, positions={("t", 0): 2, ("t", 1): 0}) == []  # ("t", 1) not read yet
+    assert not b.due(now=1.2)
+    assert b.due(now=1.5)
+
+
 def test_a_plan_whose_end_is_gone_is_cut_at_the_position() -> None:
     b: Batcher[int] = Batcher(BatchPolicy(max_rows=100, max_wait_s=0))
     b.add(("t", 0), 10, 10, now=0)
