@@ -17,7 +17,7 @@ fine because nothing was inserted.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -91,11 +91,13 @@ def block_token(chunks: Sequence[Chunk[object]]) -> str:
     return f"{chunks[0].topic}:blocks:{hashlib.blake2b(joined.encode(), digest_size=16).hexdigest()}"
 
 
-def blocks_by_topic(pairs: Sequence[tuple[Chunk[T], U]]) -> list[list[tuple[Chunk[T], U]]]:
-    """The chunks (each with what goes with it) grouped by topic, in their order: one block to insert each."""
-    out: dict[str, list[tuple[Chunk[T], U]]] = {}
+def blocks_by_topic(pairs: Sequence[tuple[Chunk[T], U]],
+                    block_of: Callable[[Chunk[T]], str] | None = None) -> list[list[tuple[Chunk[T], U]]]:
+    """The chunks (each with what goes with it) grouped by topic, in their order: one block to insert each;
+    `block_of`: within a topic, by the block it names too (chunks cut again by their plans)."""
+    out: dict[tuple[str, str], list[tuple[Chunk[T], U]]] = {}
     for pair in pairs:
-        out.setdefault(pair[0].topic, []).append(pair)
+        out.setdefault((pair[0].topic, block_of(pair[0]) if block_of else ""), []).append(pair)
     return list(out.values())
 
 

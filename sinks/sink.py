@@ -331,11 +331,13 @@ class Sink:
         if redone:  # a crash interrupted these batches: the same blocks again, same tokens
             log.info("re-inserting %d planned batches: %s", len(redone), sorted(redone))
             self.stats["replanned"] += len(redone)
-        for block in self._planned_blocks([(c, d) for c, d in decoded if (c.topic, c.partition) in redone]):
+        planned_block = (lambda c: self.plans[(c.topic, c.partition)].group)  # the block a chunk's plan names
+        for block in blocks_by_topic([(c, d) for c, d in decoded if (c.topic, c.partition) in redone], planned_block):
             self._store_again(block)
         for block in blocks_by_topic([(c, d) for c, d in decoded if (c.topic, c.partition) not in redone]):
-            self._record_plans(block)
-            self._store_block(block)
+            token = block_token([c for c, _ in block])
+            self._record_plans({(c.topic, c.partition): Plan(c.first, c.last, token) for c, _ in block})
+            self._store_block(block, token)
         dead = [ev for _, d in decoded for ev in d.dead_letters]
         if dead:
             self._retry("publishing dead letters", lambda: self._publish(dead))
@@ -347,19 +349,10 @@ class Sink:
             self.guard.end([(c.topic, c.partition, c.first, c.last) for c in chunks])
         log.debug("committed %d chunks: %s", len(chunks), ", ".join(f"{c.topic}[{c.partition}]@{c.next_offset}" for c in chunks))
 
-    def _record_plans(self, block: list[tuple[Chunk[Any], Decoded]]) -> None:
-        """The block's chunks' plans, each with the block's token as its group, before the block goes in."""
-        token = block_token([c for c, _ in block])
-        plans = {(c.topic, c.partition): Plan(c.first, c.last, token) for c, _ in block}
+    def _record_plans(self, plans: dict[TopicPartition, Plan]) -> None:
+        """Chunks' plans, each naming the block its chunk goes in, recorded before the block goes in."""
         self._retry("recording batch plans", lambda: record_plans(self.client, self.schema.database, self.group, plans))
         self.plans.update(plans)
-
-    def _planned_blocks(self, redone: list[tuple[Chunk[Any], Decoded]]) -> list[list[tuple[Chunk[Any], Decoded]]]:
-        """The chunks cut again by their plans, grouped into the blocks their plans were recorded for."""
-        out: dict[tuple[str, str], list[tuple[Chunk[Any], Decoded]]] = {}
-        for c, d in redone:
-            out.setdefault((c.topic, self.plans[(c.topic, c.partition)].group), []).append((c, d))
-        return list(out.values())
 
     def _store_again(self, block: list[tuple[Chunk[Any], Decoded]]) -> None:
         """A block a crash interrupted (its chunks' plans name its token). Whole (every chunk of it cut again,
@@ -371,29 +364,26 @@ class Sink:
         first = block[0][0]
         token = self.plans[(first.topic, first.partition)].group
         if block_token([c for c, _ in block]) == token:
-            failed = self._store_block(block, retried=True)
+            failed = self._store_block(block, token, retried=True)
             unstorable = {(loc.partition, loc.offset) for loc, _ in failed}
             kept = [r for _, d in block for r in d.rows if (r.partition, r.offset) not in unstorable]
-            self._store(", ".join(f"{c.topic}[{c.partition}]" for c, _ in block), kept, token, retried=True)
+            self._store(_label(block), kept, token, retried=True)
             return
         log.warning("%s: %d chunks of a block retried after a crash without the rest of it (%s); each is stored "
                     "alone, its rows the store lacks", first.topic, len(block), token)
         # Their plans now name a block no cut gives: a later retry of them (another crash before the commit,
         # the rest of the block back in this sink) must not take the block for whole and insert it again.
-        split = {(c.topic, c.partition): Plan(c.first, c.last, f"split:{token}") for c, _ in block}
-        self._retry("recording batch plans", lambda: record_plans(self.client, self.schema.database, self.group, split))
-        self.plans.update(split)
+        self._record_plans({(c.topic, c.partition): Plan(c.first, c.last, f"split:{token}") for c, _ in block})
         for c, d in block:
             self._store_redone(c, d)
 
-    def _store_block(self, block: list[tuple[Chunk[Any], Decoded]],
+    def _store_block(self, block: list[tuple[Chunk[Any], Decoded]], token: str,
                      retried: bool = False) -> list[tuple[Located, DataError]]:
-        """One topic's chunks of a flush (one per partition), inserted as one block with their joint token:
+        """One topic's chunks of a flush (one per partition), inserted as one block with their joint `token`:
         a store's cost is mostly per INSERT (its materialized views are planned for each), not per row.
         Returns the rows no insert could store (each dead-lettered here); `retried`: the block again after
         a crash (the letters of a dead-letter topic's rows, stored, are then checked as its rows are)."""
-        label = ", ".join(f"{c.topic}[{c.partition}]" for c, _ in block)
-        stored, failed = self._store(label, [r for _, d in block for r in d.rows], block_token([c for c, _ in block]))
+        stored, failed = self._store(_label(block), [r for _, d in block for r in d.rows], token)
         self.stats["rows"] += stored
         self.stats["chunks"] += len(block)
         for c, d in block:
@@ -513,3 +503,8 @@ class Sink:
             except Exception as exc:  # noqa: BLE001
                 log.debug("close: %s", exc)
         log.info("sink stopped: %s", self.stats)
+
+
+def _label(block: list[tuple[Chunk[Any], Decoded]]) -> str:
+    """A block's chunks as the log names them: `<topic>[<partition>], ...`."""
+    return ", ".join(f"{c.topic}[{c.partition}]" for c, _ in block)

@@ -533,10 +533,10 @@ class _CrashingSink(Sink):
         super().__init__(settings, policy=policy, stop_merges=True)
         self.where = where
 
-    def _store_block(self, block: Any) -> Any:
+    def _store_block(self, block: Any, token: str, retried: bool = False) -> Any:
         if self.where == "before insert":
             raise _Crash(self.where)
-        return super()._store_block(block)
+        return super()._store_block(block, token, retried)
 
     def _commit(self, chunks: Any) -> None:
         if self.where == "views lost":

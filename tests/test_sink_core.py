@@ -201,6 +201,10 @@ def test_chunks_go_in_one_block_per_topic_in_their_order() -> None:
     chunks = [Chunk("a", 0, 0, 1, ()), Chunk("b", 0, 5, 6, ()), Chunk("a", 2, 3, 3, ())]
     blocks = blocks_by_topic([(c, i) for i, c in enumerate(chunks)])
     assert [[i for _, i in b] for b in blocks] == [[0, 2], [1]]
+    # chunks cut again by their plans: by topic and by the block each plan names
+    named = {0: "x", 1: "x", 2: "y"}
+    blocks = blocks_by_topic([(c, i) for i, c in enumerate(chunks)], lambda c: named[c.partition])
+    assert [[i for _, i in b] for b in blocks] == [[0], [1], [2]]
 
 
 def test_backoff_doubles_up_to_the_cap() -> None:
