@@ -67,7 +67,8 @@ def main() -> int:
 
         sink = Sink(settings, policy=policy, stop_merges=own.sink_stop_merges, http_port=own.sink_http_port,
                     guard=_crash_guard(settings, own), crash_marker=crash_marker("sink", settings.test_crash_on),
-                    instance_id=own.sink_instance_id, query_limits=QueryLimits.from_settings(own))
+                    instance_id=own.sink_instance_id, query_limits=QueryLimits.from_settings(own),
+                    stall_s=own.sink_stall_ms / 1000)
     except ArealError as exc:  # a setting that cannot work (e.g. a cluster on the embedded engine): one line
         print(f"areal-sink: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code

@@ -39,6 +39,7 @@ from areal_metrics.sinks.batching import (
     dedup_token,
 )
 from areal_metrics.producers.runtime.poison import OK, POISON, CrashGuard, crash_now, poison_events, spans
+from areal_metrics.sinks.fetch_watch import FetchWatch
 from areal_metrics.sinks.decode import SINK_NODE, Decoded, dead_letter, decode
 from areal_metrics.sinks.http.server import QueryLimits
 from areal_metrics.sinks.isolate import DataError, is_data_error, isolate
@@ -51,6 +52,7 @@ from areal_metrics.producers.contract.errors import ArealError
 
 log = logging.getLogger("areal.sink")
 _TOPIC_WAIT_S = 30.0  # for every topic's partitions, before joining the group
+_OFFSETS_TIMEOUT_MS = 5_000  # the fetch watch's reads of positions and end offsets
 R = TypeVar("R")
 
 
@@ -78,6 +80,7 @@ class Sink:
         crash_marker: bytes | None = None,
         instance_id: str | None = None,
         query_limits: QueryLimits | None = None,
+        stall_s: float = 30.0,
     ) -> None:
         self.settings = settings
         self.topics = settings.topics
@@ -104,12 +107,15 @@ class Sink:
         self.revoked: set[TopicPartition] = set()  # by a rebalance under way: dropped unless assigned again
         self.uncommitted: dict[Any, Any] = {}  # stored offsets a rebalance kept us from committing yet
         self.plans: dict[TopicPartition, Plan] = {}
+        # a consumer that stopped fetching is replaced after `stall_s` to `2 * stall_s` (0: never)
+        self.watch: FetchWatch[Any] = FetchWatch(stall_s)
         self.stats = {"rows": 0, "chunks": 0, "dead_letters": 0, "retries": 0, "commits": 0, "replanned": 0,
-                      "unstorable": 0, "restored": 0, "poison": 0}
+                      "unstorable": 0, "restored": 0, "poison": 0, "new_consumers": 0}
         self.client: Any = None
         self.consumer: Any = None
         self.producer: Any = None
         self.endpoint: Any = None
+        self._kafka_config: dict[str, Any] = {}
 
     # ------------------------------------------------------------ plumbing
 
@@ -155,8 +161,8 @@ class Sink:
             self.endpoint.publish()
         self.plans = self._retry("loading batch plans", lambda: load_plans(self.client, self.schema.database, self.group))
 
-    def _open_kafka(self) -> None:
-        from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
+    def _listener(self) -> Any:
+        from kafka import ConsumerRebalanceListener
 
         sink = self
 
@@ -180,45 +186,85 @@ class Sink:
                 except Exception as exc:  # noqa: BLE001 - keep the plans we have
                     log.warning("could not reload batch plans: %s", exc)
 
-        cfg = quick_bootstrap(self.settings.kafka_python_config())
+        return Listener()
 
-        def connect() -> tuple[Any, Any]:
-            consumer = closed_on_failure(
-                KafkaConsumer,
-                **cfg,
-                group_id=self.group,
-                client_id="areal-sink",
-                enable_auto_commit=False,  # offsets are committed after the insert, by hand
-                auto_offset_reset="earliest",
-                max_poll_interval_ms=600_000,  # a long store outage must not look like a dead consumer
-                # static membership: a sink restarted after a crash takes its old place at
-                # once instead of waiting for the dead member's session to expire
-                group_instance_id=self.instance_id,
-                session_timeout_ms=10_000,
-                isolation_level="read_committed",
-            )
-            try:
-                # Join the group once the metadata has every topic's partitions: a leader that
-                # assigned from empty metadata gave itself nothing (seen in CI: the sink stored
-                # nothing for over a minute, until another rebalance).
-                topics = self.topics.all()
-                missing = set(topics) - set(known_partitions(consumer, topics, _TOPIC_WAIT_S, self.stop_event))
-                if missing and not self.stop_event.is_set():
-                    log.warning("topics without partitions after %.0f s: %s; subscribing anyway", _TOPIC_WAIT_S,
-                                ", ".join(sorted(missing)))
-                consumer.subscribe(topics, listener=Listener())
-                return consumer, KafkaProducer(**cfg, client_id="areal-sink-deadletter", acks="all", retries=5,
-                                               linger_ms=5)
-            except BaseException:
-                consumer.close(autocommit=False)
-                raise
+    def _new_consumer(self) -> Any:
+        """A member of the sink's group, subscribed to every topic (waits for their partitions first)."""
+        from kafka import KafkaConsumer
 
+        consumer = closed_on_failure(
+            KafkaConsumer,
+            **self._kafka_config,
+            group_id=self.group,
+            client_id="areal-sink",
+            enable_auto_commit=False,  # offsets are committed after the insert, by hand
+            auto_offset_reset="earliest",
+            max_poll_interval_ms=600_000,  # a long store outage must not look like a dead consumer
+            # static membership: a sink restarted after a crash takes its old place at
+            # once instead of waiting for the dead member's session to expire
+            group_instance_id=self.instance_id,
+            session_timeout_ms=10_000,
+            isolation_level="read_committed",
+        )
+        try:
+            # Join the group once the metadata has every topic's partitions: a leader that
+            # assigned from empty metadata gave itself nothing (seen in CI: the sink stored
+            # nothing for over a minute, until another rebalance).
+            topics = self.topics.all()
+            missing = set(topics) - set(known_partitions(consumer, topics, _TOPIC_WAIT_S, self.stop_event))
+            if missing and not self.stop_event.is_set():
+                log.warning("topics without partitions after %.0f s: %s; subscribing anyway", _TOPIC_WAIT_S,
+                            ", ".join(sorted(missing)))
+            consumer.subscribe(topics, listener=self._listener())
+            return consumer
+        except BaseException:
+            consumer.close(autocommit=False)
+            raise
+
+    def _until_kafka_answers(self, make: Callable[[], R]) -> R:
         # a broker that does not answer yet is waited for, until stop() (producers/runtime/kafka_wait.py)
-        connected = until_kafka_answers(connect, f"sink, Kafka at {self.settings.kafka_bootstrap}",
-                                        self.settings.kafka_bootstrap.split(","), self.stop_event)
-        if connected is None:
+        made = until_kafka_answers(make, f"sink, Kafka at {self.settings.kafka_bootstrap}",
+                                   self.settings.kafka_bootstrap.split(","), self.stop_event)
+        if made is None:
             raise Stopped("stopped while waiting for Kafka")
-        self.consumer, self.producer = connected
+        return made
+
+    def _open_kafka(self) -> None:
+        from kafka import KafkaProducer
+
+        self._kafka_config = quick_bootstrap(self.settings.kafka_python_config())
+        self.consumer = self._until_kafka_answers(self._new_consumer)
+        self.producer = self._until_kafka_answers(
+            lambda: KafkaProducer(**self._kafka_config, client_id="areal-sink-deadletter", acks="all", retries=5,
+                                  linger_ms=5))
+
+    def _watch_fetching(self, now: float) -> None:
+        """A new consumer when this one stopped fetching partitions with records to read (sinks/fetch_watch.py)."""
+        try:
+            assigned = list(self.consumer.assignment())
+            positions = {tp: self.consumer.position(tp, timeout_ms=_OFFSETS_TIMEOUT_MS) for tp in assigned}
+            ends = self.consumer.end_offsets(assigned, timeout_ms=_OFFSETS_TIMEOUT_MS) if assigned else {}
+        except Exception as exc:  # noqa: BLE001 - a rebalance or the broker away: judge at the next check
+            log.debug("could not read the offsets to watch fetching: %s", exc)
+            self.watch.reset(now)
+            return
+        stalled = self.watch.check(now, {tp: p for tp, p in positions.items() if p is not None}, ends)
+        if not stalled:
+            return
+        log.warning("the consumer fetched nothing of %s for over %.0f s with records to read (a kafka-python "
+                    "fault); making a new one", ", ".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in stalled)),
+                    self.watch.stall_s)
+        self.stats["new_consumers"] += 1
+        old = self.consumer
+        # the new member's assignment drops the buffers of what it is not given again, as a rebalance does
+        self.revoked |= {(tp.topic, tp.partition) for tp in old.assignment()}
+        try:
+            old.close(autocommit=False)
+        except Exception as exc:  # noqa: BLE001 - the new member fences the old one anyway
+            log.warning("closing the stalled consumer: %s", exc)
+        self.consumer = None
+        self.consumer = self._until_kafka_answers(self._new_consumer)
+        self.watch.reset(time.monotonic())
 
     # ------------------------------------------------------------ the loop
 
@@ -234,6 +280,7 @@ class Sink:
                 # at most a second: stop() is seen within one poll, whatever max_wait is
                 timeout_ms = min(1000, max(10, int(self.batcher.poll_timeout(now) * 1000)))
                 polled = self.consumer.poll(timeout_ms=timeout_ms, max_records=self.policy.max_rows)
+                self.watch.polled(time.monotonic() - now)
                 now = time.monotonic()
                 for tp, messages in polled.items():
                     for m in messages:
@@ -242,6 +289,8 @@ class Sink:
                     self._retry("committing offsets", self._commit_stored)
                 if self.batcher.due(now, quiet=not polled):
                     self.flush()
+                if self.watch.due(now):
+                    self._watch_fetching(now)
                 if now - last_report > 30:
                     log.info("sink stats: %s", self.stats)
                     last_report = now
