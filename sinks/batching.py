@@ -116,6 +116,9 @@ class Batcher(Generic[T]):
         self._buffers: dict[TopicPartition, _Buffer[T]] = {}
         self.total = 0
         self._replan_since: dict[tuple[str, str], float] = {}  # a planned block waiting for a chunk: since when
+        # after take(): the partitions read to their planned chunk's end and held for the rest of its block; what
+        # they would fetch meanwhile only grows their buffers (the sink pauses them)
+        self.held: set[TopicPartition] = set()
 
     def add(self, tp: TopicPartition, offset: int, item: T, now: float) -> None:
         buf = self._buffers.get(tp)
@@ -168,6 +171,7 @@ class Batcher(Generic[T]):
         plans = plans or {}
         positions = positions or {}
         held = self._held_blocks(now, plans, positions)
+        self.held = set()
         out: list[Chunk[T]] = []
         for tp, buf in sorted(self._buffers.items()):
             if not buf.offsets:
@@ -175,8 +179,11 @@ class Batcher(Generic[T]):
             limit = self.policy.max_rows
             plan = plans.get(tp)
             if plan is not None and plan.first <= buf.offsets[0] <= plan.last:
-                if self._replanned(tp, plan, positions) == "waiting" or (tp[0], plan.group) in held:
+                waiting = self._replanned(tp, plan, positions) == "waiting"
+                if waiting or (tp[0], plan.group) in held:
                     buf.since = now  # held: its age must not make every poll a flush of the others
+                    if not waiting:
+                        self.held.add(tp)
                     continue
                 limit = sum(1 for o in buf.offsets if o <= plan.last)
             n = min(limit, len(buf.offsets))
@@ -206,6 +213,11 @@ class Batcher(Generic[T]):
         if not plan.first <= buf.offsets[0] <= plan.last:
             return "past"
         return "ready" if buf.offsets[-1] >= plan.last or position > plan.last else "waiting"
+
+    def buffered(self, tp: TopicPartition) -> int:
+        """How many messages of the partition wait in its buffer."""
+        buf = self._buffers.get(tp)
+        return len(buf.offsets) if buf else 0
 
     def drop(self, tps: set[TopicPartition] | None = None) -> None:
         """Forget buffered messages: those of partitions a rebalance gave to another member, which reads them again."""

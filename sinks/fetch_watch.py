@@ -2,12 +2,15 @@
 
 kafka-python 3.0.x has been seen, here and upstream (dpkp/kafka-python#3131, #3106), to keep a
 partition assigned, with its position set and nothing paused, and send no FetchRequest for it
-until the next rebalance: 60-90 s here, for ever where the group is quiet. The sink would sit
+until a later rebalance (60-90 s here). The sink would sit
 on a backlog it never reads. The watch compares, every `stall_s`, the positions of the
 partitions the sink fetches with their end offsets; a partition behind its end at two checks
 in a row, at the same position, while the sink polled for at least `min_poll_s` in between
 (a store outage holds the loop, not the fetcher; at most half of `stall_s`), is stalled, and the sink makes a new
-consumer (sinks/sink.py). Pure: the sink hands it the offsets and the time it spent polling.
+consumer (sinks/sink.py): `stall_s` to twice that after the stall began. The sink does not check during a
+rebalance (positions stand still until its assignment). Not seen: a stalled partition of a sink so busy with
+the others that it spends less than `min_poll_s` of `stall_s` in poll(). Pure: the sink hands it the offsets
+and the time it spent polling.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ P = TypeVar("P")  # a partition, as the caller names it
 
 @dataclass
 class FetchWatch(Generic[P]):
-    stall_s: float = 60.0  # 0: never watch
+    stall_s: float = 30.0  # 0: never watch
     # the polling a working fetcher needs to move a partition with records to read: ten times the
     # longest a fetch waits at the broker (kafka-python's fetch_max_wait_ms, 500 ms); at most half of
     # `stall_s`, which a check allows

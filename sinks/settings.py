@@ -24,9 +24,10 @@ class SinkSettings(SettingGroup):
     sink_replan_wait_ms: int = setting("AREAL_SINK_REPLAN_WAIT_MS", 30_000, "after a crash, how long a block of "
                                        "recorded plans waits for its other partitions to be read again before "
                                        "each of its chunks is stored alone, ms", ge=0, le=3_600_000, readers="sink")
-    sink_stall_ms: int = setting("AREAL_SINK_STALL_MS", 30_000, "a partition behind its end offset that the "
-                                 "consumer did not move for this long, twice in a row, makes the sink replace its "
-                                 "consumer (a kafka-python fault); 0: never, ms", ge=0, le=3_600_000,
+    sink_stall_ms: int = setting("AREAL_SINK_STALL_MS", 30_000, "how often the sink compares its partitions' "
+                                 "positions with their end offsets: one behind at two checks in a row, at the same "
+                                 "position, with the sink polling in between, makes it replace its consumer (a "
+                                 "kafka-python fault); 0: never, ms", ge=0, le=3_600_000,
                                  readers="sink")
     sink_instance_id: str | None = setting("AREAL_SINK_INSTANCE_ID", None, "the sink's static group member id",
                                            readers="sink", default_doc="`<group>@<hostname>`")

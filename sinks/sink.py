@@ -105,6 +105,7 @@ class Sink:
         self.stop_event = threading.Event()
         self.batcher: Batcher[Any] = Batcher(policy)
         self.revoked: set[TopicPartition] = set()  # by a rebalance under way: dropped unless assigned again
+        self.paused: set[TopicPartition] = set()  # by the sink itself (`_pause_held`), not fetched on purpose
         self.uncommitted: dict[Any, Any] = {}  # stored offsets a rebalance kept us from committing yet
         self.plans: dict[TopicPartition, Plan] = {}
         # a consumer that stopped fetching is replaced after `stall_s` to `2 * stall_s` (0: never)
@@ -240,8 +241,12 @@ class Sink:
 
     def _watch_fetching(self, now: float) -> None:
         """A new consumer when this one stopped fetching partitions with records to read (sinks/fetch_watch.py)."""
+        if self.revoked:  # a rebalance under way: positions stand still until its assignment, whatever it takes
+            self.watch.reset(now)
+            return
         try:
-            assigned = list(self.consumer.assignment())
+            # a partition the sink paused is not fetched on purpose
+            assigned = [tp for tp in self.consumer.assignment() if (tp.topic, tp.partition) not in self.paused]
             positions = {tp: self.consumer.position(tp, timeout_ms=_OFFSETS_TIMEOUT_MS) for tp in assigned}
             ends = self.consumer.end_offsets(assigned, timeout_ms=_OFFSETS_TIMEOUT_MS) if assigned else {}
         except Exception as exc:  # noqa: BLE001 - a rebalance or the broker away: judge at the next check
@@ -249,21 +254,29 @@ class Sink:
             self.watch.reset(now)
             return
         stalled = self.watch.check(now, {tp: p for tp, p in positions.items() if p is not None}, ends)
-        if not stalled:
-            return
-        log.warning("the consumer fetched nothing of %s for over %.0f s with records to read (a kafka-python "
-                    "fault); making a new one", ", ".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in stalled)),
-                    self.watch.stall_s)
-        self.stats["new_consumers"] += 1
+        if stalled:
+            log.warning("the consumer fetched nothing of %s for over %.0f s with records to read (a kafka-python "
+                        "fault); making a new one",
+                        ", ".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in stalled)), self.watch.stall_s)
+            self._replace_consumer()
+
+    def _replace_consumer(self) -> None:
+        """Close the consumer and make a new member in its place (static membership: it takes the old one's
+        partitions). First what is buffered goes in and is committed through the old one, whose membership
+        still works (only its fetching stopped); what cannot go yet (a block held for a slow partition) is
+        dropped and read again from the commit, its plans cutting it the same. So the new member starts with
+        nothing buffered, and nothing is flushed before it has joined."""
         old = self.consumer
-        # the new member's assignment drops the buffers of what it is not given again, as a rebalance does
-        self.revoked |= {(tp.topic, tp.partition) for tp in old.assignment()}
+        self.flush()
+        self.batcher.drop()
+        self.paused = set()
         try:
             old.close(autocommit=False)
         except Exception as exc:  # noqa: BLE001 - the new member fences the old one anyway
             log.warning("closing the stalled consumer: %s", exc)
         self.consumer = None
         self.consumer = self._until_kafka_answers(self._new_consumer)
+        self.stats["new_consumers"] += 1
         self.watch.reset(time.monotonic())
 
     # ------------------------------------------------------------ the loop
@@ -308,6 +321,7 @@ class Sink:
             if (tp.topic, tp.partition) in self.plans:
                 positions[(tp.topic, tp.partition)] = self.consumer.position(tp)
         chunks = self.batcher.take(time.monotonic(), self.plans, positions)
+        self._pause_held()
         if not chunks:
             return
         if self.guard is None or not self.guard.suspects:
@@ -316,6 +330,20 @@ class Sink:
         for c in chunks:  # a message in flight in a crash goes in a chunk of its own; in log order
             for piece, _ in self._split(c):
                 self.write_chunks([piece])
+
+    def _pause_held(self) -> None:
+        """Pause the partitions the batcher holds read to their planned chunk's end (after a crash, while the
+        rest of their block is read again, at most AREAL_SINK_REPLAN_WAIT_MS): what they would fetch meanwhile
+        only grows their buffers, and buffers past max_rows make every poll a flush. Resumed once cut."""
+        assigned = {(tp.topic, tp.partition): tp for tp in self.consumer.assignment()}
+        held = {assigned[k] for k in self.batcher.held if k in assigned}
+        pause = held - set(self.consumer.paused())
+        resume = {assigned[k] for k in self.paused if k in assigned} - held
+        if pause:
+            self.consumer.pause(*pause)
+        if resume:
+            self.consumer.resume(*resume)
+        self.paused = {(tp.topic, tp.partition) for tp in held}
 
     def _split(self, c: Chunk[Any]) -> list[tuple[Chunk[Any], str]]:
         """The chunk in log order: runs of usual messages, and each suspect alone, with their verdicts."""

@@ -53,10 +53,12 @@ def test_a_partition_without_an_end_offset_is_not_judged_and_reset_forgets() -> 
     w.check(30.0, {"a": 5}, {"a": 10})
     w.polled(30.0)
     assert w.check(60.0, {"a": 5}, {}) == set()
-    w.reset(61.0)
-    assert not w.due(90.0) and w.due(91.0)
     w.polled(30.0)
-    assert w.check(91.0, {"a": 5}, {"a": 10}) == set()  # the reset forgot the first sighting
+    w.check(90.0, {"a": 5}, {"a": 10})
+    w.reset(91.0)
+    assert not w.due(120.0) and w.due(121.0)
+    w.polled(30.0)
+    assert w.check(121.0, {"a": 5}, {"a": 10}) == set()  # the reset forgot the sighting before it
 
 
 def test_stall_zero_never_watches_and_negative_bounds_are_refused() -> None:

@@ -311,41 +311,79 @@ def test_store_outage_backs_off_and_catches_up(running_sink: Sink, kafka_bootstr
     no_duplicate_positions(client)
 
 
-def test_a_consumer_that_stops_fetching_is_replaced_and_a_store_outage_is_not_taken_for_one(
+def test_a_consumer_that_stops_fetching_is_replaced_and_what_it_buffered_stored_once(
         settings: Settings, kafka_bootstrap: str, topics: Topics) -> None:
     """kafka-python 3.0.x has been seen to keep partitions assigned, positions set, and fetch nothing
-    for 60-90 s (sinks/fetch_watch.py). The fault is made here with the consumer's own pause(), behind
-    the sink's back. First a store outage of three checks holds the loop with records to read: no new
-    consumer (where only the time spent polling tells an outage from a stall: tests/test_fetch_watch.py).
-    Then the paused consumer is replaced and its backlog stored once."""
-    with sink_in_a_thread(settings, BatchPolicy(max_rows=500, max_wait_s=0.1), stop_merges=True,
+    for 60-90 s (sinks/fetch_watch.py). The fault is made here with the consumer's own pause() of one
+    partition, behind the sink's back, while the others' rows wait in the sink's buffer (max_wait 8 s).
+    The sink stores what it buffered through the old consumer, makes a new one, and every row goes in once."""
+    with sink_in_a_thread(settings, BatchPolicy(max_rows=5_000, max_wait_s=8, idle_s=0), stop_merges=True,
                           stall_s=2.0) as sink:
         wait_for(lambda: len(sink.consumer.assignment()) == 3 * len(topics.all()), 60, "the sink's partitions")
-        producer = Producer(kafka_bootstrap, topics)
-        sink.client.command("DETACH TABLE areal.steps")
-        first = make_events(40)
-        for e in first:
-            producer.send(e)
-        producer.producer.flush()
-        wait_for(lambda: sink.stats["retries"] >= 1, 30, "the sink to retry its insert")
-        time.sleep(6.0)
-        sink.client.command("ATTACH TABLE areal.steps")
-        wait_for(lambda: lag(kafka_bootstrap, topics, sink.group) == 0, 60, "the sink to catch up")
-        time.sleep(3.0)  # a check after the outage, with the backlog read
-        assert sink.stats["new_consumers"] == 0
+        from kafka.structs import TopicPartition
 
         stuck = sink.consumer
-        stuck.pause(*stuck.assignment())
-        second = make_events(60, run="r2")
-        for e in second:
-            producer.send(e)
+        stuck.pause(TopicPartition(topics.steps, 0))
+        producer = Producer(kafka_bootstrap, topics)
+        events = [StepEvent(run_id="stall", step=s, rank=r, world_size=3, epoch=0, reward=s / 10 + r)
+                  for s in range(30) for r in range(3)]
+        for e in events:  # a rank to a partition
+            producer.producer.send(topics.steps, key=b"stall", value=e.to_json(), partition=e.rank)
         producer.close()
+        wait_for(lambda: sink.batcher.total == 60, 10, "partitions 1 and 2 in the buffer")
         wait_for(lambda: sink.stats["new_consumers"] == 1, 30, "the sink to replace its consumer")
         assert sink.consumer is not stuck
-        wait_for(lambda: lag(kafka_bootstrap, topics, sink.group) == 0, 60, "the backlog stored")
-        assert counts(sink.client) == expected_counts(first + second)
-        no_duplicate_positions(sink.client)
+        assert sink.stats["rows"] == 60  # stored at the replacement, before their max_wait
+        wait_for(lambda: lag(kafka_bootstrap, topics, sink.group) == 0, 60, "every row stored")
+        _stored_once(sink.client, events)
         assert sink.stats["new_consumers"] == 1
+
+
+def test_a_rebalance_that_waits_for_a_slow_member_is_not_taken_for_a_stalled_consumer(
+        settings: Settings, kafka_bootstrap: str, topics: Topics) -> None:
+    """During a rebalance kafka-python keeps the partitions assigned and fetches none of them until the group
+    is joined again, which waits for every member, up to its rebalance timeout (a member that stopped
+    polling: minutes). The sink's positions stand still behind their ends meanwhile: it does not replace its
+    consumer for that."""
+    from kafka import KafkaConsumer
+
+    from areal_metrics.stack.kafka_broker import create_topics
+
+    create_topics(kafka_bootstrap, [topics.prefix + "elsewhere"])
+    with sink_in_a_thread(settings, BatchPolicy(max_wait_s=0.1), stop_merges=True, stall_s=2.0) as sink:
+        wait_for(lambda: len(sink.consumer.assignment()) == 3 * len(topics.all()), 60, "the sink's partitions")
+        slow = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=sink.group, enable_auto_commit=False,
+                             max_poll_interval_ms=60_000)
+        slow.subscribe([topics.prefix + "elsewhere"])
+        wait_for(lambda: slow.poll(timeout_ms=200) is not None and bool(slow.assignment()), 60, "the slow member")
+        joining = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=sink.group, enable_auto_commit=False)
+        joining.subscribe([topics.prefix + "elsewhere"])
+        done = threading.Event()
+
+        def poll_until_done() -> None:
+            while not done.is_set():
+                joining.poll(timeout_ms=200)
+
+        thread = threading.Thread(target=poll_until_done, daemon=True)
+        thread.start()
+        try:  # the slow member polls no more: the rebalance the joining one began waits for it
+            wait_for(lambda: bool(sink.revoked), 30, "the sink in the rebalance")
+            producer = Producer(kafka_bootstrap, topics)
+            events = make_events(40)
+            for e in events:
+                producer.send(e)
+            producer.close()
+            time.sleep(8.0)  # four checks
+            assert sink.revoked and lag(kafka_bootstrap, topics, sink.group) > 0  # still waiting, rows behind
+            assert sink.stats["new_consumers"] == 0
+        finally:
+            slow.close()  # it leaves: the rebalance completes
+            done.set()
+            thread.join(30)
+            joining.close()
+        wait_for(lambda: lag(kafka_bootstrap, topics, sink.group) == 0, 60, "every row stored")
+        assert counts(sink.client) == expected_counts(events)
+        assert sink.stats["new_consumers"] == 0
 
 
 def test_the_end_of_a_burst_is_stored_without_waiting_out_max_wait(settings: Settings, kafka_bootstrap: str,
@@ -661,3 +699,39 @@ def test_a_block_retried_without_a_partition_of_it_stores_each_row_once(
         # their plans name a block no cut gives: a later retry of them is never taken for the whole block
         plans = load_plans(again.client, "areal", again.group)
         assert {p.group.split(":")[0] for tp, p in plans.items() if tp[0] == topics.steps} == {"split"}
+
+
+def test_partitions_held_for_a_retried_block_are_paused_until_it_goes_in(
+        settings: Settings, kafka_bootstrap: str, topics: Topics) -> None:
+    """After a crash, a block's partitions read to their plans' ends wait for its slow one (here: partition 1,
+    whose plan ends 20 rows past what its log holds yet). Meanwhile they are paused: rows written to them are
+    not fetched into a buffer that would only grow. The slow rows come, the block goes in, they are resumed,
+    and every row is stored once."""
+    from areal_metrics.sinks.schema import BATCH_PLANS
+
+    events = _one_run_over_three_partitions(kafka_bootstrap, topics)
+    _run_until_crash(_CrashingSink(settings, BatchPolicy(max_rows=len(events), max_wait_s=60, idle_s=0),
+                                   "before insert"))
+    store = open_client(Target.parse(settings.clickhouse_url), readonly=False, use_database=False)
+    try:
+        store.command(f"INSERT INTO areal.{BATCH_PLANS} (consumer_group, topic, partition, first_offset, "
+                      f"last_offset, block) SELECT consumer_group, topic, partition, first_offset, last_offset + 20, "
+                      f"block FROM areal.{BATCH_PLANS} FINAL WHERE partition = 1")
+    finally:
+        store.close()
+    with sink_in_a_thread(settings, BatchPolicy(max_wait_s=0.1, replan_wait_s=60), stop_merges=True) as again:
+        wait_for(lambda: again.paused == {(topics.steps, 0), (topics.steps, 2)}, 60, "the held partitions paused")
+        producer = Producer(kafka_bootstrap, topics)
+        later = [StepEvent(run_id="block", step=40 + i, rank=0, world_size=3, epoch=0, reward=1.0) for i in range(30)]
+        for e in later:
+            producer.producer.send(topics.steps, key=b"block", value=e.to_json(), partition=0)
+        producer.producer.flush()
+        time.sleep(2.0)  # many polls: a partition fetched would have these in its buffer
+        assert again.batcher.buffered((topics.steps, 0)) == 40
+        slow = [StepEvent(run_id="block", step=100 + i, rank=1, world_size=3, epoch=0, reward=1.0) for i in range(20)]
+        for e in slow:
+            producer.producer.send(topics.steps, key=b"block", value=e.to_json(), partition=1)
+        producer.close()
+        wait_for(lambda: lag(kafka_bootstrap, topics, again.group, [topics.steps]) == 0, 60, "every row stored")
+        assert again.paused == set() and not again.consumer.paused()
+        _stored_once(again.client, events + later + slow)

@@ -150,6 +150,25 @@ def test_a_block_of_two_partitions_at_the_same_offsets_is_bisected_into_distinct
     assert stored == 14 and sorted((r.partition, r.offset) for r, _ in failed) == sorted(bad)
 
 
+def test_the_partitions_read_to_their_plans_end_and_held_for_their_block_are_named() -> None:
+    """`held` names what the sink pauses: read to the end of its planned chunk, waiting for another chunk of
+    its block; not the partition still waiting for its own chunk's rest, nor one cut; empty once cut."""
+    b: Batcher[int] = Batcher(BatchPolicy(max_rows=100, max_wait_s=0, replan_wait_s=30))
+    plans = {("t", 0): Plan(0, 1, "g"), ("t", 1): Plan(0, 1, "g")}
+    b.add(("t", 0), 0, 0, now=0)
+    b.add(("t", 0), 1, 1, now=0)
+    b.add(("t", 1), 0, 0, now=0)
+    b.add(("u", 0), 0, 0, now=0)
+    (free,) = b.take(now=1, plans=plans, positions={("t", 0): 2, ("t", 1): 1})
+    assert (free.topic, b.held, b.buffered(("t", 0))) == ("u", {("t", 0)}, 2)
+    b.add(("t", 1), 1, 1, now=2)
+    assert len(b.take(now=2, plans=plans, positions={("t", 0): 2, ("t", 1): 2})) == 2
+    assert b.held == set() and b.buffered(("t", 0)) == 0
+    b.add(("t", 1), 2, 2, now=3)
+    b.take(now=3, plans={("t", 1): Plan(0, 1, "g"), ("t", 0): Plan(5, 9, "g")}, positions={("t", 0): 2, ("t", 1): 3})
+    assert b.held == set()  # ("t", 1) is past its plan, ("t", 0) holds nothing buffered
+
+
 def test_a_held_block_does_not_make_every_poll_a_flush() -> None:
     """A planned block waiting for a chunk keeps its buffers: their age must not make the batch due at once
     (every poll a flush of the other partitions, each a tiny block) while it waits."""
