@@ -220,7 +220,11 @@ class Batcher(Generic[T]):
         return len(buf.offsets) if buf else 0
 
     def drop(self, tps: set[TopicPartition] | None = None) -> None:
-        """Forget buffered messages: those of partitions a rebalance gave to another member, which reads them again."""
+        """Forget buffered messages: those of partitions a rebalance gave to another member, which reads them again;
+        all of them (`None`): a new consumer reads them again, and a held block's wait starts again with it."""
         for tp in list(self._buffers):
             if tps is None or tp in tps:
                 self.total -= len(self._buffers.pop(tp).offsets)
+        if tps is None:
+            self._replan_since = {}
+            self.held = set()

@@ -1,13 +1,14 @@
 """A consumer that stopped fetching, told apart from one with nothing to fetch.
 
-kafka-python 3.0.x has been seen, here and upstream (dpkp/kafka-python#3131, #3106), to keep a
-partition assigned, with its position set and nothing paused, and send no FetchRequest for it
-until a later rebalance (60-90 s here). The sink would sit
+kafka-python 3.0.12 has been seen here to keep partitions assigned, with positions set and nothing
+paused, and send no FetchRequest for 60-90 s after two quick rejoins. Upstream reports look alike
+(dpkp/kafka-python#3106, #3131; the fix of #3131 is in 3.0.12, so the cause here is not known). The sink would sit
 on a backlog it never reads. The watch compares, every `stall_s`, the positions of the
 partitions the sink fetches with their end offsets; a partition behind its end at two checks
 in a row, at the same position, while the sink polled for at least `min_poll_s` in between
 (a store outage holds the loop, not the fetcher; at most half of `stall_s`), is stalled, and the sink makes a new
-consumer (sinks/sink.py): `stall_s` to twice that after the stall began. The sink does not check during a
+consumer (sinks/sink.py): `stall_s` to twice that after the stall began, while the loop polls and the
+offsets can be read. The sink does not check during a
 rebalance (positions stand still until its assignment). Not seen: a stalled partition of a sink so busy with
 the others that it spends less than `min_poll_s` of `stall_s` in poll(). Pure: the sink hands it the offsets
 and the time it spent polling.
@@ -60,6 +61,11 @@ class FetchWatch(Generic[P]):
         self._checked_at = now
         self._polled_s = 0.0
         return stalled
+
+    def forget(self, partitions: set[P]) -> None:
+        """Judge these afresh (resumed after a pause: standing still until then was on purpose)."""
+        for p in partitions:
+            self._behind.pop(p, None)
 
     def reset(self, now: float) -> None:
         """Forget what was seen (a new consumer; offsets that could not be read)."""

@@ -106,6 +106,7 @@ class Sink:
         self.batcher: Batcher[Any] = Batcher(policy)
         self.revoked: set[TopicPartition] = set()  # by a rebalance under way: dropped unless assigned again
         self.paused: set[TopicPartition] = set()  # by the sink itself (`_pause_held`), not fetched on purpose
+        self._replacing = False  # a flush before the consumer is replaced: its commit is tried once
         self.uncommitted: dict[Any, Any] = {}  # stored offsets a rebalance kept us from committing yet
         self.plans: dict[TopicPartition, Plan] = {}
         # a consumer that stopped fetching is replaced after `stall_s` to `2 * stall_s` (0: never)
@@ -245,8 +246,9 @@ class Sink:
             self.watch.reset(now)
             return
         try:
-            # a partition the sink paused is not fetched on purpose
-            assigned = [tp for tp in self.consumer.assignment() if (tp.topic, tp.partition) not in self.paused]
+            # a partition the sink paused is not fetched on purpose (one a rebalance gave back fresh is)
+            paused = {(tp.topic, tp.partition) for tp in self.consumer.paused()} & self.paused
+            assigned = [tp for tp in self.consumer.assignment() if (tp.topic, tp.partition) not in paused]
             positions = {tp: self.consumer.position(tp, timeout_ms=_OFFSETS_TIMEOUT_MS) for tp in assigned}
             ends = self.consumer.end_offsets(assigned, timeout_ms=_OFFSETS_TIMEOUT_MS) if assigned else {}
         except Exception as exc:  # noqa: BLE001 - a rebalance or the broker away: judge at the next check
@@ -263,11 +265,16 @@ class Sink:
     def _replace_consumer(self) -> None:
         """Close the consumer and make a new member in its place (static membership: it takes the old one's
         partitions). First what is buffered goes in and is committed through the old one, whose membership
-        still works (only its fetching stopped); what cannot go yet (a block held for a slow partition) is
+        still works (only its fetching stopped; one try: what it cannot commit, the new member commits
+        after its join, or reads again and its plans cut the same); what cannot go yet (a block held for a slow partition) is
         dropped and read again from the commit, its plans cutting it the same. So the new member starts with
         nothing buffered, and nothing is flushed before it has joined."""
         old = self.consumer
-        self.flush()
+        self._replacing = True
+        try:
+            self.flush()
+        finally:
+            self._replacing = False
         self.batcher.drop()
         self.paused = set()
         try:
@@ -343,6 +350,7 @@ class Sink:
             self.consumer.pause(*pause)
         if resume:
             self.consumer.resume(*resume)
+            self.watch.forget(resume)
         self.paused = {(tp.topic, tp.partition) for tp in held}
 
     def _split(self, c: Chunk[Any]) -> list[tuple[Chunk[Any], str]]:
@@ -541,7 +549,13 @@ class Sink:
 
         self.uncommitted.update({TopicPartition(c.topic, c.partition): OffsetAndMetadata(c.next_offset, "", -1)
                                  for c in chunks})
-        self._retry("committing offsets", self._commit_stored)
+        if self._replacing:  # one try through a consumer being replaced: the new member commits what is left
+            try:
+                self._commit_stored()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("committing through the replaced consumer failed: %s", exc)
+        else:
+            self._retry("committing offsets", self._commit_stored)
         self.stats["commits"] += 1
 
     def _commit_stored(self) -> None:

@@ -61,6 +61,16 @@ def test_a_partition_without_an_end_offset_is_not_judged_and_reset_forgets() -> 
     assert w.check(121.0, {"a": 5}, {"a": 10}) == set()  # the reset forgot the sighting before it
 
 
+def test_a_partition_resumed_after_a_pause_is_judged_afresh() -> None:
+    """The sink paused it on purpose: standing still until its resume is no stall."""
+    w = watch_at()
+    w.polled(30.0)
+    w.check(30.0, {"a": 5, "b": 5}, {"a": 10, "b": 10})
+    w.forget({"a"})
+    w.polled(30.0)
+    assert w.check(60.0, {"a": 5, "b": 5}, {"a": 10, "b": 10}) == {"b"}
+
+
 def test_stall_zero_never_watches_and_negative_bounds_are_refused() -> None:
     w: FetchWatch[str] = FetchWatch(0.0)
     assert not any(w.due(t) for t in (0.0, 1e6, 1e9))

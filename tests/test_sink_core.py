@@ -169,6 +169,22 @@ def test_the_partitions_read_to_their_plans_end_and_held_for_their_block_are_nam
     assert b.held == set()  # ("t", 1) is past its plan, ("t", 0) holds nothing buffered
 
 
+def test_dropping_every_buffer_starts_a_held_blocks_wait_again() -> None:
+    """A new consumer reads the block's partitions again from the commit: their wait starts with it."""
+    b: Batcher[int] = Batcher(BatchPolicy(max_rows=100, max_wait_s=0, replan_wait_s=30))
+    plans = {("t", 0): Plan(0, 1, "g"), ("t", 1): Plan(0, 1, "g")}
+    positions = {("t", 0): 2, ("t", 1): 0}
+    b.add(("t", 0), 0, 0, now=0)
+    b.add(("t", 0), 1, 1, now=0)
+    assert b.take(now=10, plans=plans, positions=positions) == [] and b.held == {("t", 0)}
+    b.drop()
+    assert b.total == 0 and b.held == set()
+    b.add(("t", 0), 0, 0, now=35)
+    b.add(("t", 0), 1, 1, now=35)
+    assert b.take(now=41, plans=plans, positions=positions) == []  # 6 s into its new wait, not 31
+    assert len(b.take(now=71, plans=plans, positions=positions)) == 1
+
+
 def test_a_held_block_does_not_make_every_poll_a_flush() -> None:
     """A planned block waiting for a chunk keeps its buffers: their age must not make the batch due at once
     (every poll a flush of the other partitions, each a tiny block) while it waits."""
