@@ -52,6 +52,7 @@ from areal_metrics.producers.contract.errors import ArealError
 
 log = logging.getLogger("areal.sink")
 _TOPIC_WAIT_S = 30.0  # for every topic's partitions, before joining the group
+_SPLIT = "split:"  # the block a plan names once its chunk was stored alone after a crash
 _OFFSETS_TIMEOUT_MS = 5_000  # the fetch watch's reads of positions and end offsets
 R = TypeVar("R")
 
@@ -458,7 +459,8 @@ class Sink:
                     "alone, its rows the store lacks", first.topic, len(block), token)
         # Their plans now name a block no cut gives: a later retry of them (another crash before the commit,
         # the rest of the block back in this sink) must not take the block for whole and insert it again.
-        self._record_plans({(c.topic, c.partition): Plan(c.first, c.last, f"split:{token}") for c, _ in block})
+        if not token.startswith(_SPLIT):  # once: a second crash here finds them so already
+            self._record_plans({(c.topic, c.partition): Plan(c.first, c.last, _SPLIT + token) for c, _ in block})
         for c, d in block:
             self._store_redone(c, d)
 

@@ -734,3 +734,28 @@ def test_partitions_held_for_a_retried_block_are_paused_until_it_goes_in(
         wait_for(lambda: lag(kafka_bootstrap, topics, again.group, [topics.steps]) == 0, 60, "every row stored")
         assert again.paused == set() and not again.consumer.paused()
         _stored_once(again.client, events + later + slow)
+
+
+def test_chunks_stored_alone_and_interrupted_again_keep_one_split_plan(
+        settings: Settings, kafka_bootstrap: str, topics: Topics) -> None:
+    """A block retried without a partition of it is stored chunk by chunk and its plans re-recorded as split;
+    a second crash before the commit, then a third sink: the plans still name it split once (a prefix per
+    crash grew without bound), and every row is stored once."""
+    from areal_metrics.sinks.schema import BATCH_PLANS
+
+    events = _one_run_over_three_partitions(kafka_bootstrap, topics)
+    _run_until_crash(_CrashingSink(settings, BatchPolicy(max_rows=len(events), max_wait_s=60, idle_s=0),
+                                   "before commit"))
+    store = open_client(Target.parse(settings.clickhouse_url), readonly=False, use_database=False)
+    try:  # the block's plans name a fourth partition too, as a block read in part by this sink does
+        store.command(f"INSERT INTO areal.{BATCH_PLANS} (consumer_group, topic, partition, first_offset, "
+                      f"last_offset, block) SELECT consumer_group, topic, partition, first_offset, last_offset, "
+                      f"concat(block, '+', topic, ':3:0-39') FROM areal.{BATCH_PLANS} FINAL")
+    finally:
+        store.close()
+    _run_until_crash(_CrashingSink(settings, BatchPolicy(replan_wait_s=0), "before commit"))
+    with sink_in_a_thread(settings, BatchPolicy(), stop_merges=True) as again:
+        wait_for(lambda: lag(kafka_bootstrap, topics, again.group, [topics.steps]) == 0, 60, "the retried chunks")
+        _stored_once(again.client, events)
+        plans = load_plans(again.client, "areal", again.group)
+        assert {p.group.count("split:") for tp, p in plans.items() if tp[0] == topics.steps} == {1}
