@@ -126,12 +126,17 @@ def _loop(cfg: TrainConfig, session: Session, reporter: Reporter, summary: Summa
         stats = _train_step(cfg, session, reporter, comm, step)
         rewards.append(stats)
         session.step = step
+        rollbacks = session.rollbacks
         applied = _sync_commands(session, comm, run, clock, step)
         last = step == steps or applied.stop
+        # weights restored by a scale_lr: a full round of them at once, before any update at the new rate, so
+        # the loop and the run's readers see what the rollback brought back (not what the next updates did)
+        restored = session.rollbacks > rollbacks
         reasons = session.eval_schedule.after_step(step, session.data.epoch, session.control.time_due,
                                                    session.control.now)
-        if reasons or (last and cfg.eval_at_end and (not summary.eval_steps or summary.eval_steps[-1] != step)):
-            _evaluate(session, comm, step, force="end of training" if last else None, summary=summary)
+        if reasons or restored or (last and cfg.eval_at_end and (not summary.eval_steps or summary.eval_steps[-1] != step)):
+            force = "end of training" if last else "weights restored" if restored else None
+            _evaluate(session, comm, step, force=force, summary=summary)
         if session.checkpoint_schedule.fire(step, session.data.epoch, session.control.checkpoint_due,
                                             session.control.now) or last:
             session.save()

@@ -182,6 +182,27 @@ def test_a_scale_lr_with_restore_step_puts_back_the_weights_that_round_measured(
     assert [s.values["lr_scale"] for s in rolled.steps] == [1.0, 1.0, 1.0, 0.5]
 
 
+def test_weights_restored_are_evaluated_at_once_in_a_full_round(tmp_path) -> None:
+    """No evaluate_now: the rollback after step 3 makes a round at step 3 by itself (rounds every 2 steps
+    otherwise), of the restored weights: it reads what the round at step 2 read. A factor alone, or a
+    restore of weights the trainer did not keep, makes none."""
+    def run_with(restore_step: int | None) -> CommandedRun:
+        args: dict = {"factor": 0.5} if restore_step is None else {"factor": 0.5, "restore_step": restore_step}
+        run = CommandedRun([[], [], [CommandEvent(run_id="rb", command="scale_lr", args=args)]])
+        cfg = TrainConfig(**SMALL, seed=4, rl_parameters=".", lr=0.05, entropy_coef=0.5, eval_every_steps=2,
+                          eval_at_end=False, two_stage=True, checkpoint_dir=str(tmp_path))
+        train(cfg, "rb", steps=4, open_run=lambda spec: run)
+        return run
+
+    def full_rounds(run: CommandedRun) -> dict[int, list]:
+        return {e["step"]: [s["response"] for s in e["samples"]] for e in run.evals
+                if e["dataset"] == "math_id" and e["stage"] == "full"}
+
+    rolled, plain, unknown = full_rounds(run_with(2)), full_rounds(run_with(None)), full_rounds(run_with(1))
+    assert 3 in rolled and rolled[3] == rolled[2]
+    assert 3 not in plain and 3 not in unknown
+
+
 def test_an_async_run_with_no_scheduled_evaluation_starts_its_process_at_evaluate_now(tmp_path, monkeypatch) -> None:
     from areal_metrics.areal_train.evaluator import Evaluator
 

@@ -13,7 +13,9 @@ Checks (each printed as passed or NOT passed, never hidden); each can fail:
 - the regression run's rollback brought accuracy back: per dataset, its first full round
   after the restore is not significantly below the round whose weights were restored (the
   same prompts every round, so paired over the prompts both rounds decided: an exact sign
-  test, two-sided 5 %); no rollback at all, or no round after it, is not a pass;
+  test, two-sided 5 %); no rollback at all, or no round after it, is not a pass. The reference
+  trainer evaluates restored weights at once, so that round is of the weights the rollback
+  brought back, before any update at the cut rate (a drift at that rate is the next check's);
 - the regression run stays above its loop's threshold after the rollback: no full round of
   the watched dataset since is shown below it (its 95 % interval's upper end below the
   threshold; an outcome of the rollback and the lower rate, not the threshold rule, which cuts
