@@ -60,7 +60,8 @@ class Evaluator:
             self._ensure_process()
 
     def wait_idle(self, timeout: float) -> None:
-        """Wait (up to `timeout` s) until another round would not be skipped: at the end of training."""
+        """Wait (up to `timeout` s) until another round would not be skipped: a forced round (the first, the last, a
+        restore's), so an asynchronous run pauses training for it."""
         deadline = time.monotonic() + timeout
         while self.asynchronous and len(self._pending) >= self.max_pending and time.monotonic() < deadline:
             self.poll(timeout=0.5)

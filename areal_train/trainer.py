@@ -240,7 +240,7 @@ def _evaluate(session: Session, comm: Collective, step: int, force: str | None, 
     cfg = session.cfg
     summary.eval_steps.append(step)
     mismatch = session.check_eval_data()
-    if force is not None:  # the first and the last round are not skipped for a busy evaluator: wait
+    if force is not None:  # the first, the last and a restore's round are not skipped for a busy evaluator: wait
         session.evaluator.wait_idle(timeout=600)
     if comm.any(session.evaluator.busy()):
         why = "skipped: the evaluator is busy with an earlier round"

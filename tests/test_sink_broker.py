@@ -647,6 +647,30 @@ def _one_run_over_three_partitions(kafka_bootstrap: str, topics: Topics) -> list
     return events
 
 
+def _rewrite_plans(settings: Settings, last_offset: str = "last_offset", block: str = "block",
+                   where: str = "1") -> None:
+    """Record the crashed sink's plans again with these expressions, as a rebalance or a slow partition leaves them."""
+    from areal_metrics.sinks.schema import BATCH_PLANS
+
+    store = open_client(Target.parse(settings.clickhouse_url), readonly=False, use_database=False)
+    try:
+        store.command(f"INSERT INTO areal.{BATCH_PLANS} (consumer_group, topic, partition, first_offset, "
+                      f"last_offset, block) SELECT consumer_group, topic, partition, first_offset, {last_offset}, "
+                      f"{block} FROM areal.{BATCH_PLANS} FINAL WHERE {where}")
+    finally:
+        store.close()
+
+
+def _a_crashed_block_read_in_part(settings: Settings, kafka_bootstrap: str, topics: Topics,
+                                  where: str) -> list[StepEvent]:
+    """A sink crashed at its first flush (`where`), its block's plans then naming a fourth partition too, as
+    a block read in part by this sink does (another member reads that partition after a rebalance)."""
+    events = _one_run_over_three_partitions(kafka_bootstrap, topics)
+    _run_until_crash(_CrashingSink(settings, BatchPolicy(max_rows=len(events), max_wait_s=60, idle_s=0), where))
+    _rewrite_plans(settings, block="concat(block, '+', topic, ':3:0-39')")
+    return events
+
+
 def _stored_once(client: Any, events: list[StepEvent]) -> None:
     assert counts(client, final=False)["steps"] == len(events)
     no_duplicate_positions(client)
@@ -678,17 +702,7 @@ def test_a_block_retried_without_a_partition_of_it_stores_each_row_once(
     """A block whose chunks cannot all be cut again by this sink (here: its plans name a fourth partition,
     as when another member of the group reads one after a rebalance): its token cannot be given again, so
     each chunk is stored alone, of its rows those the store does not hold."""
-    from areal_metrics.sinks.schema import BATCH_PLANS
-
-    events = _one_run_over_three_partitions(kafka_bootstrap, topics)
-    _run_until_crash(_CrashingSink(settings, BatchPolicy(max_rows=len(events), max_wait_s=60, idle_s=0), where))
-    store = open_client(Target.parse(settings.clickhouse_url), readonly=False, use_database=False)
-    try:  # the block's plans name a fourth partition too, as a block read in part by this sink does
-        store.command(f"INSERT INTO areal.{BATCH_PLANS} (consumer_group, topic, partition, first_offset, "
-                      f"last_offset, block) SELECT consumer_group, topic, partition, first_offset, last_offset, "
-                      f"concat(block, '+', topic, ':3:0-39') FROM areal.{BATCH_PLANS} FINAL")
-    finally:
-        store.close()
+    events = _a_crashed_block_read_in_part(settings, kafka_bootstrap, topics, where)
     with sink_in_a_thread(settings, BatchPolicy(), stop_merges=True) as again:
         wait_for(lambda: lag(kafka_bootstrap, topics, again.group, [topics.steps]) == 0, 60, "the retried chunks")
         assert again.stats["replanned"] == 3
@@ -706,18 +720,10 @@ def test_partitions_held_for_a_retried_block_are_paused_until_it_goes_in(
     whose plan ends 20 rows past what its log holds yet). Meanwhile they are paused: rows written to them are
     not fetched into a buffer that would only grow. The slow rows come, the block goes in, they are resumed,
     and every row is stored once."""
-    from areal_metrics.sinks.schema import BATCH_PLANS
-
     events = _one_run_over_three_partitions(kafka_bootstrap, topics)
     _run_until_crash(_CrashingSink(settings, BatchPolicy(max_rows=len(events), max_wait_s=60, idle_s=0),
                                    "before insert"))
-    store = open_client(Target.parse(settings.clickhouse_url), readonly=False, use_database=False)
-    try:
-        store.command(f"INSERT INTO areal.{BATCH_PLANS} (consumer_group, topic, partition, first_offset, "
-                      f"last_offset, block) SELECT consumer_group, topic, partition, first_offset, last_offset + 20, "
-                      f"block FROM areal.{BATCH_PLANS} FINAL WHERE partition = 1")
-    finally:
-        store.close()
+    _rewrite_plans(settings, last_offset="last_offset + 20", where="partition = 1")
     with sink_in_a_thread(settings, BatchPolicy(max_wait_s=0.1, replan_wait_s=60), stop_merges=True) as again:
         wait_for(lambda: again.paused == {(topics.steps, 0), (topics.steps, 2)}, 60, "the held partitions paused")
         producer = Producer(kafka_bootstrap, topics)
@@ -741,18 +747,7 @@ def test_chunks_stored_alone_and_interrupted_again_keep_one_split_plan(
     """A block retried without a partition of it is stored chunk by chunk and its plans re-recorded as split;
     a second crash before the commit, then a third sink: the plans still name it split once (a prefix per
     crash grew without bound), and every row is stored once."""
-    from areal_metrics.sinks.schema import BATCH_PLANS
-
-    events = _one_run_over_three_partitions(kafka_bootstrap, topics)
-    _run_until_crash(_CrashingSink(settings, BatchPolicy(max_rows=len(events), max_wait_s=60, idle_s=0),
-                                   "before commit"))
-    store = open_client(Target.parse(settings.clickhouse_url), readonly=False, use_database=False)
-    try:  # the block's plans name a fourth partition too, as a block read in part by this sink does
-        store.command(f"INSERT INTO areal.{BATCH_PLANS} (consumer_group, topic, partition, first_offset, "
-                      f"last_offset, block) SELECT consumer_group, topic, partition, first_offset, last_offset, "
-                      f"concat(block, '+', topic, ':3:0-39') FROM areal.{BATCH_PLANS} FINAL")
-    finally:
-        store.close()
+    events = _a_crashed_block_read_in_part(settings, kafka_bootstrap, topics, "before commit")
     _run_until_crash(_CrashingSink(settings, BatchPolicy(replan_wait_s=0), "before commit"))
     with sink_in_a_thread(settings, BatchPolicy(), stop_merges=True) as again:
         wait_for(lambda: lag(kafka_bootstrap, topics, again.group, [topics.steps]) == 0, 60, "the retried chunks")

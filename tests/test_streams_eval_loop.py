@@ -151,6 +151,23 @@ def test_with_rollback_a_drop_restores_the_round_before_when_it_was_at_or_above_
     assert commands_by_step[32] == [{"factor": pytest.approx(2 ** 0.5), "from_step": 34}]  # third round: no weights
 
 
+def test_the_round_of_restored_weights_at_the_cuts_step_does_not_count_for_the_raise() -> None:
+    """The reference trainer evaluates restored weights at once, at the step the cut applies from: that round
+    replays the good one before any update at the lower rate, so with raise_after_rounds 1 it raises nothing;
+    the next good round does. Without a rollback the round at from_step counts, as before."""
+    for rollback, raised_at in ((True, 11), (False, 10)):
+        cfg = RunConfig(lr_eval_threshold=0.5, lr_rollback=rollback, no_improvement_rounds=0, lr_apply_delay_steps=2,
+                        lr_raise_after_rounds=1, lr_restore_margin=0.0)
+        state, _, commands = on_consensus(EvalLoopState(), cons(0, 0.9), cfg)
+        state, _, commands = on_consensus(state, cons(8, 0.1), cfg)
+        assert commands[0].args["from_step"] == 10
+        raises = []
+        for step in (10, 11):
+            state, _, commands = on_consensus(state, cons(step, 0.9), cfg)
+            raises += [step for c in commands if c.args["factor"] > 1]
+        assert raises == [raised_at]
+
+
 def test_rollback_restores_the_latest_round_shown_good_also_when_the_drop_is_found_a_round_late() -> None:
     cfg = RunConfig(lr_eval_threshold=0.5, lr_rollback=True, no_improvement_rounds=0)
     state, restored = EvalLoopState(), {}

@@ -317,7 +317,8 @@ def regression_checks(store: Any, runs: list[str], stored: Stored | None = None)
             rounds.setdefault(dataset, {})[int(step)] = (eval_id, float(accuracy), interval[1])
             replicas[eval_id] = int(n_replicas)
         label = f"{run}: its rollback brought accuracy back (weights of step {restored} restored, lr cut from step {since})"
-        # the rounds at the cut rate on the restored weights: at or after from_step, past the restored round
+        # the rounds on the restored weights: at or after from_step, past the restored round (the first, in the
+        # reference trainer, of the restored weights themselves; the rest at the cut rate)
         later = {d: sorted(s for s in by_step if s >= since and s > restored) for d, by_step in rounds.items()}
         if not rounds or any(restored not in rounds[d] or not later[d] for d in rounds):
             out.append((False, f"{label}: NOT: no full round of the restored step and one after it for every dataset"))

@@ -265,7 +265,11 @@ def _threshold_rule(
     state, command = _drop(state, c, why, cfg, rollback)
     floor = "" if command is not None else f"; lr already at its floor x{state.factor:.4g}"
     if command is not None:
-        state = replace(state, lowered_from=int(command.args["from_step"]), steady=0, locked_in=locked,
+        # a cut that restores weights: the round at its from_step is (in the reference trainer, which evaluates
+        # restored weights at once) of the restored weights, before any update at the lower rate: not evidence
+        # of that rate, so the rounds counted for the raise start after it
+        lowered_from = int(command.args["from_step"]) + (1 if "restore_step" in command.args else 0)
+        state = replace(state, lowered_from=lowered_from, steady=0, locked_in=locked,
                         ceiling=min(state.ceiling, before * math.sqrt(cfg.lr_factor)))
     return state, [_alert("eval_below_threshold", c, why + floor, c.accuracy, threshold)], (
         [command] if command is not None else [])
