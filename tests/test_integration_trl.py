@@ -199,7 +199,8 @@ def test_scale_lr_with_a_rollback_reaches_grpo_from_its_step(areal_env: dict[str
                                                               tmp_path: Path, sink) -> None:
     """`scale_lr` {factor 0.5, from_step 6, restore_step 5} published on the control topic while GRPO trains
     with a linear schedule and save_steps=2: the lr TRL logs is the same schedule's (a run without the command)
-    before step 6 and exactly half of it from step 6 on; the weights before update 6 are checkpoint-4's."""
+    before step 6 and exactly half of it from step 6 on; the weights before update 6 are checkpoint-4's, and
+    they are evaluated at once."""
     from safetensors.torch import load_file
     from transformers import TrainerCallback
 
@@ -236,6 +237,9 @@ def test_scale_lr_with_a_rollback_reaches_grpo_from_its_step(areal_env: dict[str
     assert any(not torch_equal(probe.after_update[k], v) for k, v in saved.items())  # update 5 moved them
     for name, value in saved.items():
         assert torch_equal(probe.next_begin[name], value), name  # and the rollback put checkpoint-4's back
+    # the weights put back are evaluated at once, before update 6 (eval_steps 1000: no other round)
+    evaluated = [e["step"] for e in trainer.state.log_history if "eval_reward" in e]
+    assert evaluated[:1] == [5] and not [e for e in base.state.log_history if "eval_reward" in e and e["step"] == 5]
     run.finish()
 
 

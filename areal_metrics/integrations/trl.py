@@ -18,7 +18,8 @@
   on); its `restore_step` from the weights kept at the last `keep_rounds`
   evaluations (host memory; cheap with LoRA), else from the newest
   `checkpoint-N` of `output_dir` with N <= the step (`save_steps`), else the
-  factor alone and a warning saying why. `evaluate_now` ->
+  factor alone and a warning saying why; weights put back are evaluated at once
+  (when the trainer has an `eval_strategy`), before the next update. `evaluate_now` ->
   `control.should_evaluate` (when the trainer has an `eval_strategy`: an
   evaluation without an eval dataset would raise), `stop` ->
   `control.should_training_stop`, `set_eval_interval` -> `state.eval_steps`;
@@ -258,7 +259,9 @@ class ArealMetricsCallback(TrainerCallback):
             return
         # the boundary before update global_step + 1: its lr (HF logs the lr an update used) is the scaled one
         due = applier.at_step(state.global_step + 1)
-        if due.evaluate:
+        # evaluate_now; and weights a rollback put back, evaluated before any update at the new rate (as the
+        # reference trainer does): the loop and the run's readers see what the rollback brought back
+        if due.evaluate or (due.restored_step is not None and _eval_strategy(args) != "no"):
             control.should_evaluate = True
         if due.eval_interval is not None and _eval_strategy(args) == "steps":
             state.eval_steps = due.eval_interval
