@@ -8,8 +8,8 @@ partitions the sink fetches with their end offsets; a partition behind its end a
 in a row, at the same position, while the sink polled for at least `min_poll_s` in between
 (a store outage holds the loop, not the fetcher; at most half of `stall_s`), is stalled, and the sink makes a new
 consumer (sinks/sink.py): `stall_s` to twice that after the stall began, while the loop polls and the
-offsets can be read. The sink does not check during a
-rebalance (positions stand still until its assignment). Not seen: a stalled partition of a sink so busy with
+offsets can be read. The sink does not check during a rebalance (positions stand still until its
+assignment), unless it outlasts the group's rebalance timeout: a join that does not complete. Not seen: a stalled partition of a sink so busy with
 the others that it spends less than `min_poll_s` of `stall_s` in poll(). Pure: the sink hands it the offsets
 and the time it spent polling.
 """
@@ -61,6 +61,15 @@ class FetchWatch(Generic[P]):
         self._checked_at = now
         self._polled_s = 0.0
         return stalled
+
+    def rebalance_stuck(self, now: float, since: float, bound_s: float) -> bool:
+        """A rebalance under way since `since`: positions stand still until its assignment, so nothing is judged
+        (and the watch starts again) unless it has lasted past `bound_s` (the group's rebalance timeout, past
+        which the coordinator completes it without the members that did not join: this one is stuck)."""
+        if self.stall_s == 0 or now - since <= bound_s:
+            self.reset(now)
+            return False
+        return True
 
     def forget(self, partitions: set[P]) -> None:
         """Judge these afresh (resumed after a pause: standing still until then was on purpose)."""

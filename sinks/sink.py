@@ -53,6 +53,9 @@ from areal_metrics.producers.contract.errors import ArealError
 log = logging.getLogger("areal.sink")
 _TOPIC_WAIT_S = 30.0  # for every topic's partitions, before joining the group
 _SPLIT = "split:"  # the block a plan names once its chunk was stored alone after a crash
+# the sink's max_poll_interval_ms, which is also its rebalance timeout: how long the coordinator waits for a
+# member to join a rebalance (a sink retrying its insert through a store outage polls no more)
+_REBALANCE_TIMEOUT_MS = 600_000
 _OFFSETS_TIMEOUT_MS = 5_000  # the fetch watch's reads of positions and end offsets
 R = TypeVar("R")
 
@@ -107,6 +110,7 @@ class Sink:
         self.batcher: Batcher[Any] = Batcher(policy)
         self.revoked: set[TopicPartition] = set()  # by a rebalance under way: dropped unless assigned again
         self.paused: set[TopicPartition] = set()  # by the sink itself (`_pause_held`), not fetched on purpose
+        self.rebalance_since: float | None = None  # when the rebalance under way began (`revoked`)
         self._replacing = False  # a flush before the consumer is replaced: its commit is tried once
         self.uncommitted: dict[Any, Any] = {}  # stored offsets a rebalance kept us from committing yet
         self.plans: dict[TopicPartition, Plan] = {}
@@ -177,11 +181,14 @@ class Sink:
             # the batcher skips the offsets it already holds. Only what went elsewhere is dropped.
             def on_partitions_revoked(self, revoked: Any) -> None:
                 sink.revoked |= {(tp.topic, tp.partition) for tp in revoked}
+                if sink.rebalance_since is None:
+                    sink.rebalance_since = time.monotonic()
 
             def on_partitions_assigned(self, assigned: Any) -> None:
                 kept = set(assigned)
                 sink.batcher.drop(sink.revoked - {(tp.topic, tp.partition) for tp in kept})
                 sink.revoked = set()
+                sink.rebalance_since = None
                 # what went elsewhere is its new owner's to commit (it re-reads from our last commit)
                 sink.uncommitted = {tp: o for tp, o in sink.uncommitted.items() if tp in kept}
                 try:
@@ -202,7 +209,7 @@ class Sink:
             client_id="areal-sink",
             enable_auto_commit=False,  # offsets are committed after the insert, by hand
             auto_offset_reset="earliest",
-            max_poll_interval_ms=600_000,  # a long store outage must not look like a dead consumer
+            max_poll_interval_ms=_REBALANCE_TIMEOUT_MS,  # a long store outage must not look like a dead consumer
             # static membership: a sink restarted after a crash takes its old place at
             # once instead of waiting for the dead member's session to expire
             group_instance_id=self.instance_id,
@@ -243,8 +250,12 @@ class Sink:
 
     def _watch_fetching(self, now: float) -> None:
         """A new consumer when this one stopped fetching partitions with records to read (sinks/fetch_watch.py)."""
-        if self.revoked:  # a rebalance under way: positions stand still until its assignment, whatever it takes
-            self.watch.reset(now)
+        if self.revoked:  # a rebalance under way: positions stand still until its assignment
+            since = now if self.rebalance_since is None else self.rebalance_since
+            if self.watch.rebalance_stuck(now, since, _REBALANCE_TIMEOUT_MS / 1000 + self.watch.stall_s):
+                log.warning("the consumer has been in a rebalance for %.0f s, past the group's rebalance timeout "
+                            "(a join that does not complete); making a new one", now - since)
+                self._replace_consumer()
             return
         try:
             # a partition the sink paused is not fetched on purpose (one a rebalance gave back fresh is)
@@ -283,6 +294,8 @@ class Sink:
         except Exception as exc:  # noqa: BLE001 - the new member fences the old one anyway
             log.warning("closing the stalled consumer: %s", exc)
         self.consumer = None
+        # nothing is buffered, and the old member's rebalance (its close revokes) is not the new one's
+        self.revoked, self.rebalance_since = set(), None
         self.consumer = self._until_kafka_answers(self._new_consumer)
         self.stats["new_consumers"] += 1
         self.watch.reset(time.monotonic())

@@ -71,6 +71,21 @@ def test_a_partition_resumed_after_a_pause_is_judged_afresh() -> None:
     assert w.check(60.0, {"a": 5, "b": 5}, {"a": 10, "b": 10}) == {"b"}
 
 
+def test_a_rebalance_is_not_judged_until_it_outlasts_the_groups_rebalance_timeout() -> None:
+    """Positions stand still in a rebalance: nothing is judged, and the sightings before it are forgotten;
+    one that lasts past the bound (the coordinator completes it by then without whoever did not join) is
+    a join that does not complete."""
+    w = watch_at()
+    w.polled(30.0)
+    w.check(30.0, {"a": 5}, {"a": 10})
+    assert not w.rebalance_stuck(60.0, since=40.0, bound_s=630.0)
+    w.polled(30.0)
+    assert w.check(90.0, {"a": 5}, {"a": 10}) == set()  # the sighting before the rebalance was forgotten
+    assert not w.rebalance_stuck(670.0, since=40.0, bound_s=630.0)
+    assert w.rebalance_stuck(671.0, since=40.0, bound_s=630.0)
+    assert not FetchWatch(0.0).rebalance_stuck(1e6, since=0.0, bound_s=630.0)  # 0: never
+
+
 def test_stall_zero_never_watches_and_negative_bounds_are_refused() -> None:
     w: FetchWatch[str] = FetchWatch(0.0)
     assert not any(w.due(t) for t in (0.0, 1e6, 1e9))

@@ -383,7 +383,8 @@ def test_a_rebalance_that_waits_for_a_slow_member_is_not_taken_for_a_stalled_con
         # Not asserted: that the rebalance then completes within a minute. In one CI run under load the sink,
         # which had revoked its partitions in a second rebalance right after the first (the leader's metadata
         # lacked the other member's topic), was not assigned again within 60 s of the slow member leaving:
-        # a join that does not complete, which the watch does not judge (docs/RELIABILITY.md).
+        # a join that does not complete; the sink replaces its consumer only past the group's rebalance timeout
+        # (600 s; docs/RELIABILITY.md).
 
 
 def test_the_end_of_a_burst_is_stored_without_waiting_out_max_wait(settings: Settings, kafka_bootstrap: str,
