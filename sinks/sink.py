@@ -356,6 +356,8 @@ class Sink:
         """Pause the partitions the batcher holds read to their planned chunk's end (after a crash, while the
         rest of their block is read again, at most AREAL_SINK_REPLAN_WAIT_MS): what they would fetch meanwhile
         only grows their buffers, and buffers past max_rows make every poll a flush. Resumed once cut."""
+        if not self.batcher.held and not self.paused:  # the usual flush: nothing to pause or resume
+            return
         assigned = {(tp.topic, tp.partition): tp for tp in self.consumer.assignment()}
         held = {assigned[k] for k in self.batcher.held if k in assigned}
         pause = held - set(self.consumer.paused())
