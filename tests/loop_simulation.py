@@ -15,8 +15,10 @@ processor); nothing of the decision code is re-implemented here. One honest node
 (nodes 1, the long runs) skips the vote, whose per-sample work is most of a round's time: its
 consensus is `one_node_consensus`, what the vote makes of one node's verdicts
 (tests/test_streams_loop_simulation.py holds the two equal), fed to the loop's `on_consensus`.
-`World(fixed=False)` draws
-fresh prompts and noise every round (independent rounds: the old simulation's world).
+A cut that restores weights is followed by a round of those weights at the cut's from_step, as
+the reference trainer and TRL's callback evaluate them (`World.evaluates_restored`; AReaL does not).
+`World(fixed=False)` draws fresh prompts and noise every round (independent rounds: the old
+simulation's world).
 
     .venv/bin/python -m tests.loop_simulation [RUNS] [all|rates|rollback|tradeoff|issue|set]   # docs/STREAMS.md's tables
 """
@@ -57,6 +59,9 @@ class World:
     nodes: int = 1  # ranks sharing the round (shard_nodes)
     replicas: int = 1
     faulty: int | None = None  # a node whose grader returns 0 for everything
+    # the trainer evaluates weights a rollback restored at once, at the cut's from_step, before any update at
+    # the lower rate (the reference trainer; TRL's callback with an eval_strategy); AReaL does not
+    evaluates_restored: bool = True
 
 
 INDEPENDENT = World(prompts=512, per_prompt=1, spread=0.0, fixed=False)  # 512 independent samples a round
@@ -79,9 +84,12 @@ class _Kind:  # what run_once reads of an output event, for the rounds that skip
 class RunLog:
     threshold_cuts: tuple[int, ...]  # rounds with an eval_below_threshold
     plateau: tuple[int, ...]  # rounds with a no_improvement
-    restored: tuple[tuple[int, int], ...] = ()  # (round of a cut, round whose weights it named)
-    raises: tuple[int, ...] = ()  # rounds with a raising scale_lr
+    restored: tuple[tuple[int, int], ...] = ()  # (round of a cut, round whose weights it named: a restored
+    # round's step names the weights it restored)
+    raises: tuple[int, ...] = ()  # rounds with a raising scale_lr (a restored round's: its cut's round)
     undecided: int = 0  # rounds with undecided samples
+    restored_rounds: int = 0  # rounds of restored weights evaluated (World.evaluates_restored)
+    raises_on_restored: int = 0  # raises a restored round made (the raise rule does not count it: 0)
 
 
 _NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(24)  # E over N(0, 1): sum(w f(x)) / sqrt(2 pi)
@@ -118,26 +126,28 @@ class Evaluation:
         self.offsets = self.rng.normal(0.0, w.spread, w.prompts) if w.spread > 0 else np.zeros(w.prompts)
         self.noise = self.rng.random((w.prompts, w.per_prompt))
 
-    def verdicts(self, mu: float) -> np.ndarray:
+    def verdicts(self, mu: float, jitter: bool = True) -> np.ndarray:
+        """The round's prompt x sample verdicts at the path's `mu`; `self.realized` is its true accuracy
+        (the jittered mu). `jitter=False` evaluates weights seen before: their true accuracy as it was."""
         if not self.world.fixed:
             self._draw()
-        if self.world.jitter > 0:
+        if jitter and self.world.jitter > 0:
             mu += self.rng.normal(0.0, self.world.jitter)
+        self.realized = mu
         p = solve_rates(mu, self.offsets, self.world.spread)
         return (self.noise < p[:, None]).astype(int)
 
-    def events(self, r: int, mu: float) -> list[EvalEvent]:
+    def events(self, table: np.ndarray, step: int, eval_id: str) -> list[EvalEvent]:
         w, k = self.world, self.world.per_prompt
-        table = self.verdicts(mu)
         out = []
         for node, prompts in enumerate(self.shards):
             ids = [i * k + j for i in prompts for j in range(k)]
             verdicts = [0 if node == w.faulty else int(table[i, j]) for i in prompts for j in range(k)]
-            out.append(EvalEvent(run_id="sim", node=f"n{node}", eval_id=f"e{r}", step=INTERVAL * r, dataset="math500",
+            out.append(EvalEvent(run_id="sim", node=f"n{node}", eval_id=eval_id, step=step, dataset="math500",
                                  stage="full", accuracy=sum(verdicts) / len(verdicts), verdicts=verdicts,
                                  replicas=w.replicas, shard_nodes=w.nodes if w.nodes > w.replicas else None,
                                  sample_ids=ids if w.nodes > 1 else None,
-                                 metrics={"samples_per_prompt": float(k)}, ts=float(r), event_id=f"e{r}-{node}"))
+                                 metrics={"samples_per_prompt": float(k)}, ts=float(step), event_id=f"{eval_id}-{node}"))
         return out
 
 
@@ -150,13 +160,13 @@ def _interval(per_prompt: int, sums: tuple[int, ...]) -> tuple[float, float, flo
     return (interval_n(clusters), *proportion_interval(clusters))
 
 
-def one_node_consensus(r: int, table: np.ndarray) -> Consensus:
+def one_node_consensus(step: int, eval_id: str, table: np.ndarray) -> Consensus:
     """The consensus the vote gives one node's round (prompt x sample verdicts): the accuracy, its
     effective size over the prompts' clusters and the vote's interval on them (statistics.proportion_interval)."""
     n = table.size
     accuracy = float(table.sum()) / n
     n_eff, low, high = _interval(table.shape[1], tuple(sorted(table.sum(axis=1).tolist())))
-    return Consensus(key=RoundKey("sim", f"e{r}", "math500", "full", 0), step=INTERVAL * r, accuracy=accuracy,
+    return Consensus(key=RoundKey("sim", eval_id, "math500", "full", 0), step=step, accuracy=accuracy,
                      response_length=None, votes=1, replicas=1, agreement=1.0, dissenters=(), n_samples=n,
                      ci_low=low, ci_high=high, n_effective=n_eff)
 
@@ -164,40 +174,92 @@ def one_node_consensus(r: int, table: np.ndarray) -> Consensus:
 def run_once(path: Sequence[float] | Callable[[int, float, bool], float], rng: np.random.Generator,
              cfg: RunConfig = CFG, world: World = PRODUCT, rounds: int | None = None) -> RunLog:
     """One run. `path` is the true accuracy per round, or a trainer: (round, cumulative lr factor,
-    weights restored since its last call) -> the true accuracy of that round."""
-    state = RunState("sim")
+    weights restored since its last call) -> the true accuracy of that round. A cut that restores
+    weights is followed, in a world whose trainer `evaluates_restored`, by a round of those weights at
+    the cut's from_step: the restored round's true accuracy as it was, on the same set (so, in the fixed
+    world, that round's very verdicts)."""
+    state, loop = RunState("sim"), EvalLoopState()
     ev = Evaluation(world, rng)
-    cuts, plateau, restored, raises, undecided = [], [], [], [], 0
+    log = _Log()
     factor, restore = 1.0, False
+    realized: dict[int, float] = {}  # round -> its true accuracy, jitter included
+    weights: dict[int, int] = {}  # evaluated step -> the round whose weights it evaluated
     n = len(path) if not callable(path) else rounds or 20
-    loop = EvalLoopState()
     for r in range(n):
         mu = path(r, factor, restore) if callable(path) else path[r]
-        restore = False
-        if world.nodes == 1 and world.faulty is None:
-            loop, alerts, commands = on_consensus(loop, one_node_consensus(r, ev.verdicts(mu)), cfg)
-            outs = [[_Kind("alert", a.kind) for a in alerts] + [_Kind("command", d.command, d.args) for d in commands]]
-        else:
-            outs = []
-            for e in ev.events(r, mu):
-                state, out = on_eval(state, e, float(r), cfg)
-                outs.append([o.event for o in out])
+        table = ev.verdicts(mu)
+        realized[r], weights[INTERVAL * r] = ev.realized, r
+        state, loop, outs = _round(state, loop, ev, table, INTERVAL * r, f"e{r}", float(r), cfg)
+        scale = log.record(r, outs, weights)
+        factor, restore = factor * scale.factor, scale.restore_step is not None
+        if restore and world.evaluates_restored:
+            named = weights[scale.restore_step]
+            weights[scale.from_step] = named
+            table = ev.verdicts(realized[named], jitter=False)
+            state, loop, outs = _round(state, loop, ev, table, scale.from_step, f"e{r}-restored", r + 0.5, cfg)
+            log.restored_rounds += 1
+            log.raises_on_restored += len(log.record(r, outs, weights).raises)
+    return log.freeze()
+
+
+@dataclass
+class _Scale:  # what a round's scale_lr commands did
+    factor: float = 1.0
+    from_step: int = 0
+    restore_step: int | None = None
+    raises: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclass
+class _Log:
+    cuts: list[int] = dataclasses.field(default_factory=list)
+    plateau: list[int] = dataclasses.field(default_factory=list)
+    restored: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    raises: list[int] = dataclasses.field(default_factory=list)
+    undecided: int = 0
+    restored_rounds: int = 0
+    raises_on_restored: int = 0
+
+    def record(self, r: int, outs: list[list], weights: dict[int, int]) -> _Scale:
+        scale = _Scale()
         for out in outs:
             for o in out:
                 if o.type == "alert" and o.kind == "eval_below_threshold":
-                    cuts.append(r)
+                    self.cuts.append(r)
                 elif o.type == "alert" and o.kind == "no_improvement":
-                    plateau.append(r)
+                    self.plateau.append(r)
                 elif o.type == "eval_consensus" and o.n_undecided:
-                    undecided += 1
+                    self.undecided += 1
                 elif o.type == "command" and o.command == "scale_lr":
-                    factor *= o.args["factor"]
+                    scale.factor *= o.args["factor"]
+                    scale.from_step = int(o.args["from_step"])
                     if o.args["factor"] > 1:
-                        raises.append(r)
+                        self.raises.append(r)
+                        scale.raises.append(r)
                     if "restore_step" in o.args:
-                        restored.append((r, o.args["restore_step"] // INTERVAL))
-                        restore = True
-    return RunLog(tuple(cuts), tuple(plateau), tuple(restored), tuple(raises), undecided)
+                        self.restored.append((r, weights[int(o.args["restore_step"])]))
+                        scale.restore_step = int(o.args["restore_step"])
+        return scale
+
+    def freeze(self) -> RunLog:
+        return RunLog(tuple(self.cuts), tuple(self.plateau), tuple(self.restored), tuple(self.raises), self.undecided,
+                      self.restored_rounds, self.raises_on_restored)
+
+
+def _round(state: RunState, loop: EvalLoopState, ev: Evaluation, table: np.ndarray, step: int, eval_id: str,
+           now: float, cfg: RunConfig) -> tuple[RunState, EvalLoopState, list[list]]:
+    """One round's verdicts through the worker's code: each node's event through `on_eval` (the vote),
+    or one honest node's consensus straight into the loop."""
+    world = ev.world
+    if world.nodes == 1 and world.faulty is None:
+        loop, alerts, commands = on_consensus(loop, one_node_consensus(step, eval_id, table), cfg)
+        return state, loop, [[_Kind("alert", a.kind) for a in alerts]
+                             + [_Kind("command", d.command, d.args) for d in commands]]
+    outs = []
+    for e in ev.events(table, step, eval_id):
+        state, out = on_eval(state, e, now, cfg)
+        outs.append([o.event for o in out])
+    return state, loop, outs
 
 
 def simulate(runs: int, seed: int, path, cfg: RunConfig = CFG, world: World = PRODUCT,
@@ -306,10 +368,19 @@ def rate_rows(runs: int, seed: int = 27) -> Iterator[tuple[str, tuple[float, flo
              for i in range(few)]
     yield "trainer collapsing at x1.0 (3 ranks at 2 replicas, rollback): at most 1 cut and 1 raise in 20 rounds", share(
         cycle, lambda log: len(log.threshold_cuts) <= 1 and len(log.raises) <= 1)
+    yield ("trainer collapsing at x1.0: every raise after lr_raise_after_rounds (3) rounds at the lower rate, the "
+           "restored weights' round not among them"), share(cycle, raised_after_rounds_at_lower_rate)
     harsh = [run_once(collapsing_trainer(0.6), np.random.default_rng(seed + 9 + i), ROLLBACK, PRODUCT, 20)
              for i in range(few)]
     yield "trainer collapsing above x0.5: at most 2 cuts and 1 raise in 20 rounds", share(
         harsh, lambda log: len(log.threshold_cuts) <= 2 and len(log.raises) <= 1)
+
+
+def raised_after_rounds_at_lower_rate(log: RunLog, cfg: RunConfig = ROLLBACK) -> bool:
+    """Every raise came `lr_raise_after_rounds` ordinary rounds or more after the cut before it: a round of
+    restored weights (evaluated before any update at the lower rate) is no evidence of that rate."""
+    return log.raises_on_restored == 0 and all(
+        raise_ - max(c for c in log.threshold_cuts if c < raise_) >= cfg.lr_raise_after_rounds for raise_ in log.raises)
 
 
 TRADE_ALPHAS = (0.05, 0.10, 0.20, 0.30)
@@ -348,17 +419,22 @@ SLIDE = [GOOD] * 20 + [0.27] + [0.10] * 3  # a slide whose first round under 0.3
 
 def rollback_rates(runs: int, seed: int = 60) -> dict[str, tuple[float, float]]:
     """Which weights a cut names (rollback on; the product world, one node): a round whose true
-    accuracy was at or above the threshold (good), or one that was not (bad)."""
+    accuracy was at or above the threshold (good), or one that was not (bad); with a trainer that
+    evaluates restored weights at once (the reference trainer, TRL) and with one that does not (AReaL).
+    The paths ignore the rollback (the policy collapses again): every later cut must name good weights."""
     out: dict[str, tuple[float, float]] = {}
-    for name, path in (("collapse 0.40 -> 0.10 after 20 rounds", COLLAPSE),
-                       ("slide 0.40 -> 0.27 -> 0.10 after 20 rounds", SLIDE)):
-        good = {r for r, mu in enumerate(path) if mu >= THRESHOLD}
-        logs = simulate(runs, seed, path, ROLLBACK, ONE_NODE)
-        out[f"rollback, {name}: the cut names a good round"] = share(
-            logs, lambda log: any(r in good for _, r in log.restored))
-        out[f"rollback, {name}: the cut names a round under the threshold"] = share(
-            logs, lambda log: any(r not in good for _, r in log.restored))
-        seed += 1
+    for trainer, world in (("", ONE_NODE), (", restored weights not evaluated",
+                                            dataclasses.replace(ONE_NODE, evaluates_restored=False))):
+        for name, path in (("collapse 0.40 -> 0.10 after 20 rounds", COLLAPSE),
+                           ("slide 0.40 -> 0.27 -> 0.10 after 20 rounds", SLIDE)):
+            good = {r for r, mu in enumerate(path) if mu >= THRESHOLD}
+            logs = simulate(runs, seed, path, ROLLBACK, world)
+            out[f"rollback{trainer}, {name}: the cut names a good round"] = share(
+                logs, lambda log: any(r in good for _, r in log.restored))
+            out[f"rollback{trainer}, {name}: the cut names a round under the threshold"] = share(
+                logs, lambda log: any(r not in good for _, r in log.restored))
+            seed += 1
+        seed -= 2  # the same runs' seeds in both trainers
     return out
 
 

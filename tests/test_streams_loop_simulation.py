@@ -24,14 +24,12 @@ def test_the_shortcut_for_one_node_is_what_the_vote_makes_of_its_round() -> None
     ev = sim.Evaluation(sim.World(jitter=0.02), np.random.default_rng(3))
     for r, mu in enumerate((0.3, 0.45, 0.1)):
         table = ev.verdicts(mu)
-        direct = sim.one_node_consensus(r, table)
-        ev.verdicts = lambda _mu, t=table: t  # the same table through the vote
-        [event] = ev.events(r, mu)
+        direct = sim.one_node_consensus(10 * r, f"e{r}", table)
+        [event] = ev.events(table, 10 * r, f"e{r}")  # the same table through the vote
         _, out = on_eval(RunState("sim"), event, 0.0, sim.CFG)
         voted = next(o.event for o in out if o.event.type == "eval_consensus")
         assert (voted.accuracy, voted.n_samples) == (direct.accuracy, direct.n_samples)
         assert (voted.ci_low, voted.ci_high) == pytest.approx((direct.ci_low, direct.ci_high))
-        del ev.verdicts
 
 
 def at_least(rate_: float, target: float, runs: int) -> bool:
@@ -145,6 +143,9 @@ def test_no_rollback_cycle_with_a_trainer_that_collapses_at_the_full_rate() -> N
             for i in range(6)]
     assert all(len(log.threshold_cuts) <= 1 and len(log.raises) <= 1 for log in logs)
     assert all(len(log.threshold_cuts) == 1 and log.restored for log in logs)  # the collapse was cut and rolled back
+    # the trainer evaluated the restored weights at once; the raise waited for 3 rounds at the lower rate after it
+    assert all(log.restored_rounds == 1 and log.raises for log in logs)
+    assert all(sim.raised_after_rounds_at_lower_rate(log) for log in logs)
     # a trainer that collapses at any rate above the cut one: one raise, then the lower rate stays
     logs = [sim.run_once(sim.collapsing_trainer(0.6), np.random.default_rng(50 + i), sim.ROLLBACK, sim.PRODUCT, 20)
             for i in range(6)]
@@ -158,6 +159,9 @@ def test_the_rollback_names_good_weights_and_not_the_round_under_the_threshold()
     assert rates["rollback, slide 0.40 -> 0.27 -> 0.10 after 20 rounds: the cut names a good round"][0] >= 0.90
     assert rates["rollback, slide 0.40 -> 0.27 -> 0.10 after 20 rounds: the cut names a round under the "
                  "threshold"][0] <= 0.05
+    # the paths collapse again after the rollback: the cut after a round of restored weights names those weights
+    logs = sim.simulate(5, 60, sim.COLLAPSE, sim.ROLLBACK, sim.ONE_NODE)
+    assert all(len(log.threshold_cuts) >= 2 and {r for _, r in log.restored} == {19} for log in logs)
 
 
 def test_a_higher_alpha_buys_the_product_world_power_with_false_cuts() -> None:
