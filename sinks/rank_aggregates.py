@@ -40,8 +40,11 @@ buckets, not of their 64 steps each: the same granules read, half the CPU at 10M
 
 from __future__ import annotations
 
+from typing import Any
+
 from areal_metrics.producers.contract.rank_rules import BUCKET_STEPS, SUMMED, memory_sql
 from areal_metrics.sinks.schema import TABLES_BY_NAME, SchemaOptions, of_chosen_runs
+from areal_metrics.sinks.step_means import StepRow
 
 RANK_AGGREGATES = "rank_aggregates"
 RANK_AGGREGATES_MV = "rank_aggregates_mv"
@@ -235,3 +238,32 @@ def coarse_migration_statements(o: SchemaOptions) -> list[str]:
 def drop_statements(o: SchemaOptions) -> list[str]:
     return [*o.drop_view_and_table(RANK_AGGREGATES_COARSE_MV, RANK_AGGREGATES_COARSE),
             *o.drop_view_and_table(RANK_AGGREGATES_MV, RANK_AGGREGATES)]
+
+
+def counted(client: Any, database: str, rows: set[StepRow]) -> set[StepRow]:
+    """Of these step rows, those both levels have counted: their step's bit in their fine bucket's
+    `step_bits`, and in their coarse bucket's word for that fine bucket (on any node)."""
+    if not rows:
+        return set()
+    runs = sorted({r[0] for r in rows})
+
+    def bits(table: str, words: tuple[str, ...], per_bucket: int) -> dict[tuple[str, int, int, int], tuple[int, ...]]:
+        cols = ", ".join(f"groupBitOr({w})" for w in words)
+        result = client.query(
+            f"SELECT run_id, rank, attempt, bucket, {cols} FROM {database}.{table} WHERE run_id IN "
+            "{runs:Array(String)} AND bucket IN {buckets:Array(UInt64)} GROUP BY run_id, rank, attempt, bucket",
+            parameters={"runs": runs, "buckets": sorted({r[2] // per_bucket for r in rows})})
+        return {(run, int(rank), int(attempt), int(bucket)): tuple(int(w) for w in ws)
+                for run, rank, attempt, bucket, *ws in result.result_rows}
+
+    fine = bits(RANK_AGGREGATES, ("step_bits",), BUCKET_STEPS)
+    coarse_steps = BUCKET_STEPS * COARSE_BUCKETS
+    coarse = bits(RANK_AGGREGATES_COARSE, _WORDS, coarse_steps)
+
+    def has(run: str, attempt: int, step: int, rank: int) -> bool:
+        bit = 1 << (step % BUCKET_STEPS)
+        word = fine.get((run, rank, attempt, step // BUCKET_STEPS), (0,))[0]
+        words = coarse.get((run, rank, attempt, step // coarse_steps), (0,) * COARSE_BUCKETS)
+        return bool(word & bit) and bool(words[(step // BUCKET_STEPS) % COARSE_BUCKETS] & bit)
+
+    return {r for r in rows if has(*r)}

@@ -498,20 +498,22 @@ class Sink:
     def _store_redone(self, c: Chunk[Any], d: Decoded) -> None:
         """A chunk of a recorded plan, cut again after a crash: stored alone, of its rows those the store lacks."""
         token = dedup_token(c.topic, c.partition, c.first, c.last)
-        stored, failed = self._store(f"{c.topic}[{c.partition}]", d.rows, token, retried=True)
+        # its block went in (or not) under a token no insert gives again: its views may lack what its table holds
+        stored, failed = self._store(f"{c.topic}[{c.partition}]", d.rows, token, retried=True, views_may_lack=True)
         self.stats["rows"] += stored
         self.stats["chunks"] += 1
         if failed:
             d.dead_letters.extend(self._unstored(c, failed, token, retried=True))
 
     def _store(self, label: str, rows: list[Located], token: str, retried: bool = False,
-               ) -> tuple[int, list[tuple[Located, DataError]]]:
+               views_may_lack: bool = False) -> tuple[int, list[tuple[Located, DataError]]]:
         """Insert `rows` as one block with `token`, bisected on a data error (`isolate`): (rows stored, rows that
         failed alone). `retried`: the rows of a chunk cut again after a crash, which may have been stored before
         in a block with other partitions' chunks (whose token a new cut cannot give again), in part (ClickHouse
         records a block's token before its part is visible), or not at all. So the store is asked which of them
         it holds, and only the others are inserted (`insert_missing`), under a token of this retry's, the same
-        across its own retries and bisections."""
+        across its own retries and bisections. `views_may_lack`: a chunk of a block stored in part, whose rows
+        the aggregates may lack though their table holds them (`insert_missing`)."""
         if not retried:
             return isolate(rows, token, lambda part, t: self._insert(label, part, t))
         restored = 0
@@ -519,7 +521,8 @@ class Sink:
         def insert_missing_of(part: Sequence[Located], t: str) -> int:
             nonlocal restored
             restored += self._retry(f"storing the retried batch {label}",
-                                    lambda: insert_missing(self.client, self.schema.database, part, t),
+                                    lambda: insert_missing(self.client, self.schema.database, part, t,
+                                                           views_may_lack),
                                     data_errors=True)
             return len(part)
 

@@ -39,6 +39,8 @@ per (run_id, step), the highest attempt that has the step.
 
 from __future__ import annotations
 
+from typing import Any
+
 from areal_metrics.producers.contract.events import TYPED_STEP_COLUMNS
 from areal_metrics.sinks.schema import TABLES_BY_NAME, SchemaOptions, of_chosen_runs
 
@@ -257,3 +259,21 @@ def drop_statements(o: SchemaOptions) -> list[str]:
 def backfill_sql(o: SchemaOptions) -> str:
     """Fill the aggregates from the steps already stored (a store made before migration 9)."""
     return f"INSERT INTO {o.database}.{AGGREGATES} {_select_from_steps(o)}"
+
+
+StepRow = tuple[str, int, int, int]  # (run_id, attempt, step, rank): a raw step row as the aggregates count it
+
+
+def counted(client: Any, database: str, rows: set[StepRow]) -> set[StepRow]:
+    """Of these step rows, those `step_aggregates` has counted: their rank's bit in their step's summed words.
+    A rank counted twice carries its bit away and reads as not counted (adding it again keeps the step
+    checked against the raw rows: a carry is never undone)."""
+    if not rows:
+        return set()
+    result = client.query(
+        f"SELECT run_id, attempt, step, sumMap({RANK_WORDS}) FROM {database}.{AGGREGATES} "
+        "WHERE run_id IN {runs:Array(String)} AND step IN {steps:Array(UInt64)} GROUP BY run_id, attempt, step",
+        parameters={"runs": sorted({r[0] for r in rows}), "steps": sorted({r[2] for r in rows})})
+    words = {(run, int(attempt), int(step)): w for run, attempt, step, w in result.result_rows}
+    return {r for r in rows
+            if (words.get(r[:3], {}).get(r[3] // RANK_WORD_BITS, 0) >> (r[3] % RANK_WORD_BITS)) & 1}

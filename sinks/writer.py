@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from areal_metrics.sinks import rank_aggregates, step_means
 from areal_metrics.sinks.batching import Plan, TopicPartition, dedup_token
 from areal_metrics.sinks.rows import Located, build_columns, projections_for, table_for
 from areal_metrics.sinks.schema import BATCH_PLANS, Table
@@ -53,7 +54,13 @@ def insert_rows(client: Any, database: str, rows: Sequence[Located], token: str)
     return len(rows)
 
 
-def insert_missing(client: Any, database: str, rows: Sequence[Located], token: str) -> int:
+# Tables whose materialized views fill aggregates, and for each view's tables: which of a table's held rows
+# they have counted (a row the table holds may still be missing there: see insert_missing's `views_may_lack`)
+_COUNTED_BY_VIEWS = {"steps": (step_means.counted, rank_aggregates.counted)}
+
+
+def insert_missing(client: Any, database: str, rows: Sequence[Located], token: str,
+                   views_may_lack: bool = False) -> int:
     """Store the rows of a retried chunk that its tables do not hold, as one block per table with
     `token`; returns how many events had rows to restore.
 
@@ -66,6 +73,13 @@ def insert_missing(client: Any, database: str, rows: Sequence[Located], token: s
     merge kept in its place (a re-sent event, a step logged again, a resumed
     attempt's row). The caller gives a token of its own, the same across its
     retries, so a retried restore deduplicates too.
+
+    `views_may_lack`: the rows went in before in a block whose token no insert can give again (a block
+    retried in part), so a kill between that block's part and its materialized views' parts may have
+    left a row in its table and not in the aggregates, where no count rule can see it missing (the
+    aggregates detect a row counted twice, not one never counted). A held row that some aggregate has
+    not counted is then inserted again: its table keeps one copy (same key and version), an aggregate
+    that lacked it counts it once, one that had it counts it twice and reads that step from the raw rows.
     """
     if not rows:
         return 0
@@ -82,6 +96,16 @@ def insert_missing(client: Any, database: str, rows: Sequence[Located], token: s
         # a row is its log position: a block holds several partitions, whose offsets overlap
         missing_at = {(partition, offset) for partition, offset, key, version
                       in zip(column["_partition"], column["_offset"], keys, versions) if held.get(key, -1) < version}
+        counters = _COUNTED_BY_VIEWS.get(target.name, ()) if views_may_lack else ()
+        if counters:
+            at_version = {(partition, offset): (run, int(attempt), int(step), int(rank))
+                          for partition, offset, key, version, run, attempt, step, rank
+                          in zip(column["_partition"], column["_offset"], keys, versions, column["run_id"],
+                                 column["attempt"], column["step"], column["rank"]) if held.get(key, -1) == version}
+            counted = set(at_version.values())
+            for count in counters:
+                counted &= count(client, database, counted)
+            missing_at |= {at for at, row in at_version.items() if row not in counted}
         if not missing_at:
             continue
         names, columns = build_columns(target, [r for r in rows if (r.partition, r.offset) in missing_at])

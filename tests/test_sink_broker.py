@@ -34,6 +34,7 @@ from areal_metrics.sinks.schema import TABLES
 from areal_metrics.sinks.sink import Sink
 from areal_metrics.sinks.writer import load_plans
 from tests.support import wait_for
+from tests.test_rank_aggregates import assert_view_is_the_raw_rule as assert_buckets_are_the_raw_rule
 from tests.test_step_means import assert_view_is_the_raw_rule
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
@@ -642,7 +643,7 @@ def steps_parts(client: Any) -> int:
 def _one_run_over_three_partitions(kafka_bootstrap: str, topics: Topics) -> list[StepEvent]:
     producer = Producer(kafka_bootstrap, topics)
     events = [StepEvent(run_id="block", step=s, rank=r, world_size=3, epoch=0, reward=s / 10 + r,
-                        n_samples=r + 1, metrics={"m": float(r)}) for s in range(40) for r in range(3)]
+                        n_samples=r + 1, latency_ms=10.0 + s, metrics={"m": float(r)}) for s in range(40) for r in range(3)]
     for e in events:  # a rank to a partition
         producer.producer.send(topics.steps, key=b"block", value=e.to_json(), partition=e.rank)
     producer.close()
@@ -698,19 +699,26 @@ def test_a_flush_stores_a_topic_as_one_block_and_after_a_crash_the_same_block_ag
         _stored_once(again.client, events)
 
 
-@pytest.mark.parametrize("where", ["before insert", "before commit"])
+@pytest.mark.parametrize("where", ["before insert", "before commit", "views lost"])
 def test_a_block_retried_without_a_partition_of_it_stores_each_row_once(
         settings: Settings, kafka_bootstrap: str, topics: Topics, where: str) -> None:
     """A block whose chunks cannot all be cut again by this sink (here: its plans name a fourth partition,
     as when another member of the group reads one after a rebalance): its token cannot be given again, so
-    each chunk is stored alone, of its rows those the store does not hold."""
+    each chunk is stored alone, of its rows those the store does not hold, and those the tables its views
+    fill did not count ("views lost": they are inserted again; `steps` keeps one copy of each)."""
     events = _a_crashed_block_read_in_part(settings, kafka_bootstrap, topics, where)
     with sink_in_a_thread(settings, BatchPolicy(), stop_merges=True) as again:
         wait_for(lambda: lag(kafka_bootstrap, topics, again.group, [topics.steps]) == 0, 60, "the retried chunks")
         assert again.stats["replanned"] == 3
-        assert again.stats["restored"] == (len(events) if where == "before insert" else 0)
-        assert steps_parts(again.client) == (3 if where == "before insert" else 1)  # a block each, or none
-        _stored_once(again.client, events)
+        assert again.stats["restored"] == (0 if where == "before commit" else len(events))
+        # a block each, or none; after "views lost" the crashed block's part and one a chunk
+        assert steps_parts(again.client) == {"before insert": 3, "before commit": 1, "views lost": 4}[where]
+        if where == "views lost":  # in `steps` twice until a merge; once through its view
+            assert counts(again.client)["steps"] == len(events)
+            assert_view_is_the_raw_rule(again.client)
+            assert_buckets_are_the_raw_rule(again.client)
+        else:
+            _stored_once(again.client, events)
         # their plans name a block no cut gives: a later retry of them is never taken for the whole block
         plans = load_plans(again.client, "areal", again.group)
         assert {p.group.split(":")[0] for tp, p in plans.items() if tp[0] == topics.steps} == {"split"}

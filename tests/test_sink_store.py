@@ -161,6 +161,38 @@ def test_a_row_a_later_version_replaced_is_held_and_one_newer_than_what_is_store
     assert insert_missing(client, "areal", newer, "areal.steps:0:30-30:restored") == 1
 
 
+AGGREGATES = ("step_aggregates", "rank_aggregates", "rank_aggregates_coarse")
+
+
+@pytest.mark.parametrize("lost", [AGGREGATES, ("step_aggregates",), ("rank_aggregates_coarse",), ()])
+def test_rows_a_block_left_in_steps_but_not_in_its_aggregates_are_counted_by_a_retry_in_part(client, lost) -> None:
+    """A kill between a block's part in `steps` and its materialized views' parts leaves rows the aggregates
+    never counted, which no count rule sees. Retried in part (its token cannot be given again), a chunk's rows
+    held in `steps` but not counted by some aggregate go in again: the aggregates equal the raw rows' rule
+    (the table that lacked them counts them once; one that had them counts them twice and reads those steps
+    from the raw rows). With nothing lost, nothing is inserted."""
+    from tests.test_rank_aggregates import assert_view_is_the_raw_rule as assert_buckets_are_the_raw_rule
+    from tests.test_step_means import assert_view_is_the_raw_rule as assert_means_are_the_raw_rule
+
+    events = [StepEvent(run_id="a", step=s, rank=r, world_size=4, epoch=0, reward=s / 10 + r, n_samples=r + 1,
+                        latency_ms=10.0 + r, throughput=100.0 * r, metrics={"m": float(r)})
+              for s in range(70) for r in range(4)]
+    rows = located(events, partition=1, first=500)
+    insert_rows(client, "areal", rows, "areal.steps:1:500-779+areal.steps:2:0-9")  # the block, with a chunk read elsewhere
+    for table in lost:  # the kill: these views' parts of the block never made
+        client.command(f"TRUNCATE TABLE areal.{table}")
+    half = rows[: len(rows) // 2]  # one chunk of the block, retried alone
+    expected = len(half) if lost else 0
+    assert insert_missing(client, "areal", half, "areal.steps:1:500-639:redone", views_may_lack=True) == expected
+    assert insert_missing(client, "areal", rows[len(half):], "areal.steps:1:640-779:redone",
+                          views_may_lack=True) == (len(rows) - len(half) if lost else 0)
+    assert client.query("SELECT count() FROM areal.v_steps").result_rows == [(len(events),)]
+    assert_means_are_the_raw_rule(client)
+    assert_buckets_are_the_raw_rule(client)
+    # without the flag (a chunk whose own token went in whole) nothing is inserted for the views
+    assert insert_missing(client, "areal", rows, "areal.steps:1:500-779:again") == 0
+
+
 def test_rows_of_two_partitions_at_the_same_offsets_are_told_apart_by_insert_missing(client) -> None:
     """A retried block holds a topic's chunks of several partitions, whose offsets overlap: a row is missing
     by its log position (partition and offset), not by its offset alone."""
