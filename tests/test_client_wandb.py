@@ -342,3 +342,42 @@ def test_gpu_samples_reach_the_steps_metrics_and_no_driver_only_warns(kafka_boot
             **GPU_METRICS, **{k: metrics[k] for k in CPU_AND_MEMORY}}
     for metrics in sampled["nvml-no-driver"]:
         assert {k for k in metrics if k.startswith("system/")} == CPU_AND_MEMORY
+
+
+def test_wandbs_call_shapes_never_raise_and_what_they_send_readers_accept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B's defaults and habits (tags=None, log(commit=False), alert's timedelta or None wait_duration), numpy
+    ints where a framework hands them, and values past what a reader takes (more NaN names than `non_finite`
+    holds, more verdicts than an array holds, samples over a message's bytes): no call raises, and every message
+    written is one the readers parse (before: TypeError on the second alert, a step and an eval each refused)."""
+    import datetime
+
+    import numpy as np
+
+    from areal_metrics.producers.client.run import init
+    from areal_metrics.producers.contract.events import CommandEvent, EvalEvent, StepEvent
+    from areal_metrics.producers.contract.field_rules import NON_FINITE_MAX
+
+    monkeypatch.setenv("AREAL_HOME", str(tmp_path / "home"))
+    run = init(run_id="habits", kafka_bootstrap=f"127.0.0.1:{free_port()}", journal_dir=str(tmp_path / "j"),
+               git=False, rank=0, world_size=1, exit_timeout_s=0.5, tags=None)
+    for wait in (datetime.timedelta(minutes=5), datetime.timedelta(minutes=5), None, "soon"):
+        run.alert("slow", wait_duration=wait)
+    run.log({"loss": 1.0}, commit=False)
+    run.log({"reward": 0.5})  # the same step as the line above
+    run.log({"reward": 0.7, **{f"nan{i}": float("nan") for i in range(NON_FINITE_MAX + 50)}})
+    run.log_eval("math", step=np.int64(1), verdicts=np.ones(120_000, dtype=np.int64), replicas=np.int64(1))
+    wide = [{"prompt": "中" * 4096, "response": "文" * 4096, "verdict": 1} for _ in range(64)]  # ~1.5 MB as JSON
+    run.log_eval("code", step=1, samples=wide)
+    command = CommandEvent(run_id="habits", command="scale_lr", args={"factor": 0.5, "from_step": 2})
+    run.acknowledge(command, "applied", step=np.int64(2), lr_factor=np.float32(0.5))
+    run.finish()
+    events = [parse_event(line) for line in _journal_lines(tmp_path / "j")]  # raises for what a reader refuses
+    steps = {e.step: e for e in events if isinstance(e, StepEvent)}
+    assert (steps[0].loss, steps[0].reward) == (1.0, 0.5)  # commit=False: one step, the second log adds to it
+    assert steps[1].reward == 0.7 and len(steps[1].non_finite) == NON_FINITE_MAX
+    evals = {e.dataset: e for e in events if isinstance(e, EvalEvent)}
+    assert evals["math"].verdicts is None and (evals["math"].n_samples, evals["math"].accuracy) == (120_000, 1.0)
+    assert 0 < len(evals["code"].samples) < 64 and len(evals["code"].to_json()) < 1 << 20
+    assert [e.kind for e in events if e.type == "alert"] == ["user"]  # once within its wait
+    assert [(e.status, e.step) for e in events if e.type == "command_ack"] == [("applied", 2)]

@@ -240,3 +240,37 @@ def test_every_connection_setting_has_its_librdkafka_spelling():
         "sasl.username": "u", "sasl.password": "p", "ssl.ca.location": "/ca.pem",
         "ssl.certificate.location": "/cert.pem", "ssl.key.location": "/key.pem"}
     assert librdkafka_config({"bootstrap_servers": ["a:1"], "max_request_size": 1}) is None  # -> kafka-python
+
+
+def test_a_message_larger_than_a_record_goes_as_a_dead_letter_and_holds_nothing_back(kafka_bootstrap, topics, tmp_path,
+                                                                                     client):
+    """A message over a record's bytes is refused by the producer at every try: journaled (by a client before
+    the size check), it held back every record behind it for good. Now it goes as a dead letter naming its
+    size, from the queue as from the journal, and the records after it are delivered in order."""
+    from areal_metrics.producers.contract.events import RejectedEvent
+
+    big = StepEvent(run_id="r-big", step=0, epoch=0, metrics={f"m{i}": 1.0 for i in range(10)}).to_json()
+    big = big[:-1] + b',"pad":"' + b"x" * (1 << 20) + b'"}'  # over 1 MiB
+    small = [StepEvent(run_id="r-big", step=i, epoch=0, reward=float(i)) for i in range(1, 6)]
+    journal = open_journal(tmp_path / "journal")
+    journal.append(topics.steps, b"r-big", big)
+    for event in small[:2]:
+        journal.append(topics.steps, b"r-big", event.to_json())
+    journal.close()
+
+    class Raw:  # an Outgoing that encodes to the oversized message
+        def encode(self, _topics):
+            return topics.steps, b"r-big", big
+
+    publisher = Publisher(kafka_bootstrap, topics, tmp_path / "journal", kafka_client=client)
+    publisher.publish(Raw())
+    for event in small[2:]:
+        publisher.publish(event)
+    assert publisher.flush(30)
+    publisher.close()
+    steps = [parse_event(m.value) for m in read_to_end(kafka_bootstrap, topics.steps)]
+    assert [e.step for e in steps] == [1, 2, 3, 4, 5]  # in order, none held back
+    letters = [parse_event(m.value) for m in read_to_end(kafka_bootstrap, topics.deadletter)]
+    assert len(letters) == 2 and all(isinstance(e, RejectedEvent) and e.run_id == "r-big" for e in letters)
+    assert all("larger than a record may be" in e.reason and e.source_topic == topics.steps for e in letters)
+    assert not open_journal(tmp_path / "journal").has_pending()

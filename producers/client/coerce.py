@@ -37,6 +37,7 @@ from areal_metrics.producers.contract.field_rules import (
     NUMBER_MAX,
     METRIC_NAME_MAX,
     METRICS_MAX,
+    NON_FINITE_MAX,
     SAMPLE_ERROR_TYPE_MAX,
     SAMPLE_TEXT_MAX,
     SAMPLES_MAX,
@@ -338,7 +339,7 @@ def split_step(values: Mapping[Any, int | float], previous_epoch: float = 0.0,
         holders[column] = (rank, name, x)
     # a NaN names the column it leaves null; when another name filled that column, the NaN is that name's
     names = (column if column is not None and column not in holders else name for name, column in nan)
-    parts.non_finite = list(dict.fromkeys(names))
+    parts.non_finite = list(dict.fromkeys(names))[:NON_FINITE_MAX]  # readers refuse more
     cap = min(max_metrics, METRICS_MAX)  # readers refuse more than METRICS_MAX
     if len(parts.metrics) > cap:  # the first names logged are kept
         parts.dropped = len(parts.metrics) - cap

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from areal_metrics.producers.client import attempts, coerce, exit_hooks, run_info, system_metrics
 from areal_metrics.producers.client.control_feed import ControlFeed
 from areal_metrics.producers.contract.deadletter import rejected
@@ -57,9 +59,9 @@ from areal_metrics.producers.contract.events import (
 )
 from areal_metrics.producers.contract.field_rules import INT64_MAX as MAX_STEP, NUMBER_MAX, fit_message
 from areal_metrics.producers.contract.ids import RUN_ID_RULE, is_valid_run_id
-from areal_metrics.producers.contract.limits import StructureLimits, install_limits
+from areal_metrics.producers.contract.limits import StructureLimits, default_limits, install_limits
 from areal_metrics.producers.client.launcher_env import Identity, identity_from_env, job_run_id
-from areal_metrics.producers.delivery.publisher import Publisher
+from areal_metrics.producers.delivery.publisher import RECORD_OVERHEAD_BYTES, SEND_MAX_BYTES, Publisher
 from areal_metrics.producers.contract.settings import Settings, bootstrap_origin
 from areal_metrics.producers.client.settings import ClientSettings
 from areal_metrics.producers.contract.topics import Topics
@@ -256,6 +258,7 @@ class Run:
         self._epoch = 0.0  # the sender thread's: the last epoch a step carried
         self._last_step = -1
         self._open_step: int | None = None
+        self._held = False  # the last log() said commit=False: the next one without a step adds to its step
         self._open_values: dict[Any, int | float] = {}
         self._steps = self._evals = self._skipped = 0
         self._warned: set[Any] = set()
@@ -274,12 +277,13 @@ class Run:
 
     # ------------------------------------------------------------ logging
 
-    def log(self, metrics: Mapping[Any, Any], step: int | None = None) -> None:
-        """Log one training step's values (see the module doc; never raises for a value)."""
+    def log(self, metrics: Mapping[Any, Any], step: int | None = None, commit: bool | None = None) -> None:
+        """Log one training step's values (see the module doc; never raises for a value). `commit=False`
+        (W&B's): the next `log` without a step adds to this step instead of starting the next one."""
         if type(metrics) is not dict and not isinstance(metrics, Mapping):
             raise TypeError(f"log(): metrics must be a mapping of name -> value, got {type(metrics).__name__}")
         if step is None:
-            step = self._last_step + 1
+            step = self._last_step if self._held and self._last_step >= 0 else self._last_step + 1
         elif type(step) is not int:
             if isinstance(step, bool):
                 raise TypeError("log(): step must be an integer, got bool")
@@ -293,6 +297,7 @@ class Run:
         if step == self._open_step:
             values = {**self._open_values, **values}
         self._open_step, self._open_values, self._last_step = step, values, step
+        self._held = commit is False
         self._steps += 1
         self._publisher.publish(_Step(self, step, values, time.time()))
 
@@ -327,22 +332,48 @@ class Run:
                 fields["shard_nodes"] = operator.index(shard_nodes)
             if n_samples is not None and "verdicts" not in fields:
                 fields["n_samples"] = operator.index(n_samples)
+            replicas = operator.index(replicas) if replicas is not None else 0
             event = EvalEvent(
                 run_id=self.run_id, node=self.node, rank=self.rank, eval_id=(eval_id or f"{self.run_id}:{step}:{dataset}:{stage}")[:256],
                 step=step, dataset=dataset[:128], stage=stage, replicas=replicas or self.world_size, attempt=self.attempt,
                 dataset_fingerprint=dataset_fingerprint[:128] if dataset_fingerprint else None, **fields)
+            event = self._fit_eval(event)
         except (ValidationError, TypeError) as exc:  # an argument we could not coerce: say so, never stop training
             _log.warning("log_eval(%s, step %d) not sent: %s", dataset, step, exc)
             return
         self._evals += 1
         self._publisher.publish(event)
 
-    def alert(self, title: str, text: str = "", level: Any = "warning", wait_duration: float = 60.0) -> None:
+    def _fit_eval(self, event: EvalEvent) -> EvalEvent:
+        """The eval as readers take it: more verdicts than an array may hold (AREAL_MAX_ARRAY_ITEMS) go as the
+        accuracy and its sample count (no cross-node vote); over a record's bytes, samples are halved, then
+        the verdicts go the same way. (Sent whole, readers and the producer would refuse it.)"""
+        limits = default_limits()
+        room = min(limits.max_bytes, SEND_MAX_BYTES) - RECORD_OVERHEAD_BYTES - len(self._key)
+        without_votes = {"verdicts": None, "sample_ids": None, "shard_nodes": None}
+        if event.verdicts is not None and len(event.verdicts) > limits.max_items:
+            self._warn_once("verdicts-cut", f"log_eval(): more than {limits.max_items} verdicts (AREAL_MAX_ARRAY_ITEMS) "
+                                            "are sent as the accuracy and n_samples, without the cross-node vote")
+            event = msgspec.structs.replace(event, **without_votes)
+        size = len(event.to_json())
+        while event.samples and size > room:
+            self._warn_once("samples-bytes", f"log_eval(): samples over a message's {room} bytes; the first ones "
+                                             "that fit are kept")
+            event = msgspec.structs.replace(event, samples=event.samples[:len(event.samples) // 2])
+            size = len(event.to_json())
+        if size > room and event.verdicts is not None:
+            self._warn_once("verdicts-bytes", f"log_eval(): verdicts over a message's {room} bytes are sent as the "
+                                              "accuracy and n_samples, without the cross-node vote")
+            event = msgspec.structs.replace(event, **without_votes)
+        return event
+
+    def alert(self, title: str, text: str = "", level: Any = "warning", wait_duration: Any = 60.0) -> None:
         """Raise an alert of your own (W&B's `run.alert`): an `alert` event of kind `user` on the alerts topic,
         which `alerts --follow --webhook`, `watch` and Grafana show as they show the worker's.
 
         `level`: info, warning (W&B's WARN) or critical (W&B's ERROR), in any case, or W&B's AlertLevel;
-        an alert whose title was sent less than `wait_duration` seconds ago is not sent again."""
+        an alert whose title was sent less than `wait_duration` seconds (a number or a timedelta; None: 60)
+        ago is not sent again."""
         if not isinstance(title, str) or not title.strip():
             raise TypeError("alert(): title must be a non-empty string")
         severity = alert_severity(level)
@@ -351,7 +382,7 @@ class Run:
             return
         now = time.monotonic()
         last = self._alerted.get(title)
-        if last is not None and now - last < float(wait_duration):
+        if last is not None and now - last < _seconds(wait_duration, 60.0):
             return
         self._alerted[title] = now
         message = f"{title}: {text}" if text else title
@@ -381,6 +412,8 @@ class Run:
         if self._done or self._forked:
             return
         try:
+            step = operator.index(step) if step is not None else None  # numpy ints from a framework's counter
+            lr_factor = float(lr_factor) if lr_factor is not None else None
             event = CommandAckEvent(run_id=self.run_id, node=self.node, rank=self.rank, command_id=command.event_id,
                                     command=command.command, status=status, step=step, lr_factor=lr_factor,
                                     detail=fit_message(detail or ""), attempt=self.attempt)
@@ -575,6 +608,16 @@ class AlertLevel(str, enum.Enum):
 _SEVERITIES = {"info": "info", "warn": "warning", "warning": "warning", "error": "critical", "critical": "critical"}
 
 
+def _seconds(value: Any, default: float) -> float:
+    """A duration as W&B's calls give it (seconds, a timedelta, None) in seconds; `default` for anything else."""
+    if hasattr(value, "total_seconds"):
+        value = value.total_seconds()
+    try:
+        return float(value) if value is not None else default
+    except (TypeError, ValueError):
+        return default
+
+
 def alert_severity(level: Any) -> str:
     """An alert level as W&B spells it (AlertLevel.WARN, "ERROR") or as the contract does -> the contract's."""
     name = getattr(level, "value", level)
@@ -604,9 +647,9 @@ def _need_run(call: str) -> Run:
     return _current  # type: ignore[return-value]
 
 
-def log(data: Mapping[Any, Any], step: int | None = None) -> None:
+def log(data: Mapping[Any, Any], step: int | None = None, commit: bool | None = None) -> None:
     """`run.log` on the current run (W&B's `wandb.log`)."""
-    _need_run("log()").log(data, step=step)
+    _need_run("log()").log(data, step=step, commit=commit)
 
 
 def finish(status: str | None = None, exit_code: int | None = None) -> None:
@@ -615,7 +658,7 @@ def finish(status: str | None = None, exit_code: int | None = None) -> None:
         _current.finish(status, exit_code)
 
 
-def alert(title: str, text: str = "", level: Any = "warning", wait_duration: float = 60.0) -> None:
+def alert(title: str, text: str = "", level: Any = "warning", wait_duration: Any = 60.0) -> None:
     """`run.alert` on the current run (W&B's `wandb.alert`)."""
     _need_run("alert()").alert(title, text, level, wait_duration)
 
@@ -644,13 +687,13 @@ class DisabledRun:
         self.topics = None
         self._steps = 0
 
-    def log(self, metrics: Mapping[Any, Any], step: int | None = None) -> None:
+    def log(self, metrics: Mapping[Any, Any], step: int | None = None, commit: bool | None = None) -> None:
         self._steps += 1
 
     def log_eval(self, dataset: str, step: int | None = None, **fields: Any) -> None:
         return None
 
-    def alert(self, title: str, text: str = "", level: Any = "warning", wait_duration: float = 60.0) -> None:
+    def alert(self, title: str, text: str = "", level: Any = "warning", wait_duration: Any = 60.0) -> None:
         alert_severity(level)  # a wrong level is wrong in either mode
 
     def commands(self, *, every_node: bool = False) -> list[CommandEvent]:

@@ -89,8 +89,11 @@ def git_commit(directory: Path | None = None, timeout_s: float = 2.0) -> str | N
     return sha if out.returncode == 0 and _SHA.fullmatch(sha) else None
 
 
-def clean_tags(tags: Iterable[Any]) -> tuple[str, ...]:
-    """Tags as the contract holds them: strings, unique, at most 256 of at most 256 chars."""
+def clean_tags(tags: Iterable[Any] | None) -> tuple[str, ...]:
+    """Tags as the contract holds them: strings, unique, at most 256 of at most 256 chars (None: none, W&B's
+    default)."""
+    if tags is None:
+        return ()
     if isinstance(tags, (str, bytes)):
         raise TypeError("tags: expected a list of strings, got a single string (write tags=[...])")
     if not isinstance(tags, Iterable):

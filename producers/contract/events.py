@@ -24,6 +24,7 @@ import msgspec
 
 from areal_metrics.producers.contract.field_rules import (
     MESSAGE_MAX,
+    NON_FINITE_MAX,
     NUMBER_MAX,
     TS_MAX,
     UINT32_MAX,
@@ -191,7 +192,7 @@ class StepEvent(Event, frozen=True, kw_only=True, gc=False, tag="step"):
     metrics: Metrics = {}
     world_size: WorldSize | None = None  # ranks that publish this step
     attempt: Attempt = 0  # a resumed run publishes with attempt + 1
-    non_finite: Annotated[tuple[Text(256), ...], msgspec.Meta(max_length=1024)] = ()  # fields/metrics whose NaN/inf is null here
+    non_finite: Annotated[tuple[Text(256), ...], msgspec.Meta(max_length=NON_FINITE_MAX)] = ()  # fields/metrics whose NaN/inf is null here
     # samples behind this rank's reward: its weight over ranks. A UInt32 each, so a step's sum over its
     # ranks (at most WorldSize) stays far inside the UInt64 the store sums them in (v_step_means)
     n_samples: Count32 | None = None

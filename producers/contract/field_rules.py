@@ -25,6 +25,7 @@ CUT_MARK = " …(cut)"
 SAMPLE_TEXT_MAX = 4096  # an eval sample's prompt or response: chars kept (the client truncates)
 SAMPLES_MAX = 64  # eval samples per event (the client keeps the first ones)
 METRICS_MAX = 1024  # `metrics` names per event (the client keeps the first ones)
+NON_FINITE_MAX = 1024  # names in a step's `non_finite` (the client keeps the first ones)
 JSON_KEY_MAX = 256  # a key of a free-form object (config, args): chars
 JSON_DEPTH_MAX = 32  # nesting of a free-form object
 

@@ -39,7 +39,9 @@ from typing import Any, Protocol
 
 from areal_metrics.producers.delivery import backends as delivery
 from areal_metrics.producers.contract.errors import ConfigError
+from areal_metrics.producers.contract.deadletter import rejected
 from areal_metrics.producers.contract.events import Event
+from areal_metrics.producers.contract.limits import default_limits
 from areal_metrics.producers.delivery.journal import Journal, open_journal
 from areal_metrics.producers.delivery.publisher_core import Message, PublisherCore
 from areal_metrics.producers.contract.settings import Settings, state_dir, read_setting
@@ -50,6 +52,13 @@ log = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.02  # how long the sender sleeps when idle: rare wake-ups leave the GIL to training
 _JOURNAL_RETRY_S = 1.0  # after a failed journal write (a full disk), the next try
+
+
+# The largest record the producer sends (kafka-python's max_request_size and a broker's message.max.bytes, by
+# default), and what a record batch adds to its key and value (headers, lengths, CRC: under 100 bytes)
+SEND_MAX_BYTES = 1 << 20
+RECORD_OVERHEAD_BYTES = 256
+_HOST = (os.uname().nodename if hasattr(os, "uname") else "client")[:256]
 
 
 class Outgoing(Protocol):
@@ -310,8 +319,23 @@ class Publisher:
 
     def _encode(self, item: Event | Outgoing) -> Message:
         if isinstance(item, Event):
-            return self.topics.for_event(item), item.run_id.encode(), item.to_json()
-        return item.encode(self.topics)
+            message = self.topics.for_event(item), item.run_id.encode(), item.to_json()
+        else:
+            message = item.encode(self.topics)
+        return self._sendable(message)
+
+    def _sendable(self, message: Message) -> Message:
+        """`message`, or its dead letter when it is larger than a record may be: the producer refuses such a
+        message at every try, and in the journal it would hold back every record behind it for good."""
+        topic, key, value = message
+        limit = min(default_limits().max_bytes, SEND_MAX_BYTES)
+        if len(value) + len(key) + RECORD_OVERHEAD_BYTES <= limit:
+            return message
+        reason = (f"client: a message for {topic} of {len(value)} bytes is larger than a record may be ({limit} "
+                  "bytes: AREAL_MAX_MESSAGE_BYTES, at most the producer's 1 MiB); sent as this dead letter")
+        self._say_once(f"too-large:{topic}", "publisher: %s", reason)
+        letter = rejected(value, reason, topic, node=_HOST, key=key)
+        return self.topics.deadletter, key, letter.to_json()
 
     def _connect(self) -> bool:
         if not self._bootstrap_reachable():
@@ -334,10 +358,11 @@ class Publisher:
         return bootstrap_reachable(self._kafka_config["bootstrap_servers"])
 
     def _send(self, message: Message, *, resend: bool) -> delivery.Delivery | None:
-        """The client's delivery of one message; None when it refused it (the core journals it)."""
+        """The client's delivery of one message; None when it refused it (the core journals it). A journal
+        record too large to send (written by a client before the size check) goes as its dead letter."""
         assert self._producer is not None
         try:
-            return self._producer.send(*message)
+            return self._producer.send(*(self._sendable(message) if resend else message))
         except delivery.SendError as exc:  # metadata or buffer timeout: the broker is away
             if resend:
                 self._say_once("resend", "publisher: re-send from journal failed (%s); retrying later", exc)
