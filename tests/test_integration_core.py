@@ -129,3 +129,49 @@ def test_the_adapters_derive_a_valid_id_from_any_experiment_name_and_keep_the_na
     logger = SimpleNamespace(config=SimpleNamespace(experiment_name="gsm8k/grpo", trial_name="trial 0"), exp_config=None)
     found = areal._defaults(logger)
     assert found["run_id"] == run_id_for("gsm8k/grpo-trial 0") and found["name"] == "gsm8k/grpo-trial 0"
+
+
+def test_a_checkpoint_rollback_restores_every_weight_or_none(tmp_path) -> None:
+    """restore_checkpoint puts back a save_pretrained checkpoint whole (its lm_head tied to the embeddings,
+    left out of the file), and one that does not match the model (a key of another layout, as an MoE's experts
+    are saved; a missing weight) changes nothing and says why. Before, `strict=False` loaded every key that
+    matched, then reported a mismatch: part of the model rolled back, the ack saying it had not."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from areal_metrics.integrations.trl import restore_checkpoint
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_positions=16, n_embd=8, n_layer=2, n_head=2))
+    model.save_pretrained(tmp_path / "checkpoint-2")
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    args = type("Args", (), {"output_dir": str(tmp_path)})()
+
+    def perturb() -> None:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+
+    def unchanged_since(before: dict) -> bool:
+        return all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+    perturb()
+    assert restore_checkpoint(args, model, None, 3) == 2
+    assert unchanged_since(saved)  # every weight back, the tied lm_head with its embeddings
+
+    file = tmp_path / "checkpoint-2" / "model.safetensors"
+    whole = load_file(str(file))
+    for change in ("renamed", "dropped"):
+        state = dict(whole)
+        key = "transformer.h.1.mlp.c_fc.weight"
+        value = state.pop(key)
+        if change == "renamed":
+            state["transformer.h.1.mlp.experts.0.weight"] = value
+        save_file(state, str(file))
+        perturb()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        why = restore_checkpoint(args, model, None, 3)
+        assert isinstance(why, str) and "nothing restored" in why, why
+        assert ("not in the model" if change == "renamed" else "missing") in why, why
+        assert unchanged_since(before), change  # nothing loaded

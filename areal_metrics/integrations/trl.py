@@ -350,6 +350,25 @@ def newest_checkpoint(output_dir: Any, step: int) -> Any:
     return max(found)[1] if found else None
 
 
+def _load_whole(model: Any, saved: dict[str, Any], name: str) -> str | None:
+    """Load `saved` into `model` only when it holds every weight of it, no other and of the same shapes; else
+    why not, with nothing loaded. (`load_state_dict(strict=False)` copies every key that matches before it
+    reports the others: a checkpoint in another layout, e.g. an MoE's experts as save_pretrained writes them,
+    rolled back part of the model and said it had not.) A weight tied to a saved one (an lm_head tied to
+    the embeddings, which save_pretrained leaves out) counts as saved."""
+    current = model.state_dict()
+    unexpected = [k for k in saved if k not in current]
+    reshaped = [k for k in saved if k in current and tuple(saved[k].shape) != tuple(current[k].shape)]
+    loaded = {current[k].data_ptr() for k in saved if k in current}
+    missing = [k for k, v in current.items() if k not in saved and v.data_ptr() not in loaded]
+    if unexpected or reshaped or missing:
+        found = "; ".join(f"{what} {keys[:3]}" for what, keys in (("not in the model:", unexpected),
+                          ("of another shape:", reshaped), ("missing:", missing)) if keys)
+        return f"{name} does not match the model ({found}): nothing restored"
+    model.load_state_dict(saved, strict=False)  # strict: the tied weights are not in `saved`
+    return None
+
+
 def restore_checkpoint(args: Any, model: Any, optimizer: Any, step: int) -> int | str:
     """Put back the weights (and the optimizer's state) of the newest checkpoint at or before `step`:
     `model.safetensors` (or `adapter_model.safetensors` with PEFT, `pytorch_model.bin`) and `optimizer.pt`
@@ -365,9 +384,9 @@ def restore_checkpoint(args: Any, model: Any, optimizer: Any, step: int) -> int 
     if (folder / "model.safetensors").exists():
         from safetensors.torch import load_file
 
-        missing, unexpected = model.load_state_dict(load_file(str(folder / "model.safetensors")), strict=False)
-        if unexpected:
-            return f"{folder.name}/model.safetensors does not match the model ({unexpected[:3]})"
+        refused = _load_whole(model, load_file(str(folder / "model.safetensors")), f"{folder.name}/model.safetensors")
+        if refused is not None:
+            return refused
     elif (folder / "adapter_model.safetensors").exists():
         # optional: a LoRA run has peft installed
         from peft import set_peft_model_state_dict  # pyright: ignore[reportMissingImports]
@@ -375,7 +394,10 @@ def restore_checkpoint(args: Any, model: Any, optimizer: Any, step: int) -> int 
 
         set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
     elif (folder / "pytorch_model.bin").exists():
-        model.load_state_dict(torch.load(folder / "pytorch_model.bin", map_location="cpu"), strict=False)
+        refused = _load_whole(model, torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True),
+                              f"{folder.name}/pytorch_model.bin")
+        if refused is not None:
+            return refused
     else:
         return f"{folder.name} holds no model weights this callback reads (sharded or DeepSpeed checkpoint)"
     if (folder / "optimizer.pt").exists():
