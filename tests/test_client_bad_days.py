@@ -156,14 +156,16 @@ def test_init_of_the_same_run_again_finishes_the_first(tmp_path: Path) -> None:
         import areal_metrics as am
         runs = [am.init(run_id="again", git=False) for _ in range(70)]  # more than the journal's 64 slots
         other = am.init(run_id="another", git=False)  # another run: both stay open
+        unnamed = [am.init(git=False) for _ in range(3)]  # a cell run again without a run id: a new id each time
         print("RESULT", sum(not r._done for r in runs), threading.active_count(), runs[-1]._done,
-              len({str(r.journal_directory) for r in runs}))
+              len({str(r.journal_directory) for r in runs}), sum(not r._done for r in unnamed), other._done)
     """)], env=env_for(tmp_path), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    open_runs, threads, last_done, journals = out.stdout.split("RESULT ")[1].split()
-    # the last of "again" and "another" are open: two sender threads beside the main one
-    assert (open_runs, last_done, journals, threads) == ("1", "False", "1", "3")
-    assert out.stderr.count("is still open in this process; finishing it first") == 69
+    open_runs, threads, last_done, journals, unnamed_open, other_done = out.stdout.split("RESULT ")[1].split()
+    # the last of "again", "another" and the last unnamed one are open: three sender threads beside the main one
+    assert (open_runs, last_done, journals, threads) == ("1", "False", "1", "4")
+    assert (unnamed_open, other_done) == ("1", "False")  # before: every unnamed run stayed open
+    assert out.stderr.count("is still open in this process; finishing it first") == 69 + 2
 
 
 def test_a_resume_whose_broker_does_not_answer_keeps_to_its_timeout(tmp_path: Path, silent_broker: str) -> None:

@@ -135,12 +135,17 @@ def _temp_home() -> Path:
     return Path(tempfile.gettempdir()) / f"areal-{os.getuid()}"
 
 
-def _finish_previous(run_id: str, rank: int) -> None:
+def _finish_previous(run_id: str, rank: int, generated: bool) -> None:
     """A second `init` of the same run and rank in one process (a notebook cell run again, a loop with
-    AREAL_RUN_ID set) finishes the first: each open run holds a sender thread and a journal slot."""
+    AREAL_RUN_ID set) finishes the first: each open run holds a sender thread and a journal slot. So does
+    an `init` without a run id after one without (the cell run again: each gets a new generated id); runs
+    given ids of their own stay open side by side."""
     previous = _current
-    if isinstance(previous, Run) and not previous._done and (previous.run_id, previous.rank) == (run_id, rank):
-        _log.warning("init(): run %s (rank %d) is still open in this process; finishing it first", run_id, rank)
+    if not isinstance(previous, Run) or previous._done or previous.rank != rank:
+        return
+    if previous.run_id == run_id or (generated and previous._generated_id):
+        _log.warning("init(): run %s (rank %d) is still open in this process; finishing it first", previous.run_id,
+                     rank)
         previous.finish()
 
 
@@ -186,13 +191,14 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
         _current = DisabledRun(run_id, identity, config=config, tags=clean_tags, group=group, name=display_name,
                                notes=clean_notes)
         return _current  # type: ignore[return-value]
-    _finish_previous(run_id, identity.rank)
+    _finish_previous(run_id, identity.rank, generated)
     origin = "init(kafka_bootstrap=...)" if "kafka_bootstrap" in overrides else bootstrap_origin()
     home = settings_obj.state_dir  # AREAL_HOME (or home=), read at the client's entry: journals and attempt records
     attempt = _attempt(settings_obj, home, run_id, identity.rank, resume, options)
     run = Run(run_id, identity, settings_obj, client, options, config=config, tags=clean_tags, group=group,
               attempt=attempt,
               name=display_name, bootstrap_from=origin, notes=clean_notes, home=home)
+    run._generated_id = generated
     _current = run
     if generated and identity.rank == 0:
         print(f"areal-metrics: run {run_id}", file=sys.stderr)
@@ -259,6 +265,7 @@ class Run:
         self._last_step = -1
         self._open_step: int | None = None
         self._held = False  # the last log() said commit=False: the next one without a step adds to its step
+        self._generated_id = False  # init() made the run id (no run_id=, no launcher's job id)
         self._open_values: dict[Any, int | float] = {}
         self._steps = self._evals = self._skipped = 0
         self._warned: set[Any] = set()
