@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ log = logging.getLogger("areal_train")
 # Rounds whose weights a rollback may restore. The loop names the latest round shown good, which a
 # slide through rounds neither good nor cut puts 2-4 rounds back (tests/loop_simulation.py).
 KEPT_ROUNDS = 5
+HANDLED_KEPT = 4096  # ids of handled commands a checkpoint keeps (as the client's CommandApplier)
 # what this workload's reward is (episodes.py): the report's reward axis reads the run config's `reward_label`
 REWARD_LABEL = "reward (right answers, discounted per extra attempt)"
 
@@ -98,6 +99,8 @@ class Session:
     rounds: int = 0
     control: Control = field(default_factory=Control)  # this step's broadcast from rank 0
     waiting: list[CommandEvent] = field(default_factory=list)  # scale_lr commands for a later step boundary
+    handled: list[str] = field(default_factory=list)  # ids of the commands applied or ignored (the last 4,096)
+    commands_since: float | None = None  # when the run's first attempt started reading commands (the feed's time)
     kept: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # step -> weights of a recent round
     evaluator: Evaluator = field(init=False)
     _eval_memory: dict[str, Any] = field(default_factory=dict)
@@ -156,6 +159,11 @@ class Session:
                 out[name] = f"dataset fingerprint mismatch on {name}: {detail}"
         return out
 
+    def remember(self, event_ids: Iterable[str]) -> None:
+        """Commands handled: a resumed attempt that reads the control topic again leaves them out."""
+        self.handled.extend(event_ids)
+        del self.handled[:-HANDLED_KEPT]
+
     # ------------------------------------------------------------ rollback
 
     def keep_weights(self, step: int) -> None:
@@ -187,7 +195,8 @@ class Session:
                         "checkpoint_schedule": self.checkpoint_schedule.state_dict(now),
                         "eval_memory": dict(self.evaluator.memory), "lr_scale": self.lr_scale,
                         "commands_applied": self.commands_applied, "rounds": self.rounds,
-                        "waiting": [c.to_dict() for c in self.waiting]}
+                        "waiting": [c.to_dict() for c in self.waiting], "handled": list(self.handled),
+                        "commands_since": self.commands_since}
         own = {"sampler": self.sampler.get_state(), "torch": torch.get_rng_state(), "python": random.getstate(),
                "data": self.data.state_dict()}
         meta = {"run_id": self.run_id, "attempt": self.attempt, "world_size": self.world_size,
@@ -209,6 +218,8 @@ class Session:
         self._eval_memory = dict(shared["eval_memory"])
         self.lr_scale, self.commands_applied, self.rounds = shared["lr_scale"], shared["commands_applied"], shared["rounds"]
         self.waiting = [event_from_dict(c, CommandEvent) for c in shared["waiting"]]
+        self.handled = list(shared.get("handled", ()))  # a checkpoint from before they were kept: none
+        self.commands_since = shared.get("commands_since")
         self.sampler.set_state(own["sampler"])
         torch.set_rng_state(own["torch"])
         random.setstate(own["python"])

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -85,6 +86,9 @@ def train(cfg: TrainConfig, run_id: str, steps: int, rank: int = 0, world_size: 
     spec = RunSpec(run_id, rank, world_size, session.attempt, node_name(rank), session.run_config(steps),
                    tuple(cfg.tags), cfg.group or cfg.strategy)
     run = open_run(spec) if open_run is not None else NullRun()  # sends the `running` run event
+    if session.commands_since is None:  # a new run (or a checkpoint from before it was kept): this run's start
+        since = getattr(run, "commands_since", None)
+        session.commands_since = float(since) if isinstance(since, (int, float)) else None
     reporter = Reporter(run, run_id)
     summary = Summary(rank, session.step, 0.0, 0.0, [], False, str(device), 0.0, session.attempt, session.step)
     session.start_evaluator(_outcome_handler(reporter, summary), eval_standby)
@@ -202,9 +206,10 @@ def _sync_commands(session: Session, comm: Collective, run: RunLike, clock: Call
     time triggers are due; every rank applies the same ones after the same step."""
     now = clock()
     session.control = comm.broadcast_object(Control(
-        tuple(run.commands()) if session.rank == 0 else (), session.eval_schedule.time_due(now),
+        _arrived(session, run, step) if session.rank == 0 else (), session.eval_schedule.time_due(now),
         session.checkpoint_schedule.time_due(now), now))
     commands, session.waiting = due([*session.waiting, *session.control.commands], step)
+    session.remember(c.event_id for c in commands)
     applied = apply_commands(commands, session.eval_schedule)
     restored = False
     if applied.restore_step is not None:
@@ -219,6 +224,36 @@ def _sync_commands(session: Session, comm: Collective, run: RunLike, clock: Call
         _acknowledge(run, commands, step + 1, session.lr_scale, applied.restore_step,
                      restored if applied.restore_step is not None else None)
     return applied
+
+
+def _arrived(session: Session, run: RunLike, step: int) -> tuple[CommandEvent, ...]:
+    """Rank 0's new commands. The feed reads from the run's first attempt's start (`commands_since`, kept in
+    the checkpoint): a resumed attempt reads again what came after its checkpoint, whose lr and weights went
+    with the attempt that crashed. What the checkpoint had handled or holds waiting is left out, and a `stop`
+    sent before this attempt started is acknowledged as ignored (the resumed attempt goes on)."""
+    read: Any = getattr(run, "commands")
+    arrived = None
+    if session.commands_since is not None:
+        try:
+            arrived = read(since=session.commands_since)
+        except TypeError:  # a run of the caller's own: the commands as it gives them
+            arrived = None
+    known = set(session.handled) | {c.event_id for c in session.waiting}
+    started = getattr(run, "started", None)
+    fresh = []
+    for command in (arrived if arrived is not None else read()):
+        if command.event_id in known:
+            continue
+        if (command.command == "stop" and session.attempt > 0 and isinstance(started, (int, float))
+                and command.ts < started):
+            session.remember((command.event_id,))
+            acknowledge = getattr(run, "acknowledge", None)
+            if callable(acknowledge):
+                acknowledge(command, "ignored", step=step + 1, detail="a stop sent before this attempt started: the "
+                            "resumed attempt goes on (send stop again)")
+            continue
+        fresh.append(command)
+    return tuple(fresh)
 
 
 def _acknowledge(run: RunLike, commands: list[CommandEvent], step: int, lr_scale: float, restore_step: int | None,

@@ -229,6 +229,64 @@ def test_commands_arrive_for_this_run_and_node(stack_env: dict[str, str], topics
         run.finish()
 
 
+def test_a_resumed_attempt_applies_the_commands_that_came_after_its_checkpoint(
+        stack_env: dict[str, str], topics: Topics, kafka_bootstrap: str) -> None:
+    """Attempt 0 saves a checkpoint (one command waiting), then gets another command and a `stop`, and dies.
+    Attempt 1, resumed from that checkpoint in a new process's run, reads the control topic again from the
+    first attempt's start (the applier's `commands_since`): it applies the waiting command and the one that
+    came after the checkpoint (whose lr went with the crash), and not the stop sent to the attempt before it.
+    Before, its feed read from its own start: the later command was lost and the worker never told."""
+    import torch
+
+    from areal_metrics.producers.client.run import init
+    from areal_metrics.producers.client.trainer_control import CommandApplier
+
+    settings = dict(kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix, git=False, node="me:0", rank=0,
+                    world_size=1, journal_dir=str(Path(stack_env["AREAL_HOME"]) / "j"))
+
+    def send(*commands: CommandEvent) -> None:
+        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        for c in commands:
+            producer.send(topics.control, key=b"resumed-cmds", value=c.to_json())
+        producer.flush(30)
+        producer.close()
+
+    def applier(run: object) -> tuple[CommandApplier, torch.optim.Optimizer]:
+        optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=1.0)
+        return CommandApplier(run, optimizer), optimizer
+
+    waiting = CommandEvent(run_id="resumed-cmds", command="scale_lr", args={"factor": 0.5, "from_step": 3})
+    later = CommandEvent(run_id="resumed-cmds", command="scale_lr", args={"factor": 0.5, "from_step": 4})
+    stop = CommandEvent(run_id="resumed-cmds", command="stop")
+    run = init(run_id="resumed-cmds", **settings)
+    control, _ = applier(run)
+    control.at_step(1)
+    wait_for(lambda: run._feed is not None and run._feed.ready.is_set(), 60, "the control consumer")
+    send(waiting)
+    wait_for(lambda: control.at_step(2) is not None and control.waiting, 60, "the first command, waiting")
+    checkpoint = control.state_dict()  # saved after update 2: the lr is the schedule's, the command waits
+    send(later, stop)
+    wait_for(lambda: control.at_step(3).stop, 60, "attempt 0's stop")
+    run.finish("failed")  # attempt 0 dies before its next checkpoint
+    time.sleep(0.05)  # attempt 1 starts after every command was sent
+
+    resumed = init(run_id="resumed-cmds", resume=True, **settings)
+    try:
+        assert resumed.attempt == 1 and resumed.started > stop.ts
+        control, optimizer = applier(resumed)
+        control.load_state_dict(checkpoint)
+        assert control.at_step(3).lr_factor == 0.5  # the command the checkpoint had waiting
+        wait_for(lambda: control.at_step(4).lr_factor == 0.25, 60, "the command that came after the checkpoint")
+        assert optimizer.param_groups[0]["lr"] == 0.25 and not control.stopped
+        assert control.state_dict()["commands_since"] == checkpoint["commands_since"] == run.started
+    finally:
+        resumed.finish()
+    acks = [parse_event(m.value) for m in read_to_end(kafka_bootstrap, topics.acks)]
+    assert sorted((a.attempt, a.command, a.status) for a in acks if a.run_id == "resumed-cmds") == [
+        (0, "scale_lr", "applied"), (0, "stop", "applied"),
+        (1, "scale_lr", "applied"), (1, "scale_lr", "applied"), (1, "stop", "ignored")]
+
+
 def test_a_command_sent_while_the_feed_positions_itself_is_not_skipped(topics: Topics, kafka_bootstrap: str,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The command lands between the feed's lookup by time (nothing newer yet) and its seek.

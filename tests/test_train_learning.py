@@ -7,7 +7,9 @@ this module) keep these tests to about a minute on two busy cores.
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -143,6 +145,74 @@ class CommandedRun(RecordedRun):
 
     def commands(self) -> list[CommandEvent]:
         return self.arriving.pop(0) if self.arriving else []
+
+
+class ControlTopic:
+    """The run's control topic as the client reads it: commands in the order sent, each with its time; a run's
+    `commands(since=)` reads from there (else from the run's start), and each run hands a command over once."""
+
+    def __init__(self) -> None:
+        self.sent: list[CommandEvent] = []
+
+    def run(self, die_at_call: int | None = None) -> RecordedRun:
+        topic = self
+
+        class Attempt(RecordedRun):
+            def __init__(self) -> None:
+                super().__init__()
+                self.started = self.commands_since = time.time()
+                self.calls, self.given, self.acks = 0, set(), []
+
+            def commands(self, *, since: float | None = None) -> list[CommandEvent]:
+                self.calls += 1
+                if die_at_call is not None and self.calls >= die_at_call:
+                    raise RuntimeError("the attempt dies here, before its next checkpoint")
+                start = min(self.commands_since, since) if since is not None else self.commands_since
+                out = [c for c in topic.sent if c.ts >= start and c.event_id not in self.given]
+                self.given |= {c.event_id for c in out}
+                return out
+
+            def acknowledge(self, command: CommandEvent, status: str, **fields: Any) -> None:
+                self.acks.append((command.command, status, fields.get("step")))
+
+        return Attempt()
+
+
+def test_a_resumed_attempt_applies_the_commands_that_came_after_its_checkpoint(tmp_path) -> None:
+    """Attempt 0 checkpoints at step 3, then gets a scale_lr (applied at step 5) and a stop, and dies at step 6
+    before its next checkpoint. Attempt 1 resumes from step 3 and reads the control topic from the first
+    attempt's start (kept in the checkpoint): the scale_lr applies again from its step (its lr went with the
+    crash), the stop sent to the attempt before it is acknowledged as ignored, and training goes on. Before,
+    the resumed feed read from its own start: the command was lost, the lr back at x1 for good."""
+    topic = ControlTopic()
+    cfg = TrainConfig(**{**SMALL, "checkpoint_every_steps": 3}, seed=2, eval_at_start=False, eval_every_steps=None,
+                      eval_at_end=False, checkpoint_dir=str(tmp_path))
+    first = topic.run(die_at_call=6)
+
+    def sending(spec: object) -> RecordedRun:
+        return first
+
+    original = first.commands
+
+    def commands_then_send(**kwargs: Any) -> list[CommandEvent]:
+        if first.calls == 3:  # read after step 4, past the checkpoint at step 3
+            topic.sent.append(CommandEvent(run_id="rs", command="scale_lr", args={"factor": 0.5, "from_step": 4}))
+        got = original(**kwargs)
+        if first.calls == 5:  # sent after step 5; the attempt dies before it reads it
+            topic.sent.append(CommandEvent(run_id="rs", command="stop", args={}))
+        return got
+
+    first.commands = commands_then_send  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="dies here"):
+        train(cfg, "rs", steps=8, open_run=sending)
+    assert [s.values["lr_scale"] for s in first.steps] == [1.0, 1.0, 1.0, 1.0, 0.5, 0.5]
+    time.sleep(0.01)
+    second = topic.run()
+    summary = train(cfg, "rs", steps=8, open_run=lambda spec: second, resume=True)
+    assert summary.attempt == 1 and summary.start_step == 3 and summary.steps == 8  # the stop not obeyed
+    assert [(s.step, s.values["lr_scale"]) for s in second.steps] == [(4, 1.0), (5, 0.5), (6, 0.5), (7, 0.5),
+                                                                       (8, 0.5)]
+    assert sorted(a[:2] for a in second.acks) == [("scale_lr", "applied"), ("stop", "ignored")]
 
 
 def test_scale_lr_applies_from_its_step_boundary_and_stops_at_the_floor(tmp_path) -> None:

@@ -278,6 +278,7 @@ class Run:
         self._exit_status: tuple[str, int] | None = None
         self._feed: ControlFeed | None = None
         self._feed_lock = threading.Lock()
+        self._commands_since = self._started
         self._publish_run("running")
         exit_hooks.register(self)
         self._sampler = system_metrics.started(client.system_metrics_s)
@@ -401,15 +402,33 @@ class Run:
             return
         self._publisher.publish(event)
 
-    def commands(self, *, every_node: bool = False) -> list[CommandEvent]:
+    def commands(self, *, every_node: bool = False, since: float | None = None) -> list[CommandEvent]:
         """Control commands for this run (and this node) that arrived since the last call; never blocks.
         `every_node`: those with another node's `target_node` too (what the lead rank of a distributed
-        loop reads for every rank: `CommandApplier`)."""
+        loop reads for every rank: `CommandApplier`). `since` (a time, seconds): read the control topic
+        again from there, when it is before what the feed reads from (the process's start): a resumed
+        attempt's applier, for the commands its checkpoint had not seen (`commands_since`)."""
         with self._feed_lock:
+            if since is not None and since < self._commands_since:
+                self._commands_since = float(since)
+                if self._feed is not None:  # its successor reads them again: the applier skips those it handled
+                    self._feed.close()
+                    self._feed = None
             if self._feed is None and not self._done:
                 self._feed = ControlFeed(self._settings.kafka_python_config(), self.topics.control, self.run_id,
-                                         self.node, since=self._started)
+                                         self.node, since=self._commands_since)
         return self._feed.drain(every_node) if self._feed is not None else []
+
+    @property
+    def commands_since(self) -> float:
+        """The time (seconds) from which `commands()` reads the control topic: this process's start, or the
+        earlier time a resumed attempt asked for."""
+        return self._commands_since
+
+    @property
+    def started(self) -> float:
+        """When `init` started this run in this process (seconds since the epoch)."""
+        return self._started
 
     def acknowledge(self, command: CommandEvent, status: str, *, step: int | None = None,
                     lr_factor: float | None = None, detail: str | None = None) -> None:
@@ -693,6 +712,7 @@ class DisabledRun:
         self.summary: dict[str, Any] = {}
         self.topics = None
         self._steps = 0
+        self._started = time.time()
 
     def log(self, metrics: Mapping[Any, Any], step: int | None = None, commit: bool | None = None) -> None:
         self._steps += 1
@@ -703,8 +723,16 @@ class DisabledRun:
     def alert(self, title: str, text: str = "", level: Any = "warning", wait_duration: Any = 60.0) -> None:
         alert_severity(level)  # a wrong level is wrong in either mode
 
-    def commands(self, *, every_node: bool = False) -> list[CommandEvent]:
+    def commands(self, *, every_node: bool = False, since: float | None = None) -> list[CommandEvent]:
         return []
+
+    @property
+    def commands_since(self) -> float:
+        return self.started
+
+    @property
+    def started(self) -> float:
+        return self._started
 
     def acknowledge(self, command: CommandEvent, status: str, *, step: int | None = None,
                     lr_factor: float | None = None, detail: str | None = None) -> None:

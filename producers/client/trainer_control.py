@@ -44,9 +44,12 @@ What `at_step(step)` does, before the update numbered `step` (the step you log i
   the step, the cumulative factor, or why not), so the stream worker sees what the loop did.
 - `state_dict()` / `load_state_dict()`: the cumulative factor, the ids of the commands applied,
   the ones still waiting for their step, the interval (a `stop` is not carried: a resumed attempt
-  goes on, and says the checkpoint's had stopped); save it in the same checkpoint as the
-  optimizer and scheduler (which hold the scaled lrs), and a resumed attempt neither applies a
-  command twice nor forgets one waiting.
+  goes on, and says the checkpoint's had stopped), and the time the run's first attempt started
+  reading commands; save it in the same checkpoint as the optimizer and scheduler (which hold the
+  scaled lrs), and a resumed attempt neither applies a command twice nor forgets one waiting, nor
+  one that came after the checkpoint: it reads the control topic again from that time
+  (`run.commands(since=...)`) and handles every command the checkpoint had not (a `stop` sent
+  before it started excepted: acknowledged as ignored).
 
 Nothing changes in training unless a command arrives; `at_step` never raises into the loop for a
 command (a failure is logged and acknowledged as ignored). torch is imported only by the methods
@@ -137,6 +140,7 @@ class CommandApplier:
         self.waiting: list[CommandEvent] = []
         self.kept: dict[int, dict[str, Any]] = {}
         self._inbox: list[CommandEvent] = []
+        self._since: float | None = None  # a resumed attempt's: the control topic read again from this time
 
     # ------------------------------------------------------------ the call per step
 
@@ -154,6 +158,11 @@ class CommandApplier:
             if command.event_id in self._applied:
                 continue  # seen before (a resumed attempt reading it again)
             self._remember(command.event_id)
+            if self._before_this_attempt(command) and command.command == "stop":
+                why = "a stop sent before this attempt started: the resumed attempt goes on (send stop again)"
+                out.ignored.append((command, why))
+                self._ack(command, "ignored", step, why)
+                continue
             if together and command.target_node is not None:
                 # one rank cannot change the lr (or stop, or evaluate) alone in a loop whose ranks move
                 # together: the node it names says so; the others have nothing to acknowledge
@@ -234,8 +243,12 @@ class CommandApplier:
     # ------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, Any]:
-        return {"factor": self.factor, "applied": list(self.applied_ids), "interval": self.interval,
-                "stopped": self.stopped, "waiting": [c.to_dict() for c in self.waiting]}
+        state = {"factor": self.factor, "applied": list(self.applied_ids), "interval": self.interval,
+                 "stopped": self.stopped, "waiting": [c.to_dict() for c in self.waiting]}
+        since = self._since if self._since is not None else getattr(self.run, "commands_since", None)
+        if isinstance(since, (int, float)):  # the run's first attempt's start: from where a resumed one reads again
+            state["commands_since"] = float(since)
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """The applier's state from a checkpoint. The lrs themselves come back with the optimizer's and the
@@ -252,6 +265,11 @@ class CommandApplier:
             log.warning("the checkpoint's attempt had stopped on a `stop` command; this attempt goes on "
                         "(send stop again to stop it)")
         self.waiting = [event_from_dict(c, CommandEvent) for c in state.get("waiting", ())]
+        # The commands that came after this checkpoint was saved went with the attempt that crashed (their lr
+        # and weights with it): the feed reads the control topic again from the first attempt's start, and
+        # every command not handled here (by id) is handled again (a `stop` for an earlier attempt excepted)
+        since = state.get("commands_since")
+        self._since = float(since) if isinstance(since, (int, float)) and not isinstance(since, bool) else None
 
     # ------------------------------------------------------------ inside
 
@@ -263,12 +281,16 @@ class CommandApplier:
     def _read(self) -> list[CommandEvent]:
         """The run's new commands: when the ranks move together, every node's (rank 0 reads for all of
         them, and each rank then sees those naming it: `at_step`)."""
+        since = {"since": self._since} if self._since is not None else {}
         if self._together():
             try:
-                return list(self.run.commands(every_node=True))
+                return list(self.run.commands(every_node=True, **since))
             except TypeError:  # a run of the user's own whose commands() takes no keyword: as it gives them
                 pass
-        return list(self.run.commands())
+        try:
+            return list(self.run.commands(**since))
+        except TypeError:
+            return list(self.run.commands())
 
     def _together(self) -> bool:
         """Whether every rank applies the same commands (a `sync=` hook, or torch.distributed)."""
@@ -347,6 +369,11 @@ class CommandApplier:
         self.factor = new
         log.info("scale_lr at step %d: lr factor %g%s", step, new, "".join(f"; {n}" for n in notes))
         return "applied", "; ".join(notes) or None
+
+    def _before_this_attempt(self, command: CommandEvent) -> bool:
+        """A command read again by a resumed attempt (`commands_since`), sent before this process started."""
+        started = getattr(self.run, "started", None)
+        return self._since is not None and isinstance(started, (int, float)) and command.ts < started
 
     def _remember(self, event_id: str) -> None:
         self._applied.add(event_id)
