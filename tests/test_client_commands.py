@@ -335,6 +335,43 @@ def test_two_gloo_ranks_apply_a_command_at_the_same_step(tmp_path: Path) -> None
     assert "without target_node 'host:1'" in acks1[1][4]
 
 
+def _restore_rank(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    model, opt = model_and_optimizer()
+    rollback = command("scale_lr", factor=0.5, restore_step=2)
+    feed = Feed({1: [rollback], 3: [command("scale_lr", factor=1.0, restore_step=4)]} if rank == 0 else {},
+                node=f"host:{rank}")
+    control = CommandApplier(feed, opt, model=model, keep_rounds=3)
+    restored = []
+    for step in range(1, 6):
+        if step in (2, 4) and (step == 4 or rank == 0):  # step 2's weights kept on rank 0 alone, step 4's on both
+            control.keep(step)
+        restored.append(control.at_step(step).restored_step)
+    Path(out, f"restored{rank}.json").write_text(json.dumps([restored, feed.acks]))
+    dist.destroy_process_group()
+
+
+def test_ranks_that_disagree_on_a_restore_all_say_so_and_none_counts_it_restored(tmp_path: Path) -> None:
+    """Each rank restores from its own snapshot: one that kept the weights and one that did not would part ways
+    (one evaluating restored weights waits in a collective the other never joins). The ranks compare what
+    they did: where they disagree, none counts as restored and each acknowledgement names every rank's
+    outcome; where they agree, both report the restore."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_restore_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
+    (zero, acks0), (one, acks1) = (json.loads((tmp_path / f"restored{r}.json").read_text()) for r in range(2))
+    assert zero == one == [None, None, None, 4, None]  # step 2: disagreed (before: 2 on rank 0 alone); step 4: both
+    for acks in (acks0, acks1):
+        assert "the ranks disagree on the restored weights (rank 0: step 2, rank 1: not restored)" in acks[0][4]
+        assert "weights of step 4 restored" in acks[1][4]
+
+
 def test_a_command_record_pickles_equal_and_is_checked_again_as_it_is_unpickled() -> None:
     """What the applier's broadcast (and the reference trainer's `Control`) carries between ranks."""
     records = [command("scale_lr", factor=0.5, from_step=7, restore_step=3), command("stop"),

@@ -352,7 +352,7 @@ class CommandApplier:
         notes = []
         restore = command.args.get("restore_step")
         if restore is not None:
-            restored, why = self._restore_weights(int(restore))
+            restored, why = self._agreed(*self._restore_weights(int(restore)))
             if restored is not None:
                 out.restored_step = restored
                 notes.append(f"weights of step {restored} restored" +
@@ -369,6 +369,23 @@ class CommandApplier:
         self.factor = new
         log.info("scale_lr at step %d: lr factor %g%s", step, new, "".join(f"; {n}" for n in notes))
         return "applied", "; ".join(notes) or None
+
+    def _agreed(self, restored: int | None, why: str | None) -> tuple[int | None, str | None]:
+        """Every rank's restore, the same on all (torch.distributed): each rank restores from its own snapshot
+        or loader, and ranks that disagree would part ways (one evaluating the restored weights waits in a
+        collective the others never join). Where they disagree, none counts as restored, and why says which
+        rank did what: the replicas' weights then differ, which only a checkpoint mends."""
+        dist = self._dist()
+        if dist is None:
+            return restored, why
+        everyone: list[int | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, restored)
+        if len(set(everyone)) == 1:
+            return restored, why
+        said = ", ".join(f"rank {r}: {'step ' + str(s) if s is not None else 'not restored'}"
+                         for r, s in enumerate(everyone))
+        log.error("scale_lr: the ranks disagree on the restored weights (%s); the replicas now differ", said)
+        return None, f"the ranks disagree on the restored weights ({said}): the replicas now differ"
 
     def _before_this_attempt(self, command: CommandEvent) -> bool:
         """A command read again by a resumed attempt (`commands_since`), sent before this process started."""
