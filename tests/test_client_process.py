@@ -141,6 +141,31 @@ def test_a_sigterm_during_finish_waits_for_it_then_kills(tmp_path: Path) -> None
     assert statuses(journaled(tmp_path, "sig-finish")) == [("running", None), ("finished", None)]
 
 
+def test_a_sigterm_while_a_full_queue_goes_to_the_journal_waits_for_it_then_kills(tmp_path: Path) -> None:
+    """The signal lands while `log` moves a full queue's oldest chunk to the journal on the caller's thread,
+    holding the publisher's locks. Its handler (on that thread) finished the run there and took the same lock
+    again: the process hung until SIGKILL, its terminal status lost. Now it waits for the chunk, then ends."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import os, signal, areal_metrics as am
+        from areal_metrics.producers.delivery import publisher_core
+        run = am.init(run_id="sig-full", exit_timeout_s=1)
+        run.log({"loss": 1.0}, step=0)
+        make_room = publisher_core.PublisherCore.make_room
+
+        def signalled_then_make_room(self, item):
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, the locks held
+            make_room(self, item)
+
+        publisher_core.PublisherCore.make_room = signalled_then_make_room
+        run._publisher._core.enqueue = lambda item: False  # the queue is full: the slow path
+        run.log({"loss": 0.5}, step=1)
+        print("not reached: the deferred SIGTERM ends the process", flush=True)
+    """)], env=env_for(tmp_path), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    assert "not reached" not in proc.stdout
+    assert statuses(journaled(tmp_path, "sig-full")) == [("running", None), ("killed", 128 + signal.SIGTERM)]
+
+
 def test_a_sigterm_during_a_finish_on_another_thread_still_ends_the_process(tmp_path: Path) -> None:
     """Only the main thread can restore the default disposition: the signal is not deferred to a worker thread."""
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""

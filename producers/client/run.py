@@ -252,7 +252,8 @@ class Run:
         def publisher(journal_dir: Path) -> Publisher:
             return Publisher.from_settings(settings, journal_dir=journal_dir, close_at_exit=False,
                                            exit_timeout_s=self._exit_timeout_s, fsync_journal=options.fsync_journal,
-                                           bootstrap_origin=bootstrap_from or bootstrap_origin())
+                                           bootstrap_origin=bootstrap_from or bootstrap_origin(),
+                                           uninterrupted=exit_hooks.finishing)
         try:
             self._publisher = publisher(journal)
         except OSError as exc:  # a read-only home (a container's): the run goes on, its journal in the temp folder

@@ -27,6 +27,7 @@ on the sender thread (the client's steps: the caller only enqueues a dict).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import sys
@@ -35,6 +36,8 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from areal_metrics.producers.delivery import backends as delivery
@@ -97,7 +100,13 @@ class Publisher:
         exit_timeout_s: float = 10.0,
         kafka_client: str = "auto",
         bootstrap_origin: str | None = None,
+        uninterrupted: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
     ) -> None:
+        """`uninterrupted`: around what the caller's thread does under the publisher's locks (a full queue's
+        chunk to the journal), a context in which a terminating signal's handler, which runs on that thread
+        and would finish the run there, waits for it to end (the client's `exit_hooks.finishing`): taking
+        the same locks again there hung the process."""
+        self._uninterrupted = uninterrupted
         self.topics = topics or Topics(read_setting("topic_prefix"))
         self._delivery_timeout_s = delivery_timeout_s
         self._kafka_config = {"bootstrap_servers": bootstrap.split(","), **(kafka_config or {})}
@@ -159,7 +168,7 @@ class Publisher:
             return
         # Memory is full (the sender is stuck): the queue's oldest go to the journal, a chunk
         # at a time, so the order per run holds and no call pays for the whole queue.
-        with self._order_lock:
+        with self._uninterrupted(), self._order_lock:
             self._core.make_room(event)
 
     def flush(self, timeout: float = 30.0, *, journaled_ok: bool = False) -> bool:
