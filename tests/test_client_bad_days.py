@@ -168,6 +168,27 @@ def test_init_of_the_same_run_again_finishes_the_first(tmp_path: Path) -> None:
     assert out.stderr.count("is still open in this process; finishing it first") == 69 + 2
 
 
+def test_a_second_training_under_the_same_launcher_job_id_is_told_it_replaces_the_first(tmp_path: Path) -> None:
+    """Two trainings one after the other in one SLURM allocation (a sweep in one sbatch script) get the job's
+    run id, and the second's steps replace the first's: said once, with the way out (run_id=, resume=True).
+    A run id given, or a resume, says nothing."""
+    env = {**env_for(tmp_path), "SLURM_JOB_ID": "4242"}
+    code = textwrap.dedent("""
+        import sys, areal_metrics as am
+        run = am.init(git=False, **({"resume": True} if sys.argv[1] == "resume" else
+                                    {"run_id": "mine"} if sys.argv[1] == "given" else {}))
+        print("RUN", run.run_id)
+        run.finish()
+    """)
+    said = []
+    for how in ("job", "job", "resume", "given", "given"):
+        out = subprocess.run([sys.executable, "-c", code, how], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        said.append((out.stdout.split("RUN ")[1].split()[0], "steps replace that run's" in out.stderr))
+    assert said == [("slurm-4242", False), ("slurm-4242", True), ("slurm-4242", False), ("mine", False),
+                    ("mine", False)]
+
+
 def test_a_resume_whose_broker_does_not_answer_keeps_to_its_timeout(tmp_path: Path, silent_broker: str) -> None:
     out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import threading, time

@@ -179,9 +179,9 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
     # the structure limits (AREAL_MAX_*) of what this process reads and logs: the client's entry installs them
     install_limits(StructureLimits.from_settings(settings_obj))
     identity = _identity(options)
-    generated = False
+    generated, from_job = False, None
     if run_id is None:
-        run_id = job_run_id(os.environ)
+        run_id = from_job = job_run_id(os.environ)
     if run_id is None:
         run_id, generated = run_info.new_run_id(), True
     if not is_valid_run_id(run_id):
@@ -194,6 +194,12 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
     _finish_previous(run_id, identity.rank, generated)
     origin = "init(kafka_bootstrap=...)" if "kafka_bootstrap" in overrides else bootstrap_origin()
     home = settings_obj.state_dir  # AREAL_HOME (or home=), read at the client's entry: journals and attempt records
+    if from_job is not None and not resume and attempts.state_path(home, run_id, identity.rank).exists():
+        # the launcher's id is the job's: a second training in one allocation (a sweep in one sbatch script,
+        # a requeued job) gets the same id, and its steps would replace the first's without a word
+        _log.warning("init(): run id %s comes from the launcher's job and was started before on this host (%s): "
+                     "this training's steps replace that run's; pass run_id= (or AREAL_RUN_ID) to keep both, or "
+                     "resume=True to continue it", run_id, attempts.state_path(home, run_id, identity.rank))
     attempt = _attempt(settings_obj, home, run_id, identity.rank, resume, options)
     run = Run(run_id, identity, settings_obj, client, options, config=config, tags=clean_tags, group=group,
               attempt=attempt,
