@@ -405,6 +405,9 @@ def test_the_home_is_per_user_and_the_broker_the_one_up_recorded(tmp_path, monke
     found = Settings.from_env()
     assert (found.kafka_bootstrap, found.topic_prefix, found.clickhouse_url) == ("127.0.0.1:41231", "t.", "chdb:///srv/store")
     assert str(home / "stack.json") in bootstrap_origin()
+    # the folder init(home=...) read, not AREAL_HOME's (the warning named the wrong one)
+    other = tmp_path / "other"
+    assert bootstrap_origin(other) == f"the default (no AREAL_KAFKA_BOOTSTRAP, no stack recorded in {other / 'stack.json'})"
     monkeypatch.setenv("AREAL_KAFKA_BOOTSTRAP", "kafka:9092")  # the environment wins
     assert Settings.from_env().kafka_bootstrap == "kafka:9092" and bootstrap_origin() == "AREAL_KAFKA_BOOTSTRAP"
 

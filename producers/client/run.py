@@ -192,8 +192,8 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
                                notes=clean_notes)
         return _current  # type: ignore[return-value]
     _finish_previous(run_id, identity.rank, generated)
-    origin = "init(kafka_bootstrap=...)" if "kafka_bootstrap" in overrides else bootstrap_origin()
     home = settings_obj.state_dir  # AREAL_HOME (or home=), read at the client's entry: journals and attempt records
+    origin = "init(kafka_bootstrap=...)" if "kafka_bootstrap" in overrides else bootstrap_origin(home)
     if from_job is not None and not resume and attempts.state_path(home, run_id, identity.rank).exists():
         # the launcher's id is the job's: a second training in one allocation (a sweep in one sbatch script,
         # a requeued job) gets the same id, and its steps would replace the first's without a word

@@ -444,13 +444,15 @@ def _text(stack: Mapping[str, object], name: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def bootstrap_origin() -> str:
-    """Where the client's bootstrap comes from, in words (for the one warning when it cannot deliver)."""
+def bootstrap_origin(home: Path | None = None) -> str:
+    """Where the client's bootstrap comes from, in words (for the one warning when it cannot deliver); `home`:
+    the state folder the client read (`init(home=...)`), else AREAL_HOME's."""
     if is_set("kafka_bootstrap"):
         return "AREAL_KAFKA_BOOTSTRAP"
-    if _text(recorded_stack(), "kafka_bootstrap"):
-        return f"the stack recorded in {state_dir() / STACK_FILE}"
-    return f"the default (no AREAL_KAFKA_BOOTSTRAP, no stack recorded in {state_dir() / STACK_FILE})"
+    home = home or state_dir()
+    if _text(recorded_stack(home), "kafka_bootstrap"):
+        return f"the stack recorded in {home / STACK_FILE}"
+    return f"the default (no AREAL_KAFKA_BOOTSTRAP, no stack recorded in {home / STACK_FILE})"
 
 
 _FIELDS = {f.name: f for f in fields(Settings)}
