@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from areal_metrics.producers.client.trainer_control import due, from_step
+from areal_metrics.producers.client.trainer_control import STALE_STOP, due, from_step, stale_stop
 from areal_metrics.producers.contract.events import CommandEvent
 
 
@@ -49,7 +49,7 @@ class Control:
 # When a command is due is the public client's rule (`CommandApplier` uses it too); the trainer
 # calls `due(pending, step)` after update `step`, so a command from step s changes the lr of
 # update s + 1 on.
-__all__ = ["Applied", "Control", "apply_commands", "due", "from_step"]
+__all__ = ["STALE_STOP", "Applied", "Control", "apply_commands", "due", "from_step", "stale_stop"]
 
 
 def apply_commands(commands: Iterable[CommandEvent], scheduler: Any) -> Applied:

@@ -25,7 +25,7 @@ import torch
 from areal_metrics.areal_train import ppo
 from areal_metrics.areal_train.collective import Collective
 from areal_metrics.areal_train.config import TrainConfig
-from areal_metrics.areal_train.control import Applied, Control, apply_commands, due
+from areal_metrics.areal_train.control import STALE_STOP, Applied, Control, apply_commands, due, stale_stop
 from areal_metrics.areal_train.episodes import Episodes, rollout
 from areal_metrics.areal_train.eval_process import Standby
 from areal_metrics.areal_train.evaluation import Outcome, RoundJob
@@ -244,13 +244,11 @@ def _arrived(session: Session, run: RunLike, step: int) -> tuple[CommandEvent, .
     for command in (arrived if arrived is not None else read()):
         if command.event_id in known:
             continue
-        if (command.command == "stop" and session.attempt > 0 and isinstance(started, (int, float))
-                and command.ts < started):
+        if session.attempt > 0 and stale_stop(command, started):
             session.remember((command.event_id,))
             acknowledge = getattr(run, "acknowledge", None)
             if callable(acknowledge):
-                acknowledge(command, "ignored", step=step + 1, detail="a stop sent before this attempt started: the "
-                            "resumed attempt goes on (send stop again)")
+                acknowledge(command, "ignored", step=step + 1, detail=STALE_STOP)
             continue
         fresh.append(command)
     return tuple(fresh)

@@ -76,6 +76,15 @@ _GROUP_LR_KEYS = ("initial_lr", "max_lr", "min_lr")
 # ---------------------------------------------------------------- pure: when a command applies
 
 
+STALE_STOP = "a stop sent before this attempt started: the resumed attempt goes on (send stop again)"
+
+
+def stale_stop(command: CommandEvent, started: Any) -> bool:
+    """A `stop` that a resumed attempt reads again (it reads the control topic from the first attempt's start),
+    sent before this attempt started (`started`, the run's): it ended the attempt it was sent to, not this one."""
+    return command.command == "stop" and isinstance(started, (int, float)) and command.ts < started
+
+
 def from_step(command: CommandEvent) -> int:
     """The step from which a command applies (0: at once); only `scale_lr` waits."""
     value = command.args.get("from_step") if command.command == "scale_lr" else None
@@ -158,10 +167,9 @@ class CommandApplier:
             if command.event_id in self._applied:
                 continue  # seen before (a resumed attempt reading it again)
             self._remember(command.event_id)
-            if self._before_this_attempt(command) and command.command == "stop":
-                why = "a stop sent before this attempt started: the resumed attempt goes on (send stop again)"
-                out.ignored.append((command, why))
-                self._ack(command, "ignored", step, why)
+            if self._since is not None and stale_stop(command, getattr(self.run, "started", None)):
+                out.ignored.append((command, STALE_STOP))
+                self._ack(command, "ignored", step, STALE_STOP)
                 continue
             if together and command.target_node is not None:
                 # one rank cannot change the lr (or stop, or evaluate) alone in a loop whose ranks move
@@ -386,11 +394,6 @@ class CommandApplier:
                          for r, s in enumerate(everyone))
         log.error("scale_lr: the ranks disagree on the restored weights (%s); the replicas now differ", said)
         return None, f"the ranks disagree on the restored weights ({said}): the replicas now differ"
-
-    def _before_this_attempt(self, command: CommandEvent) -> bool:
-        """A command read again by a resumed attempt (`commands_since`), sent before this process started."""
-        started = getattr(self.run, "started", None)
-        return self._since is not None and isinstance(started, (int, float)) and command.ts < started
 
     def _remember(self, event_id: str) -> None:
         self._applied.add(event_id)
