@@ -187,6 +187,11 @@ def test_a_second_training_under_the_same_launcher_job_id_is_told_it_replaces_th
         said.append((out.stdout.split("RUN ")[1].split()[0], "steps replace that run's" in out.stderr))
     assert said == [("slurm-4242", False), ("slurm-4242", True), ("slurm-4242", False), ("mine", False),
                     ("mine", False)]
+    chosen = {**env, "AREAL_RUN_ID": "chosen"}  # an id the user set: a re-run of it is theirs to choose
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", code, "job"], env=chosen, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0 and "RUN chosen" in out.stdout and "steps replace" not in out.stderr, out.stderr
 
 
 def test_a_resume_whose_broker_does_not_answer_keeps_to_its_timeout(tmp_path: Path, silent_broker: str) -> None:

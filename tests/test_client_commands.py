@@ -372,6 +372,61 @@ def test_ranks_that_disagree_on_a_restore_all_say_so_and_none_counts_it_restored
         assert "weights of step 4 restored" in acks[1][4]
 
 
+class ResumedFeed(Feed):
+    """Rank 0's run in a resumed attempt: it started at `started`, and reads the control topic again from
+    `since` when asked (the commands given as sent before then)."""
+
+    def __init__(self, plan: dict[int, list[CommandEvent]], started: float) -> None:
+        super().__init__(plan, node="host:0")
+        self.started = self.commands_since = started
+
+    def commands(self, *, every_node: bool = False, since: float | None = None) -> list[CommandEvent]:
+        return super().commands(every_node=every_node)
+
+
+def _resumed_rank(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    model, opt = model_and_optimizer()
+    old_stop = CommandEvent(run_id="r1", node="worker", command="stop", ts=500.0)  # sent to the attempt before
+    rollback = command("scale_lr", factor=0.5, restore_step=2)
+
+    def restore(step: int) -> bool:
+        if rank == 1:
+            raise OSError("the checkpoint is not on this node")
+        return True
+
+    # rank 0 reads (its run started at 1000); rank 1 has no run (TRL's other ranks): it decides nothing itself
+    feed = ResumedFeed({0: [old_stop], 2: [rollback]}, started=1000.0) if rank == 0 else None
+    control = CommandApplier(feed, opt, model=model, restore=restore)
+    control.load_state_dict({"factor": 1.0, "applied": [], "commands_since": 100.0})
+    record = []
+    for step in range(1, 5):
+        due_now = control.at_step(step)
+        record.append([due_now.stop, due_now.restored_step, due_now.lr_factor])
+    Path(out, f"resumed{rank}.json").write_text(json.dumps([record, feed.acks if feed else []]))
+    dist.destroy_process_group()
+
+
+def test_a_resumed_loops_ranks_agree_on_an_old_stop_and_on_a_restore_that_raises(tmp_path: Path) -> None:
+    """Two gloo ranks of a resumed attempt, rank 1 without a run (as TRL's other ranks). A `stop` sent to the
+    attempt before is dropped where it is read, before the ranks get it: neither stops (before: rank 1, which
+    has no start time to judge it by, obeyed it and the ranks parted). A restore that raises on rank 1 still
+    reaches the ranks' comparison: no hang, and neither counts it restored."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_resumed_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
+    (zero, acks), (one, _) = (json.loads((tmp_path / f"resumed{r}.json").read_text()) for r in range(2))
+    assert zero == one == [[False, None, 1.0], [False, None, 1.0], [False, None, 0.5], [False, None, 0.5]]
+    assert [a[:2] for a in acks] == [["stop", "ignored"], ["scale_lr", "applied"]]
+    assert "rank 0: step 2, rank 1: not restored" in acks[1][4]
+
+
 def test_a_command_record_pickles_equal_and_is_checked_again_as_it_is_unpickled() -> None:
     """What the applier's broadcast (and the reference trainer's `Control`) carries between ranks."""
     records = [command("scale_lr", factor=0.5, from_step=7, restore_step=3), command("stop"),

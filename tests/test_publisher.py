@@ -274,3 +274,19 @@ def test_a_message_larger_than_a_record_goes_as_a_dead_letter_and_holds_nothing_
     assert len(letters) == 2 and all(isinstance(e, RejectedEvent) and e.run_id == "r-big" for e in letters)
     assert all("larger than a record may be" in e.reason and e.source_topic == topics.steps for e in letters)
     assert not open_journal(tmp_path / "journal").has_pending()
+
+
+def test_the_dead_letter_of_a_message_too_large_fits_a_record(topics, tmp_path):
+    """Its raw text keeps the message's first bytes, not characters: 4-byte characters kept by the character
+    made a letter over 1 MiB, refused in turn (a review)."""
+    from areal_metrics.producers.delivery.publisher import RECORD_OVERHEAD_BYTES, SEND_MAX_BYTES
+
+    publisher = Publisher(f"127.0.0.1:{free_port()}", topics, tmp_path / "journal")
+    try:
+        for text in ("\U0001F600" * 300_000, "x" * 1_200_000, "\u00e9" * 600_000):
+            value = json.dumps({"type": "run", "run_id": "r", "notes": text}, ensure_ascii=False).encode()
+            topic, key, letter = publisher._sendable((topics.runs, b"r", value))
+            assert topic == topics.deadletter and len(key) + len(letter) + RECORD_OVERHEAD_BYTES <= SEND_MAX_BYTES
+            assert parse_event(letter).type == "rejected"
+    finally:
+        publisher.close(timeout=0.5)

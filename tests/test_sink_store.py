@@ -193,6 +193,31 @@ def test_rows_a_block_left_in_steps_but_not_in_its_aggregates_are_counted_by_a_r
     assert insert_missing(client, "areal", rows, "areal.steps:1:500-779:again") == 0
 
 
+def test_a_step_logged_again_whose_second_version_the_views_lost_is_counted_by_a_retry_in_part(client) -> None:
+    """A rank logs a step twice; its first version is stored and counted, its second goes in a block whose views'
+    parts a kill lost. The rank's bit is set (by the first version), so the bits alone call the second counted
+    and the view kept the first's value, while `steps` holds the second's (a review). The key is stored in two
+    versions: its row goes in again, the step is counted twice and read from the raw rows: the second's value."""
+    from areal_metrics.sinks import rank_aggregates, step_means
+    from areal_metrics.sinks.schema import SchemaOptions
+    from tests.test_step_means import assert_view_is_the_raw_rule as assert_means_are_the_raw_rule
+
+    first = located([StepEvent(run_id="a", step=3, rank=r, world_size=2, epoch=0, reward=0.1) for r in range(2)])
+    again = located([StepEvent(run_id="a", step=3, rank=0, world_size=2, epoch=0, reward=0.9)], first=10)
+    insert_rows(client, "areal", first, "areal.steps:0:0-1")
+    views = ("step_aggregates_mv", "rank_aggregates_mv", "rank_aggregates_coarse_mv")
+    for view in views:  # the kill: the second version's block reaches `steps` alone
+        client.command(f"DROP VIEW areal.{view}")
+    insert_rows(client, "areal", again, "areal.steps:0:10-10+areal.steps:1:0-0")
+    o = SchemaOptions()
+    for sql in (step_means.aggregates_mv_sql(o), rank_aggregates.mv_sql(o), rank_aggregates.coarse_mv_sql(o)):
+        client.command(sql)
+    assert client.query("SELECT reward FROM areal.v_step_means").result_rows == [(0.1,)]  # the first's, unseen
+    assert insert_missing(client, "areal", again, "areal.steps:0:10-10:redone", views_may_lack=True) == 1
+    assert client.query("SELECT reward FROM areal.v_step_means").result_rows == [(0.5,)]  # (0.9 + 0.1) / 2
+    assert_means_are_the_raw_rule(client)
+
+
 def test_rows_of_two_partitions_at_the_same_offsets_are_told_apart_by_insert_missing(client) -> None:
     """A retried block holds a topic's chunks of several partitions, whose offsets overlap: a row is missing
     by its log position (partition and offset), not by its offset alone."""

@@ -62,7 +62,7 @@ from areal_metrics.producers.contract.ids import RUN_ID_RULE, is_valid_run_id
 from areal_metrics.producers.contract.limits import StructureLimits, default_limits, install_limits
 from areal_metrics.producers.client.launcher_env import Identity, identity_from_env, job_run_id
 from areal_metrics.producers.delivery.publisher import RECORD_OVERHEAD_BYTES, SEND_MAX_BYTES, Publisher
-from areal_metrics.producers.contract.settings import Settings, bootstrap_origin
+from areal_metrics.producers.contract.settings import Settings, bootstrap_origin, read_setting
 from areal_metrics.producers.client.settings import ClientSettings
 from areal_metrics.producers.contract.topics import Topics
 
@@ -194,7 +194,9 @@ def init(run_id: str | None = None, config: Any = None, tags: Iterable[str] = ()
     _finish_previous(run_id, identity.rank, generated)
     home = settings_obj.state_dir  # AREAL_HOME (or home=), read at the client's entry: journals and attempt records
     origin = "init(kafka_bootstrap=...)" if "kafka_bootstrap" in overrides else bootstrap_origin(home)
-    if from_job is not None and not resume and attempts.state_path(home, run_id, identity.rank).exists():
+    from_launcher = from_job is not None and not (read_setting("run_id") or "").strip()  # not AREAL_RUN_ID's
+    if (from_launcher and not resume and options.attempt is None
+            and attempts.state_path(home, run_id, identity.rank).exists()):
         # the launcher's id is the job's: a second training in one allocation (a sweep in one sbatch script,
         # a requeued job) gets the same id, and its steps would replace the first's without a word
         _log.warning("init(): run id %s comes from the launcher's job and was started before on this host (%s): "

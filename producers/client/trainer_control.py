@@ -157,7 +157,7 @@ class CommandApplier:
         """Apply the commands due before update `step` (every rank calls this at the same steps)."""
         out = Due(step, stop=self.stopped, eval_interval=self.interval, lr_factor=self.factor)
         try:
-            arrived = self._arrived()
+            arrived = self._arrived(step, out)
         except Exception as exc:  # noqa: BLE001 - monitoring never stops training
             log.warning("commands at step %d not read: %s", step, exc)
             return out
@@ -167,10 +167,6 @@ class CommandApplier:
             if command.event_id in self._applied:
                 continue  # seen before (a resumed attempt reading it again)
             self._remember(command.event_id)
-            if self._since is not None and stale_stop(command, getattr(self.run, "started", None)):
-                out.ignored.append((command, STALE_STOP))
-                self._ack(command, "ignored", step, STALE_STOP)
-                continue
             if together and command.target_node is not None:
                 # one rank cannot change the lr (or stop, or evaluate) alone in a loop whose ranks move
                 # together: the node it names says so; the others have nothing to acknowledge
@@ -281,10 +277,28 @@ class CommandApplier:
 
     # ------------------------------------------------------------ inside
 
-    def _arrived(self) -> list[CommandEvent]:
+    def _arrived(self, step: int, out: Due) -> list[CommandEvent]:
         inbox, self._inbox = self._inbox, []
         reads = self.run is not None and self._leads()  # only rank 0 reads the feed when ranks agree
-        return self._broadcast([*inbox, *(self._read() if reads else ())])
+        mine = [*inbox, *(self._read() if reads else ())]
+        if reads and self._since is not None:  # decided where they are read, before every rank gets them
+            mine = self._without_stale_stops(mine, step, out)
+        return self._broadcast(mine)
+
+    def _without_stale_stops(self, commands: list[CommandEvent], step: int, out: Due) -> list[CommandEvent]:
+        """A resumed attempt's commands less the `stop`s sent before it started (`stale_stop`), each
+        acknowledged as ignored once. Decided on the rank that reads them: the others have no run (and no
+        start time) to decide by, and a stop obeyed by some ranks alone would hang the rest."""
+        started = getattr(self.run, "started", None)
+        kept = []
+        for command in commands:
+            if not stale_stop(command, started):
+                kept.append(command)
+            elif command.event_id not in self._applied:
+                self._remember(command.event_id)
+                out.ignored.append((command, STALE_STOP))
+                self._ack(command, "ignored", step, STALE_STOP)
+        return kept
 
     def _read(self) -> list[CommandEvent]:
         """The run's new commands: when the ranks move together, every node's (rank 0 reads for all of
@@ -360,7 +374,11 @@ class CommandApplier:
         notes = []
         restore = command.args.get("restore_step")
         if restore is not None:
-            restored, why = self._agreed(*self._restore_weights(int(restore)))
+            try:
+                outcome = self._restore_weights(int(restore))
+            except Exception as exc:  # noqa: BLE001 - every rank must still reach the comparison in _agreed
+                outcome = None, f"restoring failed: {type(exc).__name__}: {exc}"[:512]
+            restored, why = self._agreed(*outcome)
             if restored is not None:
                 out.restored_step = restored
                 notes.append(f"weights of step {restored} restored" +

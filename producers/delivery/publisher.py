@@ -61,6 +61,7 @@ _JOURNAL_RETRY_S = 1.0  # after a failed journal write (a full disk), the next t
 # default), and what a record batch adds to its key and value (headers, lengths, CRC: under 100 bytes)
 SEND_MAX_BYTES = 1 << 20
 RECORD_OVERHEAD_BYTES = 256
+LETTER_RAW_BYTES = 64 * 1024  # of a message too large to send, what its dead letter keeps (base64 at worst: 4/3)
 _HOST = (os.uname().nodename if hasattr(os, "uname") else "client")[:256]
 
 
@@ -343,7 +344,8 @@ class Publisher:
         reason = (f"client: a message for {topic} of {len(value)} bytes is larger than a record may be ({limit} "
                   "bytes: AREAL_MAX_MESSAGE_BYTES, at most the producer's 1 MiB); sent as this dead letter")
         self._say_once(f"too-large:{topic}", "publisher: %s", reason)
-        letter = rejected(value, reason, topic, node=_HOST, key=key)
+        # the letter keeps the message's first bytes: its raw text counts characters, up to 4 bytes each
+        letter = rejected(value[:LETTER_RAW_BYTES], reason, topic, node=_HOST, key=key)
         return self.topics.deadletter, key, letter.to_json()
 
     def _connect(self) -> bool:
