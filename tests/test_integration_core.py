@@ -175,3 +175,24 @@ def test_a_checkpoint_rollback_restores_every_weight_or_none(tmp_path) -> None:
         assert isinstance(why, str) and "nothing restored" in why, why
         assert ("not in the model" if change == "renamed" else "missing") in why, why
         assert unchanged_since(before), change  # nothing loaded
+
+
+def test_a_resume_without_the_callbacks_state_reads_the_factor_from_the_restored_schedule() -> None:
+    """Resumed from a checkpoint outside output_dir, the callback finds no state of its own; HF restored the
+    scheduler, whose base lrs a scale_lr scaled: the factor is read from there (before: 1.0, so the next cut
+    was bounded from 1.0 while the lrs were at x0.25)."""
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    from areal_metrics.integrations.trl import scaled_factor
+    from areal_metrics.producers.client.trainer_control import scale_schedule
+
+    args = type("Args", (), {"learning_rate": 3e-4})()
+    optimizer = torch.optim.AdamW(torch.nn.Linear(2, 1).parameters(), lr=3e-4)
+    scheduler = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=2, num_training_steps=20)
+    assert scaled_factor(args, scheduler) == 1.0
+    scale_schedule(optimizer, scheduler, 0.25)
+    restored = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=2, num_training_steps=20)
+    restored.load_state_dict(scheduler.state_dict())  # what HF's resume does
+    assert scaled_factor(args, restored) == pytest.approx(0.25)
+    assert scaled_factor(args, restored, lr_min_factor=0.5) == 0.5 and scaled_factor(args, None) is None

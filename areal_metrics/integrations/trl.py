@@ -287,6 +287,15 @@ class ArealMetricsCallback(TrainerCallback):
             saved = _saved_state(args, self._begin_step)
             if saved is not None:  # a resumed training: the commands applied and waiting, the factor
                 self.applier.load_state_dict(saved)
+            elif self._begin_step:  # resumed from a checkpoint this callback did not save beside (elsewhere)
+                factor = scaled_factor(args, kwargs.get("lr_scheduler"), self.lr_min_factor)
+                if factor is not None:  # HF restored the scaled lrs: the next cut is bounded from there
+                    self.applier.factor = factor
+                self._warn_once("no-command-state", (
+                    f"resumed at step {self._begin_step}, but {COMMANDS_FILE} is not in {args.output_dir}/checkpoint-"
+                    f"{self._begin_step} (a checkpoint from elsewhere?): the lr factor is read from the restored "
+                    f"schedule (x{self.applier.factor:g}); the commands waiting at that checkpoint, and those after "
+                    "it, are not applied again (resume from a checkpoint of this output_dir for that)"))
         return self.applier
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -336,6 +345,17 @@ def _saved_state(args: Any, step: int) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def scaled_factor(args: Any, scheduler: Any, lr_min_factor: float = LR_MIN_FACTOR) -> float | None:
+    """The cumulative lr factor a restored schedule holds: its first base lr over the trainer's learning rate
+    (a `scale_lr` scales the schedule's base lrs, which HF's checkpoint keeps), within [lr_min_factor, 1];
+    None when the schedule has no base lrs to read."""
+    base = getattr(scheduler, "base_lrs", None)
+    lr = getattr(args, "learning_rate", None)
+    if not base or not isinstance(lr, (int, float)) or lr <= 0:
+        return None
+    return min(1.0, max(lr_min_factor, float(base[0]) / float(lr)))
 
 
 def newest_checkpoint(output_dir: Any, step: int) -> Any:
