@@ -275,6 +275,17 @@ def test_the_applier_is_public_and_importing_the_client_imports_no_torch(tmp_pat
 # ---------------------------------------------------------------- two ranks
 
 
+def two_ranks(rank_main: Callable[[int, int, str], None], out: Path) -> None:
+    """`rank_main(rank, port, out)` in two spawned processes, a gloo group on a free loopback port."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(rank_main, args=(port, str(out)), nprocs=2, join=True)
+
+
 def _rank(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
@@ -308,13 +319,7 @@ def _rank(rank: int, port: int, out: str) -> None:
 
 
 def test_two_gloo_ranks_apply_a_command_at_the_same_step(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
+    two_ranks(_rank, tmp_path)
     zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     assert zero == one
     assert [r[1] for r in zero] == [1.0] * 4 + [0.25] * 5  # applied before update 5 on both
@@ -358,13 +363,7 @@ def test_ranks_that_disagree_on_a_restore_all_say_so_and_none_counts_it_restored
     (one evaluating restored weights waits in a collective the other never joins). The ranks compare what
     they did: where they disagree, none counts as restored and each acknowledgement names every rank's
     outcome; where they agree, both report the restore."""
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_restore_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
+    two_ranks(_restore_rank, tmp_path)
     (zero, acks0), (one, acks1) = (json.loads((tmp_path / f"restored{r}.json").read_text()) for r in range(2))
     assert zero == one == [None, None, None, 4, None]  # step 2: disagreed (before: 2 on rank 0 alone); step 4: both
     for acks in (acks0, acks1):
@@ -414,13 +413,7 @@ def test_a_resumed_loops_ranks_agree_on_an_old_stop_and_on_a_restore_that_raises
     attempt before is dropped where it is read, before the ranks get it: neither stops (before: rank 1, which
     has no start time to judge it by, obeyed it and the ranks parted). A restore that raises on rank 1 still
     reaches the ranks' comparison: no hang, and neither counts it restored."""
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_resumed_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
+    two_ranks(_resumed_rank, tmp_path)
     (zero, acks), (one, _) = (json.loads((tmp_path / f"resumed{r}.json").read_text()) for r in range(2))
     assert zero == one == [[False, None, 1.0], [False, None, 1.0], [False, None, 0.5], [False, None, 0.5]]
     assert [a[:2] for a in acks] == [["stop", "ignored"], ["scale_lr", "applied"]]
