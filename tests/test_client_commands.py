@@ -396,10 +396,13 @@ def _resumed_rank(rank: int, port: int, out: str) -> None:
             raise OSError("the checkpoint is not on this node")
         return True
 
-    # rank 0 reads (its run started at 1000); rank 1 has no run (TRL's other ranks): it decides nothing itself
-    feed = ResumedFeed({0: [old_stop], 2: [rollback]}, started=1000.0) if rank == 0 else None
+    # rank 0 reads (its run started at 1000); rank 1 has no run (TRL's other ranks): it decides nothing itself.
+    # `done` was applied before the checkpoint; rank 1's node kept no applier state (HF's save_on_each_node
+    # without the callback's file there): its factor is the schedule's, its handled ids none
+    done = CommandEvent(run_id="r1", node="worker", command="scale_lr", args={"factor": 0.5}, ts=400.0)
+    feed = ResumedFeed({0: [old_stop, done], 2: [rollback]}, started=1000.0) if rank == 0 else None
     control = CommandApplier(feed, opt, model=model, restore=restore)
-    control.load_state_dict({"factor": 1.0, "applied": [], "commands_since": 100.0})
+    control.load_state_dict({"factor": 0.5, "applied": [done.event_id] if rank == 0 else [], "commands_since": 100.0})
     record = []
     for step in range(1, 5):
         due_now = control.at_step(step)
@@ -410,12 +413,15 @@ def _resumed_rank(rank: int, port: int, out: str) -> None:
 
 def test_a_resumed_loops_ranks_agree_on_an_old_stop_and_on_a_restore_that_raises(tmp_path: Path) -> None:
     """Two gloo ranks of a resumed attempt, rank 1 without a run (as TRL's other ranks). A `stop` sent to the
-    attempt before is dropped where it is read, before the ranks get it: neither stops (before: rank 1, which
-    has no start time to judge it by, obeyed it and the ranks parted). A restore that raises on rank 1 still
+    attempt before, and a command the checkpoint had handled, are dropped where they are read, before the ranks
+    get them: neither stops, neither applies the old command again (before: rank 1, which has no start time to
+    judge the stop by, nor the handled ids where its node kept no state, obeyed both and the ranks parted). A restore that raises on rank 1 still
     reaches the ranks' comparison: no hang, and neither counts it restored."""
     two_ranks(_resumed_rank, tmp_path)
     (zero, acks), (one, _) = (json.loads((tmp_path / f"resumed{r}.json").read_text()) for r in range(2))
-    assert zero == one == [[False, None, 1.0], [False, None, 1.0], [False, None, 0.5], [False, None, 0.5]]
+    # the command handled before the checkpoint, read again by rank 0, is not handed to rank 1 (which would
+    # apply it again: x0.25, then x0.125 after the rollback)
+    assert zero == one == [[False, None, 0.5], [False, None, 0.5], [False, None, 0.25], [False, None, 0.25]]
     assert [a[:2] for a in acks] == [["stop", "ignored"], ["scale_lr", "applied"]]
     assert "rank 0: step 2, rank 1: not restored" in acks[1][4]
 

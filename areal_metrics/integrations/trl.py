@@ -302,7 +302,9 @@ class ArealMetricsCallback(TrainerCallback):
         """The applier's state beside HF's checkpoint (`checkpoint-N/areal_metrics_commands.json`): a training
         resumed from it (whose optimizer and scheduler hold the scaled lrs) neither applies a command again
         nor forgets one waiting for its step."""
-        if self.applier is None or not state.is_world_process_zero:
+        # every process HF saves the checkpoint from (one per node with save_on_each_node): each rank holds the
+        # same state (the same commands, broadcast), and a node without it would resume without the handled ids
+        if self.applier is None or not getattr(args, "should_save", state.is_world_process_zero):
             return
         import json
         from pathlib import Path

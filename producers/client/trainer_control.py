@@ -282,7 +282,9 @@ class CommandApplier:
         reads = self.run is not None and self._leads()  # only rank 0 reads the feed when ranks agree
         mine = [*inbox, *(self._read() if reads else ())]
         if reads and self._since is not None:  # decided where they are read, before every rank gets them
-            mine = self._without_stale_stops(mine, step, out)
+            # a resumed attempt reads again what its checkpoint had handled: not handed to the ranks (one whose
+            # node kept no state would apply it again), and a stop sent before it started is not obeyed
+            mine = self._without_stale_stops([c for c in mine if c.event_id not in self._applied], step, out)
         return self._broadcast(mine)
 
     def _without_stale_stops(self, commands: list[CommandEvent], step: int, out: Due) -> list[CommandEvent]:
