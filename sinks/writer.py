@@ -92,7 +92,7 @@ def insert_missing(client: Any, database: str, rows: Sequence[Located], token: s
             continue  # nothing this table takes (evals without samples)
         column = dict(zip(names, columns))
         keys, versions = _keys(target, column), _versions(target, column)
-        held = _held_versions(client, database, target, runs, set(keys))
+        held, several = _held_versions(client, database, target, runs, set(keys))
         # a row is its log position: a block holds several partitions, whose offsets overlap
         missing_at = {(partition, offset) for partition, offset, key, version
                       in zip(column["_partition"], column["_offset"], keys, versions) if held.get(key, -1) < version}
@@ -109,8 +109,7 @@ def insert_missing(client: Any, database: str, rows: Sequence[Located], token: s
             # logged again) may have had another version counted, so its row goes in again (the aggregate then
             # counts the rank twice and reads that step from the raw rows). Once a merge has kept one version,
             # this cannot be seen: a limit (docs/CLICKHOUSE.md).
-            again = _stored_more_than_once(client, database, target, runs, {key for _, key in at_version.values()})
-            missing_at |= {at for at, (row, key) in at_version.items() if row not in counted or key in again}
+            missing_at |= {at for at, (row, key) in at_version.items() if row not in counted or key in several}
         if not missing_at:
             continue
         names, columns = build_columns(target, [r for r in rows if (r.partition, r.offset) in missing_at])
@@ -118,17 +117,6 @@ def insert_missing(client: Any, database: str, rows: Sequence[Located], token: s
                       column_oriented=True, settings=insert_settings(token))
         restored |= missing_at
     return len(restored)
-
-
-def _stored_more_than_once(client: Any, database: str, table: Table, runs: list[str],
-                           keys: set[tuple[str, ...]]) -> set[tuple[str, ...]]:
-    """The sorting keys of which the table holds more than one version (not merged into one yet)."""
-    key = ", ".join(f"toString({name})" for name in table.order_by)
-    result = client.query(
-        f"SELECT [{key}] FROM {database}.{table.name} WHERE run_id IN {{runs:Array(String)}} "
-        f"AND has({{keys:Array(Array(String))}}, [{key}]) GROUP BY 1 HAVING uniqExact({table.version}) > 1",
-        parameters={"runs": runs, "keys": [list(k) for k in keys]})
-    return {tuple(k) for (k,) in result.result_rows}
 
 
 def _keys(table: Table, column: Mapping[str, list[Any]]) -> list[tuple[str, ...]]:
@@ -144,14 +132,16 @@ def _versions(table: Table, column: Mapping[str, list[Any]]) -> list[int]:
 
 
 def _held_versions(client: Any, database: str, table: Table, runs: list[str],
-                   keys: set[tuple[str, ...]]) -> dict[tuple[str, ...], int]:
-    """The newest version the table holds of each of these sorting keys (absent: none)."""
+                   keys: set[tuple[str, ...]]) -> tuple[dict[tuple[str, ...], int], set[tuple[str, ...]]]:
+    """The newest version the table holds of each of these sorting keys (absent: none), and the keys it holds
+    in more than one version (not merged into one yet)."""
     key = ", ".join(f"toString({name})" for name in table.order_by)
     result = client.query(
-        f"SELECT [{key}], max({table.version}) FROM {database}.{table.name} "
+        f"SELECT [{key}], max({table.version}), uniqExact({table.version}) > 1 FROM {database}.{table.name} "
         f"WHERE run_id IN {{runs:Array(String)}} AND has({{keys:Array(Array(String))}}, [{key}]) GROUP BY 1",
         parameters={"runs": runs, "keys": [list(k) for k in keys]})
-    return {tuple(k): int(v) for k, v in result.result_rows}
+    return ({tuple(k): int(v) for k, v, _ in result.result_rows},
+            {tuple(k) for k, _, several in result.result_rows if several})
 
 
 def record_plans(client: Any, database: str, group: str, plans: Mapping[TopicPartition, Plan]) -> None:

@@ -45,7 +45,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from areal_metrics.producers.contract.field_rules import SAMPLES_MAX
-from areal_metrics.producers.client.trainer_control import LR_MIN_FACTOR, CommandApplier
+from areal_metrics.producers.client.trainer_control import LR_MIN_FACTOR, CommandApplier, bounded_factor
 
 log = logging.getLogger("areal_metrics.integrations.trl")
 
@@ -357,7 +357,7 @@ def scaled_factor(args: Any, scheduler: Any, lr_min_factor: float = LR_MIN_FACTO
     lr = getattr(args, "learning_rate", None)
     if not base or not isinstance(lr, (int, float)) or lr <= 0:
         return None
-    return min(1.0, max(lr_min_factor, float(base[0]) / float(lr)))
+    return bounded_factor(1.0, float(base[0]) / float(lr), lr_min_factor)
 
 
 def newest_checkpoint(output_dir: Any, step: int) -> Any:

@@ -61,7 +61,7 @@ from areal_metrics.producers.contract.field_rules import INT64_MAX as MAX_STEP, 
 from areal_metrics.producers.contract.ids import RUN_ID_RULE, is_valid_run_id
 from areal_metrics.producers.contract.limits import StructureLimits, default_limits, install_limits
 from areal_metrics.producers.client.launcher_env import Identity, identity_from_env, job_run_id
-from areal_metrics.producers.delivery.publisher import RECORD_OVERHEAD_BYTES, SEND_MAX_BYTES, Publisher
+from areal_metrics.producers.delivery.publisher import Publisher, record_room
 from areal_metrics.producers.contract.settings import Settings, bootstrap_origin, read_setting
 from areal_metrics.producers.client.settings import ClientSettings
 from areal_metrics.producers.contract.topics import Topics
@@ -366,7 +366,7 @@ class Run:
         accuracy and its sample count (no cross-node vote); over a record's bytes, samples are halved, then
         the verdicts go the same way. (Sent whole, readers and the producer would refuse it.)"""
         limits = default_limits()
-        room = min(limits.max_bytes, SEND_MAX_BYTES) - RECORD_OVERHEAD_BYTES - len(self._key)
+        room = record_room(self._key)
         without_votes = {"verdicts": None, "sample_ids": None, "shard_nodes": None}
         if event.verdicts is not None and len(event.verdicts) > limits.max_items:
             self._warn_once("verdicts-cut", f"log_eval(): more than {limits.max_items} verdicts (AREAL_MAX_ARRAY_ITEMS) "

@@ -65,6 +65,12 @@ LETTER_RAW_BYTES = 64 * 1024  # of a message too large to send, what its dead le
 _HOST = (os.uname().nodename if hasattr(os, "uname") else "client")[:256]
 
 
+def record_room(key: bytes) -> int:
+    """The most bytes a message's value may have with this key: readers' AREAL_MAX_MESSAGE_BYTES, at most
+    what the producer sends, less what a record batch adds."""
+    return min(default_limits().max_bytes, SEND_MAX_BYTES) - RECORD_OVERHEAD_BYTES - len(key)
+
+
 class Outgoing(Protocol):
     """A record the sender thread builds: `encode` gives (topic, key, value); it must not raise."""
 
@@ -338,10 +344,10 @@ class Publisher:
         """`message`, or its dead letter when it is larger than a record may be: the producer refuses such a
         message at every try, and in the journal it would hold back every record behind it for good."""
         topic, key, value = message
-        limit = min(default_limits().max_bytes, SEND_MAX_BYTES)
-        if len(value) + len(key) + RECORD_OVERHEAD_BYTES <= limit:
+        room = record_room(key)
+        if len(value) <= room:
             return message
-        reason = (f"client: a message for {topic} of {len(value)} bytes is larger than a record may be ({limit} "
+        reason = (f"client: a message for {topic} of {len(value)} bytes is larger than a record may be ({room} "
                   "bytes: AREAL_MAX_MESSAGE_BYTES, at most the producer's 1 MiB); sent as this dead letter")
         self._say_once(f"too-large:{topic}", "publisher: %s", reason)
         # the letter keeps the message's first bytes: its raw text counts characters, up to 4 bytes each
